@@ -1,0 +1,155 @@
+#include "backend/cpu/cpu_lane.h"
+
+#include <pthread.h>
+#include <time.h>
+
+#include <cstring>
+
+#include "common/error.h"
+
+namespace ppb {
+
+void CpuEventState::complete() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    time_s = monotonic_s();
+    done = true;
+  }
+  cv.notify_all();
+}
+
+void CpuEventState::wait() {
+  std::unique_lock<std::mutex> lock(mutex);
+  // Wake up now and then to notice an abort (a failed peer) instead of blocking forever.
+  while (!cv.wait_for(lock, std::chrono::milliseconds(20), [this] { return done; })) {
+    if (lane_abort_requested()) {
+      std::string why = lane_abort_reason();
+      throw InternalError(why.empty() ? "lane wait aborted: another lane failed" : why);
+    }
+  }
+}
+
+void CpuEvent::synchronize() {
+  if (state) state->wait();
+}
+
+double CpuEvent::time_s() const {
+  if (!state) return 0.0;
+  std::lock_guard<std::mutex> lock(state->mutex);
+  return state->time_s;
+}
+
+CpuLane::CpuLane(std::string name) : name_(std::move(name)) {
+  std::mutex ready_mutex;
+  std::condition_variable ready_cv;
+  bool ready = false;
+  thread_ = std::thread([&] {
+    {
+      std::lock_guard<std::mutex> lock(ready_mutex);
+      have_cpu_clock_ = pthread_getcpuclockid(pthread_self(), &cpu_clock_) == 0;
+      ready = true;
+    }
+    ready_cv.notify_all();
+    run();
+  });
+  std::unique_lock<std::mutex> lock(ready_mutex);
+  ready_cv.wait(lock, [&] { return ready; });
+}
+
+CpuLane::~CpuLane() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CpuLane::enqueue(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(fn));
+  }
+  cv_.notify_one();
+}
+
+void CpuLane::run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+void CpuLane::record(Event& ev) {
+  auto& cpu_ev = dynamic_cast<CpuEvent&>(ev);
+  auto state = std::make_shared<CpuEventState>();
+  cpu_ev.state = state;
+  // Events always complete, even after a task failed, so that no other lane waits forever.
+  enqueue([state] { state->complete(); });
+}
+
+void CpuLane::wait(const Event& ev) {
+  const auto& cpu_ev = dynamic_cast<const CpuEvent&>(ev);
+  auto state = cpu_ev.state;
+  if (!state) return;  // never recorded: nothing to wait for (CUDA semantics)
+  enqueue([this, state] {
+    if (error_) return;
+    try {
+      state->wait();
+    } catch (...) {
+      set_error(std::current_exception());
+    }
+  });
+}
+
+void CpuLane::host_task(std::function<void()> fn) {
+  enqueue([this, fn = std::move(fn)] {
+    if (error_) return;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      set_error(std::current_exception());
+      request_lane_abort(name_ + " lane: " + e.what());
+    } catch (...) {
+      set_error(std::current_exception());
+      request_lane_abort(name_ + " lane: unknown exception");
+    }
+  });
+}
+
+void CpuLane::set_error(std::exception_ptr err) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) error_ = std::move(err);
+}
+
+void CpuLane::copy(void* dst, const void* src, size_t bytes) {
+  host_task([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+}
+
+void CpuLane::synchronize() {
+  CpuEvent ev;
+  record(ev);
+  ev.synchronize();
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    err = error_;
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+double CpuLane::cpu_time_s() const {
+  if (!have_cpu_clock_) return -1.0;
+  timespec ts;
+  if (clock_gettime(cpu_clock_, &ts) != 0) return -1.0;
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace ppb

@@ -1,0 +1,258 @@
+#include "backend/cpu/cpu_ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numbers>
+#include <string>
+
+#include "common/error.h"
+
+namespace ppb::cpu {
+
+// Napkin math: pure copy, n_tokens * hidden * 4 bytes read (rows of the table) and written;
+// no FLOPs but the optional scale. Llama-3-8B decode B=8: 8 * 4096 * 4 = 128 KiB, ~µs.
+void embedding(float* out, const int32_t* tokens, size_t n_tokens, const float* table, int vocab,
+               int hidden, float scale) {
+  const size_t h = static_cast<size_t>(hidden);
+  for (size_t i = 0; i < n_tokens; ++i) {
+    const int32_t tok = tokens[i];
+    if (tok < 0 || tok >= vocab) {
+      throw InternalError("embedding: token id " + std::to_string(tok) + " at position " +
+                          std::to_string(i) + " is outside [0, " + std::to_string(vocab) + ")");
+    }
+    const float* row = table + static_cast<size_t>(tok) * h;
+    float* dst = out + i * h;
+    if (scale == 1.0f) {
+      std::memcpy(dst, row, h * sizeof(float));
+    } else {
+      for (size_t j = 0; j < h; ++j) dst[j] = row[j] * scale;
+    }
+  }
+}
+
+// Napkin math: ~4 FLOPs per element (square-accumulate, scale, weight), 8 bytes moved per
+// element (read x, write out) + dim*4 for w: memory-bound; rows*dim = 8*4096 in decode is
+// ~0.25 MiB, a few µs. The sum of squares is kept in double (cheap, and it makes the twin
+// a tighter reference than the fp32 GPU reduction it checks).
+void rmsnorm(float* out, const float* x, const float* w, size_t rows, int dim, float eps, bool plus_one) {
+  const size_t d = static_cast<size_t>(dim);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float* yr = out + r * d;
+    double ss = 0.0;
+    for (size_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+    if (plus_one) {
+      for (size_t j = 0; j < d; ++j) yr[j] = xr[j] * inv * (1.0f + w[j]);
+    } else {
+      for (size_t j = 0; j < d; ++j) yr[j] = xr[j] * inv * w[j];
+    }
+  }
+}
+
+// Napkin math: 2*M*N*K FLOPs; bytes ~ 4*(N*K + M*K + M*N). Decode (M = B small) is
+// weight-bandwidth-bound: Llama-3-8B q_proj 4096x4096 fp32 = 64 MiB per call, at ~10 GB/s
+// per core ~6 ms. Prefill (M = B*T large) is compute-bound: ~50-100 GFLOP/s per AVX-512 core.
+void linear(float* y, const float* x, const float* w, const float* bias, int M, int N, int K) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+  if (bias != nullptr) {
+    for (int m = 0; m < M; ++m) {
+      float* yr = y + static_cast<size_t>(m) * N;
+      for (int n = 0; n < N; ++n) yr[n] += bias[n];
+    }
+  }
+}
+
+std::vector<double> rope_inv_freq(const model::Rope& rope, int head_dim) {
+  if (head_dim <= 0 || head_dim % 2 != 0) {
+    throw UserError("RoPE needs an even head_dim, got " + std::to_string(head_dim));
+  }
+  const int half = head_dim / 2;
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = 1.0 / std::pow(rope.theta, (2.0 * i) / static_cast<double>(head_dim));
+  }
+  if (rope.scaling_type.empty()) return inv;
+  if (rope.scaling_type == "linear") {
+    for (double& f : inv) f /= rope.factor;
+    return inv;
+  }
+  if (rope.scaling_type == "llama3") {
+    // HF modeling_rope_utils._compute_llama3_parameters, term by term.
+    const double old_ctx = static_cast<double>(rope.original_max_position);
+    const double low_freq_wavelen = old_ctx / rope.low_freq_factor;
+    const double high_freq_wavelen = old_ctx / rope.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      double scaled = wavelen > low_freq_wavelen ? f / rope.factor : f;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      if (medium) {
+        const double smooth = (old_ctx / wavelen - rope.low_freq_factor) /
+                              (rope.high_freq_factor - rope.low_freq_factor);
+        scaled = (1.0 - smooth) * scaled / rope.factor + smooth * scaled;
+      }
+      f = scaled;
+    }
+    return inv;
+  }
+  throw UserError("rope_scaling type '" + rope.scaling_type +
+                  "' is not supported; valid: none, \"linear\", \"llama3\"");
+}
+
+// Napkin math: n_pos * half sin+cos in double, once per stage at construction
+// (8192 x 64 = 0.5 M pairs, ~10 ms); the tables are 2 * n_pos * half * 4 bytes (4 MiB).
+void rope_tables(float* cos_out, float* sin_out, const double* inv_freq, int half, int n_pos) {
+  for (int p = 0; p < n_pos; ++p) {
+    for (int i = 0; i < half; ++i) {
+      const double a = static_cast<double>(p) * inv_freq[i];
+      cos_out[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(a));
+      sin_out[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+}
+
+// Napkin math: 6 FLOPs per pair, 16 bytes read+written per pair + the tables (cached);
+// memory-bound, B*T*heads*hd*8 bytes: decode 8 x 32 x 128 x 8 = 256 KiB, ~µs.
+void rope(float* x, int batch, int tokens, int n_heads, int head_dim, int pos0, const float* cos_table,
+          const float* sin_table) {
+  const int half = head_dim / 2;
+  for (int b = 0; b < batch; ++b) {
+    for (int t = 0; t < tokens; ++t) {
+      const float* c = cos_table + static_cast<size_t>(pos0 + t) * half;
+      const float* s = sin_table + static_cast<size_t>(pos0 + t) * half;
+      float* row = x + (static_cast<size_t>(b) * tokens + t) * n_heads * head_dim;
+      for (int h = 0; h < n_heads; ++h) {
+        float* v = row + static_cast<size_t>(h) * head_dim;
+        for (int i = 0; i < half; ++i) {
+          const float x1 = v[i];
+          const float x2 = v[i + half];
+          v[i] = x1 * c[i] - x2 * s[i];
+          v[i + half] = x2 * c[i] + x1 * s[i];
+        }
+      }
+    }
+  }
+}
+
+// Napkin math: a copy of batch * tokens * row * 4 bytes (decode Llama-3-8B B=8: 32 KiB per K or V).
+void kv_cache_write(float* cache, const float* src, int batch, int tokens, int pos0, int max_context,
+                    int row) {
+  const size_t r = static_cast<size_t>(row);
+  for (int b = 0; b < batch; ++b) {
+    std::memcpy(cache + (static_cast<size_t>(b) * max_context + pos0) * r,
+                src + static_cast<size_t>(b) * tokens * r, static_cast<size_t>(tokens) * r * sizeof(float));
+  }
+}
+
+size_t attention_scratch_floats(int max_context) {
+  return static_cast<size_t>(kAttentionQueryBlock) * static_cast<size_t>(std::max(max_context, 1));
+}
+
+// Napkin math, per sequence and query head, n = attended keys (<= pos0 + T):
+//   FLOPs 2*T*n*hd (QK^T) + 2*T*n*hd (PV) + ~5*T*n (softmax), bytes ~ 2*n*hd*4 (K and V rows).
+// Decode (T = 1) is bandwidth-bound on the cache: Llama-3-8B, B=8, ctx=2048: 8 seq x 8 KV heads
+// x 2048 x 128 x 2 x 4 B = 128 MiB per layer; GQA heads of one group re-read the same rows
+// from cache. Prefill is sgemm-bound; query blocks of kAttentionQueryBlock rows only compute
+// keys up to the block's last position, skipping ~half of the causal triangle.
+void attention(float* out, const float* q, const float* k_cache, const float* v_cache,
+               const AttentionShape& s, float* scratch) {
+  const int T = s.tokens;
+  const int hd = s.head_dim;
+  const int q_stride = s.n_heads * hd;     // floats between consecutive tokens of q / out
+  const int kv_stride = s.n_kv_heads * hd; // floats between consecutive positions of the cache
+  const int group = s.n_heads / s.n_kv_heads;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int b = 0; b < s.batch; ++b) {
+    const float* kb = k_cache + static_cast<size_t>(b) * s.max_context * kv_stride;
+    const float* vb = v_cache + static_cast<size_t>(b) * s.max_context * kv_stride;
+    for (int h = 0; h < s.n_heads; ++h) {
+      const int g = h / group;
+      for (int t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
+        const int tq = std::min(kAttentionQueryBlock, T - t0);
+        const int p_first = s.pos0 + t0;
+        const int p_last = p_first + tq - 1;
+        const int k_begin = s.window > 0 ? std::max(0, p_first - s.window + 1) : 0;
+        const int n = p_last + 1 - k_begin;
+        const size_t q_off = (static_cast<size_t>(b) * T + t0) * q_stride + static_cast<size_t>(h) * hd;
+        const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, n, hd, s.scale, q + q_off, q_stride,
+                    kb + kv_off, kv_stride, 0.0f, scratch, n);
+        for (int r = 0; r < tq; ++r) {
+          const int p = p_first + r;
+          const int lo = (s.window > 0 ? std::max(0, p - s.window + 1) : 0) - k_begin;
+          const int hi = p - k_begin;  // inclusive
+          float* row = scratch + static_cast<size_t>(r) * n;
+          for (int j = 0; j < lo; ++j) row[j] = neg_inf;
+          for (int j = hi + 1; j < n; ++j) row[j] = neg_inf;
+          if (s.softcap > 0.0f) {
+            for (int j = lo; j <= hi; ++j) row[j] = s.softcap * std::tanh(row[j] / s.softcap);
+          }
+          float mx = neg_inf;
+          for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
+          double sum = 0.0;
+          for (int j = lo; j <= hi; ++j) {
+            row[j] = std::exp(row[j] - mx);
+            sum += row[j];
+          }
+          const float inv = static_cast<float>(1.0 / sum);
+          for (int j = 0; j < lo; ++j) row[j] = 0.0f;
+          for (int j = lo; j <= hi; ++j) row[j] *= inv;
+          for (int j = hi + 1; j < n; ++j) row[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, hd, n, 1.0f, scratch, n,
+                    vb + kv_off, kv_stride, 0.0f, out + q_off, q_stride);
+      }
+    }
+  }
+}
+
+// Napkin math: ~20 FLOPs (one exp or tanh) per element, 12 bytes moved; B*T*I elements
+// (decode Llama-3-8B B=8: 8 x 14336 = 115 k, ~0.1 ms scalar).
+void gated_activation(float* out, const float* gate, const float* up, size_t n, model::Activation act) {
+  if (act == model::Activation::silu) {
+    for (size_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  } else {
+    const float k = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
+    for (size_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      out[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+    }
+  }
+}
+
+// Napkin math: n FLOPs, 12n bytes: memory-bound, trivial.
+void add_inplace(float* x, const float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+// Napkin math: one tanh per element; B * vocab elements once per step (8 x 256 k = 2 M, ~10 ms scalar).
+void softcap_inplace(float* x, size_t n, float cap) {
+  for (size_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+// Napkin math: one compare per element, rows * n * 4 bytes read (B x vocab: 8 x 128 k x 4 = 4 MiB).
+void argmax_rows(int32_t* out, const float* logits, int rows, int n) {
+  for (int r = 0; r < rows; ++r) {
+    const float* row = logits + static_cast<size_t>(r) * n;
+    int best = 0;
+    float best_v = -std::numeric_limits<float>::infinity();
+    bool found = false;
+    for (int j = 0; j < n; ++j) {
+      if (!found ? !std::isnan(row[j]) : row[j] > best_v) {
+        best = j;
+        best_v = row[j];
+        found = true;
+      }
+    }
+    out[r] = best;
+  }
+}
+
+}  // namespace ppb::cpu

@@ -1,0 +1,112 @@
+// The CPU kernels of a decoder-only transformer forward, fp32, as plain functions.
+//
+// These are the "CPU twins" (llm.c style) every CUDA kernel is tested against: each function is
+// the reference semantics of one kernel, with the shapes in its docstring and the napkin math
+// (FLOPs, bytes, the floor) above its definition in cpu_ops.cpp. Matrix products go through
+// OpenBLAS cblas_sgemm; everything else is a plain loop. Layouts are row-major; a token row of
+// heads is [n_heads, head_dim] contiguous, i.e. q [B, T, n_heads, head_dim] as HF's
+// view(B, T, -1, head_dim) before its transpose.
+//
+// None of these allocate, except rope_inv_freq. Buffers may not alias unless a docstring says so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/model_spec.h"
+
+namespace ppb::cpu {
+
+/// Embedding gather: out[i, :] = scale * table[tokens[i], :].
+/// out [n_tokens, hidden], tokens [n_tokens] int32, table [vocab, hidden]. `scale` is 1, or
+/// sqrt(hidden) rounded to fp32 for Gemma (HF Gemma3TextScaledWordEmbedding: embed_scale =
+/// hidden_size**0.5 cast to the weight dtype).
+/// @throws ppb::InternalError if a token id is outside [0, vocab).
+void embedding(float* out, const int32_t* tokens, size_t n_tokens, const float* table, int vocab,
+               int hidden, float scale);
+
+/// RMSNorm over the last dimension: out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * g,
+/// g = w (Llama: LlamaRMSNorm) or g = 1 + w (plus_one; Gemma: Gemma3RMSNorm, computed in fp32).
+/// x, out [rows, dim]; w [dim]. In place (out == x) is allowed. The per-head q/k norm of
+/// Qwen3/Gemma-3 is the same call with rows = tokens * heads, dim = head_dim.
+void rmsnorm(float* out, const float* x, const float* w, size_t rows, int dim, float eps, bool plus_one);
+
+/// Linear layer (nn.Linear): y[M, N] = x[M, K] · W[N, K]^T (+ bias[N]), via cblas_sgemm.
+/// W is in HF's [out_features, in_features] layout. bias may be null.
+void linear(float* y, const float* x, const float* w, const float* bias, int M, int N, int K);
+
+/// RoPE inverse frequencies [head_dim / 2]: inv_freq_i = theta^(-2i / head_dim), then scaled:
+/// "linear": inv_freq / factor (HF _compute_linear_scaling_rope_parameters, equivalent to
+/// dividing positions by factor); "llama3": HF _compute_llama3_parameters (low-frequency
+/// components / factor, high-frequency kept, smooth interpolation between). Computed in double
+/// (HF rounds inv_freq to fp32; we keep it exact, the twin is the reference).
+/// @throws ppb::UserError for an odd head_dim or an unknown scaling_type (valid: "", "linear", "llama3").
+std::vector<double> rope_inv_freq(const model::Rope& rope, int head_dim);
+
+/// cos/sin tables for positions [0, n_pos): cos_out[p, i] = cos(p * inv_freq[i]), same for sin;
+/// both [n_pos, half], angles in double, rounded to fp32 once.
+void rope_tables(float* cos_out, float* sin_out, const double* inv_freq, int half, int n_pos);
+
+/// Rotary embedding in place, HF rotate_half convention (dimension i pairs with i + head_dim/2):
+///   x'[i]        = x[i] * cos_i - x[i + hd/2] * sin_i
+///   x'[i + hd/2] = x[i + hd/2] * cos_i + x[i] * sin_i        (apply_rotary_pos_emb, modeling_llama.py)
+/// x [batch, tokens, n_heads, head_dim]; token t of every sequence is at position pos0 + t;
+/// cos/sin tables [>= pos0 + tokens, head_dim / 2] from rope_tables.
+void rope(float* x, int batch, int tokens, int n_heads, int head_dim, int pos0, const float* cos_table,
+          const float* sin_table);
+
+/// Copies new K or V rows into a cache: cache[b, pos0 + t, :] = src[b, t, :].
+/// src [batch, tokens, row]; cache [batch, max_context, row] with row = n_kv_heads * head_dim.
+void kv_cache_write(float* cache, const float* src, int batch, int tokens, int pos0, int max_context,
+                    int row);
+
+/// Shape of one attention call.
+struct AttentionShape {
+  int batch = 1;
+  int tokens = 1;       ///< T new query tokens per sequence, at positions [pos0, pos0 + T)
+  int pos0 = 0;
+  int max_context = 0;  ///< the cache's capacity per sequence
+  int n_heads = 0;      ///< query heads
+  int n_kv_heads = 0;   ///< KV heads; query head h reads KV head h / (n_heads / n_kv_heads)
+  int head_dim = 0;
+  int window = 0;       ///< 0 = global; else query position p sees keys max(0, p-window+1)..p
+  float scale = 1.0f;   ///< multiplier of q·k (LayerShape::attn_scale)
+  float softcap = 0.0f; ///< 0 = none; else s = softcap * tanh(s / softcap) before the mask (Gemma-2)
+};
+
+/// Query rows per block of attention(); the scratch holds one block of scores.
+constexpr int kAttentionQueryBlock = 64;
+
+/// Floats of scratch attention() needs for a cache of `max_context` positions.
+size_t attention_scratch_floats(int max_context);
+
+/// Causal grouped-query attention over a KV cache (HF eager_attention_forward, modeling_llama.py
+/// / modeling_gemma2.py): for each sequence b and query head h,
+///   S = scale * Q K^T   (cblas_sgemm, K read in place from the cache with its row stride)
+///   S = softcap * tanh(S / softcap)          (if softcap > 0)
+///   mask key positions outside [max(0, p - window + 1), p] (causal, sliding window)
+///   P = softmax(S) in fp32 with max subtraction;  O = P V   (cblas_sgemm)
+/// q, out [batch, tokens, n_heads, head_dim]; k_cache, v_cache [batch, max_context, n_kv_heads,
+/// head_dim] holding positions [0, pos0 + tokens) (the new ones already written);
+/// scratch >= attention_scratch_floats(max_context) floats.
+void attention(float* out, const float* q, const float* k_cache, const float* v_cache,
+               const AttentionShape& s, float* scratch);
+
+/// Gated MLP activation: out = act(gate) * up, elementwise over n values (HF LlamaMLP /
+/// GemmaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))).
+/// silu(g) = g / (1 + e^-g); gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+/// (PyTorch gelu approximate="tanh", HF "gelu_pytorch_tanh"). out may alias gate or up.
+void gated_activation(float* out, const float* gate, const float* up, size_t n, model::Activation act);
+
+/// Residual add in place: x[i] += y[i] for n values.
+void add_inplace(float* x, const float* y, size_t n);
+
+/// Soft capping in place: x = cap * tanh(x / cap) (Gemma-2 final_logit_softcapping). cap > 0.
+void softcap_inplace(float* x, size_t n, float cap);
+
+/// Greedy sampling: out[r] = argmax_j logits[r, j]; the lowest index wins ties; NaNs never win.
+/// logits [rows, n]; out [rows] int32.
+void argmax_rows(int32_t* out, const float* logits, int rows, int n);
+
+}  // namespace ppb::cpu

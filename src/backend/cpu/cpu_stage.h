@@ -1,0 +1,38 @@
+// The CPU StageExecutor: units [first, last] of a model in fp32, with the kernels of cpu_ops.h.
+#pragma once
+
+#include <memory>
+
+#include "backend/device.h"
+#include "model/model_spec.h"
+
+namespace ppb {
+
+/// Builds units [first, last] (inclusive) of `m` on the CPU, in fp32.
+///
+/// Allocates only those units' weights (deterministic, backend/weights.h: a tied lm_head is
+/// generated from the embed unit's matrix, and shared when the stage also holds embed), one KV
+/// cache per request group and layer (K and V, each [batch, max_context, n_kv_heads, head_dim]
+/// fp32, also for sliding-window layers), and scratch for batch * max_context tokens, so a
+/// forward never allocates.
+///
+/// Forward math (HF semantics, modeling_llama.py / modeling_qwen3.py / modeling_gemma2.py /
+/// modeling_gemma3.py):
+///   embed: x = E[tokens] (* sqrt(hidden) if embed_scale_sqrt_hidden)
+///   layer: h = norm(x); q,k,v = proj(h) (+bias); q,k = qk_norm per head; rope(q,k); cache k,v;
+///          a = o_proj(attention(q, K, V)); x += sandwich ? post_attention_norm(a) : a;
+///          h = (sandwich ? pre_feedforward_norm : post_attention_norm)(x);
+///          m = down(act(gate(h)) * up(h)); x += sandwich ? post_feedforward_norm(m) : m
+///   head:  the last position of each sequence: checksum += sum(x); logits = lm_head(norm(x));
+///          optional final softcap; greedy argmax -> int32 [B]
+///
+/// Each forward runs entirely inside one lane.host_task(), so it executes on the lane's thread.
+/// Forwards of one executor share its scratch buffers: enqueue them on a single lane.
+/// @throws ppb::UserError if cfg.dtype is not f32 ("the CPU backend computes in f32; use
+///         --dtype f32"), if [first, last] is not a valid unit range, if batch/max_context/groups
+///         are not positive, or if a layer's heads/head_dim are inconsistent or its rope scaling
+///         type is unsupported.
+std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int first, int last,
+                                                const StageConfig& cfg);
+
+}  // namespace ppb

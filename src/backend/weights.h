@@ -1,0 +1,98 @@
+// Deterministic random weights: a pure function of (seed, unit index, tensor id, element index).
+//
+// No weights ever move between ranks (DESIGN.md §1.2): every rank, stage and backend that
+// needs a tensor generates it itself, and gets the same bits. The generator is counter-based
+// (each element is computed from its index alone, like Philox in cuRAND), so it can be split
+// in blocks, threads or CUDA threads freely:
+//
+//   key   = splitmix64-chain(seed, unit, tensor)            (once per tensor)
+//   z_i   = mix64(key + (i + 1) * 0x9E3779B97F4A7C15)       (splitmix64's i-th output)
+//   k_i   = (z_i >> 40) - 2^23                              (24 random bits, integer in [-2^23, 2^23))
+//   v_i   = float(k_i) * (scale * 2^-23)                    (in [-scale, scale))
+//
+// Every step but the last multiply is exact in fp32 and `scale * 2^-23` is exact too, so a
+// value is one correctly rounded multiply: bit-identical on any IEEE-754 machine and in CUDA
+// (no FMA contraction is possible).
+//
+// Conventions (what each named tensor gets; see fill_projection/fill_norm/fill_bias):
+//   projections [out, in]   uniform, scale 1/sqrt(in)     (Kaiming-uniform-like, keeps activations O(1))
+//   embedding [vocab, H]    uniform, scale 1.0
+//   RMSNorm weight          1 + 0.1*u   (norm_plus_one, i.e. Gemma's (1 + w) form: 0.1*u)
+//   bias                    0.02*u
+// A tied lm_head is the embedding itself: unit 0, Tensor::embed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PPB_HOST_DEVICE __host__ __device__
+#else
+#define PPB_HOST_DEVICE
+#endif
+
+namespace ppb {
+
+/// Tensor ids of the weights of every unit kind. The numeric values are part of the weight
+/// convention: changing one changes the weights. Names follow HF Llama/Gemma-3 modules.
+enum class Tensor : uint64_t {
+  embed = 0,               ///< embed_tokens.weight [vocab, H] (unit 0; also the tied lm_head)
+  q_proj = 1,              ///< [n_heads*hd, H]
+  k_proj = 2,              ///< [n_kv*hd, H]
+  v_proj = 3,              ///< [n_kv*hd, H]
+  o_proj = 4,              ///< [H, n_heads*hd]
+  q_bias = 5,              ///< [n_heads*hd] (attn_bias)
+  k_bias = 6,              ///< [n_kv*hd]
+  v_bias = 7,              ///< [n_kv*hd]
+  gate_proj = 8,           ///< [I, H]
+  up_proj = 9,             ///< [I, H]
+  down_proj = 10,          ///< [H, I]
+  input_layernorm = 11,    ///< [H]
+  post_attention_layernorm = 12,    ///< [H] Llama: pre-MLP norm; Gemma sandwich: on the attention output
+  pre_feedforward_layernorm = 13,   ///< [H] Gemma sandwich only
+  post_feedforward_layernorm = 14,  ///< [H] Gemma sandwich only
+  q_norm = 15,             ///< [hd] (qk_norm)
+  k_norm = 16,             ///< [hd] (qk_norm)
+  final_norm = 17,         ///< model.norm [H] (head unit)
+  lm_head = 18,            ///< [vocab, H] (head unit, untied only)
+};
+
+/// splitmix64's output function (Steele, Lea, Flood 2014; the constants of java.util.SplittableRandom).
+PPB_HOST_DEVICE inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/// The per-tensor key: a hash of (seed, unit, tensor).
+PPB_HOST_DEVICE inline uint64_t weight_key(uint64_t seed, uint64_t unit, uint64_t tensor) {
+  uint64_t h = mix64(seed + 0x9E3779B97F4A7C15ULL);
+  h = mix64(h ^ (unit + 0x632BE59BD9B4E019ULL));
+  h = mix64(h ^ (tensor + 0x85157AF5D1B2A3C7ULL));
+  return h;
+}
+
+/// Element `i` of the tensor with key `key`, in [-scale, scale). Reference for other backends.
+PPB_HOST_DEVICE inline float uniform_at(uint64_t key, uint64_t i, float scale) {
+  const uint64_t z = mix64(key + (i + 1) * 0x9E3779B97F4A7C15ULL);
+  const int32_t k = static_cast<int32_t>(z >> 40) - (1 << 23);
+  return static_cast<float>(k) * (scale * 0x1p-23f);
+}
+
+/// Fills dst[0, n) with element i = uniform_at(weight_key(seed, unit, tensor), i, scale), values
+/// in [-scale, scale). Identical on every rank, stage and backend. ~1 ns/value single thread.
+void fill_uniform(float* dst, size_t n, uint64_t seed, uint64_t unit, uint64_t tensor, float scale);
+
+/// A projection weight [rows, fan_in] (row-major, HF nn.Linear layout [out, in]): scale 1/sqrt(fan_in).
+void fill_projection(float* dst, size_t rows, size_t fan_in, uint64_t seed, uint64_t unit, Tensor t);
+
+/// An RMSNorm weight [n]: 1 + 0.1*u, or 0.1*u when the norm scales by (1 + w) (Gemma).
+void fill_norm(float* dst, size_t n, uint64_t seed, uint64_t unit, Tensor t, bool plus_one);
+
+/// A bias [n]: 0.02*u.
+void fill_bias(float* dst, size_t n, uint64_t seed, uint64_t unit, Tensor t);
+
+/// The embedding [vocab, hidden], scale 1.0, always unit 0 (so a tied lm_head is identical).
+void fill_embedding(float* dst, size_t vocab, size_t hidden, uint64_t seed);
+
+}  // namespace ppb

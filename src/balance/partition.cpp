@@ -1,0 +1,293 @@
+// Contiguous stage partitions: the uniform baseline, the min–max DP solvers (seed and
+// balanced share one implementation), evaluation, validation and manual splits.
+#include "balance/partition.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace ppb::balance {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// "34 units (embed + 32 layers + head)" for the usual U = L + 2 model; "2 units" otherwise.
+std::string describe_units(int units) {
+  std::ostringstream os;
+  os << units << " units";
+  if (units >= 3) os << " (embed + " << units - 2 << " layers + head)";
+  return os.str();
+}
+
+void check_stage_count(int units, int stages) {
+  if (units < 1)
+    throw UserError("cannot partition a model of " + std::to_string(units) +
+                    " units: need at least 1 unit");
+  if (stages < 1 || stages > units)
+    throw UserError("--stages " + std::to_string(stages) + " is invalid for a model of " +
+                    describe_units(units) + ": need 1 <= stages <= " +
+                    std::to_string(units) + " (every stage needs >= 1 unit)");
+}
+
+/// A partition with identity device order and zeroed predictions from per-stage unit counts.
+Partition from_counts(const std::string& solver, const std::vector<int>& counts) {
+  Partition p;
+  p.solver = solver;
+  int next = 0;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    p.first_unit.push_back(next);
+    next += counts[k];
+    p.last_unit.push_back(next - 1);
+    p.device_rank.push_back(static_cast<int>(k));
+  }
+  p.predicted_stage_ms.assign(counts.size(), 0.0);
+  return p;
+}
+
+/// Exact min–max partition with per-stage cost rows; the shared core of solve_seed and
+/// solve_balanced. cost: [S][U] ms, stage k costs row k over its units.
+///
+/// Pass 1 — the min–max DP of the source article (DESIGN.md §1.4), generalised to one row
+/// per stage:  dp[k][i] = min_{j<i} max(dp[k-1][j], sum(cost[k-1][j:i]))  is the minimal
+/// bottleneck of units [0, i) on stages 0..k-1; B* = dp[S][U]. O(U^2 S) with prefix sums.
+///
+/// Pass 2 — spread tie-break. Any split whose stage costs are all <= B* has its maximum equal
+/// to B* (B* is the optimum), so its spread is B* - min; the smallest spread among optimal
+/// splits therefore belongs to the split that maximises the minimum stage cost subject to
+/// every stage <= B*. That is the max–min DP
+///   g[k][i] = max_{j<i, sum(cost[k-1][j:i]) <= B*+eps} min(g[k-1][j], sum(cost[k-1][j:i]))
+/// (g[0][0] = +inf, infeasible = -inf), also O(U^2 S) and exact; it replaces probing candidate
+/// lower bounds one by one. eps = 1e-12 * (largest row total) absorbs prefix-sum rounding so
+/// that splits tied with B* in exact arithmetic are not rejected.
+Partition solve_rows(const std::string& solver, const std::vector<std::vector<double>>& cost,
+                     int stages) {
+  const int S = stages;
+  const int U = static_cast<int>(cost[0].size());
+
+  // prefix[k][i] = sum(cost[k][0:i]); segment(k, j, i) = cost of units [j, i) on stage k.
+  std::vector<std::vector<double>> prefix(S, std::vector<double>(U + 1, 0.0));
+  double max_total = 0.0;
+  for (int k = 0; k < S; ++k) {
+    for (int u = 0; u < U; ++u) prefix[k][u + 1] = prefix[k][u] + cost[k][u];
+    max_total = std::max(max_total, prefix[k][U]);
+  }
+  auto segment = [&](int k, int j, int i) { return prefix[k][i] - prefix[k][j]; };
+  const double eps = 1e-12 * max_total;
+
+  // Pass 1: dp[k][i], stage k-1 covers [j, i); stages 0..k-1 need i >= k units.
+  std::vector<std::vector<double>> dp(S + 1, std::vector<double>(U + 1, kInf));
+  dp[0][0] = 0.0;
+  for (int k = 1; k <= S; ++k)
+    for (int i = k; i <= U - (S - k); ++i)
+      for (int j = k - 1; j < i; ++j)
+        dp[k][i] = std::min(dp[k][i], std::max(dp[k - 1][j], segment(k - 1, j, i)));
+  const double limit = dp[S][U] + eps;
+
+  // Pass 2: g[k][i] and its argmax cut[k][i] (start of stage k-1).
+  std::vector<std::vector<double>> g(S + 1, std::vector<double>(U + 1, -kInf));
+  std::vector<std::vector<int>> cut(S + 1, std::vector<int>(U + 1, -1));
+  g[0][0] = kInf;
+  for (int k = 1; k <= S; ++k)
+    for (int i = k; i <= U - (S - k); ++i)
+      for (int j = k - 1; j < i; ++j) {
+        if (g[k - 1][j] == -kInf) continue;
+        const double seg = segment(k - 1, j, i);
+        if (seg > limit) continue;
+        const double value = std::min(g[k - 1][j], seg);
+        if (value > g[k][i]) {
+          g[k][i] = value;
+          cut[k][i] = j;
+        }
+      }
+  if (cut[S][U] < 0)
+    throw InternalError("solve_rows: no split within the optimal bottleneck " +
+                        std::to_string(dp[S][U]) + " ms (U=" + std::to_string(U) +
+                        ", S=" + std::to_string(S) + ")");
+
+  std::vector<int> counts(S);
+  for (int k = S, i = U; k >= 1; --k) {
+    const int j = cut[k][i];
+    counts[k - 1] = i - j;
+    i = j;
+  }
+  Partition p = from_counts(solver, counts);
+  evaluate(p, cost);
+  return p;
+}
+
+/// Checks a cost table [rows][U]: equal row lengths, finite non-negative entries.
+void check_cost_rows(const std::vector<std::vector<double>>& cost, const char* what) {
+  for (std::size_t r = 0; r < cost.size(); ++r) {
+    if (cost[r].size() != cost[0].size())
+      throw UserError(std::string(what) + ": row " + std::to_string(r) + " has " +
+                      std::to_string(cost[r].size()) + " units but row 0 has " +
+                      std::to_string(cost[0].size()));
+    for (std::size_t u = 0; u < cost[r].size(); ++u)
+      if (!std::isfinite(cost[r][u]) || cost[r][u] < 0.0)
+        throw UserError(std::string(what) + ": cost of unit " + std::to_string(u) +
+                        " on row " + std::to_string(r) + " is " + std::to_string(cost[r][u]) +
+                        " ms; costs must be finite and >= 0");
+  }
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t");
+  return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+std::string Partition::counts_string() const {
+  std::string out;
+  for (int k = 0; k < num_stages(); ++k) {
+    if (k > 0) out += ',';
+    out += std::to_string(units_in(k));
+  }
+  return out;
+}
+
+void evaluate(Partition& p, const std::vector<std::vector<double>>& cost) {
+  if (cost.empty()) throw InternalError("evaluate: empty cost table");
+  const std::size_t U = cost[0].size();
+  for (std::size_t r = 0; r < cost.size(); ++r)
+    if (cost[r].size() != U)
+      throw InternalError("evaluate: cost row " + std::to_string(r) + " has " +
+                          std::to_string(cost[r].size()) + " units, row 0 has " +
+                          std::to_string(U));
+  check_partition(p, static_cast<int>(U));
+  const int S = p.num_stages();
+  p.predicted_stage_ms.assign(S, 0.0);
+  for (int k = 0; k < S; ++k) {
+    const int d = p.device_rank[k];
+    if (d >= static_cast<int>(cost.size()))
+      throw InternalError("evaluate: stage " + std::to_string(k) + " runs on device " +
+                          std::to_string(d) + " but the cost table has " +
+                          std::to_string(cost.size()) + " device rows");
+    double sum = 0.0;
+    for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) sum += cost[d][u];
+    p.predicted_stage_ms[k] = sum;
+  }
+  const auto [lo, hi] =
+      std::minmax_element(p.predicted_stage_ms.begin(), p.predicted_stage_ms.end());
+  p.bottleneck_ms = *hi;
+  p.spread_ms = *hi - *lo;
+}
+
+void check_partition(const Partition& p, int units) {
+  const int S = p.num_stages();
+  auto fail = [&](const std::string& why) {
+    throw InternalError("invalid " + p.solver + " partition [" +
+                        (p.last_unit.size() == p.first_unit.size() ? p.counts_string() : "?") +
+                        "] of " + std::to_string(units) + " units: " + why);
+  };
+  if (S < 1) fail("no stages");
+  if (p.last_unit.size() != p.first_unit.size() || p.device_rank.size() != p.first_unit.size())
+    fail("first_unit, last_unit and device_rank differ in length");
+  if (!p.predicted_stage_ms.empty() && static_cast<int>(p.predicted_stage_ms.size()) != S)
+    fail("predicted_stage_ms has " + std::to_string(p.predicted_stage_ms.size()) +
+         " entries for " + std::to_string(S) + " stages");
+  if (p.first_unit[0] != 0) fail("stage 0 starts at unit " + std::to_string(p.first_unit[0]));
+  for (int k = 0; k < S; ++k) {
+    if (p.last_unit[k] < p.first_unit[k]) fail("stage " + std::to_string(k) + " is empty");
+    if (k + 1 < S && p.first_unit[k + 1] != p.last_unit[k] + 1)
+      fail("stage " + std::to_string(k + 1) + " starts at unit " +
+           std::to_string(p.first_unit[k + 1]) + ", not right after unit " +
+           std::to_string(p.last_unit[k]) + " (gap or overlap)");
+    if (p.device_rank[k] < 0)
+      fail("stage " + std::to_string(k) + " has device rank " + std::to_string(p.device_rank[k]));
+    for (int m = 0; m < k; ++m)
+      if (p.device_rank[m] == p.device_rank[k])
+        fail("stages " + std::to_string(m) + " and " + std::to_string(k) +
+             " share device rank " + std::to_string(p.device_rank[k]));
+  }
+  if (p.last_unit[S - 1] != units - 1)
+    fail("last stage ends at unit " + std::to_string(p.last_unit[S - 1]) + ", not " +
+         std::to_string(units - 1));
+}
+
+Partition solve_uniform(int units, int stages) {
+  check_stage_count(units, stages);
+  std::vector<int> counts(stages, 0);
+  if (units < 3) {
+    // No embed/layers/head structure to respect: spread the units, extras to the first stages.
+    for (int k = 0; k < stages; ++k) counts[k] = units / stages + (k < units % stages ? 1 : 0);
+    return from_counts("uniform", counts);
+  }
+  const int layers = units - 2;
+  // S <= L: every stage gets layers. S = L+1: the embed is a stage of its own. S = L+2: the
+  // head too. `first` and `last` are the indices of the stages that share layers.
+  const bool embed_alone = stages > layers;
+  const bool head_alone = stages > layers + 1;
+  const int first = embed_alone ? 1 : 0;
+  const int layer_stages = stages - first - (head_alone ? 1 : 0);
+  for (int k = 0; k < layer_stages; ++k)
+    counts[first + k] = layers / layer_stages + (k < layers % layer_stages ? 1 : 0);
+  counts[0] += 1;           // embed
+  counts[stages - 1] += 1;  // head
+  return from_counts("uniform", counts);
+}
+
+Partition solve_seed(const std::vector<double>& lat, int stages) {
+  check_stage_count(static_cast<int>(lat.size()), stages);
+  // Homogeneous devices: the balanced solver with the same row on every stage.
+  const std::vector<std::vector<double>> rows(stages, lat);
+  check_cost_rows(rows, "solve_seed");
+  return solve_rows("seed", rows, stages);
+}
+
+Partition solve_balanced(const std::vector<std::vector<double>>& cost, int stages) {
+  if (cost.empty()) throw UserError("solve_balanced: empty cost table (no device rows)");
+  check_stage_count(static_cast<int>(cost[0].size()), stages);
+  if (static_cast<int>(cost.size()) != stages)
+    throw UserError("solve_balanced: cost table has " + std::to_string(cost.size()) +
+                    " device rows but the pipeline has " + std::to_string(stages) + " stages");
+  check_cost_rows(cost, "solve_balanced");
+  return solve_rows("balanced", cost, stages);
+}
+
+Partition parse_manual(const std::string& text, int units, int stages) {
+  const std::string usage = "; expected unit counts per stage such as 5,6,5,6";
+  if (trim(text).empty()) throw UserError("--partition is empty" + usage);
+  std::vector<int> counts;
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', pos);
+    const std::string token =
+        trim(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    const int index = static_cast<int>(counts.size());
+    if (token.empty())
+      throw UserError("--partition '" + text + "': entry " + std::to_string(index + 1) +
+                      " is empty" + usage);
+    int value = 0;
+    const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), value);
+    if (ec != std::errc() || end != token.data() + token.size())
+      throw UserError("--partition '" + text + "': '" + token + "' is not an integer" + usage);
+    if (value <= 0)
+      throw UserError("--partition '" + text + "': stage " + std::to_string(index) +
+                      " would be empty (entry " + std::to_string(index + 1) + " is " + token +
+                      "); every stage needs >= 1 unit");
+    counts.push_back(value);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (static_cast<int>(counts.size()) != stages)
+    throw UserError("--partition has " + std::to_string(counts.size()) +
+                    " stages but the run has " + std::to_string(stages) + " ranks/stages");
+  long long sum = 0;
+  for (int c : counts) sum += c;
+  if (sum != units)
+    throw UserError("--partition covers " + std::to_string(sum) + " units but the model has " +
+                    describe_units(units));
+  Partition p = from_counts("manual", counts);
+  check_partition(p, units);
+  return p;
+}
+
+}  // namespace ppb::balance

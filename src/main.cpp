@@ -1,0 +1,117 @@
+// ppbench: the command line. `ppbench run` is the main job (DESIGN.md §1).
+//
+// Exit status: 0 success; 1 validation mismatch or internal failure; 2 bad input (flags, model
+// config, impossible partition, unwritable output) — the same on every rank, never a hang.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/error.h"
+#include "model/model_spec.h"
+#include "runtime/mpi_context.h"
+#include "runtime/run_job.h"
+
+namespace {
+
+/// True on the rank that should print (rank 0, or a process not launched by MPI/Slurm yet).
+bool print_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(var);
+    if (v) return std::string(v) == "0";
+  }
+  return true;
+}
+
+std::string join_args(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    if (i) s += ' ';
+    s += argv[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ppbench: pipeline-parallel LLM inference benchmark.\n"
+      "Launch with one MPI rank per pipeline stage (one per GPU, or per CPU core/socket):\n"
+      "  mpirun -np 4 ppbench run --model inputs/models/qwen3-0.6b.json\n"
+      "Each run profiles every unit (embed, layers, head) on every rank, solves the stage split,\n"
+      "benchmarks the pipelined inference of each requested split, validates it against a\n"
+      "serialized run, prints a summary and writes one HDF5 file (see results/README.md)."};
+  app.set_version_flag("--version", PPBENCH_VERSION);
+  app.require_subcommand(1);
+
+  ppb::RunOptions opt;
+  auto* run = app.add_subcommand("run", "profile, balance, benchmark and validate; write the HDF5 results file");
+  run->add_option("-m,--model", opt.model_path, "Hugging Face config.json of a dense decoder model (inputs/models/*.json)")
+      ->required();
+  run->add_option("-b,--batch", opt.batch, "B: sequences per request group (micro-batch)")->capture_default_str();
+  run->add_option("-p,--prompt-len", opt.prompt_len, "P: prompt tokens per sequence (prefill)")->capture_default_str();
+  run->add_option("-g,--gen-len", opt.gen_len, "G: decode steps per group (autoregressive)")->capture_default_str();
+  run->add_option("-M,--microbatches", opt.microbatches, "M: request groups in flight (0 = number of stages)")
+      ->capture_default_str();
+  run->add_option("--partition", opt.partition,
+                  "splits to benchmark: uniform | seed | balanced | both (uniform+balanced) | all | a manual "
+                  "split of units per stage, e.g. 9,8,7,8")
+      ->capture_default_str();
+  run->add_option("--objective", opt.objective,
+                  "stage cost the balancer minimises: workload (prefill + G x decode) | decode | prefill")
+      ->capture_default_str();
+  run->add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
+  run->add_option("--iters", opt.iters, "timed repetitions per partition")->capture_default_str();
+  run->add_option("--profile-warmup", opt.profile_warmup, "untimed forwards before each profiled series")
+      ->capture_default_str();
+  run->add_option("--profile-iters", opt.profile_iters, "timed forwards per profiled series (median kept)")
+      ->capture_default_str();
+  run->add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
+      ->capture_default_str();
+  run->add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
+  run->add_flag("!--no-validate", opt.validate, "skip the serialized reference run");
+  run->add_option("--seed", opt.seed, "seed of the random weights and prompts")->capture_default_str();
+  run->add_option("--dtype", opt.dtype, "auto | f32 | f16 | bf16 (auto: f32 on CPU)")->capture_default_str();
+  run->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
+  run->add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
+  run->add_option("--memory-limit", opt.memory_limit_gib,
+                  "GiB of weights + KV cache allowed per stage (0 = 90% of the free memory per rank)")
+      ->capture_default_str();
+  run->add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
+      ->capture_default_str();
+  run->add_option("-o,--output", opt.output, "results file (default results/ppbench_<model>_<ranks>r_<time>.h5)");
+  run->add_flag("--force", opt.force, "overwrite an existing --output file");
+  run->add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    if (print_rank()) return app.exit(e);
+    return 0;
+  } catch (const CLI::CallForAllHelp& e) {
+    if (print_rank()) return app.exit(e);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    if (print_rank()) return app.exit(e);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    if (print_rank()) {
+      std::cerr << "ppbench: error: " << e.what() << "\nRun with --help for the options." << std::endl;
+    }
+    return 2;
+  }
+  opt.command_line = join_args(argc, argv);
+
+  try {
+    ppb::MpiContext mpi(&argc, &argv);
+    return ppb::run_job(mpi, opt);
+  } catch (const ppb::UserError& e) {
+    std::cerr << "ppbench: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ppbench: fatal: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,646 @@
+// ModelSpec: parsing of Hugging Face config.json files and the analytic counts of each unit.
+//
+// Field meanings and defaults follow the transformers configuration classes of each family
+// (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig,
+// Phi3Config). Only what changes the shapes, the math or the cost of a unit is read.
+#include "model/model_spec.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace ppb::model {
+namespace {
+
+using nlohmann::json;
+
+enum class Family { llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3 };
+
+struct ArchInfo {
+  const char* architecture;  ///< architectures[0]
+  const char* model_type;    ///< the matching model_type, for configs without `architectures`
+  Family family;
+  bool text_config;          ///< the decoder's fields live in a `text_config` sub-object
+};
+
+constexpr ArchInfo kArchs[] = {
+    {"LlamaForCausalLM", "llama", Family::llama, false},
+    {"MistralForCausalLM", "mistral", Family::mistral, false},
+    {"Qwen2ForCausalLM", "qwen2", Family::qwen2, false},
+    {"Qwen3ForCausalLM", "qwen3", Family::qwen3, false},
+    {"Gemma2ForCausalLM", "gemma2", Family::gemma2, false},
+    {"Gemma3ForCausalLM", "gemma3_text", Family::gemma3, false},
+    {"Gemma3ForConditionalGeneration", "gemma3", Family::gemma3, true},
+    {"Phi3ForCausalLM", "phi3", Family::phi3, false},
+};
+
+std::string supported_list() {
+  std::string s;
+  for (const auto& a : kArchs) {
+    if (!s.empty()) s += ", ";
+    s += a.architecture;
+  }
+  return s;
+}
+
+/// A JSON value shortened for an error message.
+std::string show(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+/// Typed, checked access to the fields of one config object. Every failure is a UserError that
+/// names the source, the field (with its `text_config.` prefix where relevant) and the value.
+class ConfigReader {
+ public:
+  ConfigReader(const json& obj, std::string source, std::string prefix)
+      : obj_(obj), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw UserError("model config " + source_ + ": " + what);
+  }
+  std::string field(const std::string& key) const { return prefix_ + key; }
+
+  /// Present and not null.
+  bool has(const std::string& key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && !it->is_null();
+  }
+  const json& at(const std::string& key) const { return obj_.at(key); }
+
+  /// A required integer >= `min`.
+  int int_at_least(const std::string& key, int min, const char* what) const {
+    if (!has(key)) fail("missing required field '" + field(key) + "' (" + what + ")");
+    const json& v = obj_.at(key);
+    int64_t x = 0;
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      x = u > static_cast<uint64_t>(INT_MAX) ? int64_t{INT_MAX} + 1 : static_cast<int64_t>(u);
+    } else if (v.is_number_integer()) {
+      x = v.get<int64_t>();
+    } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+               v.get<double>() == std::floor(v.get<double>()) && std::fabs(v.get<double>()) < 1e12) {
+      x = static_cast<int64_t>(v.get<double>());  // 4096.0 is accepted as 4096
+    } else {
+      fail(field(key) + " must be " + what + ", got " + show(v));
+    }
+    if (x < min || x > INT_MAX) fail(field(key) + " must be " + what + ", got " + show(v));
+    return static_cast<int>(x);
+  }
+  int positive_int(const std::string& key) const { return int_at_least(key, 1, "a positive integer"); }
+  int positive_int_or(const std::string& key, int dflt) const {
+    return has(key) ? positive_int(key) : dflt;
+  }
+  /// Window-like field: missing -> `if_missing`; null -> 0 (none); else a positive integer.
+  int window_or(const std::string& key, int if_missing) const {
+    if (obj_.find(key) == obj_.end()) return if_missing;
+    return has(key) ? int_at_least(key, 1, "a positive integer or null") : 0;
+  }
+  /// A number > 0 (or >= 0 when `allow_zero`); missing or null -> `dflt`.
+  double number_or(const std::string& key, double dflt, bool allow_zero = false) const {
+    if (!has(key)) return dflt;
+    const json& v = obj_.at(key);
+    const char* what = allow_zero ? "a non-negative number" : "a positive number";
+    if (!v.is_number()) fail(field(key) + " must be " + what + ", got " + show(v));
+    double x = v.get<double>();
+    if (!std::isfinite(x) || x < 0.0 || (!allow_zero && x == 0.0))
+      fail(field(key) + " must be " + what + ", got " + show(v));
+    return x;
+  }
+  bool bool_or(const std::string& key, bool dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = obj_.at(key);
+    if (!v.is_boolean()) fail(field(key) + " must be true or false, got " + show(v));
+    return v.get<bool>();
+  }
+  std::string string_or(const std::string& key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = obj_.at(key);
+    if (!v.is_string()) fail(field(key) + " must be a string, got " + show(v));
+    return v.get<std::string>();
+  }
+
+ private:
+  const json& obj_;
+  std::string source_;
+  std::string prefix_;
+};
+
+/// Parses the text; a syntax error becomes a UserError with line:column.
+json parse_json(const std::string& text, const std::string& source) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    // e.byte is 1-based: the index of the last character read (n + 1 at end of input).
+    size_t pos = e.byte == 0 ? 0 : std::min<size_t>(e.byte - 1, text.size());
+    int line = 1;
+    size_t line_start = 0;
+    for (size_t i = 0; i < pos; ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        line_start = i + 1;
+      }
+    }
+    size_t column = pos - line_start + 1;
+    // Keep nlohmann's reason, without its "[json.exception...] parse error at ...: " prefix.
+    std::string reason = e.what();
+    if (auto p = reason.find("parse error"); p != std::string::npos) {
+      if (auto c = reason.find(": ", p); c != std::string::npos) reason = reason.substr(c + 2);
+    }
+    throw UserError("model config " + source + ": malformed JSON at line " + std::to_string(line) +
+                    ", column " + std::to_string(column) + ": " + reason);
+  }
+}
+
+/// Finds the architecture from architectures[0], else from model_type.
+const ArchInfo& identify(const json& root, const std::string& source) {
+  auto arch_it = root.find("architectures");
+  if (arch_it != root.end() && arch_it->is_array() && !arch_it->empty()) {
+    const json& first = (*arch_it)[0];
+    if (!first.is_string())
+      throw UserError("model config " + source + ": architectures[0] must be a string, got " +
+                      show(first));
+    std::string name = first.get<std::string>();
+    for (const auto& a : kArchs)
+      if (name == a.architecture) return a;
+    throw UserError("unsupported architecture '" + name + "' in " + source + "; supported: " +
+                    supported_list() + " (mixture-of-experts models are not supported yet)");
+  }
+  auto type_it = root.find("model_type");
+  if (type_it != root.end() && type_it->is_string()) {
+    std::string type = type_it->get<std::string>();
+    for (const auto& a : kArchs)
+      if (type == a.model_type) return a;
+    throw UserError("unsupported model_type '" + type + "' (no 'architectures' field) in " + source +
+                    "; supported: " + supported_list() +
+                    " (mixture-of-experts models are not supported yet)");
+  }
+  throw UserError("model config " + source +
+                  ": neither 'architectures' nor 'model_type' is given, so the architecture is "
+                  "unknown; supported: " + supported_list());
+}
+
+/// Gemma3TextConfig's defaults (transformers configuration_gemma3.py), for the keys a
+/// Gemma3ForConditionalGeneration `text_config` may leave out (e.g. gemma-3-4b-it lists only
+/// the sizes that differ from these).
+const json& gemma3_text_defaults() {
+  static const json d = {
+      {"vocab_size", 262208},          {"hidden_size", 2304},
+      {"intermediate_size", 9216},     {"num_hidden_layers", 26},
+      {"num_attention_heads", 8},      {"num_key_value_heads", 4},
+      {"head_dim", 256},               {"hidden_activation", "gelu_pytorch_tanh"},
+      {"rms_norm_eps", 1e-6},          {"rope_theta", 1000000.0},
+      {"attention_bias", false},       {"query_pre_attn_scalar", 256},
+      {"sliding_window", 4096},        {"final_logit_softcapping", nullptr},
+      {"attn_logit_softcapping", nullptr}, {"rope_scaling", nullptr},
+      {"rope_local_base_freq", 10000.0}, {"sliding_window_pattern", 6},
+      {"tie_word_embeddings", true},   {"model_type", "gemma3_text"},
+  };
+  return d;
+}
+
+/// rope_theta + rope_scaling of the global (or only) kind of layer.
+Rope read_rope(const ConfigReader& r) {
+  Rope rope;
+  rope.theta = r.number_or("rope_theta", 10000.0);
+  if (!r.has("rope_scaling")) return rope;
+  const json& s = r.at("rope_scaling");
+  if (!s.is_object()) r.fail(r.field("rope_scaling") + " must be an object or null, got " + show(s));
+  ConfigReader sr(s, "", "");
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = s.find(key);
+    if (it != s.end() && it->is_string()) {
+      type = it->get<std::string>();
+      break;
+    }
+  }
+  auto positive = [&](const char* key, double dflt) {
+    if (!sr.has(key)) return dflt;
+    const json& v = s.at(key);
+    if (!v.is_number() || !(v.get<double>() > 0.0) || !std::isfinite(v.get<double>()))
+      r.fail(r.field("rope_scaling") + "." + key + " must be a positive number, got " + show(v));
+    return v.get<double>();
+  };
+  if (type == "linear") {
+    rope.scaling_type = "linear";
+    rope.factor = positive("factor", 1.0);
+  } else if (type == "llama3") {
+    rope.scaling_type = "llama3";
+    rope.factor = positive("factor", 8.0);
+    rope.low_freq_factor = positive("low_freq_factor", 1.0);
+    rope.high_freq_factor = positive("high_freq_factor", 4.0);
+    rope.original_max_position =
+        static_cast<int>(positive("original_max_position_embeddings", 8192.0));
+  }
+  // Anything else ("default", "dynamic", "yarn", "longrope", "su", ...) is kept as unscaled
+  // RoPE: these change only the rotary frequencies (and for dynamic, only past the trained
+  // length), not a shape, a FLOP or a byte, and the weights here are random anyway.
+  return rope;
+}
+
+/// Which layers are sliding-window ones, from an explicit `layer_types` list.
+std::vector<bool> read_layer_types(const ConfigReader& r, int n_layers) {
+  const json& lt = r.at("layer_types");
+  if (!lt.is_array() || static_cast<int>(lt.size()) != n_layers)
+    r.fail(r.field("layer_types") + " must be a list of " + std::to_string(n_layers) +
+           " entries (num_hidden_layers), got " + show(lt));
+  std::vector<bool> sliding(n_layers);
+  for (int i = 0; i < n_layers; ++i) {
+    const json& t = lt[i];
+    if (t == "sliding_attention") {
+      sliding[i] = true;
+    } else if (t == "full_attention") {
+      sliding[i] = false;
+    } else {
+      r.fail(r.field("layer_types") + "[" + std::to_string(i) +
+             "] must be \"sliding_attention\" or \"full_attention\", got " + show(t));
+    }
+  }
+  return sliding;
+}
+
+Activation read_activation(const ConfigReader& r, bool gemma) {
+  // Gemma-2/3 name it hidden_activation (and may carry a stale hidden_act); others hidden_act.
+  std::string key = r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  std::string act = r.string_or(key, gemma ? "gelu_pytorch_tanh" : "silu");
+  if (act == "silu" || act == "swish") return Activation::silu;
+  if (act == "gelu_pytorch_tanh" || act == "gelu" || act == "gelu_new") return Activation::gelu_tanh;
+  r.fail(r.field(key) + " '" + act +
+         "' is not supported; supported: silu, swish, gelu_pytorch_tanh, gelu, gelu_new");
+}
+
+/// Names the signatures and assigns every unit its signature (see the header's contract).
+void assign_signatures(ModelSpec& m) {
+  std::vector<int> shape_of(m.n_layers);  // index into `distinct`
+  std::vector<int> distinct;              // first layer index of each distinct shape
+  for (int i = 0; i < m.n_layers; ++i) {
+    int k = 0;
+    while (k < static_cast<int>(distinct.size()) && !(m.layers[distinct[k]] == m.layers[i])) ++k;
+    if (k == static_cast<int>(distinct.size())) distinct.push_back(i);
+    shape_of[i] = k;
+  }
+  std::vector<std::string> names;
+  if (distinct.size() == 1) {
+    names.push_back("layer");
+  } else {
+    for (int first : distinct)
+      names.push_back(m.layers[first].sliding_window == 0 ? "layer.global" : "layer.local");
+    std::vector<std::string> base = names;
+    for (size_t k = 0; k < names.size(); ++k) {
+      if (std::count(base.begin(), base.end(), base[k]) > 1) {
+        int nth = static_cast<int>(std::count(base.begin(), base.begin() + k, base[k]));
+        names[k] = base[k] + "." + std::to_string(nth);
+      }
+    }
+  }
+
+  m.signatures = {"embed"};
+  m.signatures.insert(m.signatures.end(), names.begin(), names.end());
+  m.signatures.push_back("head");
+  int head_sig = static_cast<int>(m.signatures.size()) - 1;
+
+  m.units.clear();
+  m.units.push_back({"embed", UnitKind::embed, -1, 0});
+  for (int i = 0; i < m.n_layers; ++i)
+    m.units.push_back({"layer." + std::to_string(i), UnitKind::layer, i, 1 + shape_of[i]});
+  m.units.push_back({"head", UnitKind::head, -1, head_sig});
+
+  m.signature_example.assign(m.signatures.size(), -1);
+  for (int u = 0; u < m.num_units(); ++u)
+    if (m.signature_example[m.units[u].signature] < 0) m.signature_example[m.units[u].signature] = u;
+}
+
+const Unit& unit_at(const ModelSpec& m, int unit) {
+  if (unit < 0 || unit >= m.num_units())
+    throw InternalError("unit index " + std::to_string(unit) + " out of range [0, " +
+                        std::to_string(m.num_units()) + ") of model " + m.source);
+  return m.units[unit];
+}
+
+void check_positive(int value, const char* name) {
+  if (value <= 0) throw InternalError(std::string(name) + " must be positive, got " + std::to_string(value));
+}
+
+/// Weights of the matmuls of a layer: q, k, v, o and the gated MLP (gate, up, down).
+int64_t layer_matmul_params(const LayerShape& s) {
+  int64_t h = s.hidden, q = int64_t{s.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim;
+  return h * q + 2 * h * kv + q * h + 3 * h * s.intermediate;
+}
+
+/// All weights of a layer: matmuls + q/k/v biases + RMSNorm weights.
+int64_t layer_params(const LayerShape& s) {
+  int64_t q = int64_t{s.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim;
+  int64_t p = layer_matmul_params(s);
+  if (s.attn_bias) p += q + 2 * kv;
+  p += (s.sandwich_norm ? 4 : 2) * int64_t{s.hidden};
+  if (s.qk_norm) p += 2 * int64_t{s.head_dim};
+  return p;
+}
+
+/// Sum over q = a+1 .. b of min(window, q) (window 0 = no cap): the key positions attended by
+/// the new tokens at 0-based positions a .. b-1 under a causal (sliding-window) mask.
+double attended_positions(int64_t a, int64_t b, int64_t window) {
+  auto prefix = [window](int64_t n) -> double {
+    if (window == 0 || n <= window) return 0.5 * static_cast<double>(n) * static_cast<double>(n + 1);
+    return 0.5 * static_cast<double>(window) * static_cast<double>(window + 1) +
+           static_cast<double>(n - window) * static_cast<double>(window);
+  };
+  return prefix(b) - prefix(a);
+}
+
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> v;
+  for (const auto& a : kArchs) v.push_back(a.architecture);
+  return v;
+}
+
+const LayerShape& ModelSpec::layer_of(int unit) const {
+  const Unit& u = unit_at(*this, unit);
+  if (u.kind != UnitKind::layer)
+    throw InternalError("unit " + std::to_string(unit) + " ('" + u.name + "') is not a decoder layer");
+  return layers[u.layer];
+}
+
+ModelSpec parse_model_config(const std::string& json_text, const std::string& source) {
+  json root = parse_json(json_text, source);
+  if (!root.is_object())
+    throw UserError("model config " + source + ": the top level must be a JSON object, got " + show(root));
+  const ArchInfo& arch = identify(root, source);
+
+  ModelSpec m;
+  m.source = source;
+  m.config_json = json_text;
+  m.architecture = arch.architecture;
+  if (auto it = root.find("architectures"); it != root.end() && it->is_array() && !it->empty())
+    m.architecture = (*it)[0].get<std::string>();
+
+  // The decoder's fields: the root, or the text_config of a multimodal wrapper (then
+  // completed with the text model's defaults, as transformers does).
+  json cfg_storage;
+  const json* cfg = &root;
+  std::string prefix;
+  if (arch.text_config) {
+    auto tc = root.find("text_config");
+    if (tc == root.end() || !tc->is_object())
+      throw UserError("model config " + source + ": " + arch.architecture +
+                      " needs a 'text_config' object with the text model's fields");
+    cfg_storage = gemma3_text_defaults();
+    for (auto it = tc->begin(); it != tc->end(); ++it) cfg_storage[it.key()] = it.value();
+    cfg = &cfg_storage;
+    prefix = "text_config.";
+  }
+  const ConfigReader r(*cfg, source, prefix);
+  m.model_type = r.string_or("model_type", arch.model_type);
+
+  const Family fam = arch.family;
+  const bool gemma = fam == Family::gemma2 || fam == Family::gemma3;
+
+  m.hidden = r.positive_int("hidden_size");
+  m.n_layers = r.positive_int("num_hidden_layers");
+  const int n_heads = r.positive_int("num_attention_heads");
+  const int intermediate = r.positive_int("intermediate_size");
+  m.vocab = r.positive_int("vocab_size");
+  const int n_kv = r.positive_int_or("num_key_value_heads", n_heads);
+  if (n_heads % n_kv != 0)
+    r.fail(r.field("num_key_value_heads") + " (" + std::to_string(n_kv) +
+           ") must divide num_attention_heads (" + std::to_string(n_heads) + ")");
+  int head_dim = 0;
+  if (r.has("head_dim")) {
+    head_dim = r.positive_int("head_dim");
+  } else {
+    if (m.hidden % n_heads != 0)
+      r.fail(r.field("hidden_size") + " (" + std::to_string(m.hidden) +
+             ") is not divisible by num_attention_heads (" + std::to_string(n_heads) +
+             ") and no head_dim is given");
+    head_dim = m.hidden / n_heads;
+  }
+
+  m.rms_eps = r.number_or("rms_norm_eps", 1e-6);
+  m.tie_embeddings = r.bool_or("tie_word_embeddings", gemma);
+  m.embed_scale_sqrt_hidden = gemma;
+  m.final_norm_plus_one = gemma;
+  // Gemma2Config defaults: attn 50, final 30; null (and Gemma-3's default) means none.
+  const bool g2 = fam == Family::gemma2;
+  double attn_softcap = 0.0;
+  if (gemma) {
+    attn_softcap = cfg->contains("attn_logit_softcapping")
+                       ? r.number_or("attn_logit_softcapping", 0.0, true)
+                       : (g2 ? 50.0 : 0.0);
+    m.final_softcap = cfg->contains("final_logit_softcapping")
+                          ? r.number_or("final_logit_softcapping", 0.0, true)
+                          : (g2 ? 30.0 : 0.0);
+  }
+
+  LayerShape base;
+  base.hidden = m.hidden;
+  base.n_heads = n_heads;
+  base.n_kv_heads = n_kv;
+  base.head_dim = head_dim;
+  base.intermediate = intermediate;
+  base.attn_bias = fam == Family::qwen2 || r.bool_or("attention_bias", false);  // Qwen2: q/k/v bias always
+  base.qk_norm = fam == Family::qwen3 || fam == Family::gemma3;
+  base.sandwich_norm = gemma;
+  base.norm_plus_one = gemma;
+  base.act = read_activation(r, gemma);
+  base.rms_eps = m.rms_eps;
+  base.attn_scale = gemma && r.has("query_pre_attn_scalar")
+                        ? 1.0 / std::sqrt(r.number_or("query_pre_attn_scalar", 0.0))
+                        : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  base.attn_softcap = attn_softcap;
+  base.rope = read_rope(r);
+  // Not modelled: Llama's mlp_bias and Phi-3/4's partial_rotary_factor change neither a
+  // matmul shape nor the cost visibly (mlp biases are hidden + 2 * intermediate parameters).
+
+  // Which layers use a sliding window, and its size.
+  std::vector<bool> sliding(m.n_layers, false);
+  int window = 0;
+  const bool has_layer_types = r.has("layer_types");
+  switch (fam) {
+    case Family::llama:
+      break;
+    case Family::mistral:
+    case Family::phi3:
+      window = r.window_or("sliding_window", 0);
+      sliding.assign(m.n_layers, true);
+      break;
+    case Family::qwen2:
+    case Family::qwen3:
+      // HF: the window exists only with use_sliding_window; then layers i >= max_window_layers
+      // use it (Qwen2Config defaults: sliding_window 4096, max_window_layers 28).
+      if (r.bool_or("use_sliding_window", false)) {
+        window = r.window_or("sliding_window", 4096);
+        if (has_layer_types) {
+          sliding = read_layer_types(r, m.n_layers);
+        } else {
+          int mwl = r.has("max_window_layers")
+                        ? r.int_at_least("max_window_layers", 0, "a non-negative integer")
+                        : 28;
+          for (int i = 0; i < m.n_layers; ++i) sliding[i] = i >= mwl;
+        }
+      }
+      break;
+    case Family::gemma2:
+      // Gemma-2: even layers local, odd layers global (Gemma2Config default window 4096).
+      window = r.window_or("sliding_window", 4096);
+      if (has_layer_types) {
+        sliding = read_layer_types(r, m.n_layers);
+      } else {
+        for (int i = 0; i < m.n_layers; ++i) sliding[i] = i % 2 == 0;
+      }
+      break;
+    case Family::gemma3: {
+      // Gemma-3: layer i is global iff (i + 1) % sliding_window_pattern == 0 (5 local : 1 global).
+      window = r.window_or("sliding_window", 4096);
+      if (has_layer_types) {
+        sliding = read_layer_types(r, m.n_layers);
+      } else {
+        int pattern = r.positive_int_or("sliding_window_pattern", 6);
+        for (int i = 0; i < m.n_layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+      }
+      break;
+    }
+  }
+
+  // Gemma-3 local layers: their own base frequency, never scaled.
+  Rope local_rope = base.rope;
+  if (fam == Family::gemma3) {
+    local_rope = Rope{};
+    local_rope.theta = r.number_or("rope_local_base_freq", 10000.0);
+  }
+
+  m.layers.assign(m.n_layers, base);
+  for (int i = 0; i < m.n_layers; ++i) {
+    if (sliding[i] && window > 0) {
+      m.layers[i].sliding_window = window;
+      m.layers[i].rope = local_rope;
+    }
+  }
+  assign_signatures(m);
+  return m;
+}
+
+ModelSpec load_model_config(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError("cannot read model config '" + path + "': it is a directory (give the config.json file)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError("cannot read model config '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw UserError("cannot read model config '" + path + "': read error");
+  return parse_model_config(text.str(), path);
+}
+
+int64_t unit_params(const ModelSpec& m, int unit) {
+  const Unit& u = unit_at(m, unit);
+  int64_t table = int64_t{m.vocab} * m.hidden;
+  switch (u.kind) {
+    case UnitKind::embed: return table;
+    case UnitKind::layer: return layer_params(m.layers[u.layer]);
+    case UnitKind::head: return m.hidden + (m.tie_embeddings ? 0 : table);
+  }
+  return 0;
+}
+
+int64_t unit_resident_params(const ModelSpec& m, int unit) {
+  const Unit& u = unit_at(m, unit);
+  if (u.kind == UnitKind::head) return m.hidden + int64_t{m.vocab} * m.hidden;
+  return unit_params(m, unit);
+}
+
+int64_t total_params(const ModelSpec& m) {
+  int64_t sum = 0;
+  for (int u = 0; u < m.num_units(); ++u) sum += unit_params(m, u);
+  return sum;
+}
+
+int64_t kv_bytes_per_token(const ModelSpec& m, int unit, int dtype_bytes) {
+  const Unit& u = unit_at(m, unit);
+  check_positive(dtype_bytes, "dtype_bytes");
+  if (u.kind != UnitKind::layer) return 0;
+  const LayerShape& s = m.layers[u.layer];
+  return 2 * int64_t{s.n_kv_heads} * s.head_dim * dtype_bytes;
+}
+
+int64_t kv_cache_bytes(const ModelSpec& m, int unit, int sequences, int context, int dtype_bytes) {
+  const Unit& u = unit_at(m, unit);
+  if (u.kind != UnitKind::layer) return 0;
+  if (sequences < 0 || context < 0)
+    throw InternalError("kv_cache_bytes: sequences and context must be >= 0");
+  int window = m.layers[u.layer].sliding_window;
+  int64_t positions = window > 0 ? std::min(window, context) : context;
+  return kv_bytes_per_token(m, unit, dtype_bytes) * sequences * positions;
+}
+
+double unit_flops(const ModelSpec& m, int unit, Phase phase, int batch, int tokens, int context) {
+  const Unit& u = unit_at(m, unit);
+  if (batch < 0 || tokens < 1 || context < tokens)
+    throw InternalError("unit_flops: need batch >= 0, tokens >= 1, context >= tokens; got batch " +
+                        std::to_string(batch) + ", tokens " + std::to_string(tokens) + ", context " +
+                        std::to_string(context));
+  const double b = batch, t = tokens;
+  switch (u.kind) {
+    case UnitKind::embed:
+      return 0.0;  // a gather, no matmul
+    case UnitKind::head: {
+      // lm_head [vocab, hidden] matmul: prefill only needs the last token's logits.
+      const double per_token = 2.0 * m.vocab * static_cast<double>(m.hidden);
+      return phase == Phase::prefill ? b * per_token : b * t * per_token;
+    }
+    case UnitKind::layer: {
+      const LayerShape& s = m.layers[u.layer];
+      const double matmul = 2.0 * static_cast<double>(layer_matmul_params(s)) * t;
+      // QK^T and AV: 2 + 2 FLOPs per head dim per attended (query, key) pair.
+      const double attn = 4.0 * s.n_heads * s.head_dim *
+                          attended_positions(context - tokens, context, s.sliding_window);
+      return b * (matmul + attn);
+    }
+  }
+  return 0.0;
+}
+
+double unit_bytes_moved(const ModelSpec& m, int unit, Phase phase, int batch, int tokens, int context,
+                        int dtype_bytes) {
+  const Unit& u = unit_at(m, unit);
+  check_positive(dtype_bytes, "dtype_bytes");
+  if (batch < 0 || tokens < 1 || context < tokens)
+    throw InternalError("unit_bytes_moved: need batch >= 0, tokens >= 1, context >= tokens");
+  const double d = dtype_bytes;
+  switch (u.kind) {
+    case UnitKind::embed:
+      // A gather reads only the rows of the tokens in the batch, not the whole table.
+      return std::min(static_cast<double>(batch) * tokens, static_cast<double>(m.vocab)) * m.hidden * d;
+    case UnitKind::head:
+      return static_cast<double>(unit_resident_params(m, unit)) * d;
+    case UnitKind::layer: {
+      // KV read: the union of the windows of the new tokens, i.e. all `context` positions,
+      // or the last window + tokens - 1 of them for a sliding-window layer.
+      int window = m.layers[u.layer].sliding_window;
+      int64_t positions = window > 0 ? std::min<int64_t>(context, int64_t{window} + tokens - 1) : context;
+      return static_cast<double>(unit_resident_params(m, unit)) * d +
+             static_cast<double>(batch) * static_cast<double>(positions) *
+                 static_cast<double>(kv_bytes_per_token(m, unit, dtype_bytes));
+    }
+  }
+  return 0.0;
+}
+
+int64_t boundary_bytes(const ModelSpec& m, int unit, int batch, int tokens, int dtype_bytes) {
+  const Unit& u = unit_at(m, unit);
+  if (u.kind == UnitKind::head) return int64_t{batch} * 4;  // int32 token ids
+  return int64_t{batch} * tokens * m.hidden * dtype_bytes;
+}
+
+}  // namespace ppb::model

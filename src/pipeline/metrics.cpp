@@ -1,0 +1,73 @@
+#include "pipeline/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/stats.h"
+
+namespace ppb {
+
+PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape& sh, int batch, int gen_len) {
+  PartitionMetrics m;
+  const int S = sh.stages, M = sh.groups, steps = sh.steps;
+  const int last = S - 1;
+  constexpr int kRecvStart = 0, kRecvEnd = 1, kComputeStart = 2, kComputeEnd = 3;
+  std::vector<double> ttft, tpot, decode_rate;
+  std::vector<std::vector<double>> prefill(S), decode(S), bubble(S), recv_wait(S);
+  for (int r = 0; r < sh.iters; ++r) {
+    double start = std::numeric_limits<double>::infinity(), end = -start, last_prefill_out = -start;
+    for (int g = 0; g < M; ++g) {
+      start = std::min(start, ev[sh.index(r, g, 0, 0, kComputeStart)]);
+      end = std::max(end, ev[sh.index(r, g, steps - 1, last, kComputeEnd)]);
+      last_prefill_out = std::max(last_prefill_out, ev[sh.index(r, g, 0, last, kComputeEnd)]);
+      ttft.push_back(1e3 * (ev[sh.index(r, g, 0, last, kComputeEnd)] - ev[sh.index(r, g, 0, 0, kComputeStart)]));
+      for (int t = 1; t < steps; ++t)
+        tpot.push_back(1e3 * (ev[sh.index(r, g, t, last, kComputeEnd)] - ev[sh.index(r, g, t - 1, last, kComputeEnd)]));
+    }
+    const double wall = end - start;
+    m.rep_wall_s.push_back(wall);
+    const double tokens = static_cast<double>(M) * batch * gen_len;
+    m.rep_tokens_per_s.push_back(tokens / wall);
+    if (gen_len > 0) decode_rate.push_back(tokens / (end - last_prefill_out));
+    for (int s = 0; s < S; ++s) {
+      double busy = 0.0;
+      for (int g = 0; g < M; ++g) {
+        for (int t = 0; t < steps; ++t) {
+          double d = ev[sh.index(r, g, t, s, kComputeEnd)] - ev[sh.index(r, g, t, s, kComputeStart)];
+          busy += d;
+          (t == 0 ? prefill[s] : decode[s]).push_back(1e3 * d);
+          double rs = ev[sh.index(r, g, t, s, kRecvStart)], re = ev[sh.index(r, g, t, s, kRecvEnd)];
+          if (!std::isnan(rs)) recv_wait[s].push_back(1e3 * (re - rs));
+        }
+      }
+      bubble[s].push_back(1.0 - busy / wall);
+    }
+  }
+  m.tokens_per_s = median(m.rep_tokens_per_s);
+  m.decode_tokens_per_s = decode_rate.empty() ? 0.0 : median(decode_rate);
+  m.ttft_p50_ms = percentile(ttft, 50);
+  m.ttft_p99_ms = percentile(ttft, 99);
+  m.tpot_p50_ms = tpot.empty() ? 0.0 : percentile(tpot, 50);
+  m.tpot_p99_ms = tpot.empty() ? 0.0 : percentile(tpot, 99);
+  double max_decode = 0.0, sum_decode = 0.0, max_work = -1.0;
+  for (int s = 0; s < S; ++s) {
+    m.stage_prefill_ms.push_back(median(prefill[s]));
+    m.stage_decode_ms.push_back(decode[s].empty() ? 0.0 : median(decode[s]));
+    m.stage_workload_ms.push_back(m.stage_prefill_ms[s] + gen_len * m.stage_decode_ms[s]);
+    m.bubble_fraction.push_back(median(bubble[s]));
+    m.recv_wait_ms.push_back(recv_wait[s].empty() ? 0.0 : median(recv_wait[s]));
+    max_decode = std::max(max_decode, m.stage_decode_ms[s]);
+    sum_decode += m.stage_decode_ms[s];
+    if (m.stage_workload_ms[s] > max_work) {
+      max_work = m.stage_workload_ms[s];
+      m.bottleneck_stage = s;
+    }
+  }
+  const double cycle_ms = std::max(M * max_decode, sum_decode);
+  m.bottleneck_bound_tok_s = cycle_ms > 0 ? 1e3 * M * batch / cycle_ms : 0.0;
+  m.pipeline_efficiency = m.bottleneck_bound_tok_s > 0 ? m.decode_tokens_per_s / m.bottleneck_bound_tok_s : 0.0;
+  return m;
+}
+
+}  // namespace ppb

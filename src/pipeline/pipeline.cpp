@@ -1,0 +1,214 @@
+#include "pipeline/pipeline.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <sstream>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "runtime/mpi_context.h"
+
+namespace ppb {
+
+int32_t prompt_token(uint64_t seed, int group, int seq, int pos, int vocab) {
+  // splitmix64 of the packed coordinates: cheap, deterministic, identical on every rank.
+  uint64_t z = seed * 0x9E3779B97F4A7C15ULL ^ (static_cast<uint64_t>(group) << 40) ^
+               (static_cast<uint64_t>(seq) << 20) ^ static_cast<uint64_t>(pos);
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  return static_cast<int32_t>(z % static_cast<uint64_t>(vocab));
+}
+
+namespace {
+
+constexpr int kRing = 2;  // double buffering of recv and output slots
+
+/// Message tag of an item; MPI guarantees tags up to 32767.
+int item_tag(int item) { return item % 32000; }
+
+}  // namespace
+
+StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& transport, StageExecutor& stage,
+                         const StagePlacement& place, const PipelineConfig& cfg,
+                         const std::function<void(int, int)>& progress) {
+  const int M = cfg.groups, G = cfg.gen_len, P = cfg.prompt_len, B = cfg.batch;
+  const int S = place.num_stages, s = place.stage;
+  const bool first = s == 0, last = s == S - 1;
+  const int steps = G + 1;
+  const int items = M * steps;
+
+  // ---- buffers (declared before the lanes: lanes are destroyed, and drained, first) ----------------------------------------------------------------------------
+  const size_t in_max = stage.input_bytes(P);
+  const size_t out_max = stage.output_bytes(P);
+  std::vector<std::unique_ptr<Buffer>> recv_slot(kRing), out_slot(kRing);
+  for (int r = 0; r < kRing; ++r) {
+    recv_slot[r] = device.allocate(in_max);
+    out_slot[r] = device.allocate(out_max);
+  }
+  std::vector<std::unique_ptr<Buffer>> prompt(first ? M : 0), group_tokens(first && S == 1 ? M : 0);
+  if (first) {
+    std::vector<int32_t> host(static_cast<size_t>(B) * P);
+    for (int g = 0; g < M; ++g) {
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < P; ++t) host[static_cast<size_t>(b) * P + t] = prompt_token(cfg.seed, g, b, t, cfg.vocab);
+      prompt[g] = device.allocate(host.size() * sizeof(int32_t));
+      prompt[g]->upload(host.data(), host.size() * sizeof(int32_t));
+      if (S == 1) group_tokens[g] = device.allocate(static_cast<size_t>(B) * sizeof(int32_t));
+    }
+  }
+
+  std::vector<int32_t> token_log(last ? static_cast<size_t>(items) * B : 0);
+
+  // ---- lanes ------------------------------------------------------------------------------
+  auto compute_lane = device.create_lane("compute");
+  std::unique_ptr<Lane> recv_lane_owned, send_lane_owned;
+  Lane* recv_lane = compute_lane.get();
+  Lane* send_lane = compute_lane.get();
+  if (cfg.mode == LaneMode::overlap) {
+    recv_lane_owned = device.create_lane("recv");
+    recv_lane = recv_lane_owned.get();
+  }
+  // The last stage's token return keeps a lane of its own in every mode: a blocking return on
+  // the compute lane would close the ring stage 0 -> ... -> last -> stage 0 into a deadlock
+  // whenever the transport needs the receiver to be posted (NCCL always, MPI for large
+  // messages). It carries B int32 per step, so it hides nothing worth measuring.
+  if (cfg.mode == LaneMode::overlap || (last && S > 1)) {
+    send_lane_owned = device.create_lane("send");
+    send_lane = send_lane_owned.get();
+  }
+
+  StageRecord rec;
+  const int reps = cfg.warmup + cfg.iters;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  rec.events.assign(static_cast<size_t>(cfg.iters) * items * kNumEvents, nan);
+  double cpu0[3] = {0, 0, 0};
+  double wall0 = 0.0;
+
+  auto describe_stage = [&] {
+    std::ostringstream os;
+    os << "stage " << s << " (units " << stage.first_unit() << ".." << stage.last_unit() << ")";
+    return os.str();
+  };
+
+  for (int rep = 0; rep < reps; ++rep) {
+    const bool timed = rep >= cfg.warmup;
+    std::vector<std::unique_ptr<Event>> ev(static_cast<size_t>(items) * kNumEvents);
+    for (auto& e : ev) e = device.create_event();
+    std::vector<bool> has_recv(items, false), has_send(items, false);
+    stage.reset_checksum();
+
+    MPI_CHECK(MPI_Barrier(mpi.comm()));
+    if (timed && rep == cfg.warmup) {
+      cpu0[0] = compute_lane->cpu_time_s();
+      cpu0[1] = recv_lane_owned ? recv_lane_owned->cpu_time_s() : 0.0;
+      cpu0[2] = send_lane_owned ? send_lane_owned->cpu_time_s() : 0.0;
+      wall0 = monotonic_s();
+    }
+    if (timed) rec.rep_start_s.push_back(monotonic_s());
+
+    for (int i = 0; i < items; ++i) {
+      const int t = i / M, g = i % M;
+      const int T = t == 0 ? P : 1;
+      const int pos = t == 0 ? 0 : P + t - 1;
+      const int slot = i % kRing;
+      Event& recv_start = *ev[i * kNumEvents + kRecvStart];
+      Event& recv_end = *ev[i * kNumEvents + kRecvEnd];
+      Event& compute_start = *ev[i * kNumEvents + kComputeStart];
+      Event& compute_end = *ev[i * kNumEvents + kComputeEnd];
+      Event& send_start = *ev[i * kNumEvents + kSendStart];
+      Event& send_end = *ev[i * kNumEvents + kSendEnd];
+
+      // Input: the prompt, the group's own last token (1 stage), or a message.
+      const void* in = nullptr;
+      if (first && t == 0) {
+        in = prompt[g]->data();
+      } else if (first && S == 1) {
+        in = group_tokens[g]->data();
+      } else {
+        const int peer = first ? place.last_rank : place.prev_rank;
+        const size_t bytes = stage.input_bytes(T);
+        if (i >= kRing) recv_lane->wait(*ev[(i - kRing) * kNumEvents + kComputeEnd]);  // slot consumed
+        recv_lane->record(recv_start);
+        // Tags name the producing item: stage 0's decode input is the token of the group's
+        // previous step, item i - M.
+        const int tag = item_tag(first ? i - M : i);
+        transport.enqueue_recv(*recv_lane, recv_slot[slot]->data(), bytes, peer, tag);
+        recv_lane->record(recv_end);
+        compute_lane->wait(recv_end);
+        in = recv_slot[slot]->data();
+        has_recv[i] = true;
+      }
+
+      // Compute: the output slot must have been sent (if it was) before it is overwritten.
+      if (i >= kRing && has_send[i - kRing]) compute_lane->wait(*ev[(i - kRing) * kNumEvents + kSendEnd]);
+      compute_lane->record(compute_start);
+      stage.enqueue_forward(*compute_lane, in, out_slot[slot]->data(), g, pos, T);
+      if (last) compute_lane->copy(&token_log[static_cast<size_t>(i) * B], out_slot[slot]->data(), B * sizeof(int32_t));
+      if (first && S == 1 && t < G) compute_lane->copy(group_tokens[g]->data(), out_slot[slot]->data(), B * sizeof(int32_t));
+      compute_lane->record(compute_end);
+
+      // Send: activations to the next stage, or tokens back to stage 0 (not after the last step).
+      if (!last || (S > 1 && t < G)) {
+        const int peer = last ? place.first_rank : place.next_rank;
+        send_lane->wait(compute_end);
+        send_lane->record(send_start);
+        transport.enqueue_send(*send_lane, out_slot[slot]->data(), stage.output_bytes(T), peer, item_tag(i));
+        send_lane->record(send_end);
+        has_send[i] = true;
+      }
+      if (cfg.mode == LaneMode::serialized) {
+        // One item in the whole pipeline at a time: every rank meets after its part of item i.
+        if (send_lane != compute_lane.get()) compute_lane->wait(send_end);
+        transport.enqueue_barrier(*compute_lane);
+      }
+    }
+
+    try {
+      compute_lane->synchronize();
+      if (recv_lane_owned) recv_lane_owned->synchronize();
+      if (send_lane_owned) send_lane_owned->synchronize();
+    } catch (const std::exception& e) {
+      request_lane_abort();  // let every lane of this rank drain before the buffers go
+      throw InternalError(describe_stage() + ", repetition " + std::to_string(rep) + ": " + e.what());
+    }
+
+    if (timed) {
+      const size_t base = static_cast<size_t>(rep - cfg.warmup) * items * kNumEvents;
+      for (int i = 0; i < items; ++i) {
+        for (int k = 0; k < kNumEvents; ++k) {
+          bool present = (k <= kRecvEnd) ? has_recv[i] : (k >= kSendStart ? has_send[i] : true);
+          if (present) rec.events[base + static_cast<size_t>(i) * kNumEvents + k] = ev[i * kNumEvents + k]->time_s();
+        }
+      }
+    }
+    if (progress) progress(rep + 1, reps);
+  }
+
+  rec.timed_wall_s = monotonic_s() - wall0;
+  rec.compute_lane_cpu_s = compute_lane->cpu_time_s() - cpu0[0];
+  rec.recv_lane_cpu_s = recv_lane_owned ? recv_lane_owned->cpu_time_s() - cpu0[1] : 0.0;
+  rec.send_lane_cpu_s = send_lane_owned ? send_lane_owned->cpu_time_s() - cpu0[2] : 0.0;
+  if (last) {
+    rec.tokens = token_log;  // [t][g][B] in item order; reorder to [g][t][B]
+    for (int g = 0; g < M; ++g)
+      for (int t = 0; t < steps; ++t)
+        for (int b = 0; b < B; ++b)
+          rec.tokens[(static_cast<size_t>(g) * steps + t) * B + b] = token_log[(static_cast<size_t>(t) * M + g) * B + b];
+    rec.checksum = stage.checksum();
+  }
+  // Reorder events from item order [rep][t][g] to the file's [rep][g][t].
+  std::vector<double> ordered(rec.events.size(), nan);
+  for (int r = 0; r < cfg.iters; ++r)
+    for (int t = 0; t < steps; ++t)
+      for (int g = 0; g < M; ++g)
+        for (int k = 0; k < kNumEvents; ++k)
+          ordered[((static_cast<size_t>(r) * M + g) * steps + t) * kNumEvents + k] =
+              rec.events[((static_cast<size_t>(r) * items) + t * M + g) * kNumEvents + k];
+  rec.events = std::move(ordered);
+  return rec;
+}
+
+}  // namespace ppb

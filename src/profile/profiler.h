@@ -1,0 +1,55 @@
+// The profiler: times every unit signature of a model on this rank's device, one unit
+// instantiated at a time (so a 70B model profiles on one GPU), for prefill and for decode at
+// several KV-cache lengths (DESIGN.md §1 step 3).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "model/model_spec.h"
+
+namespace ppb {
+
+struct ProfileConfig {
+  int batch = 1;        ///< B sequences
+  int prompt_len = 16;  ///< P: prefill tokens per sequence
+  int gen_len = 4;      ///< G: decode steps; decode is timed at contexts in [P, P+G]
+  int num_contexts = 3; ///< decode contexts sampled evenly in [P, P+G-1]
+  int warmup = 2;       ///< untimed forwards before each timed series
+  int iters = 5;        ///< timed forwards; the median is kept
+  DType dtype = DType::f32;
+  uint64_t seed = 0;
+};
+
+/// Timings of one rank. Units with one signature share their values.
+struct ProfileResult {
+  std::vector<int> decode_contexts;        ///< [C] KV-cache lengths at which decode was timed
+  std::vector<double> prefill_ms;          ///< [U] median prefill forward (ms)
+  std::vector<double> prefill_min_ms;      ///< [U] fastest timed prefill
+  std::vector<double> prefill_max_ms;      ///< [U] slowest timed prefill
+  std::vector<double> decode_ms;           ///< [U] mean over contexts of the median decode forward (ms)
+  std::vector<double> decode_min_ms;       ///< [U] fastest timed decode over all contexts
+  std::vector<double> decode_max_ms;       ///< [U] slowest timed decode over all contexts
+  std::vector<double> decode_context_ms;   ///< [U][C] median decode forward at each context (ms)
+};
+
+/// Progress callback: (signatures done, signatures total, what is being timed).
+using ProgressFn = std::function<void(int, int, const std::string&)>;
+
+/// Times `iters` forwards of `stage` after `warmup` untimed ones, each bracketed by events on
+/// `lane`; returns the elapsed times (ms). The timing harness shared by profile and tests.
+std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
+                                  void* out, int pos, int tokens, int warmup, int iters);
+
+/// Profiles every signature of `model` on `device`. @throws UserError if a unit does not fit.
+ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
+                            const ProgressFn& progress = {});
+
+/// Per-unit cost used by the balancer for a workload objective:
+/// "workload" = prefill + G * decode (ms per request group: what one group asks of a stage),
+/// "decode" = decode, "prefill" = prefill. @throws UserError on an unknown objective.
+std::vector<double> objective_cost(const ProfileResult& p, const std::string& objective, int gen_len);
+
+}  // namespace ppb

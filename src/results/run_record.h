@@ -1,0 +1,91 @@
+// RunRecord: everything one `ppbench run` measured, as assembled on rank 0. The HDF5 writer
+// stores it (results/README.md documents the layout) and the summary prints it. Pure data.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ppb {
+
+struct RankInfo {
+  std::string hostname, device_name, bus_id;
+  int local_rank = 0;
+  double clock_offset_s = 0.0;
+};
+
+struct WorkloadInfo {
+  int batch = 0, prompt_len = 0, gen_len = 0, microbatches = 0;
+  std::string dtype;
+  int warmup = 0, iters = 0, profile_warmup = 0, profile_iters = 0;
+  bool overlap = true;
+  uint64_t seed = 0;
+  std::string objective;
+};
+
+struct ProfileTable {
+  std::vector<std::string> unit_name;       ///< [U]
+  std::vector<int> unit_signature;          ///< [U]
+  std::vector<std::string> signature_name;  ///< [signatures]
+  std::vector<double> latency_ms;           ///< [world][U][2] median, phases prefill, decode
+  std::vector<double> latency_min_ms;       ///< [world][U][2]
+  std::vector<double> latency_max_ms;       ///< [world][U][2]
+  std::vector<int> decode_contexts;         ///< [C]
+  std::vector<double> decode_context_ms;    ///< [world][U][C]
+  std::vector<double> cost_ms;              ///< [world][U] the balancer's objective per unit
+  std::vector<int64_t> unit_params;         ///< [U]
+  std::vector<int64_t> unit_weight_bytes;   ///< [U] resident on the stage holding the unit
+  std::vector<int64_t> unit_kv_bytes;       ///< [U] KV cache for M*B sequences of P+G tokens
+};
+
+struct PartitionRecord {
+  std::string name;      ///< "uniform", "seed", "balanced", "manual"
+  std::string solver;
+  std::vector<int> first_unit, last_unit, device_rank;  ///< [S]
+  std::vector<double> predicted_stage_ms;               ///< [S] objective cost
+  std::vector<double> predicted_phase_ms;               ///< [S][2] prefill, decode per step
+  std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]
+  double predicted_bottleneck_ms = 0.0;
+
+  // benchmark
+  bool measured = false;
+  std::vector<double> events;            ///< [iters][M][G+1][S][6] seconds since run start (rank 0 clock)
+  std::vector<double> stage_compute_ms;  ///< [S][2] median prefill, decode compute per step
+  std::vector<double> stage_workload_ms; ///< [S] prefill + G * decode, measured
+  std::vector<double> bubble_fraction;   ///< [S]
+  std::vector<double> recv_wait_ms;      ///< [S]
+  std::vector<double> rep_wall_s, rep_tokens_per_s;  ///< [iters]
+  std::vector<double> lane_cpu_s;        ///< [S][3] compute, recv, send lane CPU seconds
+  double timed_wall_s = 0.0;             ///< wall seconds of the timed repetitions (stage 0's rank)
+  std::map<std::string, double> metrics; ///< DESIGN.md §3 scalars
+  int bottleneck_stage = 0;
+
+  // validation
+  std::vector<int32_t> tokens;             ///< [M][G+1][B] pipelined run, last repetition
+  std::vector<int32_t> reference_tokens;   ///< [M][G+1][B] serialized run
+  double checksum = 0.0, reference_checksum = 0.0;
+  bool tokens_match = false, checksum_match = false;
+  bool tokens_match_first_partition = true;  ///< same tokens as the first partition of the run
+};
+
+struct RunRecord {
+  std::string ppbench_version, created_utc, command_line, backend, transport, mpi_version, hdf5_version;
+  std::string slurm_job_id, slurm_job_name, slurm_nodelist, slurm_array_task_id;
+  std::map<std::string, std::string> environment;  ///< behaviour-changing variables
+  int world_size = 0;
+  double run_start_s = 0.0;  ///< rank 0 monotonic time all event times are relative to
+  double elapsed_s = 0.0;
+  std::string model_source, model_config_json;
+  std::map<std::string, std::string> model_attrs_str;
+  std::map<std::string, double> model_attrs_num;
+  WorkloadInfo workload;
+  std::vector<RankInfo> ranks;
+  ProfileTable profile;
+  std::vector<PartitionRecord> partitions;
+  bool validation_ok = true;
+  double balance_gain = 0.0;         ///< tokens_per_s(balanced) / tokens_per_s(uniform), 0 if n/a
+  double decode_balance_gain = 0.0;  ///< same with decode_tokens_per_s
+};
+
+}  // namespace ppb

@@ -1,0 +1,68 @@
+#include "results/summary.h"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace ppb {
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+std::string unit_range(const RunRecord& run, int first, int last) {
+  const auto& n = run.profile.unit_name;
+  if (first == last) return n[first];
+  return n[first] + ".." + n[last];
+}
+
+}  // namespace
+
+void print_summary(std::ostream& os, const RunRecord& run) {
+  const auto& w = run.workload;
+  os << "\n== ppbench summary: " << run.model_source << " on " << run.world_size << " rank(s), " << run.backend
+     << "/" << run.transport << ", B=" << w.batch << " P=" << w.prompt_len << " G=" << w.gen_len
+     << " M=" << w.microbatches << ", " << w.dtype << (w.overlap ? ", overlap" : ", no overlap")
+     << ", objective " << w.objective << " (prefill + G x decode ms per group) ==\n";
+  for (const auto& p : run.partitions) {
+    const int S = static_cast<int>(p.first_unit.size());
+    os << "\npartition " << p.name << " (solver " << p.solver << ")\n";
+    os << "  stage  rank  units                      n   pred ms   meas ms    err  pred dec  meas dec  bubble  lane CPU c/r/s s\n";
+    for (int k = 0; k < S; ++k) {
+      char line[512];
+      double pred = p.predicted_stage_ms[k];
+      double meas = p.measured ? p.stage_workload_ms[k] : NAN;
+      double err = p.measured ? meas / pred - 1.0 : NAN;
+      std::snprintf(line, sizeof(line), "  %5d  %4d  %-24s %3d %9.2f %9.2f %+6.1f%% %9.3f %9.3f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
+                    p.device_rank[k], unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
+                    p.last_unit[k] - p.first_unit[k] + 1, pred, meas, 100.0 * err, p.predicted_phase_ms[2 * k + 1],
+                    p.measured ? p.stage_compute_ms[2 * k + 1] : NAN, p.measured ? 100.0 * p.bubble_fraction[k] : NAN,
+                    p.measured ? p.lane_cpu_s[3 * k] : NAN, p.measured ? p.lane_cpu_s[3 * k + 1] : NAN,
+                    p.measured ? p.lane_cpu_s[3 * k + 2] : NAN, k == p.bottleneck_stage && p.measured ? "  <- bottleneck" : "");
+      os << line;
+    }
+    if (!p.measured) continue;
+    auto m = [&](const char* k) { return p.metrics.count(k) ? p.metrics.at(k) : NAN; };
+    os << "  tokens/s " << fmt("%.2f", m("tokens_per_s")) << " (decode " << fmt("%.2f", m("decode_tokens_per_s"))
+       << ", bound " << fmt("%.2f", m("bottleneck_bound_tok_s")) << ", efficiency "
+       << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << fmt("%.1f", m("ttft_p50_ms")) << "/"
+       << fmt("%.1f", m("ttft_p99_ms")) << " ms  TPOT p50/p99 " << fmt("%.1f", m("tpot_p50_ms")) << "/"
+       << fmt("%.1f", m("tpot_p99_ms")) << " ms\n";
+    os << "  predicted bottleneck " << fmt("%.2f", p.predicted_bottleneck_ms) << " ms, measured "
+       << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
+    os << "  validation: tokens " << (p.tokens_match ? "match" : "MISMATCH") << ", checksum "
+       << (p.checksum_match ? "match" : "MISMATCH") << " (serialized run)"
+       << (p.tokens_match_first_partition ? "" : ", tokens DIFFER from the first partition") << " -> "
+       << (p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED") << "\n";
+  }
+  if (run.balance_gain > 0) {
+    os << "\nbalance gain (balanced / uniform): tokens/s " << fmt("%.3fx", run.balance_gain) << ", decode tokens/s "
+       << fmt("%.3fx", run.decode_balance_gain) << "\n";
+  }
+  os << "validation: " << (run.validation_ok ? "OK" : "FAILED") << "\n";
+}
+
+}  // namespace ppb

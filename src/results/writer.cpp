@@ -1,0 +1,208 @@
+#include "results/writer.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "common/error.h"
+#include "results/h5.h"
+
+namespace ppb {
+
+std::string hdf5_version() {
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  return std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel);
+}
+
+namespace {
+
+using h5::Group;
+using hs = hsize_t;
+
+void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p) {
+  const hs S = p.first_unit.size();
+  Group part = root.require_group("partitions").create_group(p.name);
+  part.set_attr("solver", p.solver);
+  part.set_attr("objective", run.workload.objective);
+  part.set_attr("counts", [&] {
+    std::string c;
+    for (hs k = 0; k < S; ++k) c += (k ? "," : "") + std::to_string(p.last_unit[k] - p.first_unit[k] + 1);
+    return c;
+  }());
+  part.write_dataset("first_unit", p.first_unit);
+  part.write_dataset("last_unit", p.last_unit);
+  part.write_dataset("device_rank", p.device_rank);
+  auto pred = part.write_dataset("predicted_stage_ms", p.predicted_stage_ms);
+  pred.set_attr("units", "ms");
+  pred.set_attr("solver", p.solver);
+  pred.set_attr("objective", run.workload.objective);
+  pred.set_attr("bottleneck_ms", p.predicted_bottleneck_ms);
+  auto phase = part.write_dataset("predicted_phase_ms", p.predicted_phase_ms, {S, 2});
+  phase.set_attr("units", "ms");
+  phase.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+  part.write_dataset("stage_weight_bytes", p.stage_weight_bytes).set_attr("units", "bytes");
+  part.write_dataset("stage_kv_bytes", p.stage_kv_bytes).set_attr("units", "bytes");
+  if (!p.measured) return;
+
+  const auto& w = run.workload;
+  Group bench = root.require_group("benchmark").create_group(p.name);
+  auto ev = bench.write_dataset("events", p.events,
+                                {static_cast<hs>(w.iters), static_cast<hs>(w.microbatches),
+                                 static_cast<hs>(w.gen_len + 1), S, 6});
+  ev.set_attr("units", "s");
+  ev.set_attr("clock", "rank 0 CLOCK_MONOTONIC, seconds since the run started (ranks mapped by clock_offset_s)");
+  ev.set_attr("dims", std::vector<std::string>{"iter", "group", "step", "stage", "event"});
+  ev.set_attr("columns", std::vector<std::string>{"recv_start", "recv_end", "compute_start", "compute_end",
+                                                  "send_start", "send_end"});
+  ev.set_attr("missing", "NaN: no such operation (stage 0 does not receive the prompt; no send after the last step)");
+  auto sc = bench.write_dataset("stage_compute_ms", p.stage_compute_ms, {S, 2});
+  sc.set_attr("units", "ms");
+  sc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+  sc.set_attr("stat", "median");
+  bench.write_dataset("stage_workload_ms", p.stage_workload_ms).set_attr("units", "ms");
+  bench.write_dataset("prediction_error", [&] {
+    std::vector<double> e;
+    for (hs k = 0; k < S; ++k) e.push_back(p.stage_workload_ms[k] / p.predicted_stage_ms[k] - 1.0);
+    return e;
+  }()).set_attr("units", "1");
+  bench.write_dataset("bubble_fraction", p.bubble_fraction).set_attr("units", "1");
+  bench.write_dataset("recv_wait_ms", p.recv_wait_ms).set_attr("units", "ms");
+  bench.write_dataset("rep_wall_s", p.rep_wall_s).set_attr("units", "s");
+  bench.write_dataset("rep_tokens_per_s", p.rep_tokens_per_s).set_attr("units", "tokens/s");
+  auto lane = bench.write_dataset("lane_cpu_s", p.lane_cpu_s, {S, 3});
+  lane.set_attr("units", "s");
+  lane.set_attr("columns", std::vector<std::string>{"compute", "recv", "send"});
+  lane.set_attr("note", "CPU time of each lane's thread over the timed repetitions; compare with timed_wall_s");
+  bench.set_attr("timed_wall_s", p.timed_wall_s);
+  bench.set_attr("bottleneck_stage", static_cast<int64_t>(p.bottleneck_stage));
+  for (const auto& [k, v] : p.metrics) bench.set_attr(k, v);
+  auto it = run.partitions.begin();
+  for (; it != run.partitions.end() && it->name != "uniform"; ++it) {
+  }
+  if (it != run.partitions.end() && it->measured && p.name != "uniform")
+    bench.set_attr("balance_gain", p.metrics.at("tokens_per_s") / it->metrics.at("tokens_per_s"));
+
+  Group val = root.require_group("validation").create_group(p.name);
+  val.set_attr("tokens_match", p.tokens_match);
+  val.set_attr("checksum_match", p.checksum_match);
+  val.set_attr("tokens_match_first_partition", p.tokens_match_first_partition);
+  val.set_attr("checksum", p.checksum);
+  val.set_attr("reference_checksum", p.reference_checksum);
+  val.set_attr("reference", "serialized run: one lane per stage, a barrier after every item");
+  std::vector<hs> tdims{static_cast<hs>(w.microbatches), static_cast<hs>(w.gen_len + 1), static_cast<hs>(w.batch)};
+  if (p.tokens.size() == tdims[0] * tdims[1] * tdims[2]) val.write_dataset("tokens", p.tokens, tdims);
+  if (p.reference_tokens.size() == tdims[0] * tdims[1] * tdims[2])
+    val.write_dataset("reference_tokens", p.reference_tokens, tdims);
+}
+
+void write_all(h5::File& file, const RunRecord& run) {
+  Group root = file.root();
+  root.set_attr("complete", static_cast<int64_t>(0));
+  root.set_attr("format_version", static_cast<int64_t>(kResultsFormatVersion));
+  root.set_attr("ppbench_version", run.ppbench_version);
+  root.set_attr("created_utc", run.created_utc);
+  root.set_attr("command_line", run.command_line);
+  root.set_attr("world_size", static_cast<int64_t>(run.world_size));
+  root.set_attr("backend", run.backend);
+  root.set_attr("transport", run.transport);
+  root.set_attr("mpi_version", run.mpi_version);
+  root.set_attr("hdf5_version", hdf5_version());
+  root.set_attr("slurm_job_id", run.slurm_job_id);
+  root.set_attr("slurm_job_name", run.slurm_job_name);
+  root.set_attr("slurm_nodelist", run.slurm_nodelist);
+  root.set_attr("slurm_array_task_id", run.slurm_array_task_id);
+  root.set_attr("elapsed_s", run.elapsed_s);
+  root.set_attr("validation_ok", run.validation_ok);
+  root.set_attr("balance_gain", run.balance_gain);
+  root.set_attr("decode_balance_gain", run.decode_balance_gain);
+
+  Group model = root.create_group("config/model");
+  model.set_attr("source", run.model_source);
+  for (const auto& [k, v] : run.model_attrs_str) model.set_attr(k, v);
+  for (const auto& [k, v] : run.model_attrs_num) model.set_attr(k, v);
+  model.write_string("config_json", run.model_config_json);
+
+  const auto& w = run.workload;
+  Group wl = root.create_group("config/workload");
+  wl.set_attr("batch", static_cast<int64_t>(w.batch));
+  wl.set_attr("prompt_len", static_cast<int64_t>(w.prompt_len));
+  wl.set_attr("gen_len", static_cast<int64_t>(w.gen_len));
+  wl.set_attr("microbatches", static_cast<int64_t>(w.microbatches));
+  wl.set_attr("dtype", w.dtype);
+  wl.set_attr("warmup", static_cast<int64_t>(w.warmup));
+  wl.set_attr("iters", static_cast<int64_t>(w.iters));
+  wl.set_attr("overlap", w.overlap);
+  wl.set_attr("seed", static_cast<int64_t>(w.seed));
+  wl.set_attr("objective", w.objective);
+  Group env = root.create_group("config/environment");
+  for (const auto& [k, v] : run.environment) env.set_attr(k, v);
+
+  Group ranks = root.create_group("ranks");
+  std::vector<std::string> host, dev, bus;
+  std::vector<int> local;
+  std::vector<double> offset;
+  for (const auto& r : run.ranks) {
+    host.push_back(r.hostname);
+    dev.push_back(r.device_name);
+    bus.push_back(r.bus_id);
+    local.push_back(r.local_rank);
+    offset.push_back(r.clock_offset_s);
+  }
+  ranks.write_strings("hostname", host);
+  ranks.write_strings("device_name", dev);
+  ranks.write_strings("bus_id", bus);
+  ranks.write_dataset("local_rank", local);
+  ranks.write_dataset("clock_offset_s", offset).set_attr("units", "s");
+
+  const auto& p = run.profile;
+  const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();
+  Group prof = root.create_group("profile");
+  prof.write_strings("unit_name", p.unit_name);
+  prof.write_dataset("unit_signature", p.unit_signature);
+  prof.write_strings("signature_name", p.signature_name);
+  prof.write_dataset("unit_params", p.unit_params);
+  prof.write_dataset("unit_weight_bytes", p.unit_weight_bytes).set_attr("units", "bytes");
+  prof.write_dataset("unit_kv_bytes", p.unit_kv_bytes).set_attr("units", "bytes");
+  for (const char* name : {"latency_ms", "latency_min_ms", "latency_max_ms"}) {
+    const auto& data = std::string(name) == "latency_ms" ? p.latency_ms
+                       : std::string(name) == "latency_min_ms" ? p.latency_min_ms
+                                                                : p.latency_max_ms;
+    auto d = prof.write_dataset(name, data, {R, U, 2});
+    d.set_attr("units", "ms");
+    d.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    d.set_attr("stat", std::string(name) == "latency_ms" ? "median" : (std::string(name) == "latency_min_ms" ? "min" : "max"));
+    d.set_attr("warmup", static_cast<int64_t>(w.profile_warmup));
+    d.set_attr("iters", static_cast<int64_t>(w.profile_iters));
+    d.set_attr("decode", "mean over decode_contexts of the per-context median");
+  }
+  prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
+  prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
+  auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
+  cost.set_attr("units", "ms");
+  cost.set_attr("objective", w.objective);
+
+  for (const auto& part : run.partitions) write_partition(root, run, part);
+  file.flush();
+  root.set_attr("complete", static_cast<int64_t>(1));
+}
+
+}  // namespace
+
+void write_results(const std::string& path, const RunRecord& run) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  try {
+    {
+      h5::File file = h5::File::create(tmp);
+      write_all(file, run);
+      file.close();
+    }
+    std::filesystem::rename(tmp, path);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace ppb

@@ -1,0 +1,66 @@
+// MPI start-up and the communicator facts every phase needs: rank, world size, node-local rank,
+// hostname; plus the small collectives ppbench uses (error agreement, gather of strings/doubles).
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+namespace ppb {
+
+/// Owns MPI_Init_thread/MPI_Finalize (MPI_THREAD_MULTIPLE: the recv and send lanes call MPI
+/// from their own threads). One per process.
+class MpiContext {
+ public:
+  /// Initialises MPI. @throws InternalError if MPI_THREAD_MULTIPLE is not provided.
+  MpiContext(int* argc, char*** argv);
+  ~MpiContext();
+  MpiContext(const MpiContext&) = delete;
+  MpiContext& operator=(const MpiContext&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// Rank within this node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), and ranks on this node.
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const std::string& hostname() const { return hostname_; }
+  MPI_Comm comm() const { return MPI_COMM_WORLD; }
+  bool is_root() const { return rank_ == 0; }
+
+  /// Collective: every rank passes its local status (0 = ok); returns the maximum over ranks.
+  /// Used after each phase that can fail on some ranks only, so that all ranks stop together
+  /// (exit status 2 for user errors) instead of leaving peers blocked in a later collective.
+  int agree(int local_status) const;
+
+  /// Collective: gathers one string per rank on rank 0 (other ranks get an empty vector).
+  std::vector<std::string> gather_strings(const std::string& mine) const;
+  /// Collective: gathers `mine` (same length on every rank) on rank 0, rank-major.
+  std::vector<double> gather_doubles(const std::vector<double>& mine) const;
+  /// Collective: gathers variable-length vectors on rank 0 (MPI_Gatherv); [rank] -> data.
+  std::vector<std::vector<double>> gatherv_doubles(const std::vector<double>& mine) const;
+  std::vector<std::vector<int>> gatherv_ints(const std::vector<int>& mine) const;
+  /// Collective: broadcasts from rank 0.
+  void bcast_ints(std::vector<int>& data) const;
+  void bcast_doubles(std::vector<double>& data) const;
+  void bcast_string(std::string& s) const;
+
+  /// Collective: offset of each rank's CLOCK_MONOTONIC to rank 0's, estimated by ping-pong
+  /// (20 round trips per rank, the one with the smallest round trip kept: offset =
+  /// t_peer - (t_send + t_recv) / 2, as in NTP/Cristian's algorithm). Valid on rank 0;
+  /// [size] seconds; subtract from a rank's time to get rank 0's clock.
+  std::vector<double> clock_offsets() const;
+
+  /// "Open MPI v4.1.4, ..." (MPI_Get_library_version, first line).
+  static std::string library_version();
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  std::string hostname_;
+  bool finalize_ = false;
+};
+
+}  // namespace ppb

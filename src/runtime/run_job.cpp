@@ -1,0 +1,569 @@
+#include "runtime/run_job.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "backend/device.h"
+#include "balance/partition.h"
+#include "common/check.h"
+#include "common/error.h"
+#include "model/model_spec.h"
+#include "pipeline/metrics.h"
+#include "pipeline/pipeline.h"
+#include "profile/profiler.h"
+#include "results/run_record.h"
+#include "results/summary.h"
+#include "results/writer.h"
+#include "runtime/mpi_context.h"
+#include "transport/transport.h"
+
+namespace ppb {
+namespace {
+
+/// A phase failed on some rank; every rank leaves run_job with `status`.
+struct PhaseFailed {
+  int status;
+};
+
+/// Runs `fn` on every rank, then agrees on the outcome: if any rank failed, rank 0 prints each
+/// distinct message (with the ranks that raised it) and every rank throws PhaseFailed with the
+/// highest status (2 = bad input, 1 = internal). Never leaves a rank behind in a collective.
+template <typename Fn>
+void run_phase(const MpiContext& mpi, const std::string& phase, Fn&& fn) {
+  int status = 0;
+  std::string message;
+  try {
+    fn();
+  } catch (const UserError& e) {
+    status = 2;
+    message = e.what();
+  } catch (const std::exception& e) {
+    status = 1;
+    message = e.what();
+  }
+  int global = mpi.agree(status);
+  if (global == 0) return;
+  auto messages = mpi.gather_strings(message);
+  if (mpi.is_root()) {
+    std::vector<std::pair<std::string, std::vector<int>>> distinct;
+    for (int r = 0; r < mpi.size(); ++r) {
+      if (messages[r].empty()) continue;
+      auto it = std::find_if(distinct.begin(), distinct.end(), [&](auto& d) { return d.first == messages[r]; });
+      if (it == distinct.end()) distinct.push_back({messages[r], {r}});
+      else it->second.push_back(r);
+    }
+    for (auto& [msg, ranks] : distinct) {
+      std::ostringstream who;
+      if (static_cast<int>(ranks.size()) == mpi.size()) who << "all ranks";
+      else {
+        who << "rank" << (ranks.size() > 1 ? "s " : " ");
+        for (size_t i = 0; i < ranks.size(); ++i) who << (i ? "," : "") << ranks[i];
+      }
+      std::cerr << "ppbench: error in " << phase << " (" << who.str() << "): " << msg << std::endl;
+    }
+  }
+  throw PhaseFailed{global};
+}
+
+std::string utc_now(const char* fmt) {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), fmt, &tm);
+  return buf;
+}
+
+std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+void check_range(const char* flag, long long value, long long lo, long long hi) {
+  if (value < lo || value > hi) {
+    std::ostringstream os;
+    os << flag << " must be in [" << lo << ", " << hi << "], got " << value;
+    throw UserError(os.str());
+  }
+}
+
+void validate_options(const RunOptions& o) {
+  check_range("--batch", o.batch, 1, 4096);
+  check_range("--prompt-len", o.prompt_len, 1, 1 << 20);
+  check_range("--gen-len", o.gen_len, 1, 1 << 20);
+  check_range("--microbatches", o.microbatches, 0, 4096);
+  check_range("--warmup", o.warmup, 0, 1000);
+  check_range("--iters", o.iters, 1, 100000);
+  check_range("--profile-warmup", o.profile_warmup, 0, 1000);
+  check_range("--profile-iters", o.profile_iters, 1, 100000);
+  check_range("--profile-contexts", o.profile_contexts, 1, 64);
+  if (!(o.timeout_s > 0)) throw UserError("--timeout must be > 0 seconds");
+  if (o.memory_limit_gib < 0) throw UserError("--memory-limit must be >= 0 GiB (0 = the device's free memory)");
+  if (o.objective != "workload" && o.objective != "decode" && o.objective != "prefill")
+    throw UserError("--objective '" + o.objective + "' is unknown; valid: workload, decode, prefill");
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    throw UserError("--device '" + o.device + "' is unknown; valid: auto, cpu, cuda");
+  if (o.transport != "auto" && o.transport != "mpi" && o.transport != "nccl")
+    throw UserError("--transport '" + o.transport + "' is unknown; valid: auto, mpi, nccl");
+}
+
+/// Partition names requested by --partition: named solvers, or one manual split.
+std::vector<std::string> requested_partitions(const std::string& p) {
+  if (p == "both") return {"uniform", "balanced"};
+  if (p == "all") return {"uniform", "seed", "balanced"};
+  if (p == "uniform" || p == "seed" || p == "balanced") return {p};
+  if (!p.empty() && p.find_first_of("0123456789") != std::string::npos) return {"manual"};
+  throw UserError("--partition '" + p +
+                  "' is unknown; valid: uniform, seed, balanced, both (uniform+balanced), all, or a "
+                  "manual split of unit counts per stage such as 5,6,5,6");
+}
+
+/// Default output name: results/ppbench_<model>_<S>r_<UTC>.h5, never an existing file.
+std::string default_output(const std::string& model_path, int ranks) {
+  std::string stem = std::filesystem::path(model_path).stem().string();
+  std::string job = env_or("SLURM_JOB_ID");
+  std::string base = "results/ppbench_" + stem + "_" + std::to_string(ranks) + "r_" +
+                     (job.empty() ? utc_now("%Y%m%dT%H%M%SZ") : "job" + job);
+  std::string path = base + ".h5";
+  for (int i = 1; std::filesystem::exists(path); ++i) path = base + "_" + std::to_string(i) + ".h5";
+  return path;
+}
+
+/// Checks on rank 0 that `path` can be written: parent directory exists (created if missing)
+/// and accepts a file; an existing file needs --force.
+void check_output(const std::string& path, bool force) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  if (fs::exists(p) && !force) throw UserError("output '" + path + "' exists; pass --force to overwrite it");
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string probe = (dir / (".ppbench_write_test_" + std::to_string(getpid()))).string();
+  FILE* f = std::fopen(probe.c_str(), "w");
+  if (!f) throw UserError("output '" + path + "' cannot be written: directory '" + dir.string() + "' is not writable");
+  std::fclose(f);
+  std::remove(probe.c_str());
+}
+
+/// Stage bytes (weights, KV cache) of units [first, last] for the workload.
+std::pair<int64_t, int64_t> stage_bytes(const model::ModelSpec& m, int first, int last, int sequences, int context,
+                                        int dtype_b) {
+  int64_t w = 0, kv = 0;
+  for (int u = first; u <= last; ++u) {
+    w += model::unit_resident_params(m, u) * dtype_b;
+    kv += model::kv_cache_bytes(m, u, sequences, context, dtype_b);
+  }
+  return {w, kv};
+}
+
+std::string gib(double bytes) {
+  std::ostringstream os;
+  os.precision(3);
+  os << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return os.str();
+}
+
+class Progress {
+ public:
+  Progress(bool enabled) : enabled_(enabled) {}
+  void say(const std::string& s) const {
+    if (enabled_) std::cout << "[ppbench " << stamp() << "] " << s << std::endl;
+  }
+  std::string stamp() const {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%7.1fs", monotonic_s() - t0_);
+    return buf;
+  }
+
+ private:
+  bool enabled_;
+  double t0_ = monotonic_s();
+};
+
+}  // namespace
+
+int run_job(const MpiContext& mpi, const RunOptions& opt) {
+  const int S = mpi.size();
+  const bool root = mpi.is_root();
+  Progress progress(root && !opt.quiet);
+  RunRecord run;
+  run.run_start_s = monotonic_s();
+  model::ModelSpec spec;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Transport> transport;
+  std::vector<std::string> partition_names;
+  std::string output;
+  DType dtype = DType::f32;
+  int M = 0;
+  size_t memory_limit = 0;
+
+  try {
+    // ---- 1. options, model, output: every rank checks the same things ----------------------
+    run_phase(mpi, "start-up", [&] {
+      validate_options(opt);
+      partition_names = requested_partitions(opt.partition);
+      spec = model::load_model_config(opt.model_path);
+      if (S > spec.num_units())
+        throw UserError("the run has " + std::to_string(S) + " ranks (one stage each) but " + opt.model_path +
+                        " has only " + std::to_string(spec.num_units()) + " units (embed + " +
+                        std::to_string(spec.n_layers) + " layers + head); use at most " +
+                        std::to_string(spec.num_units()) + " ranks");
+      if (partition_names[0] == "manual") balance::parse_manual(opt.partition, spec.num_units(), S);
+      M = opt.microbatches > 0 ? opt.microbatches : S;
+      // Device: the CPU backend here; the CUDA backend plugs in behind the same interface.
+      if (opt.device == "cuda") throw UserError("--device cuda: this build of ppbench has no CUDA backend yet; use --device cpu");
+      if (opt.transport == "nccl") throw UserError("--transport nccl needs the CUDA backend; use --transport mpi on CPU ranks");
+      dtype = opt.dtype == "auto" ? DType::f32 : parse_dtype(opt.dtype);
+      if (dtype != DType::f32) throw UserError("--dtype " + opt.dtype + ": the CPU backend computes in f32; use --dtype f32");
+      device = create_cpu_device(0);
+      MpiPollConfig poll;
+      poll.timeout_s = opt.timeout_s;
+      transport = create_mpi_transport(mpi, poll);
+      memory_limit = opt.memory_limit_gib > 0 ? static_cast<size_t>(opt.memory_limit_gib * (1ull << 30))
+                                              : static_cast<size_t>(0.9 * device->free_memory() / mpi.local_size());
+      if (root) {
+        output = opt.output.empty() ? default_output(opt.model_path, S) : opt.output;
+        check_output(output, opt.force);
+      }
+    });
+    mpi.bcast_string(output);
+
+    // ---- run metadata ---------------------------------------------------------------------
+    run.ppbench_version = PPBENCH_VERSION_STRING;
+    run.created_utc = utc_now("%Y-%m-%dT%H:%M:%SZ");
+    run.command_line = opt.command_line;
+    run.backend = device->backend();
+    run.transport = transport->name();
+    run.mpi_version = MpiContext::library_version();
+    run.world_size = S;
+    run.slurm_job_id = env_or("SLURM_JOB_ID");
+    run.slurm_job_name = env_or("SLURM_JOB_NAME");
+    run.slurm_nodelist = env_or("SLURM_JOB_NODELIST");
+    run.slurm_array_task_id = env_or("SLURM_ARRAY_TASK_ID");
+    for (const char* prefix : {"CUDA_VISIBLE_DEVICES", "NCCL_", "OMPI_", "OMP_", "OPENBLAS_", "SLURM_CPUS", "PPBENCH_"}) {
+      for (char** e = environ; *e; ++e) {
+        std::string kv = *e;
+        if (kv.rfind(prefix, 0) == 0) {
+          auto eq = kv.find('=');
+          run.environment[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+        }
+      }
+    }
+    run.model_source = opt.model_path;
+    run.model_config_json = spec.config_json;
+    run.model_attrs_str = {{"architecture", spec.architecture}, {"model_type", spec.model_type}};
+    {
+      const auto& l0 = spec.layers.at(0);
+      int local_layers = 0;
+      for (const auto& l : spec.layers) local_layers += l.sliding_window > 0;
+      run.model_attrs_num = {{"hidden_size", spec.hidden},
+                             {"num_hidden_layers", spec.n_layers},
+                             {"vocab_size", spec.vocab},
+                             {"num_attention_heads", l0.n_heads},
+                             {"num_key_value_heads", l0.n_kv_heads},
+                             {"head_dim", l0.head_dim},
+                             {"intermediate_size", l0.intermediate},
+                             {"tie_word_embeddings", spec.tie_embeddings ? 1.0 : 0.0},
+                             {"sliding_window_layers", local_layers},
+                             {"total_params", static_cast<double>(model::total_params(spec))},
+                             {"num_units", spec.num_units()},
+                             {"num_signatures", static_cast<double>(spec.signatures.size())}};
+    }
+    run.workload = {opt.batch, opt.prompt_len, opt.gen_len, M, dtype_name(dtype), opt.warmup, opt.iters,
+                    opt.profile_warmup, opt.profile_iters, !opt.no_overlap, opt.seed, opt.objective};
+
+    auto offsets = mpi.clock_offsets();
+    {
+      auto hosts = mpi.gather_strings(mpi.hostname());
+      auto names = mpi.gather_strings(device->name());
+      auto buses = mpi.gather_strings(device->bus_id());
+      auto local = mpi.gatherv_ints({mpi.local_rank()});
+      if (root) {
+        for (int r = 0; r < S; ++r) run.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets[r]});
+      }
+    }
+    if (root) {
+      std::ostringstream os;
+      os << "model " << opt.model_path << ": " << spec.architecture << ", " << spec.n_layers << " layers, "
+         << spec.num_units() << " units, " << model::total_params(spec) / 1e9 << " B params; " << S
+         << " ranks (" << run.backend << ", " << run.transport << "), B=" << opt.batch << " P=" << opt.prompt_len
+         << " G=" << opt.gen_len << " M=" << M << (opt.no_overlap ? ", no overlap" : ", overlap") << "; output "
+         << output;
+      progress.say(os.str());
+    }
+
+    // ---- 2. profile on every rank ---------------------------------------------------------
+    ProfileResult prof;
+    run_phase(mpi, "profile", [&] {
+      ProfileConfig pc;
+      pc.batch = opt.batch;
+      pc.prompt_len = opt.prompt_len;
+      pc.gen_len = opt.gen_len;
+      pc.num_contexts = opt.profile_contexts;
+      pc.warmup = opt.profile_warmup;
+      pc.iters = opt.profile_iters;
+      pc.dtype = dtype;
+      pc.seed = opt.seed;
+      prof = profile_model(*device, spec, pc, [&](int done, int total, const std::string& what) {
+        if (done < total) progress.say("profile: signature " + std::to_string(done + 1) + "/" + std::to_string(total) + ": " + what);
+      });
+    });
+    const int U = spec.num_units();
+    auto cost_mine = objective_cost(prof, opt.objective, opt.gen_len);
+    auto pack = [&](const std::vector<double>& a, const std::vector<double>& b) {
+      std::vector<double> v;
+      for (int u = 0; u < U; ++u) {
+        v.push_back(a[u]);
+        v.push_back(b[u]);
+      }
+      return v;
+    };
+    auto lat = mpi.gather_doubles(pack(prof.prefill_ms, prof.decode_ms));
+    auto lat_min = mpi.gather_doubles(pack(prof.prefill_min_ms, prof.decode_min_ms));
+    auto lat_max = mpi.gather_doubles(pack(prof.prefill_max_ms, prof.decode_max_ms));
+    auto ctx = mpi.gather_doubles(prof.decode_context_ms);
+    auto cost_all = mpi.gather_doubles(cost_mine);
+
+    // ---- 3. balance on rank 0, broadcast --------------------------------------------------
+    std::vector<balance::Partition> parts;
+    std::vector<int> flat;  // per partition: S first units
+    run_phase(mpi, "balance", [&] {
+      if (!root) return;
+      std::vector<std::vector<double>> cost(S, std::vector<double>(U));
+      for (int r = 0; r < S; ++r)
+        for (int u = 0; u < U; ++u) cost[r][u] = cost_all[static_cast<size_t>(r) * U + u];
+      for (const auto& name : partition_names) {
+        balance::Partition p;
+        if (name == "uniform") p = balance::solve_uniform(U, S);
+        else if (name == "seed") p = balance::solve_seed(cost[0], S);
+        else if (name == "balanced") p = balance::solve_balanced(cost, S);
+        else p = balance::parse_manual(opt.partition, U, S);
+        p.solver = name;
+        balance::evaluate(p, cost);
+        parts.push_back(p);
+        for (int k = 0; k < S; ++k) flat.push_back(p.first_unit[k]);
+      }
+    });
+    mpi.bcast_ints(flat);
+    if (!root) {
+      for (size_t i = 0; i < partition_names.size(); ++i) {
+        balance::Partition p;
+        p.solver = partition_names[i];
+        for (int k = 0; k < S; ++k) {
+          p.first_unit.push_back(flat[i * S + k]);
+          p.last_unit.push_back(k + 1 < S ? flat[i * S + k + 1] - 1 : U - 1);
+          p.device_rank.push_back(k);
+        }
+        parts.push_back(p);
+      }
+    }
+
+    // Profile table and partition predictions for the file and the summary.
+    if (root) {
+      ProfileTable& t = run.profile;
+      for (int u = 0; u < U; ++u) {
+        t.unit_name.push_back(spec.units[u].name);
+        t.unit_signature.push_back(spec.units[u].signature);
+        t.unit_params.push_back(model::unit_params(spec, u));
+        t.unit_weight_bytes.push_back(model::unit_resident_params(spec, u) * dtype_bytes(dtype));
+        t.unit_kv_bytes.push_back(model::kv_cache_bytes(spec, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype)));
+      }
+      t.signature_name = spec.signatures;
+      t.latency_ms = lat;
+      t.latency_min_ms = lat_min;
+      t.latency_max_ms = lat_max;
+      t.decode_contexts = prof.decode_contexts;
+      t.decode_context_ms = ctx;
+      t.cost_ms = cost_all;
+      for (auto& p : parts) {
+        PartitionRecord pr;
+        pr.name = p.solver;
+        pr.solver = p.solver;
+        pr.first_unit = p.first_unit;
+        pr.last_unit = p.last_unit;
+        pr.device_rank = p.device_rank;
+        pr.predicted_stage_ms = p.predicted_stage_ms;
+        pr.predicted_bottleneck_ms = p.bottleneck_ms;
+        for (int k = 0; k < S; ++k) {
+          double pre = 0, dec = 0;
+          int r = p.device_rank[k];
+          for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+            pre += lat[(static_cast<size_t>(r) * U + u) * 2 + 0];
+            dec += lat[(static_cast<size_t>(r) * U + u) * 2 + 1];
+          }
+          pr.predicted_phase_ms.push_back(pre);
+          pr.predicted_phase_ms.push_back(dec);
+          auto [w, kv] = stage_bytes(spec, p.first_unit[k], p.last_unit[k], M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype));
+          pr.stage_weight_bytes.push_back(w);
+          pr.stage_kv_bytes.push_back(kv);
+        }
+        run.partitions.push_back(pr);
+        progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
+                     std::to_string(p.bottleneck_ms) + " ms (" + opt.objective + ")");
+      }
+    }
+
+    // ---- 4./5. benchmark and validate each partition ---------------------------------------
+    for (size_t pi = 0; pi < parts.size(); ++pi) {
+      const auto& p = parts[pi];
+      // My stage: the one whose device rank is me.
+      int my_stage = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
+      StagePlacement place;
+      place.stage = my_stage;
+      place.num_stages = S;
+      place.prev_rank = my_stage > 0 ? p.device_rank[my_stage - 1] : -1;
+      place.next_rank = my_stage + 1 < S ? p.device_rank[my_stage + 1] : -1;
+      place.first_rank = p.device_rank[0];
+      place.last_rank = p.device_rank[S - 1];
+
+      std::unique_ptr<StageExecutor> stage;
+      run_phase(mpi, "build of partition " + p.solver, [&] {
+        auto [w, kv] = stage_bytes(spec, p.first_unit[my_stage], p.last_unit[my_stage], M * opt.batch,
+                                   opt.prompt_len + opt.gen_len, dtype_bytes(dtype));
+        if (static_cast<size_t>(w + kv) > memory_limit) {
+          std::ostringstream os;
+          os << "partition " << p.solver << ": stage " << my_stage << " (units " << spec.units[p.first_unit[my_stage]].name
+             << ".." << spec.units[p.last_unit[my_stage]].name << ") needs " << gib(double(w + kv)) << " (weights "
+             << gib(double(w)) << " + KV cache " << gib(double(kv)) << ") but the limit is " << gib(double(memory_limit))
+             << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
+                "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
+          throw UserError(os.str());
+        }
+        StageConfig sc;
+        sc.batch = opt.batch;
+        sc.max_context = opt.prompt_len + opt.gen_len;
+        sc.groups = M;
+        sc.dtype = dtype;
+        sc.seed = opt.seed;
+        stage = device->create_stage(spec, p.first_unit[my_stage], p.last_unit[my_stage], sc);
+      });
+
+      PipelineConfig pc;
+      pc.batch = opt.batch;
+      pc.prompt_len = opt.prompt_len;
+      pc.gen_len = opt.gen_len;
+      pc.groups = M;
+      pc.warmup = opt.warmup;
+      pc.iters = opt.iters;
+      pc.seed = opt.seed;
+      pc.vocab = spec.vocab;
+      pc.mode = opt.no_overlap ? LaneMode::no_overlap : LaneMode::overlap;
+      StageRecord rec, ref;
+      run_phase(mpi, "benchmark of partition " + p.solver, [&] {
+        rec = run_pipeline(mpi, *device, *transport, *stage, place, pc, [&](int done, int total) {
+          progress.say("benchmark " + p.solver + ": repetition " + std::to_string(done) + "/" + std::to_string(total) +
+                       (done <= opt.warmup ? " (warm-up)" : ""));
+        });
+      });
+      if (opt.validate) {
+        run_phase(mpi, "validation of partition " + p.solver, [&] {
+          PipelineConfig vc = pc;
+          vc.warmup = 0;
+          vc.iters = 1;
+          vc.mode = LaneMode::serialized;
+          ref = run_pipeline(mpi, *device, *transport, *stage, place, vc);
+          progress.say("validation " + p.solver + ": serialized reference run done");
+        });
+      }
+      stage.reset();
+
+      // Gather the timeline on rank 0 and convert to rank 0's clock, seconds since run start.
+      auto ev_all = mpi.gatherv_doubles(rec.events);
+      std::vector<int> toks_mine(rec.tokens.begin(), rec.tokens.end());
+      std::vector<int> ref_mine(ref.tokens.begin(), ref.tokens.end());
+      auto toks_all = mpi.gatherv_ints(toks_mine);
+      auto ref_all = mpi.gatherv_ints(ref_mine);
+      auto sums = mpi.gather_doubles({rec.checksum, ref.checksum, rec.compute_lane_cpu_s, rec.recv_lane_cpu_s,
+                                      rec.send_lane_cpu_s, rec.timed_wall_s});
+      if (root) {
+        PartitionRecord& pr = run.partitions[pi];
+        const int steps = opt.gen_len + 1;
+        EventShape sh{opt.iters, M, steps, S};
+        pr.events.assign(static_cast<size_t>(opt.iters) * M * steps * S * kNumEvents, std::nan(""));
+        for (int k = 0; k < S; ++k) {
+          int r = p.device_rank[k];
+          const auto& e = ev_all[r];
+          for (int it = 0; it < opt.iters; ++it)
+            for (int g = 0; g < M; ++g)
+              for (int t = 0; t < steps; ++t)
+                for (int x = 0; x < kNumEvents; ++x) {
+                  double v = e[(((static_cast<size_t>(it) * M + g) * steps + t) * kNumEvents) + x];
+                  pr.events[sh.index(it, g, t, k, x)] = v - offsets[r] - run.run_start_s;
+                }
+          pr.lane_cpu_s.push_back(sums[r * 6 + 2]);
+          pr.lane_cpu_s.push_back(sums[r * 6 + 3]);
+          pr.lane_cpu_s.push_back(sums[r * 6 + 4]);
+        }
+        pr.timed_wall_s = sums[p.device_rank[0] * 6 + 5];
+        int lr = p.device_rank[S - 1];
+        pr.tokens.assign(toks_all[lr].begin(), toks_all[lr].end());
+        pr.reference_tokens.assign(ref_all[lr].begin(), ref_all[lr].end());
+        pr.checksum = sums[lr * 6 + 0];
+        pr.reference_checksum = sums[lr * 6 + 1];
+        pr.tokens_match = !opt.validate || pr.tokens == pr.reference_tokens;
+        pr.checksum_match = !opt.validate || pr.checksum == pr.reference_checksum;
+        pr.tokens_match_first_partition = pr.tokens == run.partitions[0].tokens;
+        auto m = compute_metrics(pr.events, sh, opt.batch, opt.gen_len);
+        for (int k = 0; k < S; ++k) {
+          pr.stage_compute_ms.push_back(m.stage_prefill_ms[k]);
+          pr.stage_compute_ms.push_back(m.stage_decode_ms[k]);
+        }
+        pr.stage_workload_ms = m.stage_workload_ms;
+        pr.bubble_fraction = m.bubble_fraction;
+        pr.recv_wait_ms = m.recv_wait_ms;
+        pr.rep_wall_s = m.rep_wall_s;
+        pr.rep_tokens_per_s = m.rep_tokens_per_s;
+        pr.bottleneck_stage = m.bottleneck_stage;
+        pr.metrics = {{"tokens_per_s", m.tokens_per_s},
+                      {"decode_tokens_per_s", m.decode_tokens_per_s},
+                      {"ttft_p50_ms", m.ttft_p50_ms},
+                      {"ttft_p99_ms", m.ttft_p99_ms},
+                      {"tpot_p50_ms", m.tpot_p50_ms},
+                      {"tpot_p99_ms", m.tpot_p99_ms},
+                      {"bottleneck_bound_tok_s", m.bottleneck_bound_tok_s},
+                      {"pipeline_efficiency", m.pipeline_efficiency},
+                      {"predicted_bottleneck_ms", pr.predicted_bottleneck_ms},
+                      {"measured_bottleneck_ms", m.stage_workload_ms[m.bottleneck_stage]}};
+        pr.measured = true;
+        progress.say("benchmark " + p.solver + ": " + std::to_string(m.tokens_per_s) + " tokens/s, validation " +
+                     (pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
+      }
+    }
+
+    // ---- 6./7. summary and results file ---------------------------------------------------
+    int status = 0;
+    run_phase(mpi, "write", [&] {
+      if (!root) return;
+      const PartitionRecord* uni = nullptr;
+      const PartitionRecord* bal = nullptr;
+      for (auto& pr : run.partitions) {
+        run.validation_ok = run.validation_ok && pr.tokens_match && pr.checksum_match && pr.tokens_match_first_partition;
+        if (pr.name == "uniform") uni = &pr;
+        if (pr.name == "balanced") bal = &pr;
+      }
+      if (uni && bal) {
+        run.balance_gain = bal->metrics.at("tokens_per_s") / uni->metrics.at("tokens_per_s");
+        run.decode_balance_gain = bal->metrics.at("decode_tokens_per_s") / uni->metrics.at("decode_tokens_per_s");
+      }
+      run.elapsed_s = monotonic_s() - run.run_start_s;
+      write_results(output, run);
+      print_summary(std::cout, run);
+      std::cout << "results: " << output << std::endl;
+    });
+    if (root && !run.validation_ok) status = 1;
+    return mpi.agree(status);
+  } catch (const PhaseFailed& f) {
+    return f.status;
+  }
+}
+
+}  // namespace ppb

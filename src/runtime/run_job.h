@@ -1,0 +1,43 @@
+// `ppbench run`: start-up, profile, balance, benchmark, validate, write (DESIGN.md §1).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ppb {
+
+class MpiContext;
+
+/// The options of `ppbench run` (see main.cpp for their help text and defaults).
+struct RunOptions {
+  std::string model_path;
+  int batch = 4;
+  int prompt_len = 32;
+  int gen_len = 16;
+  int microbatches = 0;  ///< 0 = number of stages
+  std::string partition = "both";
+  std::string objective = "workload";
+  int warmup = 1;
+  int iters = 3;
+  int profile_warmup = 2;
+  int profile_iters = 5;
+  int profile_contexts = 3;
+  bool no_overlap = false;
+  bool validate = true;
+  uint64_t seed = 1234;
+  std::string dtype = "auto";
+  std::string device = "auto";
+  std::string transport = "auto";
+  double memory_limit_gib = 0.0;  ///< 0 = the device's free memory (per rank sharing it) less 10%
+  double timeout_s = 300.0;
+  std::string output;  ///< "" = results/ppbench_<model>_<S>r_<UTC time>.h5
+  bool force = false;
+  bool quiet = false;
+  std::string command_line;
+};
+
+/// Runs the main job on every rank. Returns the process exit status: 0 success, 1 validation
+/// mismatch or internal failure, 2 bad input (the same on every rank).
+int run_job(const MpiContext& mpi, const RunOptions& opt);
+
+}  // namespace ppb

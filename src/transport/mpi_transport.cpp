@@ -1,0 +1,102 @@
+#include <mpi.h>
+#include <time.h>
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "backend/device.h"
+#include "common/check.h"
+#include "common/error.h"
+#include "runtime/mpi_context.h"
+#include "transport/transport.h"
+
+namespace ppb {
+namespace {
+
+/// Sleeps `us` microseconds (nanosleep: the thread leaves the run queue).
+void sleep_us(double us) {
+  timespec ts;
+  ts.tv_sec = static_cast<time_t>(us / 1e6);
+  ts.tv_nsec = static_cast<long>((us - ts.tv_sec * 1e6) * 1e3);
+  nanosleep(&ts, nullptr);
+}
+
+/// Polls `req` with MPI_Test and an exponential sleep back-off, never busy-waiting.
+/// @throws InternalError on timeout or abort, naming `what` (operation, peer, tag).
+void poll_request(MPI_Request& req, const MpiPollConfig& cfg, const std::string& what) {
+  double start = monotonic_s();
+  double sleep = cfg.min_sleep_us;
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (lane_abort_requested()) {
+      MPI_Cancel(&req);
+      throw InternalError(what + " abandoned: " + lane_abort_reason());
+    }
+    double waited = monotonic_s() - start;
+    if (waited > cfg.timeout_s) {
+      std::ostringstream os;
+      os << error_context() << ": " << what << " timed out after " << waited
+         << " s (--timeout); the peer is dead, stuck, or never posted the matching operation";
+      throw InternalError(os.str());
+    }
+    sleep_us(sleep);
+    sleep = std::min(sleep * 2.0, cfg.max_sleep_us);
+  }
+}
+
+class MpiTransport final : public Transport {
+ public:
+  MpiTransport(const MpiContext& mpi, const MpiPollConfig& poll) : mpi_(mpi), poll_(poll) {}
+  std::string name() const override { return "mpi"; }
+
+  void enqueue_send(Lane& lane, const void* buf, size_t bytes, int peer, int tag) override {
+    check_size(bytes);
+    lane.host_task([buf, bytes, peer, tag, poll = poll_] {
+      MPI_Request req;
+      MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
+      poll_request(req, poll, describe("send", bytes, peer, tag));
+    });
+  }
+
+  void enqueue_recv(Lane& lane, void* buf, size_t bytes, int peer, int tag) override {
+    check_size(bytes);
+    lane.host_task([buf, bytes, peer, tag, poll = poll_] {
+      MPI_Request req;
+      MPI_CHECK(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
+      poll_request(req, poll, describe("recv", bytes, peer, tag));
+    });
+  }
+
+  void enqueue_barrier(Lane& lane) override {
+    lane.host_task([poll = poll_] {
+      MPI_Request req;
+      MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
+      poll_request(req, poll, "barrier of the serialized run");
+    });
+  }
+
+ private:
+  static std::string describe(const char* op, size_t bytes, int peer, int tag) {
+    std::ostringstream os;
+    os << op << " of " << bytes << " bytes " << (op[0] == 's' ? "to" : "from") << " rank " << peer
+       << " (tag " << tag << ")";
+    return os.str();
+  }
+  static void check_size(size_t bytes) {
+    if (bytes > static_cast<size_t>(std::numeric_limits<int>::max()))
+      throw InternalError("message of " + std::to_string(bytes) + " bytes exceeds MPI's int count");
+  }
+  const MpiContext& mpi_;
+  MpiPollConfig poll_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> create_mpi_transport(const MpiContext& mpi, const MpiPollConfig& poll) {
+  return std::make_unique<MpiTransport>(mpi, poll);
+}
+
+}  // namespace ppb

@@ -1,0 +1,42 @@
+// Transport: point-to-point messages between pipeline stages, enqueued on a lane.
+//
+// The MPI transport (host buffers) runs MPI_Isend/MPI_Irecv inside a lane task and polls
+// MPI_Test with a short sleep: Open MPI's MPI_Wait busy-polls, which on a CPU rank would take
+// the core away from the compute lane. The NCCL transport (CUDA backend) will implement the
+// same interface with ncclSend/ncclRecv on the communication stream.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "backend/device.h"
+
+namespace ppb {
+
+class MpiContext;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;  ///< "mpi" or "nccl"
+  /// Enqueues a send of `bytes` at `buf` to world rank `peer` with `tag`; the lane's later work
+  /// starts after the send buffer may be reused. @throws (from the lane) on timeout/failure.
+  virtual void enqueue_send(Lane& lane, const void* buf, size_t bytes, int peer, int tag) = 0;
+  /// Enqueues a receive of exactly `bytes` into `buf` from `peer` with `tag`.
+  virtual void enqueue_recv(Lane& lane, void* buf, size_t bytes, int peer, int tag) = 0;
+  /// Enqueues a barrier over all ranks (used by the serialized reference run).
+  virtual void enqueue_barrier(Lane& lane) = 0;
+};
+
+/// Polling behaviour of the MPI transport.
+struct MpiPollConfig {
+  double timeout_s = 300.0;   ///< a single wait longer than this fails, naming the peer
+  double min_sleep_us = 20.0;   ///< first sleep between MPI_Test calls
+  double max_sleep_us = 200.0;  ///< sleep doubles up to this (bounds the added latency)
+};
+
+/// MPI transport over MPI_COMM_WORLD with host buffers. `what` names the phase for messages.
+std::unique_ptr<Transport> create_mpi_transport(const MpiContext& mpi, const MpiPollConfig& poll);
+
+}  // namespace ppb

@@ -1,0 +1,834 @@
+// CPU kernels (backend/cpu/cpu_ops.h), deterministic weights (backend/weights.h) and the CPU
+// StageExecutor (backend/cpu/cpu_stage.h), each against a naive double-precision reference
+// written here with plain loops. Error metric: ‖out − ref‖ / ‖ref‖ (llm.c's check).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_stage.h"
+#include "backend/device.h"
+#include "backend/weights.h"
+#include "common/error.h"
+#include "model/model_spec.h"
+
+namespace {
+
+using ppb::Tensor;
+using ppb::model::Activation;
+using ppb::model::LayerShape;
+using ppb::model::ModelSpec;
+using ppb::model::Rope;
+using ppb::model::UnitKind;
+using dvec = std::vector<double>;
+using fvec = std::vector<float>;
+
+// ---- helpers -------------------------------------------------------------------------------
+
+/// A Lane whose host_task runs the function immediately, on the calling thread.
+class SyncLane final : public ppb::Lane {
+ public:
+  const std::string& name() const override { return name_; }
+  void record(ppb::Event&) override {}
+  void wait(const ppb::Event&) override {}
+  void host_task(std::function<void()> fn) override { fn(); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void synchronize() override {}
+  double cpu_time_s() const override { return -1.0; }
+
+ private:
+  std::string name_ = "sync";
+};
+
+fvec random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  fvec v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+dvec to_double(const fvec& v) { return dvec(v.begin(), v.end()); }
+
+template <class A, class B>
+double rel_err(const A& out, const B& ref) {
+  EXPECT_EQ(out.size(), ref.size());
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(out[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+// ---- naive double references of every op ----------------------------------------------------
+
+dvec ref_rmsnorm(const double* x, int dim, const dvec& w, double eps, bool plus_one) {
+  double ss = 0.0;
+  for (int j = 0; j < dim; ++j) ss += x[j] * x[j];
+  const double inv = 1.0 / std::sqrt(ss / dim + eps);
+  dvec y(dim);
+  for (int j = 0; j < dim; ++j) y[j] = x[j] * inv * (plus_one ? 1.0 + w[j] : w[j]);
+  return y;
+}
+
+/// y[M, N] = x[M, K] W[N, K]^T + b.
+dvec ref_linear(const dvec& x, const dvec& w, const dvec* b, int M, int N, int K) {
+  dvec y(static_cast<size_t>(M) * N);
+  for (int m = 0; m < M; ++m) {
+    for (int n = 0; n < N; ++n) {
+      double acc = b ? (*b)[n] : 0.0;
+      for (int k = 0; k < K; ++k) acc += x[static_cast<size_t>(m) * K + k] * w[static_cast<size_t>(n) * K + k];
+      y[static_cast<size_t>(m) * N + n] = acc;
+    }
+  }
+  return y;
+}
+
+/// HF _compute_default / _linear_scaling / _llama3 parameters, written with where-masks as in HF.
+dvec ref_inv_freq(const Rope& r, int hd) {
+  dvec inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0 / std::pow(r.theta, static_cast<double>(2 * i) / hd);
+  if (r.scaling_type == "linear") {
+    for (double& f : inv) f = f / r.factor;
+  } else if (r.scaling_type == "llama3") {
+    const double lw = r.original_max_position / r.low_freq_factor;
+    const double hw = r.original_max_position / r.high_freq_factor;
+    for (double& f : inv) {
+      const double wl = 2 * std::numbers::pi / f;
+      if (wl < hw) continue;                   // high frequency: kept
+      if (wl > lw) { f = f / r.factor; continue; }  // low frequency: scaled
+      const double sm = (r.original_max_position / wl - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      f = (1 - sm) * f / r.factor + sm * f;
+    }
+  }
+  return inv;
+}
+
+/// Rotates one head vector v [hd] at position p (rotate_half convention).
+void ref_rope_vec(double* v, int hd, double p, const dvec& inv) {
+  const int half = hd / 2;
+  for (int i = 0; i < half; ++i) {
+    const double c = std::cos(p * inv[i]), s = std::sin(p * inv[i]);
+    const double x1 = v[i], x2 = v[i + half];
+    v[i] = x1 * c - x2 * s;
+    v[i + half] = x2 * c + x1 * s;
+  }
+}
+
+double gelu_tanh(double g) {
+  return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+}
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+/// Attention of one sequence: q [T, nh, hd] at positions pos0.., k/v [ctx, nkv, hd] (positions 0..).
+dvec ref_attention(const dvec& q, const dvec& k, const dvec& v, int T, int pos0, int nh, int nkv, int hd,
+                   double scale, int window, double softcap) {
+  dvec out(static_cast<size_t>(T) * nh * hd, 0.0);
+  const int grp = nh / nkv;
+  for (int t = 0; t < T; ++t) {
+    const int p = pos0 + t;
+    for (int h = 0; h < nh; ++h) {
+      const int g = h / grp;
+      std::vector<double> s;
+      std::vector<int> idx;
+      for (int j = 0; j <= p; ++j) {
+        if (window > 0 && p - j >= window) continue;
+        double d = 0.0;
+        for (int i = 0; i < hd; ++i) d += q[(static_cast<size_t>(t) * nh + h) * hd + i] * k[(static_cast<size_t>(j) * nkv + g) * hd + i];
+        d *= scale;
+        if (softcap > 0) d = softcap * std::tanh(d / softcap);
+        s.push_back(d);
+        idx.push_back(j);
+      }
+      const double mx = *std::max_element(s.begin(), s.end());
+      double sum = 0.0;
+      for (double& e : s) sum += (e = std::exp(e - mx));
+      for (size_t n = 0; n < s.size(); ++n) {
+        for (int i = 0; i < hd; ++i) {
+          out[(static_cast<size_t>(t) * nh + h) * hd + i] += s[n] / sum * v[(static_cast<size_t>(idx[n]) * nkv + g) * hd + i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// ---- op tests -------------------------------------------------------------------------------
+
+TEST(Weights, DeterministicInRangeAndPrefixStable) {
+  fvec a(1003), b(1003), c(100);
+  ppb::fill_uniform(a.data(), a.size(), 42, 3, 7, 0.5f);
+  ppb::fill_uniform(b.data(), b.size(), 42, 3, 7, 0.5f);
+  ppb::fill_uniform(c.data(), c.size(), 42, 3, 7, 0.5f);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.data(), c.data(), c.size() * sizeof(float)));  // block/tail split is invisible
+  const uint64_t key = ppb::weight_key(42, 3, 7);
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i], ppb::uniform_at(key, i, 0.5f)) << i;
+    ASSERT_GE(a[i], -0.5f);
+    ASSERT_LT(a[i], 0.5f);
+  }
+  // Any of seed, unit, tensor changes the stream.
+  for (auto [s, u, t] : {std::tuple{43, 3, 7}, std::tuple{42, 4, 7}, std::tuple{42, 3, 8}}) {
+    fvec d(a.size());
+    ppb::fill_uniform(d.data(), d.size(), s, u, t, 0.5f);
+    EXPECT_NE(0, std::memcmp(a.data(), d.data(), a.size() * sizeof(float)));
+  }
+}
+
+TEST(Weights, UniformMoments) {
+  const size_t n = 1 << 20;
+  fvec a(n);
+  const auto t0 = std::chrono::steady_clock::now();
+  ppb::fill_uniform(a.data(), n, 1, 2, 3, 1.0f);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double mean = 0.0, var = 0.0;
+  for (float x : a) mean += x;
+  mean /= n;
+  for (float x : a) var += (x - mean) * (x - mean);
+  var /= n;
+  EXPECT_NEAR(mean, 0.0, 5e-3);
+  EXPECT_NEAR(var, 1.0 / 3.0, 5e-3);
+  std::printf("fill_uniform: %.0f M values/s\n", n / s / 1e6);
+}
+
+TEST(Weights, Conventions) {
+  fvec p(12 * 16), n1(16), n2(16), bias(16), e(10 * 4), e2(10 * 4);
+  ppb::fill_projection(p.data(), 12, 16, 9, 5, Tensor::q_proj);
+  for (float x : p) EXPECT_LT(std::fabs(x), 0.25f);
+  ppb::fill_norm(n1.data(), 16, 9, 5, Tensor::input_layernorm, false);
+  ppb::fill_norm(n2.data(), 16, 9, 5, Tensor::input_layernorm, true);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(n1[i], 1.0f + n2[i]);
+    EXPECT_LT(std::fabs(n2[i]), 0.1f);
+  }
+  ppb::fill_bias(bias.data(), 16, 9, 5, Tensor::q_bias);
+  for (float x : bias) EXPECT_LT(std::fabs(x), 0.02f);
+  ppb::fill_embedding(e.data(), 10, 4, 9);
+  ppb::fill_uniform(e2.data(), e2.size(), 9, 0, static_cast<uint64_t>(Tensor::embed), 1.0f);
+  EXPECT_EQ(e, e2);
+}
+
+TEST(CpuOps, EmbeddingGatherAndScale) {
+  const int vocab = 11, hidden = 6;
+  const fvec table = random_floats(vocab * hidden, 1);
+  const std::vector<int32_t> tok = {3, 0, 10, 3};
+  fvec out(tok.size() * hidden);
+  ppb::cpu::embedding(out.data(), tok.data(), tok.size(), table.data(), vocab, hidden, 2.5f);
+  for (size_t i = 0; i < tok.size(); ++i)
+    for (int j = 0; j < hidden; ++j) EXPECT_EQ(out[i * hidden + j], table[tok[i] * hidden + j] * 2.5f);
+  const std::vector<int32_t> bad = {11};
+  EXPECT_THROW(ppb::cpu::embedding(out.data(), bad.data(), 1, table.data(), vocab, hidden, 1.0f),
+               ppb::InternalError);
+}
+
+TEST(CpuOps, RmsNormRowsPlusOneAndInPlace) {
+  const int rows = 7, dim = 48;
+  fvec x = random_floats(rows * dim, 2, -3.0f, 3.0f);
+  const fvec w = random_floats(dim, 3);
+  for (bool plus_one : {false, true}) {
+    fvec out(x.size());
+    ppb::cpu::rmsnorm(out.data(), x.data(), w.data(), rows, dim, 1e-6f, plus_one);
+    dvec ref;
+    const dvec xd = to_double(x), wd = to_double(w);
+    for (int r = 0; r < rows; ++r) {
+      const dvec y = ref_rmsnorm(xd.data() + r * dim, dim, wd, 1e-6, plus_one);
+      ref.insert(ref.end(), y.begin(), y.end());
+    }
+    EXPECT_LT(rel_err(out, ref), 1e-6) << plus_one;
+    fvec inplace = x;
+    ppb::cpu::rmsnorm(inplace.data(), inplace.data(), w.data(), rows, dim, 1e-6f, plus_one);
+    EXPECT_EQ(inplace, out);
+  }
+}
+
+TEST(CpuOps, LinearWithAndWithoutBias) {
+  const int M = 13, N = 37, K = 29;
+  const fvec x = random_floats(M * K, 4), w = random_floats(N * K, 5), b = random_floats(N, 6);
+  const dvec xd = to_double(x), wd = to_double(w), bd = to_double(b);
+  fvec y(M * N);
+  ppb::cpu::linear(y.data(), x.data(), w.data(), nullptr, M, N, K);
+  EXPECT_LT(rel_err(y, ref_linear(xd, wd, nullptr, M, N, K)), 1e-5);
+  ppb::cpu::linear(y.data(), x.data(), w.data(), b.data(), M, N, K);
+  EXPECT_LT(rel_err(y, ref_linear(xd, wd, &bd, M, N, K)), 1e-5);
+}
+
+TEST(CpuOps, RopeInvFreqDefaultLinearLlama3) {
+  Rope r;
+  r.theta = 500000.0;
+  const int hd = 128;
+  EXPECT_LT(rel_err(ppb::cpu::rope_inv_freq(r, hd), ref_inv_freq(r, hd)), 1e-14);
+  r.scaling_type = "linear";
+  r.factor = 8.0;
+  EXPECT_LT(rel_err(ppb::cpu::rope_inv_freq(r, hd), ref_inv_freq(r, hd)), 1e-14);
+  // Llama-3.1-8B's rope_scaling.
+  r.scaling_type = "llama3";
+  r.factor = 8.0;
+  r.low_freq_factor = 1.0;
+  r.high_freq_factor = 4.0;
+  r.original_max_position = 8192;
+  const dvec inv = ppb::cpu::rope_inv_freq(r, hd);
+  EXPECT_LT(rel_err(inv, ref_inv_freq(r, hd)), 1e-14);
+  EXPECT_EQ(inv[0], 1.0);                                               // highest frequency kept
+  EXPECT_DOUBLE_EQ(inv[63], 1.0 / std::pow(500000.0, 126.0 / 128) / 8);  // lowest scaled by 1/factor
+  r.scaling_type = "yarn";
+  EXPECT_THROW(ppb::cpu::rope_inv_freq(r, hd), ppb::UserError);
+}
+
+TEST(CpuOps, RopeMatchesRotateHalf) {
+  const int B = 2, T = 5, nh = 3, hd = 16, pos0 = 9;
+  Rope r;
+  r.theta = 10000.0;
+  const dvec inv = ppb::cpu::rope_inv_freq(r, hd);
+  fvec cs((pos0 + T) * hd / 2), sn((pos0 + T) * hd / 2);
+  ppb::cpu::rope_tables(cs.data(), sn.data(), inv.data(), hd / 2, pos0 + T);
+  fvec x = random_floats(B * T * nh * hd, 7);
+  dvec ref = to_double(x);
+  ppb::cpu::rope(x.data(), B, T, nh, hd, pos0, cs.data(), sn.data());
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < nh; ++h) ref_rope_vec(ref.data() + ((b * T + t) * nh + h) * hd, hd, pos0 + t, ref_inv_freq(r, hd));
+  EXPECT_LT(rel_err(x, ref), 1e-6);
+}
+
+struct AttnCase {
+  int batch, tokens, pos0, n_heads, n_kv, head_dim, window;
+  float softcap;
+};
+
+TEST(CpuOps, AttentionCausalGqaWindowSoftcap) {
+  const AttnCase cases[] = {
+      {2, 7, 0, 4, 2, 8, 0, 0.0f},     // GQA prefill
+      {2, 1, 9, 4, 2, 8, 0, 0.0f},     // GQA decode
+      {1, 5, 3, 4, 4, 16, 0, 0.0f},    // MHA chunk after a prefix
+      {2, 1, 12, 6, 1, 8, 0, 0.0f},    // MQA decode
+      {1, 100, 0, 2, 1, 8, 0, 0.0f},   // more than one query block
+      {2, 100, 0, 2, 2, 8, 17, 0.0f},  // window inside the blocks
+      {2, 1, 30, 4, 2, 8, 5, 0.0f},    // window decode
+      {1, 9, 4, 4, 2, 8, 3, 1.5f},     // window + softcap
+      {2, 6, 0, 4, 1, 8, 0, 0.7f},     // softcap
+  };
+  for (const AttnCase& c : cases) {
+    const int ctx = c.pos0 + c.tokens;
+    const int max_ctx = ctx + 3;
+    const int kv_row = c.n_kv * c.head_dim, q_row = c.n_heads * c.head_dim;
+    const fvec q = random_floats(static_cast<size_t>(c.batch) * c.tokens * q_row, 8, -2.0f, 2.0f);
+    const fvec kc = random_floats(static_cast<size_t>(c.batch) * max_ctx * kv_row, 9, -2.0f, 2.0f);
+    const fvec vc = random_floats(static_cast<size_t>(c.batch) * max_ctx * kv_row, 10);
+    ppb::cpu::AttentionShape s;
+    s.batch = c.batch;
+    s.tokens = c.tokens;
+    s.pos0 = c.pos0;
+    s.max_context = max_ctx;
+    s.n_heads = c.n_heads;
+    s.n_kv_heads = c.n_kv;
+    s.head_dim = c.head_dim;
+    s.window = c.window;
+    s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    s.softcap = c.softcap;
+    fvec out(q.size());
+    fvec scratch(ppb::cpu::attention_scratch_floats(max_ctx));
+    ppb::cpu::attention(out.data(), q.data(), kc.data(), vc.data(), s, scratch.data());
+    dvec ref;
+    for (int b = 0; b < c.batch; ++b) {
+      const dvec qb(q.begin() + static_cast<size_t>(b) * c.tokens * q_row, q.begin() + static_cast<size_t>(b + 1) * c.tokens * q_row);
+      const dvec kb(kc.begin() + static_cast<size_t>(b) * max_ctx * kv_row, kc.begin() + static_cast<size_t>(b) * max_ctx * kv_row + ctx * kv_row);
+      const dvec vb(vc.begin() + static_cast<size_t>(b) * max_ctx * kv_row, vc.begin() + static_cast<size_t>(b) * max_ctx * kv_row + ctx * kv_row);
+      const dvec o = ref_attention(qb, kb, vb, c.tokens, c.pos0, c.n_heads, c.n_kv, c.head_dim, s.scale, c.window, c.softcap);
+      ref.insert(ref.end(), o.begin(), o.end());
+    }
+    EXPECT_LT(rel_err(out, ref), 1e-5) << "T=" << c.tokens << " pos0=" << c.pos0 << " window=" << c.window;
+  }
+}
+
+TEST(CpuOps, GatedActivationSiluGeluTanh) {
+  const size_t n = 1000;
+  const fvec g = random_floats(n, 11, -6.0f, 6.0f), u = random_floats(n, 12);
+  for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+    fvec out(n);
+    ppb::cpu::gated_activation(out.data(), g.data(), u.data(), n, act);
+    dvec ref(n);
+    for (size_t i = 0; i < n; ++i) ref[i] = (act == Activation::silu ? silu(g[i]) : gelu_tanh(g[i])) * u[i];
+    EXPECT_LT(rel_err(out, ref), 1e-6);
+    fvec alias = g;
+    ppb::cpu::gated_activation(alias.data(), alias.data(), u.data(), n, act);
+    EXPECT_EQ(alias, out);
+  }
+}
+
+TEST(CpuOps, ResidualAddSoftcapArgmax) {
+  fvec x = random_floats(50, 13), y = random_floats(50, 14);
+  dvec ref(50);
+  for (int i = 0; i < 50; ++i) ref[i] = static_cast<double>(x[i]) + y[i];
+  ppb::cpu::add_inplace(x.data(), y.data(), 50);
+  EXPECT_LT(rel_err(x, ref), 1e-7);
+
+  fvec l = random_floats(64, 15, -100.0f, 100.0f);
+  dvec lref(64);
+  for (int i = 0; i < 64; ++i) lref[i] = 30.0 * std::tanh(l[i] / 30.0);
+  ppb::cpu::softcap_inplace(l.data(), l.size(), 30.0f);
+  EXPECT_LT(rel_err(l, lref), 1e-6);
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const fvec logits = {1.0f, 3.0f, 3.0f, -1.0f,   // tie: lowest index
+                       nan, -5.0f, -2.0f, nan,    // NaN never wins
+                       0.0f, 0.0f, 0.0f, 0.0f};   // all equal: index 0
+  std::vector<int32_t> am(3);
+  ppb::cpu::argmax_rows(am.data(), logits.data(), 3, 4);
+  EXPECT_EQ(am, (std::vector<int32_t>{1, 2, 0}));
+}
+
+// ---- a naive double reference of whole layers and models -------------------------------------
+
+LayerShape llama_layer(int hidden = 32, int n_heads = 4, int n_kv = 2, int head_dim = 8) {
+  LayerShape s;
+  s.hidden = hidden;
+  s.n_heads = n_heads;
+  s.n_kv_heads = n_kv;
+  s.head_dim = head_dim;
+  s.intermediate = 64;
+  s.rms_eps = 1e-5;
+  s.attn_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  s.rope.theta = 10000.0;
+  return s;
+}
+
+/// A hand-built ModelSpec: units embed, layer.0..L-1, head.
+ModelSpec make_spec(const std::vector<LayerShape>& layers, int vocab = 50) {
+  ModelSpec m;
+  m.architecture = "Test";
+  m.hidden = layers.at(0).hidden;
+  m.n_layers = static_cast<int>(layers.size());
+  m.vocab = vocab;
+  m.rms_eps = 1e-5;
+  m.layers = layers;
+  m.units.push_back({"embed", UnitKind::embed, -1, 0});
+  for (int i = 0; i < m.n_layers; ++i) m.units.push_back({"layer." + std::to_string(i), UnitKind::layer, i, 1});
+  m.units.push_back({"head", UnitKind::head, -1, 2});
+  return m;
+}
+
+/// Gemma-3-like: sandwich norms, (1 + w), gelu_tanh, qk_norm, query_pre_attn_scalar scale,
+/// embed scale, tied embeddings; layer 0 local (window 4, theta 1e4), layer 1 global (theta 1e6, linear x8).
+ModelSpec gemma3_like() {
+  std::vector<LayerShape> ls;
+  for (int i = 0; i < 2; ++i) {
+    LayerShape s = llama_layer(32, 4, 2, 16);
+    s.sandwich_norm = s.norm_plus_one = s.qk_norm = true;
+    s.act = Activation::gelu_tanh;
+    s.rms_eps = 1e-6;
+    s.attn_scale = 1.0 / std::sqrt(24.0);  // query_pre_attn_scalar = 24 != head_dim
+    if (i == 0) {
+      s.sliding_window = 4;
+    } else {
+      s.rope.theta = 1e6;
+      s.rope.scaling_type = "linear";
+      s.rope.factor = 8.0;
+    }
+    ls.push_back(s);
+  }
+  ModelSpec m = make_spec(ls);
+  m.tie_embeddings = m.embed_scale_sqrt_hidden = m.final_norm_plus_one = true;
+  m.rms_eps = 1e-6;
+  return m;
+}
+
+/// Gemma-2-like: sandwich, (1 + w), gelu_tanh, attention softcap, final softcap, alternating window.
+ModelSpec gemma2_like() {
+  std::vector<LayerShape> ls;
+  for (int i = 0; i < 2; ++i) {
+    LayerShape s = llama_layer(32, 4, 2, 8);
+    s.sandwich_norm = s.norm_plus_one = true;
+    s.act = Activation::gelu_tanh;
+    s.attn_softcap = 1.5;  // small, so the cap really bends the scores
+    s.attn_scale = 1.0 / std::sqrt(16.0);
+    if (i == 0) s.sliding_window = 3;
+    ls.push_back(s);
+  }
+  ModelSpec m = make_spec(ls);
+  m.tie_embeddings = m.embed_scale_sqrt_hidden = m.final_norm_plus_one = true;
+  m.final_softcap = 2.0;
+  return m;
+}
+
+fvec gen_proj(size_t rows, size_t cols, uint64_t seed, int unit, Tensor t) {
+  fvec v(rows * cols);
+  ppb::fill_projection(v.data(), rows, cols, seed, unit, t);
+  return v;
+}
+fvec gen_norm(size_t n, uint64_t seed, int unit, Tensor t, bool plus_one) {
+  fvec v(n);
+  ppb::fill_norm(v.data(), n, seed, unit, t, plus_one);
+  return v;
+}
+fvec gen_bias(size_t n, uint64_t seed, int unit, Tensor t) {
+  fvec v(n);
+  ppb::fill_bias(v.data(), n, seed, unit, t);
+  return v;
+}
+
+/// Naive double layer over a whole sequence from position 0: x [T, H] -> x' [T, H].
+dvec ref_layer(const ModelSpec& m, int unit, uint64_t seed, const dvec& x, int T) {
+  const LayerShape& s = m.layers[m.units[unit].layer];
+  const int H = s.hidden, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim, I = s.intermediate;
+  const bool p1 = s.norm_plus_one;
+  auto P = [&](size_t r, size_t c, Tensor t) { return to_double(gen_proj(r, c, seed, unit, t)); };
+  auto N = [&](size_t n, Tensor t) { return to_double(gen_norm(n, seed, unit, t, p1)); };
+  auto norm_rows = [&](const dvec& a, int rows, int dim, const dvec& w) {
+    dvec out;
+    for (int r = 0; r < rows; ++r) {
+      const dvec y = ref_rmsnorm(a.data() + static_cast<size_t>(r) * dim, dim, w, s.rms_eps, p1);
+      out.insert(out.end(), y.begin(), y.end());
+    }
+    return out;
+  };
+  const dvec qb = to_double(gen_bias(nh * hd, seed, unit, Tensor::q_bias));
+  const dvec kb = to_double(gen_bias(nkv * hd, seed, unit, Tensor::k_bias));
+  const dvec vb = to_double(gen_bias(nkv * hd, seed, unit, Tensor::v_bias));
+
+  dvec h = norm_rows(x, T, H, N(H, Tensor::input_layernorm));
+  dvec q = ref_linear(h, P(nh * hd, H, Tensor::q_proj), s.attn_bias ? &qb : nullptr, T, nh * hd, H);
+  dvec k = ref_linear(h, P(nkv * hd, H, Tensor::k_proj), s.attn_bias ? &kb : nullptr, T, nkv * hd, H);
+  dvec v = ref_linear(h, P(nkv * hd, H, Tensor::v_proj), s.attn_bias ? &vb : nullptr, T, nkv * hd, H);
+  if (s.qk_norm) {
+    q = norm_rows(q, T * nh, hd, N(hd, Tensor::q_norm));
+    k = norm_rows(k, T * nkv, hd, N(hd, Tensor::k_norm));
+  }
+  const dvec inv = ref_inv_freq(s.rope, hd);
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < nh; ++i) ref_rope_vec(q.data() + (static_cast<size_t>(t) * nh + i) * hd, hd, t, inv);
+    for (int i = 0; i < nkv; ++i) ref_rope_vec(k.data() + (static_cast<size_t>(t) * nkv + i) * hd, hd, t, inv);
+  }
+  const dvec a = ref_attention(q, k, v, T, 0, nh, nkv, hd, s.attn_scale, s.sliding_window, s.attn_softcap);
+  dvec o = ref_linear(a, P(H, nh * hd, Tensor::o_proj), nullptr, T, H, nh * hd);
+  if (s.sandwich_norm) o = norm_rows(o, T, H, N(H, Tensor::post_attention_layernorm));
+  dvec y = x;
+  for (size_t i = 0; i < y.size(); ++i) y[i] += o[i];
+
+  h = norm_rows(y, T, H, N(H, s.sandwich_norm ? Tensor::pre_feedforward_layernorm : Tensor::post_attention_layernorm));
+  const dvec g = ref_linear(h, P(I, H, Tensor::gate_proj), nullptr, T, I, H);
+  const dvec u = ref_linear(h, P(I, H, Tensor::up_proj), nullptr, T, I, H);
+  dvec act(g.size());
+  for (size_t i = 0; i < g.size(); ++i) act[i] = (s.act == Activation::silu ? silu(g[i]) : gelu_tanh(g[i])) * u[i];
+  dvec d = ref_linear(act, P(H, I, Tensor::down_proj), nullptr, T, H, I);
+  if (s.sandwich_norm) d = norm_rows(d, T, H, N(H, Tensor::post_feedforward_layernorm));
+  for (size_t i = 0; i < y.size(); ++i) y[i] += d[i];
+  return y;
+}
+
+/// What the head makes of one sequence.
+struct RefHead {
+  double checksum = 0.0;  // sum of the last position's hidden state before the final norm
+  dvec logits;
+  int token = 0;
+};
+
+/// Naive double model over one whole sequence of tokens; the head at the last position.
+RefHead ref_model(const ModelSpec& m, uint64_t seed, const std::vector<int32_t>& tokens) {
+  const int T = static_cast<int>(tokens.size()), H = m.hidden, V = m.vocab;
+  fvec emb(static_cast<size_t>(V) * H);
+  ppb::fill_embedding(emb.data(), V, H, seed);
+  const double scale = m.embed_scale_sqrt_hidden ? std::sqrt(static_cast<double>(H)) : 1.0;
+  dvec x(static_cast<size_t>(T) * H);
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < H; ++j) x[static_cast<size_t>(t) * H + j] = emb[static_cast<size_t>(tokens[t]) * H + j] * scale;
+  for (int l = 0; l < m.n_layers; ++l) x = ref_layer(m, l + 1, seed, x, T);
+  const int head = m.n_layers + 1;
+  RefHead r;
+  const double* last = x.data() + static_cast<size_t>(T - 1) * H;
+  for (int j = 0; j < H; ++j) r.checksum += last[j];
+  const dvec hn = ref_rmsnorm(last, H, to_double(gen_norm(H, seed, head, Tensor::final_norm, m.final_norm_plus_one)),
+                              m.rms_eps, m.final_norm_plus_one);
+  const dvec w = m.tie_embeddings ? to_double(emb) : to_double(gen_proj(V, H, seed, head, Tensor::lm_head));
+  r.logits = ref_linear(hn, w, nullptr, 1, V, H);
+  if (m.final_softcap > 0)
+    for (double& l : r.logits) l = m.final_softcap * std::tanh(l / m.final_softcap);
+  r.token = static_cast<int>(std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin());
+  return r;
+}
+
+/// The stage's token equals the reference's argmax, or the two are a near-tie in the reference.
+void expect_token(int32_t got, const RefHead& ref) {
+  if (got == ref.token) return;
+  ASSERT_GE(got, 0);
+  ASSERT_LT(got, static_cast<int>(ref.logits.size()));
+  EXPECT_LT(ref.logits[ref.token] - ref.logits[got], 1e-5 * std::fabs(ref.logits[ref.token]) + 1e-6)
+      << "token " << got << " vs reference " << ref.token;
+}
+
+ppb::StageConfig config(int batch, int max_context, int groups = 1, uint64_t seed = 1234) {
+  ppb::StageConfig c;
+  c.batch = batch;
+  c.max_context = max_context;
+  c.groups = groups;
+  c.seed = seed;
+  return c;
+}
+
+// ---- whole-layer tests ------------------------------------------------------------------------
+
+struct LayerCase {
+  const char* name;
+  ModelSpec spec;
+};
+
+std::vector<LayerCase> layer_cases() {
+  std::vector<LayerCase> cs;
+  cs.push_back({"llama_gqa", make_spec({llama_layer()})});
+  cs.push_back({"mha", make_spec({llama_layer(32, 4, 4, 8)})});
+  cs.push_back({"mqa", make_spec({llama_layer(32, 4, 1, 8)})});
+  LayerShape qwen2 = llama_layer();
+  qwen2.attn_bias = true;
+  cs.push_back({"attn_bias_qwen2", make_spec({qwen2})});
+  LayerShape qwen3 = llama_layer(32, 4, 2, 16);  // n_heads * head_dim = 64 != hidden
+  qwen3.qk_norm = true;
+  qwen3.rope.theta = 1e6;
+  cs.push_back({"qk_norm_qwen3", make_spec({qwen3})});
+  LayerShape mistral = llama_layer();
+  mistral.sliding_window = 4;
+  cs.push_back({"sliding_window_mistral", make_spec({mistral})});
+  cs.push_back({"gemma3", gemma3_like()});
+  cs.push_back({"gemma2_softcap", gemma2_like()});
+  LayerShape l3 = llama_layer();
+  l3.rope.theta = 10000.0;
+  l3.rope.scaling_type = "llama3";
+  l3.rope.factor = 8.0;
+  l3.rope.low_freq_factor = 1.0;
+  l3.rope.high_freq_factor = 4.0;
+  l3.rope.original_max_position = 128;  // wavelengths 6, 63, 628, 6283: high, medium, low, low
+  cs.push_back({"llama3_rope", make_spec({l3})});
+  return cs;
+}
+
+/// Runs each layer of `m` (one stage per layer unit, as a pipeline would) on random input:
+/// prefill of P tokens, then 3 decode steps, each compared with the double reference of the
+/// whole sequence so far (the reference has no cache: this also checks the KV cache).
+TEST(CpuStage, LayersMatchDoubleReference) {
+  const int B = 2, P = 7, steps = 3, H = 32;
+  SyncLane lane;
+  for (const LayerCase& c : layer_cases()) {
+    const ModelSpec& m = c.spec;
+    for (int unit = 1; unit <= m.n_layers; ++unit) {
+      const ppb::StageConfig cfg = config(B, P + steps, 2);
+      auto stage = ppb::create_cpu_stage(m, unit, unit, cfg);
+      // Inputs of every position; row (b, t).
+      const fvec all = random_floats(static_cast<size_t>(B) * (P + steps) * H, 100 + unit, -2.0f, 2.0f);
+      auto rows_of = [&](int b, int t0, int T) {
+        fvec r;
+        for (int t = t0; t < t0 + T; ++t) r.insert(r.end(), all.begin() + (static_cast<size_t>(b) * (P + steps) + t) * H, all.begin() + (static_cast<size_t>(b) * (P + steps) + t + 1) * H);
+        return r;
+      };
+      for (int step = 0; step <= steps; ++step) {
+        const int pos = step == 0 ? 0 : P + step - 1;
+        const int T = step == 0 ? P : 1;
+        fvec in;
+        for (int b = 0; b < B; ++b) {
+          const fvec r = rows_of(b, pos, T);
+          in.insert(in.end(), r.begin(), r.end());
+        }
+        ASSERT_EQ(stage->input_bytes(T), in.size() * sizeof(float));
+        fvec out(stage->output_bytes(T) / sizeof(float));
+        stage->enqueue_forward(lane, in.data(), out.data(), /*group=*/1, pos, T);
+        dvec ref, ref_delta;
+        fvec delta(out.size());
+        for (size_t i = 0; i < out.size(); ++i) delta[i] = out[i] - in[i];
+        for (int b = 0; b < B; ++b) {
+          const dvec seq = to_double(rows_of(b, 0, pos + T));
+          const dvec y = ref_layer(m, unit, cfg.seed, seq, pos + T);
+          for (size_t i = static_cast<size_t>(pos) * H; i < y.size(); ++i) {
+            ref.push_back(y[i]);
+            ref_delta.push_back(y[i] - seq[i]);
+          }
+        }
+        EXPECT_LT(rel_err(out, ref), 1e-5) << c.name << " unit " << unit << " step " << step;
+        EXPECT_LT(rel_err(delta, ref_delta), 1e-4) << c.name << " unit " << unit << " step " << step;
+      }
+    }
+  }
+}
+
+// ---- whole-model tests ------------------------------------------------------------------------
+
+std::vector<LayerCase> model_cases() {
+  std::vector<LayerCase> cs;
+  LayerShape qwen3 = llama_layer(32, 4, 2, 16);
+  qwen3.qk_norm = true;
+  LayerShape mistral = llama_layer();
+  mistral.sliding_window = 3;
+  cs.push_back({"llama_gqa_untied", make_spec({llama_layer(), llama_layer()})});
+  ModelSpec tied = make_spec({qwen3, mistral});
+  tied.tie_embeddings = true;
+  cs.push_back({"qwen3_mistral_tied", tied});
+  cs.push_back({"gemma3", gemma3_like()});
+  cs.push_back({"gemma2", gemma2_like()});
+  return cs;
+}
+
+std::vector<int32_t> prompt(int B, int P, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(B) * P);
+  for (int32_t& x : t) x = d(gen);
+  return t;
+}
+
+/// Prefill of P tokens, then 3 greedy decode steps, against the double reference of the whole
+/// token sequence at every step (tokens and checksum).
+TEST(CpuStage, ModelPrefillAndDecodeMatchReference) {
+  const int B = 2, P = 6, steps = 3;
+  SyncLane lane;
+  for (const LayerCase& c : model_cases()) {
+    const ModelSpec& m = c.spec;
+    const ppb::StageConfig cfg = config(B, P + steps);
+    auto stage = ppb::create_cpu_stage(m, 0, m.num_units() - 1, cfg);
+    std::vector<std::vector<int32_t>> seqs(B);
+    const std::vector<int32_t> pr = prompt(B, P, m.vocab, 5);
+    for (int b = 0; b < B; ++b) seqs[b].assign(pr.begin() + b * P, pr.begin() + (b + 1) * P);
+    std::vector<int32_t> in = pr;
+    for (int step = 0; step <= steps; ++step) {
+      const int pos = step == 0 ? 0 : P + step - 1;
+      const int T = step == 0 ? P : 1;
+      std::vector<int32_t> out(B);
+      ASSERT_EQ(stage->output_bytes(T), out.size() * sizeof(int32_t));
+      stage->reset_checksum();
+      stage->enqueue_forward(lane, in.data(), out.data(), 0, pos, T);
+      double ref_sum = 0.0;
+      for (int b = 0; b < B; ++b) {
+        const RefHead r = ref_model(m, cfg.seed, seqs[b]);
+        ref_sum += r.checksum;
+        expect_token(out[b], r);
+        seqs[b].push_back(r.token);  // follow the reference's greedy path
+      }
+      EXPECT_NEAR(stage->checksum(), ref_sum, 1e-5 * std::fabs(ref_sum) + 1e-6) << c.name << " step " << step;
+      in.assign(B, 0);
+      for (int b = 0; b < B; ++b) in[b] = seqs[b].back();
+    }
+  }
+}
+
+/// The KV cache is exact: prefill of P+1 tokens == prefill of P tokens then one decode step.
+TEST(CpuStage, KvCachePrefillEqualsPrefillPlusDecode) {
+  const int B = 3, P = 5;
+  SyncLane lane;
+  for (const LayerCase& c : model_cases()) {
+    const ModelSpec& m = c.spec;
+    const std::vector<int32_t> pr = prompt(B, P + 1, m.vocab, 6);
+    auto a = ppb::create_cpu_stage(m, 0, m.num_units() - 1, config(B, P + 1));
+    auto b = ppb::create_cpu_stage(m, 0, m.num_units() - 1, config(B, P + 1));
+    std::vector<int32_t> out_a(B), out_b(B);
+    a->enqueue_forward(lane, pr.data(), out_a.data(), 0, 0, P + 1);
+
+    std::vector<int32_t> head(B * P), tail(B);
+    for (int s = 0; s < B; ++s) {
+      std::copy(pr.begin() + s * (P + 1), pr.begin() + s * (P + 1) + P, head.begin() + s * P);
+      tail[s] = pr[s * (P + 1) + P];
+    }
+    b->enqueue_forward(lane, head.data(), out_b.data(), 0, 0, P);
+    b->reset_checksum();
+    b->enqueue_forward(lane, tail.data(), out_b.data(), 0, P, 1);
+    EXPECT_EQ(out_a, out_b) << c.name;
+    EXPECT_NEAR(a->checksum(), b->checksum(), 1e-5 * std::fabs(a->checksum())) << c.name;
+  }
+}
+
+/// A 1-stage executor and a 3-stage chain over the same units give bitwise-identical tokens and
+/// checksums (including a tied lm_head on a different stage than embed), over prefill + decode
+/// with two interleaved request groups.
+TEST(CpuStage, PipelineChainIsBitwiseIdentical) {
+  const int B = 2, P = 5, steps = 3, groups = 2;
+  SyncLane lane;
+  for (const LayerCase& c : model_cases()) {
+    const ModelSpec& m = c.spec;
+    const int U = m.num_units();  // embed, layer.0, layer.1, head
+    const ppb::StageConfig cfg = config(B, P + steps, groups);
+    auto whole = ppb::create_cpu_stage(m, 0, U - 1, cfg);
+    std::vector<std::unique_ptr<ppb::StageExecutor>> chain;
+    chain.push_back(ppb::create_cpu_stage(m, 0, 1, cfg));
+    chain.push_back(ppb::create_cpu_stage(m, 2, 2, cfg));
+    chain.push_back(ppb::create_cpu_stage(m, 3, U - 1, cfg));
+    std::vector<std::vector<int32_t>> in_whole(groups), in_chain(groups);
+    for (int g = 0; g < groups; ++g) in_whole[g] = in_chain[g] = prompt(B, P, m.vocab, 20 + g);
+    for (int step = 0; step <= steps; ++step) {
+      const int pos = step == 0 ? 0 : P + step - 1;
+      const int T = step == 0 ? P : 1;
+      for (int g = 0; g < groups; ++g) {
+        std::vector<int32_t> out_whole(B), out_chain(B);
+        whole->enqueue_forward(lane, in_whole[g].data(), out_whole.data(), g, pos, T);
+        const void* in = in_chain[g].data();
+        std::vector<std::vector<char>> buffers;
+        for (size_t s = 0; s < chain.size(); ++s) {
+          const bool last = s + 1 == chain.size();
+          if (!last) buffers.emplace_back(chain[s]->output_bytes(T));
+          void* out = last ? static_cast<void*>(out_chain.data()) : buffers.back().data();
+          if (s > 0) {
+            ASSERT_EQ(chain[s]->input_bytes(T), chain[s - 1]->output_bytes(T));
+          }
+          chain[s]->enqueue_forward(lane, in, out, g, pos, T);
+          in = out;
+        }
+        EXPECT_EQ(out_whole, out_chain) << c.name << " step " << step << " group " << g;
+        in_whole[g] = out_whole;
+        in_chain[g] = out_chain;
+      }
+    }
+    EXPECT_EQ(whole->checksum(), chain.back()->checksum()) << c.name;
+    EXPECT_EQ(chain[0]->checksum(), 0.0);
+  }
+}
+
+TEST(CpuStage, ExactWeightAndKvBytes) {
+  const int B = 3, ctx = 11, groups = 2, H = 32, V = 50;
+  const ModelSpec m = make_spec({llama_layer(), llama_layer()}, V);  // nq 32, nkv 16, I 64
+  const size_t layer = 2 * H + 32 * H + 2 * 16 * H + H * 32 + 3 * 64 * H;
+  const size_t kv_layer = 2ul * groups * B * ctx * 16;
+  auto whole = ppb::create_cpu_stage(m, 0, 3, config(B, ctx, groups));
+  EXPECT_EQ(whole->weight_bytes(), 4 * (V * H + 2 * layer + H + V * H));
+  EXPECT_EQ(whole->kv_cache_bytes(), 4 * 2 * kv_layer);
+  auto embed = ppb::create_cpu_stage(m, 0, 0, config(B, ctx, groups));
+  EXPECT_EQ(embed->weight_bytes(), 4ul * V * H);
+  EXPECT_EQ(embed->kv_cache_bytes(), 0u);
+  EXPECT_EQ(embed->input_bytes(7), 4ul * B * 7);
+  EXPECT_EQ(embed->output_bytes(7), 4ul * B * 7 * H);
+
+  ModelSpec tied = m;
+  tied.tie_embeddings = true;
+  auto tied_whole = ppb::create_cpu_stage(tied, 0, 3, config(B, ctx, groups));
+  EXPECT_EQ(tied_whole->weight_bytes(), 4 * (V * H + 2 * layer + H));  // one shared matrix
+  auto tied_head = ppb::create_cpu_stage(tied, 3, 3, config(B, ctx, groups));
+  EXPECT_EQ(tied_head->weight_bytes(), 4ul * (H + V * H));  // the head's stage holds its own copy
+  EXPECT_EQ(tied_head->input_bytes(7), 4ul * B * 7 * H);
+  EXPECT_EQ(tied_head->output_bytes(7), 4ul * B);
+}
+
+TEST(CpuStage, RejectsNonF32AndBadRanges) {
+  const ModelSpec m = make_spec({llama_layer()});
+  ppb::StageConfig c = config(1, 4);
+  c.dtype = ppb::DType::bf16;
+  try {
+    ppb::create_cpu_stage(m, 0, 2, c);
+    FAIL() << "bf16 accepted";
+  } catch (const ppb::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--dtype f32"), std::string::npos);
+  }
+  EXPECT_THROW(ppb::create_cpu_stage(m, 2, 1, config(1, 4)), ppb::UserError);
+  EXPECT_THROW(ppb::create_cpu_stage(m, 0, 3, config(1, 4)), ppb::UserError);
+  EXPECT_THROW(ppb::create_cpu_stage(m, 0, 2, config(0, 4)), ppb::UserError);
+  auto s = ppb::create_cpu_stage(m, 1, 1, config(1, 4));
+  SyncLane lane;
+  fvec buf(4 * 32);
+  EXPECT_THROW(s->enqueue_forward(lane, buf.data(), buf.data(), 0, 3, 2), ppb::InternalError);
+  EXPECT_THROW(s->enqueue_forward(lane, buf.data(), buf.data(), 1, 0, 1), ppb::InternalError);
+}
+
+}  // namespace
