@@ -1,0 +1,28 @@
+// main() of the MPI test binaries (ctest launches them with mpirun -np 2 or 4). Only rank 0
+// prints gtest's progress; a failure on any rank makes that rank, and so mpirun, exit non-zero.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "mpi_test_main.h"
+
+namespace ppb::test {
+namespace {
+std::unique_ptr<MpiContext> g_mpi;
+}
+const MpiContext& mpi() { return *g_mpi; }
+}  // namespace ppb::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ppb::test::g_mpi = std::make_unique<ppb::MpiContext>(&argc, &argv);
+  if (ppb::test::g_mpi->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int rc = RUN_ALL_TESTS();
+  // Agree so that every rank exits with the worst status (a failure on rank 3 fails rank 0 too).
+  rc = ppb::test::g_mpi->agree(rc);
+  ppb::test::g_mpi.reset();
+  return rc;
+}
