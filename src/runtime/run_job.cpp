@@ -160,7 +160,9 @@ std::pair<int64_t, int64_t> stage_bytes(const model::ModelSpec& m, int first, in
   int64_t w = 0, kv = 0;
   for (int u = first; u <= last; ++u) {
     w += model::unit_resident_params(m, u) * dtype_b;
-    kv += model::kv_cache_bytes(m, u, sequences, context, dtype_b);
+    // What the stages allocate: a full-context cache per layer, sliding window or not (a ring
+    // buffer of `window` positions would need less; model::kv_cache_bytes gives that minimum).
+    kv += model::kv_bytes_per_token(m, u, dtype_b) * sequences * context;
   }
   return {w, kv};
 }
@@ -375,7 +377,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         t.unit_signature.push_back(spec.units[u].signature);
         t.unit_params.push_back(model::unit_params(spec, u));
         t.unit_weight_bytes.push_back(model::unit_resident_params(spec, u) * dtype_bytes(dtype));
-        t.unit_kv_bytes.push_back(model::kv_cache_bytes(spec, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype)));
+        t.unit_kv_bytes.push_back(stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype)).second);
       }
       t.signature_name = spec.signatures;
       t.latency_ms = lat;
@@ -412,6 +414,25 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       }
     }
 
+    // Memory: every rank checks its stage of every partition before anything is allocated, so
+    // an impossible partition fails in seconds instead of after the others were benchmarked.
+    run_phase(mpi, "memory check", [&] {
+      for (const auto& p : parts) {
+        const int k = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
+        auto [w, kv] = stage_bytes(spec, p.first_unit[k], p.last_unit[k], M * opt.batch, opt.prompt_len + opt.gen_len,
+                                   dtype_bytes(dtype));
+        if (static_cast<size_t>(w + kv) > memory_limit) {
+          std::ostringstream os;
+          os << "partition " << p.solver << ": stage " << k << " (units " << spec.units[p.first_unit[k]].name << ".."
+             << spec.units[p.last_unit[k]].name << ") needs " << gib(double(w + kv)) << " (weights " << gib(double(w))
+             << " + KV cache " << gib(double(kv)) << ") but the limit is " << gib(double(memory_limit))
+             << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
+                "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
+          throw UserError(os.str());
+        }
+      }
+    });
+
     // ---- 4./5. benchmark and validate each partition ---------------------------------------
     for (size_t pi = 0; pi < parts.size(); ++pi) {
       const auto& p = parts[pi];
@@ -427,17 +448,6 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
 
       std::unique_ptr<StageExecutor> stage;
       run_phase(mpi, "build of partition " + p.solver, [&] {
-        auto [w, kv] = stage_bytes(spec, p.first_unit[my_stage], p.last_unit[my_stage], M * opt.batch,
-                                   opt.prompt_len + opt.gen_len, dtype_bytes(dtype));
-        if (static_cast<size_t>(w + kv) > memory_limit) {
-          std::ostringstream os;
-          os << "partition " << p.solver << ": stage " << my_stage << " (units " << spec.units[p.first_unit[my_stage]].name
-             << ".." << spec.units[p.last_unit[my_stage]].name << ") needs " << gib(double(w + kv)) << " (weights "
-             << gib(double(w)) << " + KV cache " << gib(double(kv)) << ") but the limit is " << gib(double(memory_limit))
-             << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
-                "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
-          throw UserError(os.str());
-        }
         StageConfig sc;
         sc.batch = opt.batch;
         sc.max_context = opt.prompt_len + opt.gen_len;

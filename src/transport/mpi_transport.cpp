@@ -33,10 +33,14 @@ void poll_request(MPI_Request& req, const MpiPollConfig& cfg, const std::string&
     if (done) return;
     if (lane_abort_requested()) {
       MPI_Cancel(&req);
+      MPI_Request_free(&req);
       throw InternalError(what + " abandoned: " + lane_abort_reason());
     }
     double waited = monotonic_s() - start;
     if (waited > cfg.timeout_s) {
+      // Withdraw the request so that a late message cannot land in a buffer that is gone.
+      MPI_Cancel(&req);
+      MPI_Request_free(&req);
       std::ostringstream os;
       os << error_context() << ": " << what << " timed out after " << waited
          << " s (--timeout); the peer is dead, stuck, or never posted the matching operation";

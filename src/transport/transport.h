@@ -33,7 +33,10 @@ class Transport {
 struct MpiPollConfig {
   double timeout_s = 300.0;   ///< a single wait longer than this fails, naming the peer
   double min_sleep_us = 20.0;   ///< first sleep between MPI_Test calls
-  double max_sleep_us = 200.0;  ///< sleep doubles up to this (bounds the added latency)
+  /// Sleep doubles up to this. It bounds the latency added to a message (<= 1 ms against CPU
+  /// compute steps of 5-500 ms) and the CPU a waiting lane burns: each MPI_Test runs Open MPI's
+  /// progress engine (~10-20 us), so 1 ms keeps a waiting lane near 1-2% of a core.
+  double max_sleep_us = 1000.0;
 };
 
 /// MPI transport over MPI_COMM_WORLD with host buffers. `what` names the phase for messages.

@@ -57,7 +57,7 @@ TEST(MpiTransport, WaitingRecvLaneDoesNotSpin) {
     double cpu = lane->cpu_time_s() - cpu0;
     EXPECT_EQ(value, 42);
     EXPECT_GT(wall, 0.9);
-    EXPECT_LT(cpu / wall, 0.10) << "recv lane used " << cpu << " s CPU over " << wall << " s waiting";
+    EXPECT_LT(cpu / wall, 0.05) << "recv lane used " << cpu << " s CPU over " << wall << " s waiting";
     std::printf("waiting recv lane: %.4f s CPU over %.3f s wall (%.2f%%)\n", cpu, wall, 100 * cpu / wall);
   } else if (mpi.rank() == 0) {
     timespec ts{1, 0};

@@ -1,4 +1,4 @@
-#include "pipeline/metrics.h"
+#include "balance/metrics.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,11 +16,15 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
   std::vector<double> ttft, tpot, decode_rate;
   std::vector<std::vector<double>> prefill(S), decode(S), bubble(S), recv_wait(S);
   for (int r = 0; r < sh.iters; ++r) {
-    double start = std::numeric_limits<double>::infinity(), end = -start, last_prefill_out = -start;
+    double start = std::numeric_limits<double>::infinity(), end = -start;
+    double first_decode_out = start, last_decode_out = -start;
     for (int g = 0; g < M; ++g) {
       start = std::min(start, ev[sh.index(r, g, 0, 0, kComputeStart)]);
       end = std::max(end, ev[sh.index(r, g, steps - 1, last, kComputeEnd)]);
-      last_prefill_out = std::max(last_prefill_out, ev[sh.index(r, g, 0, last, kComputeEnd)]);
+      for (int t = 1; t < steps; ++t) {
+        first_decode_out = std::min(first_decode_out, ev[sh.index(r, g, t, last, kComputeEnd)]);
+        last_decode_out = std::max(last_decode_out, ev[sh.index(r, g, t, last, kComputeEnd)]);
+      }
       ttft.push_back(1e3 * (ev[sh.index(r, g, 0, last, kComputeEnd)] - ev[sh.index(r, g, 0, 0, kComputeStart)]));
       for (int t = 1; t < steps; ++t)
         tpot.push_back(1e3 * (ev[sh.index(r, g, t, last, kComputeEnd)] - ev[sh.index(r, g, t - 1, last, kComputeEnd)]));
@@ -29,7 +33,11 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
     m.rep_wall_s.push_back(wall);
     const double tokens = static_cast<double>(M) * batch * gen_len;
     m.rep_tokens_per_s.push_back(tokens / wall);
-    if (gen_len > 0) decode_rate.push_back(tokens / (end - last_prefill_out));
+    // Decode steady state: M*G decode steps leave the last stage; (M*G - 1) intervals between
+    // the first and the last of them (the usual N-1 over the span of N periodic events).
+    const double decode_steps = static_cast<double>(M) * gen_len;
+    if (decode_steps > 1 && last_decode_out > first_decode_out)
+      decode_rate.push_back((decode_steps - 1) * batch / (last_decode_out - first_decode_out));
     for (int s = 0; s < S; ++s) {
       double busy = 0.0;
       for (int g = 0; g < M; ++g) {

@@ -1,0 +1,47 @@
+// The metrics of DESIGN.md §3, computed from the event timestamps of one partition's benchmark.
+// Pure functions: no MPI, no device. Lives in balance/ so that the pipeline simulator
+// (balance/simulator.h) scores its simulated timeline with the very same definitions.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace ppb {
+
+/// Shape of an events array: [iters][M][G+1][S][6] seconds on rank 0's clock (NaN = no op).
+struct EventShape {
+  int iters = 0, groups = 0, steps = 0, stages = 0;
+  std::size_t index(int rep, int g, int t, int s, int k) const {
+    return ((((static_cast<std::size_t>(rep) * groups + g) * steps + t) * stages + s) * 6) + k;
+  }
+};
+
+struct PartitionMetrics {
+  std::vector<double> rep_wall_s;        ///< [iters] stage 0's first compute start -> last token out
+  std::vector<double> rep_tokens_per_s;  ///< [iters] M*B*G / rep_wall_s
+  double tokens_per_s = 0;               ///< median of rep_tokens_per_s
+  double decode_tokens_per_s = 0;        ///< median over reps of (M*G - 1)*B / (last - first decode token out)
+  double ttft_p50_ms = 0, ttft_p99_ms = 0;  ///< stage-0 prefill start -> first token out of the last stage
+  double tpot_p50_ms = 0, tpot_p99_ms = 0;  ///< gap between consecutive tokens of one group
+  std::vector<double> stage_prefill_ms;  ///< [S] median compute time of a prefill step
+  std::vector<double> stage_decode_ms;   ///< [S] median compute time of a decode step
+  std::vector<double> stage_workload_ms; ///< [S] prefill + G * decode: what one group asks of the stage
+  std::vector<double> bubble_fraction;   ///< [S] median over reps of 1 - busy compute / rep wall
+  std::vector<double> recv_wait_ms;      ///< [S] median time a recv was outstanding (ms)
+  double bottleneck_bound_tok_s = 0;     ///< decode steady-state bound (see compute_metrics)
+  double pipeline_efficiency = 0;        ///< decode_tokens_per_s / bottleneck_bound_tok_s
+  int bottleneck_stage = 0;              ///< argmax of stage_workload_ms
+};
+
+/// Computes the metrics of one partition.
+/// events: [iters][M][G+1][S][6] (recv_start, recv_end, compute_start, compute_end, send_start,
+/// send_end) seconds on one clock. batch = B sequences per group, gen_len = G.
+/// bottleneck_bound_tok_s = M*B / max(M * max_s d_s, sum_s d_s), d_s = stage_decode_ms: a decode
+/// step of a group must cross every stage (sum_s d_s) and each stage serves the M groups one at
+/// a time (M * max_s d_s); no schedule beats the larger of the two. It equals B / max_s d_s
+/// when M >= S and the stages are balanced (DESIGN.md §3's M*B / stage time per step, with the
+/// stage time of a step counted over the M groups).
+PartitionMetrics compute_metrics(const std::vector<double>& events, const EventShape& shape, int batch,
+                                 int gen_len);
+
+}  // namespace ppb

@@ -1,0 +1,208 @@
+// End-to-end: `mpirun ppbench run` on real configs, the HDF5 file read back and checked, and
+// a table of bad inputs that must each end with exit status 2, a clear message, quickly, and no
+// complete results file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "results/h5.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+/// Runs `cmd` through the shell from the source root, capturing stdout+stderr.
+Result run(const std::string& cmd) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string full = "cd " PPB_SOURCE_DIR " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                     "OPENBLAS_NUM_THREADS=1 " + cmd + " 2>&1";
+  Result r;
+  FILE* p = popen(full.c_str(), "r");
+  char buf[4096];
+  while (p && fgets(buf, sizeof(buf), p)) r.output += buf;
+  int st = p ? pclose(p) : -1;
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string mpirun(int np) { return "mpirun --oversubscribe -np " + std::to_string(np) + " " PPBENCH_BIN " run "; }
+
+std::string temp_dir() {
+  fs::path d = fs::temp_directory_path() / ("ppbench_e2e_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return d.string();
+}
+
+/// Checks the DESIGN.md §4 layout and the values that must hold in any valid run.
+void check_file(const std::string& path, int world, int units, int B, int P, int G, int M,
+                const std::vector<std::string>& partitions) {
+  using ppb::h5::File;
+  File f = File::open(path);
+  auto root = f.root();
+  EXPECT_EQ(root.get_attr<int64_t>("complete"), 1);
+  EXPECT_EQ(root.get_attr<int64_t>("world_size"), world);
+  EXPECT_EQ(root.get_attr<std::string>("backend"), "cpu");
+  EXPECT_EQ(root.get_attr<std::string>("transport"), "mpi");
+  EXPECT_FALSE(root.get_attr<std::string>("command_line").empty());
+  EXPECT_EQ(root.get_attr<int64_t>("validation_ok"), 1);
+  auto wl = root.open_group("config/workload");
+  EXPECT_EQ(wl.get_attr<int64_t>("batch"), B);
+  EXPECT_EQ(wl.get_attr<int64_t>("prompt_len"), P);
+  EXPECT_EQ(wl.get_attr<int64_t>("gen_len"), G);
+  EXPECT_EQ(wl.get_attr<int64_t>("microbatches"), M);
+  EXPECT_FALSE(root.open_group("config/model").open_dataset("config_json").read_string().empty());
+  EXPECT_EQ(root.open_group("ranks").open_dataset("hostname").read_strings().size(), static_cast<size_t>(world));
+
+  auto lat_ds = root.open_group("profile").open_dataset("latency_ms");
+  EXPECT_EQ(lat_ds.dims(), (std::vector<hsize_t>{hsize_t(world), hsize_t(units), 2}));
+  for (double v : lat_ds.read<double>()) EXPECT_GT(v, 0.0);
+  EXPECT_EQ(root.open_group("profile").open_dataset("unit_name").read_strings().size(), static_cast<size_t>(units));
+
+  for (const auto& name : partitions) {
+    SCOPED_TRACE(name);
+    auto part = root.open_group("partitions/" + name);
+    auto first = part.open_dataset("first_unit").read<int64_t>();
+    auto last = part.open_dataset("last_unit").read<int64_t>();
+    ASSERT_EQ(first.size(), static_cast<size_t>(world));
+    EXPECT_EQ(first[0], 0);
+    EXPECT_EQ(last.back(), units - 1);
+    for (int k = 0; k < world; ++k) {
+      EXPECT_LE(first[k], last[k]);
+      if (k > 0) EXPECT_EQ(first[k], last[k - 1] + 1);
+    }
+    auto bench = root.open_group("benchmark/" + name);
+    auto ev_ds = bench.open_dataset("events");
+    const int iters = static_cast<int>(ev_ds.dims()[0]);
+    EXPECT_EQ(ev_ds.dims(), (std::vector<hsize_t>{hsize_t(iters), hsize_t(M), hsize_t(G + 1), hsize_t(world), 6}));
+    auto ev = ev_ds.read<double>();
+    auto at = [&](int it, int g, int t, int s, int k) { return ev[((((size_t(it) * M + g) * (G + 1) + t) * world + s) * 6) + k]; };
+    for (int it = 0; it < iters; ++it)
+      for (int g = 0; g < M; ++g)
+        for (int t = 0; t <= G; ++t)
+          for (int s = 0; s < world; ++s) {
+            // compute after its input arrived; the next stage's input arrives after this send started
+            EXPECT_LE(at(it, g, t, s, 2), at(it, g, t, s, 3));
+            if (s > 0) EXPECT_LE(at(it, g, t, s - 1, 3), at(it, g, t, s, 1) + 1e-4);  // clocks: offsets ~us
+            if (s > 0 || t > 0) {
+              EXPECT_FALSE(std::isnan(at(it, g, t, s, 1)));
+              EXPECT_LE(at(it, g, t, s, 1), at(it, g, t, s, 2) + 1e-6);
+            }
+            // autoregression: step t starts on stage 0 after step t-1 left the last stage
+            if (t > 0 && s == 0) EXPECT_GE(at(it, g, t, 0, 2), at(it, g, t - 1, world - 1, 3) - 1e-4);
+          }
+    EXPECT_GT(bench.get_attr<double>("tokens_per_s"), 0.0);
+    EXPECT_GT(bench.get_attr<double>("ttft_p50_ms"), 0.0);
+    EXPECT_LE(bench.get_attr<double>("ttft_p50_ms"), bench.get_attr<double>("ttft_p99_ms"));
+    auto bubble = bench.open_dataset("bubble_fraction").read<double>();
+    for (double b : bubble) {
+      EXPECT_GE(b, -1e-9);
+      EXPECT_LT(b, 1.0);
+    }
+    auto val = root.open_group("validation/" + name);
+    EXPECT_EQ(val.get_attr<int64_t>("tokens_match"), 1);
+    EXPECT_EQ(val.get_attr<int64_t>("checksum_match"), 1);
+    EXPECT_EQ(val.open_dataset("tokens").read<int32_t>(), val.open_dataset("reference_tokens").read<int32_t>());
+    EXPECT_EQ(val.open_dataset("tokens").dims(), (std::vector<hsize_t>{hsize_t(M), hsize_t(G + 1), hsize_t(B)}));
+  }
+  // Every partition of one run must generate the same tokens.
+  auto t0 = root.open_group("validation/" + partitions[0]).open_dataset("tokens").read<int32_t>();
+  for (const auto& name : partitions)
+    EXPECT_EQ(root.open_group("validation/" + name).open_dataset("tokens").read<int32_t>(), t0) << name;
+}
+
+TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
+  std::string out = temp_dir() + "/qwen3.h5";
+  auto r = run(mpirun(2) + "--model inputs/models/qwen3-0.6b.json -p 8 -g 3 -b 2 --iters 2 --warmup 1 "
+               "--profile-iters 3 --profile-warmup 1 --partition all -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("ppbench summary"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("validation: OK"), std::string::npos) << r.output;
+  check_file(out, 2, 30, 2, 8, 3, 2, {"uniform", "seed", "balanced"});
+  // The head of Qwen3-0.6B (tied 151,936 x 1024) is heavy: the balancer moves layers off the
+  // last stage, so its predicted bottleneck is below the uniform split's.
+  auto root = ppb::h5::File::open(out).root();
+  double uni = root.open_group("partitions/uniform").open_dataset("predicted_stage_ms").get_attr<double>("bottleneck_ms");
+  double bal = root.open_group("partitions/balanced").open_dataset("predicted_stage_ms").get_attr<double>("bottleneck_ms");
+  EXPECT_LT(bal, uni);
+  auto last = root.open_group("partitions/balanced").open_dataset("first_unit").read<int64_t>();
+  EXPECT_GT(last[1], 15) << "balanced stage 1 should start after the uniform split's layer.14";
+}
+
+TEST(RunE2E, FourRanksTinyLlamaManualSplitAndNoOverlap) {
+  std::string out = temp_dir() + "/tinyllama4.h5";
+  auto r = run(mpirun(4) + "--model inputs/models/tinyllama-1.1b-chat-v1.0.json --prompt-len 16 --gen-len 4 "
+               "--partition 7,6,5,6 --no-overlap --iters 1 --warmup 0 --profile-iters 2 --profile-warmup 0 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  check_file(out, 4, 24, 4, 16, 4, 4, {"manual"});
+}
+
+TEST(RunE2E, TinyGemma3FourRanksAllPartitions) {
+  std::string out = temp_dir() + "/gemma.h5";
+  auto r = run(mpirun(4) + "--model tests/data/tiny-gemma3.json -p 12 -g 5 -M 6 --partition all -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  check_file(out, 4, 9, 4, 12, 5, 6, {"uniform", "seed", "balanced"});
+}
+
+struct BadCase {
+  std::string name;
+  int np;
+  std::string args;
+  std::string expect;  // substring of the error message
+};
+
+TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
+  std::string dir = temp_dir();
+  {
+    std::ofstream(dir + "/malformed.json") << "{\n  \"hidden_size\": 64,\n  \"num_hidden_layers\": \n}";
+    std::ofstream(dir + "/nohidden.json") << R"({"architectures":["LlamaForCausalLM"],"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":10})";
+    std::ofstream(dir + "/kvheads.json") << R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":8,"vocab_size":10})";
+    std::ofstream(dir + "/onelayer.json") << R"({"architectures":["LlamaForCausalLM"],"hidden_size":16,"num_hidden_layers":1,"num_attention_heads":2,"intermediate_size":8,"vocab_size":10})";
+    std::ofstream(dir + "/exists.h5") << "not a result";
+  }
+  const std::string tiny = "--model tests/data/tiny-llama.json ";
+  std::vector<BadCase> cases{
+      {"missing config", 2, "--model " + dir + "/nope.json", "nope.json"},
+      {"malformed JSON", 2, "--model " + dir + "/malformed.json", "line 4"},
+      {"missing hidden_size", 2, "--model " + dir + "/nohidden.json", "hidden_size"},
+      {"heads do not divide", 2, "--model " + dir + "/kvheads.json", "num_key_value_heads"},
+      {"MoE architecture", 2, "--model inputs/models/mixtral-8x7b-v0.1.json", "supported"},
+      {"stages > units", 4, "--model " + dir + "/onelayer.json", "at most 3 ranks"},
+      {"manual split wrong length", 2, tiny + "--partition 3,3,2", "3 stages"},
+      {"manual split wrong sum", 2, tiny + "--partition 3,3", "8 units"},
+      {"manual split empty stage", 2, tiny + "--partition 8,0", "empty"},
+      {"unknown partition", 2, tiny + "--partition best", "--partition"},
+      {"zero batch", 2, tiny + "--batch 0", "--batch"},
+      {"negative gen len", 2, tiny + "--gen-len -3", "--gen-len"},
+      {"dtype on cpu", 2, tiny + "--dtype bf16", "f32"},
+      {"unknown dtype", 2, tiny + "--dtype f8", "--dtype"},
+      {"unknown transport", 2, tiny + "--transport carrier-pigeon", "--transport"},
+      {"unwritable output", 2, tiny + "-o /proc/ppbench/x.h5", "cannot be written"},
+      {"existing output", 2, tiny + "-o " + dir + "/exists.h5", "--force"},
+      {"memory limit", 2, tiny + "--memory-limit 0.000001", "needs"},
+      {"not a number", 2, tiny + "--batch four", "batch"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string out = c.args.find(" -o ") == std::string::npos ? " -o " + dir + "/bad.h5" : "";
+    auto r = run(mpirun(c.np) + c.args + out + " --timeout 30");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in:\n" << r.output;
+    EXPECT_LT(r.seconds, 30.0);
+    EXPECT_FALSE(fs::exists(dir + "/bad.h5")) << "a result file was left behind";
+  }
+}
+
+}  // namespace
