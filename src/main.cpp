@@ -10,6 +10,8 @@
 
 #include "common/error.h"
 #include "model/model_spec.h"
+#include "report_cli.h"
+#include "runtime/offline_cli.h"
 #include "runtime/mpi_context.h"
 #include "runtime/run_job.h"
 
@@ -85,6 +87,10 @@ int main(int argc, char** argv) {
   run->add_flag("--force", opt.force, "overwrite an existing --output file");
   run->add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
 
+  ppb::ReportOptions report_opt;
+  auto* report = ppb::add_report_command(app, report_opt);
+  ppb::add_offline_commands(app);  // balance, simulate: run inside app.parse(), no MPI
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -102,6 +108,7 @@ int main(int argc, char** argv) {
     }
     return 2;
   }
+  if (report->parsed()) return ppb::run_report_command(report_opt);  // no MPI for report
   opt.command_line = join_args(argc, argv);
 
   try {

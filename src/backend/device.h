@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -117,6 +118,8 @@ class Device {
   virtual std::string name() const = 0;     ///< e.g. "Intel Xeon ... (1 BLAS thread)", "NVIDIA H200"
   virtual std::string bus_id() const = 0;   ///< PCI bus id, "" on CPU
   virtual size_t free_memory() const = 0;   ///< bytes available for weights + KV cache
+  /// Versions of the libraries the backend computes with ({"openblas": ...}, {"cuda_runtime": ...}).
+  virtual std::map<std::string, std::string> library_versions() const { return {}; }
   virtual std::unique_ptr<Lane> create_lane(const std::string& name) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
   virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;

@@ -38,6 +38,7 @@ void check_stage_count(int units, int stages) {
 Partition from_counts(const std::string& solver, const std::vector<int>& counts) {
   Partition p;
   p.solver = solver;
+  p.algorithm = "counts";
   int next = 0;
   for (std::size_t k = 0; k < counts.size(); ++k) {
     p.first_unit.push_back(next);
@@ -116,6 +117,7 @@ Partition solve_rows(const std::string& solver, const std::vector<std::vector<do
     i = j;
   }
   Partition p = from_counts(solver, counts);
+  p.algorithm = "dp";
   evaluate(p, cost);
   return p;
 }
@@ -212,13 +214,13 @@ void check_partition(const Partition& p, int units) {
          std::to_string(units - 1));
 }
 
-Partition solve_uniform(int units, int stages) {
+Partition solve_uniform(int units, int stages, UniformRemainder remainder) {
   check_stage_count(units, stages);
   std::vector<int> counts(stages, 0);
   if (units < 3) {
     // No embed/layers/head structure to respect: spread the units, extras to the first stages.
     for (int k = 0; k < stages; ++k) counts[k] = units / stages + (k < units % stages ? 1 : 0);
-    return from_counts("uniform", counts);
+    return from_counts("uniform", counts);  // U < 3: no layers to place by `remainder`
   }
   const int layers = units - 2;
   // S <= L: every stage gets layers. S = L+1: the embed is a stage of its own. S = L+2: the
@@ -227,11 +229,29 @@ Partition solve_uniform(int units, int stages) {
   const bool head_alone = stages > layers + 1;
   const int first = embed_alone ? 1 : 0;
   const int layer_stages = stages - first - (head_alone ? 1 : 0);
-  for (int k = 0; k < layer_stages; ++k)
-    counts[first + k] = layers / layer_stages + (k < layers % layer_stages ? 1 : 0);
+  const int extra = layers % layer_stages;
+  for (int k = 0; k < layer_stages; ++k) {
+    int n = layers / layer_stages;
+    switch (remainder) {
+      case UniformRemainder::first: n += k < extra ? 1 : 0; break;
+      case UniformRemainder::last: n += k >= layer_stages - extra ? 1 : 0; break;
+      case UniformRemainder::spread:
+        n = static_cast<int>((static_cast<long long>(k + 1) * layers) / layer_stages -
+                             (static_cast<long long>(k) * layers) / layer_stages);
+        break;
+    }
+    counts[first + k] = n;
+  }
   counts[0] += 1;           // embed
   counts[stages - 1] += 1;  // head
   return from_counts("uniform", counts);
+}
+
+UniformRemainder parse_uniform_remainder(const std::string& text) {
+  if (text == "first") return UniformRemainder::first;
+  if (text == "last") return UniformRemainder::last;
+  if (text == "spread") return UniformRemainder::spread;
+  throw UserError("--uniform-remainder '" + text + "' is unknown; valid: first, last, spread");
 }
 
 Partition solve_seed(const std::vector<double>& lat, int stages) {

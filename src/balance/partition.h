@@ -14,6 +14,7 @@ namespace ppb::balance {
 
 struct Partition {
   std::string solver;                    ///< "uniform", "seed", "balanced", "manual"
+  std::string algorithm;                 ///< how it was found: "dp", "fast", "counts" (uniform/manual)
   std::vector<int> first_unit;           ///< [S]
   std::vector<int> last_unit;            ///< [S] inclusive
   std::vector<int> device_rank;          ///< [S] rank that runs stage k (identity order for now)
@@ -36,13 +37,24 @@ void evaluate(Partition& p, const std::vector<std::vector<double>>& cost);
 /// @throws ppb::InternalError naming the broken invariant.
 void check_partition(const Partition& p, int units);
 
+/// Where solve_uniform puts the L % S remainder layers (frameworks disagree).
+enum class UniformRemainder {
+  first,   ///< one each to the first stages (the default: the last stage carries the head)
+  last,    ///< one each to the last stages
+  spread,  ///< evenly spaced: layer-stage k gets floor((k+1)L/S) - floor(kL/S) layers
+};
+
+/// Parses "first" | "last" | "spread". @throws ppb::UserError naming the valid values.
+UniformRemainder parse_uniform_remainder(const std::string& text);
+
 /// The baseline every framework ships: equal decoder-layer counts per stage. Units are
 /// embed, L layers, head (units = L + 2). The embed joins stage 0 and the head the last stage;
 /// when L % S != 0 the remainder layers go one each to the FIRST stages (the last stage
-/// already carries the head, the heaviest unit of modern large-vocabulary models). When
-/// S > L, the embed and/or head become stages of their own so that no stage is empty.
+/// already carries the head, the heaviest unit of modern large-vocabulary models), or as
+/// `remainder` says. When S > L, the embed and/or head become stages of their own so that no
+/// stage is empty.
 /// @throws ppb::UserError if stages < 1 or stages > units.
-Partition solve_uniform(int units, int stages);
+Partition solve_uniform(int units, int stages, UniformRemainder remainder = UniformRemainder::first);
 
 /// The source article's min–max DP over one latency row:
 ///   dp[i][k] = min_j max(dp[j][k-1], sum(lat[j:i]))

@@ -73,6 +73,10 @@ struct RunRecord {
   std::string ppbench_version, created_utc, command_line, backend, transport, mpi_version, hdf5_version;
   std::string slurm_job_id, slurm_job_name, slurm_nodelist, slurm_array_task_id;
   std::map<std::string, std::string> environment;  ///< behaviour-changing variables
+  /// Versions of the libraries that did the work, when used: key -> version, e.g.
+  /// "cuda_runtime" -> "12.4", "cuda_driver", "cublas", "nccl" -> "2.21.5", "openblas". Stored as
+  /// root attributes `<key>_version`; empty on a CPU build except what the CPU backend reports.
+  std::map<std::string, std::string> library_versions;
   int world_size = 0;
   double run_start_s = 0.0;  ///< rank 0 monotonic time all event times are relative to
   double elapsed_s = 0.0;

@@ -109,6 +109,7 @@ void write_all(h5::File& file, const RunRecord& run) {
   root.set_attr("transport", run.transport);
   root.set_attr("mpi_version", run.mpi_version);
   root.set_attr("hdf5_version", hdf5_version());
+  for (const auto& [k, v] : run.library_versions) root.set_attr(k + "_version", v);
   root.set_attr("slurm_job_id", run.slurm_job_id);
   root.set_attr("slurm_job_name", run.slurm_job_name);
   root.set_attr("slurm_nodelist", run.slurm_nodelist);
@@ -117,6 +118,11 @@ void write_all(h5::File& file, const RunRecord& run) {
   root.set_attr("validation_ok", run.validation_ok);
   root.set_attr("balance_gain", run.balance_gain);
   root.set_attr("decode_balance_gain", run.decode_balance_gain);
+  root.set_attr("partition_order", [&] {
+    std::vector<std::string> names;  // run order: HDF5 lists groups by name
+    for (const auto& part : run.partitions) names.push_back(part.name);
+    return names;
+  }());
 
   Group model = root.create_group("config/model");
   model.set_attr("source", run.model_source);
@@ -133,6 +139,8 @@ void write_all(h5::File& file, const RunRecord& run) {
   wl.set_attr("dtype", w.dtype);
   wl.set_attr("warmup", static_cast<int64_t>(w.warmup));
   wl.set_attr("iters", static_cast<int64_t>(w.iters));
+  wl.set_attr("profile_warmup", static_cast<int64_t>(w.profile_warmup));
+  wl.set_attr("profile_iters", static_cast<int64_t>(w.profile_iters));
   wl.set_attr("overlap", w.overlap);
   wl.set_attr("seed", static_cast<int64_t>(w.seed));
   wl.set_attr("objective", w.objective);

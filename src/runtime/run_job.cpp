@@ -26,6 +26,11 @@
 #include "runtime/mpi_context.h"
 #include "transport/transport.h"
 
+#if PPBENCH_HAVE_CUDA
+#include "backend/cuda/cuda_device.h"
+#include "transport/nccl/nccl_transport.h"
+#endif
+
 namespace ppb {
 namespace {
 
@@ -174,6 +179,32 @@ std::string gib(double bytes) {
   return os.str();
 }
 
+/// True when this binary has the CUDA backend.
+bool have_cuda_backend() {
+#if PPBENCH_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// GPUs this process sees (0 without the CUDA backend).
+int visible_gpus() {
+#if PPBENCH_HAVE_CUDA
+  return cuda_visible_device_count();
+#else
+  return 0;
+#endif
+}
+
+/// Collective: how many ranks have the same `key` (host + device bus id) as this one.
+int ranks_sharing(const MpiContext& mpi, const std::string& key) {
+  unsigned long long mine = std::hash<std::string>{}(key);
+  std::vector<unsigned long long> all(mpi.size());
+  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, mpi.comm()));
+  return static_cast<int>(std::count(all.begin(), all.end(), mine));
+}
+
 class Progress {
  public:
   Progress(bool enabled) : enabled_(enabled) {}
@@ -221,23 +252,61 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
                         std::to_string(spec.num_units()) + " ranks");
       if (partition_names[0] == "manual") balance::parse_manual(opt.partition, spec.num_units(), S);
       M = opt.microbatches > 0 ? opt.microbatches : S;
-      // Device: the CPU backend here; the CUDA backend plugs in behind the same interface.
-      if (opt.device == "cuda") throw UserError("--device cuda: this build of ppbench has no CUDA backend yet; use --device cpu");
-      if (opt.transport == "nccl") throw UserError("--transport nccl needs the CUDA backend; use --transport mpi on CPU ranks");
-      dtype = opt.dtype == "auto" ? DType::f32 : parse_dtype(opt.dtype);
-      if (dtype != DType::f32) throw UserError("--dtype " + opt.dtype + ": the CPU backend computes in f32; use --dtype f32");
-      device = create_cpu_device(0);
-      MpiPollConfig poll;
-      poll.timeout_s = opt.timeout_s;
-      transport = create_mpi_transport(mpi, poll);
-      memory_limit = opt.memory_limit_gib > 0 ? static_cast<size_t>(opt.memory_limit_gib * (1ull << 30))
-                                              : static_cast<size_t>(0.9 * device->free_memory() / mpi.local_size());
+      if (opt.device == "cuda" && !have_cuda_backend())
+        throw UserError("--device cuda: this build of ppbench has no CUDA backend (nvcc was not found at build time); use --device cpu");
+      if (opt.transport == "nccl" && opt.device == "cpu")
+        throw UserError("--transport nccl needs --device cuda; CPU ranks use --transport mpi");
+      if (opt.dtype != "auto") dtype = parse_dtype(opt.dtype);
       if (root) {
         output = opt.output.empty() ? default_output(opt.model_path, S) : opt.output;
         check_output(output, opt.force);
       }
     });
     mpi.bcast_string(output);
+
+    // ---- device and transport --------------------------------------------------------------
+    // auto = CUDA when every rank sees a GPU (agreed collectively, so no rank is left behind).
+    const bool use_cuda = opt.device == "cuda" || (opt.device == "auto" && mpi.agree(visible_gpus() > 0 ? 0 : 1) == 0);
+    run_phase(mpi, "device", [&] {
+      if (use_cuda) {
+#if PPBENCH_HAVE_CUDA
+        device = create_cuda_device(mpi.local_rank());
+        if (opt.dtype == "auto") dtype = DType::bf16;
+#endif
+      } else {
+        device = create_cpu_device(0);
+        if (dtype != DType::f32)
+          throw UserError("--dtype " + opt.dtype + ": the CPU backend computes in f32; use --dtype f32 (or auto)");
+      }
+    });
+    {
+      // Ranks sharing a device share its free memory (CPU: the node's; GPU: the GPU's).
+      const int sharing = ranks_sharing(mpi, mpi.hostname() + "/" + device->bus_id());
+      memory_limit = opt.memory_limit_gib > 0 ? static_cast<size_t>(opt.memory_limit_gib * (1ull << 30))
+                                              : static_cast<size_t>(0.9 * device->free_memory() / sharing);
+    }
+    run_phase(mpi, "transport", [&] {
+      MpiPollConfig poll;
+      poll.timeout_s = opt.timeout_s;
+#if PPBENCH_HAVE_CUDA
+      if (use_cuda) {
+        poll.max_sleep_us = 50.0;  // GPU decode steps are milliseconds: poll tighter
+        const bool own = every_rank_has_own_gpu(mpi, device->bus_id());
+        if (opt.transport == "nccl" && !own)
+          throw UserError("--transport nccl: some ranks share a GPU and NCCL refuses that; use --transport mpi or auto");
+        if (opt.transport == "nccl" || (opt.transport == "auto" && own)) {
+          transport = create_nccl_transport(mpi, *device, poll);
+        } else {
+          if (root && opt.transport == "auto")
+            std::cerr << "ppbench: ranks share a GPU: NCCL refuses that, so the transport falls back to MPI with "
+                         "pinned host staging" << std::endl;
+          transport = create_staged_mpi_transport(mpi, poll);
+        }
+        return;
+      }
+#endif
+      transport = create_mpi_transport(mpi, poll);
+    });
 
     // ---- run metadata ---------------------------------------------------------------------
     run.ppbench_version = PPBENCH_VERSION_STRING;
@@ -246,6 +315,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     run.backend = device->backend();
     run.transport = transport->name();
     run.mpi_version = MpiContext::library_version();
+    run.library_versions = device->library_versions();
     run.world_size = S;
     run.slurm_job_id = env_or("SLURM_JOB_ID");
     run.slurm_job_name = env_or("SLURM_JOB_NAME");
@@ -254,6 +324,11 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     for (const char* prefix : {"CUDA_VISIBLE_DEVICES", "NCCL_", "OMPI_", "OMP_", "OPENBLAS_", "SLURM_CPUS", "PPBENCH_"}) {
       for (char** e = environ; *e; ++e) {
         std::string kv = *e;
+        // Launcher internals (contact URIs, per-process ids) change nothing and may hold addresses.
+        if (kv.rfind("OMPI_MCA_orte_", 0) == 0 || kv.rfind("OMPI_COMM_WORLD_", 0) == 0 ||
+            kv.rfind("OMPI_FILE_LOCATION", 0) == 0 || kv.rfind("OMPI_ARGV", 0) == 0 ||
+            kv.rfind("OMPI_MCA_ess_base_", 0) == 0 || kv.rfind("OMPI_MCA_pmix", 0) == 0)
+          continue;
         if (kv.rfind(prefix, 0) == 0) {
           auto eq = kv.find('=');
           run.environment[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
@@ -315,8 +390,16 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       pc.iters = opt.profile_iters;
       pc.dtype = dtype;
       pc.seed = opt.seed;
+      const double t_start = monotonic_s();
       prof = profile_model(*device, spec, pc, [&](int done, int total, const std::string& what) {
-        if (done < total) progress.say("profile: signature " + std::to_string(done + 1) + "/" + std::to_string(total) + ": " + what);
+        if (done >= total) return;
+        std::string eta;
+        if (done > 0) {
+          char buf[64];
+          std::snprintf(buf, sizeof(buf), " (~%.0f s left)", (monotonic_s() - t_start) / done * (total - done));
+          eta = buf;
+        }
+        progress.say("profile: signature " + std::to_string(done + 1) + "/" + std::to_string(total) + ": " + what + eta);
       });
     });
     const int U = spec.num_units();
@@ -421,6 +504,14 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         const int k = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
         auto [w, kv] = stage_bytes(spec, p.first_unit[k], p.last_unit[k], M * opt.batch, opt.prompt_len + opt.gen_len,
                                    dtype_bytes(dtype));
+#if PPBENCH_HAVE_CUDA
+        if (use_cuda) {  // exactly what the CUDA stage allocates, scratch included
+          StageConfig sc{opt.batch, opt.prompt_len + opt.gen_len, M, dtype, opt.seed};
+          auto b = cuda_stage_bytes(spec, p.first_unit[k], p.last_unit[k], sc);
+          w = static_cast<int64_t>(b.weights);
+          kv = static_cast<int64_t>(b.kv_cache + b.scratch);
+        }
+#endif
         if (static_cast<size_t>(w + kv) > memory_limit) {
           std::ostringstream os;
           os << "partition " << p.solver << ": stage " << k << " (units " << spec.units[p.first_unit[k]].name << ".."
@@ -469,9 +560,15 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       pc.mode = opt.no_overlap ? LaneMode::no_overlap : LaneMode::overlap;
       StageRecord rec, ref;
       run_phase(mpi, "benchmark of partition " + p.solver, [&] {
+        const double t_start = monotonic_s();
         rec = run_pipeline(mpi, *device, *transport, *stage, place, pc, [&](int done, int total) {
+          // Estimate: the mean repetition so far for what is left, plus one for validation.
+          const double per_rep = (monotonic_s() - t_start) / done;
+          const double left = per_rep * (total - done + (opt.validate ? 1 : 0));
+          char eta[64];
+          std::snprintf(eta, sizeof(eta), ", %.1f s per repetition, ~%.0f s left", per_rep, left);
           progress.say("benchmark " + p.solver + ": repetition " + std::to_string(done) + "/" + std::to_string(total) +
-                       (done <= opt.warmup ? " (warm-up)" : ""));
+                       (done <= opt.warmup ? " (warm-up)" : "") + eta);
         });
       });
       if (opt.validate) {

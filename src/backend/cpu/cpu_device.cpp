@@ -90,6 +90,9 @@ class CpuDevice final : public Device {
   }
   std::string bus_id() const override { return ""; }
   size_t free_memory() const override { return mem_available_bytes(); }
+  std::map<std::string, std::string> library_versions() const override {
+    return {{"openblas", openblas_get_config()}};
+  }
   std::unique_ptr<Lane> create_lane(const std::string& name) override {
     return std::make_unique<CpuLane>(name);
   }

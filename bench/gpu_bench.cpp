@@ -1,0 +1,167 @@
+// GPU ceilings and a one-layer / head profile against their floors (scripts/gpu_check.sh).
+//
+//   ppb_gpu_bench --model inputs/models/llama-3.1-8b.json [--dtype bf16] [--prompt 2048]
+//                 [--batch 8] [--context 2048] [--iters 20] [--out FILE]
+//
+// Ceilings measured in the same run: a large device-to-device copy (bytes read + written per
+// second) and a large bf16 cuBLAS GEMM (dense TFLOP/s). Each case of the CUDA stage is then
+// printed against its floor: memory floor = bytes read (weights + KV, model::unit_bytes_moved)
+// / copy bandwidth; compute floor = FLOPs (model::unit_flops) / GEMM rate; floor = the larger.
+// "% of floor" = floor / measured (100% = at the ceiling). Writes key=value lines to --out for
+// the PyTorch comparison (scripts/torch_layer.py).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_lane.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_raii.h"
+#include "backend/device.h"
+#include "model/model_spec.h"
+
+namespace {
+
+using namespace ppb;
+
+struct Args {
+  std::string model = "inputs/models/llama-3.1-8b.json";
+  std::string dtype = "bf16";
+  std::string out;
+  int prompt = 2048, batch = 8, context = 2048, iters = 20;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") a.model = v;
+    else if (k == "--dtype") a.dtype = v;
+    else if (k == "--out") a.out = v;
+    else if (k == "--prompt") a.prompt = std::atoi(v.c_str());
+    else if (k == "--batch") a.batch = std::atoi(v.c_str());
+    else if (k == "--context") a.context = std::atoi(v.c_str());
+    else if (k == "--iters") a.iters = std::atoi(v.c_str());
+    else throw UserError("unknown option " + k);
+  }
+  return a;
+}
+
+/// Median milliseconds of `fn` enqueued on `stream`, timed by events around each call.
+template <typename Fn>
+double time_ms(cudaStream_t stream, int warmup, int iters, Fn fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  cuda::EventHandle a, b;
+  for (int i = 0; i < iters; ++i) {
+    CUDA_CHECK(cudaEventRecord(a.get(), stream));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b.get(), stream));
+    CUDA_CHECK(cudaEventSynchronize(b.get()));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a.get(), b.get()));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    if (cuda_visible_device_count() <= 0) {
+      std::fprintf(stderr, "no CUDA device visible: %s\n", cuda_unavailable_reason().c_str());
+      return 3;
+    }
+    auto dev = create_cuda_device(0);
+    const DType dt = parse_dtype(a.dtype);
+    const model::ModelSpec m = model::load_model_config(a.model);
+    auto lane_owner = dev->create_lane("bench");
+    cuda::CudaLane& lane = cuda::as_cuda_lane(*lane_owner);
+    const cudaStream_t st = lane.stream();
+    std::printf("device: %s (%s), model %s, dtype %s\n", dev->name().c_str(), dev->bus_id().c_str(), a.model.c_str(),
+                dtype_name(dt).c_str());
+
+    // ---- ceilings -------------------------------------------------------------------------
+    double copy_gbs = 0, gemm_tflops = 0;
+    {
+      const size_t bytes = size_t(2) << 30;
+      cuda::DeviceMemory src(bytes), dst(bytes);
+      const double ms = time_ms(st, 2, 10, [&] { CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, st)); });
+      copy_gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;  // read + write
+    }
+    {
+      const int n = 8192;
+      cuda::DeviceMemory A(size_t(n) * n * 2), B(size_t(n) * n * 2), C(size_t(n) * n * 2);
+      cuda::fill_uniform(A.get(), DType::bf16, size_t(n) * n, 1, 1.0f, 0.0f, st);
+      cuda::fill_uniform(B.get(), DType::bf16, size_t(n) * n, 2, 1.0f, 0.0f, st);
+      cuda::CublasHandle h;
+      CUBLAS_CHECK(cublasSetStream(h.get(), st));
+      const float one = 1.0f, zero = 0.0f;
+      const double ms = time_ms(st, 3, 10, [&] {
+        CUBLAS_CHECK(cublasGemmEx(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A.get(), CUDA_R_16BF, n, B.get(),
+                                  CUDA_R_16BF, n, &zero, C.get(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      });
+      gemm_tflops = 2.0 * n * n * double(n) / (ms * 1e-3) / 1e12;
+    }
+    std::printf("\nceilings: D2D copy %.0f GB/s (read+write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", copy_gbs, gemm_tflops);
+
+    // ---- one layer and the head -----------------------------------------------------------------
+    struct Case {
+      std::string name;
+      int unit;
+      model::Phase phase;
+      int batch, tokens, pos;
+    };
+    const int layer_unit = 1, head_unit = m.num_units() - 1;
+    const std::vector<Case> cases = {
+        {"layer prefill B=1 T=" + std::to_string(a.prompt), layer_unit, model::Phase::prefill, 1, a.prompt, 0},
+        {"layer decode B=" + std::to_string(a.batch) + " ctx=" + std::to_string(a.context), layer_unit,
+         model::Phase::decode, a.batch, 1, a.context},
+        {"head prefill B=1 T=" + std::to_string(a.prompt), head_unit, model::Phase::prefill, 1, a.prompt, 0},
+        {"head decode B=" + std::to_string(a.batch), head_unit, model::Phase::decode, a.batch, 1, a.context},
+    };
+    std::printf("\n%-30s %10s %10s %10s %10s %9s\n", "case", "ms", "mem floor", "flop floor", "TFLOP/s", "% floor");
+    std::ofstream out;
+    if (!a.out.empty()) out.open(a.out);
+    out << "copy_gbs=" << copy_gbs << "\ngemm_tflops=" << gemm_tflops << "\n";
+    for (const Case& c : cases) {
+      StageConfig cfg;
+      cfg.batch = c.batch;
+      cfg.max_context = std::max(a.prompt, a.context + 1);
+      cfg.dtype = dt;
+      cfg.seed = 1;
+      auto stage = dev->create_stage(m, c.unit, c.unit, cfg);
+      auto in = dev->allocate(stage->input_bytes(c.tokens));
+      auto o = dev->allocate(stage->output_bytes(c.tokens));
+      cuda::fill_uniform(in->data(), dt, in->bytes() / dtype_bytes(dt), 3, 1.0f, 0.0f, st);
+      const double ms = time_ms(st, 3, a.iters, [&] { stage->enqueue_forward(lane, in->data(), o->data(), 0, c.pos, c.tokens); });
+      lane.synchronize();
+      const int ctx = c.pos + c.tokens;
+      const double flops = model::unit_flops(m, c.unit, c.phase, c.batch, c.tokens, ctx);
+      const double bytes = model::unit_bytes_moved(m, c.unit, c.phase, c.batch, c.tokens, ctx, dtype_bytes(dt));
+      const double mem_ms = bytes / (copy_gbs * 1e9) * 1e3, flop_ms = flops / (gemm_tflops * 1e12) * 1e3;
+      const double floor_ms = std::max(mem_ms, flop_ms);
+      std::printf("%-30s %10.3f %10.3f %10.3f %10.1f %8.0f%%\n", c.name.c_str(), ms, mem_ms, flop_ms,
+                  flops / (ms * 1e-3) / 1e12, 100.0 * floor_ms / ms);
+      std::string key = c.name.substr(0, c.name.find(' ')) + "_" + (c.phase == model::Phase::prefill ? "prefill" : "decode");
+      out << key << "_ms=" << ms << "\n" << key << "_floor_ms=" << floor_ms << "\n";
+    }
+    std::printf("\ntargets (issue 3, Llama-3.1-8B bf16 layer): decode >= 70%% of the memory floor's bandwidth, "
+                "prefill >= 50%% of the GEMM rate\n");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ppb_gpu_bench: %s\n", e.what());
+    return 1;
+  }
+}

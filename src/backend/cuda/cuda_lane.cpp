@@ -1,0 +1,257 @@
+#include "backend/cuda/cuda_lane.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_ops.h"
+#include "common/error.h"
+
+namespace ppb::cuda {
+namespace {
+
+void sleep_us(double us) {
+  timespec ts;
+  ts.tv_sec = static_cast<time_t>(us / 1e6);
+  ts.tv_nsec = static_cast<long>((us - static_cast<double>(ts.tv_sec) * 1e6) * 1e3);
+  nanosleep(&ts, nullptr);
+}
+
+/// Polls `query` (cudaStreamQuery / cudaEventQuery) with a sleep back-off of 5..100 µs, so a
+/// waiting host thread leaves the core; stops when a lane abort is requested.
+template <typename Query>
+void poll_until_done(Query query, const char* what) {
+  double sleep = 5.0;
+  for (;;) {
+    const cudaError_t rc = query();
+    if (rc == cudaSuccess) return;
+    if (rc != cudaErrorNotReady) PPB_CHECK_CALL("CUDA", what, false, cudaGetErrorString(rc));
+    if (lane_abort_requested()) {
+      const std::string why = lane_abort_reason();
+      throw InternalError(why.empty() ? "CUDA wait aborted: another lane failed" : why);
+    }
+    sleep_us(sleep);
+    sleep = std::min(sleep * 2.0, 100.0);
+  }
+}
+
+/// cuStreamWaitValue32 from the driver, fetched at run time (linking libcuda would make the
+/// binaries unloadable on machines without a driver, where the tests must still run and skip).
+PFN_cuStreamWaitValue32_v11070 stream_wait_value32() {
+  static PFN_cuStreamWaitValue32_v11070 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult res{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &res) != cudaSuccess ||
+        res != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // clear
+      return static_cast<PFN_cuStreamWaitValue32_v11070>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+// ---- clock ----------------------------------------------------------------------------------
+
+DeviceClock::DeviceClock(int device) : device_(device) {}
+
+std::shared_ptr<const ClockAnchor> DeviceClock::make_anchor() {
+  // The stream is idle, so the event completes as soon as the GPU sees it: between t0 and t1.
+  // The try with the tightest [t0, t1] wins; its midpoint is the anchor (error <= (t1-t0)/2).
+  std::shared_ptr<ClockAnchor> best;
+  double best_gap = 1e9;
+  for (int i = 0; i < 5; ++i) {
+    auto a = std::make_shared<ClockAnchor>();
+    const double t0 = monotonic_s();
+    CUDA_CHECK(cudaEventRecord(a->event.get(), stream_.get()));
+    CUDA_CHECK(cudaEventSynchronize(a->event.get()));
+    const double t1 = monotonic_s();
+    if (t1 - t0 < best_gap) {
+      best_gap = t1 - t0;
+      a->host_s = 0.5 * (t0 + t1);
+      best = std::move(a);
+    }
+  }
+  return best;
+}
+
+std::shared_ptr<const ClockAnchor> DeviceClock::anchor(double max_age_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!current_ || monotonic_s() - current_->host_s > max_age_s) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    current_ = make_anchor();
+  }
+  return current_;
+}
+
+// ---- events ---------------------------------------------------------------------------------
+
+CudaEvent::CudaEvent(int device, std::shared_ptr<DeviceClock> clock)
+    : device_(device), clock_(std::move(clock)), event_(cudaEventDefault) {}
+
+void CudaEvent::synchronize() {
+  if (!recorded_) return;
+  poll_until_done([this] { return cudaEventQuery(event_.get()); }, "cudaEventQuery(event)");
+}
+
+double CudaEvent::time_s() const {
+  if (!recorded_ || !anchor_) return 0.0;
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_->event.get(), event_.get()));
+  return anchor_->host_s + 1e-3 * static_cast<double>(ms);
+}
+
+// ---- lanes ----------------------------------------------------------------------------------
+
+CudaLane::CudaLane(int device, std::string name, std::shared_ptr<DeviceClock> clock)
+    : device_(device), name_(std::move(name)), clock_(std::move(clock)),
+      counter_(sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable) {
+  std::memset(counter_.get(), 0, sizeof(uint32_t));
+  CUDA_CHECK(cudaHostGetDevicePointer(&counter_dev_, counter_.get(), 0));
+  thread_ = std::thread([this] { worker(); });
+}
+
+CudaLane::~CudaLane() {
+  // Drain the stream unless the run is being aborted (a peer may never complete a receive).
+  while (cudaStreamQuery(stream_.get()) == cudaErrorNotReady && !lane_abort_requested()) sleep_us(50.0);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CudaLane::record(Event& ev) {
+  auto& cev = dynamic_cast<CudaEvent&>(ev);
+  cev.set_anchor(clock_->anchor());
+  CUDA_CHECK(cudaEventRecord(cev.get(), stream_.get()));
+}
+
+void CudaLane::wait(const Event& ev) {
+  const auto& cev = dynamic_cast<const CudaEvent&>(ev);
+  if (!cev.recorded()) return;  // never recorded: nothing to wait for (CUDA semantics)
+  CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), cev.get(), 0));
+}
+
+void CUDART_CB CudaLane::trampoline(void* arg) {
+  // Runs on CUDA's callback thread: must not call CUDA and must not block; it only queues.
+  std::unique_ptr<std::pair<CudaLane*, Task>> item(static_cast<std::pair<CudaLane*, Task>*>(arg));
+  CudaLane* lane = item->first;
+  {
+    std::lock_guard<std::mutex> lock(lane->mutex_);
+    lane->queue_.push_back(std::move(item->second));
+  }
+  lane->cv_.notify_one();
+}
+
+void CudaLane::stream_wait_counter(uint32_t value) {
+  if (auto fn = stream_wait_value32()) {
+    const CUresult rc = fn(reinterpret_cast<CUstream>(stream_.get()), reinterpret_cast<CUdeviceptr>(counter_dev_),
+                           value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (rc == CUDA_SUCCESS) return;
+  }
+  launch_wait_counter(static_cast<const uint32_t*>(counter_dev_), value, stream_.get());
+}
+
+void CudaLane::host_task(std::function<void()> fn) {
+  const uint32_t seq = ++issued_;
+  auto* item = new std::pair<CudaLane*, Task>(this, Task{seq, std::move(fn)});
+  const cudaError_t rc = cudaLaunchHostFunc(stream_.get(), &CudaLane::trampoline, item);
+  if (rc != cudaSuccess) {
+    delete item;
+    PPB_CHECK_CALL("CUDA", "cudaLaunchHostFunc(stream, trampoline, task)", false, cudaGetErrorString(rc));
+  }
+  stream_wait_counter(seq);
+}
+
+void CudaLane::worker() {
+  cudaSetDevice(device_);
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed = static_cast<bool>(error_);
+    }
+    if (!failed) {
+      try {
+        task.fn();
+      } catch (const std::exception& e) {
+        set_error(std::current_exception());
+        request_lane_abort(name_ + " lane: " + e.what());
+      } catch (...) {
+        set_error(std::current_exception());
+        request_lane_abort(name_ + " lane: unknown exception");
+      }
+    }
+    // Always publish, even after a failure, so the stream (and lanes waiting on it) move on.
+    __atomic_store_n(static_cast<uint32_t*>(counter_.get()), task.seq, __ATOMIC_RELEASE);
+  }
+}
+
+void CudaLane::set_error(std::exception_ptr err) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) error_ = std::move(err);
+}
+
+void* CudaLane::staging(size_t bytes) {
+  if (staging_.empty() || staging_.back().bytes() < bytes) {
+    // Older buffers stay alive: copies already enqueued may still use them.
+    staging_.emplace_back(std::max<size_t>(bytes, 1 << 16));
+  }
+  return staging_.back().get();
+}
+
+void CudaLane::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  cudaPointerAttributes da{}, sa{};
+  CUDA_CHECK(cudaPointerGetAttributes(&da, dst));
+  CUDA_CHECK(cudaPointerGetAttributes(&sa, src));
+  const bool dst_pageable = da.type == cudaMemoryTypeUnregistered;
+  const bool src_pageable = sa.type == cudaMemoryTypeUnregistered;
+  if (dst_pageable && src_pageable) {
+    host_task([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  } else if (dst_pageable) {
+    // In stream order the staging buffer is reused only after the previous host memcpy ran.
+    void* st = staging(bytes);
+    CUDA_CHECK(cudaMemcpyAsync(st, src, bytes, cudaMemcpyDefault, stream_.get()));
+    host_task([dst, st, bytes] { std::memcpy(dst, st, bytes); });
+  } else if (src_pageable) {
+    void* st = staging(bytes);
+    host_task([st, src, bytes] { std::memcpy(st, src, bytes); });
+    CUDA_CHECK(cudaMemcpyAsync(dst, st, bytes, cudaMemcpyDefault, stream_.get()));
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get()));
+  }
+}
+
+void CudaLane::synchronize() {
+  poll_until_done([this] { return cudaStreamQuery(stream_.get()); }, "cudaStreamQuery(lane stream)");
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    err = error_;
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+CudaLane& as_cuda_lane(Lane& lane) {
+  auto* l = dynamic_cast<CudaLane*>(&lane);
+  if (!l) throw InternalError("lane '" + lane.name() + "' is not a CUDA lane (mixing backends?)");
+  return *l;
+}
+
+}  // namespace ppb::cuda

@@ -1,0 +1,130 @@
+// CUDA lanes and events: Lane = a cudaStreamNonBlocking stream, Event = a cudaEvent_t.
+//
+// record/wait are cudaEventRecord/cudaStreamWaitEvent, so cross-lane dependencies never touch
+// the host. host_task(fn) is stream-ordered but does NOT run fn inside cudaLaunchHostFunc: CUDA
+// may serialise the host functions of all streams on one internal thread, so a host function
+// that blocks (an MPI receive polling for its peer) would stall every other lane's host
+// functions, and the send that the peer is waiting for never leaves: a deadlock. Instead the
+// lane owns a worker thread (like CpuLane): a cudaLaunchHostFunc trampoline only hands fn to the
+// worker (never blocks), and the stream then waits (cuStreamWaitValue32 on a mapped pinned
+// counter; a one-thread spin kernel where stream memory operations are unavailable) until the
+// worker has run fn and published its sequence number. Later work of the stream starts after fn.
+//
+// Event times: cudaEventElapsedTime from a reference event recorded at a known host time
+// (ClockAnchor, re-anchored every 10 s to keep the float milliseconds precise to ~1 µs), mapped
+// onto monotonic_s().
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/cuda_raii.h"
+#include "backend/device.h"
+
+namespace ppb::cuda {
+
+/// A reference event and the monotonic_s() time at which it completed (±~2 µs).
+struct ClockAnchor {
+  EventHandle event;
+  double host_s = 0.0;
+};
+
+/// Makes and refreshes clock anchors of one device (thread-safe).
+class DeviceClock {
+ public:
+  explicit DeviceClock(int device);
+  /// The current anchor, re-anchored if older than `max_age_s`.
+  std::shared_ptr<const ClockAnchor> anchor(double max_age_s = 10.0);
+
+ private:
+  std::shared_ptr<const ClockAnchor> make_anchor();
+  int device_ = 0;
+  Stream stream_;  ///< idle stream used only to time anchors
+  std::mutex mutex_;
+  std::shared_ptr<const ClockAnchor> current_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int device, std::shared_ptr<DeviceClock> clock);
+  void synchronize() override;
+  double time_s() const override;
+  cudaEvent_t get() const { return event_.get(); }
+  /// Called by CudaLane::record: the anchor this record is timed against.
+  void set_anchor(std::shared_ptr<const ClockAnchor> a) {
+    anchor_ = std::move(a);
+    recorded_ = true;
+  }
+  bool recorded() const { return recorded_; }
+
+ private:
+  int device_ = 0;
+  std::shared_ptr<DeviceClock> clock_;
+  EventHandle event_;
+  std::shared_ptr<const ClockAnchor> anchor_;
+  bool recorded_ = false;
+};
+
+class CudaLane final : public Lane {
+ public:
+  CudaLane(int device, std::string name, std::shared_ptr<DeviceClock> clock);
+  ~CudaLane() override;
+  CudaLane(const CudaLane&) = delete;
+  CudaLane& operator=(const CudaLane&) = delete;
+
+  const std::string& name() const override { return name_; }
+  void record(Event& ev) override;
+  void wait(const Event& ev) override;
+  void host_task(std::function<void()> fn) override;
+  /// cudaMemcpyAsync(cudaMemcpyDefault). Pageable host memory is staged through a pinned buffer
+  /// of the lane (a direct async copy to pageable memory would block the enqueuing thread).
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+  double cpu_time_s() const override { return -1.0; }
+
+  /// The stream, for kernels, cuBLAS and NCCL.
+  cudaStream_t stream() const { return stream_.get(); }
+  int device() const { return device_; }
+
+ private:
+  struct Task {
+    uint32_t seq = 0;
+    std::function<void()> fn;
+  };
+  static void CUDART_CB trampoline(void* arg);
+  void worker();
+  void set_error(std::exception_ptr err);
+  void stream_wait_counter(uint32_t value);
+  void* staging(size_t bytes);
+
+  int device_ = 0;
+  std::string name_;
+  std::shared_ptr<DeviceClock> clock_;
+  Stream stream_;
+  PinnedMemory counter_;              ///< uint32, mapped: the last finished host task
+  void* counter_dev_ = nullptr;
+  uint32_t issued_ = 0;               ///< last host task sequence number enqueued
+  std::vector<PinnedMemory> staging_; ///< back() is current; older ones may still be in flight
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+/// The CudaLane behind `lane`. @throws ppb::InternalError if `lane` is not a CUDA lane.
+CudaLane& as_cuda_lane(Lane& lane);
+
+}  // namespace ppb::cuda

@@ -1,0 +1,508 @@
+#include "backend/cuda/cuda_stage.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_lane.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_raii.h"
+#include "backend/weights.h"
+#include "common/error.h"
+
+namespace ppb {
+namespace cuda {
+namespace {
+
+using model::LayerShape;
+using model::UnitKind;
+
+constexpr size_t kCublasWorkspaceBytes = 32u << 20;
+constexpr int kMaxChunkRows = 4096;                   // token rows per layer pass (scratch bound)
+constexpr size_t kScoresBudgetBytes = 256u << 20;     // prefill attention scores + probabilities
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+/// Everything about a stage that is decided before allocating: validated shapes and sizes.
+struct StagePlan {
+  struct Layer {
+    int unit = 0;
+    LayerShape shape;
+    int rope = 0;  // index into ropes
+  };
+  std::vector<Layer> layers;
+  std::vector<std::pair<model::Rope, int>> ropes;  // distinct (rope, head_dim)
+  bool has_embed = false, has_head = false, head_shares_embed = false;
+  int rows = 0;         // token rows per layer pass
+  int query_block = 0;  // prefill attention query rows per block
+  size_t max_qkv = 0, max_q = 0, max_inter = 0;
+  size_t scores_elems = 0, decode_floats = 0;
+  CudaStageBytes bytes;
+};
+
+size_t layer_weight_elems(const LayerShape& s) {
+  const size_t H = s.hidden, nq = static_cast<size_t>(s.n_heads) * s.head_dim,
+               nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim, I = s.intermediate;
+  size_t n = (nq + 2 * nkv) * H + H * nq + 2 * I * H + H * I + 2 * H;
+  if (s.sandwich_norm) n += 2 * H;
+  if (s.qk_norm) n += 2 * static_cast<size_t>(s.head_dim);
+  if (s.attn_bias) n += nq + 2 * nkv;
+  return n;
+}
+
+cpu::AttentionShape attention_shape(const LayerShape& s, int batch, int tokens, int pos0, int max_context) {
+  cpu::AttentionShape a;
+  a.batch = batch;
+  a.tokens = tokens;
+  a.pos0 = pos0;
+  a.max_context = max_context;
+  a.n_heads = s.n_heads;
+  a.n_kv_heads = s.n_kv_heads;
+  a.head_dim = s.head_dim;
+  a.window = s.sliding_window;
+  a.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+  a.softcap = static_cast<float>(s.attn_softcap);
+  return a;
+}
+
+StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+  if (first < 0 || last < first || last >= m.num_units()) {
+    throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
+                    "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
+  }
+  if (cfg.batch < 1 || cfg.max_context < 1 || cfg.groups < 1) {
+    throw UserError("stage config needs batch, max_context and groups >= 1, got batch=" + std::to_string(cfg.batch) +
+                    " max_context=" + std::to_string(cfg.max_context) + " groups=" + std::to_string(cfg.groups));
+  }
+  if (m.hidden < 1 || m.vocab < 1) throw UserError("model needs hidden_size and vocab_size >= 1");
+  StagePlan p;
+  const size_t dt = static_cast<size_t>(dtype_bytes(cfg.dtype));
+  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(cfg.batch),
+               ctx = static_cast<size_t>(cfg.max_context), V = static_cast<size_t>(m.vocab);
+  size_t weight_elems = 0, kv_elems = 0, rope_bytes = 0;
+  int max_heads = 0;
+  for (int u = first; u <= last; ++u) {
+    const model::Unit& unit = m.units[u];
+    if (unit.kind == UnitKind::embed) {
+      p.has_embed = true;
+      weight_elems += V * H;
+    } else if (unit.kind == UnitKind::head) {
+      p.has_head = true;
+      p.head_shares_embed = m.tie_embeddings && p.has_embed;
+      weight_elems += H + (p.head_shares_embed ? 0 : V * H);
+    } else {
+      if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
+        throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) + " outside [0, " +
+                        std::to_string(m.layers.size()) + ")");
+      }
+      const LayerShape& s = m.layers[unit.layer];
+      if (s.hidden != m.hidden || s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0 ||
+          s.head_dim < 2 || s.head_dim % 2 != 0 || s.intermediate < 1) {
+        throw UserError("layer " + std::to_string(unit.layer) + " has an inconsistent shape: hidden=" +
+                        std::to_string(s.hidden) + " n_heads=" + std::to_string(s.n_heads) + " n_kv_heads=" +
+                        std::to_string(s.n_kv_heads) + " head_dim=" + std::to_string(s.head_dim) + " intermediate=" +
+                        std::to_string(s.intermediate) +
+                        " (need n_kv_heads | n_heads, an even head_dim, hidden = model hidden)");
+      }
+      if (s.head_dim > 256) {
+        throw UserError("layer " + std::to_string(unit.layer) + ": the CUDA backend supports head_dim <= 256, got " +
+                        std::to_string(s.head_dim));
+      }
+      StagePlan::Layer l;
+      l.unit = u;
+      l.shape = s;
+      auto it = std::find_if(p.ropes.begin(), p.ropes.end(),
+                             [&](const auto& r) { return r.first == s.rope && r.second == s.head_dim; });
+      if (it == p.ropes.end()) {
+        cpu::rope_inv_freq(s.rope, s.head_dim);  // validates the scaling type (UserError)
+        p.ropes.emplace_back(s.rope, s.head_dim);
+        rope_bytes += 2 * ctx * static_cast<size_t>(s.head_dim / 2) * sizeof(float);
+        it = p.ropes.end() - 1;
+      }
+      l.rope = static_cast<int>(it - p.ropes.begin());
+      const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
+      p.max_qkv = std::max(p.max_qkv, nq + 2 * nkv);
+      p.max_q = std::max(p.max_q, nq);
+      p.max_inter = std::max(p.max_inter, static_cast<size_t>(s.intermediate));
+      max_heads = std::max(max_heads, s.n_heads);
+      weight_elems += layer_weight_elems(s);
+      kv_elems += 2 * static_cast<size_t>(cfg.groups) * B * ctx * nkv;
+      p.layers.push_back(l);
+    }
+  }
+  p.rows = static_cast<int>(std::min<size_t>(B * ctx, std::max<size_t>(B, kMaxChunkRows)));
+  size_t scratch = B * ctx * H * dt + kCublasWorkspaceBytes + rope_bytes + 64;
+  if (!p.layers.empty()) {
+    const int per_seq = std::min(cfg.max_context, p.rows);
+    const size_t per_row = static_cast<size_t>(max_heads) * round_up(cfg.max_context, 8) * (sizeof(float) + dt);
+    int qb = static_cast<int>(std::max<size_t>(16, kScoresBudgetBytes / std::max<size_t>(per_row, 1)));
+    qb = std::min(qb, per_seq);
+    if (qb > 64) qb = qb / 64 * 64;
+    p.query_block = std::max(qb, 1);
+    for (const StagePlan::Layer& l : p.layers) {
+      const cpu::AttentionShape a = attention_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
+      p.scores_elems = std::max(p.scores_elems, attention_prefill_scratch_elems(a, p.query_block));
+      p.decode_floats = std::max(p.decode_floats, attention_decode_scratch_floats(a));
+    }
+    const size_t R = static_cast<size_t>(p.rows);
+    scratch += R * dt * (H + p.max_qkv + 2 * p.max_q + 3 * p.max_inter);
+    scratch += p.scores_elems * (sizeof(float) + dt) + p.decode_floats * sizeof(float);
+  }
+  if (p.has_head) scratch += B * H * dt + B * V * sizeof(float);
+  p.bytes.weights = weight_elems * dt;
+  p.bytes.kv_cache = kv_elems * dt;
+  p.bytes.scratch = scratch;
+  return p;
+}
+
+/// Device pointers of one decoder layer's weights and caches.
+struct LayerWeights {
+  StagePlan::Layer plan;
+  void* qkv = nullptr;       // [nq + 2 nkv, H]: q_proj | k_proj | v_proj
+  void* o = nullptr;         // [H, nq]
+  void* gate_up = nullptr;   // [2 I, H]: gate_proj | up_proj
+  void* down = nullptr;      // [H, I]
+  void* bias = nullptr;      // [nq + 2 nkv] or null
+  void* input_norm = nullptr;
+  void* post_attention_norm = nullptr;
+  void* pre_feedforward_norm = nullptr;
+  void* post_feedforward_norm = nullptr;
+  void* q_norm = nullptr;
+  void* k_norm = nullptr;
+  std::vector<void*> k_cache, v_cache;  // [groups] -> [batch, max_context, n_kv, hd]
+};
+
+class CudaStage final : public StageExecutor {
+ public:
+  CudaStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
+
+  int first_unit() const override { return first_; }
+  int last_unit() const override { return last_; }
+  size_t input_bytes(int tokens) const override {
+    const size_t n = static_cast<size_t>(cfg_.batch) * tokens;
+    return plan_.has_embed ? n * sizeof(int32_t) : n * hidden_ * dt_;
+  }
+  size_t output_bytes(int tokens) const override {
+    const size_t n = static_cast<size_t>(cfg_.batch);
+    return plan_.has_head ? n * sizeof(int32_t) : n * tokens * hidden_ * dt_;
+  }
+  void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
+  double checksum() const override;
+  void reset_checksum() override;
+  size_t weight_bytes() const override { return plan_.bytes.weights; }
+  size_t kv_cache_bytes() const override { return plan_.bytes.kv_cache; }
+
+ private:
+  void* alloc(size_t bytes);
+  void* alloc_elems(size_t n) { return alloc(n * dt_); }
+  void* proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst = nullptr);
+  void* norm(size_t n, int unit, Tensor t, bool plus_one);
+  void layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens, int group);
+  char* at(void* base, size_t elems) const { return static_cast<char*>(base) + elems * dt_; }
+
+  int first_ = 0, last_ = 0;
+  StageConfig cfg_;
+  StagePlan plan_;
+  size_t hidden_ = 0, dt_ = 4;
+  int vocab_ = 0;
+  float embed_scale_ = 1.0f, final_softcap_ = 0.0f, final_eps_ = 1e-6f;
+  bool final_norm_plus_one_ = false;
+
+  Stream init_stream_;  // weight generation, checksum reads: private, so never waits on a lane
+  CublasHandle cublas_;
+  std::vector<DeviceMemory> memory_;
+  void* workspace_ = nullptr;
+  void* embed_ = nullptr;
+  void* final_norm_ = nullptr;
+  void* lm_head_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  std::vector<float*> rope_cos_, rope_sin_;
+  // Scratch.
+  void* x_ = nullptr;
+  void *h_ = nullptr, *qkv_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *gu_ = nullptr, *act_ = nullptr;
+  float* scores_ = nullptr;
+  void* probs_ = nullptr;
+  float* partial_ = nullptr;
+  void* last_rows_ = nullptr;
+  float* logits_ = nullptr;
+  double* checksum_dev_ = nullptr;
+  int* bad_token_dev_ = nullptr;
+};
+
+void* CudaStage::alloc(size_t bytes) {
+  memory_.emplace_back(bytes);
+  return memory_.back().get();
+}
+
+void* CudaStage::proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst) {
+  void* p = dst ? dst : alloc_elems(rows * fan_in);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+  fill_uniform(p, cfg_.dtype, rows * fan_in, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), scale, 0.0f,
+               init_stream_.get());
+  return p;
+}
+
+void* CudaStage::norm(size_t n, int unit, Tensor t, bool plus_one) {
+  void* p = alloc_elems(n);
+  fill_uniform(p, cfg_.dtype, n, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), 0.1f, plus_one ? 0.0f : 1.0f,
+               init_stream_.get());
+  return p;
+}
+
+CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg)
+    : first_(first), last_(last), cfg_(cfg), plan_(make_plan(m, first, last, cfg)) {
+  hidden_ = static_cast<size_t>(m.hidden);
+  dt_ = static_cast<size_t>(dtype_bytes(cfg.dtype));
+  vocab_ = m.vocab;
+  embed_scale_ = m.embed_scale_sqrt_hidden ? static_cast<float>(std::sqrt(static_cast<double>(m.hidden))) : 1.0f;
+  final_norm_plus_one_ = m.final_norm_plus_one;
+  final_softcap_ = static_cast<float>(m.final_softcap);
+  final_eps_ = static_cast<float>(m.rms_eps);
+
+  // Memory: say what does not fit before cudaMalloc fails somewhere in the middle.
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (plan_.bytes.total() > free_b) {
+    throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) + "] needs " +
+                    gib(plan_.bytes.total()) + " of GPU memory (weights " + gib(plan_.bytes.weights) + ", KV cache " +
+                    gib(plan_.bytes.kv_cache) + ", scratch " + gib(plan_.bytes.scratch) + ") but only " +
+                    gib(free_b) + " are free; use more stages, a smaller --batch/--microbatches/context, or a "
+                    "smaller --dtype");
+  }
+
+  const size_t H = hidden_, B = static_cast<size_t>(cfg.batch), ctx = static_cast<size_t>(cfg.max_context),
+               V = static_cast<size_t>(m.vocab);
+  const uint64_t embed_key = weight_key(cfg.seed, 0, static_cast<uint64_t>(Tensor::embed));
+  if (plan_.has_embed) {
+    embed_ = alloc_elems(V * H);
+    fill_uniform(embed_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
+  }
+  if (plan_.has_head) {
+    final_norm_ = norm(H, last, Tensor::final_norm, m.final_norm_plus_one);
+    if (plan_.head_shares_embed) {
+      lm_head_ = embed_;
+    } else if (m.tie_embeddings) {
+      lm_head_ = alloc_elems(V * H);
+      fill_uniform(lm_head_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
+    } else {
+      lm_head_ = proj(V, H, last, Tensor::lm_head);
+    }
+  }
+  for (const auto& [rope, hd] : plan_.ropes) {
+    const std::vector<double> inv = cpu::rope_inv_freq(rope, hd);
+    const size_t half = static_cast<size_t>(hd / 2);
+    std::vector<float> c(ctx * half), s(ctx * half);
+    cpu::rope_tables(c.data(), s.data(), inv.data(), hd / 2, cfg.max_context);
+    auto* dc = static_cast<float*>(alloc(c.size() * sizeof(float)));
+    auto* ds = static_cast<float*>(alloc(s.size() * sizeof(float)));
+    // On init_stream_, whose synchronisation at the end of the constructor covers the DMA
+    // (a plain cudaMemcpy from pageable memory may return before the bytes landed).
+    CUDA_CHECK(cudaMemcpyAsync(dc, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice, init_stream_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(ds, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice, init_stream_.get()));
+    rope_cos_.push_back(dc);
+    rope_sin_.push_back(ds);
+  }
+  for (const StagePlan::Layer& l : plan_.layers) {
+    const LayerShape& s = l.shape;
+    const int u = l.unit;
+    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim,
+                 I = static_cast<size_t>(s.intermediate);
+    LayerWeights w;
+    w.plan = l;
+    w.input_norm = norm(H, u, Tensor::input_layernorm, s.norm_plus_one);
+    w.qkv = alloc_elems((nq + 2 * nkv) * H);
+    proj(nq, H, u, Tensor::q_proj, w.qkv);
+    proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H));
+    proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H));
+    w.o = proj(H, nq, u, Tensor::o_proj);
+    if (s.attn_bias) {
+      w.bias = alloc_elems(nq + 2 * nkv);
+      const Tensor ts[3] = {Tensor::q_bias, Tensor::k_bias, Tensor::v_bias};
+      const size_t off[3] = {0, nq, nq + nkv}, len[3] = {nq, nkv, nkv};
+      for (int i = 0; i < 3; ++i)
+        fill_uniform(at(w.bias, off[i]), cfg.dtype, len[i], weight_key(cfg.seed, u, static_cast<uint64_t>(ts[i])), 0.02f,
+                     0.0f, init_stream_.get());
+    }
+    if (s.qk_norm) {
+      w.q_norm = norm(s.head_dim, u, Tensor::q_norm, s.norm_plus_one);
+      w.k_norm = norm(s.head_dim, u, Tensor::k_norm, s.norm_plus_one);
+    }
+    w.post_attention_norm = norm(H, u, Tensor::post_attention_layernorm, s.norm_plus_one);
+    if (s.sandwich_norm) {
+      w.pre_feedforward_norm = norm(H, u, Tensor::pre_feedforward_layernorm, s.norm_plus_one);
+      w.post_feedforward_norm = norm(H, u, Tensor::post_feedforward_layernorm, s.norm_plus_one);
+    }
+    w.gate_up = alloc_elems(2 * I * H);
+    proj(I, H, u, Tensor::gate_proj, w.gate_up);
+    proj(I, H, u, Tensor::up_proj, at(w.gate_up, I * H));
+    w.down = proj(H, I, u, Tensor::down_proj);
+    for (int g = 0; g < cfg.groups; ++g) {
+      w.k_cache.push_back(alloc_elems(B * ctx * nkv));
+      w.v_cache.push_back(alloc_elems(B * ctx * nkv));
+    }
+    layers_.push_back(std::move(w));
+  }
+
+  // Scratch.
+  workspace_ = alloc(kCublasWorkspaceBytes);
+  x_ = alloc_elems(B * ctx * H);
+  if (!layers_.empty()) {
+    const size_t R = static_cast<size_t>(plan_.rows);
+    h_ = alloc_elems(R * H);
+    qkv_ = alloc_elems(R * plan_.max_qkv);
+    q_ = alloc_elems(R * plan_.max_q);
+    attn_ = alloc_elems(R * plan_.max_q);
+    gu_ = alloc_elems(R * 2 * plan_.max_inter);
+    act_ = alloc_elems(R * plan_.max_inter);
+    scores_ = static_cast<float*>(alloc(plan_.scores_elems * sizeof(float)));
+    probs_ = alloc_elems(plan_.scores_elems);
+    partial_ = static_cast<float*>(alloc(plan_.decode_floats * sizeof(float)));
+  }
+  if (plan_.has_head) {
+    last_rows_ = alloc_elems(B * H);
+    logits_ = static_cast<float*>(alloc(B * V * sizeof(float)));
+  }
+  checksum_dev_ = static_cast<double*>(alloc(sizeof(double)));
+  bad_token_dev_ = static_cast<int*>(alloc(sizeof(int)));
+  CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
+}
+
+void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) {
+  if (group < 0 || group >= cfg_.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.max_context) {
+    throw InternalError("enqueue_forward(group=" + std::to_string(group) + ", pos=" + std::to_string(pos) +
+                        ", tokens=" + std::to_string(tokens) + ") is outside the stage's groups=" +
+                        std::to_string(cfg_.groups) + ", max_context=" + std::to_string(cfg_.max_context));
+  }
+  const cudaStream_t st = as_cuda_lane(lane).stream();
+  cublasHandle_t hb = cublas_.get();
+  CUBLAS_CHECK(cublasSetStream(hb, st));
+  // After cublasSetStream (which resets it): a fixed workspace keeps cuBLAS's algorithm choice,
+  // hence the bits, independent of the stream (pipelined and serialized runs must agree).
+  CUBLAS_CHECK(cublasSetWorkspace(hb, workspace_, kCublasWorkspaceBytes));
+  const int B = cfg_.batch;
+  const size_t rows = static_cast<size_t>(B) * tokens;
+  const size_t H = hidden_;
+  if (plan_.has_embed) {
+    embedding(x_, static_cast<const int32_t*>(in), rows, embed_, vocab_, static_cast<int>(H), embed_scale_,
+              bad_token_dev_, cfg_.dtype, st);
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(x_, in, rows * H * dt_, cudaMemcpyDefault, st));
+  }
+  if (!layers_.empty()) {
+    if (rows <= static_cast<size_t>(plan_.rows)) {
+      for (const LayerWeights& w : layers_) layer_forward(w, st, static_cast<char*>(x_), 0, B, pos, tokens, group);
+    } else {
+      // Chunked prefill, sequence by sequence: chunk c of a sequence runs every layer after
+      // chunk c-1 wrote its keys and values into the cache.
+      for (int b = 0; b < B; ++b) {
+        for (int t0 = 0; t0 < tokens; t0 += plan_.rows) {
+          const int tc = std::min(plan_.rows, tokens - t0);
+          char* xb = at(x_, (static_cast<size_t>(b) * tokens + t0) * H);
+          for (const LayerWeights& w : layers_) layer_forward(w, st, xb, b, 1, pos + t0, tc, group);
+        }
+      }
+    }
+  }
+  if (plan_.has_head) {
+    gather_last_rows(last_rows_, x_, B, tokens, static_cast<int>(H), checksum_dev_, cfg_.dtype, st);
+    rmsnorm(last_rows_, last_rows_, final_norm_, B, static_cast<int>(H), final_eps_, final_norm_plus_one_, cfg_.dtype, st);
+    linear(hb, logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.dtype, B, vocab_, static_cast<int>(H));
+    if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * vocab_, final_softcap_, st);
+    argmax_rows(static_cast<int32_t*>(out), logits_, B, vocab_, st);
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(out, x_, rows * H * dt_, cudaMemcpyDefault, st));
+  }
+}
+
+void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens,
+                              int group) {
+  const LayerShape& s = w.plan.shape;
+  const DType t = cfg_.dtype;
+  cublasHandle_t hb = cublas_.get();
+  const int M = nb * tokens, H = static_cast<int>(hidden_), hd = s.head_dim, I = s.intermediate;
+  const int nq = s.n_heads * hd, nkv = s.n_kv_heads * hd;
+  const float eps = static_cast<float>(s.rms_eps);
+  const bool p1 = s.norm_plus_one;
+  const size_t cache_off = static_cast<size_t>(b0) * cfg_.max_context * nkv;
+  void* kc = at(w.k_cache[group], cache_off);
+  void* vc = at(w.v_cache[group], cache_off);
+
+  // Attention block.
+  rmsnorm(h_, x, w.input_norm, M, H, eps, p1, t, st);
+  linear(hb, qkv_, cuda_type(t), h_, w.qkv, t, M, nq + 2 * nkv, H);
+  QkvShape qs;
+  qs.batch = nb;
+  qs.tokens = tokens;
+  qs.pos0 = pos;
+  qs.max_context = cfg_.max_context;
+  qs.n_heads = s.n_heads;
+  qs.n_kv_heads = s.n_kv_heads;
+  qs.head_dim = hd;
+  qs.qk_norm = s.qk_norm;
+  qs.plus_one = p1;
+  qs.eps = eps;
+  qkv_rope_cache(q_, kc, vc, qkv_, w.bias, w.q_norm, w.k_norm, rope_cos_[w.plan.rope], rope_sin_[w.plan.rope], qs, t, st);
+  const cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.max_context);
+  if (tokens == 1) {
+    attention_decode(attn_, q_, kc, vc, as, partial_, t, st);
+  } else {
+    attention_prefill(hb, attn_, q_, kc, vc, as, plan_.query_block, scores_, probs_, t, st);
+  }
+  linear(hb, h_, cuda_type(t), attn_, w.o, t, M, H, nq);
+  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_attention_norm, M, H, eps, p1, t, st);
+  // x += attention output; h = pre-MLP norm(x).
+  add_rmsnorm(x, h_, h_, s.sandwich_norm ? w.pre_feedforward_norm : w.post_attention_norm, M, H, eps, p1, t, st);
+
+  // MLP block.
+  linear(hb, gu_, cuda_type(t), h_, w.gate_up, t, M, 2 * I, H);
+  gated_activation(act_, gu_, M, I, s.act, t, st);
+  linear(hb, h_, cuda_type(t), act_, w.down, t, M, H, I);
+  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_feedforward_norm, M, H, eps, p1, t, st);
+  add_inplace(x, h_, static_cast<size_t>(M) * H, t, st);
+}
+
+double CudaStage::checksum() const {
+  if (!plan_.has_head && !plan_.has_embed) return 0.0;
+  double sum = 0.0;
+  int bad = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&sum, checksum_dev_, sizeof sum, cudaMemcpyDeviceToHost, init_stream_.get()));
+  CUDA_CHECK(cudaMemcpyAsync(&bad, bad_token_dev_, sizeof bad, cudaMemcpyDeviceToHost, init_stream_.get()));
+  CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
+  if (bad) {
+    throw InternalError("stage units [" + std::to_string(first_) + ", " + std::to_string(last_) +
+                        "]: a token id outside [0, " + std::to_string(vocab_) + ") reached the embedding");
+  }
+  return plan_.has_head ? sum : 0.0;
+}
+
+void CudaStage::reset_checksum() {
+  CUDA_CHECK(cudaMemsetAsync(checksum_dev_, 0, sizeof(double), init_stream_.get()));
+  CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
+}
+
+}  // namespace
+
+std::unique_ptr<StageExecutor> create_cuda_stage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+  return std::make_unique<CudaStage>(m, first, last, cfg);
+}
+
+}  // namespace cuda
+
+CudaStageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+  return cuda::make_plan(m, first, last, cfg).bytes;
+}
+
+}  // namespace ppb

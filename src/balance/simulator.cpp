@@ -1,0 +1,152 @@
+// The pipeline simulator: the lane programme of pipeline.cpp, replayed on virtual time.
+//
+// Every lane is a FIFO of operations (record, wait, compute, send, recv) built exactly in the
+// order run_pipeline enqueues them; a lane's operation starts when the previous one ended and
+// its dependency is met. The lanes are swept until none can advance; an operation blocked on an
+// event or a transfer partner not yet known is retried on the next sweep.
+#include "balance/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common/error.h"
+
+namespace ppb::balance {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr int kRing = 2;  // double buffering of recv and output slots, as pipeline.cpp
+enum Ev { kRecvStart = 0, kRecvEnd, kComputeStart, kComputeEnd, kSendStart, kSendEnd, kEvents };
+
+struct Op {
+  enum Kind { record, wait, compute, send, recv } kind;
+  long index = 0;     // event (record, wait) or transfer (send, recv)
+  double ms = 0.0;    // compute time
+};
+
+struct LaneState {
+  std::vector<Op> ops;
+  std::size_t next = 0;
+  double time = 0.0;  // ms
+};
+
+}  // namespace
+
+SimResult simulate_pipeline(const std::vector<SimStage>& stages, const SimConfig& cfg) {
+  const int S = static_cast<int>(stages.size()), M = cfg.groups, G = cfg.gen_len;
+  if (S < 1) throw UserError("simulate: no stages");
+  if (M < 1) throw UserError("simulate: --microbatches must be >= 1, got " + std::to_string(M));
+  if (G < 0) throw UserError("simulate: --gen-len must be >= 0, got " + std::to_string(G));
+  if (cfg.batch < 1) throw UserError("simulate: --batch must be >= 1, got " + std::to_string(cfg.batch));
+  for (int s = 0; s < S; ++s)
+    for (double v : {stages[s].prefill_ms, stages[s].decode_ms, stages[s].send_prefill_ms, stages[s].send_decode_ms})
+      if (!std::isfinite(v) || v < 0)
+        throw UserError("simulate: stage " + std::to_string(s) + " has a step time of " + std::to_string(v) +
+                        " ms; times must be finite and >= 0");
+
+  const int steps = G + 1, items = M * steps;
+  auto ev_id = [&](int s, int i, int k) { return (static_cast<long>(s) * items + i) * kEvents + k; };
+  auto xfer_id = [&](int s, int i) { return static_cast<long>(s) * items + i; };  // output of (s, i)
+  std::vector<double> ev(static_cast<std::size_t>(S) * items * kEvents, kNaN);
+  std::vector<double> send_post(static_cast<std::size_t>(S) * items, kNaN), recv_post(send_post.size(), kNaN);
+  std::vector<double> xfer_ms(send_post.size(), 0.0);
+
+  // ---- the lane programme of run_pipeline, stage by stage ---------------------------------
+  std::vector<LaneState> lanes;
+  for (int s = 0; s < S; ++s) {
+    const bool first = s == 0, last = s == S - 1;
+    const int compute = static_cast<int>(lanes.size());
+    lanes.emplace_back();
+    int recv = compute, send = compute;
+    if (cfg.overlap) {
+      recv = static_cast<int>(lanes.size());
+      lanes.emplace_back();
+    }
+    if (cfg.overlap || (last && S > 1)) {
+      send = static_cast<int>(lanes.size());
+      lanes.emplace_back();
+    }
+    std::vector<bool> has_send(items, false);
+    for (int i = 0; i < items; ++i) {
+      const int t = i / M;
+      auto push = [&](int lane, Op::Kind kind, long index, double ms = 0.0) { lanes[lane].ops.push_back({kind, index, ms}); };
+      if (!(first && t == 0) && !(first && S == 1)) {
+        if (i >= kRing) push(recv, Op::wait, ev_id(s, i - kRing, kComputeEnd));  // slot consumed
+        push(recv, Op::record, ev_id(s, i, kRecvStart));
+        push(recv, Op::recv, first ? xfer_id(S - 1, i - M) : xfer_id(s - 1, i));
+        push(recv, Op::record, ev_id(s, i, kRecvEnd));
+        push(compute, Op::wait, ev_id(s, i, kRecvEnd));
+      }
+      if (i >= kRing && has_send[i - kRing]) push(compute, Op::wait, ev_id(s, i - kRing, kSendEnd));  // slot free
+      push(compute, Op::record, ev_id(s, i, kComputeStart));
+      push(compute, Op::compute, 0, t == 0 ? stages[s].prefill_ms : stages[s].decode_ms);
+      push(compute, Op::record, ev_id(s, i, kComputeEnd));
+      if (!last || (S > 1 && t < G)) {
+        push(send, Op::wait, ev_id(s, i, kComputeEnd));
+        push(send, Op::record, ev_id(s, i, kSendStart));
+        push(send, Op::send, xfer_id(s, i));
+        push(send, Op::record, ev_id(s, i, kSendEnd));
+        xfer_ms[xfer_id(s, i)] = t == 0 ? stages[s].send_prefill_ms : stages[s].send_decode_ms;
+        has_send[i] = true;
+      }
+    }
+  }
+
+  // ---- replay ---------------------------------------------------------------------------------
+  auto advance = [&](LaneState& lane) {
+    const Op& op = lane.ops[lane.next];
+    switch (op.kind) {
+      case Op::record:
+        ev[op.index] = lane.time;
+        break;
+      case Op::wait:
+        if (std::isnan(ev[op.index])) return false;
+        lane.time = std::max(lane.time, ev[op.index]);
+        break;
+      case Op::compute:
+        lane.time += op.ms;
+        break;
+      case Op::send: {
+        if (std::isnan(send_post[op.index])) send_post[op.index] = lane.time;
+        const double ts = send_post[op.index], tr = recv_post[op.index], d = xfer_ms[op.index];
+        if (cfg.eager_sends) lane.time = ts + d;
+        else if (std::isnan(tr)) return false;
+        else lane.time = std::max(ts, tr) + d;
+        break;
+      }
+      case Op::recv: {
+        if (std::isnan(recv_post[op.index])) recv_post[op.index] = lane.time;
+        const double ts = send_post[op.index], tr = recv_post[op.index], d = xfer_ms[op.index];
+        if (std::isnan(ts)) return false;
+        lane.time = cfg.eager_sends ? std::max(tr, ts + d) : std::max(ts, tr) + d;
+        break;
+      }
+    }
+    ++lane.next;
+    return true;
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (auto& lane : lanes)
+      while (lane.next < lane.ops.size() && advance(lane)) progress = true;
+  }
+  for (std::size_t l = 0; l < lanes.size(); ++l)
+    if (lanes[l].next < lanes[l].ops.size())
+      throw InternalError("simulate: the schedule deadlocked (lane " + std::to_string(l) + " stuck at operation " +
+                          std::to_string(lanes[l].next) + ")");
+
+  // ---- events in the results layout [1][M][G+1][S][6], seconds ---------------------------------
+  SimResult r;
+  r.shape = EventShape{1, M, steps, S};
+  r.events.assign(static_cast<std::size_t>(M) * steps * S * kEvents, kNaN);
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < items; ++i)
+      for (int k = 0; k < kEvents; ++k) r.events[r.shape.index(0, i % M, i / M, s, k)] = 1e-3 * ev[ev_id(s, i, k)];
+  r.metrics = compute_metrics(r.events, r.shape, cfg.batch, G);
+  return r;
+}
+
+}  // namespace ppb::balance

@@ -1,0 +1,45 @@
+// Internal to src/balance: the prefix sums and per-stage constants that solve_dp, solve_fast and
+// the evaluators share, so that all of them compute bit-identical stage times.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "balance/solver.h"
+
+namespace ppb::balance::detail {
+
+/// A problem prepared for one device order: stage k uses row row_of[k] and memory cap[k].
+struct Prepared {
+  int U = 0, S = 0;
+  bool overlap = true;
+  std::vector<int> order;                     ///< [S] device per stage
+  std::vector<int> slot_of;                   ///< [S] index into `prefix` of stage k's row
+  std::vector<std::vector<double>> prefix;    ///< [distinct rows in use][U+1]
+  std::vector<int64_t> mem_prefix;            ///< [U+1] weights + KV cache
+  std::vector<int64_t> mem_cap;               ///< [S] bytes; INT64_MAX = unlimited
+  std::vector<double> xfer;                   ///< [U-1] ms per boundary
+  double eps = 0.0;                           ///< tolerance of the spread pass (1e-12 * scale)
+
+  double compute(int k, int j, int i) const { return prefix[slot_of[k]][i] - prefix[slot_of[k]][j]; }
+  double t_in(int k, int j) const { return k > 0 ? xfer[j - 1] : 0.0; }
+  double t_out(int k, int i) const { return k < S - 1 ? xfer[i - 1] : 0.0; }
+  /// Stage time of stage k over units [j, i) (j < i).
+  double time(int k, int j, int i) const { return stage_time(compute(k, j, i), t_in(k, j), t_out(k, i), overlap); }
+  bool mem_ok(int k, int j, int i) const { return mem_prefix[i] - mem_prefix[j] <= mem_cap[k]; }
+};
+
+/// Validates the problem and the order, and builds the prefix sums.
+/// @throws ppb::UserError on a malformed problem or order.
+Prepared prepare(const BalanceProblem& problem, const std::vector<int>& order);
+
+/// A partition from stage start positions ([S], starts[0] = 0) on `order`, evaluated.
+Partition make_partition(const BalanceProblem& problem, const Prepared& pp, const std::vector<int>& starts,
+                         const std::string& algorithm);
+
+/// Throws the UserError of diagnose_infeasible (a split must not exist).
+[[noreturn]] void throw_infeasible(const BalanceProblem& problem, const std::vector<int>& order);
+
+}  // namespace ppb::balance::detail

@@ -1,0 +1,215 @@
+#include "results/reader.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/error.h"
+#include "results/h5.h"
+#include "results/writer.h"
+
+namespace ppb {
+namespace {
+
+using h5::Group;
+
+/// HDF5 class of attribute `name` of `obj` (H5T_STRING, H5T_INTEGER, H5T_FLOAT, ...).
+H5T_class_t attr_class(const h5::Object& obj, const std::string& name) {
+  h5::Handle attr(H5Aopen(obj.id(), name.c_str(), H5P_DEFAULT));
+  if (!attr.valid()) throw InternalError("cannot open attribute '" + name + "' of " + obj.path());
+  h5::Handle type(H5Aget_type(attr.id()));
+  if (!type.valid()) throw InternalError("cannot get the type of attribute '" + name + "' of " + obj.path());
+  return H5Tget_class(type.id());
+}
+
+template <h5::AttrValue T>
+T attr_or(const h5::Object& obj, const std::string& name, T fallback) {
+  return obj.has_attr(name) ? obj.get_attr<T>(name) : fallback;
+}
+
+template <h5::DatasetElement T>
+std::vector<T> dataset_or_empty(const Group& g, const std::string& name) {
+  return g.exists(name) ? g.open_dataset(name).read<T>() : std::vector<T>{};
+}
+
+std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+/// Partition names in run order: the root attribute when present, else uniform first.
+std::vector<std::string> partition_names(const Group& root) {
+  if (root.has_attr("partition_order")) return root.get_attr<std::vector<std::string>>("partition_order");
+  std::vector<std::string> names;
+  if (root.is_group("partitions")) names = root.open_group("partitions").children();
+  std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n == "uniform"; });
+  return names;
+}
+
+PartitionRecord read_partition(const Group& root, const std::string& name) {
+  PartitionRecord p;
+  p.name = name;
+  Group part = root.open_group("partitions/" + name);
+  p.solver = attr_or<std::string>(part, "solver", name);
+  p.first_unit = to_int(part.open_dataset("first_unit").read<int64_t>());
+  p.last_unit = to_int(part.open_dataset("last_unit").read<int64_t>());
+  p.device_rank = to_int(part.open_dataset("device_rank").read<int64_t>());
+  auto pred = part.open_dataset("predicted_stage_ms");
+  p.predicted_stage_ms = pred.read<double>();
+  p.predicted_bottleneck_ms = attr_or<double>(pred, "bottleneck_ms", 0.0);
+  p.predicted_phase_ms = dataset_or_empty<double>(part, "predicted_phase_ms");
+  p.stage_weight_bytes = dataset_or_empty<int64_t>(part, "stage_weight_bytes");
+  p.stage_kv_bytes = dataset_or_empty<int64_t>(part, "stage_kv_bytes");
+
+  const std::string bench_path = "benchmark/" + name;
+  p.measured = root.is_group(bench_path);
+  if (!p.measured) return p;
+  Group bench = root.open_group(bench_path);
+  p.events = bench.open_dataset("events").read<double>();
+  p.stage_compute_ms = bench.open_dataset("stage_compute_ms").read<double>();
+  p.stage_workload_ms = dataset_or_empty<double>(bench, "stage_workload_ms");
+  p.bubble_fraction = dataset_or_empty<double>(bench, "bubble_fraction");
+  p.recv_wait_ms = dataset_or_empty<double>(bench, "recv_wait_ms");
+  p.rep_wall_s = dataset_or_empty<double>(bench, "rep_wall_s");
+  p.rep_tokens_per_s = dataset_or_empty<double>(bench, "rep_tokens_per_s");
+  p.lane_cpu_s = dataset_or_empty<double>(bench, "lane_cpu_s");
+  p.timed_wall_s = attr_or<double>(bench, "timed_wall_s", 0.0);
+  p.bottleneck_stage = attr_or<int>(bench, "bottleneck_stage", 0);
+  static const std::set<std::string> not_metrics{"timed_wall_s", "bottleneck_stage", "balance_gain"};
+  for (const auto& key : bench.attr_names()) {
+    if (not_metrics.count(key) || attr_class(bench, key) != H5T_FLOAT) continue;
+    p.metrics[key] = bench.get_attr<double>(key);
+  }
+
+  const std::string val_path = "validation/" + name;
+  if (root.is_group(val_path)) {
+    Group val = root.open_group(val_path);
+    p.tokens_match = attr_or<bool>(val, "tokens_match", false);
+    p.checksum_match = attr_or<bool>(val, "checksum_match", false);
+    p.tokens_match_first_partition = attr_or<bool>(val, "tokens_match_first_partition", true);
+    p.checksum = attr_or<double>(val, "checksum", 0.0);
+    p.reference_checksum = attr_or<double>(val, "reference_checksum", 0.0);
+    p.tokens = dataset_or_empty<int32_t>(val, "tokens");
+    p.reference_tokens = dataset_or_empty<int32_t>(val, "reference_tokens");
+  }
+  return p;
+}
+
+void read_all(const Group& root, RunRecord& run) {
+  run.ppbench_version = root.get_attr<std::string>("ppbench_version");
+  run.created_utc = attr_or<std::string>(root, "created_utc", "");
+  run.command_line = attr_or<std::string>(root, "command_line", "");
+  run.world_size = root.get_attr<int>("world_size");
+  run.backend = attr_or<std::string>(root, "backend", "");
+  run.transport = attr_or<std::string>(root, "transport", "");
+  run.mpi_version = attr_or<std::string>(root, "mpi_version", "");
+  run.hdf5_version = attr_or<std::string>(root, "hdf5_version", "");
+  static const std::set<std::string> own_versions{"ppbench_version", "format_version", "mpi_version",
+                                                  "hdf5_version"};
+  const std::string suffix = "_version";
+  for (const auto& key : root.attr_names()) {
+    if (own_versions.count(key) || key.size() <= suffix.size() ||
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    run.library_versions[key.substr(0, key.size() - suffix.size())] = root.get_attr<std::string>(key);
+  }
+  run.slurm_job_id = attr_or<std::string>(root, "slurm_job_id", "");
+  run.slurm_job_name = attr_or<std::string>(root, "slurm_job_name", "");
+  run.slurm_nodelist = attr_or<std::string>(root, "slurm_nodelist", "");
+  run.slurm_array_task_id = attr_or<std::string>(root, "slurm_array_task_id", "");
+  run.elapsed_s = attr_or<double>(root, "elapsed_s", 0.0);
+  run.validation_ok = attr_or<bool>(root, "validation_ok", false);
+  run.balance_gain = attr_or<double>(root, "balance_gain", 0.0);
+  run.decode_balance_gain = attr_or<double>(root, "decode_balance_gain", 0.0);
+
+  Group model = root.open_group("config/model");
+  run.model_source = attr_or<std::string>(model, "source", "");
+  if (model.exists("config_json")) run.model_config_json = model.open_dataset("config_json").read_string();
+  for (const auto& key : model.attr_names()) {
+    if (key == "source") continue;
+    if (attr_class(model, key) == H5T_STRING)
+      run.model_attrs_str[key] = model.get_attr<std::string>(key);
+    else
+      run.model_attrs_num[key] = model.get_attr<double>(key);
+  }
+
+  Group wl = root.open_group("config/workload");
+  auto& w = run.workload;
+  w.batch = wl.get_attr<int>("batch");
+  w.prompt_len = wl.get_attr<int>("prompt_len");
+  w.gen_len = wl.get_attr<int>("gen_len");
+  w.microbatches = wl.get_attr<int>("microbatches");
+  w.dtype = attr_or<std::string>(wl, "dtype", "");
+  w.warmup = attr_or<int>(wl, "warmup", 0);
+  w.iters = wl.get_attr<int>("iters");
+  w.overlap = attr_or<bool>(wl, "overlap", true);
+  w.seed = static_cast<uint64_t>(attr_or<int64_t>(wl, "seed", 0));
+  w.objective = attr_or<std::string>(wl, "objective", "");
+  if (root.is_group("config/environment")) {
+    Group env = root.open_group("config/environment");
+    for (const auto& key : env.attr_names()) run.environment[key] = env.get_attr<std::string>(key);
+  }
+
+  Group ranks = root.open_group("ranks");
+  auto host = ranks.open_dataset("hostname").read_strings();
+  auto dev = ranks.exists("device_name") ? ranks.open_dataset("device_name").read_strings()
+                                         : std::vector<std::string>(host.size());
+  auto bus = ranks.exists("bus_id") ? ranks.open_dataset("bus_id").read_strings() : std::vector<std::string>(host.size());
+  auto local = dataset_or_empty<int64_t>(ranks, "local_rank");
+  auto offset = dataset_or_empty<double>(ranks, "clock_offset_s");
+  for (size_t r = 0; r < host.size(); ++r) {
+    run.ranks.push_back({host[r], r < dev.size() ? dev[r] : "", r < bus.size() ? bus[r] : "",
+                         r < local.size() ? static_cast<int>(local[r]) : 0, r < offset.size() ? offset[r] : 0.0});
+  }
+
+  Group prof = root.open_group("profile");
+  auto& p = run.profile;
+  p.unit_name = prof.open_dataset("unit_name").read_strings();
+  p.unit_signature = to_int(prof.open_dataset("unit_signature").read<int64_t>());
+  if (prof.exists("signature_name")) p.signature_name = prof.open_dataset("signature_name").read_strings();
+  p.unit_params = dataset_or_empty<int64_t>(prof, "unit_params");
+  p.unit_weight_bytes = dataset_or_empty<int64_t>(prof, "unit_weight_bytes");
+  p.unit_kv_bytes = dataset_or_empty<int64_t>(prof, "unit_kv_bytes");
+  auto lat = prof.open_dataset("latency_ms");
+  p.latency_ms = lat.read<double>();
+  p.latency_min_ms = dataset_or_empty<double>(prof, "latency_min_ms");
+  p.latency_max_ms = dataset_or_empty<double>(prof, "latency_max_ms");
+  p.decode_contexts = to_int(dataset_or_empty<int64_t>(prof, "decode_contexts"));
+  p.decode_context_ms = dataset_or_empty<double>(prof, "decode_context_ms");
+  p.cost_ms = dataset_or_empty<double>(prof, "cost_ms");
+  // Format 1 files before profile_* moved to /config/workload kept them on latency_ms only.
+  w.profile_warmup = wl.has_attr("profile_warmup") ? wl.get_attr<int>("profile_warmup") : attr_or<int>(lat, "warmup", 0);
+  w.profile_iters = wl.has_attr("profile_iters") ? wl.get_attr<int>("profile_iters") : attr_or<int>(lat, "iters", 0);
+
+  for (const auto& name : partition_names(root)) run.partitions.push_back(read_partition(root, name));
+}
+
+}  // namespace
+
+RunRecord read_results(const std::string& path) {
+  h5::File file = h5::File::open(path);  // UserError: missing, directory, not HDF5
+  Group root = file.root();
+  if (!root.has_attr("format_version") || !root.has_attr("ppbench_version"))
+    throw UserError("'" + path +
+                    "' is not a ppbench results file: it is HDF5 but has no root attributes "
+                    "format_version and ppbench_version");
+  RunRecord run;
+  try {
+    const int64_t format = root.get_attr<int64_t>("format_version");
+    if (format > kResultsFormatVersion)
+      throw UserError("'" + path + "' has results format_version " + std::to_string(format) +
+                      "; this ppbench reads up to " + std::to_string(kResultsFormatVersion) +
+                      ": use a newer ppbench");
+    const int64_t complete = root.has_attr("complete") ? root.get_attr<int64_t>("complete") : 0;
+    if (complete != 1)
+      throw UserError("'" + path +
+                      "' is an incomplete ppbench results file (root attribute complete=" +
+                      std::to_string(complete) +
+                      "): the run crashed or was killed while writing it, or is still running");
+    read_all(root, run);
+  } catch (const InternalError& e) {
+    // A missing group/dataset or a mistyped attribute: the file is not what the layout says.
+    throw UserError("'" + path + "' does not have the ppbench results layout: " + e.what());
+  }
+  return run;
+}
+
+}  // namespace ppb

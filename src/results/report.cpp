@@ -1,0 +1,170 @@
+#include "results/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+
+#include "results/reader.h"
+#include "results/summary.h"
+
+namespace ppb {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double metric(const PartitionRecord& p, const char* key) {
+  auto it = p.metrics.find(key);
+  return it == p.metrics.end() ? kNaN : it->second;
+}
+
+std::string counts_of(const PartitionRecord& p) {
+  std::string c;
+  for (size_t k = 0; k < p.first_unit.size(); ++k) {
+    if (k) c += ',';
+    c += std::to_string(p.last_unit[k] - p.first_unit[k] + 1);
+  }
+  return c;
+}
+
+/// "%.<prec>f" of v, or `nan_text` for NaN.
+std::string num(double v, int prec, const char* nan_text) {
+  if (std::isnan(v)) return nan_text;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", prec, v);
+  return buf;
+}
+
+/// RFC 4180 quoting: a field with a comma, quote or line break is quoted, quotes doubled.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+void print_metadata(std::ostream& os, const std::string& file, const RunRecord& run) {
+  os << "file: " << file << "\n"
+     << "ppbench " << run.ppbench_version << ", created " << run.created_utc << ", elapsed "
+     << num(run.elapsed_s, 1, "?") << " s\n"
+     << "command: " << run.command_line << "\n"
+     << "MPI: " << run.mpi_version << "; HDF5 " << run.hdf5_version;
+  for (const auto& [k, v] : run.library_versions) os << "; " << k << " " << v;
+  os << "\n";
+  if (!run.slurm_job_id.empty()) {
+    os << "slurm: job " << run.slurm_job_id;
+    if (!run.slurm_array_task_id.empty()) os << " task " << run.slurm_array_task_id;
+    os << " (" << run.slurm_job_name << ") on " << run.slurm_nodelist << "\n";
+  }
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    const auto& ri = run.ranks[r];
+    os << "rank " << r << ": " << ri.hostname << " local rank " << ri.local_rank << ", " << ri.device_name;
+    if (!ri.bus_id.empty()) os << " [" << ri.bus_id << "]";
+    os << "\n";
+  }
+}
+
+}  // namespace
+
+std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run) {
+  const PartitionRecord* uniform = nullptr;
+  for (const auto& p : run.partitions)
+    if (p.name == "uniform" && p.measured) uniform = &p;
+  std::vector<ReportRow> rows;
+  for (const auto& p : run.partitions) {
+    if (!p.measured) continue;
+    ReportRow r;
+    r.file = file;
+    r.model = std::filesystem::path(run.model_source).stem().string();
+    r.backend = run.backend + "/" + run.transport;
+    r.partition = p.name;
+    r.counts = counts_of(p);
+    r.world_size = run.world_size;
+    r.batch = run.workload.batch;
+    r.prompt_len = run.workload.prompt_len;
+    r.gen_len = run.workload.gen_len;
+    r.microbatches = run.workload.microbatches;
+    r.tokens_per_s = metric(p, "tokens_per_s");
+    r.decode_tokens_per_s = metric(p, "decode_tokens_per_s");
+    r.ttft_p50_ms = metric(p, "ttft_p50_ms");
+    r.ttft_p99_ms = metric(p, "ttft_p99_ms");
+    r.tpot_p50_ms = metric(p, "tpot_p50_ms");
+    r.tpot_p99_ms = metric(p, "tpot_p99_ms");
+    r.pipeline_efficiency = metric(p, "pipeline_efficiency");
+    r.bottleneck_stage = p.bottleneck_stage;
+    r.max_bubble = p.bubble_fraction.empty() ? kNaN
+                                             : *std::max_element(p.bubble_fraction.begin(), p.bubble_fraction.end());
+    r.balance_gain = uniform ? r.tokens_per_s / metric(*uniform, "tokens_per_s") : kNaN;
+    const bool ok = p.tokens_match && p.checksum_match && p.tokens_match_first_partition;
+    r.validation = !ok ? "FAILED" : (p.reference_tokens.empty() ? "not run" : "OK");
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows) {
+  // Files are listed once above the table and referred to by number, so that long paths do
+  // not push the numbers off the screen.
+  std::vector<std::string> files;
+  for (const auto& r : rows)
+    if (std::find(files.begin(), files.end(), r.file) == files.end()) files.push_back(r.file);
+  for (size_t i = 0; i < files.size(); ++i) os << "[" << i << "] " << files[i] << "\n";
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-4s %-22s %5s %-9s %-14s %10s %10s %17s %17s %5s %7s %6s %7s %s\n", "run",
+                "model", "ranks", "partition", "units/stage", "tok/s", "dec tok/s", "TTFT p50/p99 ms",
+                "TPOT p50/p99 ms", "bneck", "bubble", "gain", "effic", "valid");
+  os << line;
+  for (const auto& r : rows) {
+    const auto idx = std::find(files.begin(), files.end(), r.file) - files.begin();
+    const std::string ttft = num(r.ttft_p50_ms, 1, "-") + "/" + num(r.ttft_p99_ms, 1, "-");
+    const std::string tpot = num(r.tpot_p50_ms, 1, "-") + "/" + num(r.tpot_p99_ms, 1, "-");
+    std::snprintf(line, sizeof(line), "[%ld]  %-22s %5d %-9s %-14s %10s %10s %17s %17s %5d %6s%% %5sx %6s%% %s\n",
+                  static_cast<long>(idx), r.model.c_str(), r.world_size, r.partition.c_str(), r.counts.c_str(),
+                  num(r.tokens_per_s, 2, "-").c_str(), num(r.decode_tokens_per_s, 2, "-").c_str(), ttft.c_str(),
+                  tpot.c_str(), r.bottleneck_stage, num(100.0 * r.max_bubble, 1, "-").c_str(),
+                  num(r.balance_gain, 3, "-").c_str(), num(100.0 * r.pipeline_efficiency, 1, "-").c_str(),
+                  r.validation.c_str());
+    os << line;
+  }
+  os << "bneck: stage with the largest measured workload; bubble: max over stages; gain: tok/s / tok/s of\n"
+        "uniform in the same run; effic: decode tok/s / bottleneck bound (DESIGN.md section 3)\n";
+}
+
+void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
+  os << "file,model,backend,world_size,batch,prompt_len,gen_len,microbatches,partition,counts,tokens_per_s,"
+        "decode_tokens_per_s,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,pipeline_efficiency,"
+        "bottleneck_stage,max_bubble,balance_gain,validation\n";
+  for (const auto& r : rows) {
+    os << csv_field(r.file) << ',' << csv_field(r.model) << ',' << csv_field(r.backend) << ',' << r.world_size << ','
+       << r.batch << ',' << r.prompt_len << ',' << r.gen_len << ',' << r.microbatches << ',' << csv_field(r.partition)
+       << ',' << csv_field(r.counts) << ',' << num(r.tokens_per_s, 6, "") << ',' << num(r.decode_tokens_per_s, 6, "")
+       << ',' << num(r.ttft_p50_ms, 6, "") << ',' << num(r.ttft_p99_ms, 6, "") << ',' << num(r.tpot_p50_ms, 6, "")
+       << ',' << num(r.tpot_p99_ms, 6, "") << ',' << num(r.pipeline_efficiency, 6, "") << ',' << r.bottleneck_stage
+       << ',' << num(r.max_bubble, 6, "") << ',' << num(r.balance_gain, 6, "") << ',' << csv_field(r.validation)
+       << '\n';
+  }
+}
+
+int run_report(std::ostream& os, const std::vector<std::string>& files, bool csv) {
+  // Read everything first: a bad file fails the command before half a table is printed.
+  std::vector<RunRecord> runs;
+  for (const auto& f : files) runs.push_back(read_results(f));
+  if (files.size() == 1 && !csv) {
+    print_metadata(os, files[0], runs[0]);
+    print_summary(os, runs[0]);
+    return 0;
+  }
+  std::vector<ReportRow> rows;
+  for (size_t i = 0; i < files.size(); ++i) {
+    auto r = report_rows(files[i], runs[i]);
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  if (csv)
+    print_report_csv(os, rows);
+  else
+    print_report_table(os, rows);
+  return 0;
+}
+
+}  // namespace ppb

@@ -1,0 +1,44 @@
+// `ppbench report`: summaries and comparison tables of results files (no MPI needed).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "results/run_record.h"
+
+namespace ppb {
+
+/// One row of the comparison table: one partition of one run.
+struct ReportRow {
+  std::string file, model, backend, partition, counts;  ///< counts: units per stage, "15,15"
+  int world_size = 0, batch = 0, prompt_len = 0, gen_len = 0, microbatches = 0;
+  double tokens_per_s = 0, decode_tokens_per_s = 0;   ///< tokens/s (DESIGN.md §3)
+  double ttft_p50_ms = 0, ttft_p99_ms = 0, tpot_p50_ms = 0, tpot_p99_ms = 0;  ///< ms
+  double pipeline_efficiency = 0;  ///< decode tokens/s / bottleneck bound, 0..1
+  int bottleneck_stage = 0;
+  double max_bubble = 0;      ///< max over stages of bubble_fraction, 0..1
+  double balance_gain = 0;    ///< tokens/s of this partition / tokens/s of uniform; NaN when no uniform
+  std::string validation;     ///< "OK", "FAILED" or "not run" (--no-validate)
+};
+
+/// The rows of `run` (read from `file`): one per measured partition, in run order.
+std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run);
+
+/// Prints `rows` as an aligned text table, one line per row, with a header.
+void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows);
+
+/// Prints `rows` as CSV (RFC 4180: header row, fields with commas or quotes quoted; NaN as an
+/// empty field) — `pandas.read_csv` loads it as is. Columns: file, model, backend, world_size,
+/// batch, prompt_len, gen_len, microbatches, partition, counts, tokens_per_s,
+/// decode_tokens_per_s, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms,
+/// pipeline_efficiency, bottleneck_stage, max_bubble, balance_gain, validation.
+void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows);
+
+/// The `report` command: one file and no `csv` → print_summary of it (plus its run metadata);
+/// otherwise one table (text, or CSV when `csv`) with the rows of every file, in order.
+/// Returns the exit status: 0. @throws UserError naming the first file that cannot be read
+/// (missing, not HDF5, not ppbench, incomplete) — before anything is printed.
+int run_report(std::ostream& os, const std::vector<std::string>& files, bool csv);
+
+}  // namespace ppb

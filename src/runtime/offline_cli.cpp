@@ -1,0 +1,78 @@
+#include "runtime/offline_cli.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+
+#include "common/error.h"
+#include "runtime/offline_commands.h"
+
+namespace ppb {
+
+namespace {
+
+/// Runs `fn` and exits with its status; UserError -> 2, anything else -> 1.
+template <class Fn>
+[[noreturn]] void run_and_exit(Fn&& fn) {
+  int status = 1;
+  try {
+    status = fn();
+  } catch (const UserError& e) {
+    std::cerr << "ppbench: error: " << e.what() << std::endl;
+    status = 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ppbench: fatal: " << e.what() << std::endl;
+    status = 1;
+  }
+  std::cout.flush();
+  std::exit(status);
+}
+
+}  // namespace
+
+void add_offline_commands(CLI::App& app) {
+  // Options live as long as the process: the callbacks run inside app.parse().
+  static BalanceOptions bal;
+  static SimulateOptions sim;
+
+  auto* b = app.add_subcommand("balance", "solve the stage split offline from a results file or a latency JSON (no MPI)");
+  b->add_option("input", bal.input, "results .h5 of `ppbench run`, or a latency JSON: {\"units\", \"latency_ms\" "
+                                    "[devices][units] or one row, optional weight_bytes, kv_bytes, device_memory_bytes, "
+                                    "activation_bytes, link_bandwidth_GBps, link_latency_us, overlap}")
+      ->required();
+  b->add_option("-k,--stages", bal.stages, "pipeline stages (0 = one per device row)")->capture_default_str();
+  b->add_option("--solver", bal.solver, "auto | dp | fast (exact balanced) | uniform | seed")->capture_default_str();
+  b->add_option("--order", bal.order, "device order: rank | auto (search which device runs which stage)")
+      ->capture_default_str();
+  b->add_option("--partition", bal.partition, "evaluate a manual split instead, e.g. 5,6,5,6 (units per stage)");
+  b->add_option("--uniform-remainder", bal.uniform_remainder, "uniform split: leftover layers go to first | last | spread")
+      ->capture_default_str();
+  b->add_option("--objective", bal.objective, "results files: stage cost = workload (prefill + G x decode) | decode | prefill")
+      ->capture_default_str();
+  b->add_option("--memory-limit", bal.memory_limit_gib, "GiB of weights + KV cache per device (0 = from the input)")
+      ->capture_default_str();
+  b->add_option("--link-bandwidth", bal.link_bandwidth_GBps, "GB/s between stages (overrides the input)");
+  b->add_option("--link-latency", bal.link_latency_us, "microseconds per message (overrides the input)");
+  b->add_flag("--no-overlap", bal.no_overlap, "transfers on the compute lane (sum, not max)");
+  b->add_option("--json", bal.json_out, "write the split as JSON to this file");
+  b->callback([] { run_and_exit([] { return balance_command(bal); }); });
+
+  auto* s = app.add_subcommand("simulate", "predict tokens/s, TTFT, TPOT and bubbles of the pipelined loop (no MPI)");
+  s->add_option("input", sim.input, "results .h5 (each partition; with measurements when benchmarked) or a JSON "
+                                    "{\"stages\": [{\"prefill_ms\", \"decode_ms\", \"send_prefill_ms\", \"send_decode_ms\"}]}")
+      ->required();
+  s->add_option("--partition-name", sim.partition_name, "results files: only this partition");
+  s->add_option("-M,--microbatches", sim.microbatches, "M request groups (0 = from the input)")->capture_default_str();
+  s->add_option("-g,--gen-len", sim.gen_len, "G decode steps (0 = from the input)")->capture_default_str();
+  s->add_option("-b,--batch", sim.batch, "B sequences per group (0 = from the input)")->capture_default_str();
+  s->add_option("--link-bandwidth", sim.link_bandwidth_GBps, "results files: GB/s of activation transfers (0 = free)")
+      ->capture_default_str();
+  s->add_option("--link-latency", sim.link_latency_us, "results files: microseconds per message")->capture_default_str();
+  s->add_flag("--no-overlap", sim.no_overlap, "recv, compute and send on one lane");
+  s->add_flag("--eager", sim.eager_sends, "eager sends (the sender does not wait for the recv to be posted)");
+  s->add_option("--json", sim.json_out, "write the predictions as JSON to this file");
+  s->callback([] { run_and_exit([] { return simulate_command(sim); }); });
+}
+
+}  // namespace ppb

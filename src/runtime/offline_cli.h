@@ -1,0 +1,15 @@
+// Registration of the offline subcommands `balance` and `simulate` (no MPI) on the CLI. In
+// runtime/ so that the ppb_runtime glob compiles it (CLI11 is header-only).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace ppb {
+
+/// Registers `ppbench balance` and `ppbench simulate` on `app`. Each runs from its CLI11
+/// callback during app.parse(), before (and without) MPI, prints its result, and ends the
+/// process with its exit status: 0 success, 2 bad input (ppb::UserError, message on stderr),
+/// 1 internal failure. Call once, before app.parse().
+void add_offline_commands(CLI::App& app);
+
+}  // namespace ppb

@@ -1,0 +1,61 @@
+// The offline commands `ppbench balance` and `ppbench simulate`: no MPI, no device. They read a
+// profile (a results file of `ppbench run`, or a latency JSON), solve or simulate, print, and
+// optionally write JSON. The CLI registration is in src/offline_cli.h.
+#pragma once
+
+#include <string>
+
+#include "balance/solver.h"
+
+namespace ppb {
+
+/// Options of `ppbench balance INPUT --stages K ...`.
+struct BalanceOptions {
+  std::string input;       ///< results .h5 or latency .json (see load_balance_problem)
+  int stages = 0;          ///< K; 0 = one stage per device of the input
+  std::string solver = "auto";  ///< auto | dp | fast (exact) | uniform | seed (one row, article DP)
+  std::string order = "rank";   ///< rank | auto
+  std::string partition;        ///< manual split "5,6,5,6": validated and evaluated instead of solving
+  std::string uniform_remainder = "first";  ///< first | last | spread
+  std::string objective = "workload";       ///< results files: workload | decode | prefill
+  double memory_limit_gib = 0;  ///< per device (GiB of weights + KV cache); 0 = from the input / unlimited
+  double link_bandwidth_GBps = -1;  ///< overrides the input's; < 0 = keep
+  double link_latency_us = -1;      ///< overrides the input's; < 0 = keep
+  bool no_overlap = false;          ///< transfers serialised with compute (overrides the input)
+  std::string json_out;             ///< --json FILE
+};
+
+/// Options of `ppbench simulate INPUT ...`.
+struct SimulateOptions {
+  std::string input;       ///< results .h5 (every partition, or --partition-name) or stage JSON
+  std::string partition_name;  ///< results files: simulate only this partition
+  int microbatches = 0;    ///< M; 0 = from the input (results) or 1 (JSON)
+  int gen_len = 0;         ///< G; 0 = from the input (results) or 1 (JSON)
+  int batch = 0;           ///< B; 0 = from the input (results) or 1 (JSON)
+  double link_bandwidth_GBps = 0;  ///< results files: link for activation transfers (0 = free)
+  double link_latency_us = 0;
+  bool no_overlap = false;
+  bool eager_sends = false;
+  std::string json_out;
+};
+
+/// Reads a balance problem from `path`: a results file (.h5: /profile/latency_ms [world][U][2]
+/// combined by `objective` with G from /config/workload, unit names/weight/KV bytes from
+/// /profile, activation bytes B*(P+G)*hidden*dtype from the config) or a latency JSON:
+///   {"units": [names] | count, "latency_ms": [[U] per device] | [U],
+///    "weight_bytes": [U], "kv_bytes": [U], "device_memory_bytes": [D] | n,
+///    "activation_bytes": [U-1] | n, "link_bandwidth_GBps": x, "link_latency_us": x,
+///    "overlap": bool}   (all but latency_ms optional).
+/// @throws ppb::UserError naming the file and the field that is missing or malformed.
+balance::BalanceProblem load_balance_problem(const std::string& path, const std::string& objective = "workload");
+
+/// Runs `ppbench balance`; prints the split (and writes --json). Returns the exit status (0).
+/// @throws ppb::UserError on bad input or an infeasible split (main: exit status 2).
+int balance_command(const BalanceOptions& opt);
+
+/// Runs `ppbench simulate`; prints predicted tokens/s, decode tokens/s, TTFT, TPOT and bubble
+/// per stage, and, for results files with a benchmark, the measured values and the error.
+/// Returns the exit status (0). @throws ppb::UserError on bad input.
+int simulate_command(const SimulateOptions& opt);
+
+}  // namespace ppb

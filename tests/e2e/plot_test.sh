@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# End-to-end test of the analysis path on a real run: a short 2-rank CPU run (mpirun) writes a
+# results file; `ppbench report` reads it (text, and CSV that pandas loads when pandas is
+# installed); tools/ppbench_plot.py draws it, and the PNGs must exist and be non-trivial
+# (> 20 KB: axes, labels and bars, not an empty canvas); the tools refuse an incomplete file.
+#
+# Usage: tests/e2e/plot_test.sh BUILD_DIR [MODEL_JSON]     (ctest label e2e)
+# Exit status: 0 pass, 1 fail, 77 skipped (python3 without h5py/matplotlib:
+#   pip install -r tools/requirements.txt).
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=$(cd "${1:?usage: plot_test.sh BUILD_DIR [MODEL_JSON]}" && pwd)
+MODEL=${2:-$REPO/tests/data/tiny-llama.json}
+PY=${PYTHON:-python3}
+say() { echo "[plot_test] $*"; }
+fail() { say "FAIL: $*"; exit 1; }
+
+if ! "$PY" -c "import h5py, matplotlib, numpy" 2>/dev/null; then
+  say "SKIP: $PY lacks h5py/matplotlib/numpy (pip install -r tools/requirements.txt)"
+  exit 77
+fi
+TMP=$(mktemp -d /tmp/ppbench-plot.XXXXXX)
+trap 'rc=$?; [[ $rc -eq 0 ]] && rm -rf "$TMP" || say "kept $TMP"' EXIT
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+H5="$TMP/run.h5"
+say "running ppbench on 2 ranks ($MODEL)"
+mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 8 -g 4 --iters 2 --warmup 1 \
+  --profile-warmup 1 --profile-iters 2 --quiet -o "$H5" >"$TMP/run.log" 2>&1 ||
+  { cat "$TMP/run.log"; fail "ppbench run failed"; }
+
+"$BUILD/ppbench" report "$H5" >"$TMP/report.txt" || fail "ppbench report failed"
+grep -q "== ppbench summary" "$TMP/report.txt" || fail "report printed no summary"
+"$BUILD/ppbench" report "$H5" "$H5" --csv >"$TMP/report.csv" || fail "ppbench report --csv failed"
+if "$PY" -c "import pandas" 2>/dev/null; then
+  "$PY" - "$TMP/report.csv" <<'PYEOF' || fail "pandas cannot load the CSV"
+import sys, pandas as pd
+df = pd.read_csv(sys.argv[1])
+assert len(df) == 4, df                      # 2 files x (uniform, balanced)
+assert {"tokens_per_s", "ttft_p50_ms", "partition", "validation"} <= set(df.columns), df.columns
+assert df["tokens_per_s"].dtype.kind == "f" and (df["tokens_per_s"] > 0).all(), df
+print(df[["partition", "counts", "tokens_per_s", "max_bubble", "validation"]].to_string())
+PYEOF
+fi
+
+"$PY" "$REPO/tools/ppbench_plot.py" "$H5" >"$TMP/plot.log" || { cat "$TMP/plot.log"; fail "ppbench_plot.py failed"; }
+for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png; do
+  [[ -f "$TMP/$png" ]] || fail "missing $png"
+  size=$(stat -c %s "$TMP/$png")
+  (( size > 20000 )) || fail "$png is only $size bytes"
+  say "$png: $size bytes"
+done
+
+# An incomplete file (a run that crashed while writing) is refused by both tools, exit 2.
+cp "$H5" "$TMP/broken.h5"
+"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); f.attrs['complete']=0; f.close()" "$TMP/broken.h5"
+set +e
+"$BUILD/ppbench" report "$TMP/broken.h5" 2>"$TMP/err1.txt"; rc1=$?
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/broken.h5" 2>"$TMP/err2.txt"; rc2=$?
+set -e
+[[ $rc1 -eq 2 ]] && grep -q incomplete "$TMP/err1.txt" || fail "report accepted an incomplete file (rc $rc1)"
+[[ $rc2 -eq 2 ]] && grep -q incomplete "$TMP/err2.txt" || fail "ppbench_plot accepted an incomplete file (rc $rc2)"
+say "PASS"

@@ -1,0 +1,622 @@
+// CUDA kernels (backend/cuda/cuda_ops.h) against their CPU twins (backend/cpu/cpu_ops.h) on
+// fresh random data, per dtype, with ‖out − ref‖ / ‖ref‖ (llm.c's check); the CUDA stage
+// against the CPU stage; CUDA lanes/events. Every test skips when no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_stage.h"
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_lane.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_raii.h"
+#include "backend/device.h"
+#include "backend/weights.h"
+#include "common/error.h"
+#include "model/model_spec.h"
+
+namespace {
+
+using ppb::DType;
+using ppb::Tensor;
+using ppb::model::Activation;
+using ppb::model::LayerShape;
+using ppb::model::ModelSpec;
+using ppb::model::UnitKind;
+using fvec = std::vector<float>;
+namespace cu = ppb::cuda;
+namespace cpu = ppb::cpu;
+
+#define REQUIRE_GPU()                                                                      \
+  do {                                                                                     \
+    if (ppb::cuda_visible_device_count() <= 0)                                             \
+      GTEST_SKIP() << "no CUDA device visible: " << ppb::cuda_unavailable_reason();        \
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);                                              \
+  } while (0)
+
+const DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+/// Tolerance of ‖out − ref‖/‖ref‖: `f32` for f32, else the 16-bit types' rounding (2^-11, 2^-8)
+/// a few times over.
+double tol(DType t, double f32 = 1e-5) {
+  switch (t) {
+    case DType::f32: return f32;
+    case DType::f16: return 3e-3;
+    case DType::bf16: return 2e-2;
+  }
+  return f32;
+}
+
+fvec random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  fvec v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+double rel_err(const fvec& out, const fvec& ref) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(out[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+/// Device values of one dtype, filled from / read back as fp32.
+class DBuf {
+ public:
+  DBuf(size_t n, DType t) : n_(n), t_(t), mem_(std::max<size_t>(n, 1) * ppb::dtype_bytes(t)) {}
+  static DBuf from(const fvec& host, DType t) {
+    DBuf b(host.size(), t);
+    cu::DeviceMemory tmp(std::max<size_t>(host.size(), 1) * sizeof(float));
+    EXPECT_EQ(cudaMemcpy(tmp.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    cu::convert_from_f32(b.get(), t, tmp.as<float>(), host.size(), nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return b;
+  }
+  fvec host() const {
+    cu::DeviceMemory tmp(std::max<size_t>(n_, 1) * sizeof(float));
+    cu::convert_to_f32(tmp.as<float>(), mem_.get(), t_, n_, nullptr);
+    fvec v(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), tmp.get(), n_ * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  void* get() const { return mem_.get(); }
+
+ private:
+  size_t n_;
+  DType t_;
+  cu::DeviceMemory mem_;
+};
+
+/// `v` rounded to `t` (what the kernel sees), for the CPU twin's input.
+fvec rounded(const fvec& v, DType t) { return DBuf::from(v, t).host(); }
+
+void sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+TEST(CudaKernels, WeightsBitIdenticalToHost) {
+  REQUIRE_GPU();
+  const size_t n = 100003;
+  fvec host(n), norm_host(n);
+  ppb::fill_projection(host.data(), 1, n, 77, 5, Tensor::up_proj);
+  ppb::fill_norm(norm_host.data(), n, 77, 5, Tensor::input_layernorm, /*plus_one=*/false);
+  DBuf d(n, DType::f32), dn(n, DType::f32);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  cu::fill_uniform(d.get(), DType::f32, n, ppb::weight_key(77, 5, static_cast<uint64_t>(Tensor::up_proj)), scale, 0.0f,
+                   nullptr);
+  cu::fill_uniform(dn.get(), DType::f32, n, ppb::weight_key(77, 5, static_cast<uint64_t>(Tensor::input_layernorm)), 0.1f,
+                   1.0f, nullptr);
+  sync();
+  const fvec got = d.host(), got_n = dn.host();
+  EXPECT_EQ(0, std::memcmp(got.data(), host.data(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(got_n.data(), norm_host.data(), n * sizeof(float)));
+  DBuf b(n, DType::bf16);
+  cu::fill_uniform(b.get(), DType::bf16, n, ppb::weight_key(77, 5, static_cast<uint64_t>(Tensor::up_proj)), scale, 0.0f,
+                   nullptr);
+  sync();
+  EXPECT_EQ(b.host(), rounded(host, DType::bf16));  // generating then rounding == rounding the host values
+}
+
+TEST(CudaKernels, EmbeddingGatherScaleAndBadToken) {
+  REQUIRE_GPU();
+  const int vocab = 37, H = 48;
+  const std::vector<int32_t> tok = {3, 0, 36, 3, 17};
+  for (DType t : kDTypes) {
+    const fvec table = rounded(random_floats(static_cast<size_t>(vocab) * H, 1), t);
+    DBuf dtab = DBuf::from(table, t), dout(tok.size() * H, t);
+    cu::DeviceMemory dtok(tok.size() * 4), bad(sizeof(int));
+    ASSERT_EQ(cudaMemcpy(dtok.get(), tok.data(), tok.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    for (float scale : {1.0f, 6.9282f}) {
+      cu::embedding(dout.get(), dtok.as<int32_t>(), tok.size(), dtab.get(), vocab, H, scale, bad.as<int>(), t, nullptr);
+      sync();
+      fvec ref(tok.size() * H);
+      cpu::embedding(ref.data(), tok.data(), tok.size(), table.data(), vocab, H, scale);
+      EXPECT_LT(rel_err(dout.host(), ref), tol(t, 1e-7)) << ppb::dtype_name(t);
+    }
+    int flag = 0;
+    ASSERT_EQ(cudaMemcpy(&flag, bad.get(), sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(flag, 0);
+    const int32_t wrong = vocab;
+    ASSERT_EQ(cudaMemcpy(dtok.get(), &wrong, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    cu::embedding(dout.get(), dtok.as<int32_t>(), 1, dtab.get(), vocab, H, 1.0f, bad.as<int>(), t, nullptr);
+    sync();
+    ASSERT_EQ(cudaMemcpy(&flag, bad.get(), sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(flag, 1);
+  }
+}
+
+TEST(CudaKernels, RmsNormAndFusedAddRmsNorm) {
+  REQUIRE_GPU();
+  for (DType t : kDTypes) {
+    for (int dim : {64, 1000, 4096}) {
+      for (bool p1 : {false, true}) {
+        const size_t rows = 7;
+        const fvec x = rounded(random_floats(rows * dim, 2, -3, 3), t);
+        const fvec y = rounded(random_floats(rows * dim, 3), t);
+        const fvec w = rounded(random_floats(dim, 4, 0.5f, 1.5f), t);
+        DBuf dx = DBuf::from(x, t), dy = DBuf::from(y, t), dw = DBuf::from(w, t), dout(rows * dim, t);
+        cu::rmsnorm(dout.get(), dx.get(), dw.get(), rows, dim, 1e-5f, p1, t, nullptr);
+        sync();
+        fvec ref(rows * dim);
+        cpu::rmsnorm(ref.data(), x.data(), w.data(), rows, dim, 1e-5f, p1);
+        EXPECT_LT(rel_err(dout.host(), ref), tol(t, 1e-6)) << ppb::dtype_name(t) << " dim " << dim;
+
+        cu::add_rmsnorm(dx.get(), dy.get(), dout.get(), dw.get(), rows, dim, 1e-5f, p1, t, nullptr);
+        sync();
+        fvec xs = x;
+        cpu::add_inplace(xs.data(), y.data(), xs.size());
+        cpu::rmsnorm(ref.data(), xs.data(), w.data(), rows, dim, 1e-5f, p1);
+        EXPECT_LT(rel_err(dx.host(), xs), tol(t, 1e-7)) << ppb::dtype_name(t);
+        EXPECT_LT(rel_err(dout.host(), ref), tol(t, 1e-6)) << ppb::dtype_name(t);
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, AddAndGatedActivation) {
+  REQUIRE_GPU();
+  for (DType t : kDTypes) {
+    const size_t rows = 5;
+    const int I = 333;
+    const fvec a = rounded(random_floats(rows * I, 5, -4, 4), t), b = rounded(random_floats(rows * I, 6), t);
+    DBuf da = DBuf::from(a, t), db = DBuf::from(b, t);
+    cu::add_inplace(da.get(), db.get(), a.size(), t, nullptr);
+    sync();
+    fvec ref = a;
+    cpu::add_inplace(ref.data(), b.data(), ref.size());
+    EXPECT_LT(rel_err(da.host(), ref), tol(t, 1e-7));
+
+    const fvec gu = rounded(random_floats(rows * 2 * I, 7, -5, 5), t);
+    fvec gate(rows * I), up(rows * I);
+    for (size_t r = 0; r < rows; ++r)
+      for (int i = 0; i < I; ++i) {
+        gate[r * I + i] = gu[r * 2 * I + i];
+        up[r * I + i] = gu[r * 2 * I + I + i];
+      }
+    DBuf dgu = DBuf::from(gu, t), dout(rows * I, t);
+    for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+      cu::gated_activation(dout.get(), dgu.get(), rows, I, act, t, nullptr);
+      sync();
+      fvec r(rows * I);
+      cpu::gated_activation(r.data(), gate.data(), up.data(), r.size(), act);
+      EXPECT_LT(rel_err(dout.host(), r), tol(t, 1e-6)) << ppb::dtype_name(t);
+    }
+  }
+}
+
+TEST(CudaKernels, QkvBiasNormRopeCacheWrite) {
+  REQUIRE_GPU();
+  const int B = 2, T = 3, pos0 = 5, ctx = 12, nh = 4, nkv = 2;
+  for (DType t : kDTypes) {
+    for (int hd : {16, 96, 128}) {
+      for (int variant = 0; variant < 3; ++variant) {  // plain, bias + qk-norm, qk-norm (1 + w)
+        const bool bias = variant == 1, qkn = variant >= 1, p1 = variant == 2;
+        const int nq = nh * hd, nk = nkv * hd, n_all = nq + 2 * nk, M = B * T;
+        const fvec qkv = rounded(random_floats(static_cast<size_t>(M) * n_all, 10 + hd), t);
+        const fvec bv = rounded(random_floats(n_all, 11, -0.1f, 0.1f), t);
+        const fvec qn = rounded(random_floats(hd, 12, 0.5f, 1.5f), t), kn = rounded(random_floats(hd, 13, 0.5f, 1.5f), t);
+        ppb::model::Rope rope;
+        rope.theta = 10000.0;
+        const std::vector<double> inv = cpu::rope_inv_freq(rope, hd);
+        fvec cs(static_cast<size_t>(ctx) * hd / 2), sn(cs.size());
+        cpu::rope_tables(cs.data(), sn.data(), inv.data(), hd / 2, ctx);
+        DBuf dqkv = DBuf::from(qkv, t), db = DBuf::from(bv, t), dqn = DBuf::from(qn, t), dkn = DBuf::from(kn, t);
+        DBuf dq(static_cast<size_t>(M) * nq, t), dk(static_cast<size_t>(B) * ctx * nk, t), dv(static_cast<size_t>(B) * ctx * nk, t);
+        DBuf dcs = DBuf::from(cs, DType::f32), dsn = DBuf::from(sn, DType::f32);
+        cu::QkvShape s;
+        s.batch = B;
+        s.tokens = T;
+        s.pos0 = pos0;
+        s.max_context = ctx;
+        s.n_heads = nh;
+        s.n_kv_heads = nkv;
+        s.head_dim = hd;
+        s.qk_norm = qkn;
+        s.plus_one = p1;
+        s.eps = 1e-6f;
+        cu::qkv_rope_cache(dq.get(), dk.get(), dv.get(), dqkv.get(), bias ? db.get() : nullptr, dqn.get(), dkn.get(),
+                           static_cast<const float*>(dcs.get()), static_cast<const float*>(dsn.get()), s, t, nullptr);
+        sync();
+        // CPU twin: split, bias (linear's), q/k norm, rope, cache write.
+        fvec q(static_cast<size_t>(M) * nq), k(static_cast<size_t>(M) * nk), v(static_cast<size_t>(M) * nk);
+        for (int r = 0; r < M; ++r)
+          for (int j = 0; j < n_all; ++j) {
+            const float x = qkv[static_cast<size_t>(r) * n_all + j] + (bias ? bv[j] : 0.0f);
+            if (j < nq) q[static_cast<size_t>(r) * nq + j] = x;
+            else if (j < nq + nk) k[static_cast<size_t>(r) * nk + j - nq] = x;
+            else v[static_cast<size_t>(r) * nk + j - nq - nk] = x;
+          }
+        if (qkn) {
+          cpu::rmsnorm(q.data(), q.data(), qn.data(), static_cast<size_t>(M) * nh, hd, 1e-6f, p1);
+          cpu::rmsnorm(k.data(), k.data(), kn.data(), static_cast<size_t>(M) * nkv, hd, 1e-6f, p1);
+        }
+        cpu::rope(q.data(), B, T, nh, hd, pos0, cs.data(), sn.data());
+        cpu::rope(k.data(), B, T, nkv, hd, pos0, cs.data(), sn.data());
+        fvec kc(static_cast<size_t>(B) * ctx * nk, 0.0f), vc(kc.size(), 0.0f);
+        cpu::kv_cache_write(kc.data(), k.data(), B, T, pos0, ctx, nk);
+        cpu::kv_cache_write(vc.data(), v.data(), B, T, pos0, ctx, nk);
+        const std::string what = ppb::dtype_name(t) + " hd " + std::to_string(hd) + " variant " + std::to_string(variant);
+        EXPECT_LT(rel_err(dq.host(), q), tol(t, 1e-6)) << what;
+        EXPECT_LT(rel_err(dk.host(), kc), tol(t, 1e-6)) << what;
+        EXPECT_LT(rel_err(dv.host(), vc), tol(t, 1e-7)) << what;
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, LinearMatchesSgemm) {
+  REQUIRE_GPU();
+  cu::CublasHandle h;
+  for (DType t : kDTypes) {
+    for (int M : {1, 8, 77}) {
+      const int N = 130, K = 257;
+      const fvec x = rounded(random_floats(static_cast<size_t>(M) * K, 20), t);
+      const fvec w = rounded(random_floats(static_cast<size_t>(N) * K, 21), t);
+      DBuf dx = DBuf::from(x, t), dw = DBuf::from(w, t), dy(static_cast<size_t>(M) * N, t),
+           dyf(static_cast<size_t>(M) * N, DType::f32);
+      cu::linear(h.get(), dy.get(), cu::cuda_type(t), dx.get(), dw.get(), t, M, N, K);
+      cu::linear(h.get(), dyf.get(), CUDA_R_32F, dx.get(), dw.get(), t, M, N, K);
+      sync();
+      fvec ref(static_cast<size_t>(M) * N);
+      cpu::linear(ref.data(), x.data(), w.data(), nullptr, M, N, K);
+      EXPECT_LT(rel_err(dy.host(), ref), tol(t, 1e-6)) << ppb::dtype_name(t) << " M " << M;
+      EXPECT_LT(rel_err(dyf.host(), ref), t == DType::f32 ? 1e-6 : 1e-5) << ppb::dtype_name(t) << " M " << M;
+    }
+  }
+}
+
+struct AttnCase {
+  const char* name;
+  int batch, tokens, pos0, ctx, nh, nkv, hd, window;
+  float softcap;
+};
+
+/// Runs attention_decode (tokens small) or attention_prefill on a random cache and compares
+/// with cpu::attention.
+void check_attention(const AttnCase& c, DType t, bool prefill, int query_block) {
+  cpu::AttentionShape s;
+  s.batch = c.batch;
+  s.tokens = c.tokens;
+  s.pos0 = c.pos0;
+  s.max_context = c.ctx;
+  s.n_heads = c.nh;
+  s.n_kv_heads = c.nkv;
+  s.head_dim = c.hd;
+  s.window = c.window;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  s.softcap = c.softcap;
+  const size_t nq = static_cast<size_t>(c.nh) * c.hd, nk = static_cast<size_t>(c.nkv) * c.hd;
+  const fvec q = rounded(random_floats(static_cast<size_t>(c.batch) * c.tokens * nq, 30, -2, 2), t);
+  fvec kc = rounded(random_floats(static_cast<size_t>(c.batch) * c.ctx * nk, 31, -2, 2), t);
+  fvec vc = rounded(random_floats(kc.size(), 32), t);
+  DBuf dq = DBuf::from(q, t), dk = DBuf::from(kc, t), dv = DBuf::from(vc, t), dout(q.size(), t);
+  if (prefill) {
+    cu::CublasHandle h;
+    const size_t n = cu::attention_prefill_scratch_elems(s, query_block);
+    cu::DeviceMemory scores(n * sizeof(float));
+    DBuf probs(n, t);
+    cu::attention_prefill(h.get(), dout.get(), dq.get(), dk.get(), dv.get(), s, query_block, scores.as<float>(),
+                          probs.get(), t, nullptr);
+  } else {
+    cu::DeviceMemory partial(cu::attention_decode_scratch_floats(s) * sizeof(float));
+    cu::attention_decode(dout.get(), dq.get(), dk.get(), dv.get(), s, partial.as<float>(), t, nullptr);
+  }
+  sync();
+  fvec ref(q.size());
+  std::vector<float> scratch(cpu::attention_scratch_floats(c.ctx));
+  cpu::attention(ref.data(), q.data(), kc.data(), vc.data(), s, scratch.data());
+  EXPECT_LT(rel_err(dout.host(), ref), tol(t, 2e-5)) << c.name << " " << ppb::dtype_name(t) << (prefill ? " prefill" : " decode");
+}
+
+TEST(CudaKernels, AttentionDecodeSplitKMatchesCpu) {
+  REQUIRE_GPU();
+  const AttnCase cases[] = {
+      {"gqa_short", 3, 1, 6, 16, 8, 2, 64, 0, 0.0f},
+      {"gqa_long_splits", 2, 1, 1500, 1600, 8, 2, 128, 0, 0.0f},
+      {"mha", 2, 1, 300, 320, 4, 4, 64, 0, 0.0f},
+      {"mqa", 1, 1, 700, 800, 8, 1, 128, 0, 0.0f},
+      {"window", 2, 1, 900, 1000, 4, 2, 128, 256, 0.0f},
+      {"softcap_hd256", 1, 1, 400, 512, 4, 2, 256, 0, 1.5f},
+      {"two_tokens", 2, 2, 50, 64, 4, 2, 32, 7, 0.0f},
+  };
+  for (DType t : kDTypes)
+    for (const AttnCase& c : cases) check_attention(c, t, /*prefill=*/false, 0);
+}
+
+TEST(CudaKernels, AttentionPrefillMatchesCpu) {
+  REQUIRE_GPU();
+  const AttnCase cases[] = {
+      {"gqa_from_zero", 2, 37, 0, 40, 8, 2, 64, 0, 0.0f},
+      {"gqa_after_cache", 2, 20, 13, 40, 8, 2, 64, 0, 0.0f},
+      {"mqa", 1, 50, 0, 64, 4, 1, 128, 0, 0.0f},
+      {"window", 2, 60, 3, 64, 4, 2, 32, 9, 0.0f},
+      {"softcap", 1, 33, 0, 40, 4, 2, 16, 0, 2.0f},
+  };
+  for (DType t : kDTypes)
+    for (const AttnCase& c : cases)
+      for (int qb : {16, 64}) check_attention(c, t, /*prefill=*/true, qb);
+}
+
+TEST(CudaKernels, SoftcapArgmaxAndLastRows) {
+  REQUIRE_GPU();
+  const fvec l = random_floats(3000, 40, -50, 50);
+  DBuf dl = DBuf::from(l, DType::f32);
+  cu::softcap_inplace(static_cast<float*>(dl.get()), l.size(), 30.0f, nullptr);
+  sync();
+  fvec ref = l;
+  cpu::softcap_inplace(ref.data(), ref.size(), 30.0f);
+  EXPECT_LT(rel_err(dl.host(), ref), 1e-6);
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  fvec logits = {1.0f, 3.0f, 3.0f, -1.0f, nan, -5.0f, -2.0f, nan, 0.0f, 0.0f, 0.0f, 0.0f, nan, nan, nan, nan};
+  fvec big = random_floats(5 * 50000, 41);
+  big[2 * 50000 + 49999] = 7.0f;  // the max at the very end of row 2
+  big[3 * 50000 + 10] = 9.0f;
+  big[3 * 50000 + 40000] = 9.0f;  // a tie far apart: the lower index wins
+  for (const auto& [rows, n, data] : {std::tuple{4, 4, logits}, std::tuple{5, 50000, big}}) {
+    DBuf d = DBuf::from(data, DType::f32);
+    cu::DeviceMemory out(rows * sizeof(int32_t));
+    cu::argmax_rows(out.as<int32_t>(), static_cast<const float*>(d.get()), rows, n, nullptr);
+    sync();
+    std::vector<int32_t> got(rows), want(rows);
+    ASSERT_EQ(cudaMemcpy(got.data(), out.get(), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    cpu::argmax_rows(want.data(), data.data(), rows, n);
+    EXPECT_EQ(got, want);
+  }
+
+  for (DType t : kDTypes) {
+    const int B = 3, T = 5, H = 700;
+    const fvec x = rounded(random_floats(static_cast<size_t>(B) * T * H, 42), t);
+    DBuf dx = DBuf::from(x, t), last(static_cast<size_t>(B) * H, t);
+    cu::DeviceMemory sum(sizeof(double));
+    cu::gather_last_rows(last.get(), dx.get(), B, T, H, sum.as<double>(), t, nullptr);
+    cu::gather_last_rows(last.get(), dx.get(), B, T, H, sum.as<double>(), t, nullptr);  // accumulates
+    sync();
+    double got = 0.0, want = 0.0;
+    ASSERT_EQ(cudaMemcpy(&got, sum.get(), sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    fvec want_rows;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < H; ++j) {
+        const float v = x[(static_cast<size_t>(b) * T + T - 1) * H + j];
+        want_rows.push_back(v);
+        want += 2.0 * v;
+      }
+    EXPECT_NEAR(got, want, 1e-9 * (1.0 + std::fabs(want)));
+    EXPECT_EQ(last.host(), want_rows);
+  }
+}
+
+// ---- lanes and events ---------------------------------------------------------------------------
+
+TEST(CudaLanes, HostTasksCopiesEventsAndErrors) {
+  REQUIRE_GPU();
+  auto dev = ppb::create_cuda_device(0);
+  EXPECT_EQ(dev->backend(), "cuda");
+  EXPECT_FALSE(dev->name().empty());
+  EXPECT_FALSE(dev->bus_id().empty());
+  EXPECT_GT(dev->free_memory(), 0u);
+  auto a = dev->create_lane("a"), b = dev->create_lane("b");
+  auto buf = dev->allocate(1 << 20);
+  std::vector<int> order;
+  std::vector<int32_t> host(1 << 18), back(1 << 18, 0);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<int32_t>(i * 7);
+  // a: host task (slow) -> copy pageable -> device; b waits on a's event then copies back.
+  auto ev = dev->create_event();
+  const double t0 = ppb::monotonic_s();
+  a->host_task([&] {
+    usleep(20000);
+    order.push_back(1);
+  });
+  a->copy(buf->data(), host.data(), host.size() * 4);
+  a->record(*ev);
+  b->wait(*ev);
+  b->copy(back.data(), buf->data(), back.size() * 4);
+  b->host_task([&] { order.push_back(2); });
+  b->synchronize();
+  a->synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_EQ(back, host);
+  const double te = ev->time_s();
+  EXPECT_GT(te, t0 + 0.015);  // after the 20 ms host task
+  EXPECT_LT(te, ppb::monotonic_s() + 1e-3);
+  // An exception in a host task comes back from synchronize(); the stream still drains.
+  a->host_task([] { throw ppb::UserError("boom"); });
+  EXPECT_THROW(a->synchronize(), ppb::UserError);
+}
+
+// ---- whole stages: CUDA vs CPU ----------------------------------------------------------------------
+
+LayerShape small_layer(int hidden = 64, int n_heads = 4, int n_kv = 2, int head_dim = 32) {
+  LayerShape s;
+  s.hidden = hidden;
+  s.n_heads = n_heads;
+  s.n_kv_heads = n_kv;
+  s.head_dim = head_dim;
+  s.intermediate = 128;
+  s.rms_eps = 1e-5;
+  s.attn_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  return s;
+}
+
+ModelSpec make_spec(const std::vector<LayerShape>& layers, int vocab = 300) {
+  ModelSpec m;
+  m.architecture = "Test";
+  m.hidden = layers.at(0).hidden;
+  m.n_layers = static_cast<int>(layers.size());
+  m.vocab = vocab;
+  m.rms_eps = 1e-5;
+  m.layers = layers;
+  m.units.push_back({"embed", UnitKind::embed, -1, 0});
+  for (int i = 0; i < m.n_layers; ++i) m.units.push_back({"layer." + std::to_string(i), UnitKind::layer, i, 1});
+  m.units.push_back({"head", UnitKind::head, -1, 2});
+  return m;
+}
+
+std::vector<std::pair<std::string, ModelSpec>> stage_models() {
+  std::vector<std::pair<std::string, ModelSpec>> ms;
+  ms.emplace_back("llama", make_spec({small_layer(), small_layer()}));
+  LayerShape q2 = small_layer();
+  q2.attn_bias = true;
+  LayerShape q3 = small_layer(64, 4, 2, 32);
+  q3.qk_norm = true;
+  ms.emplace_back("qwen_bias_qknorm", make_spec({q2, q3}));
+  std::vector<LayerShape> g;
+  for (int i = 0; i < 2; ++i) {
+    LayerShape s = small_layer(64, 4, 1, 32);
+    s.sandwich_norm = s.norm_plus_one = s.qk_norm = true;
+    s.act = Activation::gelu_tanh;
+    s.attn_softcap = i == 0 ? 20.0 : 0.0;
+    if (i == 0) s.sliding_window = 5;
+    g.push_back(s);
+  }
+  ModelSpec gm = make_spec(g);
+  gm.tie_embeddings = gm.embed_scale_sqrt_hidden = gm.final_norm_plus_one = true;
+  gm.final_softcap = 30.0;
+  ms.emplace_back("gemma_like", gm);
+  return ms;
+}
+
+/// Runs prefill of P tokens then `steps` decode steps of the whole model as one stage on
+/// `dev`, feeding back its own tokens; returns the tokens [steps + 1][B] and the checksum.
+std::pair<std::vector<int32_t>, double> run_model(ppb::Device& dev, const ModelSpec& m, DType t, int B, int P,
+                                                  int steps) {
+  ppb::StageConfig cfg;
+  cfg.batch = B;
+  cfg.max_context = P + steps;
+  cfg.groups = 2;
+  cfg.dtype = t;
+  cfg.seed = 99;
+  auto stage = dev.create_stage(m, 0, m.num_units() - 1, cfg);
+  auto lane = dev.create_lane("compute");
+  std::vector<int32_t> prompt(static_cast<size_t>(B) * P);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % m.vocab);
+  auto in = dev.allocate(prompt.size() * 4);
+  auto out = dev.allocate(static_cast<size_t>(B) * 4);
+  in->upload(prompt.data(), prompt.size() * 4);
+  std::vector<int32_t> tokens;
+  for (int s = 0; s <= steps; ++s) {
+    stage->enqueue_forward(*lane, in->data(), out->data(), /*group=*/1, s == 0 ? 0 : P + s - 1, s == 0 ? P : 1);
+    lane->synchronize();
+    std::vector<int32_t> tok(B);
+    out->download(tok.data(), tok.size() * 4);
+    tokens.insert(tokens.end(), tok.begin(), tok.end());
+    in->upload(tok.data(), tok.size() * 4);
+  }
+  return {tokens, stage->checksum()};
+}
+
+TEST(CudaStage, MatchesCpuStageTokensAndChecksum) {
+  REQUIRE_GPU();
+  auto gpu = ppb::create_cuda_device(0);
+  auto cpu_dev = ppb::create_cpu_device(1);
+  for (const auto& [name, m] : stage_models()) {
+    const auto [cpu_tok, cpu_sum] = run_model(*cpu_dev, m, DType::f32, 3, 9, 4);
+    const auto [gpu_tok, gpu_sum] = run_model(*gpu, m, DType::f32, 3, 9, 4);
+    EXPECT_EQ(gpu_tok, cpu_tok) << name;
+    EXPECT_NEAR(gpu_sum, cpu_sum, 1e-4 * (1.0 + std::fabs(cpu_sum))) << name;
+    for (DType t : {DType::bf16, DType::f16}) {  // runs, deterministic, checksum near f32's
+      const auto [t1, s1] = run_model(*gpu, m, t, 3, 9, 4);
+      const auto [t2, s2] = run_model(*gpu, m, t, 3, 9, 4);
+      EXPECT_EQ(t1, t2) << name << " " << ppb::dtype_name(t);
+      EXPECT_EQ(s1, s2) << name << " " << ppb::dtype_name(t);
+      EXPECT_NEAR(s1, cpu_sum, 0.05 * (1.0 + std::fabs(cpu_sum))) << name << " " << ppb::dtype_name(t);
+    }
+  }
+}
+
+TEST(CudaStage, SplitStagesEqualOneStageAndChunkedPrefill) {
+  REQUIRE_GPU();
+  auto gpu = ppb::create_cuda_device(0);
+  const ModelSpec m = stage_models()[0].second;
+  ppb::StageConfig cfg;
+  cfg.batch = 2;
+  cfg.max_context = 2100;  // 2 x 2100 rows > the stage's 4096-row scratch: prefill runs in chunks
+  cfg.dtype = DType::f32;
+  cfg.seed = 5;
+  const int P = 2100;
+  std::vector<int32_t> prompt(static_cast<size_t>(cfg.batch) * P);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 13 + 1) % m.vocab);
+  auto lane = gpu->create_lane("c");
+  auto in = gpu->allocate(prompt.size() * 4);
+  in->upload(prompt.data(), prompt.size() * 4);
+  auto out_one = gpu->allocate(8), out_split = gpu->allocate(8);
+  auto whole = gpu->create_stage(m, 0, m.num_units() - 1, cfg);
+  whole->enqueue_forward(*lane, in->data(), out_one->data(), 0, 0, P);
+  auto s0 = gpu->create_stage(m, 0, 1, cfg), s1 = gpu->create_stage(m, 2, m.num_units() - 1, cfg);
+  auto mid = gpu->allocate(s0->output_bytes(P));
+  s0->enqueue_forward(*lane, in->data(), mid->data(), 0, 0, P);
+  s1->enqueue_forward(*lane, mid->data(), out_split->data(), 0, 0, P);
+  lane->synchronize();
+  std::vector<int32_t> a(2), b(2);
+  out_one->download(a.data(), 8);
+  out_split->download(b.data(), 8);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(whole->checksum(), s1->checksum());  // same kernels, same order: bitwise
+  // And against the CPU stage.
+  auto cpu_dev = ppb::create_cpu_device(1);
+  auto cpu_stage = cpu_dev->create_stage(m, 0, m.num_units() - 1, cfg);
+  auto cpu_lane = cpu_dev->create_lane("c");
+  std::vector<int32_t> c(2);
+  cpu_stage->enqueue_forward(*cpu_lane, prompt.data(), c.data(), 0, 0, P);
+  cpu_lane->synchronize();
+  EXPECT_EQ(a, c);
+  EXPECT_NEAR(whole->checksum(), cpu_stage->checksum(), 1e-4 * (1.0 + std::fabs(cpu_stage->checksum())));
+}
+
+TEST(CudaStage, BytesPlanAndErrors) {
+  REQUIRE_GPU();
+  auto gpu = ppb::create_cuda_device(0);
+  const ModelSpec m = stage_models()[0].second;
+  ppb::StageConfig cfg;
+  cfg.batch = 2;
+  cfg.max_context = 16;
+  cfg.dtype = DType::bf16;
+  auto st = gpu->create_stage(m, 1, 2, cfg);
+  const ppb::CudaStageBytes b = ppb::cuda_stage_bytes(m, 1, 2, cfg);
+  EXPECT_EQ(st->weight_bytes(), b.weights);
+  EXPECT_EQ(st->kv_cache_bytes(), b.kv_cache);
+  EXPECT_EQ(b.kv_cache, static_cast<size_t>(2 * 2 * 2 * 16 * 2 * 32 * 2));  // layers x K,V x B x ctx x nkv*hd x 2 B
+  EXPECT_THROW(gpu->create_stage(m, 2, 1, cfg), ppb::UserError);
+  cfg.batch = 0;
+  EXPECT_THROW(gpu->create_stage(m, 0, 1, cfg), ppb::UserError);
+}
+
+}  // namespace

@@ -1,0 +1,348 @@
+// Unit tests of src/results/reader and report: a RunRecord written by write_results reads back
+// field for field; files that are not HDF5, not ppbench or incomplete are refused with a
+// UserError naming the path; the comparison table and its CSV have the documented columns.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "results/h5.h"
+#include "results/reader.h"
+#include "results/report.h"
+#include "results/writer.h"
+
+namespace {
+
+using ppb::PartitionRecord;
+using ppb::RunRecord;
+using ppb::UserError;
+
+// A small but complete record: 2 ranks, U=4 units, S=2 stages, iters=2, M=2, G=1, B=1.
+RunRecord make_record() {
+  RunRecord r;
+  r.ppbench_version = "0.1.0+test";
+  r.created_utc = "2025-01-02T03:04:05Z";
+  r.command_line = "ppbench run --model m.json -o x.h5";
+  r.backend = "cpu";
+  r.transport = "mpi";
+  r.mpi_version = "Open MPI v4.1.4";
+  r.slurm_job_id = "42";
+  r.slurm_job_name = "ppbench-cpu";
+  r.slurm_nodelist = "node[01-02]";
+  r.slurm_array_task_id = "3";
+  r.environment = {{"OMP_NUM_THREADS", "1"}, {"NCCL_DEBUG", "INFO"}};
+  r.library_versions = {{"openblas", "0.3.21"}, {"nccl", "2.21.5"}};
+  r.world_size = 2;
+  r.elapsed_s = 12.5;
+  r.model_source = "inputs/models/qwen3-0.6b.json";
+  r.model_config_json = "{\"model_type\": \"qwen3\"}";
+  r.model_attrs_str = {{"architecture", "Qwen3ForCausalLM"}, {"model_type", "qwen3"}};
+  r.model_attrs_num = {{"hidden_size", 1024}, {"num_hidden_layers", 2}, {"total_params", 6e8}};
+  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload"};
+  r.ranks = {{"node01", "Xeon", "", 0, 0.0}, {"node02", "Xeon", "0000:3b:00.0", 1, 1.5e-6}};
+  auto& p = r.profile;
+  p.unit_name = {"embed", "layer.0", "layer.1", "head"};
+  p.unit_signature = {0, 1, 1, 2};
+  p.signature_name = {"embed", "layer", "head"};
+  for (int i = 0; i < 2 * 4 * 2; ++i) {
+    p.latency_ms.push_back(1.0 + i);
+    p.latency_min_ms.push_back(0.5 + i);
+    p.latency_max_ms.push_back(2.0 + i);
+  }
+  p.decode_contexts = {4, 5};
+  for (int i = 0; i < 2 * 4 * 2; ++i) p.decode_context_ms.push_back(0.25 * i);
+  for (int i = 0; i < 2 * 4; ++i) p.cost_ms.push_back(3.0 * i);
+  p.unit_params = {100, 200, 200, 300};
+  p.unit_weight_bytes = {400, 800, 800, 1200};
+  p.unit_kv_bytes = {0, 64, 64, 0};
+  r.run_start_s = 0.0;  // never stored
+
+  for (const char* name : {"uniform", "balanced"}) {  // run order differs from name order
+    PartitionRecord pr;
+    pr.name = name;
+    pr.solver = name;
+    pr.first_unit = {0, 2};
+    pr.last_unit = {1, 3};
+    pr.device_rank = {0, 1};
+    pr.predicted_stage_ms = {10.0, 12.0};
+    pr.predicted_phase_ms = {5.0, 2.5, 6.0, 3.0};
+    pr.stage_weight_bytes = {1200, 2000};
+    pr.stage_kv_bytes = {64, 64};
+    pr.predicted_bottleneck_ms = 12.0;
+    pr.measured = true;
+    for (int i = 0; i < 2 * 2 * 2 * 2 * 6; ++i) pr.events.push_back(i == 0 ? NAN : 0.001 * i);
+    pr.stage_compute_ms = {5.5, 2.6, 6.5, 3.5};
+    pr.stage_workload_ms = {8.1, 10.0};
+    pr.bubble_fraction = {0.4, std::string(name) == "uniform" ? 0.1 : 0.2};
+    pr.recv_wait_ms = {0.0, 1.0};
+    pr.rep_wall_s = {0.02, 0.021};
+    pr.rep_tokens_per_s = {100.0, 95.0};
+    pr.lane_cpu_s = {0.1, 0.01, 0.01, 0.2, 0.02, 0.02};
+    pr.timed_wall_s = 0.041;
+    pr.bottleneck_stage = 1;
+    const double tps = std::string(name) == "uniform" ? 97.5 : 117.0;
+    pr.metrics = {{"tokens_per_s", tps}, {"decode_tokens_per_s", 150.0}, {"ttft_p50_ms", 8.0},
+                  {"ttft_p99_ms", 9.0}, {"tpot_p50_ms", 3.0}, {"tpot_p99_ms", 4.0},
+                  {"pipeline_efficiency", 0.9}};
+    pr.tokens = {1, 2, 3, 4};
+    pr.reference_tokens = {1, 2, 3, 4};
+    pr.checksum = pr.reference_checksum = 1.25;
+    pr.tokens_match = pr.checksum_match = true;
+    r.partitions.push_back(pr);
+  }
+  r.validation_ok = true;
+  r.balance_gain = 117.0 / 97.5;
+  r.decode_balance_gain = 1.0;
+  return r;
+}
+
+// NaN-aware equality of double vectors.
+void expect_same(const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]))
+      EXPECT_TRUE(std::isnan(b[i])) << what << "[" << i << "]";
+    else
+      EXPECT_EQ(a[i], b[i]) << what << "[" << i << "]";
+  }
+}
+
+class ResultsIoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ppb_test_results_XXXXXX";
+    int fd = mkstemp(tmpl);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    path_ = std::string(tmpl) + ".h5";
+    std::rename(tmpl, path_.c_str());
+  }
+  void TearDown() override { std::remove(path_.c_str()); }
+  std::string path_;
+};
+
+TEST_F(ResultsIoTest, RoundTripEveryField) {
+  const RunRecord w = make_record();
+  ppb::write_results(path_, w);
+  const RunRecord r = ppb::read_results(path_);
+
+  EXPECT_EQ(r.ppbench_version, w.ppbench_version);
+  EXPECT_EQ(r.created_utc, w.created_utc);
+  EXPECT_EQ(r.command_line, w.command_line);
+  EXPECT_EQ(r.backend, w.backend);
+  EXPECT_EQ(r.transport, w.transport);
+  EXPECT_EQ(r.mpi_version, w.mpi_version);
+  EXPECT_EQ(r.hdf5_version, ppb::hdf5_version());
+  EXPECT_EQ(r.library_versions, w.library_versions);
+  EXPECT_EQ(r.slurm_job_id, w.slurm_job_id);
+  EXPECT_EQ(r.slurm_job_name, w.slurm_job_name);
+  EXPECT_EQ(r.slurm_nodelist, w.slurm_nodelist);
+  EXPECT_EQ(r.slurm_array_task_id, w.slurm_array_task_id);
+  EXPECT_EQ(r.environment, w.environment);
+  EXPECT_EQ(r.world_size, w.world_size);
+  EXPECT_EQ(r.elapsed_s, w.elapsed_s);
+  EXPECT_EQ(r.model_source, w.model_source);
+  EXPECT_EQ(r.model_config_json, w.model_config_json);
+  EXPECT_EQ(r.model_attrs_str, w.model_attrs_str);
+  EXPECT_EQ(r.model_attrs_num, w.model_attrs_num);
+  EXPECT_EQ(r.validation_ok, w.validation_ok);
+  EXPECT_EQ(r.balance_gain, w.balance_gain);
+  EXPECT_EQ(r.decode_balance_gain, w.decode_balance_gain);
+
+  const auto &a = w.workload, &b = r.workload;
+  EXPECT_EQ(b.batch, a.batch);
+  EXPECT_EQ(b.prompt_len, a.prompt_len);
+  EXPECT_EQ(b.gen_len, a.gen_len);
+  EXPECT_EQ(b.microbatches, a.microbatches);
+  EXPECT_EQ(b.dtype, a.dtype);
+  EXPECT_EQ(b.warmup, a.warmup);
+  EXPECT_EQ(b.iters, a.iters);
+  EXPECT_EQ(b.profile_warmup, a.profile_warmup);
+  EXPECT_EQ(b.profile_iters, a.profile_iters);
+  EXPECT_EQ(b.overlap, a.overlap);
+  EXPECT_EQ(b.seed, a.seed);
+  EXPECT_EQ(b.objective, a.objective);
+
+  ASSERT_EQ(r.ranks.size(), w.ranks.size());
+  for (size_t i = 0; i < w.ranks.size(); ++i) {
+    EXPECT_EQ(r.ranks[i].hostname, w.ranks[i].hostname);
+    EXPECT_EQ(r.ranks[i].device_name, w.ranks[i].device_name);
+    EXPECT_EQ(r.ranks[i].bus_id, w.ranks[i].bus_id);
+    EXPECT_EQ(r.ranks[i].local_rank, w.ranks[i].local_rank);
+    EXPECT_EQ(r.ranks[i].clock_offset_s, w.ranks[i].clock_offset_s);
+  }
+
+  const auto &pw = w.profile, &pr = r.profile;
+  EXPECT_EQ(pr.unit_name, pw.unit_name);
+  EXPECT_EQ(pr.unit_signature, pw.unit_signature);
+  EXPECT_EQ(pr.signature_name, pw.signature_name);
+  expect_same(pr.latency_ms, pw.latency_ms, "latency_ms");
+  expect_same(pr.latency_min_ms, pw.latency_min_ms, "latency_min_ms");
+  expect_same(pr.latency_max_ms, pw.latency_max_ms, "latency_max_ms");
+  EXPECT_EQ(pr.decode_contexts, pw.decode_contexts);
+  expect_same(pr.decode_context_ms, pw.decode_context_ms, "decode_context_ms");
+  expect_same(pr.cost_ms, pw.cost_ms, "cost_ms");
+  EXPECT_EQ(pr.unit_params, pw.unit_params);
+  EXPECT_EQ(pr.unit_weight_bytes, pw.unit_weight_bytes);
+  EXPECT_EQ(pr.unit_kv_bytes, pw.unit_kv_bytes);
+
+  ASSERT_EQ(r.partitions.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto &x = w.partitions[i], &y = r.partitions[i];
+    SCOPED_TRACE(x.name);
+    EXPECT_EQ(y.name, x.name);  // run order, not HDF5's name order
+    EXPECT_EQ(y.solver, x.solver);
+    EXPECT_EQ(y.first_unit, x.first_unit);
+    EXPECT_EQ(y.last_unit, x.last_unit);
+    EXPECT_EQ(y.device_rank, x.device_rank);
+    expect_same(y.predicted_stage_ms, x.predicted_stage_ms, "predicted_stage_ms");
+    expect_same(y.predicted_phase_ms, x.predicted_phase_ms, "predicted_phase_ms");
+    EXPECT_EQ(y.stage_weight_bytes, x.stage_weight_bytes);
+    EXPECT_EQ(y.stage_kv_bytes, x.stage_kv_bytes);
+    EXPECT_EQ(y.predicted_bottleneck_ms, x.predicted_bottleneck_ms);
+    EXPECT_EQ(y.measured, x.measured);
+    expect_same(y.events, x.events, "events");
+    expect_same(y.stage_compute_ms, x.stage_compute_ms, "stage_compute_ms");
+    expect_same(y.stage_workload_ms, x.stage_workload_ms, "stage_workload_ms");
+    expect_same(y.bubble_fraction, x.bubble_fraction, "bubble_fraction");
+    expect_same(y.recv_wait_ms, x.recv_wait_ms, "recv_wait_ms");
+    expect_same(y.rep_wall_s, x.rep_wall_s, "rep_wall_s");
+    expect_same(y.rep_tokens_per_s, x.rep_tokens_per_s, "rep_tokens_per_s");
+    expect_same(y.lane_cpu_s, x.lane_cpu_s, "lane_cpu_s");
+    EXPECT_EQ(y.timed_wall_s, x.timed_wall_s);
+    EXPECT_EQ(y.bottleneck_stage, x.bottleneck_stage);
+    EXPECT_EQ(y.metrics, x.metrics);
+    EXPECT_EQ(y.tokens, x.tokens);
+    EXPECT_EQ(y.reference_tokens, x.reference_tokens);
+    EXPECT_EQ(y.checksum, x.checksum);
+    EXPECT_EQ(y.reference_checksum, x.reference_checksum);
+    EXPECT_EQ(y.tokens_match, x.tokens_match);
+    EXPECT_EQ(y.checksum_match, x.checksum_match);
+    EXPECT_EQ(y.tokens_match_first_partition, x.tokens_match_first_partition);
+  }
+}
+
+TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {
+  RunRecord w = make_record();
+  w.partitions[1].measured = false;
+  ppb::write_results(path_, w);
+  const RunRecord r = ppb::read_results(path_);
+  ASSERT_EQ(r.partitions.size(), 2u);
+  EXPECT_TRUE(r.partitions[0].measured);
+  EXPECT_FALSE(r.partitions[1].measured);
+  EXPECT_EQ(r.partitions[1].first_unit, w.partitions[1].first_unit);
+  EXPECT_TRUE(r.partitions[1].events.empty());
+}
+
+// The message of the UserError read_results throws for `path`, or "" when none is thrown.
+std::string refusal(const std::string& path) {
+  try {
+    ppb::read_results(path);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(ResultsIoTest, RefusesMissingFile) {
+  const std::string msg = refusal(path_ + ".missing");
+  EXPECT_NE(msg.find(path_ + ".missing"), std::string::npos) << msg;
+}
+
+TEST_F(ResultsIoTest, RefusesNonHdf5File) {
+  std::ofstream(path_) << "step,loss\n1,2.5\n";
+  const std::string msg = refusal(path_);
+  EXPECT_NE(msg.find(path_), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not an HDF5 file"), std::string::npos) << msg;
+}
+
+TEST_F(ResultsIoTest, RefusesHdf5FileThatIsNotPpbench) {
+  {
+    auto f = ppb::h5::File::create(path_);
+    f.root().write_dataset("x", std::vector<double>{1, 2, 3});
+    f.root().set_attr("complete", static_cast<int64_t>(1));
+  }
+  const std::string msg = refusal(path_);
+  EXPECT_NE(msg.find(path_), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a ppbench results file"), std::string::npos) << msg;
+}
+
+TEST_F(ResultsIoTest, RefusesIncompleteFile) {
+  ppb::write_results(path_, make_record());
+  {
+    // Mark it as a crashed run would have left it.
+    hid_t f = H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t a = H5Aopen(f, "complete", H5P_DEFAULT);
+    int64_t zero = 0;
+    ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &zero), 0);
+    H5Aclose(a);
+    H5Fclose(f);
+  }
+  const std::string msg = refusal(path_);
+  EXPECT_NE(msg.find(path_), std::string::npos) << msg;
+  EXPECT_NE(msg.find("incomplete"), std::string::npos) << msg;
+}
+
+TEST_F(ResultsIoTest, RefusesFileMissingARequiredGroup) {
+  {
+    auto f = ppb::h5::File::create(path_);
+    auto root = f.root();
+    root.set_attr("format_version", static_cast<int64_t>(1));
+    root.set_attr("ppbench_version", "0.1.0");
+    root.set_attr("world_size", static_cast<int64_t>(1));
+    root.set_attr("complete", static_cast<int64_t>(1));
+  }
+  const std::string msg = refusal(path_);
+  EXPECT_NE(msg.find(path_), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layout"), std::string::npos) << msg;
+}
+
+TEST_F(ResultsIoTest, ReportRowsAndCsv) {
+  ppb::write_results(path_, make_record());
+  const auto rows = ppb::report_rows(path_, ppb::read_results(path_));
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].partition, "uniform");
+  EXPECT_EQ(rows[0].counts, "2,2");
+  EXPECT_EQ(rows[0].model, "qwen3-0.6b");
+  EXPECT_DOUBLE_EQ(rows[0].balance_gain, 1.0);
+  EXPECT_DOUBLE_EQ(rows[1].balance_gain, 117.0 / 97.5);
+  EXPECT_DOUBLE_EQ(rows[1].max_bubble, 0.4);
+  EXPECT_EQ(rows[1].validation, "OK");
+
+  std::ostringstream csv;
+  ppb::print_report_csv(csv, rows);
+  std::istringstream lines(csv.str());
+  std::string header, first;
+  std::getline(lines, header);
+  std::getline(lines, first);
+  EXPECT_EQ(header.rfind("file,model,backend,world_size,", 0), 0u) << header;
+  EXPECT_NE(first.find(",uniform,\"2,2\","), std::string::npos) << first;  // quoted counts
+  // Every line has the header's number of fields once quoted commas are skipped.
+  auto fields = [](const std::string& s) {
+    int n = 1;
+    bool quoted = false;
+    for (char c : s) {
+      if (c == '"') quoted = !quoted;
+      if (c == ',' && !quoted) ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(fields(first), fields(header));
+
+  std::ostringstream text;
+  ppb::run_report(text, {path_, path_}, false);
+  EXPECT_NE(text.str().find("balanced"), std::string::npos);
+  std::ostringstream single;
+  ppb::run_report(single, {path_}, false);
+  EXPECT_NE(single.str().find("== ppbench summary"), std::string::npos);
+  EXPECT_NE(single.str().find("slurm: job 42 task 3"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,308 @@
+// Unit tests of src/balance/solver: the general exact DP and the fast solver against brute force
+// on thousands of random small instances (heterogeneous rows, memory limits, transfer costs,
+// both overlap modes), the fast solver against the DP on larger ones, the order search, and
+// the "no feasible split" diagnosis.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "balance/solver.h"
+#include "common/error.h"
+
+namespace ppb::balance {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Optimum {
+  bool feasible = false;
+  double bottleneck = kInf;
+  double spread = kInf;
+};
+
+/// Stage time computed independently of the solvers (plain loops, no prefix sums).
+double brute_stage_time(const BalanceProblem& p, const std::vector<double>& xfer, int k, int S, int a, int b,
+                        int device) {
+  double c = 0;
+  for (int u = a; u <= b; ++u) c += p.cost[p.row_of(device)][u];
+  const double tin = k > 0 ? xfer[a - 1] : 0.0, tout = k < S - 1 ? xfer[b] : 0.0;
+  return p.overlap ? std::max({c, tin, tout}) : c + tin + tout;
+}
+
+bool brute_fits(const BalanceProblem& p, int a, int b, int device) {
+  if (p.device_memory_bytes.empty() || p.device_memory_bytes[device] <= 0) return true;
+  int64_t m = 0;
+  for (int u = a; u <= b; ++u)
+    m += (p.weight_bytes.empty() ? 0 : p.weight_bytes[u]) + (p.kv_bytes.empty() ? 0 : p.kv_bytes[u]);
+  return m <= p.device_memory_bytes[device];
+}
+
+/// Every composition of U units into S non-empty stages on `order`.
+Optimum brute_force(const BalanceProblem& p, const std::vector<int>& order) {
+  const int U = p.units(), S = static_cast<int>(order.size());
+  const auto xfer = boundary_transfer_ms(p);
+  std::vector<std::pair<double, double>> all;
+  std::vector<double> t(S);
+  std::function<void(int, int)> rec = [&](int k, int start) {
+    const int max_end = k == S - 1 ? U - 1 : U - 1 - (S - 1 - k);
+    for (int end = (k == S - 1 ? U - 1 : start); end <= max_end; ++end) {
+      if (!brute_fits(p, start, end, order[k])) continue;
+      t[k] = brute_stage_time(p, xfer, k, S, start, end, order[k]);
+      if (k == S - 1) {
+        const auto [lo, hi] = std::minmax_element(t.begin(), t.end());
+        all.emplace_back(*hi, *lo);
+      } else {
+        rec(k + 1, end + 1);
+      }
+    }
+  };
+  rec(0, 0);
+  Optimum o;
+  if (all.empty()) return o;
+  o.feasible = true;
+  for (const auto& [hi, lo] : all) o.bottleneck = std::min(o.bottleneck, hi);
+  const double tol = 1e-9 * std::max(1.0, o.bottleneck);
+  for (const auto& [hi, lo] : all)
+    if (hi <= o.bottleneck + tol) o.spread = std::min(o.spread, hi - lo);
+  return o;
+}
+
+std::vector<double> random_row(std::mt19937& rng, int U, int kind) {
+  std::vector<double> row(U);
+  std::uniform_int_distribution<int> small(0, 4);
+  std::uniform_int_distribution<int> wide(1, 100);
+  std::uniform_real_distribution<double> real(0.01, 10.0);
+  for (double& x : row) x = kind == 0 ? small(rng) : kind == 1 ? wide(rng) : kind == 2 ? real(rng) : 1.0;
+  return row;
+}
+
+/// A random instance: D device rows (some shared), optional memory limits, transfers, overlap.
+BalanceProblem random_problem(std::mt19937& rng, int U, int D, bool uniform_xfer) {
+  BalanceProblem p;
+  std::uniform_int_distribution<int> coin(0, 1), kinds(0, 3), bytes(0, 9);
+  const int kind = kinds(rng);
+  const int rows = std::uniform_int_distribution<int>(1, D)(rng);
+  for (int r = 0; r < rows; ++r) p.cost.push_back(random_row(rng, U, kind == 3 ? r % 3 : kind));
+  for (int d = 0; d < D; ++d) p.device_row.push_back(std::uniform_int_distribution<int>(0, rows - 1)(rng));
+  if (coin(rng)) {
+    for (int u = 0; u < U; ++u) {
+      p.weight_bytes.push_back(bytes(rng));
+      p.kv_bytes.push_back(bytes(rng) / 3);
+    }
+    for (int d = 0; d < D; ++d)
+      p.device_memory_bytes.push_back(std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 0 : 4 + bytes(rng) * 3);
+  }
+  if (coin(rng)) {
+    p.link_bandwidth_GBps = 1e-3 * std::uniform_int_distribution<int>(1, 8)(rng);  // 1e3..8e3 bytes/ms
+    p.link_latency_us = 1000.0 * bytes(rng) / 4;
+    const double a = 1000.0 * bytes(rng);
+    for (int b = 0; b + 1 < U; ++b) p.activation_bytes.push_back(uniform_xfer ? a : 1000.0 * bytes(rng) * 2);
+  }
+  p.overlap = coin(rng);
+  return p;
+}
+
+void expect_optimal(const BalanceProblem& p, const std::vector<int>& order, const Partition& part, const Optimum& o,
+                    const std::string& what) {
+  ASSERT_NO_THROW(check_partition(part, p.units())) << what;
+  ASSERT_EQ(part.device_rank, order) << what;
+  const double tol = 1e-9 * std::max(1.0, o.bottleneck);
+  EXPECT_NEAR(part.bottleneck_ms, o.bottleneck, tol) << what << " split " << part.counts_string();
+  EXPECT_NEAR(part.spread_ms, o.spread, tol) << what << " split " << part.counts_string();
+  const auto mem = stage_memory_bytes(p, part);
+  for (int k = 0; k < part.num_stages(); ++k)
+    if (!p.device_memory_bytes.empty() && p.device_memory_bytes[order[k]] > 0)
+      EXPECT_LE(mem[k], p.device_memory_bytes[order[k]]) << what << " stage " << k;
+}
+
+TEST(BalanceSolver, DpAndFastMatchBruteForceOnRandomInstances) {
+  std::mt19937 rng(4242);
+  int optimal = 0, infeasible = 0, fast_checked = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int U = std::uniform_int_distribution<int>(1, 10)(rng);
+    const int S = std::uniform_int_distribution<int>(1, std::min(U, 5))(rng);
+    const int D = S + std::uniform_int_distribution<int>(0, 1)(rng);
+    const bool uniform_xfer = trial % 2 == 0;
+    const BalanceProblem p = random_problem(rng, U, D, uniform_xfer);
+    std::vector<int> order(S);
+    std::iota(order.begin(), order.end(), 0);
+    if (D > S) std::shuffle(order.begin(), order.end(), rng), order[0] = D - 1;  // a non-identity order
+    const std::string what = "trial " + std::to_string(trial) + " U=" + std::to_string(U) + " S=" +
+                             std::to_string(S) + (p.overlap ? " overlap" : " no-overlap");
+    const Optimum o = brute_force(p, order);
+    if (!o.feasible) {
+      ++infeasible;
+      EXPECT_THROW(solve_dp(p, order), UserError) << what;
+      if (uniform_transfers(p)) EXPECT_THROW(solve_fast(p, order), UserError) << what;
+      EXPECT_FALSE(diagnose_infeasible(p, order).empty()) << what;
+      continue;
+    }
+    const Partition dp = solve_dp(p, order);
+    EXPECT_EQ(dp.algorithm, "dp");
+    expect_optimal(p, order, dp, o, what + " dp");
+    ++optimal;
+    if (uniform_transfers(p)) {
+      const Partition fast = solve_fast(p, order);
+      EXPECT_EQ(fast.algorithm, "fast");
+      expect_optimal(p, order, fast, o, what + " fast");
+      EXPECT_EQ(fast.bottleneck_ms, dp.bottleneck_ms) << what << " (bit-identical B*)";
+      ++fast_checked;
+    } else {
+      EXPECT_THROW(solve_fast(p, order), UserError) << what;
+    }
+  }
+  EXPECT_GE(optimal, 2500);
+  EXPECT_GE(infeasible, 100);
+  EXPECT_GE(fast_checked, 1500);
+}
+
+TEST(BalanceSolver, FastEqualsDpOnLargerInstances) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int U = std::uniform_int_distribution<int>(20, 160)(rng);
+    const int S = std::uniform_int_distribution<int>(1, 12)(rng);
+    BalanceProblem p = random_problem(rng, U, S, true);
+    if (trial % 3 == 0) {  // tight memory: holes in the reachable sets
+      p.weight_bytes.assign(U, 0);
+      p.kv_bytes.assign(U, 0);
+      for (auto& w : p.weight_bytes) w = std::uniform_int_distribution<int>(1, 10)(rng);
+      const int64_t total = std::accumulate(p.weight_bytes.begin(), p.weight_bytes.end(), int64_t{0});
+      p.device_memory_bytes.assign(S, 0);
+      for (auto& m : p.device_memory_bytes) m = std::max<int64_t>(8, 3 * total / (2 * S) + std::uniform_int_distribution<int>(-5, 5)(rng));
+    }
+    const std::vector<int> order = rank_order(p, S);
+    const std::string what = "trial " + std::to_string(trial) + " U=" + std::to_string(U) + " S=" + std::to_string(S);
+    Partition dp, fast;
+    bool dp_ok = true, fast_ok = true;
+    try { dp = solve_dp(p, order); } catch (const UserError&) { dp_ok = false; }
+    try { fast = solve_fast(p, order); } catch (const UserError&) { fast_ok = false; }
+    ASSERT_EQ(dp_ok, fast_ok) << what;
+    if (!dp_ok) continue;
+    EXPECT_EQ(fast.bottleneck_ms, dp.bottleneck_ms) << what;
+    EXPECT_NEAR(fast.spread_ms, dp.spread_ms, 1e-9 * std::max(1.0, dp.bottleneck_ms)) << what;
+  }
+}
+
+TEST(BalanceSolver, OverlapTakesMaxAndNoOverlapTakesSum) {
+  BalanceProblem p;
+  p.cost = {{1, 1, 1, 1}};
+  p.device_row = {0, 0};
+  p.activation_bytes = {2000, 2000, 2000};
+  p.link_bandwidth_GBps = 1e-3;  // 1000 bytes per ms: 2 ms per boundary
+  p.overlap = true;
+  Partition a = solve(p, {0, 1});
+  EXPECT_EQ(a.counts_string(), "2,2");
+  EXPECT_DOUBLE_EQ(a.bottleneck_ms, 2.0);  // max(2 compute, 2 transfer)
+  p.overlap = false;
+  Partition b = solve(p, {0, 1});
+  EXPECT_DOUBLE_EQ(b.bottleneck_ms, 4.0);  // 2 compute + 2 transfer
+  p.activation_bytes = {0, 2000, 9000};    // non-uniform: dp only; cut at the cheap boundary
+  Partition c = solve(p, {0, 1});
+  EXPECT_EQ(c.algorithm, "dp");
+  EXPECT_EQ(c.counts_string(), "1,3");
+  EXPECT_DOUBLE_EQ(c.bottleneck_ms, 3.0);
+  EXPECT_THROW(solve(p, {0, 1}, SolverKind::fast), UserError);
+}
+
+TEST(BalanceSolver, OrderSearchFindsTheBestPermutation) {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 120; ++trial) {
+    const int S = std::uniform_int_distribution<int>(2, 4)(rng);
+    const int U = std::uniform_int_distribution<int>(S, 9)(rng);
+    BalanceProblem p = random_problem(rng, U, S, true);
+    std::vector<int> perm(S);
+    std::iota(perm.begin(), perm.end(), 0);
+    double best = kInf;
+    do {
+      const Optimum o = brute_force(p, perm);
+      if (o.feasible) best = std::min(best, o.bottleneck);
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    const std::string what = "trial " + std::to_string(trial);
+    if (best == kInf) {
+      EXPECT_THROW(solve_with_order(p, S, OrderMode::automatic), UserError) << what;
+      continue;
+    }
+    const Partition auto_p = solve_with_order(p, S, OrderMode::automatic);
+    EXPECT_NEAR(auto_p.bottleneck_ms, best, 1e-9 * std::max(1.0, best)) << what;
+    try {
+      const Partition rank_p = solve_with_order(p, S, OrderMode::rank);
+      EXPECT_LE(auto_p.bottleneck_ms, rank_p.bottleneck_ms + 1e-9) << what;
+      EXPECT_EQ(rank_p.device_rank, rank_order(p, S)) << what;
+    } catch (const UserError&) {
+    }
+  }
+}
+
+TEST(BalanceSolver, OrderSearchByClassBeyondEightDevices) {
+  // 12 devices of 2 classes: 6 fast ones and 6 slow ones (3x). Blocks: fast first or slow first.
+  BalanceProblem p;
+  p.cost = {std::vector<double>(60, 1.0), std::vector<double>(60, 3.0)};
+  for (int d = 0; d < 12; ++d) p.device_row.push_back(d % 2);
+  const Partition rank_p = solve_with_order(p, 12, OrderMode::rank);
+  const Partition auto_p = solve_with_order(p, 12, OrderMode::automatic);
+  EXPECT_LE(auto_p.bottleneck_ms, rank_p.bottleneck_ms);
+  // 6 fast stages of 8 units (8 ms) and 6 slow stages of 2 units (6 ms) cover the 60 units.
+  EXPECT_NEAR(auto_p.bottleneck_ms, 8.0, 1e-12);
+}
+
+TEST(BalanceSolver, InfeasibleSaysWhichLimitBinds) {
+  BalanceProblem p;
+  p.cost = {{1, 1, 1, 1}};
+  p.device_row = {0, 0};
+  p.unit_names = {"embed", "layer.0", "layer.1", "head"};
+  p.weight_bytes = {1, 1, 1, 50};
+  p.device_memory_bytes = {40, 40};
+  try {
+    solve(p, {0, 1});
+    FAIL();
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no feasible split"), std::string::npos) << m;
+    EXPECT_NE(m.find("unit 3 (head)"), std::string::npos) << m;
+  }
+  p.weight_bytes = {30, 30, 30, 30};
+  p.device_memory_bytes = {60, 50};
+  try {
+    solve(p, {0, 1});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("hold"), std::string::npos) << e.what();  // total 120 > 110
+  }
+  p.weight_bytes = {10, 10, 10, 40};
+  p.device_memory_bytes = {60, 30};  // 70 <= 90 in total, but the head needs the big device last
+  EXPECT_THROW(solve(p, {0, 1}), UserError);
+  EXPECT_NE(diagnose_infeasible(p, {0, 1}).find("order"), std::string::npos) << diagnose_infeasible(p, {0, 1});
+  const Partition swapped = solve_with_order(p, 2, OrderMode::automatic);
+  EXPECT_EQ(swapped.device_rank, (std::vector<int>{1, 0}));
+}
+
+TEST(BalanceSolver, ValidationNamesTheField) {
+  BalanceProblem p;
+  p.cost = {{1, 2, 3}};
+  p.weight_bytes = {1, 2};
+  try {
+    validate_problem(p);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("weight_bytes"), std::string::npos);
+  }
+  p.weight_bytes.clear();
+  p.activation_bytes = {1};
+  EXPECT_THROW(validate_problem(p), UserError);
+  p.activation_bytes = {1, 2, 3};  // one per unit: accepted
+  EXPECT_NO_THROW(validate_problem(p));
+  p.cost = {{1, -2, 3}};
+  EXPECT_THROW(validate_problem(p), UserError);
+  p.cost = {{1, 2, 3}};
+  EXPECT_THROW(rank_order(p, 2), UserError);  // 1 device, 2 stages
+  EXPECT_THROW(solve(p, {0, 0}), UserError);
+}
+
+}  // namespace
+}  // namespace ppb::balance

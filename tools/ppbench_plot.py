@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Plots of a ppbench results file (layout: results/README.md).
+
+    python3 tools/ppbench_plot.py results/RUN.h5 [--iter N] [--outdir DIR]
+
+Writes PNG files next to the results file (or into --outdir):
+
+  <stem>_timeline_<partition>.png  one repetition of the pipelined inference, per partition:
+      one row per stage (stage 0 on top), each with three lanes — recv (top, thin),
+      compute (middle), send (bottom, thin). Bars are coloured by request group; prefill
+      steps are hatched, decode steps plain. The x axis is ms since the repetition's first
+      event on rank 0's clock.
+  <stem>_stages.png  per partition: predicted vs measured stage time (prefill + G x decode,
+      ms per group) and the bubble fraction of each stage.
+
+Requires h5py, numpy and matplotlib (pip install -r tools/requirements.txt).
+Exit status: 0 success, 2 the file is missing, not a ppbench file or incomplete.
+"""
+import argparse
+import os
+import sys
+
+import h5py
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+# Columns of /benchmark/<name>/events (its `columns` attribute says the same).
+RECV_START, RECV_END, COMPUTE_START, COMPUTE_END, SEND_START, SEND_END = range(6)
+
+
+class NotAResultsFile(Exception):
+    """The path is missing, not HDF5, not a ppbench results file, or incomplete."""
+
+
+def open_results(path):
+    """Opens `path` read-only; raises NotAResultsFile (naming the path) unless it is a complete
+    ppbench results file."""
+    if not os.path.isfile(path):
+        raise NotAResultsFile(f"{path}: no such file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise NotAResultsFile(f"{path}: not an HDF5 file ({e})") from None
+    if "format_version" not in f.attrs or "ppbench_version" not in f.attrs:
+        f.close()
+        raise NotAResultsFile(f"{path}: not a ppbench results file (no format_version/ppbench_version)")
+    if int(f.attrs.get("complete", 0)) != 1:
+        f.close()
+        raise NotAResultsFile(f"{path}: incomplete results file (complete != 1): the run crashed or is running")
+    return f
+
+
+def partition_names(f):
+    """Partition names in run order (root attribute partition_order; older files: uniform first)."""
+    if "partition_order" in f.attrs:
+        return [str(n) for n in f.attrs["partition_order"]]
+    names = sorted(f["partitions"].keys()) if "partitions" in f else []
+    return sorted(names, key=lambda n: n != "uniform")
+
+
+def unit_span(f, part):
+    """Labels "embed..layer.13" of the units of each stage of partition group `part`."""
+    names = f["profile/unit_name"].asstr()[...]
+    out = []
+    for a, b in zip(part["first_unit"][...], part["last_unit"][...]):
+        out.append(names[a] if a == b else f"{names[a]}..{names[b]}")
+    return out
+
+
+def run_title(f):
+    w = f["config/workload"].attrs
+    model = os.path.splitext(os.path.basename(str(f["config/model"].attrs.get("source", "?"))))[0]
+    return (f"{model}, {int(f.attrs['world_size'])} ranks ({f.attrs['backend']}/{f.attrs['transport']}), "
+            f"B={int(w['batch'])} P={int(w['prompt_len'])} G={int(w['gen_len'])} M={int(w['microbatches'])}")
+
+
+def plot_timeline(f, name, it, out_png):
+    """Gantt chart of repetition `it` of partition `name` (see the module docstring)."""
+    bench = f[f"benchmark/{name}"]
+    ev = bench["events"][...]  # [iters][M][G+1][S][6] seconds, NaN where no such operation
+    iters, M, steps, S, _ = ev.shape
+    if it < 0:
+        it += iters
+    if not 0 <= it < iters:
+        raise SystemExit(f"--iter {it} out of range: the file has {iters} timed repetitions")
+    e = ev[it]
+    t0 = np.nanmin(e)
+    e = (e - t0) * 1e3  # ms since the repetition's first event
+    colours = plt.get_cmap("tab10" if M <= 10 else "tab20")
+    labels = unit_span(f, f[f"partitions/{name}"])
+    bubble = bench["bubble_fraction"][...]
+
+    fig_w = min(24, max(10, 0.5 * steps * M / max(1, S) + 8))
+    fig, ax = plt.subplots(figsize=(fig_w, 1.3 * S + 1.9))
+    # Lanes of stage s, centred on y = s: recv above, compute in the middle, send below
+    # (the y axis is inverted so that stage 0 is the top row).
+    lanes = [(RECV_START, RECV_END, -0.32, 0.16, 0.55), (COMPUTE_START, COMPUTE_END, 0.0, 0.42, 1.0),
+             (SEND_START, SEND_END, 0.32, 0.16, 0.55)]
+    for s in range(S):
+        for g in range(M):
+            for t in range(steps):
+                for a, b, dy, h, alpha in lanes:
+                    x0, x1 = e[g, t, s, a], e[g, t, s, b]
+                    if np.isnan(x0) or np.isnan(x1):
+                        continue
+                    ax.broken_barh([(x0, max(x1 - x0, 1e-3))], (s + dy - h / 2, h), facecolors=colours(g % 20),
+                                   alpha=alpha, edgecolor="black" if b == COMPUTE_END else "none",
+                                   linewidth=0.4, hatch="///" if t == 0 else None)
+                # Step number on compute bars wide enough to hold it.
+                x0, x1 = e[g, t, s, COMPUTE_START], e[g, t, s, COMPUTE_END]
+                if not np.isnan(x0) and (x1 - x0) > 0.025 * np.nanmax(e):
+                    ax.text((x0 + x1) / 2, s, f"g{g}" + ("P" if t == 0 else f"D{t}"), ha="center",
+                            va="center", fontsize=7, color="white" if t else "black")
+    ax.set_yticks(range(S))
+    ax.set_yticklabels([f"stage {s} (rank {int(r)})\n{labels[s]}\nbubble {100 * bubble[s]:.0f}%"
+                        for s, r in enumerate(f[f"partitions/{name}/device_rank"][...])], fontsize=8)
+    ax.set_ylim(S - 0.5, -0.5)
+    for s in range(S - 1):
+        ax.axhline(s + 0.5, color="grey", linewidth=0.5)
+    ax.set_xlim(0, np.nanmax(e) * 1.01)
+    ax.set_xlabel("time since the repetition's first event (ms, rank 0's clock)")
+    tps = bench.attrs.get("tokens_per_s", float("nan"))
+    counts = f[f"partitions/{name}"].attrs.get("counts", "")
+    ax.set_title(f"{run_title(f)}\npartition {name} ({counts} units per stage): repetition {it + 1}/{iters}, "
+                 f"{tps:.2f} tokens/s (median over repetitions)", fontsize=10)
+    handles = [Patch(facecolor=colours(g % 20), label=f"group {g}") for g in range(M)]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="prefill"),
+                Patch(facecolor="grey", edgecolor="black", label="decode"),
+                Patch(facecolor="none", edgecolor="none", label="thin bars: recv (above), send (below)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.grid(axis="x", linestyle=":", linewidth=0.5)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def plot_stages(f, names, out_png):
+    """Per partition: predicted vs measured stage time, and bubble fraction, per stage."""
+    names = [n for n in names if f"benchmark/{n}" in f]
+    if not names:
+        return False
+    P = len(names)
+    fig, axes = plt.subplots(2, P, figsize=(max(6, 4.5 * P), 7), squeeze=False)
+    ymax = 0.0
+    for j, name in enumerate(names):
+        part, bench = f[f"partitions/{name}"], f[f"benchmark/{name}"]
+        pred = part["predicted_stage_ms"][...]
+        meas = bench["stage_workload_ms"][...]
+        bubble = bench["bubble_fraction"][...]
+        S = len(pred)
+        x = np.arange(S)
+        ax = axes[0][j]
+        ax.bar(x - 0.2, pred, 0.4, label="predicted (profile)", color="#9ecae1", edgecolor="black", linewidth=0.5)
+        ax.bar(x + 0.2, meas, 0.4, label="measured", color="#3182bd", edgecolor="black", linewidth=0.5)
+        bn = int(bench.attrs.get("bottleneck_stage", -1))
+        if 0 <= bn < S:
+            ax.annotate("bottleneck", (bn + 0.2, meas[bn]), xytext=(0, 4), textcoords="offset points",
+                        ha="center", fontsize=8)
+        for k in range(S):
+            err = meas[k] / pred[k] - 1
+            ax.text(k + 0.2, meas[k] / 2, f"{100 * err:+.0f}%", ha="center", va="center", fontsize=7,
+                    color="white", rotation=90)
+        ymax = max(ymax, float(np.nanmax(np.concatenate([pred, meas]))))
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"stage {k}" for k in x], fontsize=8)
+        tps = bench.attrs.get("tokens_per_s", float("nan"))
+        ax.set_title(f"{name} ({part.attrs.get('counts', '')} units), {tps:.2f} tok/s", fontsize=10)
+        if j == 0:
+            ax.set_ylabel("stage time per group (ms)\nprefill + G x decode")
+        if j == 0:
+            ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
+        ax2 = axes[1][j]
+        ax2.bar(x, 100 * bubble, 0.6, color="#fd8d3c", edgecolor="black", linewidth=0.5)
+        for k in range(S):
+            ax2.text(k, 100 * bubble[k] + 1, f"{100 * bubble[k]:.0f}%", ha="center", fontsize=8)
+        ax2.set_ylim(0, 105)
+        ax2.set_xticks(x)
+        ax2.set_xticklabels([f"stage {k}" for k in x], fontsize=8)
+        if j == 0:
+            ax2.set_ylabel("bubble (% of repetition wall time)")
+    for j in range(P):
+        axes[0][j].set_ylim(0, ymax * 1.3)
+    fig.suptitle(run_title(f), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file", help="results file written by `ppbench run`")
+    ap.add_argument("--iter", type=int, default=-1, help="timed repetition to draw (0-based; default: the last)")
+    ap.add_argument("--outdir", help="directory for the PNG files (default: the results file's)")
+    args = ap.parse_args(argv)
+    try:
+        f = open_results(args.file)
+    except NotAResultsFile as e:
+        print(f"ppbench_plot: error: {e}", file=sys.stderr)
+        return 2
+    outdir = args.outdir or os.path.dirname(os.path.abspath(args.file))
+    os.makedirs(outdir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(args.file))[0]
+    written = []
+    with f:
+        names = partition_names(f)
+        for name in names:
+            if f"benchmark/{name}" not in f:
+                continue
+            png = os.path.join(outdir, f"{stem}_timeline_{name}.png")
+            plot_timeline(f, name, args.iter, png)
+            written.append(png)
+        png = os.path.join(outdir, f"{stem}_stages.png")
+        if plot_stages(f, names, png):
+            written.append(png)
+    for p in written:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
