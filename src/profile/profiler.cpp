@@ -19,6 +19,7 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
   for (int i = 0; i < iters; ++i) {
     start[i] = device.create_event();
     stop[i] = device.create_event();
+    device.flush_caches(lane);  // timed cold, as inside a stage (see Device::flush_caches)
     lane.record(*start[i]);
     stage.enqueue_forward(lane, in, out, 0, pos, tokens);
     lane.record(*stop[i]);

@@ -78,6 +78,8 @@ struct RunRecord {
   /// root attributes `<key>_version`; empty on a CPU build except what the CPU backend reports.
   std::map<std::string, std::string> library_versions;
   int world_size = 0;
+  double link_latency_s = 0.0;      ///< rank 0 <-> 1 ping-pong latency (MPI, host buffers)
+  double link_bandwidth_Bps = 0.0;  ///< rank 0 <-> 1 bandwidth, bytes/s
   double run_start_s = 0.0;  ///< rank 0 monotonic time all event times are relative to
   double elapsed_s = 0.0;
   std::string model_source, model_config_json;

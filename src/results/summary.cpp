@@ -27,6 +27,9 @@ void print_summary(std::ostream& os, const RunRecord& run) {
      << "/" << run.transport << ", B=" << w.batch << " P=" << w.prompt_len << " G=" << w.gen_len
      << " M=" << w.microbatches << ", " << w.dtype << (w.overlap ? ", overlap" : ", no overlap")
      << ", objective " << w.objective << " (prefill + G x decode ms per group) ==\n";
+  if (run.link_bandwidth_Bps > 0)
+    os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
+       << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
   for (const auto& p : run.partitions) {
     const int S = static_cast<int>(p.first_unit.size());
     os << "\npartition " << p.name << " (solver " << p.solver << ")\n";
@@ -46,11 +49,30 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     }
     if (!p.measured) continue;
     auto m = [&](const char* k) { return p.metrics.count(k) ? p.metrics.at(k) : NAN; };
+    if (p.timed_wall_s > 0 && p.lane_cpu_s.size() == 3 * static_cast<size_t>(S)) {
+      // Waiting lanes must leave the core to compute: their CPU share of the wall time.
+      double worst = 0;
+      int worst_stage = 0;
+      for (int k = 0; k < S; ++k) {
+        double comm = p.lane_cpu_s[3 * k + 1] + p.lane_cpu_s[3 * k + 2];
+        if (comm > worst) {
+          worst = comm;
+          worst_stage = k;
+        }
+      }
+      os << "  communication lanes: at most " << fmt("%.1f%%", 100.0 * worst / p.timed_wall_s)
+         << " of one core (stage " << worst_stage << ", recv+send CPU over " << fmt("%.1f", p.timed_wall_s)
+         << " s of timed wall)\n";
+    }
     os << "  tokens/s " << fmt("%.2f", m("tokens_per_s")) << " (decode " << fmt("%.2f", m("decode_tokens_per_s"))
        << ", bound " << fmt("%.2f", m("bottleneck_bound_tok_s")) << ", efficiency "
        << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << fmt("%.1f", m("ttft_p50_ms")) << "/"
        << fmt("%.1f", m("ttft_p99_ms")) << " ms  TPOT p50/p99 " << fmt("%.1f", m("tpot_p50_ms")) << "/"
        << fmt("%.1f", m("tpot_p99_ms")) << " ms\n";
+    if (p.metrics.count("simulated_decode_tokens_per_s"))
+      os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
+         << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
+         << " vs measured)\n";
     os << "  predicted bottleneck " << fmt("%.2f", p.predicted_bottleneck_ms) << " ms, measured "
        << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
     os << "  validation: tokens " << (p.tokens_match ? "match" : "MISMATCH") << ", checksum "

@@ -115,6 +115,8 @@ void write_all(h5::File& file, const RunRecord& run) {
   root.set_attr("slurm_nodelist", run.slurm_nodelist);
   root.set_attr("slurm_array_task_id", run.slurm_array_task_id);
   root.set_attr("elapsed_s", run.elapsed_s);
+  root.set_attr("link_latency_s", run.link_latency_s);
+  root.set_attr("link_bandwidth_Bps", run.link_bandwidth_Bps);
   root.set_attr("validation_ok", run.validation_ok);
   root.set_attr("balance_gain", run.balance_gain);
   root.set_attr("decode_balance_gain", run.decode_balance_gain);

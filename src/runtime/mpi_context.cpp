@@ -151,6 +151,36 @@ std::vector<double> MpiContext::clock_offsets() const {
   return offsets;
 }
 
+std::pair<double, double> MpiContext::link_model(size_t big_bytes) const {
+  std::vector<double> result{0.0, 0.0};
+  if (size_ > 1 && rank_ <= 1) {
+    constexpr int kTag = 7002;
+    const int peer = 1 - rank_;
+    std::vector<char> buf(big_bytes, 1);
+    auto min_rtt = [&](size_t bytes, int rounds) {
+      double best = 1e300;
+      for (int i = 0; i < rounds; ++i) {
+        double t0 = monotonic_s();
+        if (rank_ == 0) {
+          MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD));
+          MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        } else {
+          MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+          MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD));
+        }
+        best = std::min(best, monotonic_s() - t0);
+      }
+      return best;
+    };
+    const double small = min_rtt(8, 20);
+    const double big = min_rtt(big_bytes, 5);
+    const double latency = small / 2;
+    result = {latency, static_cast<double>(big_bytes) / std::max(big / 2 - latency, 1e-9)};
+  }
+  bcast_doubles(result);
+  return {result[0], result[1]};
+}
+
 std::string MpiContext::library_version() {
   char text[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ppb {
@@ -50,6 +51,13 @@ class MpiContext {
   /// t_peer - (t_send + t_recv) / 2, as in NTP/Cristian's algorithm). Valid on rank 0;
   /// [size] seconds; subtract from a rank's time to get rank 0's clock.
   std::vector<double> clock_offsets() const;
+
+  /// Collective: latency (s) and bandwidth (bytes/s) of the link rank 0 <-> rank 1, from
+  /// blocking ping-pongs with host buffers (min round trip of 20 x 8 B and 5 x `big_bytes`;
+  /// latency = rtt_small / 2, bandwidth = big_bytes / (rtt_big / 2 - latency)). {0, 0} with one
+  /// rank. Valid on every rank (broadcast). What the MPI transport's messages see, less the
+  /// lanes' polling delay.
+  std::pair<double, double> link_model(size_t big_bytes = 4 << 20) const;
 
   /// "Open MPI v4.1.4, ..." (MPI_Get_library_version, first line).
   static std::string library_version();

@@ -13,7 +13,9 @@
 #include <sstream>
 
 #include "backend/device.h"
+#include "balance/memory_report.h"
 #include "balance/partition.h"
+#include "balance/simulator.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "model/model_spec.h"
@@ -359,6 +361,9 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
                     opt.profile_warmup, opt.profile_iters, !opt.no_overlap, opt.seed, opt.objective};
 
     auto offsets = mpi.clock_offsets();
+    const auto [link_latency_s, link_bandwidth] = mpi.link_model();
+    run.link_latency_s = link_latency_s;
+    run.link_bandwidth_Bps = link_bandwidth;
     {
       auto hosts = mpi.gather_strings(mpi.hostname());
       auto names = mpi.gather_strings(device->name());
@@ -492,6 +497,12 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
           pr.stage_kv_bytes.push_back(kv);
         }
         run.partitions.push_back(pr);
+        if (!opt.quiet) {
+          auto mr = balance::memory_report(p, run.profile.unit_weight_bytes, run.profile.unit_kv_bytes,
+                                           int64_t(M) * opt.batch * (opt.prompt_len + opt.gen_len),
+                                           std::vector<int64_t>(S, int64_t(memory_limit)));
+          progress.say("memory of partition " + p.solver + ":\n" + balance::format_memory_report(mr));
+        }
         progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
                      std::to_string(p.bottleneck_ms) + " ms (" + opt.objective + ")");
       }
@@ -640,6 +651,33 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
                       {"pipeline_efficiency", m.pipeline_efficiency},
                       {"predicted_bottleneck_ms", pr.predicted_bottleneck_ms},
                       {"measured_bottleneck_ms", m.stage_workload_ms[m.bottleneck_stage]}};
+        // The simulator's prediction from the profile (predicted step times + the measured link),
+        // beside the measurement (issue: "run stores the simulator's prediction").
+        {
+          std::vector<balance::SimStage> st(S);
+          for (int k = 0; k < S; ++k) {
+            st[k].prefill_ms = pr.predicted_phase_ms[2 * k];
+            st[k].decode_ms = pr.predicted_phase_ms[2 * k + 1];
+            const bool last_stage = k == S - 1;
+            auto xfer_ms = [&](int tokens) {
+              if (S == 1) return 0.0;
+              double bytes = last_stage ? 4.0 * opt.batch
+                                        : double(model::boundary_bytes(spec, p.last_unit[k], opt.batch, tokens, dtype_bytes(dtype)));
+              return 1e3 * (link_latency_s + (link_bandwidth > 0 ? bytes / link_bandwidth : 0.0));
+            };
+            st[k].send_prefill_ms = xfer_ms(opt.prompt_len);
+            st[k].send_decode_ms = xfer_ms(1);
+          }
+          balance::SimConfig simc;
+          simc.groups = M;
+          simc.gen_len = opt.gen_len;
+          simc.batch = opt.batch;
+          simc.overlap = !opt.no_overlap;
+          auto sim = balance::simulate_pipeline(st, simc).metrics;
+          pr.metrics["simulated_tokens_per_s"] = sim.tokens_per_s;
+          pr.metrics["simulated_decode_tokens_per_s"] = sim.decode_tokens_per_s;
+          pr.metrics["simulated_decode_error"] = m.decode_tokens_per_s > 0 ? sim.decode_tokens_per_s / m.decode_tokens_per_s - 1.0 : 0.0;
+        }
         pr.measured = true;
         progress.say("benchmark " + p.solver + ": " + std::to_string(m.tokens_per_s) + " tokens/s, validation " +
                      (pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));

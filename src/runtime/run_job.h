@@ -18,7 +18,7 @@ struct RunOptions {
   std::string partition = "both";
   std::string objective = "workload";
   int warmup = 1;
-  int iters = 3;
+  int iters = 2;
   int profile_warmup = 2;
   int profile_iters = 5;
   int profile_contexts = 3;
