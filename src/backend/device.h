@@ -120,8 +120,11 @@ class Device {
   virtual size_t free_memory() const = 0;   ///< bytes available for weights + KV cache
   /// Enqueues work on `lane` that evicts the weights of the last forward from the caches, so
   /// that a profiled unit is timed cold, as it runs inside a stage whose weights exceed the
-  /// cache (a 63 MB layer profiled alone would otherwise stay in a 480 MB L3). Default: no-op.
-  virtual void flush_caches(Lane& lane) {}
+  /// cache (a 63 MB layer profiled alone would otherwise stay in a 480 MB L3).
+  /// resident_bytes: the weights the run keeps on the device's cache domain (all stages of the
+  /// ranks sharing it); when they fit in the cache, stages run warm and nothing is flushed.
+  /// Default: no-op.
+  virtual void flush_caches(Lane& lane, size_t resident_bytes) {}
   /// Versions of the libraries the backend computes with ({"openblas": ...}, {"cuda_runtime": ...}).
   virtual std::map<std::string, std::string> library_versions() const { return {}; }
   virtual std::unique_ptr<Lane> create_lane(const std::string& name) = 0;

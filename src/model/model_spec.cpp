@@ -22,6 +22,13 @@ namespace {
 
 using nlohmann::json;
 
+// Sizes above these are refused as absurd, so that every count stays well inside int64 and a
+// config cannot make the parser allocate gigabytes. The largest dense models have hidden 16384,
+// intermediate 53248, vocab 262208, 128 heads and 126 layers (Llama-3.1-405B, Gemma-3).
+constexpr int kMaxSize = 1 << 24;         ///< hidden, intermediate, vocab, heads, head_dim
+constexpr int kMaxLayers = 1 << 14;       ///< num_hidden_layers
+constexpr double kMaxParams = 1e15;       ///< the whole model (Llama-3.1-405B: 4.1e11)
+
 enum class Family { llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3 };
 
 struct ArchInfo {
@@ -54,7 +61,11 @@ std::string supported_list() {
 /// A JSON value shortened for an error message.
 std::string show(const json& v) {
   std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  if (s.size() > 60) {
+    size_t n = 57;
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // keep UTF-8 whole
+    s = s.substr(0, n) + "...";
+  }
   return s;
 }
 
@@ -77,8 +88,8 @@ class ConfigReader {
   }
   const json& at(const std::string& key) const { return obj_.at(key); }
 
-  /// A required integer >= `min`.
-  int int_at_least(const std::string& key, int min, const char* what) const {
+  /// A required integer >= `min` and <= `max`.
+  int int_at_least(const std::string& key, int min, const char* what, int max = INT_MAX) const {
     if (!has(key)) fail("missing required field '" + field(key) + "' (" + what + ")");
     const json& v = obj_.at(key);
     int64_t x = 0;
@@ -93,12 +104,16 @@ class ConfigReader {
     } else {
       fail(field(key) + " must be " + what + ", got " + show(v));
     }
-    if (x < min || x > INT_MAX) fail(field(key) + " must be " + what + ", got " + show(v));
+    if (x < min) fail(field(key) + " must be " + what + ", got " + show(v));
+    if (x > max)
+      fail(field(key) + " must be " + what + " of at most " + std::to_string(max) + ", got " + show(v));
     return static_cast<int>(x);
   }
-  int positive_int(const std::string& key) const { return int_at_least(key, 1, "a positive integer"); }
-  int positive_int_or(const std::string& key, int dflt) const {
-    return has(key) ? positive_int(key) : dflt;
+  int positive_int(const std::string& key, int max = INT_MAX) const {
+    return int_at_least(key, 1, "a positive integer", max);
+  }
+  int positive_int_or(const std::string& key, int dflt, int max = INT_MAX) const {
+    return has(key) ? positive_int(key, max) : dflt;
   }
   /// Window-like field: missing -> `if_missing`; null -> 0 (none); else a positive integer.
   int window_or(const std::string& key, int if_missing) const {
@@ -158,6 +173,11 @@ json parse_json(const std::string& text, const std::string& source) {
     }
     throw UserError("model config " + source + ": malformed JSON at line " + std::to_string(line) +
                     ", column " + std::to_string(column) + ": " + reason);
+  } catch (const json::exception& e) {
+    // json::parse also throws out_of_range.406 for a number beyond double ("1e400").
+    std::string reason = e.what();
+    if (auto p = reason.find("] "); p != std::string::npos) reason = reason.substr(p + 2);
+    throw UserError("model config " + source + ": malformed JSON: " + reason);
   }
 }
 
@@ -239,8 +259,11 @@ Rope read_rope(const ConfigReader& r) {
     rope.factor = positive("factor", 8.0);
     rope.low_freq_factor = positive("low_freq_factor", 1.0);
     rope.high_freq_factor = positive("high_freq_factor", 4.0);
-    rope.original_max_position =
-        static_cast<int>(positive("original_max_position_embeddings", 8192.0));
+    double omp = positive("original_max_position_embeddings", 8192.0);
+    if (omp > INT_MAX)  // the cast below would be undefined
+      r.fail(r.field("rope_scaling") + ".original_max_position_embeddings must be at most " +
+             std::to_string(INT_MAX) + ", got " + show(s.at("original_max_position_embeddings")));
+    rope.original_max_position = static_cast<int>(omp);
   }
   // Anything else ("default", "dynamic", "yarn", "longrope", "su", ...) is kept as unscaled
   // RoPE: these change only the rotary frequencies (and for dynamic, only past the trained
@@ -407,24 +430,39 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   const Family fam = arch.family;
   const bool gemma = fam == Family::gemma2 || fam == Family::gemma3;
 
-  m.hidden = r.positive_int("hidden_size");
-  m.n_layers = r.positive_int("num_hidden_layers");
-  const int n_heads = r.positive_int("num_attention_heads");
-  const int intermediate = r.positive_int("intermediate_size");
-  m.vocab = r.positive_int("vocab_size");
-  const int n_kv = r.positive_int_or("num_key_value_heads", n_heads);
+  m.hidden = r.positive_int("hidden_size", kMaxSize);
+  m.n_layers = r.positive_int("num_hidden_layers", kMaxLayers);
+  const int n_heads = r.positive_int("num_attention_heads", kMaxSize);
+  const int intermediate = r.positive_int("intermediate_size", kMaxSize);
+  m.vocab = r.positive_int("vocab_size", kMaxSize);
+  const int n_kv = r.positive_int_or("num_key_value_heads", n_heads, kMaxSize);
   if (n_heads % n_kv != 0)
     r.fail(r.field("num_key_value_heads") + " (" + std::to_string(n_kv) +
            ") must divide num_attention_heads (" + std::to_string(n_heads) + ")");
   int head_dim = 0;
   if (r.has("head_dim")) {
-    head_dim = r.positive_int("head_dim");
+    head_dim = r.positive_int("head_dim", kMaxSize);
   } else {
     if (m.hidden % n_heads != 0)
       r.fail(r.field("hidden_size") + " (" + std::to_string(m.hidden) +
              ") is not divisible by num_attention_heads (" + std::to_string(n_heads) +
              ") and no head_dim is given");
     head_dim = m.hidden / n_heads;
+  }
+  // Every size is <= 2^24, but products of three still overflow int64: bound the whole model
+  // (in double) before any count is formed. Same terms as layer_params / unit_params.
+  const double q_width = static_cast<double>(n_heads) * head_dim;
+  const double kv_width = static_cast<double>(n_kv) * head_dim;
+  const double layer_bound = static_cast<double>(m.hidden) * (2.0 * q_width + 2.0 * kv_width + 3.0 * intermediate) +
+                             q_width + 2.0 * kv_width + 4.0 * m.hidden + 2.0 * head_dim;
+  const double params_bound = m.n_layers * layer_bound + 2.0 * m.vocab * static_cast<double>(m.hidden) + m.hidden;
+  if (q_width > kMaxSize || params_bound > kMaxParams) {
+    std::ostringstream os;
+    os << "the sizes give " << n_heads << " x " << head_dim << " = " << q_width
+       << " query features per token (at most " << kMaxSize << ") and about " << params_bound
+       << " parameters (at most " << kMaxParams << "): hidden_size, intermediate_size, "
+       << "vocab_size, num_attention_heads, head_dim or num_hidden_layers is absurd";
+    r.fail(os.str());
   }
 
   m.rms_eps = r.number_or("rms_norm_eps", 1e-6);

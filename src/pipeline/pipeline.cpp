@@ -1,6 +1,10 @@
 #include "pipeline/pipeline.h"
 
+#include <time.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -25,6 +29,25 @@ int32_t prompt_token(uint64_t seed, int group, int seq, int pos, int vocab) {
 namespace {
 
 constexpr int kRing = 2;  // double buffering of recv and output slots
+
+/// A fault injected for the reliability tests: PPBENCH_FAULT=stall:RANK:ITEM makes world rank
+/// RANK stop at item ITEM of its first timed repetition (its compute lane sleeps until the job
+/// is aborted), the "rank that stops answering" of the tests.
+struct InjectedFault {
+  bool active = false;
+  int item = 0;
+};
+
+InjectedFault injected_fault(int rank) {
+  InjectedFault f;
+  const char* env = std::getenv("PPBENCH_FAULT");
+  int r = -1, item = 0;
+  if (env && std::sscanf(env, "stall:%d:%d", &r, &item) == 2 && r == rank) {
+    f.active = true;
+    f.item = item;
+  }
+  return f;
+}
 
 /// Message tag of an item; MPI guarantees tags up to 32767.
 int item_tag(int item) { return item % 32000; }
@@ -82,6 +105,7 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
 
   StageRecord rec;
   const int reps = cfg.warmup + cfg.iters;
+  const InjectedFault fault = injected_fault(mpi.rank());
   const double nan = std::numeric_limits<double>::quiet_NaN();
   rec.events.assign(static_cast<size_t>(cfg.iters) * items * kNumEvents, nan);
   double cpu0[3] = {0, 0, 0};
@@ -100,7 +124,14 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
     std::vector<bool> has_recv(items, false), has_send(items, false);
     stage.reset_checksum();
 
-    MPI_CHECK(MPI_Barrier(mpi.comm()));
+    // Barrier through the transport: polled, bounded by --timeout, never a hang.
+    transport.enqueue_barrier(*compute_lane);
+    try {
+      compute_lane->synchronize();
+    } catch (const std::exception& e) {
+      request_lane_abort();
+      throw InternalError(describe_stage() + ", start of repetition " + std::to_string(rep) + ": " + e.what());
+    }
     if (timed && rep == cfg.warmup) {
       cpu0[0] = compute_lane->cpu_time_s();
       cpu0[1] = recv_lane_owned ? recv_lane_owned->cpu_time_s() : 0.0;
@@ -142,6 +173,15 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
         has_recv[i] = true;
       }
 
+      if (fault.active && timed && rep == cfg.warmup && i == fault.item) {
+        // Injected fault (tests): this rank stops answering, as a stuck process would.
+        compute_lane->host_task([] {
+          while (!lane_abort_requested()) {
+            timespec ts{0, 100000000};
+            nanosleep(&ts, nullptr);
+          }
+        });
+      }
       // Compute: the output slot must have been sent (if it was) before it is overwritten.
       if (i >= kRing && has_send[i - kRing]) compute_lane->wait(*ev[(i - kRing) * kNumEvents + kSendEnd]);
       compute_lane->record(compute_start);

@@ -21,6 +21,9 @@ struct ProfileConfig {
   int iters = 5;        ///< timed forwards; the median is kept
   DType dtype = DType::f32;
   uint64_t seed = 0;
+  /// Weight bytes the run keeps resident on this device's cache domain (all its ranks' stages);
+  /// decides whether units are timed cold (Device::flush_caches). 0 = always warm.
+  size_t resident_bytes = 0;
 };
 
 /// Timings of one rank. Units with one signature share their values.
@@ -41,7 +44,8 @@ using ProgressFn = std::function<void(int, int, const std::string&)>;
 /// Times `iters` forwards of `stage` after `warmup` untimed ones, each bracketed by events on
 /// `lane`; returns the elapsed times (ms). The timing harness shared by profile and tests.
 std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
-                                  void* out, int pos, int tokens, int warmup, int iters);
+                                  void* out, int pos, int tokens, int warmup, int iters,
+                                  size_t resident_bytes = 0);
 
 /// Profiles every signature of `model` on `device`. @throws UserError if a unit does not fit.
 ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,

@@ -116,6 +116,8 @@ void read_all(const Group& root, RunRecord& run) {
   run.slurm_nodelist = attr_or<std::string>(root, "slurm_nodelist", "");
   run.slurm_array_task_id = attr_or<std::string>(root, "slurm_array_task_id", "");
   run.elapsed_s = attr_or<double>(root, "elapsed_s", 0.0);
+  run.status = attr_or<std::string>(root, "status", "complete");
+  run.failure = attr_or<std::string>(root, "failure", "");
   run.link_latency_s = attr_or<double>(root, "link_latency_s", 0.0);
   run.link_bandwidth_Bps = attr_or<double>(root, "link_bandwidth_Bps", 0.0);
   run.validation_ok = attr_or<bool>(root, "validation_ok", false);

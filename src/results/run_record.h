@@ -89,6 +89,8 @@ struct RunRecord {
   std::vector<RankInfo> ranks;
   ProfileTable profile;
   std::vector<PartitionRecord> partitions;
+  std::string status = "running";  ///< "running: <phase>", "failed: <phase>", or "complete"
+  std::string failure;              ///< the error that ended the run, "" if none
   bool validation_ok = true;
   double balance_gain = 0.0;         ///< tokens_per_s(balanced) / tokens_per_s(uniform), 0 if n/a
   double decode_balance_gain = 0.0;  ///< same with decode_tokens_per_s

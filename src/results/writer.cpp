@@ -97,7 +97,7 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     val.write_dataset("reference_tokens", p.reference_tokens, tdims);
 }
 
-void write_all(h5::File& file, const RunRecord& run) {
+void write_all(h5::File& file, const RunRecord& run, bool complete) {
   Group root = file.root();
   root.set_attr("complete", static_cast<int64_t>(0));
   root.set_attr("format_version", static_cast<int64_t>(kResultsFormatVersion));
@@ -115,6 +115,8 @@ void write_all(h5::File& file, const RunRecord& run) {
   root.set_attr("slurm_nodelist", run.slurm_nodelist);
   root.set_attr("slurm_array_task_id", run.slurm_array_task_id);
   root.set_attr("elapsed_s", run.elapsed_s);
+  root.set_attr("status", run.status);
+  root.set_attr("failure", run.failure);
   root.set_attr("link_latency_s", run.link_latency_s);
   root.set_attr("link_bandwidth_Bps", run.link_bandwidth_Bps);
   root.set_attr("validation_ok", run.validation_ok);
@@ -126,6 +128,10 @@ void write_all(h5::File& file, const RunRecord& run) {
     return names;
   }());
 
+  if (run.ranks.empty() || run.profile.unit_name.empty()) {  // a snapshot before the profile
+    file.flush();
+    return;
+  }
   Group model = root.create_group("config/model");
   model.set_attr("source", run.model_source);
   for (const auto& [k, v] : run.model_attrs_str) model.set_attr(k, v);
@@ -195,17 +201,17 @@ void write_all(h5::File& file, const RunRecord& run) {
 
   for (const auto& part : run.partitions) write_partition(root, run, part);
   file.flush();
-  root.set_attr("complete", static_cast<int64_t>(1));
+  if (complete) root.set_attr("complete", static_cast<int64_t>(1));
 }
 
 }  // namespace
 
-void write_results(const std::string& path, const RunRecord& run) {
+void write_results(const std::string& path, const RunRecord& run, bool complete) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   try {
     {
       h5::File file = h5::File::create(tmp);
-      write_all(file, run);
+      write_all(file, run, complete);
       file.close();
     }
     std::filesystem::rename(tmp, path);

@@ -1,6 +1,7 @@
 #include "runtime/run_job.h"
 
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
@@ -18,6 +20,7 @@
 #include "balance/simulator.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/watchdog.h"
 #include "model/model_spec.h"
 #include "pipeline/metrics.h"
 #include "pipeline/pipeline.h"
@@ -41,11 +44,41 @@ struct PhaseFailed {
   int status;
 };
 
-/// Runs `fn` on every rank, then agrees on the outcome: if any rank failed, rank 0 prints each
-/// distinct message (with the ranks that raised it) and every rank throws PhaseFailed with the
-/// highest status (2 = bad input, 1 = internal). Never leaves a rank behind in a collective.
+/// What a rank does when a phase fails with an internal error (a timeout, a dead peer, a
+/// failing library call): other ranks may be blocked in a transfer or a collective that will
+/// never complete, so there is no agreeing. Rank 0 records the failure in the results file
+/// (which keeps the phases already done, complete=0); the others give rank 0 a moment to do
+/// so. Then MPI_Abort ends the whole job with a non-zero status.
+struct FailurePolicy {
+  std::function<void(const std::string&)> record;  ///< rank 0: write the failure to the file
+};
+
+[[noreturn]] void abort_job(const MpiContext& mpi, const FailurePolicy& policy, const std::string& phase,
+                            const std::string& message) {
+  request_lane_abort(message);
+  std::cerr << "ppbench: error in " << phase << " (" << error_context() << "): " << message << std::endl;
+  if (mpi.is_root()) {
+    try {
+      if (policy.record) policy.record("failed in " + phase + ": " + message);
+    } catch (const std::exception& e) {
+      std::cerr << "ppbench: could not record the failure in the results file: " << e.what() << std::endl;
+    }
+  } else {
+    timespec ts{2, 0};  // let rank 0 record the failure first
+    nanosleep(&ts, nullptr);
+  }
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+/// Runs `fn` on every rank. A user error (bad input: the same on every rank, or local to a
+/// rank but raised before any collective of the phase) is agreed on: rank 0 prints each distinct
+/// message with the ranks that raised it and every rank throws PhaseFailed(2). Any other error
+/// aborts the job (abort_job). Never leaves a rank behind in a collective.
 template <typename Fn>
-void run_phase(const MpiContext& mpi, const std::string& phase, Fn&& fn) {
+void run_phase(const MpiContext& mpi, Watchdog& watchdog, const FailurePolicy& policy, const std::string& phase,
+               Fn&& fn) {
+  watchdog.set_phase(phase);
   int status = 0;
   std::string message;
   try {
@@ -54,8 +87,7 @@ void run_phase(const MpiContext& mpi, const std::string& phase, Fn&& fn) {
     status = 2;
     message = e.what();
   } catch (const std::exception& e) {
-    status = 1;
-    message = e.what();
+    abort_job(mpi, policy, phase, e.what());
   }
   int global = mpi.agree(status);
   if (global == 0) return;
@@ -76,6 +108,12 @@ void run_phase(const MpiContext& mpi, const std::string& phase, Fn&& fn) {
         for (size_t i = 0; i < ranks.size(); ++i) who << (i ? "," : "") << ranks[i];
       }
       std::cerr << "ppbench: error in " << phase << " (" << who.str() << "): " << msg << std::endl;
+    }
+    if (policy.record) {
+      try {
+        policy.record("failed in " + phase + ": " + (distinct.empty() ? std::string("?") : distinct[0].first));
+      } catch (const std::exception&) {
+      }
     }
   }
   throw PhaseFailed{global};
@@ -241,9 +279,45 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
   int M = 0;
   size_t memory_limit = 0;
 
+  // Rank 0 keeps the results file up to date phase by phase (complete=0 until the end), and
+  // records a failure in it before the job is aborted.
+  FailurePolicy policy;
+  policy.record = [&](const std::string& why) {
+    if (!root || output.empty() || run.world_size == 0) return;
+    run.status = "failed";
+    run.failure = why;
+    run.elapsed_s = monotonic_s() - run.run_start_s;
+    write_results(output, run, /*complete=*/false);
+    std::cerr << "ppbench: what was measured before the failure is in " << output << " (complete=0)" << std::endl;
+  };
+  auto snapshot = [&](const std::string& next_phase) {
+    if (!root) return;
+    run.status = "running: " + next_phase;
+    run.elapsed_s = monotonic_s() - run.run_start_s;
+    write_results(output, run, /*complete=*/false);
+  };
+  // The transfers time out first (--timeout, with the peer and tag in the message); the
+  // watchdog catches what they cannot see, e.g. a rank stuck in a collective.
+  Watchdog watchdog(opt.timeout_s + 15.0, [&](const std::string& phase, double idle) {
+    std::ostringstream os;
+    os << "no progress for " << static_cast<int>(idle) << " s (--timeout " << opt.timeout_s
+       << " s + 15 s): a rank is dead or stuck";
+    abort_job(mpi, policy, phase, os.str());
+  });
+  watchdog.catch_termination([&](const std::string& phase, int sig) {
+    // Another rank died (mpirun/srun then terminate the job) or the job was cancelled.
+    const std::string why = "terminated by signal " + std::to_string(sig) + " during " + phase +
+                            " (another rank died, or the job was cancelled)";
+    std::cerr << "ppbench: " << error_context() << ": " << why << std::endl;
+    try {
+      if (policy.record) policy.record(why);
+    } catch (const std::exception&) {
+    }
+  });
+
   try {
     // ---- 1. options, model, output: every rank checks the same things ----------------------
-    run_phase(mpi, "start-up", [&] {
+    run_phase(mpi, watchdog, policy, "start-up", [&] {
       validate_options(opt);
       partition_names = requested_partitions(opt.partition);
       spec = model::load_model_config(opt.model_path);
@@ -269,7 +343,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     // ---- device and transport --------------------------------------------------------------
     // auto = CUDA when every rank sees a GPU (agreed collectively, so no rank is left behind).
     const bool use_cuda = opt.device == "cuda" || (opt.device == "auto" && mpi.agree(visible_gpus() > 0 ? 0 : 1) == 0);
-    run_phase(mpi, "device", [&] {
+    run_phase(mpi, watchdog, policy, "device", [&] {
       if (use_cuda) {
 #if PPBENCH_HAVE_CUDA
         device = create_cuda_device(mpi.local_rank());
@@ -287,7 +361,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       memory_limit = opt.memory_limit_gib > 0 ? static_cast<size_t>(opt.memory_limit_gib * (1ull << 30))
                                               : static_cast<size_t>(0.9 * device->free_memory() / sharing);
     }
-    run_phase(mpi, "transport", [&] {
+    run_phase(mpi, watchdog, policy, "transport", [&] {
       MpiPollConfig poll;
       poll.timeout_s = opt.timeout_s;
 #if PPBENCH_HAVE_CUDA
@@ -385,7 +459,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
 
     // ---- 2. profile on every rank ---------------------------------------------------------
     ProfileResult prof;
-    run_phase(mpi, "profile", [&] {
+    run_phase(mpi, watchdog, policy, "profile", [&] {
       ProfileConfig pc;
       pc.batch = opt.batch;
       pc.prompt_len = opt.prompt_len;
@@ -395,6 +469,12 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       pc.iters = opt.profile_iters;
       pc.dtype = dtype;
       pc.seed = opt.seed;
+      {
+        // This node's share of the model's weights (its ranks' stages), for cold/warm timing.
+        int64_t total = 0;
+        for (int u = 0; u < spec.num_units(); ++u) total += model::unit_resident_params(spec, u) * dtype_bytes(dtype);
+        pc.resident_bytes = static_cast<size_t>(total / S * mpi.local_size());
+      }
       const double t_start = monotonic_s();
       prof = profile_model(*device, spec, pc, [&](int done, int total, const std::string& what) {
         if (done >= total) return;
@@ -426,7 +506,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     // ---- 3. balance on rank 0, broadcast --------------------------------------------------
     std::vector<balance::Partition> parts;
     std::vector<int> flat;  // per partition: S first units
-    run_phase(mpi, "balance", [&] {
+    run_phase(mpi, watchdog, policy, "balance", [&] {
       if (!root) return;
       std::vector<std::vector<double>> cost(S, std::vector<double>(U));
       for (int r = 0; r < S; ++r)
@@ -508,9 +588,11 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       }
     }
 
+    run_phase(mpi, watchdog, policy, "write of the profile", [&] { snapshot("benchmark"); });
+
     // Memory: every rank checks its stage of every partition before anything is allocated, so
     // an impossible partition fails in seconds instead of after the others were benchmarked.
-    run_phase(mpi, "memory check", [&] {
+    run_phase(mpi, watchdog, policy, "memory check", [&] {
       for (const auto& p : parts) {
         const int k = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
         auto [w, kv] = stage_bytes(spec, p.first_unit[k], p.last_unit[k], M * opt.batch, opt.prompt_len + opt.gen_len,
@@ -549,7 +631,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       place.last_rank = p.device_rank[S - 1];
 
       std::unique_ptr<StageExecutor> stage;
-      run_phase(mpi, "build of partition " + p.solver, [&] {
+      run_phase(mpi, watchdog, policy, "build of partition " + p.solver, [&] {
         StageConfig sc;
         sc.batch = opt.batch;
         sc.max_context = opt.prompt_len + opt.gen_len;
@@ -570,7 +652,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       pc.vocab = spec.vocab;
       pc.mode = opt.no_overlap ? LaneMode::no_overlap : LaneMode::overlap;
       StageRecord rec, ref;
-      run_phase(mpi, "benchmark of partition " + p.solver, [&] {
+      run_phase(mpi, watchdog, policy, "benchmark of partition " + p.solver, [&] {
         const double t_start = monotonic_s();
         rec = run_pipeline(mpi, *device, *transport, *stage, place, pc, [&](int done, int total) {
           // Estimate: the mean repetition so far for what is left, plus one for validation.
@@ -583,7 +665,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         });
       });
       if (opt.validate) {
-        run_phase(mpi, "validation of partition " + p.solver, [&] {
+        run_phase(mpi, watchdog, policy, "validation of partition " + p.solver, [&] {
           PipelineConfig vc = pc;
           vc.warmup = 0;
           vc.iters = 1;
@@ -682,11 +764,12 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         progress.say("benchmark " + p.solver + ": " + std::to_string(m.tokens_per_s) + " tokens/s, validation " +
                      (pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
       }
+      run_phase(mpi, watchdog, policy, "write after partition " + p.solver, [&] { snapshot("benchmark"); });
     }
 
     // ---- 6./7. summary and results file ---------------------------------------------------
     int status = 0;
-    run_phase(mpi, "write", [&] {
+    run_phase(mpi, watchdog, policy, "write", [&] {
       if (!root) return;
       const PartitionRecord* uni = nullptr;
       const PartitionRecord* bal = nullptr;
@@ -700,6 +783,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         run.decode_balance_gain = bal->metrics.at("decode_tokens_per_s") / uni->metrics.at("decode_tokens_per_s");
       }
       run.elapsed_s = monotonic_s() - run.run_start_s;
+      run.status = "complete";
       write_results(output, run);
       print_summary(std::cout, run);
       std::cout << "results: " << output << std::endl;

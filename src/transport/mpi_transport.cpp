@@ -8,6 +8,7 @@
 #include "backend/device.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/watchdog.h"
 #include "runtime/mpi_context.h"
 #include "transport/transport.h"
 
@@ -30,7 +31,10 @@ void poll_request(MPI_Request& req, const MpiPollConfig& cfg, const std::string&
   for (;;) {
     int done = 0;
     MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (done) return;
+    if (done) {
+      heartbeat();
+      return;
+    }
     if (lane_abort_requested()) {
       MPI_Cancel(&req);
       MPI_Request_free(&req);

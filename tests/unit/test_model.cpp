@@ -462,8 +462,47 @@ INSTANTIATE_TEST_SUITE_P(
                   j["sliding_window"] = -512;
                   return j.dump();
                 },
-                {"sliding_window"}}),
+                {"sliding_window"}},
+        // Inputs that crashed the fuzz harness (tests/fuzz; each is a seed in tests/fuzz/corpus).
+        BadCase{"number_beyond_double",  // was an uncaught json out_of_range.406
+                [] { return std::string(R"({"architectures": [["LlamaForCausalLM"]], "hidden_size": 1e400})"); },
+                {"malformed JSON", "1e400"}},
+        BadCase{"absurd_layer_count",  // was a 2e9-element allocation (std::bad_alloc)
+                [] { return llama_with([](json& j) { j["num_hidden_layers"] = 2000000000; }); },
+                {"num_hidden_layers", "at most 16384", "2000000000"}},
+        BadCase{"absurd_hidden_size",  // was a signed int64 overflow in the parameter count
+                [] {
+                  return std::string(R"({"model_type":"llama","hidden_size":2147483647,"num_hidden_layers":1,)"
+                                     R"("num_attention_heads":1,"intermediate_size":2147483647,"vocab_size":1})");
+                },
+                {"hidden_size", "at most 16777216"}},
+        BadCase{"parameter_count_beyond_1e15",  // every size in range, their product is not
+                [] {
+                  return llama_with([](json& j) {
+                    j["hidden_size"] = 1 << 24;
+                    j["intermediate_size"] = 1 << 24;
+                    j["num_attention_heads"] = 1;
+                    j["num_key_value_heads"] = 1;
+                    j["num_hidden_layers"] = 16384;
+                  });
+                },
+                {"parameters", "absurd"}},
+        BadCase{"rope_original_max_position_beyond_int",  // was a float-to-int cast overflow (UB)
+                [] {
+                  return llama_with(
+                      [](json& j) { j["rope_scaling"]["original_max_position_embeddings"] = 1e300; });
+                },
+                {"rope_scaling.original_max_position_embeddings", "at most"}}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+// Found while writing the fuzz harness: a long value shown in a message was cut inside a UTF-8
+// character, so the message (which may end up in a results file) was not valid UTF-8.
+TEST(BadInput, LongValueInMessageIsCutOnACharacterBoundary) {
+  std::string text = R"({"model_type":"llama","hidden_size":")" + std::string(55, 'a') + "\u00e9\u00e9\u00e9\u00e9\"}";
+  std::string msg = user_error_of([&] { parse_model_config(text, "x.json"); });
+  EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
+  EXPECT_NO_THROW(json(msg).dump()) << msg;  // dump() throws on invalid UTF-8
+}
 
 TEST(BadInput, MalformedJsonReportsLineAndColumn) {
   std::string msg = user_error_of([] { parse_model_config("{\n  \"a\": 1,\n  \"b\": tru\n}", "x.json"); });

@@ -106,7 +106,9 @@ class CpuDevice final : public Device {
   }
   std::string bus_id() const override { return ""; }
   size_t free_memory() const override { return mem_available_bytes(); }
-  void flush_caches(Lane& lane) override {
+  void flush_caches(Lane& lane, size_t resident_bytes) override {
+    // Weights that fit in half the last-level cache stay there during the pipeline too.
+    if (resident_bytes <= last_level_cache_bytes() / 2) return;
     if (!flush_) {
       // 1.5x the last-level cache, at least 64 MiB, at most 2 GiB.
       flush_bytes_ = std::clamp<size_t>(last_level_cache_bytes() * 3 / 2, size_t(64) << 20, size_t(2) << 30);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/watchdog.h"
 
 namespace ppb {
 
@@ -84,6 +85,7 @@ void CpuLane::run() {
       queue_.pop_front();
     }
     task();
+    heartbeat();  // a finished task is progress (see common/watchdog.h)
   }
 }
 

@@ -1,0 +1,147 @@
+// Reliability: a rank killed in the middle of the benchmark, and a rank that stops answering,
+// must end the job non-zero within --timeout plus a few seconds, with the results file holding
+// the profile (complete=0) and, where rank 0 lives, the failure recorded.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "results/h5.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+std::string temp_dir() {
+  fs::path d = fs::temp_directory_path() / ("ppbench_faults_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// PID of the ppbench process of world rank `rank` whose command line mentions `marker`.
+pid_t find_rank(const std::string& marker, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = read_file(e.path() / "cmdline");
+    if (cmd.find("ppbench") == std::string::npos || cmd.find(marker) == std::string::npos) continue;
+    if (cmd.rfind("mpirun", 0) == 0) continue;
+    std::string env = read_file(e.path() / "environ");
+    if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+/// Starts `cmd` in the background (its output to `log`), returns the shell's pid.
+pid_t spawn(const std::string& cmd, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string full = "cd " PPB_SOURCE_DIR " && exec " + cmd + " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", full.c_str(), nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+/// Waits for `pid` up to `limit_s`; returns its exit status, or -1 on timeout (then kills it).
+int wait_for(pid_t pid, double limit_s, double* seconds) {
+  auto t0 = clock_type::now();
+  for (;;) {
+    int st = 0;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    *seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (*seconds > limit_s) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::string mpirun_env() {
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 ";
+}
+
+/// The file holds the profile, is marked incomplete, and says why when rank 0 could record it.
+void check_partial_file(const std::string& path, int world) {
+  ASSERT_TRUE(fs::exists(path)) << path;
+  auto root = ppb::h5::File::open(path).root();
+  EXPECT_EQ(root.get_attr<int64_t>("complete"), 0);
+  auto lat = root.open_group("profile").open_dataset("latency_ms");
+  EXPECT_EQ(lat.dims()[0], static_cast<hsize_t>(world));
+  for (double v : lat.read<double>()) EXPECT_GT(v, 0.0);
+  EXPECT_TRUE(root.exists("partitions/uniform"));
+}
+
+TEST(Faults, RankKilledMidBenchmarkEndsJobAndKeepsProfile) {
+  const std::string dir = temp_dir(), out = dir + "/killed.h5", log = dir + "/killed.log";
+  const double timeout = 10;
+  // A long benchmark (many decode steps) so that the kill lands in its middle.
+  pid_t job = spawn(mpirun_env() + "mpirun --oversubscribe -np 4 " PPBENCH_BIN " run --model tests/data/tiny-llama.json "
+                    "-g 400 --iters 200 --timeout 10 -o " + out, log);
+  // Wait for the snapshot written after the profile ("running: benchmark"), then a bit more.
+  auto t0 = clock_type::now();
+  bool benchmarking = false;
+  while (std::chrono::duration<double>(clock_type::now() - t0).count() < 60) {
+    if (read_file(log).find("benchmark uniform: repetition 2/") != std::string::npos) {
+      benchmarking = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(benchmarking) << read_file(log);
+  pid_t victim = find_rank(out, 2);
+  ASSERT_GT(victim, 0) << "rank 2 not found";
+  const auto kill_time = clock_type::now();
+  kill(victim, SIGKILL);
+  double seconds = 0;
+  int status = wait_for(job, timeout + 20, &seconds);
+  const double after_kill = std::chrono::duration<double>(clock_type::now() - kill_time).count();
+  EXPECT_NE(status, -1) << "the job did not end within --timeout + 20 s of the kill\n" << read_file(log);
+  EXPECT_NE(status, 0) << read_file(log);
+  EXPECT_LT(after_kill, timeout + 10);
+  std::printf("killed rank 2: job ended %.1f s later with status %d\n", after_kill, status);
+  check_partial_file(out, 4);
+}
+
+TEST(Faults, StalledRankEndsJobNamingTheWaitingStage) {
+  const std::string dir = temp_dir(), out = dir + "/stalled.h5", log = dir + "/stalled.log";
+  const double timeout = 5;
+  // Rank 1 stops answering at item 3 of its first timed repetition (PPBENCH_FAULT).
+  pid_t job = spawn(mpirun_env() + "PPBENCH_FAULT=stall:1:3 mpirun --oversubscribe -x PPBENCH_FAULT -np 4 " PPBENCH_BIN
+                    " run --model tests/data/tiny-llama.json --timeout 5 -o " + out, log);
+  double seconds = 0;
+  int status = wait_for(job, 60, &seconds);
+  std::string text = read_file(log);
+  ASSERT_NE(status, -1) << "hang\n" << text;
+  EXPECT_NE(status, 0) << text;
+  EXPECT_NE(text.find("timed out"), std::string::npos) << text;
+  EXPECT_NE(text.find("stage "), std::string::npos) << text;
+  EXPECT_NE(text.find("--timeout"), std::string::npos) << text;
+  std::printf("stalled rank 1: job ended after %.1f s (timeout %.0f s) with status %d\n", seconds, timeout, status);
+  check_partial_file(out, 4);
+  auto root = ppb::h5::File::open(out).root();
+  std::string failure = root.get_attr<std::string>("failure");
+  EXPECT_NE(failure.find("timed out"), std::string::npos) << failure;
+  EXPECT_EQ(root.get_attr<std::string>("status"), "failed");
+}
+
+}  // namespace
