@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
   run->add_option("--objective", opt.objective,
                   "stage cost the balancer minimises: workload (prefill + G x decode) | decode | prefill")
       ->capture_default_str();
+  run->add_option("--order", opt.order,
+                  "device order of the balanced split: rank (stage k on rank k) | auto (search it; "
+                  "matters with mixed devices)")
+      ->capture_default_str();
   run->add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
   run->add_option("--iters", opt.iters, "timed repetitions per partition")->capture_default_str();
   run->add_option("--profile-warmup", opt.profile_warmup, "untimed forwards before each profiled series")

@@ -18,6 +18,7 @@
 #include "balance/memory_report.h"
 #include "balance/partition.h"
 #include "balance/simulator.h"
+#include "balance/solver.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/watchdog.h"
@@ -153,6 +154,8 @@ void validate_options(const RunOptions& o) {
   check_range("--profile-contexts", o.profile_contexts, 1, 64);
   if (!(o.timeout_s > 0)) throw UserError("--timeout must be > 0 seconds");
   if (o.memory_limit_gib < 0) throw UserError("--memory-limit must be >= 0 GiB (0 = the device's free memory)");
+  if (o.order != "rank" && o.order != "auto")
+    throw UserError("--order '" + o.order + "' is unknown; valid: rank (stage k on rank k), auto (search the device order)");
   if (o.objective != "workload" && o.objective != "decode" && o.objective != "prefill")
     throw UserError("--objective '" + o.objective + "' is unknown; valid: workload, decode, prefill");
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
@@ -506,21 +509,44 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     // ---- 3. balance on rank 0, broadcast --------------------------------------------------
     std::vector<balance::Partition> parts;
     std::vector<int> flat;  // per partition: S first units
+    auto memory_limits = mpi.gather_doubles({static_cast<double>(memory_limit)});
     run_phase(mpi, watchdog, policy, "balance", [&] {
       if (!root) return;
-      std::vector<std::vector<double>> cost(S, std::vector<double>(U));
+      // The balancer's problem (DESIGN.md §6): each rank's own profile row, each rank's memory,
+      // the activations crossing each boundary over a group's life (prefill + G decode steps)
+      // on the link measured at start-up, with or without overlap.
+      balance::BalanceProblem prob;
+      prob.cost.assign(S, std::vector<double>(U));
       for (int r = 0; r < S; ++r)
-        for (int u = 0; u < U; ++u) cost[r][u] = cost_all[static_cast<size_t>(r) * U + u];
+        for (int u = 0; u < U; ++u) prob.cost[r][u] = cost_all[static_cast<size_t>(r) * U + u];
+      const int db = dtype_bytes(dtype);
+      for (int u = 0; u < U; ++u) {
+        auto [w, kv] = stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, db);
+        prob.weight_bytes.push_back(w);
+        prob.kv_bytes.push_back(kv);
+        prob.unit_names.push_back(spec.units[u].name);
+        double per_group = double(model::boundary_bytes(spec, u, opt.batch, opt.prompt_len, db)) +
+                           double(opt.gen_len) * double(model::boundary_bytes(spec, u, opt.batch, 1, db));
+        prob.activation_bytes.push_back(per_group);
+      }
+      for (double m : memory_limits) prob.device_memory_bytes.push_back(static_cast<int64_t>(m));
+      prob.link_bandwidth_GBps = link_bandwidth / 1e9;
+      prob.link_latency_us = link_latency_s * 1e6;
+      prob.messages_per_boundary = opt.gen_len + 1;
+      prob.overlap = !opt.no_overlap;
       for (const auto& name : partition_names) {
         balance::Partition p;
         if (name == "uniform") p = balance::solve_uniform(U, S);
-        else if (name == "seed") p = balance::solve_seed(cost[0], S);
-        else if (name == "balanced") p = balance::solve_balanced(cost, S);
+        else if (name == "seed") p = balance::solve_seed(prob.cost[0], S);
+        else if (name == "balanced")
+          p = balance::solve_with_order(prob, S, opt.order == "auto" ? balance::OrderMode::automatic
+                                                                     : balance::OrderMode::rank);
         else p = balance::parse_manual(opt.partition, U, S);
         p.solver = name;
-        balance::evaluate(p, cost);
+        balance::evaluate(prob, p);
         parts.push_back(p);
         for (int k = 0; k < S; ++k) flat.push_back(p.first_unit[k]);
+        for (int k = 0; k < S; ++k) flat.push_back(p.device_rank[k]);
       }
     });
     mpi.bcast_ints(flat);
@@ -529,9 +555,9 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         balance::Partition p;
         p.solver = partition_names[i];
         for (int k = 0; k < S; ++k) {
-          p.first_unit.push_back(flat[i * S + k]);
-          p.last_unit.push_back(k + 1 < S ? flat[i * S + k + 1] - 1 : U - 1);
-          p.device_rank.push_back(k);
+          p.first_unit.push_back(flat[2 * i * S + k]);
+          p.last_unit.push_back(k + 1 < S ? flat[2 * i * S + k + 1] - 1 : U - 1);
+          p.device_rank.push_back(flat[2 * i * S + S + k]);
         }
         parts.push_back(p);
       }

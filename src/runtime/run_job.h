@@ -17,6 +17,7 @@ struct RunOptions {
   int microbatches = 0;  ///< 0 = number of stages
   std::string partition = "both";
   std::string objective = "workload";
+  std::string order = "rank";  ///< balanced partition's device order: rank | auto
   int warmup = 1;
   int iters = 2;
   int profile_warmup = 2;
