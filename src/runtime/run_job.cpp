@@ -305,6 +305,11 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     std::ostringstream os;
     os << "no progress for " << static_cast<int>(idle) << " s (--timeout " << opt.timeout_s
        << " s + 15 s): a rank is dead or stuck";
+    if (transport) {
+      std::string async = transport->async_error();
+      if (!async.empty()) os << "; " << async;
+      transport->abort();  // e.g. ncclCommAbort: release streams blocked on a dead peer
+    }
     abort_job(mpi, policy, phase, os.str());
   });
   watchdog.catch_termination([&](const std::string& phase, int sig) {
@@ -395,6 +400,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     run.transport = transport->name();
     run.mpi_version = MpiContext::library_version();
     run.library_versions = device->library_versions();
+    for (const auto& [k, v] : transport->library_versions()) run.library_versions[k] = v;
     run.world_size = S;
     run.slurm_job_id = env_or("SLURM_JOB_ID");
     run.slurm_job_name = env_or("SLURM_JOB_NAME");

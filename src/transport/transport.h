@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,14 @@ class Transport {
   virtual void enqueue_recv(Lane& lane, void* buf, size_t bytes, int peer, int tag) = 0;
   /// Enqueues a barrier over all ranks (used by the serialized reference run).
   virtual void enqueue_barrier(Lane& lane) = 0;
+  /// An asynchronous error of the transport ("" if none), e.g. ncclCommGetAsyncError: what a
+  /// watchdog reports when the job stops making progress. Callable from any thread.
+  virtual std::string async_error() const { return ""; }
+  /// Abandons every operation in flight so that blocked streams/threads can return
+  /// (ncclCommAbort); the transport is unusable afterwards. Callable from any thread.
+  virtual void abort() {}
+  /// Library versions behind the transport ({"nccl": "2.21.5"}), for the results file.
+  virtual std::map<std::string, std::string> library_versions() const { return {}; }
 };
 
 /// Polling behaviour of the MPI transport.

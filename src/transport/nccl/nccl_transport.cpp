@@ -78,6 +78,33 @@ class NcclTransport final : public Transport {
   }
   std::string name() const override { return "nccl"; }
 
+  std::string async_error() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<ncclComm_t> comms{world_.get()};
+    for (const auto& [key, comm] : pairs_) comms.push_back(comm.get());
+    for (ncclComm_t c : comms) {
+      ncclResult_t async = ncclSuccess;
+      if (c && ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        return std::string("NCCL asynchronous error: ") + ncclGetErrorString(async);
+    }
+    return "";
+  }
+
+  void abort() override {
+    // ncclCommAbort makes kernels blocked on a dead peer return, so the process can exit.
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, comm] : pairs_)
+      if (comm.get()) ncclCommAbort(comm.get());
+    if (world_.get()) ncclCommAbort(world_.get());
+  }
+
+  std::map<std::string, std::string> library_versions() const override {
+    int v = 0;
+    ncclGetVersion(&v);
+    // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+    return {{"nccl", std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100)}};
+  }
+
   void enqueue_send(Lane& lane, const void* buf, size_t bytes, int peer, int tag) override {
     cudaStream_t st = cuda::as_cuda_lane(lane).stream();
     ncclComm_t c = pair(mpi_.rank(), peer);
@@ -121,7 +148,7 @@ class NcclTransport final : public Transport {
   std::unique_ptr<Transport> mpi_transport_;  // for the barrier
   MPI_Comm id_comm_ = MPI_COMM_NULL;
   NcclComm world_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::map<std::pair<int, int>, NcclComm> pairs_;
 };
 
