@@ -23,7 +23,9 @@ t_build=$((SECONDS - t0))
 export OPENBLAS_NUM_THREADS=1
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 # Leaks are checked everywhere; the suppressions cover Open MPI's internals only (see the file).
-export ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1
+# Open MPI is built without frame pointers: the fast unwinder would stop at its first frame and
+# no suppression would match, so unwind slowly (full stacks) on every allocation.
+export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1
 export LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 

@@ -4,10 +4,12 @@
 // config, impossible partition, unwritable output) — the same on every rank, never a hang.
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "common/check.h"
 #include "common/error.h"
 #include "model/model_spec.h"
 #include "report_cli.h"
@@ -115,14 +117,20 @@ int main(int argc, char** argv) {
   if (report->parsed()) return ppb::run_report_command(report_opt);  // no MPI for report
   opt.command_line = join_args(argc, argv);
 
+  std::unique_ptr<ppb::MpiContext> mpi;
   try {
-    ppb::MpiContext mpi(&argc, &argv);
-    return ppb::run_job(mpi, opt);
-  } catch (const ppb::UserError& e) {
-    std::cerr << "ppbench: error: " << e.what() << std::endl;
-    return 2;
+    mpi = std::make_unique<ppb::MpiContext>(&argc, &argv);
   } catch (const std::exception& e) {
     std::cerr << "ppbench: fatal: " << e.what() << std::endl;
+    return 1;
+  }
+  try {
+    return ppb::run_job(*mpi, opt);
+  } catch (const std::exception& e) {
+    // An error that escaped the phases: the other ranks may be inside a collective, so
+    // MPI_Finalize could wait forever. Abort the job instead.
+    std::cerr << "ppbench: fatal (" << ppb::error_context() << "): " << e.what() << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
 }

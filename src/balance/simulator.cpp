@@ -74,13 +74,25 @@ SimResult simulate_pipeline(const std::vector<SimStage>& stages, const SimConfig
       const int t = i / M;
       auto push = [&](int lane, Op::Kind kind, long index, double ms = 0.0) { lanes[lane].ops.push_back({kind, index, ms}); };
       if (!(first && t == 0) && !(first && S == 1)) {
-        if (i >= kRing) push(recv, Op::wait, ev_id(s, i - kRing, kComputeEnd));  // slot consumed
+        // Slot consumed: a ring slot (compute of item i-2), or on stage 0 the group's own token
+        // buffer (compute of item i-M, the group's previous step), as pipeline.cpp.
+        if (first) {
+          if (i - M >= M) push(recv, Op::wait, ev_id(s, i - M, kComputeEnd));
+        } else if (i >= kRing) {
+          push(recv, Op::wait, ev_id(s, i - kRing, kComputeEnd));
+        }
         push(recv, Op::record, ev_id(s, i, kRecvStart));
         push(recv, Op::recv, first ? xfer_id(S - 1, i - M) : xfer_id(s - 1, i));
         push(recv, Op::record, ev_id(s, i, kRecvEnd));
         push(compute, Op::wait, ev_id(s, i, kRecvEnd));
       }
-      if (i >= kRing && has_send[i - kRing]) push(compute, Op::wait, ev_id(s, i - kRing, kSendEnd));  // slot free
+      // Output buffer free: the last stage returns tokens from the group's own buffer (its
+      // previous step's send), every other stage sends from a ring slot (item i-2), as pipeline.cpp.
+      if (last && S > 1) {
+        if (i >= M && has_send[i - M]) push(compute, Op::wait, ev_id(s, i - M, kSendEnd));
+      } else if (i >= kRing && has_send[i - kRing]) {
+        push(compute, Op::wait, ev_id(s, i - kRing, kSendEnd));
+      }
       push(compute, Op::record, ev_id(s, i, kComputeStart));
       push(compute, Op::compute, 0, t == 0 ? stages[s].prefill_ms : stages[s].decode_ms);
       push(compute, Op::record, ev_id(s, i, kComputeEnd));

@@ -71,7 +71,16 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
     recv_slot[r] = device.allocate(in_max);
     out_slot[r] = device.allocate(out_max);
   }
-  std::vector<std::unique_ptr<Buffer>> prompt(first ? M : 0), group_tokens(first && S == 1 ? M : 0);
+  // Stage 0's decode input is the group's own token buffer: written by the token return (or,
+  // with one stage, copied from the output), read by the group's next step. Receiving into it
+  // rather than into a ring slot keeps the return path free of the ring's back-pressure: a ring
+  // slot is freed by a compute that may itself wait on this very return, a deadlock once the
+  // transport needs the receive posted (NCCL always, MPI above the eager limit) and M > 2.
+  std::vector<std::unique_ptr<Buffer>> prompt(first ? M : 0), group_tokens(first ? M : 0);
+  // The last stage returns each group's token from a buffer of that group's own, for the same
+  // reason: a ring slot would make its compute wait for a return that waits for stage 0.
+  std::vector<std::unique_ptr<Buffer>> return_tokens(last && S > 1 ? M : 0);
+  for (auto& b : return_tokens) b = device.allocate(static_cast<size_t>(B) * sizeof(int32_t));
   if (first) {
     std::vector<int32_t> host(static_cast<size_t>(B) * P);
     for (int g = 0; g < M; ++g) {
@@ -79,7 +88,7 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
         for (int t = 0; t < P; ++t) host[static_cast<size_t>(b) * P + t] = prompt_token(cfg.seed, g, b, t, cfg.vocab);
       prompt[g] = device.allocate(host.size() * sizeof(int32_t));
       prompt[g]->upload(host.data(), host.size() * sizeof(int32_t));
-      if (S == 1) group_tokens[g] = device.allocate(static_cast<size_t>(B) * sizeof(int32_t));
+      group_tokens[g] = device.allocate(static_cast<size_t>(B) * sizeof(int32_t));
     }
   }
 
@@ -161,15 +170,22 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
       } else {
         const int peer = first ? place.last_rank : place.prev_rank;
         const size_t bytes = stage.input_bytes(T);
-        if (i >= kRing) recv_lane->wait(*ev[(i - kRing) * kNumEvents + kComputeEnd]);  // slot consumed
+        void* dst = first ? group_tokens[g]->data() : recv_slot[slot]->data();
+        // The buffer must have been consumed: the group's previous decode step on stage 0 (its
+        // prefill reads the prompt instead), the item two back in the ring elsewhere.
+        if (first) {
+          if (t >= 2) recv_lane->wait(*ev[(i - M) * kNumEvents + kComputeEnd]);
+        } else if (i >= kRing) {
+          recv_lane->wait(*ev[(i - kRing) * kNumEvents + kComputeEnd]);
+        }
         recv_lane->record(recv_start);
         // Tags name the producing item: stage 0's decode input is the token of the group's
         // previous step, item i - M.
         const int tag = item_tag(first ? i - M : i);
-        transport.enqueue_recv(*recv_lane, recv_slot[slot]->data(), bytes, peer, tag);
+        transport.enqueue_recv(*recv_lane, dst, bytes, peer, tag);
         recv_lane->record(recv_end);
         compute_lane->wait(recv_end);
-        in = recv_slot[slot]->data();
+        in = dst;
         has_recv[i] = true;
       }
 
@@ -182,12 +198,18 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
           }
         });
       }
-      // Compute: the output slot must have been sent (if it was) before it is overwritten.
-      if (i >= kRing && has_send[i - kRing]) compute_lane->wait(*ev[(i - kRing) * kNumEvents + kSendEnd]);
+      // Compute: the output buffer must have been sent (if it was) before it is overwritten.
+      void* out = out_slot[slot]->data();
+      if (last && S > 1) {
+        out = return_tokens[g]->data();
+        if (i >= M && has_send[i - M]) compute_lane->wait(*ev[(i - M) * kNumEvents + kSendEnd]);
+      } else if (i >= kRing && has_send[i - kRing]) {
+        compute_lane->wait(*ev[(i - kRing) * kNumEvents + kSendEnd]);
+      }
       compute_lane->record(compute_start);
-      stage.enqueue_forward(*compute_lane, in, out_slot[slot]->data(), g, pos, T);
-      if (last) compute_lane->copy(&token_log[static_cast<size_t>(i) * B], out_slot[slot]->data(), B * sizeof(int32_t));
-      if (first && S == 1 && t < G) compute_lane->copy(group_tokens[g]->data(), out_slot[slot]->data(), B * sizeof(int32_t));
+      stage.enqueue_forward(*compute_lane, in, out, g, pos, T);
+      if (last) compute_lane->copy(&token_log[static_cast<size_t>(i) * B], out, B * sizeof(int32_t));
+      if (first && S == 1 && t < G) compute_lane->copy(group_tokens[g]->data(), out, B * sizeof(int32_t));
       compute_lane->record(compute_end);
 
       // Send: activations to the next stage, or tokens back to stage 0 (not after the last step).
@@ -195,7 +217,7 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
         const int peer = last ? place.first_rank : place.next_rank;
         send_lane->wait(compute_end);
         send_lane->record(send_start);
-        transport.enqueue_send(*send_lane, out_slot[slot]->data(), stage.output_bytes(T), peer, item_tag(i));
+        transport.enqueue_send(*send_lane, out, stage.output_bytes(T), peer, item_tag(i));
         send_lane->record(send_end);
         has_send[i] = true;
       }

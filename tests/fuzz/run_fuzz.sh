@@ -22,11 +22,12 @@ if ! command -v "$cxx" >/dev/null || ! echo 'int main(){}' |
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# One direct compile: the parser and its error types are pure C++ (nlohmann-json is header-only).
+# One direct compile: the parser is pure C++ and needs only common/error.h (nlohmann-json is
+# header-only).
 mkdir -p "$out"
-sources=(tests/fuzz/fuzz_model_config.cpp src/model/model_spec.cpp src/common/*.cpp)
+sources=(tests/fuzz/fuzz_model_config.cpp src/model/model_spec.cpp)
 bin=$out/fuzz_model_config
-if [ ! -x "$bin" ] || [ -n "$(find "${sources[@]}" src/model/*.h src/common/*.h -newer "$bin")" ]; then
+if [ ! -x "$bin" ] || [ -n "$(find "${sources[@]}" src/model/*.h src/common/error.h -newer "$bin")" ]; then
   echo "[fuzz] building $bin"
   "$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
          -fno-sanitize-recover=all -Isrc "${sources[@]}" -o "$bin.tmp"

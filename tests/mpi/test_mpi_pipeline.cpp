@@ -48,7 +48,7 @@ Reference sequential_run(Device& device, const model::ModelSpec& m, const Pipeli
   return ref;
 }
 
-void check_pipeline(const char* config, LaneMode mode) {
+void check_pipeline(const char* config, LaneMode mode, int groups = 3) {
   const auto& mpi = test::mpi();
   auto m = model::load_model_config(std::string(PPB_SOURCE_DIR) + "/tests/data/" + config);
   auto device = create_cpu_device(1);
@@ -58,7 +58,7 @@ void check_pipeline(const char* config, LaneMode mode) {
   cfg.batch = 2;
   cfg.prompt_len = 5;
   cfg.gen_len = 4;
-  cfg.groups = 3;
+  cfg.groups = groups;
   cfg.warmup = 1;
   cfg.iters = 2;
   cfg.seed = 77;
@@ -93,6 +93,9 @@ TEST(MpiPipeline, OverlapEqualsSequentialLlama) { check_pipeline("tiny-llama.jso
 TEST(MpiPipeline, NoOverlapEqualsSequentialLlama) { check_pipeline("tiny-llama.json", LaneMode::no_overlap); }
 TEST(MpiPipeline, SerializedEqualsSequentialLlama) { check_pipeline("tiny-llama.json", LaneMode::serialized); }
 TEST(MpiPipeline, OverlapEqualsSequentialGemma3) { check_pipeline("tiny-gemma3.json", LaneMode::overlap); }
+// Many groups in flight (M > 2 x ring depth): the token return must not wait on the ring.
+TEST(MpiPipeline, ManyGroupsNoOverlapEqualsSequential) { check_pipeline("tiny-llama.json", LaneMode::no_overlap, 11); }
+TEST(MpiPipeline, ManyGroupsOverlapEqualsSequential) { check_pipeline("tiny-llama.json", LaneMode::overlap, 11); }
 
 }  // namespace
 }  // namespace ppb
