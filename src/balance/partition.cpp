@@ -6,15 +6,16 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <sstream>
 
+#include "balance/solver.h"
 #include "common/error.h"
 
 namespace ppb::balance {
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// "34 units (embed + 32 layers + head)" for the usual U = L + 2 model; "2 units" otherwise.
 std::string describe_units(int units) {
@@ -50,74 +51,18 @@ Partition from_counts(const std::string& solver, const std::vector<int>& counts)
   return p;
 }
 
-/// Exact min–max partition with per-stage cost rows; the shared core of solve_seed and
-/// solve_balanced. cost: [S][U] ms, stage k costs row k over its units.
-///
-/// Pass 1 — the min–max DP of the source article (DESIGN.md §1.4), generalised to one row
-/// per stage:  dp[k][i] = min_{j<i} max(dp[k-1][j], sum(cost[k-1][j:i]))  is the minimal
-/// bottleneck of units [0, i) on stages 0..k-1; B* = dp[S][U]. O(U^2 S) with prefix sums.
-///
-/// Pass 2 — spread tie-break. Any split whose stage costs are all <= B* has its maximum equal
-/// to B* (B* is the optimum), so its spread is B* - min; the smallest spread among optimal
-/// splits therefore belongs to the split that maximises the minimum stage cost subject to
-/// every stage <= B*. That is the max–min DP
-///   g[k][i] = max_{j<i, sum(cost[k-1][j:i]) <= B*+eps} min(g[k-1][j], sum(cost[k-1][j:i]))
-/// (g[0][0] = +inf, infeasible = -inf), also O(U^2 S) and exact; it replaces probing candidate
-/// lower bounds one by one. eps = 1e-12 * (largest row total) absorbs prefix-sum rounding so
-/// that splits tied with B* in exact arithmetic are not rejected.
+/// The min–max split of `cost` rows over `stages` stages (row k for stage k): minimal
+/// bottleneck, then minimal spread. This is the general exact solver of solver.h with no memory
+/// limits and free transfers (solve_dp: the source article's DP plus the max–min spread pass),
+/// so one DP serves the baseline solvers and the balancer.
 Partition solve_rows(const std::string& solver, const std::vector<std::vector<double>>& cost,
                      int stages) {
-  const int S = stages;
-  const int U = static_cast<int>(cost[0].size());
-
-  // prefix[k][i] = sum(cost[k][0:i]); segment(k, j, i) = cost of units [j, i) on stage k.
-  std::vector<std::vector<double>> prefix(S, std::vector<double>(U + 1, 0.0));
-  double max_total = 0.0;
-  for (int k = 0; k < S; ++k) {
-    for (int u = 0; u < U; ++u) prefix[k][u + 1] = prefix[k][u] + cost[k][u];
-    max_total = std::max(max_total, prefix[k][U]);
-  }
-  auto segment = [&](int k, int j, int i) { return prefix[k][i] - prefix[k][j]; };
-  const double eps = 1e-12 * max_total;
-
-  // Pass 1: dp[k][i], stage k-1 covers [j, i); stages 0..k-1 need i >= k units.
-  std::vector<std::vector<double>> dp(S + 1, std::vector<double>(U + 1, kInf));
-  dp[0][0] = 0.0;
-  for (int k = 1; k <= S; ++k)
-    for (int i = k; i <= U - (S - k); ++i)
-      for (int j = k - 1; j < i; ++j)
-        dp[k][i] = std::min(dp[k][i], std::max(dp[k - 1][j], segment(k - 1, j, i)));
-  const double limit = dp[S][U] + eps;
-
-  // Pass 2: g[k][i] and its argmax cut[k][i] (start of stage k-1).
-  std::vector<std::vector<double>> g(S + 1, std::vector<double>(U + 1, -kInf));
-  std::vector<std::vector<int>> cut(S + 1, std::vector<int>(U + 1, -1));
-  g[0][0] = kInf;
-  for (int k = 1; k <= S; ++k)
-    for (int i = k; i <= U - (S - k); ++i)
-      for (int j = k - 1; j < i; ++j) {
-        if (g[k - 1][j] == -kInf) continue;
-        const double seg = segment(k - 1, j, i);
-        if (seg > limit) continue;
-        const double value = std::min(g[k - 1][j], seg);
-        if (value > g[k][i]) {
-          g[k][i] = value;
-          cut[k][i] = j;
-        }
-      }
-  if (cut[S][U] < 0)
-    throw InternalError("solve_rows: no split within the optimal bottleneck " +
-                        std::to_string(dp[S][U]) + " ms (U=" + std::to_string(U) +
-                        ", S=" + std::to_string(S) + ")");
-
-  std::vector<int> counts(S);
-  for (int k = S, i = U; k >= 1; --k) {
-    const int j = cut[k][i];
-    counts[k - 1] = i - j;
-    i = j;
-  }
-  Partition p = from_counts(solver, counts);
-  p.algorithm = "dp";
+  BalanceProblem problem;
+  problem.cost = cost;
+  std::vector<int> order(stages);
+  std::iota(order.begin(), order.end(), 0);
+  Partition p = solve_dp(problem, order);
+  p.solver = solver;
   evaluate(p, cost);
   return p;
 }
