@@ -223,7 +223,11 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
       }
       if (cfg.mode == LaneMode::serialized) {
         // One item in the whole pipeline at a time: every rank meets after its part of item i.
-        if (send_lane != compute_lane.get()) compute_lane->wait(send_end);
+        // Wait for an activation send (the next stage receives it before the barrier), but not
+        // for a token return: stage 0 posts that receive only at the group's next step, after
+        // more barriers, so waiting here deadlocks once the return is a rendezvous (B >~ 1000
+        // tokens over Open MPI's 4 KB eager limit, or NCCL).
+        if (has_send[i] && !last && send_lane != compute_lane.get()) compute_lane->wait(send_end);
         transport.enqueue_barrier(*compute_lane);
       }
     }

@@ -66,6 +66,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.events = bench.open_dataset("events").read<double>();
   p.stage_compute_ms = bench.open_dataset("stage_compute_ms").read<double>();
   p.stage_workload_ms = dataset_or_empty<double>(bench, "stage_workload_ms");
+  p.measured_stage_ms = dataset_or_empty<double>(bench, "measured_stage_ms");
   p.bubble_fraction = dataset_or_empty<double>(bench, "bubble_fraction");
   p.recv_wait_ms = dataset_or_empty<double>(bench, "recv_wait_ms");
   p.rep_wall_s = dataset_or_empty<double>(bench, "rep_wall_s");
@@ -82,6 +83,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   const std::string val_path = "validation/" + name;
   if (root.is_group(val_path)) {
     Group val = root.open_group(val_path);
+    p.validated = attr_or<bool>(val, "validated", true);
     p.tokens_match = attr_or<bool>(val, "tokens_match", false);
     p.checksum_match = attr_or<bool>(val, "checksum_match", false);
     p.tokens_match_first_partition = attr_or<bool>(val, "tokens_match_first_partition", true);

@@ -53,6 +53,7 @@ struct PartitionRecord {
   std::vector<double> events;            ///< [iters][M][G+1][S][6] seconds since run start (rank 0 clock)
   std::vector<double> stage_compute_ms;  ///< [S][2] median prefill, decode compute per step
   std::vector<double> stage_workload_ms; ///< [S] prefill + G * decode, measured
+  std::vector<double> measured_stage_ms; ///< [S] measured cost in the objective's terms (vs predicted_stage_ms)
   std::vector<double> bubble_fraction;   ///< [S]
   std::vector<double> recv_wait_ms;      ///< [S]
   std::vector<double> rep_wall_s, rep_tokens_per_s;  ///< [iters]
@@ -65,6 +66,7 @@ struct PartitionRecord {
   std::vector<int32_t> tokens;             ///< [M][G+1][B] pipelined run, last repetition
   std::vector<int32_t> reference_tokens;   ///< [M][G+1][B] serialized run
   double checksum = 0.0, reference_checksum = 0.0;
+  bool validated = true;  ///< false with --no-validate (then tokens_match/checksum_match are 0)
   bool tokens_match = false, checksum_match = false;
   bool tokens_match_first_partition = true;  ///< same tokens as the first partition of the run
 };

@@ -26,7 +26,11 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   os << "\n== ppbench summary: " << run.model_source << " on " << run.world_size << " rank(s), " << run.backend
      << "/" << run.transport << ", B=" << w.batch << " P=" << w.prompt_len << " G=" << w.gen_len
      << " M=" << w.microbatches << ", " << w.dtype << (w.overlap ? ", overlap" : ", no overlap")
-     << ", objective " << w.objective << " (prefill + G x decode ms per group) ==\n";
+     << ", objective " << w.objective
+     << (w.objective == "decode"    ? " (ms per decode step)"
+         : w.objective == "prefill" ? " (ms per prefill step)"
+                                    : " (prefill + G x decode ms per group)")
+     << " ==\n";
   if (run.link_bandwidth_Bps > 0)
     os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
        << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
@@ -37,7 +41,9 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     for (int k = 0; k < S; ++k) {
       char line[512];
       double pred = p.predicted_stage_ms[k];
-      double meas = p.measured ? p.stage_workload_ms[k] : NAN;
+      double meas = !p.measured ? NAN
+                     : p.measured_stage_ms.size() == p.first_unit.size() ? p.measured_stage_ms[k]
+                                                                         : p.stage_workload_ms[k];
       double err = p.measured ? meas / pred - 1.0 : NAN;
       std::snprintf(line, sizeof(line), "  %5d  %4d  %-24s %3d %9.2f %9.2f %+6.1f%% %9.3f %9.3f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
                     p.device_rank[k], unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
@@ -75,10 +81,15 @@ void print_summary(std::ostream& os, const RunRecord& run) {
          << " vs measured)\n";
     os << "  predicted bottleneck " << fmt("%.2f", p.predicted_bottleneck_ms) << " ms, measured "
        << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
-    os << "  validation: tokens " << (p.tokens_match ? "match" : "MISMATCH") << ", checksum "
-       << (p.checksum_match ? "match" : "MISMATCH") << " (serialized run)"
-       << (p.tokens_match_first_partition ? "" : ", tokens DIFFER from the first partition") << " -> "
-       << (p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED") << "\n";
+    if (!p.validated) {
+      os << "  validation: skipped (--no-validate)"
+         << (p.tokens_match_first_partition ? "" : "; tokens DIFFER from the first partition -> FAILED") << "\n";
+    } else {
+      os << "  validation: tokens " << (p.tokens_match ? "match" : "MISMATCH") << ", checksum "
+         << (p.checksum_match ? "match" : "MISMATCH") << " (serialized run)"
+         << (p.tokens_match_first_partition ? "" : ", tokens DIFFER from the first partition") << " -> "
+         << (p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED") << "\n";
+    }
   }
   if (run.balance_gain > 0) {
     os << "\nbalance gain (balanced / uniform): tokens/s " << fmt("%.3fx", run.balance_gain) << ", decode tokens/s "

@@ -62,9 +62,15 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   sc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
   sc.set_attr("stat", "median");
   bench.write_dataset("stage_workload_ms", p.stage_workload_ms).set_attr("units", "ms");
+  if (p.measured_stage_ms.size() == S) {
+    auto ms = bench.write_dataset("measured_stage_ms", p.measured_stage_ms);
+    ms.set_attr("units", "ms");
+    ms.set_attr("objective", run.workload.objective);
+  }
   bench.write_dataset("prediction_error", [&] {
     std::vector<double> e;
-    for (hs k = 0; k < S; ++k) e.push_back(p.stage_workload_ms[k] / p.predicted_stage_ms[k] - 1.0);
+    const auto& meas = p.measured_stage_ms.size() == S ? p.measured_stage_ms : p.stage_workload_ms;
+    for (hs k = 0; k < S; ++k) e.push_back(meas[k] / p.predicted_stage_ms[k] - 1.0);
     return e;
   }()).set_attr("units", "1");
   bench.write_dataset("bubble_fraction", p.bubble_fraction).set_attr("units", "1");
@@ -85,6 +91,7 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     bench.set_attr("balance_gain", p.metrics.at("tokens_per_s") / it->metrics.at("tokens_per_s"));
 
   Group val = root.require_group("validation").create_group(p.name);
+  val.set_attr("validated", p.validated);
   val.set_attr("tokens_match", p.tokens_match);
   val.set_attr("checksum_match", p.checksum_match);
   val.set_attr("tokens_match_first_partition", p.tokens_match_first_partition);
