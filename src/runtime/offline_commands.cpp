@@ -24,6 +24,8 @@ using nlohmann::json;
 using balance::BalanceProblem;
 
 bool is_hdf5(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw UserError("input '" + path + "' is a directory; give a results .h5 file or a latency JSON");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError("input '" + path + "' cannot be opened");
   char sig[8] = {};
@@ -71,6 +73,10 @@ struct ResultsProfile {
 ResultsProfile read_results_profile(const std::string& path) {
   h5::File file = h5::File::open(path);
   h5::Group root = file.root();
+  // Like `report`, refuse a snapshot of a run that did not finish (results/README.md).
+  if (!root.has_attr("complete") || root.get_attr<int64_t>("complete") != 1)
+    throw UserError("results file '" + path + "' is incomplete (complete != 1: the run failed or is still going; "
+                    "its status: " + (root.has_attr("status") ? root.get_attr<std::string>("status") : std::string("?")) + ")");
   ResultsProfile r;
   try {
     h5::Group wl = root.open_group("config/workload");
@@ -343,6 +349,9 @@ int simulate_command(const SimulateOptions& opt) {
         meas.decode_tokens_per_s = b.get_attr<double>("decode_tokens_per_s");
         meas.ttft_p50_ms = b.get_attr<double>("ttft_p50_ms");
         meas.tpot_p50_ms = b.get_attr<double>("tpot_p50_ms");
+        meas.ttft_p99_ms = b.get_attr<double>("ttft_p99_ms");
+        meas.tpot_p99_ms = b.get_attr<double>("tpot_p99_ms");
+        meas.bottleneck_bound_tok_s = b.get_attr<double>("bottleneck_bound_tok_s");
         if (root.exists(bench + "/bubble_fraction")) meas.bubble_fraction = root.open_dataset(bench + "/bubble_fraction").read<double>();
         print_metrics("measured", meas);
         const double err = pred.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
