@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
   run->add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
       ->capture_default_str();
   run->add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
-  run->add_flag("!--no-validate", opt.validate, "skip the serialized reference run");
+  bool no_validate = false;
+  run->add_flag("--no-validate", no_validate, "skip the serialized reference run (validation reported as skipped)");
   run->add_option("--seed", opt.seed, "seed of the random weights and prompts")->capture_default_str();
   run->add_option("--dtype", opt.dtype, "auto | f32 | f16 | bf16 (auto: f32 on CPU)")->capture_default_str();
   run->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
   }
   if (report->parsed()) return ppb::run_report_command(report_opt);  // no MPI for report
   opt.command_line = join_args(argc, argv);
+  opt.validate = !no_validate;
 
   std::unique_ptr<ppb::MpiContext> mpi;
   try {
