@@ -149,7 +149,8 @@ def plot_stages(f, names, out_png):
     for j, name in enumerate(names):
         part, bench = f[f"partitions/{name}"], f[f"benchmark/{name}"]
         pred = part["predicted_stage_ms"][...]
-        meas = bench["stage_workload_ms"][...]
+        # Measured stage cost in the balancer's objective (older files: prefill + G x decode).
+        meas = bench["measured_stage_ms" if "measured_stage_ms" in bench else "stage_workload_ms"][...]
         bubble = bench["bubble_fraction"][...]
         S = len(pred)
         x = np.arange(S)
