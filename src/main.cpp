@@ -98,6 +98,21 @@ int main(int argc, char** argv) {
   auto* report = ppb::add_report_command(app, report_opt);
   ppb::add_offline_commands(app);  // balance, simulate: run inside app.parse(), no MPI
 
+  if (argc > 1 && argv[1][0] != '-') {
+    // CLI11 would only say "A subcommand is required" for `ppbench bogus`; name it and the valid ones.
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      known = known || sub->get_name() == argv[1];
+    }
+    if (!known) {
+      if (print_rank())
+        std::cerr << "ppbench: error: unknown command '" << argv[1] << "'; expected one of: " << names
+                  << "\nRun with --help for the options." << std::endl;
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -10,8 +10,9 @@ Writes PNG files next to the results file (or into --outdir):
       compute (middle), send (bottom, thin). Bars are coloured by request group; prefill
       steps are hatched, decode steps plain. The x axis is ms since the repetition's first
       event on rank 0's clock.
-  <stem>_stages.png  per partition: predicted vs measured stage time (prefill + G x decode,
-      ms per group) and the bubble fraction of each stage.
+  <stem>_stages.png  per partition: predicted vs measured stage time in the balancer's
+      objective (prefill + G x decode by default; one decode step or the prefill with
+      --objective decode|prefill; ms per group) and the bubble fraction of each stage.
 
 Requires h5py, numpy and matplotlib (pip install -r tools/requirements.txt).
 Exit status: 0 success, 2 the file is missing, not a ppbench file or incomplete.
@@ -157,7 +158,9 @@ def plot_stages(f, names, out_png):
         ax = axes[0][j]
         ax.bar(x - 0.2, pred, 0.4, label="predicted (profile)", color="#9ecae1", edgecolor="black", linewidth=0.5)
         ax.bar(x + 0.2, meas, 0.4, label="measured", color="#3182bd", edgecolor="black", linewidth=0.5)
-        bn = int(bench.attrs.get("bottleneck_stage", -1))
+        # The measured bottleneck in the objective's terms (the bottleneck_stage attr is the
+        # workload's argmax; the two agree for the default objective).
+        bn = int(np.nanargmax(meas)) if S else -1
         if 0 <= bn < S:
             ax.annotate("bottleneck", (bn + 0.2, meas[bn]), xytext=(0, 4), textcoords="offset points",
                         ha="center", fontsize=8)
@@ -171,7 +174,11 @@ def plot_stages(f, names, out_png):
         tps = bench.attrs.get("tokens_per_s", float("nan"))
         ax.set_title(f"{name} ({part.attrs.get('counts', '')} units), {tps:.2f} tok/s", fontsize=10)
         if j == 0:
-            ax.set_ylabel("stage time per group (ms)\nprefill + G x decode")
+            objective = part["predicted_stage_ms"].attrs.get("objective", part.attrs.get("objective", "workload"))
+            if isinstance(objective, bytes):
+                objective = objective.decode()
+            what = {"decode": "one decode step", "prefill": "prefill"}.get(objective, "prefill + G x decode")
+            ax.set_ylabel(f"stage time per group (ms)\n{what} (objective: {objective})")
         if j == 0:
             ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
         ax2 = axes[1][j]

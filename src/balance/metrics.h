@@ -36,7 +36,9 @@ struct PartitionMetrics {
 /// Computes the metrics of one partition.
 /// events: [iters][M][G+1][S][6] (recv_start, recv_end, compute_start, compute_end, send_start,
 /// send_end) seconds on one clock. batch = B sequences per group, gen_len = G.
-/// bottleneck_bound_tok_s = M*B / max(M * max_s d_s, sum_s d_s), d_s = stage_decode_ms: a decode
+/// bottleneck_bound_tok_s = M*B / max(M * max_s d_s, sum_s d_s), d_s = stage s's mean decode step
+/// (ms; the mean, not the median of stage_decode_ms, so that skewed step times cannot put the
+/// measured rate above the bound beyond the edges of the measured window): a decode
 /// step of a group must cross every stage (sum_s d_s) and each stage serves the M groups one at
 /// a time (M * max_s d_s); no schedule beats the larger of the two. It equals B / max_s d_s
 /// when M >= S and the stages are balanced (DESIGN.md §3's M*B / stage time per step, with the

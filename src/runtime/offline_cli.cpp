@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include "common/error.h"
 #include "runtime/offline_commands.h"
@@ -11,6 +12,19 @@
 namespace ppb {
 
 namespace {
+
+/// ">= 0" check with a short message (CLI::NonNegativeNumber prints the range up to DBL_MAX).
+const CLI::Validator kNonNegative(
+    [](std::string& value) -> std::string {
+      try {
+        std::size_t used = 0;
+        const double v = std::stod(value, &used);
+        if (used == value.size() && v >= 0) return {};
+      } catch (const std::exception&) {
+      }
+      return "must be a number >= 0, got '" + value + "'";
+    },
+    ">= 0");
 
 /// Runs `fn` and exits with its status; UserError -> 2, anything else -> 1.
 template <class Fn>
@@ -41,7 +55,9 @@ void add_offline_commands(CLI::App& app) {
                                     "[devices][units] or one row, optional weight_bytes, kv_bytes, device_memory_bytes, "
                                     "activation_bytes, link_bandwidth_GBps, link_latency_us, overlap}")
       ->required();
-  b->add_option("-k,--stages", bal.stages, "pipeline stages (0 = one per device row)")->capture_default_str();
+  b->add_option("-k,--stages", bal.stages, "pipeline stages (0 = one per device row)")
+      ->check(kNonNegative)
+      ->capture_default_str();
   b->add_option("--solver", bal.solver, "auto | dp | fast (exact balanced) | uniform | seed")->capture_default_str();
   b->add_option("--order", bal.order, "device order: rank | auto (search which device runs which stage)")
       ->capture_default_str();
@@ -51,9 +67,12 @@ void add_offline_commands(CLI::App& app) {
   b->add_option("--objective", bal.objective, "results files: stage cost = workload (prefill + G x decode) | decode | prefill")
       ->capture_default_str();
   b->add_option("--memory-limit", bal.memory_limit_gib, "GiB of weights + KV cache per device (0 = from the input)")
+      ->check(kNonNegative)
       ->capture_default_str();
-  b->add_option("--link-bandwidth", bal.link_bandwidth_GBps, "GB/s between stages (overrides the input)");
-  b->add_option("--link-latency", bal.link_latency_us, "microseconds per message (overrides the input)");
+  b->add_option("--link-bandwidth", bal.link_bandwidth_GBps, "GB/s between stages (overrides the input; 0 = free)")
+      ->check(kNonNegative);
+  b->add_option("--link-latency", bal.link_latency_us, "microseconds per message (overrides the input)")
+      ->check(kNonNegative);
   b->add_flag("--no-overlap", bal.no_overlap, "transfers on the compute lane (sum, not max)");
   b->add_option("--json", bal.json_out, "write the split as JSON to this file");
   b->callback([] { run_and_exit([] { return balance_command(bal); }); });
@@ -63,12 +82,21 @@ void add_offline_commands(CLI::App& app) {
                                     "{\"stages\": [{\"prefill_ms\", \"decode_ms\", \"send_prefill_ms\", \"send_decode_ms\"}]}")
       ->required();
   s->add_option("--partition-name", sim.partition_name, "results files: only this partition");
-  s->add_option("-M,--microbatches", sim.microbatches, "M request groups (0 = from the input)")->capture_default_str();
-  s->add_option("-g,--gen-len", sim.gen_len, "G decode steps (0 = from the input)")->capture_default_str();
-  s->add_option("-b,--batch", sim.batch, "B sequences per group (0 = from the input)")->capture_default_str();
-  s->add_option("--link-bandwidth", sim.link_bandwidth_GBps, "results files: GB/s of activation transfers (0 = free)")
+  s->add_option("-M,--microbatches", sim.microbatches, "M request groups (0 = from the input)")
+      ->check(kNonNegative)
       ->capture_default_str();
-  s->add_option("--link-latency", sim.link_latency_us, "results files: microseconds per message")->capture_default_str();
+  s->add_option("-g,--gen-len", sim.gen_len, "G decode steps (0 = from the input)")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  s->add_option("-b,--batch", sim.batch, "B sequences per group (0 = from the input)")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  s->add_option("--link-bandwidth", sim.link_bandwidth_GBps, "results files: GB/s of activation transfers (0 = free)")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  s->add_option("--link-latency", sim.link_latency_us, "results files: microseconds per message")
+      ->check(kNonNegative)
+      ->capture_default_str();
   s->add_flag("--no-overlap", sim.no_overlap, "recv, compute and send on one lane");
   s->add_flag("--eager", sim.eager_sends, "eager sends (the sender does not wait for the recv to be posted)");
   s->add_option("--json", sim.json_out, "write the predictions as JSON to this file");

@@ -211,4 +211,24 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
   }
 }
 
+TEST(RunE2E, CommandLineErrorsExitTwo) {
+  // Without MPI: an unknown command and negative values of the offline tools.
+  const std::string bin = PPBENCH_BIN " ";
+  std::vector<BadCase> cases{
+      {"unknown command", 1, "bogus", "unknown command 'bogus'; expected one of: run, report, balance, simulate"},
+      {"negative stages", 1, "balance tests/data/tiny-llama.json --stages -1", "--stages: must be a number >= 0, got '-1'"},
+      {"negative bandwidth", 1, "balance tests/data/tiny-llama.json --link-bandwidth -5", "--link-bandwidth"},
+      {"negative memory", 1, "balance tests/data/tiny-llama.json --memory-limit -1", "--memory-limit"},
+      {"negative groups", 1, "simulate tests/data/tiny-llama.json -M -1", "--microbatches"},
+      {"negative gen len", 1, "simulate tests/data/tiny-llama.json -g -2", "--gen-len"},
+      {"negative batch", 1, "simulate tests/data/tiny-llama.json -b -4", "--batch"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto r = run(bin + c.args);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in:\n" << r.output;
+  }
+}
+
 }  // namespace
