@@ -33,6 +33,11 @@ from matplotlib.patches import Patch  # noqa: E402
 RECV_START, RECV_END, COMPUTE_START, COMPUTE_END, SEND_START, SEND_END = range(6)
 
 
+def text(value):
+    """An HDF5 string attribute as str (h5py gives str or bytes depending on how it was written)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class NotAResultsFile(Exception):
     """The path is missing, not HDF5, not a ppbench results file, or incomplete."""
 
@@ -50,8 +55,11 @@ def open_results(path):
         f.close()
         raise NotAResultsFile(f"{path}: not a ppbench results file (no format_version/ppbench_version)")
     if int(f.attrs.get("complete", 0)) != 1:
+        how = "".join(f"; {label}{text(f.attrs[key])}" for key, label in
+                      (("status", "last status: "), ("failure", "failure: ")) if text(f.attrs.get(key, "")))
         f.close()
-        raise NotAResultsFile(f"{path}: incomplete results file (complete != 1): the run crashed or is running")
+        raise NotAResultsFile(f"{path}: incomplete results file (complete != 1): the run failed, crashed or was "
+                              f"killed before its final write, or is still running{how}")
     return f
 
 

@@ -205,11 +205,20 @@ RunRecord read_results(const std::string& path) {
                       "; this ppbench reads up to " + std::to_string(kResultsFormatVersion) +
                       ": use a newer ppbench");
     const int64_t complete = root.has_attr("complete") ? root.get_attr<int64_t>("complete") : 0;
-    if (complete != 1)
+    if (complete != 1) {
+      // Say how far the run got: the snapshot's status ("running: <phase>" when the run died
+      // without a final write, e.g. rank 0 was killed) and the recorded failure, if any.
+      std::string how;
+      const std::string status = attr_or<std::string>(root, "status", "");
+      const std::string failure = attr_or<std::string>(root, "failure", "");
+      if (!status.empty()) how += "; last status '" + status + "'";
+      if (!failure.empty()) how += "; failure: " + failure;
       throw UserError("'" + path +
                       "' is an incomplete ppbench results file (root attribute complete=" +
                       std::to_string(complete) +
-                      "): the run crashed or was killed while writing it, or is still running");
+                      "): the run failed, crashed or was killed before its final write, or is still running" +
+                      how);
+    }
     read_all(root, run);
   } catch (const InternalError& e) {
     // A missing group/dataset or a mistyped attribute: the file is not what the layout says.

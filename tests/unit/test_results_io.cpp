@@ -288,6 +288,7 @@ TEST_F(ResultsIoTest, RefusesIncompleteFile) {
   const std::string msg = refusal(path_);
   EXPECT_NE(msg.find(path_), std::string::npos) << msg;
   EXPECT_NE(msg.find("incomplete"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("last status '"), std::string::npos) << msg;  // how far the run got
 }
 
 TEST_F(ResultsIoTest, RefusesFileMissingARequiredGroup) {
