@@ -8,6 +8,7 @@ to ppbench's CUDA stage read from ppb_gpu_bench --out FILE.
 import argparse
 import json
 import math
+import os
 
 
 def main():
@@ -62,9 +63,12 @@ def main():
         kc[:, :, pos:pos + T] = ks
         vc[:, :, pos:pos + T] = vs
         kk, vv = kc[:, :, :pos + T], vc[:, :, :pos + T]
-        kk = kk.repeat_interleave(nh // nkv, 1)
-        vv = vv.repeat_interleave(nh // nkv, 1)
-        att = F.scaled_dot_product_attention(qs, kk, vv, is_causal=T > 1)
+        if gqa[0]:  # torch >= 2.5: the KV heads are read in place
+            att = F.scaled_dot_product_attention(qs, kk, vv, is_causal=T > 1, enable_gqa=True)
+        else:  # HF's repeat_kv: copies K and V per query head
+            kk = kk.repeat_interleave(nh // nkv, 1)
+            vv = vv.repeat_interleave(nh // nkv, 1)
+            att = F.scaled_dot_product_attention(qs, kk, vv, is_causal=T > 1)
         x = x + o(att.transpose(1, 2).reshape(B, T, nh * hd))
         h = rms(x, w2)
         return x + down(F.silu(gate(h)) * up(h))
@@ -83,26 +87,41 @@ def main():
             ts.append(s.elapsed_time(e))
         return sorted(ts)[len(ts) // 2]
 
+    # The baseline is the faster of SDPA with enable_gqa (where this torch has it) and HF's
+    # repeat_kv + SDPA, so that "not slower than PyTorch eager" is not judged against a copy
+    # PyTorch need not make.
+    variants = [False]
+    try:
+        z = torch.zeros(1, 2, 1, 8, device=dev, dtype=dt)
+        F.scaled_dot_product_attention(z, z[:, :1], z[:, :1], enable_gqa=True)
+        variants.append(True)
+    except (TypeError, RuntimeError):
+        pass
+    gqa = [False]
+    prefill = decode = math.inf
     with torch.inference_mode():
-        kc = torch.zeros(1, nkv, max_ctx, hd, device=dev, dtype=dt)
-        vc = torch.zeros_like(kc)
-        xp = torch.randn(1, a.prompt, H, device=dev, dtype=dt)
-        prefill = timed(lambda: layer(xp, 0, kc, vc))
-        kc = torch.zeros(a.batch, nkv, max_ctx, hd, device=dev, dtype=dt)
-        vc = torch.zeros_like(kc)
-        xd = torch.randn(a.batch, 1, H, device=dev, dtype=dt)
-        decode = timed(lambda: layer(xd, a.context, kc, vc))
+        for gqa[0] in variants:
+            kc = torch.zeros(1, nkv, max_ctx, hd, device=dev, dtype=dt)
+            vc = torch.zeros_like(kc)
+            xp = torch.randn(1, a.prompt, H, device=dev, dtype=dt)
+            prefill = min(prefill, timed(lambda: layer(xp, 0, kc, vc)))
+            kc = torch.zeros(a.batch, nkv, max_ctx, hd, device=dev, dtype=dt)
+            vc = torch.zeros_like(kc)
+            xd = torch.randn(a.batch, 1, H, device=dev, dtype=dt)
+            decode = min(decode, timed(lambda: layer(xd, a.context, kc, vc)))
     ours = {}
-    if a.bench:
+    if a.bench and os.path.exists(a.bench):  # absent when ppb_gpu_bench failed: torch's times still print
         for line in open(a.bench):
             if "=" in line:
                 key, val = line.strip().split("=", 1)
                 ours[key] = float(val)
-    print(f"torch {torch.__version__} eager, bf16, one layer:")
+    print(f"torch {torch.__version__} eager, bf16, one layer (SDPA enable_gqa tried: {len(variants) > 1}):")
     for name, t, key in (("prefill B=1 T=%d" % a.prompt, prefill, "layer_prefill_ms"),
                          ("decode B=%d ctx=%d" % (a.batch, a.context), decode, "layer_decode_ms")):
         mine = ours.get(key, math.nan)
-        print(f"  {name:24s} torch {t:8.3f} ms   ppbench {mine:8.3f} ms   torch/ppbench {t / mine:5.2f}x")
+        # Issue 3: not slower than PyTorch eager, i.e. torch/ppbench >= 1.
+        verdict = "n/a (no ppb_gpu_bench number)" if math.isnan(mine) else ("PASS" if t >= mine else "FAIL")
+        print(f"  {name:24s} torch {t:8.3f} ms   ppbench {mine:8.3f} ms   torch/ppbench {t / mine:5.2f}x  {verdict}")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ class Lane {
   virtual void record(Event& ev) = 0;
   /// Work enqueued after this call starts only once `ev`'s last record() has completed.
   virtual void wait(const Event& ev) = 0;
-  /// Enqueues a host function (CPU: runs on the lane's thread; CUDA: cudaLaunchHostFunc).
+  /// Enqueues a host function, stream-ordered (CPU: runs on the lane's thread; CUDA: on the
+  /// lane's worker thread while the stream waits for it, see cuda_lane.h).
   virtual void host_task(std::function<void()> fn) = 0;
   /// Enqueues a copy of `bytes` from `src` to `dst` (device or host pointers of this device).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;

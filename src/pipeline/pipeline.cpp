@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -110,6 +111,19 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
   if (cfg.mode == LaneMode::overlap || (last && S > 1)) {
     send_lane_owned = device.create_lane("send");
     send_lane = send_lane_owned.get();
+  }
+
+  // ---- links: made before the first message (NCCL: one communicator per direction) ------
+  {
+    const int me = mpi.rank();
+    std::vector<std::pair<int, int>> links;
+    if (place.prev_rank >= 0) links.emplace_back(place.prev_rank, me);
+    if (place.next_rank >= 0) links.emplace_back(me, place.next_rank);
+    if (S > 1 && first) links.emplace_back(place.last_rank, me);  // the token return
+    if (S > 1 && last) links.emplace_back(me, place.first_rank);
+    std::sort(links.begin(), links.end());
+    links.erase(std::unique(links.begin(), links.end()), links.end());
+    transport.connect(links);
   }
 
   StageRecord rec;

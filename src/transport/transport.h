@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/device.h"
 
@@ -28,6 +30,13 @@ class Transport {
   virtual void enqueue_recv(Lane& lane, void* buf, size_t bytes, int peer, int tag) = 0;
   /// Enqueues a barrier over all ranks (used by the serialized reference run).
   virtual void enqueue_barrier(Lane& lane) = 0;
+  /// Sets up the links (src, dst) of world ranks that this rank is an end of, before their
+  /// first message: no communicator is then made inside a timed loop, or while another's
+  /// kernels are in flight. Blocks until the other end of each link has called it too. Every
+  /// rank must pass its links sorted ascending by (src, dst): pairwise rendezvous taken in one
+  /// global order cannot deadlock (the smallest link not yet made always has both ends at it).
+  /// Default: nothing to set up (MPI).
+  virtual void connect(const std::vector<std::pair<int, int>>& links) { (void)links; }
   /// An asynchronous error of the transport ("" if none), e.g. ncclCommGetAsyncError: what a
   /// watchdog reports when the job stops making progress. Callable from any thread.
   virtual std::string async_error() const { return ""; }

@@ -2,7 +2,15 @@
 // the same model, in every lane mode.
 #include <gtest/gtest.h>
 
+#include <mpi.h>
+
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/device.h"
@@ -48,11 +56,49 @@ Reference sequential_run(Device& device, const model::ModelSpec& m, const Pipeli
   return ref;
 }
 
-void check_pipeline(const char* config, LaneMode mode, int groups = 3) {
+/// The MPI transport plus NCCL's connection discipline: connect() blocks on each link until
+/// its other end calls it too (as ncclCommInitRank does), and a message on a link that was not
+/// connected first is an error. Proves the pipeline connects every link it uses, ahead of time,
+/// in an order that cannot deadlock.
+class RendezvousTransport final : public Transport {
+ public:
+  explicit RendezvousTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "rendezvous(" + inner_->name() + ")"; }
+  void connect(const std::vector<std::pair<int, int>>& links) override {
+    if (!std::is_sorted(links.begin(), links.end())) throw std::runtime_error("connect: links not sorted");
+    for (const auto& [src, dst] : links) {
+      const int me = test::mpi().rank(), peer = me == src ? dst : src;
+      char out = 1, in = 0;  // blocking exchange: both ends must be here
+      MPI_Sendrecv(&out, 1, MPI_CHAR, peer, 999, &in, 1, MPI_CHAR, peer, 999, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      connected_.emplace(src, dst);
+    }
+  }
+  void enqueue_send(Lane& lane, const void* buf, size_t bytes, int peer, int tag) override {
+    require({test::mpi().rank(), peer});
+    inner_->enqueue_send(lane, buf, bytes, peer, tag);
+  }
+  void enqueue_recv(Lane& lane, void* buf, size_t bytes, int peer, int tag) override {
+    require({peer, test::mpi().rank()});
+    inner_->enqueue_recv(lane, buf, bytes, peer, tag);
+  }
+  void enqueue_barrier(Lane& lane) override { inner_->enqueue_barrier(lane); }
+  const std::set<std::pair<int, int>>& connected() const { return connected_; }
+
+ private:
+  void require(std::pair<int, int> link) const {
+    if (!connected_.count(link))
+      throw std::runtime_error("message on link " + std::to_string(link.first) + "->" + std::to_string(link.second) +
+                               " before connect()");
+  }
+  std::unique_ptr<Transport> inner_;
+  std::set<std::pair<int, int>> connected_;
+};
+
+void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reversed = false) {
   const auto& mpi = test::mpi();
   auto m = model::load_model_config(std::string(PPB_SOURCE_DIR) + "/tests/data/" + config);
   auto device = create_cpu_device(1);
-  auto transport = create_mpi_transport(mpi, {});
+  auto transport = std::make_unique<RendezvousTransport>(create_mpi_transport(mpi, {}));
   const int S = mpi.size();
   PipelineConfig cfg;
   cfg.batch = 2;
@@ -65,10 +111,21 @@ void check_pipeline(const char* config, LaneMode mode, int groups = 3) {
   cfg.vocab = m.vocab;
   cfg.mode = mode;
   auto part = balance::solve_uniform(m.num_units(), S);
-  StagePlacement place{mpi.rank(), S, mpi.rank() > 0 ? mpi.rank() - 1 : -1, mpi.rank() + 1 < S ? mpi.rank() + 1 : -1, 0, S - 1};
+  // Stage k on rank k, or (reversed, as --order auto may place them) on rank S-1-k.
+  auto rank_of = [&](int k) { return reversed ? S - 1 - k : k; };
+  const int k = reversed ? S - 1 - mpi.rank() : mpi.rank();
+  StagePlacement place{k, S, k > 0 ? rank_of(k - 1) : -1, k + 1 < S ? rank_of(k + 1) : -1, rank_of(0), rank_of(S - 1)};
   StageConfig sc{cfg.batch, cfg.prompt_len + cfg.gen_len, cfg.groups, DType::f32, cfg.seed};
-  auto stage = device->create_stage(m, part.first_unit[mpi.rank()], part.last_unit[mpi.rank()], sc);
+  auto stage = device->create_stage(m, part.first_unit[k], part.last_unit[k], sc);
   auto rec = run_pipeline(mpi, *device, *transport, *stage, place, cfg);
+  // The links of this stage, all connected: from the previous stage, to the next, and the
+  // token return from the last stage to the first.
+  std::set<std::pair<int, int>> links;
+  if (k > 0) links.emplace(rank_of(k - 1), mpi.rank());
+  if (k + 1 < S) links.emplace(mpi.rank(), rank_of(k + 1));
+  if (S > 1 && k == 0) links.emplace(rank_of(S - 1), mpi.rank());
+  if (S > 1 && k == S - 1) links.emplace(mpi.rank(), rank_of(0));
+  EXPECT_EQ(transport->connected(), links);
 
   const int steps = cfg.gen_len + 1;
   ASSERT_EQ(rec.events.size(), static_cast<size_t>(cfg.iters) * cfg.groups * steps * kNumEvents);
@@ -78,7 +135,7 @@ void check_pipeline(const char* config, LaneMode mode, int groups = 3) {
     if (!std::isnan(rec.events[i + kRecvEnd])) EXPECT_LE(rec.events[i + kRecvEnd], rec.events[i + kComputeStart] + 1e-9);
     if (!std::isnan(rec.events[i + kSendStart])) EXPECT_GE(rec.events[i + kSendStart], rec.events[i + kComputeEnd] - 1e-9);
   }
-  if (mpi.rank() == S - 1) {
+  if (k == S - 1) {
     auto ref = sequential_run(*device, m, cfg);
     EXPECT_EQ(rec.tokens, ref.tokens);
     EXPECT_NEAR(rec.checksum, ref.checksum, 1e-9 * std::max(1.0, std::abs(ref.checksum)));
@@ -96,6 +153,8 @@ TEST(MpiPipeline, OverlapEqualsSequentialGemma3) { check_pipeline("tiny-gemma3.j
 // Many groups in flight (M > 2 x ring depth): the token return must not wait on the ring.
 TEST(MpiPipeline, ManyGroupsNoOverlapEqualsSequential) { check_pipeline("tiny-llama.json", LaneMode::no_overlap, 11); }
 TEST(MpiPipeline, ManyGroupsOverlapEqualsSequential) { check_pipeline("tiny-llama.json", LaneMode::overlap, 11); }
+// Stages on the ranks in reverse order (the links then run from high to low ranks).
+TEST(MpiPipeline, ReversedRanksOverlapEqualsSequential) { check_pipeline("tiny-llama.json", LaneMode::overlap, 3, true); }
 
 }  // namespace
 }  // namespace ppb

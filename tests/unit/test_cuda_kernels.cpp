@@ -457,9 +457,12 @@ TEST(CudaLanes, HostTasksCopiesEventsAndErrors) {
   const double te = ev->time_s();
   EXPECT_GT(te, t0 + 0.015);  // after the 20 ms host task
   EXPECT_LT(te, ppb::monotonic_s() + 1e-3);
-  // An exception in a host task comes back from synchronize(); the stream still drains.
-  a->host_task([] { throw ppb::UserError("boom"); });
-  EXPECT_THROW(a->synchronize(), ppb::UserError);
+  // flush_caches: nothing for weights that fit half the L2, else a memset on the lane.
+  dev->flush_caches(*a, 1);
+  dev->flush_caches(*a, size_t(1) << 40);
+  a->synchronize();
+  // A host task's exception: CudaLanesLast.HostTaskErrorComesBackFromSynchronize, at the end of
+  // this file (it raises the process-wide lane abort).
 }
 
 // ---- whole stages: CUDA vs CPU ----------------------------------------------------------------------
@@ -617,6 +620,21 @@ TEST(CudaStage, BytesPlanAndErrors) {
   EXPECT_THROW(gpu->create_stage(m, 2, 1, cfg), ppb::UserError);
   cfg.batch = 0;
   EXPECT_THROW(gpu->create_stage(m, 0, 1, cfg), ppb::UserError);
+}
+
+// ---- last: raises the process-wide lane abort ------------------------------------------------
+
+// A failing host task calls request_lane_abort(), which has no reset: every later wait of this
+// process that is not already done throws "CUDA wait aborted". Run directly (scripts/
+// gpu_check.sh: all tests in one process, in file order), any test after this one would fail,
+// so it stays the last test of the file. (ctest runs each test in a process of its own.)
+TEST(CudaLanesLast, HostTaskErrorComesBackFromSynchronize) {
+  REQUIRE_GPU();
+  auto dev = ppb::create_cuda_device(0);
+  auto a = dev->create_lane("a");
+  // An exception in a host task comes back from synchronize(); the stream still drains.
+  a->host_task([] { throw ppb::UserError("boom"); });
+  EXPECT_THROW(a->synchronize(), ppb::UserError);
 }
 
 }  // namespace

@@ -5,10 +5,12 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_ops.h"
 #include "common/error.h"
+#include "common/watchdog.h"
 
 namespace ppb::cuda {
 namespace {
@@ -42,6 +44,11 @@ void poll_until_done(Query query, const char* what) {
 /// binaries unloadable on machines without a driver, where the tests must still run and skip).
 PFN_cuStreamWaitValue32_v11070 stream_wait_value32() {
   static PFN_cuStreamWaitValue32_v11070 fn = [] {
+    // PPB_CUDA_SPIN_WAIT=1 forces the spin-kernel fallback: a switch for a machine where stream
+    // memory operations on mapped host memory are refused or never see the host's write (a
+    // virtualised GPU), tried by scripts/gpu_check.sh when the lane test hangs.
+    if (const char* e = std::getenv("PPB_CUDA_SPIN_WAIT"); e && *e && *e != '0')
+      return static_cast<PFN_cuStreamWaitValue32_v11070>(nullptr);
     void* p = nullptr;
     cudaDriverEntryPointQueryResult res{};
     if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &res) != cudaSuccess ||
@@ -199,6 +206,7 @@ void CudaLane::worker() {
     }
     // Always publish, even after a failure, so the stream (and lanes waiting on it) move on.
     __atomic_store_n(static_cast<uint32_t*>(counter_.get()), task.seq, __ATOMIC_RELEASE);
+    heartbeat();  // a finished task is progress, as on CpuLane (see common/watchdog.h)
   }
 }
 
@@ -239,13 +247,20 @@ void CudaLane::copy(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaLane::synchronize() {
-  poll_until_done([this] { return cudaStreamQuery(stream_.get()); }, "cudaStreamQuery(lane stream)");
-  std::exception_ptr err;
-  {
+  auto own_error = [this] {
     std::lock_guard<std::mutex> lock(mutex_);
-    err = error_;
+    return error_;
+  };
+  try {
+    poll_until_done([this] { return cudaStreamQuery(stream_.get()); }, "cudaStreamQuery(lane stream)");
+  } catch (const std::exception&) {
+    // A task of this lane that threw raised the lane abort itself, a few µs before its counter
+    // is published and the stream drains: a poll in between sees "not ready + abort". Report
+    // the task's own exception then (as CpuLane does), not the abort it caused.
+    if (std::exception_ptr err = own_error()) std::rethrow_exception(err);
+    throw;
   }
-  if (err) std::rethrow_exception(err);
+  if (std::exception_ptr err = own_error()) std::rethrow_exception(err);
 }
 
 CudaLane& as_cuda_lane(Lane& lane) {

@@ -236,9 +236,9 @@ __global__ void qkv_rope_cache_kernel(T* q_out, T* k_cache, T* v_cache, const T*
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hd = s.head_dim, half = hd / 2;
   const int n_total = s.n_heads + 2 * s.n_kv_heads;
-  const int head = blockIdx.x * (blockDim.x >> 5) + warp;
+  const int head = blockIdx.y * (blockDim.x >> 5) + warp;
   if (head >= n_total) return;
-  const size_t row = blockIdx.y;
+  const size_t row = blockIdx.x;  // rows in x: gridDim.y stops at 65535, x at 2^31 - 1
   const int b = static_cast<int>(row / s.tokens), t = static_cast<int>(row % s.tokens);
   const int p = s.pos0 + t;
   const T* src = qkv + row * static_cast<size_t>(n_total) * hd + static_cast<size_t>(head) * hd;
@@ -285,10 +285,10 @@ void qkv_rope_cache(void* q_out, void* k_cache, void* v_cache, const void* qkv, 
                     const QkvShape& s, DType t, cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(s.batch) * s.tokens;
   if (rows == 0) return;
-  if (rows > 65535u * 1024u) throw InternalError("qkv_rope_cache: too many rows");
+  if (rows > 0x7fffffffu) throw InternalError("qkv_rope_cache: too many rows");
   constexpr int kWarps = 4;
   const int n_total = s.n_heads + 2 * s.n_kv_heads;
-  const dim3 grid((n_total + kWarps - 1) / kWarps, static_cast<unsigned>(rows));
+  const dim3 grid(static_cast<unsigned>(rows), (n_total + kWarps - 1) / kWarps);
   const size_t smem = static_cast<size_t>(kWarps) * s.head_dim * sizeof(float);
   PPB_DISPATCH_DTYPE(t, T,
                      qkv_rope_cache_kernel<T><<<grid, kWarps * 32, smem, stream>>>(

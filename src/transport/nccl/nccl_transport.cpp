@@ -43,6 +43,10 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
   ncclComm_t get() const { return c_; }
+  /// ncclCommAbort now; the destructor then has nothing left to free (no double abort).
+  void abort() {
+    if (c_) ncclCommAbort(std::exchange(c_, nullptr));
+  }
 
  private:
   ncclComm_t c_ = nullptr;
@@ -93,9 +97,8 @@ class NcclTransport final : public Transport {
   void abort() override {
     // ncclCommAbort makes kernels blocked on a dead peer return, so the process can exit.
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [key, comm] : pairs_)
-      if (comm.get()) ncclCommAbort(comm.get());
-    if (world_.get()) ncclCommAbort(world_.get());
+    for (auto& [key, comm] : pairs_) comm.abort();
+    world_.abort();
   }
 
   std::map<std::string, std::string> library_versions() const override {
@@ -121,14 +124,27 @@ class NcclTransport final : public Transport {
 
   void enqueue_barrier(Lane& lane) override { mpi_transport_->enqueue_barrier(lane); }
 
+  void connect(const std::vector<std::pair<int, int>>& links) override {
+    for (const auto& [src, dst] : links) {
+      if (src != mpi_.rank() && dst != mpi_.rank())
+        throw InternalError("NCCL transport: connect() given a link this rank is no end of");
+      pair(src, dst);
+    }
+  }
+
  private:
-  /// The communicator of messages src -> dst (src is its rank 0, dst its rank 1), made on
-  /// first use by both ends.
+  /// The communicator of messages src -> dst (src is its rank 0, dst its rank 1), made by
+  /// connect() ahead of the pipeline (or, failing that, on first use) by both ends. Only the enqueuing thread calls this; mutex_ guards the map
+  /// against async_error()/abort() from the watchdog, and is NOT held while the communicator
+  /// is made: that blocks until the peer joins (forever if it died), and a watchdog stuck on
+  /// the mutex could then never abort the job.
   ncclComm_t pair(int src, int dst) {
     if (src == dst) throw InternalError("NCCL transport: a rank cannot message itself");
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = pairs_.find({src, dst});
-    if (it != pairs_.end()) return it->second.get();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = pairs_.find({src, dst});
+      if (it != pairs_.end()) return it->second.get();
+    }
     CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id{};
     const int me = mpi_.rank();
@@ -140,6 +156,7 @@ class NcclTransport final : public Transport {
     }
     ncclComm_t c = nullptr;
     NCCL_CHECK(ncclCommInitRank(&c, 2, id, me == src ? 0 : 1));
+    std::lock_guard<std::mutex> lock(mutex_);
     return pairs_.emplace(std::make_pair(src, dst), NcclComm(c)).first->second.get();
   }
 
