@@ -81,7 +81,15 @@ int main(int argc, char** argv) {
   run->add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
   bool no_validate = false;
   run->add_flag("--no-validate", no_validate, "skip the serialized reference run (validation reported as skipped)");
-  run->add_option("--seed", opt.seed, "seed of the random weights and prompts")->capture_default_str();
+  run->add_option("--seed", opt.seed, "seed of the random weights and prompts (an integer >= 0)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
+                       ? std::string()
+                       : "must be an integer >= 0, got '" + v + "'";
+          },
+          ""))
+      ->capture_default_str();
   run->add_option("--dtype", opt.dtype, "auto | f32 | f16 | bf16 (auto: f32 on CPU)")->capture_default_str();
   run->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
   run->add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();

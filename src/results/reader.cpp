@@ -123,6 +123,8 @@ void read_all(const Group& root, RunRecord& run) {
   run.link_latency_s = attr_or<double>(root, "link_latency_s", 0.0);
   run.link_bandwidth_Bps = attr_or<double>(root, "link_bandwidth_Bps", 0.0);
   run.validation_ok = attr_or<bool>(root, "validation_ok", false);
+  // Files before the `validation` attribute: validation_ok alone (1 also with --no-validate).
+  run.validation = attr_or<std::string>(root, "validation", run.validation_ok ? "ok" : "failed");
   run.balance_gain = attr_or<double>(root, "balance_gain", 0.0);
   run.decode_balance_gain = attr_or<double>(root, "decode_balance_gain", 0.0);
 

@@ -93,7 +93,11 @@ struct RunRecord {
   std::vector<PartitionRecord> partitions;
   std::string status = "running";  ///< "running: <phase>", "failed: <phase>", or "complete"
   std::string failure;              ///< the error that ended the run, "" if none
-  bool validation_ok = true;
+  /// Every partition validated against its serialized run and all matched ("ok"); the run's
+  /// verdict in `validation`: "ok", "failed" (a mismatch, or partitions' tokens differ),
+  /// "skipped" (--no-validate, and the partitions' tokens agree), "pending" (incomplete file).
+  bool validation_ok = false;
+  std::string validation = "pending";
   double balance_gain = 0.0;         ///< tokens_per_s(balanced) / tokens_per_s(uniform), 0 if n/a
   double decode_balance_gain = 0.0;  ///< same with decode_tokens_per_s
 };

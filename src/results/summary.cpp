@@ -95,7 +95,12 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     os << "\nbalance gain (balanced / uniform): tokens/s " << fmt("%.3fx", run.balance_gain) << ", decode tokens/s "
        << fmt("%.3fx", run.decode_balance_gain) << "\n";
   }
-  os << "validation: " << (run.validation_ok ? "OK" : "FAILED") << "\n";
+  os << "validation: "
+     << (run.validation == "ok"        ? "OK"
+         : run.validation == "skipped" ? "skipped (--no-validate; the partitions' tokens agree)"
+         : run.validation == "pending" ? "pending (incomplete run)"
+                                       : "FAILED")
+     << "\n";
 }
 
 }  // namespace ppb

@@ -126,7 +126,9 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   root.set_attr("failure", run.failure);
   root.set_attr("link_latency_s", run.link_latency_s);
   root.set_attr("link_bandwidth_Bps", run.link_bandwidth_Bps);
-  root.set_attr("validation_ok", run.validation_ok);
+  // An incomplete snapshot has validated nothing yet, whatever the record says so far.
+  root.set_attr("validation_ok", complete && run.validation_ok);
+  root.set_attr("validation", complete ? run.validation : std::string("pending"));
   root.set_attr("balance_gain", run.balance_gain);
   root.set_attr("decode_balance_gain", run.decode_balance_gain);
   root.set_attr("partition_order", [&] {

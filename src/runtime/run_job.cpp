@@ -14,6 +14,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "backend/cpu/cpu_stage.h"
 #include "backend/device.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
@@ -153,7 +154,8 @@ void validate_options(const RunOptions& o) {
   check_range("--profile-iters", o.profile_iters, 1, 100000);
   check_range("--profile-contexts", o.profile_contexts, 1, 64);
   if (!(o.timeout_s > 0)) throw UserError("--timeout must be > 0 seconds");
-  if (o.memory_limit_gib < 0) throw UserError("--memory-limit must be >= 0 GiB (0 = the device's free memory)");
+  if (!(o.memory_limit_gib >= 0) || !std::isfinite(o.memory_limit_gib))
+    throw UserError("--memory-limit must be a finite number >= 0 GiB (0 = 90% of the device's free memory per rank)");
   if (o.order != "rank" && o.order != "auto")
     throw UserError("--order '" + o.order + "' is unknown; valid: rank (stage k on rank k), auto (search the device order)");
   if (o.objective != "workload" && o.objective != "decode" && o.objective != "prefill")
@@ -192,6 +194,10 @@ void check_output(const std::string& path, bool force) {
   namespace fs = std::filesystem;
   fs::path p(path);
   if (fs::is_directory(p)) throw UserError("output '" + path + "' is a directory; give a file name such as " + (p / "run.h5").string());
+  // Only a regular file is ever replaced: as root, `-o /dev/null --force` would otherwise
+  // rename an HDF5 file over the device node.
+  if (fs::exists(p) && !fs::is_regular_file(p))
+    throw UserError("output '" + path + "' exists and is not a regular file (a device, FIFO or socket); give a file name");
   if (fs::exists(p) && !force) throw UserError("output '" + path + "' exists; pass --force to overwrite it");
   fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::error_code ec;
@@ -292,7 +298,10 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     run.failure = why;
     run.elapsed_s = monotonic_s() - run.run_start_s;
     write_results(output, run, /*complete=*/false);
-    std::cerr << "ppbench: what was measured before the failure is in " << output << " (complete=0)" << std::endl;
+    if (run.profile.latency_ms.empty())
+      std::cerr << "ppbench: the failure is recorded in " << output << " (complete=0, status=failed; nothing measured yet)" << std::endl;
+    else
+      std::cerr << "ppbench: what was measured before the failure is in " << output << " (complete=0)" << std::endl;
   };
   auto snapshot = [&](const std::string& next_phase) {
     if (!root) return;
@@ -328,6 +337,12 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     // ---- 1. options, model, output: every rank checks the same things ----------------------
     run_phase(mpi, watchdog, policy, "start-up", [&] {
       validate_options(opt);
+      // srun started N tasks, but MPI was not wired to srun's PMI: every task came up as a
+      // 1-rank job that would benchmark alone and race the others for the same output file.
+      if (S == 1 && std::atoi(env_or("SLURM_STEP_NUM_TASKS").c_str()) > 1 && env_or("OMPI_COMM_WORLD_SIZE").empty())
+        throw UserError("srun started " + env_or("SLURM_STEP_NUM_TASKS") +
+                        " tasks but MPI sees 1 rank: the MPI library is not wired to srun's process manager; "
+                        "use srun --mpi=pmix (see `srun --mpi=list` for what this cluster offers) or mpirun");
       partition_names = requested_partitions(opt.partition);
       // One rank has one split (all units): benchmarking it twice would only measure noise.
       if (S == 1) partition_names.resize(1);
@@ -471,6 +486,65 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       progress.say(os.str());
     }
 
+    // Bytes a stage of units [first, last] allocates on this backend (weights, and KV cache +
+    // scratch), computed before anything is allocated.
+    auto stage_plan = [&](int first, int last, int groups) -> std::pair<int64_t, int64_t> {
+      StageConfig sc{opt.batch, opt.prompt_len + opt.gen_len, groups, dtype, opt.seed};
+#if PPBENCH_HAVE_CUDA
+      if (use_cuda) {
+        auto b = cuda_stage_bytes(spec, first, last, sc);
+        return {static_cast<int64_t>(b.weights), static_cast<int64_t>(b.kv_cache + b.scratch)};
+      }
+#endif
+      auto b = cpu_stage_bytes(spec, first, last, sc);
+      return {static_cast<int64_t>(b.weights), static_cast<int64_t>(b.kv_cache + b.scratch)};
+    };
+
+    // Memory, before the profile: a run that cannot fit fails in seconds, not after profiling.
+    // (a) The profile instantiates each unit alone (one group): it must fit this rank's limit.
+    // (b) The model's weights + KV cache must fit the ranks' limits together, and its largest
+    //     unit the largest limit (the balancer's own check, which needs the profile, says which
+    //     split fits; this one says that none can).
+    auto memory_limits = mpi.gather_doubles({static_cast<double>(memory_limit)});
+    run_phase(mpi, watchdog, policy, "memory check of the profile", [&] {
+      for (int sig = 0; sig < static_cast<int>(spec.signatures.size()); ++sig) {
+        const int u = spec.signature_example[sig];
+        auto [w, rest] = stage_plan(u, u, 1);
+        if (static_cast<size_t>(w + rest) > memory_limit)
+          throw UserError("profiling unit " + spec.units[u].name + " alone needs " + gib(double(w + rest)) +
+                          " (weights " + gib(double(w)) + " + KV cache and scratch " + gib(double(rest)) + " for B=" +
+                          std::to_string(opt.batch) + " sequences of P+G=" + std::to_string(opt.prompt_len + opt.gen_len) +
+                          " tokens) but the limit is " + gib(double(memory_limit)) +
+                          " (--memory-limit, default 90% of the free memory per rank); use a smaller --batch, "
+                          "--prompt-len or --gen-len");
+      }
+      if (!root) return;
+      double need = 0, unit_max = 0, have = 0, have_max = 0;
+      std::string unit_name;
+      for (int u = 0; u < spec.num_units(); ++u) {
+        auto [w, kv] = stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype));
+        need += double(w + kv);
+        if (double(w + kv) > unit_max) {
+          unit_max = double(w + kv);
+          unit_name = spec.units[u].name;
+        }
+      }
+      for (double l : memory_limits) {
+        have += l;
+        have_max = std::max(have_max, l);
+      }
+      if (need > have)
+        throw UserError("the model needs " + gib(need) + " of weights + KV cache (M=" + std::to_string(M) + " groups of B=" +
+                        std::to_string(opt.batch) + " sequences, " + std::to_string(opt.prompt_len + opt.gen_len) +
+                        " tokens each, " + dtype_name(dtype) + ") but the " + std::to_string(S) + " ranks hold " + gib(have) +
+                        " together (--memory-limit, default 90% of the free memory per rank); use more ranks, a "
+                        "smaller --batch/--microbatches/--prompt-len/--gen-len, or a smaller model");
+      if (unit_max > have_max)
+        throw UserError("unit " + unit_name + " alone needs " + gib(unit_max) + " of weights + KV cache but the largest "
+                        "rank limit is " + gib(have_max) + " (--memory-limit); use a smaller --batch/--microbatches/"
+                        "--prompt-len/--gen-len");
+    });
+
     // ---- 2. profile on every rank ---------------------------------------------------------
     ProfileResult prof;
     run_phase(mpi, watchdog, policy, "profile", [&] {
@@ -520,7 +594,27 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     // ---- 3. balance on rank 0, broadcast --------------------------------------------------
     std::vector<balance::Partition> parts;
     std::vector<int> flat;  // per partition: S first units
-    auto memory_limits = mpi.gather_doubles({static_cast<double>(memory_limit)});
+    // The profile table goes into the file before the balancer runs: a split that cannot be
+    // found (memory) still leaves what was measured.
+    if (root) {
+      ProfileTable& t = run.profile;
+      for (int u = 0; u < U; ++u) {
+        t.unit_name.push_back(spec.units[u].name);
+        t.unit_signature.push_back(spec.units[u].signature);
+        t.unit_params.push_back(model::unit_params(spec, u));
+        t.unit_weight_bytes.push_back(model::unit_resident_params(spec, u) * dtype_bytes(dtype));
+        t.unit_kv_bytes.push_back(stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype)).second);
+      }
+      t.signature_name = spec.signatures;
+      t.latency_ms = lat;
+      t.latency_min_ms = lat_min;
+      t.latency_max_ms = lat_max;
+      t.decode_contexts = prof.decode_contexts;
+      t.decode_context_ms = ctx;
+      t.cost_ms = cost_all;
+    }
+    run_phase(mpi, watchdog, policy, "write of the profile", [&] { snapshot("balance"); });
+
     run_phase(mpi, watchdog, policy, "balance", [&] {
       if (!root) return;
       // The balancer's problem (DESIGN.md §6): each rank's own profile row, each rank's memory,
@@ -576,21 +670,6 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
 
     // Profile table and partition predictions for the file and the summary.
     if (root) {
-      ProfileTable& t = run.profile;
-      for (int u = 0; u < U; ++u) {
-        t.unit_name.push_back(spec.units[u].name);
-        t.unit_signature.push_back(spec.units[u].signature);
-        t.unit_params.push_back(model::unit_params(spec, u));
-        t.unit_weight_bytes.push_back(model::unit_resident_params(spec, u) * dtype_bytes(dtype));
-        t.unit_kv_bytes.push_back(stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype)).second);
-      }
-      t.signature_name = spec.signatures;
-      t.latency_ms = lat;
-      t.latency_min_ms = lat_min;
-      t.latency_max_ms = lat_max;
-      t.decode_contexts = prof.decode_contexts;
-      t.decode_context_ms = ctx;
-      t.cost_ms = cost_all;
       for (auto& p : parts) {
         PartitionRecord pr;
         pr.name = p.solver;
@@ -625,28 +704,20 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       }
     }
 
-    run_phase(mpi, watchdog, policy, "write of the profile", [&] { snapshot("benchmark"); });
+    run_phase(mpi, watchdog, policy, "write of the partitions", [&] { snapshot("benchmark"); });
 
     // Memory: every rank checks its stage of every partition before anything is allocated, so
     // an impossible partition fails in seconds instead of after the others were benchmarked.
     run_phase(mpi, watchdog, policy, "memory check", [&] {
       for (const auto& p : parts) {
         const int k = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
-        auto [w, kv] = stage_bytes(spec, p.first_unit[k], p.last_unit[k], M * opt.batch, opt.prompt_len + opt.gen_len,
-                                   dtype_bytes(dtype));
-#if PPBENCH_HAVE_CUDA
-        if (use_cuda) {  // exactly what the CUDA stage allocates, scratch included
-          StageConfig sc{opt.batch, opt.prompt_len + opt.gen_len, M, dtype, opt.seed};
-          auto b = cuda_stage_bytes(spec, p.first_unit[k], p.last_unit[k], sc);
-          w = static_cast<int64_t>(b.weights);
-          kv = static_cast<int64_t>(b.kv_cache + b.scratch);
-        }
-#endif
+        // Exactly what the stage allocates (CUDA or CPU), scratch included.
+        auto [w, kv] = stage_plan(p.first_unit[k], p.last_unit[k], M);
         if (static_cast<size_t>(w + kv) > memory_limit) {
           std::ostringstream os;
           os << "partition " << p.solver << ": stage " << k << " (units " << spec.units[p.first_unit[k]].name << ".."
              << spec.units[p.last_unit[k]].name << ") needs " << gib(double(w + kv)) << " (weights " << gib(double(w))
-             << " + KV cache " << gib(double(kv)) << ") but the limit is " << gib(double(memory_limit))
+             << " + KV cache and scratch " << gib(double(kv)) << ") but the limit is " << gib(double(memory_limit))
              << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
                 "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
           throw UserError(os.str());
@@ -820,9 +891,10 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       if (!root) return;
       const PartitionRecord* uni = nullptr;
       const PartitionRecord* bal = nullptr;
+      bool failed = false, all_validated = true;
       for (auto& pr : run.partitions) {
-        run.validation_ok = run.validation_ok && pr.tokens_match_first_partition &&
-                            (!pr.validated || (pr.tokens_match && pr.checksum_match));
+        failed = failed || !pr.tokens_match_first_partition || (pr.validated && !(pr.tokens_match && pr.checksum_match));
+        all_validated = all_validated && pr.validated;
         if (pr.name == "uniform") uni = &pr;
         if (pr.name == "balanced") bal = &pr;
       }
@@ -830,13 +902,15 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         run.balance_gain = bal->metrics.at("tokens_per_s") / uni->metrics.at("tokens_per_s");
         run.decode_balance_gain = bal->metrics.at("decode_tokens_per_s") / uni->metrics.at("decode_tokens_per_s");
       }
+      run.validation = failed ? "failed" : all_validated ? "ok" : "skipped";
+      run.validation_ok = run.validation == "ok";
       run.elapsed_s = monotonic_s() - run.run_start_s;
       run.status = "complete";
       write_results(output, run);
       print_summary(std::cout, run);
       std::cout << "results: " << output << std::endl;
     });
-    if (root && !run.validation_ok) status = 1;
+    if (root && run.validation == "failed") status = 1;
     return mpi.agree(status);
   } catch (const PhaseFailed& f) {
     return f.status;

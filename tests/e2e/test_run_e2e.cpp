@@ -58,6 +58,7 @@ void check_file(const std::string& path, int world, int units, int B, int P, int
   EXPECT_EQ(root.get_attr<std::string>("transport"), "mpi");
   EXPECT_FALSE(root.get_attr<std::string>("command_line").empty());
   EXPECT_EQ(root.get_attr<int64_t>("validation_ok"), 1);
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
   auto wl = root.open_group("config/workload");
   EXPECT_EQ(wl.get_attr<int64_t>("batch"), B);
   EXPECT_EQ(wl.get_attr<int64_t>("prompt_len"), P);
@@ -195,6 +196,12 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"existing output", 2, tiny + "-o " + dir + "/exists.h5", "--force"},
       {"memory limit", 2, tiny + "--memory-limit 0.000001", "needs"},
       {"not a number", 2, tiny + "--batch four", "batch"},
+      {"memory limit not finite", 2, tiny + "--memory-limit nan", "--memory-limit must be a finite number"},
+      {"output is a device", 2, tiny + "-o /dev/null --force", "not a regular file"},
+      // Caught before the profile, in seconds: the profile's one-unit stage (scratch for
+      // B x (P+G) tokens) and the whole model against all ranks' memory.
+      {"prompt too long for memory", 2, tiny + "-p 1048576", "profiling unit"},
+      {"model larger than the ranks", 2, "--model inputs/models/llama-3.1-70b.json --memory-limit 8", "ranks hold"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -211,6 +218,42 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
   }
 }
 
+TEST(RunE2E, BalanceFailureKeepsTheProfile) {
+  // Per-unit bytes at B=2 P=8 G=4 M=2: embed 131072, 6 layers of 184832, head 131328 (1371392
+  // in all). A limit of 685760 bytes per rank holds the total on 2 ranks but no contiguous
+  // split (the best, 4|4 units, needs 685824 on stage 1): the balancer fails after the profile,
+  // which the file must keep.
+  const std::string h5 = temp_dir() + "/balance_fails.h5";
+  char limit[64];
+  std::snprintf(limit, sizeof limit, "%.15g", 685760.0 / (1u << 30));  // GiB, to the byte
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -b 2 -p 8 -g 4 --memory-limit " + limit + " -q -o " + h5);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("no feasible split"), std::string::npos) << r.output;
+  auto f = ppb::h5::File::open(h5);
+  auto root = f.root();
+  EXPECT_EQ(root.get_attr<int64_t>("complete"), 0);
+  EXPECT_EQ(root.get_attr<std::string>("status"), "failed");
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "pending");
+  EXPECT_EQ(root.get_attr<int64_t>("validation_ok"), 0);
+  EXPECT_NE(root.get_attr<std::string>("failure").find("no feasible split"), std::string::npos);
+  auto lat = root.open_group("profile").open_dataset("latency_ms").read<double>();
+  ASSERT_EQ(lat.size(), 2u * 8 * 2);
+  for (double v : lat) EXPECT_GT(v, 0.0);
+}
+
+TEST(RunE2E, NoValidateIsReportedSkipped) {
+  const std::string h5 = temp_dir() + "/novalidate.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -b 2 -p 8 -g 4 --iters 2 --warmup 1 "
+               "--profile-iters 2 --no-validate -q -o " + h5);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("validation: skipped"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("validation: OK"), std::string::npos) << r.output;
+  auto root = ppb::h5::File::open(h5).root();
+  EXPECT_EQ(root.get_attr<int64_t>("complete"), 1);
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "skipped");
+  EXPECT_EQ(root.get_attr<int64_t>("validation_ok"), 0);
+}
+
 TEST(RunE2E, CommandLineErrorsExitTwo) {
   // Without MPI: an unknown command and negative values of the offline tools.
   const std::string bin = PPBENCH_BIN " ";
@@ -222,6 +265,7 @@ TEST(RunE2E, CommandLineErrorsExitTwo) {
       {"negative groups", 1, "simulate tests/data/tiny-llama.json -M -1", "--microbatches"},
       {"negative gen len", 1, "simulate tests/data/tiny-llama.json -g -2", "--gen-len"},
       {"negative batch", 1, "simulate tests/data/tiny-llama.json -b -4", "--batch"},
+      {"negative seed", 1, "run --model tests/data/tiny-llama.json --seed -1", "--seed: must be an integer >= 0"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -229,6 +273,10 @@ TEST(RunE2E, CommandLineErrorsExitTwo) {
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in:\n" << r.output;
   }
+  // srun without PMI wiring: each of the N tasks comes up as a 1-rank MPI job.
+  auto r = run("SLURM_STEP_NUM_TASKS=2 " + bin + "run --model tests/data/tiny-llama.json -q -o " + temp_dir() + "/single.h5");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("srun started 2 tasks but MPI sees 1 rank"), std::string::npos) << r.output;
 }
 
 }  // namespace

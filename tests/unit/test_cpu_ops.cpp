@@ -811,6 +811,36 @@ TEST(CpuStage, ExactWeightAndKvBytes) {
   EXPECT_EQ(tied_head->output_bytes(7), 4ul * B);
 }
 
+TEST(CpuStage, BytePlanMatchesTheBuiltStage) {
+  // cpu_stage_bytes (the memory check's numbers, computed before anything is allocated) against
+  // what a built stage reports, for every unit range of a Llama-like and a Gemma-3-like model.
+  const int B = 3, ctx = 11, groups = 2;
+  for (const ModelSpec& base : {make_spec({llama_layer(), llama_layer()}), gemma3_like()}) {
+    for (bool tie : {false, true}) {
+      ModelSpec m = base;
+      m.tie_embeddings = tie;
+      const int U = m.num_units();
+      for (int first = 0; first < U; ++first)
+        for (int last = first; last < U; ++last) {
+          SCOPED_TRACE(m.architecture + (tie ? " tied" : "") + " units " + std::to_string(first) + ".." + std::to_string(last));
+          const auto plan = ppb::cpu_stage_bytes(m, first, last, config(B, ctx, groups));
+          auto stage = ppb::create_cpu_stage(m, first, last, config(B, ctx, groups));
+          EXPECT_EQ(plan.weights, stage->weight_bytes());
+          EXPECT_EQ(plan.kv_cache, stage->kv_cache_bytes());
+        }
+    }
+  }
+  // Scratch of the whole Llama-like model, by hand: activations of B*ctx tokens (x, h, q, k, v,
+  // attn, gate, up), the 64-query attention block, one RoPE table pair, the head's rows/logits.
+  const ModelSpec m = make_spec({llama_layer(), llama_layer()});  // H 32, nq 32, nkv 16, I 64, hd 8
+  const size_t T = 3 * 11, H = 32;
+  const size_t scratch = T * H + T * (H + 2 * 32 + 2 * 16 + 2 * 64) + 64 * 11 + 2 * 11 * 4 + 3 * H + 3 * 50;
+  EXPECT_EQ(ppb::cpu_stage_bytes(m, 0, 3, config(3, 11, 2)).scratch, 4 * scratch);
+  // A prompt of 2^20 tokens: the plan says over a GiB for this tiny layer, before any allocation.
+  EXPECT_GT(ppb::cpu_stage_bytes(m, 1, 1, config(1, 1 << 20, 1)).total(), size_t(1) << 30);
+  EXPECT_THROW(ppb::cpu_stage_bytes(m, 2, 1, config(1, 4, 1)), ppb::UserError);
+}
+
 TEST(CpuStage, RejectsNonF32AndBadRanges) {
   const ModelSpec m = make_spec({llama_layer()});
   ppb::StageConfig c = config(1, 4);

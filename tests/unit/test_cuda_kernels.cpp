@@ -560,7 +560,12 @@ TEST(CudaStage, MatchesCpuStageTokensAndChecksum) {
       const auto [t2, s2] = run_model(*gpu, m, t, 3, 9, 4);
       EXPECT_EQ(t1, t2) << name << " " << ppb::dtype_name(t);
       EXPECT_EQ(s1, s2) << name << " " << ppb::dtype_name(t);
-      EXPECT_NEAR(s1, cpu_sum, 0.05 * (1.0 + std::fabs(cpu_sum))) << name << " " << ppb::dtype_name(t);
+      // The checksum sums B x hidden x (steps + 1) = 960 values of |x| ~ 0.5 with random signs, so
+      // its bf16 error is absolute (~0.15: 2^-9 per value and what propagates), not relative to
+      // the sum: qwen_bias_qknorm's cancels to 0.75 (a numpy emulation of this bf16 stage gives
+      // 0.896, 0.145 off). Hence the absolute slack; a wrong token or kernel moves the sum by
+      // several units (one changed row of 64 values alone by ~4).
+      EXPECT_NEAR(s1, cpu_sum, 0.05 * (1.0 + std::fabs(cpu_sum)) + 0.5) << name << " " << ppb::dtype_name(t);
     }
   }
 }

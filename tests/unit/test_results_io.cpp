@@ -97,6 +97,7 @@ RunRecord make_record() {
     r.partitions.push_back(pr);
   }
   r.validation_ok = true;
+  r.validation = "ok";
   r.balance_gain = 117.0 / 97.5;
   r.decode_balance_gain = 1.0;
   return r;
@@ -152,6 +153,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(r.model_attrs_str, w.model_attrs_str);
   EXPECT_EQ(r.model_attrs_num, w.model_attrs_num);
   EXPECT_EQ(r.validation_ok, w.validation_ok);
+  EXPECT_EQ(r.validation, w.validation);
   EXPECT_EQ(r.balance_gain, w.balance_gain);
   EXPECT_EQ(r.decode_balance_gain, w.decode_balance_gain);
 

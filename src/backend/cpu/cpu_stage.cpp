@@ -388,4 +388,48 @@ std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int f
   return std::make_unique<CpuStage>(m, first, last, cfg);
 }
 
+CpuStageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+  if (first < 0 || last < first || last >= m.num_units()) {
+    throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
+                    "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
+  }
+  // Mirrors CpuStage's constructor (tests/unit/test_cpu_ops.cpp checks weights and KV cache
+  // against a built stage).
+  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(std::max(cfg.batch, 1));
+  const size_t ctx = static_cast<size_t>(std::max(cfg.max_context, 1)), groups = static_cast<size_t>(std::max(cfg.groups, 1));
+  const size_t max_tokens = B * ctx;
+  size_t weights = 0, kv = 0, max_q = 0, max_kv = 0, max_inter = 0, rope = 0;
+  bool has_embed = false, has_head = false, has_layer = false;
+  std::vector<std::pair<model::Rope, int>> ropes;
+  for (int u = first; u <= last; ++u) {
+    const model::Unit& unit = m.units[u];
+    if (unit.kind == UnitKind::embed) {
+      has_embed = true;
+      weights += static_cast<size_t>(m.vocab) * H;
+    } else if (unit.kind == UnitKind::head) {
+      has_head = true;
+      weights += H + (m.tie_embeddings && has_embed ? 0 : static_cast<size_t>(m.vocab) * H);
+    } else {
+      has_layer = true;
+      const model::LayerShape& ls = m.layers[unit.layer];
+      weights += static_cast<size_t>(model::unit_params(m, u));
+      const size_t nq = static_cast<size_t>(ls.n_heads) * ls.head_dim, nkv = static_cast<size_t>(ls.n_kv_heads) * ls.head_dim;
+      max_q = std::max(max_q, nq);
+      max_kv = std::max(max_kv, nkv);
+      max_inter = std::max(max_inter, static_cast<size_t>(ls.intermediate));
+      kv += 2 * groups * max_tokens * nkv;
+      const auto key = std::make_pair(ls.rope, ls.head_dim);
+      if (std::find(ropes.begin(), ropes.end(), key) == ropes.end()) {
+        ropes.push_back(key);
+        rope += 2 * ctx * static_cast<size_t>(ls.head_dim / 2);
+      }
+    }
+  }
+  size_t scratch = max_tokens * H + rope;
+  if (has_layer)
+    scratch += max_tokens * (H + 2 * max_q + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.max_context);
+  if (has_head) scratch += B * H + B * static_cast<size_t>(m.vocab);
+  return {weights * sizeof(float), kv * sizeof(float), scratch * sizeof(float)};
+}
+
 }  // namespace ppb
