@@ -51,20 +51,56 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ppb::RunOptions opt;
+  bool no_validate = false;
   auto* run = app.add_subcommand("run", "profile, balance, benchmark and validate; write the HDF5 results file");
-  run->add_option("-m,--model", opt.model_path, "Hugging Face config.json of a dense decoder model (inputs/models/*.json)")
-      ->required();
-  run->add_option("-b,--batch", opt.batch, "B: sequences per request group (micro-batch)")->capture_default_str();
-  run->add_option("-p,--prompt-len", opt.prompt_len, "P: prompt tokens per sequence (prefill)")->capture_default_str();
-  run->add_option("-g,--gen-len", opt.gen_len, "G: decode steps per group (autoregressive)")->capture_default_str();
-  run->add_option("-M,--microbatches", opt.microbatches, "M: request groups in flight (0 = number of stages)")
-      ->capture_default_str();
+  auto* profile = app.add_subcommand(
+      "profile",
+      "only profile every unit on every rank and write the HDF5 file (no partitions), for `ppbench balance` "
+      "and `simulate` offline");
+  // Options of both: the model, the workload the profile is shaped by, device and output.
+  for (CLI::App* sc : {run, profile}) {
+    sc->add_option("-m,--model", opt.model_path, "Hugging Face config.json of a dense decoder model (inputs/models/*.json)")
+        ->required();
+    sc->add_option("-b,--batch", opt.batch, "B: sequences per request group (micro-batch)")->capture_default_str();
+    sc->add_option("-p,--prompt-len", opt.prompt_len, "P: prompt tokens per sequence (prefill)")->capture_default_str();
+    sc->add_option("-g,--gen-len", opt.gen_len, "G: decode steps per group (autoregressive)")->capture_default_str();
+    sc->add_option("-M,--microbatches", opt.microbatches,
+                   "M: request groups in flight (0 = number of stages; sizes the KV cache in the memory check)")
+        ->capture_default_str();
+    sc->add_option("--objective", opt.objective,
+                   "stage cost the balancer minimises: workload (prefill + G x decode) | decode | prefill")
+        ->capture_default_str();
+    sc->add_option("--profile-warmup", opt.profile_warmup, "untimed forwards before each profiled series")
+        ->capture_default_str();
+    sc->add_option("--profile-iters", opt.profile_iters, "timed forwards per profiled series (median kept)")
+        ->capture_default_str();
+    sc->add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
+        ->capture_default_str();
+    sc->add_option("--seed", opt.seed, "seed of the random weights and prompts (an integer >= 0)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+              return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
+                         ? std::string()
+                         : "must be an integer >= 0, got '" + v + "'";
+            },
+            ""))
+        ->capture_default_str();
+    sc->add_option("--dtype", opt.dtype, "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on GPUs)")->capture_default_str();
+    sc->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
+    sc->add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
+    sc->add_option("--memory-limit", opt.memory_limit_gib,
+                   "GiB of weights + KV cache allowed per stage (0 = 90% of the free memory per rank)")
+        ->capture_default_str();
+    sc->add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
+        ->capture_default_str();
+    sc->add_option("-o,--output", opt.output, "results file (default results/ppbench_<model>_<ranks>r_<time>.h5)");
+    sc->add_flag("--force", opt.force, "overwrite an existing --output file");
+    sc->add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
+  }
+  // Options of the benchmark itself.
   run->add_option("--partition", opt.partition,
                   "splits to benchmark: uniform | seed | balanced | both (uniform+balanced) | all | a manual "
                   "split of units per stage, e.g. 9,8,7,8")
-      ->capture_default_str();
-  run->add_option("--objective", opt.objective,
-                  "stage cost the balancer minimises: workload (prefill + G x decode) | decode | prefill")
       ->capture_default_str();
   run->add_option("--order", opt.order,
                   "device order of the balanced split: rank (stage k on rank k) | auto (search it; "
@@ -72,35 +108,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
   run->add_option("--iters", opt.iters, "timed repetitions per partition")->capture_default_str();
-  run->add_option("--profile-warmup", opt.profile_warmup, "untimed forwards before each profiled series")
-      ->capture_default_str();
-  run->add_option("--profile-iters", opt.profile_iters, "timed forwards per profiled series (median kept)")
-      ->capture_default_str();
-  run->add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
-      ->capture_default_str();
   run->add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
-  bool no_validate = false;
   run->add_flag("--no-validate", no_validate, "skip the serialized reference run (validation reported as skipped)");
-  run->add_option("--seed", opt.seed, "seed of the random weights and prompts (an integer >= 0)")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
-                       ? std::string()
-                       : "must be an integer >= 0, got '" + v + "'";
-          },
-          ""))
-      ->capture_default_str();
-  run->add_option("--dtype", opt.dtype, "auto | f32 | f16 | bf16 (auto: f32 on CPU)")->capture_default_str();
-  run->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
-  run->add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
-  run->add_option("--memory-limit", opt.memory_limit_gib,
-                  "GiB of weights + KV cache allowed per stage (0 = 90% of the free memory per rank)")
-      ->capture_default_str();
-  run->add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
-      ->capture_default_str();
-  run->add_option("-o,--output", opt.output, "results file (default results/ppbench_<model>_<ranks>r_<time>.h5)");
-  run->add_flag("--force", opt.force, "overwrite an existing --output file");
-  run->add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
 
   ppb::ReportOptions report_opt;
   auto* report = ppb::add_report_command(app, report_opt);
@@ -141,6 +150,7 @@ int main(int argc, char** argv) {
   if (report->parsed()) return ppb::run_report_command(report_opt);  // no MPI for report
   opt.command_line = join_args(argc, argv);
   opt.validate = !no_validate;
+  opt.profile_only = profile->parsed();
 
   std::unique_ptr<ppb::MpiContext> mpi;
   try {

@@ -1,8 +1,10 @@
 #include "results/summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace ppb {
 namespace {
@@ -34,6 +36,31 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   if (run.link_bandwidth_Bps > 0)
     os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
        << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
+  if (run.partitions.empty() && !run.profile.unit_name.empty()) {
+    // A profile-only file (`ppbench profile`): one row per signature, over the ranks.
+    const auto& t = run.profile;
+    const size_t U = t.unit_name.size(), R = t.latency_ms.size() / (2 * std::max<size_t>(U, 1));
+    os << "\nprofile (median ms per forward of B=" << w.batch << " sequences; min..max over " << R << " rank(s))\n";
+    os << "  signature              units  example        prefill P=" << w.prompt_len << "          decode\n";
+    std::vector<bool> seen(t.signature_name.size() + U, false);
+    for (size_t u = 0; u < U; ++u) {
+      const size_t sig = static_cast<size_t>(t.unit_signature[u]);
+      if (sig >= seen.size() || seen[sig]) continue;
+      seen[sig] = true;
+      int count = 0;
+      for (size_t v = 0; v < U; ++v) count += t.unit_signature[v] == t.unit_signature[u];
+      double pmin = 1e300, pmax = 0, dmin = 1e300, dmax = 0;
+      for (size_t r = 0; r < R; ++r) {
+        const double pre = t.latency_ms[(r * U + u) * 2], dec = t.latency_ms[(r * U + u) * 2 + 1];
+        pmin = std::min(pmin, pre), pmax = std::max(pmax, pre), dmin = std::min(dmin, dec), dmax = std::max(dmax, dec);
+      }
+      const std::string name = sig < t.signature_name.size() ? t.signature_name[sig] : std::to_string(sig);
+      char line[256];
+      std::snprintf(line, sizeof line, "  %-22s %5d  %-12s %9.4g..%-9.4g %9.4g..%.4g\n", name.c_str(), count,
+                    t.unit_name[u].c_str(), pmin, pmax, dmin, dmax);
+      os << line;
+    }
+  }
   for (const auto& p : run.partitions) {
     const int S = static_cast<int>(p.first_unit.size());
     os << "\npartition " << p.name << " (solver " << p.solver << ")\n";
@@ -99,6 +126,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
      << (run.validation == "ok"        ? "OK"
          : run.validation == "skipped" ? "skipped (--no-validate; the partitions' tokens agree)"
          : run.validation == "pending" ? "pending (incomplete run)"
+         : run.validation == "n/a"     ? "n/a (profile only)"
                                        : "FAILED")
      << "\n";
 }

@@ -615,6 +615,20 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     }
     run_phase(mpi, watchdog, policy, "write of the profile", [&] { snapshot("balance"); });
 
+    if (opt.profile_only) {  // `ppbench profile`: the file is complete without partitions
+      run_phase(mpi, watchdog, policy, "write", [&] {
+        if (!root) return;
+        run.validation = "n/a";
+        run.validation_ok = false;
+        run.elapsed_s = monotonic_s() - run.run_start_s;
+        run.status = "complete";
+        write_results(output, run);
+        print_summary(std::cout, run);
+        std::cout << "results: " << output << " (profile only: ppbench balance " << output << " --stages K)" << std::endl;
+      });
+      return mpi.agree(0);
+    }
+
     run_phase(mpi, watchdog, policy, "balance", [&] {
       if (!root) return;
       // The balancer's problem (DESIGN.md §6): each rank's own profile row, each rank's memory,

@@ -34,10 +34,13 @@ struct RunOptions {
   std::string output;  ///< "" = results/ppbench_<model>_<S>r_<UTC time>.h5
   bool force = false;
   bool quiet = false;
+  /// `ppbench profile`: stop after the profile; the file (complete=1, no partitions) feeds
+  /// `ppbench balance` / `simulate` offline.
+  bool profile_only = false;
   std::string command_line;
 };
 
-/// Runs the main job on every rank. Returns the process exit status: 0 success, 1 validation
+/// Runs the main job on every rank (or, with opt.profile_only, its steps up to the profile). Returns the process exit status: 0 success, 1 validation
 /// mismatch or internal failure, 2 bad input (the same on every rank).
 int run_job(const MpiContext& mpi, const RunOptions& opt);
 

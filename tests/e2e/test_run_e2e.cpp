@@ -241,6 +241,29 @@ TEST(RunE2E, BalanceFailureKeepsTheProfile) {
   for (double v : lat) EXPECT_GT(v, 0.0);
 }
 
+TEST(RunE2E, ProfileOnlyFileFeedsTheOfflineBalancer) {
+  const std::string h5 = temp_dir() + "/profile_only.h5";
+  auto r = run("mpirun --oversubscribe -np 2 " PPBENCH_BIN " profile --model tests/data/tiny-gemma3.json -b 2 -p 8 -g 4 "
+               "--profile-iters 2 -q -o " + h5);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("validation: n/a (profile only)"), std::string::npos) << r.output;
+  {
+    auto f = ppb::h5::File::open(h5);
+    auto root = f.root();
+    EXPECT_EQ(root.get_attr<int64_t>("complete"), 1);
+    EXPECT_EQ(root.get_attr<std::string>("validation"), "n/a");
+    EXPECT_FALSE(root.is_group("benchmark"));
+    auto lat = root.open_group("profile").open_dataset("latency_ms").read<double>();
+    EXPECT_EQ(lat.size(), 2u * 9 * 2);  // ranks x (embed + 7 layers + head) x phases
+    for (double v : lat) EXPECT_GT(v, 0.0);
+  }
+  auto b = run(PPBENCH_BIN " balance " + h5 + " --stages 2");
+  EXPECT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(b.output.find("bottleneck"), std::string::npos) << b.output;
+  auto rep = run(PPBENCH_BIN " report " + h5);
+  EXPECT_EQ(rep.status, 0) << rep.output;
+}
+
 TEST(RunE2E, NoValidateIsReportedSkipped) {
   const std::string h5 = temp_dir() + "/novalidate.h5";
   auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -b 2 -p 8 -g 4 --iters 2 --warmup 1 "
