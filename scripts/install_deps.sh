@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev libopenblas-dev
-          nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev)
+          nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
+          hdf5-tools)   # h5dump/h5ls: inspect results files (results/README.md), Slurm e2e checks
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
     sc->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
     sc->add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
     sc->add_option("--memory-limit", opt.memory_limit_gib,
-                   "GiB of weights + KV cache allowed per stage (0 = 90% of the free memory per rank)")
+                   "GiB of weights + KV cache allowed per stage (0 = 90% of the free memory per rank: the GPU's, or on "
+                   "CPU the smaller of MemAvailable and the job's cgroup limit)")
         ->capture_default_str();
     sc->add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
         ->capture_default_str();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test under a real Slurm: installs Slurm and MUNGE from Debian when missing, starts
 # munged, slurmctld and slurmd on this machine with a minimal one-node configuration (in a
-# temporary directory, on ports of its own), submits jobs/cpu.sbatch with `sbatch --wait`, and
+# temporary directory, on ports of its own), checks every jobs/*.sbatch with `bash -n` and
+# `sbatch --test-only`, submits jobs/cpu.sbatch with `sbatch --wait`, and
 # checks that the results file appears, is complete (root attribute complete=1) and that
 # `ppbench report` reads it (text and CSV). Stops the daemons it started (by pid) on exit.
 #
@@ -159,6 +160,21 @@ done
 [[ "$state" == idle ]] || fail "node $NODE not idle after 60 s (state '$state')"
 say "node $NODE idle"
 sinfo
+
+# ---- every job script's directives ------------------------------------------------------
+# `sbatch --test-only` parses a script's #SBATCH lines (an unknown or malformed option fails)
+# and asks slurmctld whether it could schedule the job, without submitting it. cpu.sbatch is
+# checked as is; the GPU and multi-node shapes are shrunk to this one CPU node (command-line
+# options override #SBATCH lines).
+SHRINK=(--nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --gpus-per-node=0)
+for script in "$REPO"/jobs/*.sbatch; do
+  name=$(basename "$script")
+  bash -n "$script" || fail "bash -n $name"
+  opts=()
+  [[ "$name" == cpu.sbatch ]] || opts=("${SHRINK[@]}")
+  msg=$(cd "$REPO" && sbatch --test-only "${opts[@]}" "$script" 2>&1) || fail "sbatch --test-only $name: $msg"
+  say "sbatch --test-only${opts[*]:+ ${opts[*]}} $name: ${msg##*sbatch: }"
+done
 
 # ---- the job ----------------------------------------------------------------------------
 export PPBENCH="$PPBENCH" PPBENCH_RESULTS="$TMP/results"

@@ -3,13 +3,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "backend/cpu/cpu_lane.h"
+#include "backend/cpu/cpu_memory.h"
 #include "backend/cpu/cpu_stage.h"
 #include "backend/device.h"
 #include "common/error.h"
@@ -59,17 +66,132 @@ std::string cpu_model_name() {
   return "CPU";
 }
 
-/// MemAvailable of /proc/meminfo in bytes (0 if unknown).
-size_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  size_t value = 0;
-  std::string unit;
-  while (in >> key >> value >> unit) {
-    if (key == "MemAvailable:") return value * 1024;
-  }
-  return 0;
+/// The whole text of a file ("" if it cannot be read).
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
 }
+
+/// The unsigned integer that is the whole of `text` but for surrounding white space.
+std::optional<uint64_t> parse_u64(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return std::nullopt;
+  const auto last = text.find_last_not_of(" \t\r\n");
+  text = text.substr(first, last - first + 1);
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+/// The value of `key` in a "key value" per line file (memory.stat, /proc/meminfo with "key:").
+std::optional<uint64_t> keyed_value(std::string_view text, std::string_view key) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.size() > key.size() && line.substr(0, key.size()) == key &&
+        (line[key.size()] == ' ' || line[key.size()] == '\t')) {
+      line.remove_prefix(key.size());
+      const auto unit = line.find(" kB");  // /proc/meminfo
+      if (unit != std::string_view::npos) {
+        auto kib = parse_u64(line.substr(0, unit));
+        if (kib) return *kib * 1024;
+        return std::nullopt;
+      }
+      return parse_u64(line);
+    }
+  }
+  return std::nullopt;
+}
+
+/// Headroom of the cgroup directories from root/rel up to root (the smallest; nullopt if none
+/// has a limit). limit_file: the limit ("max" or a value >= 2^62 = unlimited); usage_file: the
+/// charged bytes; inactive_key: the reclaimable page cache in memory.stat.
+std::optional<size_t> hierarchy_headroom(const std::filesystem::path& root, std::string_view rel,
+                                         const char* limit_file, const char* usage_file,
+                                         const char* inactive_key) {
+  std::vector<std::string> parts;
+  size_t pos = 0;
+  while (pos <= rel.size()) {
+    size_t end = rel.find('/', pos);
+    if (end == std::string_view::npos) end = rel.size();
+    std::string_view part = rel.substr(pos, end - pos);
+    if (part == "..") return std::nullopt;  // outside our view of the hierarchy
+    if (!part.empty() && part != ".") parts.emplace_back(part);
+    pos = end + 1;
+  }
+  std::optional<size_t> best;
+  for (size_t depth = parts.size() + 1; depth-- > 0;) {
+    std::filesystem::path dir = root;
+    for (size_t i = 0; i < depth; ++i) dir /= parts[i];
+    const auto limit = parse_u64(read_text(dir / limit_file));  // "max" does not parse: no limit
+    if (!limit || *limit >= (uint64_t(1) << 62)) continue;
+    const auto usage = parse_u64(read_text(dir / usage_file));
+    if (!usage) continue;
+    const uint64_t inactive = keyed_value(read_text(dir / "memory.stat"), inactive_key).value_or(0);
+    const uint64_t used = *usage > inactive ? *usage - inactive : 0;
+    const size_t headroom = *limit > used ? static_cast<size_t>(*limit - used) : 0;
+    best = best ? std::min(*best, headroom) : headroom;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
+                                             const std::filesystem::path& cgroup_root) {
+  std::optional<size_t> best;
+  auto take = [&best](std::optional<size_t> h) {
+    if (h) best = best ? std::min(*best, *h) : *h;
+  };
+  size_t pos = 0;
+  while (pos < self_cgroup.size()) {
+    size_t end = self_cgroup.find('\n', pos);
+    if (end == std::string_view::npos) end = self_cgroup.size();
+    std::string_view line = self_cgroup.substr(pos, end - pos);
+    pos = end + 1;
+    // "<hierarchy id>:<controllers>:<path>"; the path may itself contain ':'.
+    const size_t c1 = line.find(':');
+    if (c1 == std::string_view::npos) continue;
+    const size_t c2 = line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
+    const std::string_view id = line.substr(0, c1);
+    const std::string_view controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    const std::string_view path = line.substr(c2 + 1);
+    if (id == "0" && controllers.empty()) {  // cgroup v2
+      take(hierarchy_headroom(cgroup_root, path, "memory.max", "memory.current", "inactive_file"));
+      continue;
+    }
+    size_t cpos = 0;
+    while (cpos <= controllers.size()) {
+      size_t cend = controllers.find(',', cpos);
+      if (cend == std::string_view::npos) cend = controllers.size();
+      if (controllers.substr(cpos, cend - cpos) == "memory") {  // cgroup v1
+        take(hierarchy_headroom(cgroup_root / "memory", path, "memory.limit_in_bytes",
+                                "memory.usage_in_bytes", "total_inactive_file"));
+        break;
+      }
+      cpos = cend + 1;
+    }
+  }
+  return best;
+}
+
+size_t cpu_free_memory(const std::filesystem::path& proc_root, const std::filesystem::path& cgroup_root) {
+  const auto available = keyed_value(read_text(proc_root / "meminfo"), "MemAvailable:");
+  const auto headroom = cgroup_memory_headroom(read_text(proc_root / "self" / "cgroup"), cgroup_root);
+  if (available && headroom) return std::min(static_cast<size_t>(*available), *headroom);
+  if (available) return static_cast<size_t>(*available);
+  return headroom.value_or(0);
+}
+
+namespace {
 
 /// Size of the largest CPU cache in bytes (sysfs), 32 MiB if unknown.
 size_t last_level_cache_bytes() {
@@ -105,7 +227,9 @@ class CpuDevice final : public Device {
     return os.str();
   }
   std::string bus_id() const override { return ""; }
-  size_t free_memory() const override { return mem_available_bytes(); }
+  /// MemAvailable of the node, capped by the memory cgroup limit of this process (Slurm's
+  /// --mem/--mem-per-cpu under cgroup enforcement, a container's limit): cpu_free_memory().
+  size_t free_memory() const override { return cpu_free_memory(); }
   void flush_caches(Lane& lane, size_t resident_bytes) override {
     // Weights that fit in half the last-level cache stay there during the pipeline too.
     if (resident_bytes <= last_level_cache_bytes() / 2) return;
