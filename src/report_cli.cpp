@@ -16,6 +16,9 @@ CLI::App* add_report_command(CLI::App& app, ReportOptions& opt) {
   report->add_flag("--csv", opt.csv,
                    "write the comparison table as CSV to stdout (header row; pandas.read_csv loads it)");
   report->footer(
+      "With several files, those that cannot be read (missing, incomplete: a failed task of a sweep) are\n"
+      "listed on stderr with their reason and the others reported (exit 0; 2 when none can be read);\n"
+      "a file given twice is reported once. One file that cannot be read: exit 2.\n"
       "Examples:\n"
       "  ppbench report results/run.h5\n"
       "  ppbench report results/*.h5 --csv > runs.csv");

@@ -21,8 +21,9 @@ struct ReportOptions {
 CLI::App* add_report_command(CLI::App& app, ReportOptions& opt);
 
 /// Runs the parsed report command: prints to stdout, errors to stderr. Returns the exit status:
-/// 0 success, 2 a file that cannot be reported (missing, not HDF5, not ppbench, incomplete),
-/// 1 an internal failure.
+/// 0 success (with several files: at least one reported; the others are listed on stderr with
+/// their reason), 2 the one file, or every one of several, cannot be reported (missing, not
+/// HDF5, not ppbench, incomplete), 1 an internal failure.
 int run_report_command(const ReportOptions& opt);
 
 }  // namespace ppb

@@ -15,7 +15,9 @@ Writes PNG files next to the results file (or into --outdir):
       --objective decode|prefill; ms per group) and the bubble fraction of each stage.
 
 Requires h5py, numpy and matplotlib (pip install -r tools/requirements.txt).
-Exit status: 0 success, 2 the file is missing, not a ppbench file or incomplete.
+The timeline's legend lists the first 7 groups and "... groups 7..M-1" when M > 8.
+Exit status: 0 success, 2 the file is missing, not a ppbench file or incomplete, or --iter is
+out of range (the message repeats the value given).
 """
 import argparse
 import os
@@ -31,6 +33,8 @@ from matplotlib.patches import Patch  # noqa: E402
 
 # Columns of /benchmark/<name>/events (its `columns` attribute says the same).
 RECV_START, RECV_END, COMPUTE_START, COMPUTE_END, SEND_START, SEND_END = range(6)
+# Groups listed in the timeline's legend; more groups are summarised in one entry.
+LEGEND_GROUPS = 8
 
 
 def text(value):
@@ -40,6 +44,10 @@ def text(value):
 
 class NotAResultsFile(Exception):
     """The path is missing, not HDF5, not a ppbench results file, or incomplete."""
+
+
+class BadArgument(Exception):
+    """A command-line value the file cannot satisfy (e.g. --iter out of range)."""
 
 
 def open_results(path):
@@ -87,15 +95,32 @@ def run_title(f):
             f"B={int(w['batch'])} P={int(w['prompt_len'])} G={int(w['gen_len'])} M={int(w['microbatches'])}")
 
 
+def legend_handles(M, colours):
+    """Legend of the timeline: one entry per group up to LEGEND_GROUPS groups (beyond, the first
+    LEGEND_GROUPS - 1 and one "... groups k..M-1" entry, so that the legend fits the figure), then
+    the bar styles."""
+    shown = M if M <= LEGEND_GROUPS else LEGEND_GROUPS - 1
+    handles = [Patch(facecolor=colours(g % 20), label=f"group {g}") for g in range(shown)]
+    if shown < M:
+        handles.append(Patch(facecolor="none", edgecolor="none", label=f"... groups {shown}..{M - 1}"
+                             + (" (colours repeat every 20)" if M > 20 else "")))
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="prefill"),
+                Patch(facecolor="grey", edgecolor="black", label="decode"),
+                Patch(facecolor="none", edgecolor="none", label="thin bars: recv (above), send (below)")]
+    return handles
+
+
 def plot_timeline(f, name, it, out_png):
     """Gantt chart of repetition `it` of partition `name` (see the module docstring)."""
     bench = f[f"benchmark/{name}"]
     ev = bench["events"][...]  # [iters][M][G+1][S][6] seconds, NaN where no such operation
     iters, M, steps, S, _ = ev.shape
+    given = it
     if it < 0:
         it += iters
     if not 0 <= it < iters:
-        raise SystemExit(f"--iter {it} out of range: the file has {iters} timed repetitions")
+        raise BadArgument(f"--iter {given} out of range: the file has {iters} timed repetitions "
+                          f"(valid: 0..{iters - 1}, or -1..-{iters} counting from the last)")
     e = ev[it]
     t0 = np.nanmin(e)
     e = (e - t0) * 1e3  # ms since the repetition's first event
@@ -136,11 +161,7 @@ def plot_timeline(f, name, it, out_png):
     counts = f[f"partitions/{name}"].attrs.get("counts", "")
     ax.set_title(f"{run_title(f)}\npartition {name} ({counts} units per stage): repetition {it + 1}/{iters}, "
                  f"{tps:.2f} tokens/s (median over repetitions)", fontsize=10)
-    handles = [Patch(facecolor=colours(g % 20), label=f"group {g}") for g in range(M)]
-    handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="prefill"),
-                Patch(facecolor="grey", edgecolor="black", label="decode"),
-                Patch(facecolor="none", edgecolor="none", label="thin bars: recv (above), send (below)")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.legend(handles=legend_handles(M, colours), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="x", linestyle=":", linewidth=0.5)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
@@ -224,12 +245,16 @@ def main(argv=None):
     written = []
     with f:
         names = partition_names(f)
-        for name in names:
-            if f"benchmark/{name}" not in f:
-                continue
-            png = os.path.join(outdir, f"{stem}_timeline_{name}.png")
-            plot_timeline(f, name, args.iter, png)
-            written.append(png)
+        try:
+            for name in names:
+                if f"benchmark/{name}" not in f:
+                    continue
+                png = os.path.join(outdir, f"{stem}_timeline_{name}.png")
+                plot_timeline(f, name, args.iter, png)
+                written.append(png)
+        except BadArgument as e:
+            print(f"ppbench_plot: error: {e}", file=sys.stderr)
+            return 2
         png = os.path.join(outdir, f"{stem}_stages.png")
         if plot_stages(f, names, png):
             written.append(png)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 
@@ -17,6 +18,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
+constexpr double kMaxCostMs = 1e12;                   ///< per unit and per transfer (31 years)
+constexpr int64_t kMaxTotalBytes = int64_t{1} << 62;  ///< weights + KV cache of all units
 
 std::string unit_label(const BalanceProblem& p, int u) {
   if (u >= 0 && u < static_cast<int>(p.unit_names.size())) return "unit " + std::to_string(u) + " (" + p.unit_names[u] + ")";
@@ -39,6 +42,12 @@ int64_t device_cap(const BalanceProblem& p, int d) {
   return p.device_memory_bytes[d];
 }
 
+std::string g_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
 }  // namespace
 
 void validate_problem(const BalanceProblem& p) {
@@ -50,9 +59,10 @@ void validate_problem(const BalanceProblem& p) {
       throw UserError("latency_ms: row " + std::to_string(r) + " has " + std::to_string(p.cost[r].size()) +
                       " units but row 0 has " + std::to_string(U));
     for (std::size_t u = 0; u < U; ++u)
-      if (!std::isfinite(p.cost[r][u]) || p.cost[r][u] < 0.0)
+      if (!std::isfinite(p.cost[r][u]) || p.cost[r][u] < 0.0 || p.cost[r][u] > kMaxCostMs)
         throw UserError("latency_ms[" + std::to_string(r) + "][" + std::to_string(u) + "] is " +
-                        std::to_string(p.cost[r][u]) + " ms; costs must be finite and >= 0");
+                        g_text(p.cost[r][u]) + " ms; costs must be finite, >= 0 and <= " + g_text(kMaxCostMs) +
+                        " ms (so that sums over units stay finite)");
   }
   for (std::size_t d = 0; d < p.device_row.size(); ++d)
     if (p.device_row[d] < 0 || p.device_row[d] >= static_cast<int>(p.cost.size()))
@@ -67,6 +77,13 @@ void validate_problem(const BalanceProblem& p) {
   };
   check_bytes(p.weight_bytes, "weight_bytes");
   check_bytes(p.kv_bytes, "kv_bytes");
+  // Every per-stage sum of bytes must fit int64 (summed in double: exact enough for the check).
+  double total_bytes = 0;
+  for (std::size_t u = 0; u < p.weight_bytes.size(); ++u) total_bytes += static_cast<double>(p.weight_bytes[u]);
+  for (std::size_t u = 0; u < p.kv_bytes.size(); ++u) total_bytes += static_cast<double>(p.kv_bytes[u]);
+  if (total_bytes > static_cast<double>(kMaxTotalBytes))
+    throw UserError("weight_bytes + kv_bytes total " + g_text(total_bytes) +
+                    " bytes over all units; must be <= 2^62 (sums of bytes are int64)");
   if (!p.device_memory_bytes.empty() && static_cast<int>(p.device_memory_bytes.size()) != p.devices())
     throw UserError("device_memory_bytes has " + std::to_string(p.device_memory_bytes.size()) +
                     " entries; need one per device (" + std::to_string(p.devices()) + ")");
@@ -78,13 +95,21 @@ void validate_problem(const BalanceProblem& p) {
     if (!std::isfinite(p.activation_bytes[b]) || p.activation_bytes[b] < 0)
       throw UserError("activation_bytes[" + std::to_string(b) + "] must be finite and >= 0");
   if (!std::isfinite(p.link_bandwidth_GBps)) throw UserError("link_bandwidth_GBps must be finite (<= 0 = infinite)");
-  if (!std::isfinite(p.link_latency_us) || p.link_latency_us < 0)
-    throw UserError("link_latency_us must be finite and >= 0");
+  if (!std::isfinite(p.link_latency_us) || p.link_latency_us < 0 || p.link_latency_us > kMaxCostMs)
+    throw UserError("link_latency_us is " + g_text(p.link_latency_us) + "; must be finite, >= 0 and <= " +
+                    g_text(kMaxCostMs) + " microseconds");
   if (!std::isfinite(p.messages_per_boundary) || p.messages_per_boundary < 0)
     throw UserError("messages_per_boundary must be finite and >= 0");
   if (!p.unit_names.empty() && p.unit_names.size() != U)
     throw UserError("units has " + std::to_string(p.unit_names.size()) + " names but latency_ms has " +
                     std::to_string(U) + " units per row");
+  // Transfer times must stay finite too (a tiny bandwidth or huge latency would make them inf).
+  const std::vector<double> xfer = boundary_transfer_ms(p);
+  for (std::size_t b = 0; b < xfer.size(); ++b)
+    if (!(xfer[b] <= kMaxCostMs))
+      throw UserError("the transfer time of boundary " + std::to_string(b) + " is " + g_text(xfer[b]) +
+                      " ms (activation_bytes / link_bandwidth_GBps + messages x link_latency_us); must be <= " +
+                      g_text(kMaxCostMs) + " ms: raise link_bandwidth_GBps or lower activation_bytes/link_latency_us");
 }
 
 std::vector<double> boundary_transfer_ms(const BalanceProblem& p) {

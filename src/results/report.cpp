@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <system_error>
 
+#include "common/error.h"
 #include "results/reader.h"
 #include "results/summary.h"
 
@@ -96,8 +98,11 @@ std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run
     r.max_bubble = p.bubble_fraction.empty() ? kNaN
                                              : *std::max_element(p.bubble_fraction.begin(), p.bubble_fraction.end());
     r.balance_gain = uniform ? r.tokens_per_s / metric(*uniform, "tokens_per_s") : kNaN;
-    const bool ok = p.tokens_match && p.checksum_match && p.tokens_match_first_partition;
-    r.validation = !ok ? "FAILED" : (p.reference_tokens.empty() ? "not run" : "OK");
+    // --no-validate: no serialized run to match; only the tokens across partitions can fail.
+    if (!p.validated)
+      r.validation = p.tokens_match_first_partition ? "skipped" : "FAILED";
+    else
+      r.validation = p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED";
     rows.push_back(std::move(r));
   }
   return rows;
@@ -146,24 +151,60 @@ void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
   }
 }
 
-int run_report(std::ostream& os, const std::vector<std::string>& files, bool csv) {
-  // Read everything first: a bad file fails the command before half a table is printed.
-  std::vector<RunRecord> runs;
-  for (const auto& f : files) runs.push_back(read_results(f));
-  if (files.size() == 1 && !csv) {
-    print_metadata(os, files[0], runs[0]);
-    print_summary(os, runs[0]);
+int run_report(std::ostream& os, const std::vector<std::string>& files, bool csv, std::ostream& err) {
+  // One file: refused as a whole when it cannot be read (exit 2 from the caller).
+  if (files.size() == 1) {
+    const RunRecord run = read_results(files[0]);
+    if (!csv) {
+      print_metadata(os, files[0], run);
+      print_summary(os, run);
+    } else {
+      print_report_csv(os, report_rows(files[0], run));
+    }
     return 0;
   }
+  // Several: each file once (a path given twice, or two spellings of one file, is reported once);
+  // the complete ones are reported, every other one is listed on `err` with its reason.
+  std::vector<std::string> unique, keys;
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto canon = std::filesystem::weakly_canonical(f, ec);
+    const std::string key = ec ? f : canon.string();
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) {
+      err << "ppbench report: note: '" << f << "' given more than once; reported once" << std::endl;
+      continue;
+    }
+    keys.push_back(key);
+    unique.push_back(f);
+  }
   std::vector<ReportRow> rows;
-  for (size_t i = 0; i < files.size(); ++i) {
-    auto r = report_rows(files[i], runs[i]);
-    rows.insert(rows.end(), r.begin(), r.end());
+  std::vector<std::string> skipped;
+  std::size_t read = 0;
+  for (const auto& f : unique) {
+    try {
+      const RunRecord run = read_results(f);
+      auto r = report_rows(f, run);
+      if (r.empty()) err << "ppbench report: note: '" << f << "' has no measured partition (a profile-only run?): no rows" << std::endl;
+      rows.insert(rows.end(), r.begin(), r.end());
+      ++read;
+    } catch (const std::exception& e) {  // UserError (missing, not ppbench, incomplete) or a broken file
+      skipped.push_back(e.what());
+    }
+  }
+  if (read == 0) {
+    std::string why;
+    for (const auto& s : skipped) why += "\n  " + s;
+    throw UserError("none of the " + std::to_string(unique.size()) + " files could be reported:" + why);
   }
   if (csv)
     print_report_csv(os, rows);
   else
     print_report_table(os, rows);
+  os.flush();
+  for (const auto& s : skipped) err << "ppbench report: skipped: " << s << std::endl;
+  if (!skipped.empty())
+    err << "ppbench report: " << skipped.size() << " of " << unique.size() << " files skipped, " << read
+        << " reported" << std::endl;
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // `ppbench report`: summaries and comparison tables of results files (no MPI needed).
 #pragma once
 
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@ struct ReportRow {
   int bottleneck_stage = 0;
   double max_bubble = 0;      ///< max over stages of bubble_fraction, 0..1
   double balance_gain = 0;    ///< tokens/s of this partition / tokens/s of uniform; NaN when no uniform
-  std::string validation;     ///< "OK", "FAILED" or "not run" (--no-validate)
+  std::string validation;     ///< "OK", "FAILED" or "skipped" (--no-validate; the partitions agree)
 };
 
 /// The rows of `run` (read from `file`): one per measured partition, in run order.
@@ -35,10 +36,14 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows);
 /// pipeline_efficiency, bottleneck_stage, max_bubble, balance_gain, validation.
 void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows);
 
-/// The `report` command: one file and no `csv` → print_summary of it (plus its run metadata);
-/// otherwise one table (text, or CSV when `csv`) with the rows of every file, in order.
-/// Returns the exit status: 0. @throws UserError naming the first file that cannot be read
-/// (missing, not HDF5, not ppbench, incomplete) — before anything is printed.
-int run_report(std::ostream& os, const std::vector<std::string>& files, bool csv);
+/// The `report` command. One file: print_summary of it (plus its run metadata), or its rows as
+/// CSV with `csv`; a file that cannot be read throws. Several files: one table (text, or CSV when
+/// `csv`) with the rows of every readable complete file, in the order given, each file once (a
+/// path repeated is reported once, with a note on `err`); every file that cannot be read
+/// (missing, not HDF5, not ppbench, incomplete) is listed on `err` with its reason after the table.
+/// Returns the exit status: 0 when at least one file was reported.
+/// @throws UserError for one unreadable file, or when none of several files can be read
+///         (the message lists each with its reason) — before anything is printed on `os`.
+int run_report(std::ostream& os, const std::vector<std::string>& files, bool csv, std::ostream& err = std::cerr);
 
 }  // namespace ppb

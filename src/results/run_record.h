@@ -13,6 +13,7 @@ struct RankInfo {
   std::string hostname, device_name, bus_id;
   int local_rank = 0;
   double clock_offset_s = 0.0;
+  int64_t memory_limit_bytes = 0;  ///< weights + KV cache + scratch allowed on the rank (0 = unknown)
 };
 
 struct WorkloadInfo {

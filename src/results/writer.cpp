@@ -28,7 +28,10 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   part.set_attr("objective", run.workload.objective);
   part.set_attr("counts", [&] {
     std::string c;
-    for (hs k = 0; k < S; ++k) c += (k ? "," : "") + std::to_string(p.last_unit[k] - p.first_unit[k] + 1);
+    for (hs k = 0; k < S; ++k) {  // (not `"," + to_string(...)`: GCC 12 warns -Wrestrict on it)
+      if (k) c += ',';
+      c += std::to_string(p.last_unit[k] - p.first_unit[k] + 1);
+    }
     return c;
   }());
   part.write_dataset("first_unit", p.first_unit);
@@ -168,7 +171,9 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   std::vector<std::string> host, dev, bus;
   std::vector<int> local;
   std::vector<double> offset;
+  std::vector<int64_t> memory;
   for (const auto& r : run.ranks) {
+    memory.push_back(r.memory_limit_bytes);
     host.push_back(r.hostname);
     dev.push_back(r.device_name);
     bus.push_back(r.bus_id);
@@ -180,6 +185,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   ranks.write_strings("bus_id", bus);
   ranks.write_dataset("local_rank", local);
   ranks.write_dataset("clock_offset_s", offset).set_attr("units", "s");
+  ranks.write_dataset("memory_limit_bytes", memory).set_attr("units", "bytes");
 
   const auto& p = run.profile;
   const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();

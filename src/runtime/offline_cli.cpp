@@ -51,20 +51,22 @@ void add_offline_commands(CLI::App& app) {
   static SimulateOptions sim;
 
   auto* b = app.add_subcommand("balance", "solve the stage split offline from a results file or a latency JSON (no MPI)");
-  b->add_option("input", bal.input, "results .h5 of `ppbench run`, or a latency JSON: {\"units\", \"latency_ms\" "
-                                    "[devices][units] or one row, optional weight_bytes, kv_bytes, device_memory_bytes, "
-                                    "activation_bytes, link_bandwidth_GBps, link_latency_us, overlap}")
+  b->add_option("input", bal.input, "results .h5 of `ppbench run`, or a latency JSON: {\"latency_ms\" [devices][units] "
+                                    "or one row (ms), optional units, weight_bytes, kv_bytes, device_memory_bytes, "
+                                    "activation_bytes, link_bandwidth_GBps, link_latency_us, overlap} (docs/OFFLINE.md)")
       ->required();
   b->add_option("-k,--stages", bal.stages, "pipeline stages (0 = one per device row)")
       ->check(kNonNegative)
       ->capture_default_str();
   b->add_option("--solver", bal.solver, "auto | dp | fast (exact balanced) | uniform | seed")->capture_default_str();
-  b->add_option("--order", bal.order, "device order: rank | auto (search which device runs which stage)")
+  b->add_option("--order", bal.order, "device order: rank | auto (search which device runs which stage; exact "
+                                      "solvers only, refused with --solver uniform/seed or --partition)")
       ->capture_default_str();
-  b->add_option("--partition", bal.partition, "evaluate a manual split instead, e.g. 5,6,5,6 (units per stage)");
-  b->add_option("--uniform-remainder", bal.uniform_remainder, "uniform split: leftover layers go to first | last | spread")
-      ->capture_default_str();
-  b->add_option("--objective", bal.objective, "results files: stage cost = workload (prefill + G x decode) | decode | prefill")
+  b->add_option("--partition", bal.partition, "evaluate a manual split instead, e.g. 5,6,5,6 (units per stage; "
+                                              "refused with --solver other than auto)");
+  b->add_option("--uniform-remainder", bal.uniform_remainder,
+                "--solver uniform only: leftover layers go to first (default) | last | spread");
+  b->add_option("--objective", bal.objective, "results files only: stage cost = workload (prefill + G x decode) | decode | prefill")
       ->capture_default_str();
   b->add_option("--memory-limit", bal.memory_limit_gib, "GiB of weights + KV cache per device (0 = from the input)")
       ->check(kNonNegative)
@@ -75,11 +77,17 @@ void add_offline_commands(CLI::App& app) {
       ->check(kNonNegative);
   b->add_flag("--no-overlap", bal.no_overlap, "transfers on the compute lane (sum, not max)");
   b->add_option("--json", bal.json_out, "write the split as JSON to this file");
+  b->footer(
+      "A results file of R ranks gives R device rows: --stages K <= R, or any K when the R ranks ran on identical\n"
+      "devices (their mean row is used). Input formats, limits and output: docs/OFFLINE.md.\n"
+      "Example: ppbench balance results/run.h5 --stages 4 --json split.json");
   b->callback([] { run_and_exit([] { return balance_command(bal); }); });
 
   auto* s = app.add_subcommand("simulate", "predict tokens/s, TTFT, TPOT and bubbles of the pipelined loop (no MPI)");
-  s->add_option("input", sim.input, "results .h5 (each partition; with measurements when benchmarked) or a JSON "
-                                    "{\"stages\": [{\"prefill_ms\", \"decode_ms\", \"send_prefill_ms\", \"send_decode_ms\"}]}")
+  s->add_option("input", sim.input, "results .h5 (each partition; with measurements when benchmarked) or a stage JSON "
+                                    "{\"stages\": [{\"prefill_ms\", \"decode_ms\"[, \"send_prefill_ms\", "
+                                    "\"send_decode_ms\"]}], optional \"microbatches\", \"gen_len\", \"batch\", "
+                                    "\"overlap\"} (docs/OFFLINE.md)")
       ->required();
   s->add_option("--partition-name", sim.partition_name, "results files: only this partition");
   s->add_option("-M,--microbatches", sim.microbatches, "M request groups (0 = from the input)")
@@ -100,6 +108,11 @@ void add_offline_commands(CLI::App& app) {
   s->add_flag("--no-overlap", sim.no_overlap, "recv, compute and send on one lane");
   s->add_flag("--eager", sim.eager_sends, "eager sends (the sender does not wait for the recv to be posted)");
   s->add_option("--json", sim.json_out, "write the predictions as JSON to this file");
+  s->footer(
+      "Prints per partition: predicted (from the profile), replayed (the run's measured step times played through the\n"
+      "same simulator) and measured; the predicted / measured error only when -M/-g/-b match the run's workload.\n"
+      "-b scales the tokens per step, not the step times (measured at the run's B). M x (G+1) x stages <= 2^21.\n"
+      "Formats and every printed column: docs/OFFLINE.md.");
   s->callback([] { run_and_exit([] { return simulate_command(sim); }); });
 }
 

@@ -53,6 +53,67 @@ T field(const json& j, const std::string& key, const std::string& path, const ch
   }
 }
 
+constexpr double kMaxMs = 1e12;                  ///< per unit / stage step / transfer (as validate_problem)
+constexpr double kMaxBytes = 1125899906842624.0;  ///< 2^50 bytes (1 PiB) per unit, boundary or device
+/// Simulated steps M x (G+1) x S: each takes ~0.5 KB in the simulator (events, lane programme).
+constexpr double kMaxSimSteps = 2097152;         ///< 2^21: ~1 GB, ~1 s
+
+/// "%.<prec>f" for ordinary values, "%.6g" for huge ones (no 200-digit numbers), "inf"/"nan".
+std::string num(double v, int prec) {
+  char buf[64];
+  if (std::isfinite(v) && std::fabs(v) < 1e9) std::snprintf(buf, sizeof(buf), "%.*f", prec, v);
+  else std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+/// Refuses any key of object `j` not in `valid` ("where": "top level" or "stages[2]").
+void check_keys(const json& j, std::initializer_list<const char*> valid, const std::string& path,
+                const std::string& where) {
+  for (const auto& [key, value] : j.items()) {
+    if (std::any_of(valid.begin(), valid.end(), [&](const char* v) { return key == v; })) continue;
+    std::string list;
+    for (const char* v : valid) list += (list.empty() ? "" : ", ") + std::string(v);
+    throw UserError("input '" + path + "': unknown key '" + key + "' (" + where + "); valid keys: " + list +
+                    " (docs/OFFLINE.md)");
+  }
+}
+
+/// A number of `j` (named `name` in messages) that must be finite and in [0, max].
+double bounded(const json& v, const std::string& name, const std::string& path, double max, const char* unit) {
+  char range[128];
+  if (max == kMaxBytes) std::snprintf(range, sizeof(range), "a number >= 0 and <= 2^50 = 1125899906842624 (%s)", unit);
+  else std::snprintf(range, sizeof(range), "a number >= 0 and <= %g (%s)", max, unit);
+  const bool ok = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() <= max;
+  if (!ok) throw UserError("input '" + path + "': " + name + " is " + v.dump() + "; must be " + range);
+  return v.get<double>();
+}
+
+/// A whole number of bytes in [0, 2^50].
+int64_t bytes_value(const json& v, const std::string& name, const std::string& path, const char* unit = "bytes") {
+  const double x = bounded(v, name, path, kMaxBytes, unit);
+  if (x != std::floor(x)) throw UserError("input '" + path + "': " + name + " is " + v.dump() + "; must be a whole number of bytes");
+  return static_cast<int64_t>(x);
+}
+
+/// Field `key` of `j`: a list of whole byte counts (one per unit).
+std::vector<int64_t> bytes_list(const json& j, const std::string& key, const std::string& path,
+                                const char* unit = "bytes") {
+  const json& v = j.at(key);
+  if (!v.is_array()) throw UserError("input '" + path + "': field '" + key + "' must be a list of byte counts (one per unit)");
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) out.push_back(bytes_value(v[i], key + "[" + std::to_string(i) + "]", path, unit));
+  return out;
+}
+
+/// A positive integer (>= 1) field of the stage JSON of simulate.
+int positive_int(const json& j, const std::string& key, const std::string& path, int fallback) {
+  if (!j.contains(key)) return fallback;
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > 1000000000)
+    throw UserError("input '" + path + "': field '" + key + "' is " + v.dump() + "; must be an integer >= 1");
+  return static_cast<int>(v.get<long long>());
+}
+
 int dtype_bytes_of(const std::string& dtype) {
   if (dtype == "f32") return 4;
   if (dtype == "f16" || dtype == "bf16") return 2;
@@ -66,8 +127,10 @@ struct ResultsProfile {
   double hidden = 0;
   std::string dtype = "f32";
   std::vector<double> latency;  // [world][U][2]
-  std::vector<std::string> unit_name;
+  std::vector<std::string> unit_name, device_name;  // device_name: [world], may be empty
   std::vector<int64_t> weight_bytes, kv_bytes;
+  std::vector<int64_t> memory_limit;  // [world] the run's limit per rank; empty in older files
+  double link_bandwidth_Bps = 0, link_latency_s = 0;  // measured by the run at start-up
 };
 
 ResultsProfile read_results_profile(const std::string& path) {
@@ -97,6 +160,10 @@ ResultsProfile read_results_profile(const std::string& path) {
     r.unit_name = root.open_dataset("profile/unit_name").read_strings();
     r.weight_bytes = root.open_dataset("profile/unit_weight_bytes").read<int64_t>();
     r.kv_bytes = root.open_dataset("profile/unit_kv_bytes").read<int64_t>();
+    if (root.exists("ranks/device_name")) r.device_name = root.open_dataset("ranks/device_name").read_strings();
+    if (root.exists("ranks/memory_limit_bytes")) r.memory_limit = root.open_dataset("ranks/memory_limit_bytes").read<int64_t>();
+    if (root.has_attr("link_bandwidth_Bps")) r.link_bandwidth_Bps = root.get_attr<double>("link_bandwidth_Bps");
+    if (root.has_attr("link_latency_s")) r.link_latency_s = root.get_attr<double>("link_latency_s");
   } catch (const InternalError& e) {
     throw UserError("results file '" + path + "' lacks what balance/simulate need (" + e.what() +
                     "); is it a complete ppbench run?");
@@ -104,10 +171,23 @@ ResultsProfile read_results_profile(const std::string& path) {
   return r;
 }
 
-std::string gib(int64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3f", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
-  return buf;
+std::string gib(int64_t b) { return num(static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0), 3); }
+
+/// Partition names of a results file in run order (root attribute partition_order, written by
+/// every run; older files: the groups with uniform first).
+std::vector<std::string> partition_names_in_run_order(const h5::Group& root) {
+  std::vector<std::string> present = root.open_group("partitions").children(), names;
+  if (root.has_attr("partition_order")) {
+    for (const auto& n : root.get_attr<std::vector<std::string>>("partition_order"))
+      if (std::find(present.begin(), present.end(), n) != present.end() &&
+          std::find(names.begin(), names.end(), n) == names.end())
+        names.push_back(n);
+  }
+  for (const auto& n : present)  // groups missing from the attribute (none in files of this version)
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  if (!root.has_attr("partition_order"))
+    std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n == "uniform"; });
+  return names;
 }
 
 void write_json_file(const std::string& path, const json& j) {
@@ -142,11 +222,22 @@ BalanceProblem load_balance_problem(const std::string& path, const std::string& 
     if (r.hidden > 0) p.activation_bytes.assign(r.U - 1, r.batch * tokens * r.hidden * dtype_bytes_of(r.dtype));
     p.messages_per_boundary = objective == "workload" ? r.gen_len + 1 : 1;
     p.overlap = r.overlap;
+    // The run's own constraints, as its balancer saw them: each rank's memory limit and the
+    // link measured at start-up (--memory-limit / --link-* override them).
+    if (static_cast<int>(r.memory_limit.size()) == r.world &&
+        std::all_of(r.memory_limit.begin(), r.memory_limit.end(), [](int64_t b) { return b > 0; }))
+      p.device_memory_bytes = r.memory_limit;
+    p.link_bandwidth_GBps = r.link_bandwidth_Bps / 1e9;
+    p.link_latency_us = r.link_latency_s * 1e6;
     balance::validate_problem(p);
     return p;
   }
   const json j = read_json(path);
   if (!j.is_object()) throw UserError("input '" + path + "' must be a JSON object with 'latency_ms'");
+  check_keys(j,
+             {"units", "latency_ms", "weight_bytes", "kv_bytes", "device_memory_bytes", "activation_bytes",
+              "link_bandwidth_GBps", "link_latency_us", "overlap"},
+             path, "top level");
   if (!j.contains("latency_ms")) throw UserError("input '" + path + "': field 'latency_ms' is missing ([devices][units] ms or one row)");
   const json& lat = j.at("latency_ms");
   if (lat.is_array() && !lat.empty() && lat[0].is_array()) p.cost = field<std::vector<std::vector<double>>>(j, "latency_ms", path, "[devices][units] numbers");
@@ -161,18 +252,30 @@ BalanceProblem load_balance_problem(const std::string& path, const std::string& 
       p.unit_names = field<std::vector<std::string>>(j, "units", path, "a list of unit names or a unit count");
     }
   }
-  if (j.contains("weight_bytes")) p.weight_bytes = field<std::vector<int64_t>>(j, "weight_bytes", path, "a list of integers (bytes per unit)");
-  if (j.contains("kv_bytes")) p.kv_bytes = field<std::vector<int64_t>>(j, "kv_bytes", path, "a list of integers (bytes per unit)");
+  // Numbers are range-checked as doubles before any conversion to int64 (1e30 is not "negative").
+  if (j.contains("weight_bytes")) p.weight_bytes = bytes_list(j, "weight_bytes", path);
+  if (j.contains("kv_bytes")) p.kv_bytes = bytes_list(j, "kv_bytes", path);
   if (j.contains("device_memory_bytes")) {
-    if (j["device_memory_bytes"].is_number()) p.device_memory_bytes.assign(p.cost.size(), j["device_memory_bytes"].get<int64_t>());
-    else p.device_memory_bytes = field<std::vector<int64_t>>(j, "device_memory_bytes", path, "an integer or a list (bytes per device)");
+    const json& m = j["device_memory_bytes"];
+    if (m.is_number()) p.device_memory_bytes.assign(p.cost.size(), bytes_value(m, "device_memory_bytes", path, "bytes; 0 = unlimited"));
+    else if (m.is_array()) p.device_memory_bytes = bytes_list(j, "device_memory_bytes", path, "bytes; 0 = unlimited");
+    else throw UserError("input '" + path + "': field 'device_memory_bytes' must be a number or a list (bytes per device; 0 = unlimited)");
   }
   if (j.contains("activation_bytes")) {
-    if (j["activation_bytes"].is_number()) p.activation_bytes.assign(U > 0 ? U - 1 : 0, j["activation_bytes"].get<double>());
-    else p.activation_bytes = field<std::vector<double>>(j, "activation_bytes", path, "a number or a list (bytes per unit boundary)");
+    const json& a = j["activation_bytes"];
+    if (a.is_number()) {
+      p.activation_bytes.assign(U > 0 ? U - 1 : 0, bounded(a, "activation_bytes", path, kMaxBytes, "bytes"));
+    } else if (a.is_array()) {
+      for (std::size_t i = 0; i < a.size(); ++i)
+        p.activation_bytes.push_back(bounded(a[i], "activation_bytes[" + std::to_string(i) + "]", path, kMaxBytes, "bytes"));
+    } else {
+      throw UserError("input '" + path + "': field 'activation_bytes' must be a number or a list (bytes per unit boundary)");
+    }
   }
-  if (j.contains("link_bandwidth_GBps")) p.link_bandwidth_GBps = field<double>(j, "link_bandwidth_GBps", path, "a number (GB/s)");
-  if (j.contains("link_latency_us")) p.link_latency_us = field<double>(j, "link_latency_us", path, "a number (microseconds)");
+  if (j.contains("link_bandwidth_GBps"))
+    p.link_bandwidth_GBps = bounded(j["link_bandwidth_GBps"], "link_bandwidth_GBps", path, 1e12, "GB/s; 0 = infinite");
+  if (j.contains("link_latency_us"))
+    p.link_latency_us = bounded(j["link_latency_us"], "link_latency_us", path, kMaxMs, "microseconds");
   if (j.contains("overlap")) p.overlap = field<bool>(j, "overlap", path, "true or false");
   try {
     balance::validate_problem(p);
@@ -182,20 +285,86 @@ BalanceProblem load_balance_problem(const std::string& path, const std::string& 
   return p;
 }
 
+namespace {
+
+/// Refuses flags that the chosen mode would silently ignore (--help says which apply where).
+void check_balance_flags(const BalanceOptions& opt) {
+  if (opt.order != "rank" && opt.order != "auto")
+    throw UserError("--order '" + opt.order + "' is unknown; valid: rank, auto");
+  if (opt.solver != "auto" && opt.solver != "dp" && opt.solver != "fast" && opt.solver != "uniform" && opt.solver != "seed")
+    throw UserError("--solver '" + opt.solver + "' is unknown; valid: auto, dp, fast (exact), uniform, seed");
+  if (!opt.partition.empty() && opt.solver != "auto")
+    throw UserError("--partition evaluates the given split, so --solver " + opt.solver +
+                    " does not apply; give one or the other");
+  const bool exact = opt.partition.empty() && (opt.solver == "auto" || opt.solver == "dp" || opt.solver == "fast");
+  if (opt.order == "auto" && !exact)
+    throw UserError("--order auto searches the device order of the exact solvers (--solver auto, dp, fast); with " +
+                    (opt.partition.empty() ? "--solver " + opt.solver : std::string("--partition")) +
+                    " stage k runs on device k: drop --order auto");
+  if (!opt.uniform_remainder.empty() && (opt.solver != "uniform" || !opt.partition.empty()))
+    throw UserError("--uniform-remainder applies to --solver uniform only (got " +
+                    (opt.partition.empty() ? "--solver " + opt.solver : std::string("--partition")) + ")");
+}
+
+/// --stages K above the R profile rows of a results file: the mean row when the R ranks ran on
+/// devices of one name (identical devices), else a UserError saying why and what to do.
+void widen_results_rows(BalanceProblem& p, const std::string& path, const std::string& objective, int stages) {
+  const ResultsProfile r = read_results_profile(path);
+  const int R = static_cast<int>(p.cost.size());
+  const bool identical = !r.device_name.empty() &&
+                         std::all_of(r.device_name.begin(), r.device_name.end(),
+                                     [&](const std::string& n) { return n == r.device_name[0]; });
+  if (!identical) {
+    std::string names;
+    for (const auto& n : r.device_name) names += (names.empty() ? "" : ", ") + n;
+    throw UserError("--stages " + std::to_string(stages) + ": results file '" + path + "' has one profile row per rank (" +
+                    std::to_string(R) + " ranks" + (names.empty() ? "" : ": " + names) +
+                    ") and K stages need K device rows, or ranks on identical devices (one device name; their mean "
+                    "row is then used for any K); use --stages <= " + std::to_string(R) + ", run `ppbench run` on " +
+                    std::to_string(stages) + " ranks, or write a latency JSON (docs/OFFLINE.md) with one row per device");
+  }
+  std::vector<double> mean(p.units(), 0.0);
+  for (const auto& row : p.cost)
+    for (int u = 0; u < p.units(); ++u) mean[u] += row[u] / R;
+  p.cost = {mean};
+  p.device_row.assign(stages, 0);
+  // Every stage gets the smallest of the ranks' memory limits (the identical devices' share).
+  if (!p.device_memory_bytes.empty())
+    p.device_memory_bytes.assign(stages, *std::min_element(p.device_memory_bytes.begin(), p.device_memory_bytes.end()));
+  std::cerr << "ppbench balance: note: the " << R << " ranks of '" << path << "' ran on identical devices ("
+            << r.device_name[0] << "): " << stages << " stages use the mean of their " << R << " profile rows ("
+            << objective << ")" << std::endl;
+}
+
+}  // namespace
+
 int balance_command(const BalanceOptions& opt) {
+  check_balance_flags(opt);
+  if (opt.memory_limit_gib < 0 || !(opt.memory_limit_gib <= 1048576.0))
+    throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = from the input");
+  if (opt.objective != "workload" && !is_hdf5(opt.input))
+    throw UserError("--objective " + opt.objective + " combines the prefill and decode profile of a results file; a "
+                    "latency JSON gives one cost per unit already (latency_ms): drop --objective");
   BalanceProblem p = load_balance_problem(opt.input, opt.objective);
   // One latency row means identical devices: one device per stage, all of that row.
   const int stages = opt.stages > 0 ? opt.stages : p.devices();
+  if (p.cost.size() > 1 && p.device_row.empty() && stages > static_cast<int>(p.cost.size()) && stages <= p.units() &&
+      is_hdf5(opt.input))
+    widen_results_rows(p, opt.input, opt.objective, stages);
   if (p.cost.size() == 1 && p.device_row.empty() && stages > 1) {
     p.device_row.assign(stages, 0);
     if (p.device_memory_bytes.size() == 1) p.device_memory_bytes.assign(stages, p.device_memory_bytes[0]);
   }
-  if (opt.memory_limit_gib < 0) throw UserError("--memory-limit must be >= 0 GiB");
   if (opt.memory_limit_gib > 0)
     p.device_memory_bytes.assign(p.devices(), static_cast<int64_t>(opt.memory_limit_gib * (1ull << 30)));
   if (opt.link_bandwidth_GBps >= 0) p.link_bandwidth_GBps = opt.link_bandwidth_GBps;
   if (opt.link_latency_us >= 0) p.link_latency_us = opt.link_latency_us;
   if (opt.no_overlap) p.overlap = false;
+  try {
+    balance::validate_problem(p);
+  } catch (const UserError& e) {
+    throw UserError(std::string(e.what()) + " (with --link-bandwidth/--link-latency/--memory-limit applied)");
+  }
   const int U = p.units();
   const std::vector<int> rank = balance::rank_order(p, stages);
 
@@ -204,17 +373,14 @@ int balance_command(const BalanceOptions& opt) {
     part = balance::parse_manual(opt.partition, U, stages);
     part.device_rank = rank;
   } else if (opt.solver == "uniform") {
-    part = balance::solve_uniform(U, stages, balance::parse_uniform_remainder(opt.uniform_remainder));
+    part = balance::solve_uniform(U, stages, balance::parse_uniform_remainder(
+                                                 opt.uniform_remainder.empty() ? "first" : opt.uniform_remainder));
   } else if (opt.solver == "seed") {
     part = balance::solve_seed(p.cost[p.row_of(0)], stages);
-  } else if (opt.solver == "auto" || opt.solver == "dp" || opt.solver == "fast") {
-    if (opt.order != "rank" && opt.order != "auto")
-      throw UserError("--order '" + opt.order + "' is unknown; valid: rank, auto");
+  } else {
     const auto kind = opt.solver == "dp" ? balance::SolverKind::dp
                       : opt.solver == "fast" ? balance::SolverKind::fast : balance::SolverKind::automatic;
     part = balance::solve_with_order(p, stages, opt.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank, kind);
-  } else {
-    throw UserError("--solver '" + opt.solver + "' is unknown; valid: auto, dp, fast (exact), uniform, seed");
   }
   balance::evaluate(p, part);
   const auto mem = balance::stage_memory_bytes(p, part);
@@ -223,15 +389,35 @@ int balance_command(const BalanceOptions& opt) {
   std::cout << "balance: " << U << " units on " << stages << " stages, solver " << part.solver
             << (part.algorithm.empty() ? "" : " (" + part.algorithm + ")") << ", "
             << (p.overlap ? "overlap" : "no overlap") << "\n";
+  {
+    // The constraints the split was solved under, so a result can be read without the input.
+    auto g = [](double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.4g", v);
+      return std::string(b);
+    };
+    auto bytes = [&](int64_t b) { return b < (int64_t(1) << 20) ? std::to_string(b) + " B" : g(b / 1073741824.0) + " GiB"; };
+    std::string memory = "unlimited";
+    if (!p.device_memory_bytes.empty()) {
+      const auto [lo, hi] = std::minmax_element(p.device_memory_bytes.begin(), p.device_memory_bytes.end());
+      memory = *lo == *hi ? bytes(*lo) : bytes(*lo) + ".." + bytes(*hi);
+      if (*lo == 0) memory = "unlimited (0)";
+    }
+    std::string link = "free";
+    if (p.link_bandwidth_GBps > 0 || p.link_latency_us > 0)
+      link = g(p.link_latency_us) + " us + bytes / " + (p.link_bandwidth_GBps > 0 ? g(p.link_bandwidth_GBps) + " GB/s" : "inf");
+    std::cout << "constraints: memory per device " << memory << "; link " << link << "\n";
+  }
   std::printf("%-5s %-26s %-6s %6s %13s %11s\n", "stage", "units", "device", "count", "predicted ms", "memory GiB");
   for (int k = 0; k < stages; ++k) {
-    const std::string units = std::to_string(part.first_unit[k]) + ".." + std::to_string(part.last_unit[k]) + " (" +
-                              name(part.first_unit[k]) + ".." + name(part.last_unit[k]) + ")";
-    std::printf("%-5d %-26s %-6d %6d %13.4f %11s\n", k, units.c_str(), part.device_rank[k], part.units_in(k),
-                part.predicted_stage_ms[k], gib(mem[k]).c_str());
+    const int a = part.first_unit[k], z = part.last_unit[k];
+    const std::string units = a == z ? std::to_string(a) + " (" + name(a) + ")"
+                                     : std::to_string(a) + ".." + std::to_string(z) + " (" + name(a) + ".." + name(z) + ")";
+    std::printf("%-5d %-26s %-6d %6d %13s %11s\n", k, units.c_str(), part.device_rank[k], part.units_in(k),
+                num(part.predicted_stage_ms[k], 4).c_str(), gib(mem[k]).c_str());
   }
-  std::printf("split %s: bottleneck %.4f ms, spread %.4f ms\n", part.counts_string().c_str(), part.bottleneck_ms,
-              part.spread_ms);
+  std::printf("split %s: bottleneck %s ms, spread %s ms\n", part.counts_string().c_str(), num(part.bottleneck_ms, 4).c_str(),
+              num(part.spread_ms, 4).c_str());
   std::cout.flush();
 
   if (!opt.json_out.empty()) {
@@ -264,10 +450,48 @@ json metrics_json(const PartitionMetrics& m) {
 }
 
 void print_metrics(const std::string& label, const PartitionMetrics& m) {
-  std::printf("  %-26s tokens/s %10.2f  decode tokens/s %10.2f  TTFT p50 %9.3f ms  TPOT p50 %9.3f ms  bubble",
-              label.c_str(), m.tokens_per_s, m.decode_tokens_per_s, m.ttft_p50_ms, m.tpot_p50_ms);
+  std::printf("  %-26s tokens/s %10s  decode tokens/s %10s  TTFT p50 %9s ms  TPOT p50 %9s ms  bubble", label.c_str(),
+              num(m.tokens_per_s, 2).c_str(), num(m.decode_tokens_per_s, 2).c_str(), num(m.ttft_p50_ms, 3).c_str(),
+              num(m.tpot_p50_ms, 3).c_str());
   for (double b : m.bubble_fraction) std::printf(" %.3f", b);
   std::printf("\n");
+}
+
+/// Refuses a simulation whose timeline would not fit memory (~0.5 KB per simulated step).
+void check_sim_size(const balance::SimConfig& cfg, std::size_t stages) {
+  const double steps = static_cast<double>(cfg.groups) * (static_cast<double>(cfg.gen_len) + 1) * static_cast<double>(stages);
+  if (steps > kMaxSimSteps)
+    throw UserError("-M/--microbatches " + std::to_string(cfg.groups) + " x (-g/--gen-len " + std::to_string(cfg.gen_len) +
+                    " + 1) x " + std::to_string(stages) + " stages = " + num(steps, 0) +
+                    " simulated steps; at most " + num(kMaxSimSteps, 0) +
+                    " (~0.5 KB of memory each): lower -M or -g (the input's microbatches/gen_len when not given)");
+}
+
+/// Stage times of the stage JSON: finite, >= 0, <= 1e12 ms; a stage needs prefill_ms and decode_ms.
+std::vector<balance::SimStage> read_sim_stages(const json& j, const std::string& path) {
+  std::vector<balance::SimStage> st;
+  double total = 0;
+  for (std::size_t k = 0; k < j["stages"].size(); ++k) {
+    const json& s = j["stages"][k];
+    const std::string where = "stages[" + std::to_string(k) + "]";
+    if (!s.is_object()) throw UserError("input '" + path + "': " + where + " must be an object {\"prefill_ms\", \"decode_ms\", ...}");
+    check_keys(s, {"prefill_ms", "decode_ms", "send_prefill_ms", "send_decode_ms"}, path, where);
+    for (const char* key : {"prefill_ms", "decode_ms"})
+      if (!s.contains(key)) throw UserError("input '" + path + "': " + where + "." + key + " is missing (ms per step; every stage needs prefill_ms and decode_ms)");
+    auto ms = [&](const char* key) { return s.contains(key) ? bounded(s[key], where + "." + key, path, kMaxMs, "ms") : 0.0; };
+    balance::SimStage x;
+    x.prefill_ms = ms("prefill_ms");
+    x.decode_ms = ms("decode_ms");
+    x.send_prefill_ms = ms("send_prefill_ms");
+    x.send_decode_ms = ms("send_decode_ms");
+    total += x.decode_ms + x.send_decode_ms;
+    st.push_back(x);
+  }
+  // All-zero decode steps: every token leaves at once, tokens/s would be inf or NaN.
+  if (!(total > 0))
+    throw UserError("input '" + path + "': every stage has decode_ms = send_decode_ms = 0; at least one decode time must be > 0 "
+                    "(a decode step that takes no time gives no meaningful tokens/s)");
+  return st;
 }
 
 }  // namespace
@@ -280,19 +504,14 @@ int simulate_command(const SimulateOptions& opt) {
     const json j = read_json(opt.input);
     if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
       throw UserError("input '" + opt.input + "': field 'stages' must be a non-empty list of {\"prefill_ms\", \"decode_ms\"[, \"send_prefill_ms\", \"send_decode_ms\"]}");
-    std::vector<balance::SimStage> st;
-    for (const auto& s : j["stages"]) {
-      balance::SimStage x;
-      x.prefill_ms = field<double>(s, "prefill_ms", opt.input, "a number (ms) in every stage");
-      x.decode_ms = field<double>(s, "decode_ms", opt.input, "a number (ms) in every stage");
-      if (s.contains("send_prefill_ms")) x.send_prefill_ms = field<double>(s, "send_prefill_ms", opt.input, "a number (ms)");
-      if (s.contains("send_decode_ms")) x.send_decode_ms = field<double>(s, "send_decode_ms", opt.input, "a number (ms)");
-      st.push_back(x);
-    }
-    cfg.groups = opt.microbatches > 0 ? opt.microbatches : j.value("microbatches", 1);
-    cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : j.value("gen_len", 1);
-    cfg.batch = opt.batch > 0 ? opt.batch : j.value("batch", 1);
-    cfg.overlap = !opt.no_overlap && j.value("overlap", true);
+    check_keys(j, {"stages", "microbatches", "gen_len", "batch", "overlap"}, opt.input, "top level");
+    const std::vector<balance::SimStage> st = read_sim_stages(j, opt.input);
+    cfg.groups = opt.microbatches > 0 ? opt.microbatches : positive_int(j, "microbatches", opt.input, 1);
+    cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : positive_int(j, "gen_len", opt.input, 1);
+    cfg.batch = opt.batch > 0 ? opt.batch : positive_int(j, "batch", opt.input, 1);
+    const bool overlap = j.contains("overlap") ? field<bool>(j, "overlap", opt.input, "true or false") : true;
+    cfg.overlap = !opt.no_overlap && overlap;
+    check_sim_size(cfg, st.size());
     const auto r = balance::simulate_pipeline(st, cfg);
     std::printf("simulate: %zu stages, M=%d G=%d B=%d, %s\n", st.size(), cfg.groups, cfg.gen_len, cfg.batch,
                 cfg.overlap ? "overlap" : "no overlap");
@@ -304,13 +523,29 @@ int simulate_command(const SimulateOptions& opt) {
     cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : rp.gen_len;
     cfg.batch = opt.batch > 0 ? opt.batch : rp.batch;
     cfg.overlap = !opt.no_overlap && rp.overlap;
+    // The run's measurements compare only with a simulation of the run's own workload.
+    const bool same_workload = cfg.groups == rp.microbatches && cfg.gen_len == rp.gen_len && cfg.batch == rp.batch &&
+                               cfg.overlap == rp.overlap;
+    char run_workload[96];
+    std::snprintf(run_workload, sizeof(run_workload), "M=%d G=%d B=%d%s", rp.microbatches, rp.gen_len, rp.batch,
+                  rp.overlap ? "" : " no-overlap");
+    if (cfg.batch != rp.batch)
+      std::cerr << "ppbench simulate: note: -b " << cfg.batch << " differs from the run's B=" << rp.batch
+                << ": the simulation uses the step times profiled and measured at B=" << rp.batch
+                << " (the step time of a B=" << cfg.batch << " step is not measured); -b scales only the tokens "
+                << "per step and the activation bytes" << std::endl;
     h5::File file = h5::File::open(opt.input);
     h5::Group root = file.root();
-    if (!root.exists("partitions")) throw UserError("results file '" + opt.input + "' has no /partitions");
-    std::vector<std::string> names = root.open_group("partitions").children();
+    if (!root.exists("partitions") || root.open_group("partitions").children().empty())
+      throw UserError("results file '" + opt.input + "' has no partitions (a `ppbench profile` run?): simulate needs a "
+                      "run with partitions, or a stage JSON of per-stage step times (docs/OFFLINE.md)");
+    std::vector<std::string> names = partition_names_in_run_order(root);
     if (!opt.partition_name.empty()) {
-      if (std::find(names.begin(), names.end(), opt.partition_name) == names.end())
-        throw UserError("--partition-name '" + opt.partition_name + "' is not in " + opt.input);
+      if (std::find(names.begin(), names.end(), opt.partition_name) == names.end()) {
+        std::string list;
+        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+        throw UserError("--partition-name '" + opt.partition_name + "' is not in " + opt.input + " (it has: " + list + ")");
+      }
       names = {opt.partition_name};
     }
     // Transfer time of `bytes` over the link (0 when no link was given: transfers are free).
@@ -318,8 +553,23 @@ int simulate_command(const SimulateOptions& opt) {
       return opt.link_latency_us * 1e-3 + (opt.link_bandwidth_GBps > 0 ? bytes / (opt.link_bandwidth_GBps * 1e6) : 0.0);
     };
     const double act = rp.hidden * dtype_bytes_of(rp.dtype) * cfg.batch;
+    // Before anything is printed: transfer times and the size of the simulation.
+    for (double t : {xfer(act * rp.prompt_len), xfer(4.0 * cfg.batch)})
+      if (!(t <= kMaxMs)) {
+        char msg[256];
+        std::snprintf(msg, sizeof(msg), "--link-bandwidth %g GB/s and --link-latency %g us give a transfer of %g ms; "
+                      "at most 1e12 ms: raise the bandwidth or lower the latency", opt.link_bandwidth_GBps,
+                      opt.link_latency_us, t);
+        throw UserError(msg);
+      }
+    for (const auto& name : names)
+      check_sim_size(cfg, root.open_dataset("partitions/" + name + "/predicted_phase_ms").read<double>().size() / 2);
     std::printf("simulate: %s, M=%d G=%d B=%d, %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
                 cfg.overlap ? "overlap" : "no overlap");
+    if (!same_workload)
+      std::printf("  (the run measured %s, not the simulated workload: its measured row is labelled with the run's "
+                  "workload and not compared with the prediction, which holds only for the run's own M, G, B and "
+                  "overlap)\n", run_workload);
     for (const auto& name : names) {
       const auto phase = root.open_dataset("partitions/" + name + "/predicted_phase_ms").read<double>();
       const int S = static_cast<int>(phase.size() / 2);
@@ -353,16 +603,22 @@ int simulate_command(const SimulateOptions& opt) {
         meas.tpot_p99_ms = b.get_attr<double>("tpot_p99_ms");
         meas.bottleneck_bound_tok_s = b.get_attr<double>("bottleneck_bound_tok_s");
         if (root.exists(bench + "/bubble_fraction")) meas.bubble_fraction = root.open_dataset(bench + "/bubble_fraction").read<double>();
-        print_metrics("measured", meas);
-        const double err = pred.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
-        std::printf("  decode tokens/s: predicted / measured - 1 = %+.1f%%  (replayed: %+.1f%%)\n", 100 * err,
-                    100 * (replay.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0));
         entry["replayed"] = metrics_json(replay.metrics);
         entry["measured"] = metrics_json(meas);
-        entry["decode_tokens_per_s_error"] = err;
+        if (same_workload) {
+          print_metrics("measured", meas);
+          const double err = pred.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
+          std::printf("  decode tokens/s: predicted / measured - 1 = %+.1f%%  (replayed: %+.1f%%)\n", 100 * err,
+                      100 * (replay.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0));
+          entry["decode_tokens_per_s_error"] = err;
+        } else {
+          print_metrics(std::string("measured (") + run_workload + ")", meas);
+        }
       }
       out["partitions"][name] = entry;
     }
+    out["run_workload"] = {{"microbatches", rp.microbatches}, {"gen_len", rp.gen_len}, {"batch", rp.batch},
+                           {"overlap", rp.overlap}};
   }
   std::cout.flush();
   out["microbatches"] = cfg.groups;

@@ -1,6 +1,7 @@
 // The offline commands `ppbench balance` and `ppbench simulate`: no MPI, no device. They read a
 // profile (a results file of `ppbench run`, or a latency JSON), solve or simulate, print, and
-// optionally write JSON. The CLI registration is in src/offline_cli.h.
+// optionally write JSON. The CLI registration is in src/runtime/offline_cli.h; the input formats
+// and the output are documented in docs/OFFLINE.md.
 #pragma once
 
 #include <string>
@@ -14,9 +15,9 @@ struct BalanceOptions {
   std::string input;       ///< results .h5 or latency .json (see load_balance_problem)
   int stages = 0;          ///< K; 0 = one stage per device of the input
   std::string solver = "auto";  ///< auto | dp | fast (exact) | uniform | seed (one row, article DP)
-  std::string order = "rank";   ///< rank | auto
+  std::string order = "rank";   ///< rank | auto (exact solvers only; refused with uniform, seed, --partition)
   std::string partition;        ///< manual split "5,6,5,6": validated and evaluated instead of solving
-  std::string uniform_remainder = "first";  ///< first | last | spread
+  std::string uniform_remainder;  ///< first | last | spread; "" = first. Refused unless solver == "uniform"
   std::string objective = "workload";       ///< results files: workload | decode | prefill
   double memory_limit_gib = 0;  ///< per device (GiB of weights + KV cache); 0 = from the input / unlimited
   double link_bandwidth_GBps = -1;  ///< overrides the input's; < 0 = keep
@@ -45,16 +46,25 @@ struct SimulateOptions {
 ///   {"units": [names] | count, "latency_ms": [[U] per device] | [U],
 ///    "weight_bytes": [U], "kv_bytes": [U], "device_memory_bytes": [D] | n,
 ///    "activation_bytes": [U-1] | n, "link_bandwidth_GBps": x, "link_latency_us": x,
-///    "overlap": bool}   (all but latency_ms optional).
+///    "overlap": bool}   (all but latency_ms optional; any other key is refused).
+/// Latencies are finite ms in [0, 1e12]; byte counts whole numbers in [0, 2^50]; device memory
+/// 0 = unlimited; link_bandwidth_GBps >= 0 (0 = infinite). docs/OFFLINE.md has the details.
 /// @throws ppb::UserError naming the file and the field that is missing or malformed.
 balance::BalanceProblem load_balance_problem(const std::string& path, const std::string& objective = "workload");
 
 /// Runs `ppbench balance`; prints the split (and writes --json). Returns the exit status (0).
-/// @throws ppb::UserError on bad input or an infeasible split (main: exit status 2).
+/// A results file of R ranks solves K <= R stages; K > R only when the R ranks ran on devices of
+/// one name (their mean profile row is used, with a note on stderr).
+/// @throws ppb::UserError on bad input, flags that do not apply together (--order auto or
+///         --uniform-remainder with a solver that ignores them) or an infeasible split (exit 2).
 int balance_command(const BalanceOptions& opt);
 
 /// Runs `ppbench simulate`; prints predicted tokens/s, decode tokens/s, TTFT, TPOT and bubble
-/// per stage, and, for results files with a benchmark, the measured values and the error.
+/// per stage, and, for results files with a benchmark, the replay of the measured step times,
+/// the measured values and the error (only when M, G and B are the run's: otherwise the
+/// measured row is labelled with the run's workload and no error is computed).
+/// Stage JSON: {"stages": [{"prefill_ms", "decode_ms"[, "send_prefill_ms", "send_decode_ms"]}],
+/// "microbatches", "gen_len", "batch", "overlap"} (docs/OFFLINE.md); M x (G+1) x S <= 2^21.
 /// Returns the exit status (0). @throws ppb::UserError on bad input.
 int simulate_command(const SimulateOptions& opt);
 

@@ -506,6 +506,8 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     //     unit the largest limit (the balancer's own check, which needs the profile, says which
     //     split fits; this one says that none can).
     auto memory_limits = mpi.gather_doubles({static_cast<double>(memory_limit)});
+    if (root)
+      for (int r = 0; r < S; ++r) run.ranks[r].memory_limit_bytes = static_cast<int64_t>(memory_limits[r]);
     run_phase(mpi, watchdog, policy, "memory check of the profile", [&] {
       for (int sig = 0; sig < static_cast<int>(spec.signatures.size()); ++sig) {
         const int u = spec.signature_example[sig];

@@ -2,7 +2,9 @@
 # End-to-end test of the analysis path on a real run: a short 2-rank CPU run (mpirun) writes a
 # results file; `ppbench report` reads it (text, and CSV that pandas loads when pandas is
 # installed); tools/ppbench_plot.py draws it, and the PNGs must exist and be non-trivial
-# (> 20 KB: axes, labels and bars, not an empty canvas); the tools refuse an incomplete file.
+# (> 20 KB: axes, labels and bars, not an empty canvas); the tools refuse an incomplete file
+# (report of several files skips it and reports the others); --iter out of range and the
+# legend cap of the timeline.
 #
 # Usage: tests/e2e/plot_test.sh BUILD_DIR [MODEL_JSON]     (ctest label e2e)
 # Exit status: 0 pass, 1 fail, 77 skipped (python3 without h5py/matplotlib:
@@ -31,7 +33,11 @@ mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 8 -g 
 
 "$BUILD/ppbench" report "$H5" >"$TMP/report.txt" || fail "ppbench report failed"
 grep -q "== ppbench summary" "$TMP/report.txt" || fail "report printed no summary"
-"$BUILD/ppbench" report "$H5" "$H5" --csv >"$TMP/report.csv" || fail "ppbench report --csv failed"
+cp "$H5" "$TMP/run2.h5"
+# Two files (one given twice: reported once, with a note on stderr).
+"$BUILD/ppbench" report "$H5" "$TMP/run2.h5" "$H5" --csv >"$TMP/report.csv" 2>"$TMP/report.err" ||
+  fail "ppbench report --csv failed"
+grep -q "given more than once" "$TMP/report.err" || fail "report did not note the repeated file"
 if "$PY" -c "import pandas" 2>/dev/null; then
   "$PY" - "$TMP/report.csv" <<'PYEOF' || fail "pandas cannot load the CSV"
 import sys, pandas as pd
@@ -44,6 +50,20 @@ PYEOF
 fi
 
 "$PY" "$REPO/tools/ppbench_plot.py" "$H5" >"$TMP/plot.log" || { cat "$TMP/plot.log"; fail "ppbench_plot.py failed"; }
+# --iter out of range: exit 2, the message repeats the value given (not the normalised one).
+set +e
+"$PY" "$REPO/tools/ppbench_plot.py" "$H5" --iter -7 --outdir "$TMP/bad" 2>"$TMP/iter.err"; rc=$?
+set -e
+[[ $rc -eq 2 ]] && grep -q -- "--iter -7 out of range" "$TMP/iter.err" || { cat "$TMP/iter.err"; fail "--iter -7: rc $rc"; }
+# The timeline legend stays short with many groups (M = 1000: 7 groups + "..." + 3 styles).
+PYTHONPATH="$REPO/tools" "$PY" - <<'PYEOF' || fail "legend of M=1000 groups not capped"
+import matplotlib.pyplot as plt
+import ppbench_plot as pp
+labels = [h.get_label() for h in pp.legend_handles(1000, plt.get_cmap("tab20"))]
+assert len(labels) == pp.LEGEND_GROUPS + 3, labels
+assert labels[pp.LEGEND_GROUPS - 1] == "... groups 7..999 (colours repeat every 20)", labels
+assert len(pp.legend_handles(8, plt.get_cmap("tab10"))) == 8 + 3
+PYEOF
 for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png; do
   [[ -f "$TMP/$png" ]] || fail "missing $png"
   size=$(stat -c %s "$TMP/$png")
@@ -57,7 +77,13 @@ cp "$H5" "$TMP/broken.h5"
 set +e
 "$BUILD/ppbench" report "$TMP/broken.h5" 2>"$TMP/err1.txt"; rc1=$?
 "$PY" "$REPO/tools/ppbench_plot.py" "$TMP/broken.h5" 2>"$TMP/err2.txt"; rc2=$?
+# With several files, report skips the incomplete one (listed on stderr) and reports the others.
+"$BUILD/ppbench" report "$TMP/broken.h5" "$H5" --csv >"$TMP/mixed.csv" 2>"$TMP/err3.txt"; rc3=$?
+"$BUILD/ppbench" report "$TMP/broken.h5" "$TMP/missing.h5" 2>"$TMP/err4.txt"; rc4=$?
 set -e
 [[ $rc1 -eq 2 ]] && grep -q incomplete "$TMP/err1.txt" || fail "report accepted an incomplete file (rc $rc1)"
+[[ $rc3 -eq 0 ]] && grep -q "skipped: .*broken.h5.*incomplete" "$TMP/err3.txt" || fail "mixed report: rc $rc3"
+[[ $(wc -l <"$TMP/mixed.csv") -eq 3 ]] || fail "mixed report: expected header + 2 rows"
+[[ $rc4 -eq 2 ]] && grep -q "missing.h5" "$TMP/err4.txt" || fail "report of unreadable files only: rc $rc4"
 [[ $rc2 -eq 2 ]] && grep -q incomplete "$TMP/err2.txt" || fail "ppbench_plot accepted an incomplete file (rc $rc2)"
 say "PASS"

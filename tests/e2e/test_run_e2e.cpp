@@ -275,13 +275,18 @@ TEST(RunE2E, NoValidateIsReportedSkipped) {
   EXPECT_EQ(root.get_attr<int64_t>("complete"), 1);
   EXPECT_EQ(root.get_attr<std::string>("validation"), "skipped");
   EXPECT_EQ(root.get_attr<int64_t>("validation_ok"), 0);
+  // The comparison table says "skipped" too, not FAILED.
+  auto rep = run(PPBENCH_BIN " report " + h5 + " " + h5 + " --csv");
+  EXPECT_EQ(rep.status, 0) << rep.output;
+  EXPECT_NE(rep.output.find(",skipped"), std::string::npos) << rep.output;
+  EXPECT_EQ(rep.output.find("FAILED"), std::string::npos) << rep.output;
 }
 
 TEST(RunE2E, CommandLineErrorsExitTwo) {
   // Without MPI: an unknown command and negative values of the offline tools.
   const std::string bin = PPBENCH_BIN " ";
   std::vector<BadCase> cases{
-      {"unknown command", 1, "bogus", "unknown command 'bogus'; expected one of: run, report, balance, simulate"},
+      {"unknown command", 1, "bogus", "unknown command 'bogus'; expected one of: run, profile, report, balance, simulate"},
       {"negative stages", 1, "balance tests/data/tiny-llama.json --stages -1", "--stages: must be a number >= 0, got '-1'"},
       {"negative bandwidth", 1, "balance tests/data/tiny-llama.json --link-bandwidth -5", "--link-bandwidth"},
       {"negative memory", 1, "balance tests/data/tiny-llama.json --memory-limit -1", "--memory-limit"},

@@ -1,16 +1,24 @@
-// Unit tests of the offline commands (src/runtime/offline_commands) and the memory report
-// (src/balance/memory_report): latency JSON parsing and its error messages, the --json output
-// of `ppbench balance`, manual and uniform splits, and per-stage KV capacity.
+// Unit tests of the offline tools: `ppbench balance` and `simulate` (src/runtime/offline_commands),
+// `ppbench report` of several files (src/results/report) and the memory report
+// (src/balance/memory_report): latency and stage JSON parsing and its error messages (ranges,
+// unknown keys), the --json output, manual and uniform splits, flags that would be ignored,
+// results files (run order, another workload, more stages than ranks), per-stage KV capacity.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "balance/memory_report.h"
 #include "common/error.h"
+#include "results/report.h"
+#include "results/writer.h"
 #include "runtime/offline_commands.h"
 
 namespace ppb {
@@ -129,6 +137,348 @@ TEST_F(OfflineTest, SimulateStageJson) {
   EXPECT_NEAR(j["predicted"]["tpot_p50_ms"].get<double>(), 2.0, 1e-9);
   o.input = write("bad.json", R"({"stages": [{"prefill_ms": 1}]})");
   EXPECT_THROW(simulate_command(o), UserError);
+}
+
+/// The message of the UserError that `fn` throws ("no error" when it throws none).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_F(OfflineTest, BalanceRefusesHugeLatencies) {
+  // Sums of 1e308 overflow to inf: once a fatal "infeasible probe" (exit 1), once a bogus
+  // "no split satisfies the memory limits" without any memory limit.
+  BalanceOptions o;
+  o.input = write("huge.json", R"({"units":["a","b"],"latency_ms":[1e308,1e308]})");
+  o.stages = 2;
+  std::string msg = error_of([&] { balance_command(o); });
+  EXPECT_NE(msg.find("latency_ms[0][0] is 1e+308 ms"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<= 1e+12 ms"), std::string::npos) << msg;
+  o.stages = 1;
+  o.solver = "dp";
+  msg = error_of([&] { balance_command(o); });
+  EXPECT_NE(msg.find("latency_ms[0][0]"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("memory"), std::string::npos) << msg;
+}
+
+TEST_F(OfflineTest, BalanceRangeChecksBytesBeforeConverting) {
+  auto message = [&](const std::string& text) { return error_of([&] { load_balance_problem(write("b.json", text)); }); };
+  std::string m = message(R"({"latency_ms":[1,1],"weight_bytes":[1e30,1e30]})");
+  EXPECT_NE(m.find("weight_bytes[0] is 1e+30"), std::string::npos) << m;
+  EXPECT_NE(m.find("2^50"), std::string::npos) << m;
+  EXPECT_EQ(m.find("negative"), std::string::npos) << m;
+  m = message(R"({"latency_ms":[1,1],"kv_bytes":[1e30,1]})");
+  EXPECT_NE(m.find("kv_bytes[0]"), std::string::npos) << m;
+  m = message(R"({"latency_ms":[1,1],"weight_bytes":[9e18,9e18]})");  // was: memory -416062840.921 GiB
+  EXPECT_NE(m.find("weight_bytes[0]"), std::string::npos) << m;
+  m = message(R"({"latency_ms":[1,1],"weight_bytes":[1.5,1]})");
+  EXPECT_NE(m.find("whole number"), std::string::npos) << m;
+  m = message(R"({"latency_ms":[1,1],"device_memory_bytes":-5})");
+  EXPECT_NE(m.find("device_memory_bytes is -5"), std::string::npos) << m;
+  m = message(R"({"latency_ms":[1,1],"device_memory_bytes":[10,-1]})");
+  EXPECT_NE(m.find("device_memory_bytes[1] is -1"), std::string::npos) << m;
+  m = message(R"({"latency_ms":[1,1],"link_bandwidth_GBps":-5})");
+  EXPECT_NE(m.find("link_bandwidth_GBps is -5"), std::string::npos) << m;
+  m = message(R"({"latency_ms":[1,1],"activation_bytes":1e9,"link_bandwidth_GBps":1e-300})");
+  EXPECT_NE(m.find("transfer time"), std::string::npos) << m;
+
+  // The largest accepted sizes sum without overflow.
+  BalanceOptions o;
+  o.input = write("max.json", R"({"latency_ms":[1,1],"weight_bytes":[1125899906842624,1125899906842624]})");
+  o.stages = 1;
+  o.json_out = (dir_ / "max_out.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("2097152.000"), std::string::npos) << out;  // 2 x 2^50 bytes in GiB
+  EXPECT_EQ(read(o.json_out)["stages"][0]["memory_bytes"].get<int64_t>(), int64_t{1} << 51);
+}
+
+TEST_F(OfflineTest, UnknownKeysAreRefused) {
+  // A typo would silently drop the limit.
+  std::string m = error_of([&] { load_balance_problem(write("k.json", R"({"latency_ms":[1,1],"device_memory":5})")); });
+  EXPECT_NE(m.find("unknown key 'device_memory'"), std::string::npos) << m;
+  EXPECT_NE(m.find("device_memory_bytes"), std::string::npos) << m;  // the valid keys are listed
+  SimulateOptions s;
+  s.input = write("s.json", R"({"stages":[{"prefil_ms":1,"decode_ms":1}]})");
+  m = error_of([&] { simulate_command(s); });
+  EXPECT_NE(m.find("unknown key 'prefil_ms' (stages[0])"), std::string::npos) << m;
+  EXPECT_NE(m.find("send_decode_ms"), std::string::npos) << m;
+  s.input = write("s.json", R"({"stages":[{"prefill_ms":1,"decode_ms":1}],"microbatch":2})");
+  m = error_of([&] { simulate_command(s); });
+  EXPECT_NE(m.find("unknown key 'microbatch' (top level)"), std::string::npos) << m;
+  EXPECT_NE(m.find("microbatches, gen_len, batch"), std::string::npos) << m;
+}
+
+TEST_F(OfflineTest, HugeValuesPrintCompactly) {
+  BalanceOptions o;
+  o.input = write("big.json", R"({"latency_ms":[1e11,1e11]})");
+  o.stages = 1;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("bottleneck 2e+11 ms"), std::string::npos) << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex("[0-9]{13}"))) << out;
+}
+
+TEST_F(OfflineTest, BalanceRefusesFlagsItWouldIgnore) {
+  BalanceOptions o;
+  o.input = write("lat.json", kLatency);
+  o.stages = 2;
+  o.uniform_remainder = "last";  // with the default solver (auto)
+  EXPECT_NE(error_of([&] { balance_command(o); }).find("--uniform-remainder applies to --solver uniform"), std::string::npos);
+  o.uniform_remainder.clear();
+  o.order = "auto";
+  o.partition = "2,3";
+  EXPECT_NE(error_of([&] { balance_command(o); }).find("--order auto"), std::string::npos);
+  o.partition.clear();
+  o.solver = "uniform";
+  EXPECT_NE(error_of([&] { balance_command(o); }).find("--order auto"), std::string::npos);
+  o.order = "rank";
+  o.solver = "dp";
+  o.partition = "2,3";
+  EXPECT_NE(error_of([&] { balance_command(o); }).find("--partition"), std::string::npos);
+  o.partition.clear();
+  o.objective = "decode";  // a latency JSON has one cost per unit
+  EXPECT_NE(error_of([&] { balance_command(o); }).find("--objective decode"), std::string::npos);
+}
+
+TEST_F(OfflineTest, SimulateRefusesATimelineTooLargeForMemory) {
+  // -M 100000 -g 100000 was std::bad_alloc (exit 1).
+  SimulateOptions o;
+  o.input = write("st.json", R"({"stages": [{"prefill_ms": 1, "decode_ms": 1}, {"prefill_ms": 1, "decode_ms": 1}]})");
+  o.microbatches = 100000;
+  o.gen_len = 100000;
+  const std::string m = error_of([&] { simulate_command(o); });
+  EXPECT_NE(m.find("-M/--microbatches 100000"), std::string::npos) << m;
+  EXPECT_NE(m.find("-g/--gen-len 100000"), std::string::npos) << m;
+}
+
+TEST_F(OfflineTest, SimulateRefusesMeaninglessStageTimes) {
+  SimulateOptions o;
+  auto message = [&](const std::string& text) {
+    o.input = write("st.json", text);
+    return error_of([&] { simulate_command(o); });
+  };
+  // All-zero stage times printed "tokens/s -nan" with exit 0.
+  std::string m = message(R"({"stages": [{"prefill_ms": 0, "decode_ms": 0}]})");
+  EXPECT_NE(m.find("decode_ms"), std::string::npos) << m;
+  m = message(R"({"stages": [{"prefill_ms": -1, "decode_ms": 1}]})");
+  EXPECT_NE(m.find("stages[0].prefill_ms is -1"), std::string::npos) << m;
+  m = message(R"({"stages": [{"prefill_ms": 1, "decode_ms": 1}], "microbatches": "2"})");
+  EXPECT_NE(m.find("'microbatches' is \"2\""), std::string::npos) << m;
+  m = message(R"({"stages": [{"prefill_ms": 1, "decode_ms": 1}], "gen_len": 0})");
+  EXPECT_NE(m.find("'gen_len' is 0"), std::string::npos) << m;
+  // The documented keys work.
+  o.input = write("ok.json", R"({"stages": [{"prefill_ms": 4, "decode_ms": 1}, {"prefill_ms": 4, "decode_ms": 1,
+      "send_prefill_ms": 0, "send_decode_ms": 0}], "microbatches": 2, "gen_len": 8, "batch": 4, "overlap": true})");
+  o.json_out = (dir_ / "ok_out.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(o), 0);
+  testing::internal::GetCapturedStdout();
+  const auto j = read(o.json_out);
+  EXPECT_EQ(j["microbatches"], 2);
+  EXPECT_EQ(j["gen_len"], 8);
+  EXPECT_EQ(j["batch"], 4);
+}
+
+// ---- results files ------------------------------------------------------------------------
+
+/// A small complete run: 2 ranks (devices `dev0`, `dev1`), 4 units, partitions "uniform" then
+/// "balanced" (run order differs from name order), workload B=1 P=4 G=1 M=2.
+RunRecord make_run(const std::string& dev0 = "Xeon", const std::string& dev1 = "Xeon") {
+  RunRecord r;
+  r.ppbench_version = "test";
+  r.created_utc = "2025-01-02T03:04:05Z";
+  r.backend = "cpu";
+  r.transport = "mpi";
+  r.world_size = 2;
+  r.model_source = "m.json";
+  r.model_config_json = "{}";
+  r.model_attrs_num = {{"hidden_size", 64}};
+  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload"};
+  r.ranks = {{"node01", dev0, "", 0, 0.0}, {"node01", dev1, "", 1, 0.0}};
+  auto& p = r.profile;
+  p.unit_name = {"embed", "layer.0", "layer.1", "head"};
+  p.unit_signature = {0, 1, 1, 2};
+  p.signature_name = {"embed", "layer", "head"};
+  for (int i = 0; i < 2 * 4 * 2; ++i) {
+    p.latency_ms.push_back(1.0 + (i % 8));
+    p.latency_min_ms.push_back(1.0);
+    p.latency_max_ms.push_back(9.0);
+  }
+  p.decode_contexts = {4};
+  p.decode_context_ms.assign(2 * 4, 1.0);
+  p.cost_ms.assign(2 * 4, 3.0);
+  p.unit_params = {100, 200, 200, 300};
+  p.unit_weight_bytes = {400, 800, 800, 1200};
+  p.unit_kv_bytes = {0, 64, 64, 0};
+  for (const char* name : {"uniform", "balanced"}) {
+    PartitionRecord pr;
+    pr.name = pr.solver = name;
+    pr.first_unit = {0, 2};
+    pr.last_unit = {1, 3};
+    pr.device_rank = {0, 1};
+    pr.predicted_stage_ms = {10.0, 12.0};
+    pr.predicted_phase_ms = {5.0, 2.5, 6.0, 3.0};
+    pr.stage_weight_bytes = {1200, 2000};
+    pr.stage_kv_bytes = {64, 64};
+    pr.predicted_bottleneck_ms = 12.0;
+    pr.measured = true;
+    for (int i = 0; i < 2 * 2 * 2 * 2 * 6; ++i) pr.events.push_back(0.001 * i);
+    pr.stage_compute_ms = {5.5, 2.6, 6.5, 3.5};
+    pr.stage_workload_ms = {8.1, 10.0};
+    pr.bubble_fraction = {0.4, 0.2};
+    pr.recv_wait_ms = {0.0, 1.0};
+    pr.rep_wall_s = {0.02, 0.021};
+    pr.rep_tokens_per_s = {100.0, 95.0};
+    pr.lane_cpu_s = {0.1, 0.01, 0.01, 0.2, 0.02, 0.02};
+    pr.timed_wall_s = 0.041;
+    pr.bottleneck_stage = 1;
+    pr.metrics = {{"tokens_per_s", 100.0},     {"decode_tokens_per_s", 150.0}, {"ttft_p50_ms", 8.0},
+                  {"ttft_p99_ms", 9.0},        {"tpot_p50_ms", 3.0},           {"tpot_p99_ms", 4.0},
+                  {"pipeline_efficiency", 0.9}, {"bottleneck_bound_tok_s", 200.0}};
+    pr.tokens = pr.reference_tokens = {1, 2, 3, 4};
+    pr.checksum = pr.reference_checksum = 1.25;
+    pr.tokens_match = pr.checksum_match = true;
+    r.partitions.push_back(pr);
+  }
+  r.validation_ok = true;
+  r.validation = "ok";
+  return r;
+}
+
+TEST_F(OfflineTest, SimulateListsPartitionsInRunOrder) {
+  SimulateOptions o;
+  o.input = (dir_ / "run.h5").string();
+  write_results(o.input, make_run());
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  const auto u = out.find("partition uniform"), b = out.find("partition balanced");
+  ASSERT_NE(u, std::string::npos) << out;
+  ASSERT_NE(b, std::string::npos) << out;
+  EXPECT_LT(u, b) << out;  // run order, not the alphabetical order of the HDF5 groups
+  // The run's own workload: measured row and the comparison.
+  EXPECT_NE(out.find("  measured   "), std::string::npos) << out;
+  EXPECT_NE(out.find("predicted / measured - 1"), std::string::npos) << out;
+}
+
+TEST_F(OfflineTest, SimulateOfAnotherWorkloadDoesNotCompare) {
+  SimulateOptions o;
+  o.input = (dir_ / "run.h5").string();
+  o.json_out = (dir_ / "sim.json").string();
+  write_results(o.input, make_run());
+  o.gen_len = 64;
+  o.batch = 16;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(simulate_command(o), 0);
+  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(out.find("predicted / measured"), std::string::npos) << out;
+  EXPECT_NE(out.find("measured (M=2 G=1 B=1)"), std::string::npos) << out;  // labelled with the run's workload
+  EXPECT_NE(out.find("the run measured M=2 G=1 B=1"), std::string::npos) << out;
+  EXPECT_NE(err.find("-b 16 differs from the run's B=1"), std::string::npos) << err;
+  const auto j = read(o.json_out);
+  EXPECT_FALSE(j["partitions"]["uniform"].contains("decode_tokens_per_s_error"));
+  EXPECT_TRUE(j["partitions"]["uniform"].contains("measured"));
+  EXPECT_EQ(j["run_workload"]["gen_len"], 1);
+}
+
+TEST_F(OfflineTest, BalanceMoreStagesThanRanks) {
+  BalanceOptions o;
+  o.input = (dir_ / "run.h5").string();
+  o.json_out = (dir_ / "b.json").string();
+  o.stages = 3;
+  // Identical devices: the mean of the 2 rows, any K <= U.
+  write_results(o.input, make_run("Xeon", "Xeon"));
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(balance_command(o), 0);
+  const std::string err = testing::internal::GetCapturedStderr();
+  testing::internal::GetCapturedStdout();
+  EXPECT_NE(err.find("identical devices"), std::string::npos) << err;
+  EXPECT_EQ(read(o.json_out)["stages"].size(), 3u);
+  // Different devices: why, and what to do.
+  write_results(o.input, make_run("A100", "V100"));
+  const std::string m = error_of([&] { balance_command(o); });
+  EXPECT_NE(m.find("one profile row per rank (2 ranks: A100, V100)"), std::string::npos) << m;
+  EXPECT_NE(m.find("--stages <= 2"), std::string::npos) << m;
+}
+
+TEST_F(OfflineTest, ResultsFileCarriesTheRunsMemoryAndLink) {
+  // The run's balancer saw each rank's memory limit and the measured link: so does balance.
+  RunRecord run = make_run();
+  run.ranks[0].memory_limit_bytes = 3000;
+  run.ranks[1].memory_limit_bytes = 2500;
+  run.link_bandwidth_Bps = 2e9;
+  run.link_latency_s = 5e-6;
+  const std::string path = (dir_ / "run.h5").string();
+  write_results(path, run);
+  const balance::BalanceProblem p = load_balance_problem(path, "workload");
+  EXPECT_EQ(p.device_memory_bytes, (std::vector<int64_t>{3000, 2500}));
+  EXPECT_DOUBLE_EQ(p.link_bandwidth_GBps, 2.0);
+  EXPECT_DOUBLE_EQ(p.link_latency_us, 5.0);
+  // Weights 400, 800, 800, 1200 and KV 0, 64, 64, 0: device 1's 2500 bytes cannot hold
+  // layer.0 + layer.1 + head (2928), so the split is 3 | 1 or 2 | 2, never 1 | 3.
+  BalanceOptions o;
+  o.input = path;
+  o.json_out = (dir_ / "b.json").string();
+  o.stages = 2;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("constraints: memory per device"), std::string::npos) << out;
+  EXPECT_NE(out.find("link 5 us + bytes / 2 GB/s"), std::string::npos) << out;
+  const auto split = read(o.json_out)["stages"];
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_LE(split[0]["memory_bytes"].get<int64_t>(), 3000);
+  EXPECT_LE(split[1]["memory_bytes"].get<int64_t>(), 2500);
+  EXPECT_NE(split[1]["first_unit"].get<int>(), 1);  // 1 | 3 would need 2928 bytes on device 1
+  // More stages than ranks on identical devices: the smallest limit for every stage.
+  o.stages = 3;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(balance_command(o), 0);
+  testing::internal::GetCapturedStderr();
+  const std::string out3 = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out3.find("memory per device 2500 B"), std::string::npos) << out3;
+}
+
+TEST_F(OfflineTest, ReportOfSeveralFilesSkipsTheUnreadable) {
+  const std::string good = (dir_ / "good.h5").string(), bad = (dir_ / "bad.h5").string(),
+                    missing = (dir_ / "missing.h5").string();
+  write_results(good, make_run());
+  write_results(bad, make_run(), /*complete=*/false);  // a failed task of a sweep
+  std::ostringstream out, err;
+  EXPECT_EQ(run_report(out, {bad, good, missing}, true, err), 0);
+  int lines = 0;
+  for (char c : out.str()) lines += c == '\n';
+  EXPECT_EQ(lines, 3) << out.str();  // header + uniform + balanced of the good file
+  EXPECT_NE(err.str().find("skipped: '" + bad + "' is an incomplete"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find(missing), std::string::npos) << err.str();
+  // None readable: exit 2 (UserError) listing each.
+  std::ostringstream none;
+  const std::string m = error_of([&] { run_report(none, {bad, missing}, false, err); });
+  EXPECT_NE(m.find(bad), std::string::npos) << m;
+  EXPECT_NE(m.find(missing), std::string::npos) << m;
+  EXPECT_TRUE(none.str().empty());
+  // One file: refused as before.
+  EXPECT_THROW(run_report(none, {bad}, false, err), UserError);
+  // A file given twice: its rows once, and the legend agrees.
+  std::ostringstream twice, note;
+  EXPECT_EQ(run_report(twice, {good, good}, false, note), 0);
+  EXPECT_EQ(twice.str().find("[1]"), std::string::npos) << twice.str();
+  size_t rows = 0;
+  for (size_t pos = twice.str().find("[0]  "); pos != std::string::npos; pos = twice.str().find("[0]  ", pos + 1)) ++rows;
+  EXPECT_EQ(rows, 2u) << twice.str();
+  EXPECT_NE(note.str().find("given more than once"), std::string::npos);
 }
 
 TEST(MemoryReport, KvCapacityPerStage) {
