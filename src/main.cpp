@@ -2,6 +2,7 @@
 //
 // Exit status: 0 success; 1 validation mismatch or internal failure; 2 bad input (flags, model
 // config, impossible partition, unwritable output) — the same on every rank, never a hang.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -79,9 +80,13 @@ int main(int argc, char** argv) {
     sc->add_option("--seed", opt.seed, "seed of the random weights and prompts (an integer >= 0)")
         ->check(CLI::Validator(
             [](std::string& v) -> std::string {
-              return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
-                         ? std::string()
-                         : "must be an integer >= 0, got '" + v + "'";
+              // Digits only, at most 2^63 - 1 (the file stores it as int64; larger values
+              // would wrap or saturate into another seed).
+              const std::string max = "9223372036854775807";
+              const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+              const std::string d = digits ? v.substr(std::min(v.find_first_not_of('0'), v.size() - 1)) : v;
+              if (digits && (d.size() < max.size() || (d.size() == max.size() && d <= max))) return {};
+              return "must be an integer in [0, 9223372036854775807], got '" + v + "'";
             },
             ""))
         ->capture_default_str();
@@ -89,8 +94,8 @@ int main(int argc, char** argv) {
     sc->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
     sc->add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
     sc->add_option("--memory-limit", opt.memory_limit_gib,
-                   "GiB of weights + KV cache allowed per stage (0 = 90% of the free memory per rank: the GPU's, or on "
-                   "CPU the smaller of MemAvailable and the job's cgroup limit)")
+                   "GiB of weights + KV cache + scratch allowed per rank (0 = 90% of its share of the free memory: "
+                   "the GPU's, or on CPU the smaller of MemAvailable and the job's cgroup limit)")
         ->capture_default_str();
     sc->add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
         ->capture_default_str();
@@ -149,6 +154,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (report->parsed()) return ppb::run_report_command(report_opt);  // no MPI for report
+  for (CLI::App* sc : {run, profile})
+    if (sc->parsed() && sc->count("--output") > 0 && opt.output.empty()) {
+      if (print_rank()) std::cerr << "ppbench: error: --output is empty; give a file name, or omit -o for the default" << std::endl;
+      return 2;
+    }
   opt.command_line = join_args(argc, argv);
   opt.validate = !no_validate;
   opt.profile_only = profile->parsed();

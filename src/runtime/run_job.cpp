@@ -153,9 +153,11 @@ void validate_options(const RunOptions& o) {
   check_range("--profile-warmup", o.profile_warmup, 0, 1000);
   check_range("--profile-iters", o.profile_iters, 1, 100000);
   check_range("--profile-contexts", o.profile_contexts, 1, 64);
-  if (!(o.timeout_s > 0)) throw UserError("--timeout must be > 0 seconds");
-  if (!(o.memory_limit_gib >= 0) || !std::isfinite(o.memory_limit_gib))
-    throw UserError("--memory-limit must be a finite number >= 0 GiB (0 = 90% of the device's free memory per rank)");
+  // A bounded timeout: inf would disable the transfer timeouts and the watchdog alike.
+  if (!(o.timeout_s > 0) || !(o.timeout_s <= 604800))
+    throw UserError("--timeout must be > 0 and <= 604800 seconds (a week)");
+  if (!(o.memory_limit_gib >= 0) || !(o.memory_limit_gib <= 1048576))
+    throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = 90% of the device's free memory per rank");
   if (o.order != "rank" && o.order != "auto")
     throw UserError("--order '" + o.order + "' is unknown; valid: rank (stage k on rank k), auto (search the device order)");
   if (o.objective != "workload" && o.objective != "decode" && o.objective != "prefill")
@@ -224,7 +226,7 @@ std::pair<int64_t, int64_t> stage_bytes(const model::ModelSpec& m, int first, in
 
 std::string gib(double bytes) {
   std::ostringstream os;
-  os.precision(3);
+  os.precision(5);  // enough to tell a need from a limit just below it
   os << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
   return os.str();
 }
@@ -517,10 +519,14 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
                           " (weights " + gib(double(w)) + " + KV cache and scratch " + gib(double(rest)) + " for B=" +
                           std::to_string(opt.batch) + " sequences of P+G=" + std::to_string(opt.prompt_len + opt.gen_len) +
                           " tokens) but the limit is " + gib(double(memory_limit)) +
-                          " (--memory-limit, default 90% of the free memory per rank); use a smaller --batch, "
-                          "--prompt-len or --gen-len");
+                          " (--memory-limit, default 90% of the free memory per rank); " +
+                          (static_cast<size_t>(w) > memory_limit
+                               ? "its weights alone exceed the limit: a larger --memory-limit or a device with more memory"
+                               : "use a smaller --batch, --prompt-len or --gen-len"));
       }
-      if (!root) return;
+      // `ppbench profile` holds one unit at a time: the whole model need not fit these ranks
+      // (profile on fewer ranks, balance K > R stages offline).
+      if (!root || opt.profile_only) return;
       double need = 0, unit_max = 0, have = 0, have_max = 0;
       std::string unit_name;
       for (int u = 0; u < spec.num_units(); ++u) {

@@ -293,7 +293,11 @@ TEST(RunE2E, CommandLineErrorsExitTwo) {
       {"negative groups", 1, "simulate tests/data/tiny-llama.json -M -1", "--microbatches"},
       {"negative gen len", 1, "simulate tests/data/tiny-llama.json -g -2", "--gen-len"},
       {"negative batch", 1, "simulate tests/data/tiny-llama.json -b -4", "--batch"},
-      {"negative seed", 1, "run --model tests/data/tiny-llama.json --seed -1", "--seed: must be an integer >= 0"},
+      {"negative seed", 1, "run --model tests/data/tiny-llama.json --seed -1", "--seed: must be an integer in [0, "},
+      {"seed beyond int64", 1, "run --model tests/data/tiny-llama.json --seed 9223372036854775808", "--seed: must be"},
+      {"empty output", 1, "run --model tests/data/tiny-llama.json -o ''", "--output is empty"},
+      {"unbounded timeout", 1, "run --model tests/data/tiny-llama.json --timeout inf", "--timeout must be > 0 and <= 604800"},
+      {"memory limit beyond int64", 1, "profile --model tests/data/tiny-llama.json --memory-limit 9e9", "--memory-limit must be >= 0 and <= 1048576"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
