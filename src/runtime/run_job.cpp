@@ -490,15 +490,18 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
 
     // Bytes a stage of units [first, last] allocates on this backend (weights, and KV cache +
     // scratch), computed before anything is allocated.
-    auto stage_plan = [&](int first, int last, int groups) -> std::pair<int64_t, int64_t> {
+    auto stage_bytes_of = [&](int first, int last, int groups) -> CpuStageBytes {
       StageConfig sc{opt.batch, opt.prompt_len + opt.gen_len, groups, dtype, opt.seed};
 #if PPBENCH_HAVE_CUDA
       if (use_cuda) {
         auto b = cuda_stage_bytes(spec, first, last, sc);
-        return {static_cast<int64_t>(b.weights), static_cast<int64_t>(b.kv_cache + b.scratch)};
+        return {b.weights, b.kv_cache, b.scratch};
       }
 #endif
-      auto b = cpu_stage_bytes(spec, first, last, sc);
+      return cpu_stage_bytes(spec, first, last, sc);
+    };
+    auto stage_plan = [&](int first, int last, int groups) -> std::pair<int64_t, int64_t> {
+      const auto b = stage_bytes_of(first, last, groups);
       return {static_cast<int64_t>(b.weights), static_cast<int64_t>(b.kv_cache + b.scratch)};
     };
 
@@ -716,10 +719,18 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         }
         run.partitions.push_back(pr);
         if (!opt.quiet) {
+          // Each device's limit net of its stage's activation scratch, so that "free" and "KV
+          // tokens left" agree with the memory check (which counts the scratch too).
+          std::vector<int64_t> net(S);
+          for (int k = 0; k < S; ++k) {
+            const int d = p.device_rank[k];
+            net[d] = std::max<int64_t>(1, static_cast<int64_t>(memory_limits[d]) -
+                                              static_cast<int64_t>(stage_bytes_of(p.first_unit[k], p.last_unit[k], M).scratch));
+          }
           auto mr = balance::memory_report(p, run.profile.unit_weight_bytes, run.profile.unit_kv_bytes,
-                                           int64_t(M) * opt.batch * (opt.prompt_len + opt.gen_len),
-                                           std::vector<int64_t>(S, int64_t(memory_limit)));
-          progress.say("memory of partition " + p.solver + ":\n" + balance::format_memory_report(mr));
+                                           int64_t(M) * opt.batch * (opt.prompt_len + opt.gen_len), net);
+          progress.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
+                       balance::format_memory_report(mr));
         }
         progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
                      std::to_string(p.bottleneck_ms) + " ms (" + opt.objective + ")");
