@@ -16,8 +16,9 @@ Writes PNG files next to the results file (or into --outdir):
 
 Requires h5py, numpy and matplotlib (pip install -r tools/requirements.txt).
 The timeline's legend lists the first 7 groups and "... groups 7..M-1" when M > 8.
-Exit status: 0 success, 2 the file is missing, not a ppbench file or incomplete, or --iter is
-out of range (the message repeats the value given).
+Exit status: 0 success, 2 the file is missing, not a ppbench file, of a newer format, incomplete
+or without a benchmarked partition (a `ppbench profile` file), --outdir is not a directory, or
+--iter is out of range (the message repeats the value given).
 """
 import argparse
 import os
@@ -35,6 +36,8 @@ from matplotlib.patches import Patch  # noqa: E402
 RECV_START, RECV_END, COMPUTE_START, COMPUTE_END, SEND_START, SEND_END = range(6)
 # Groups listed in the timeline's legend; more groups are summarised in one entry.
 LEGEND_GROUPS = 8
+# The newest results format this script reads (kResultsFormatVersion in src/results/writer.h).
+RESULTS_FORMAT_VERSION = 1
 
 
 def text(value):
@@ -62,6 +65,11 @@ def open_results(path):
     if "format_version" not in f.attrs or "ppbench_version" not in f.attrs:
         f.close()
         raise NotAResultsFile(f"{path}: not a ppbench results file (no format_version/ppbench_version)")
+    if int(f.attrs["format_version"]) > RESULTS_FORMAT_VERSION:
+        version = int(f.attrs["format_version"])
+        f.close()
+        raise NotAResultsFile(f"{path}: results format_version {version}; this script reads up to "
+                              f"{RESULTS_FORMAT_VERSION}: use a newer ppbench")
     if int(f.attrs.get("complete", 0)) != 1:
         how = "".join(f"; {label}{text(f.attrs[key])}" for key, label in
                       (("status", "last status: "), ("failure", "failure: ")) if text(f.attrs.get(key, "")))
@@ -240,11 +248,24 @@ def main(argv=None):
         print(f"ppbench_plot: error: {e}", file=sys.stderr)
         return 2
     outdir = args.outdir or os.path.dirname(os.path.abspath(args.file))
-    os.makedirs(outdir, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(args.file))[0]
-    written = []
+    if os.path.exists(outdir) and not os.path.isdir(outdir):
+        f.close()
+        print(f"ppbench_plot: error: --outdir {args.outdir}: exists and is not a directory; give a directory "
+              "(created when missing)", file=sys.stderr)
+        return 2
     with f:
         names = partition_names(f)
+        if not any(f"benchmark/{name}" in f for name in names):
+            print(f"ppbench_plot: error: {args.file}: no benchmarked partition (a `ppbench profile` file): "
+                  "nothing to plot", file=sys.stderr)
+            return 2
+        try:
+            os.makedirs(outdir, exist_ok=True)
+        except OSError as e:
+            print(f"ppbench_plot: error: --outdir {args.outdir}: cannot be created ({e.strerror})", file=sys.stderr)
+            return 2
+        stem = os.path.splitext(os.path.basename(args.file))[0]
+        written = []
         try:
             for name in names:
                 if f"benchmark/{name}" not in f:

@@ -66,8 +66,8 @@ void add_offline_commands(CLI::App& app) {
                                               "refused with --solver other than auto)");
   b->add_option("--uniform-remainder", bal.uniform_remainder,
                 "--solver uniform only: leftover layers go to first (default) | last | spread");
-  b->add_option("--objective", bal.objective, "results files only: stage cost = workload (prefill + G x decode) | decode | prefill")
-      ->capture_default_str();
+  b->add_option("--objective", bal.objective, "results files only: stage cost = workload (prefill + G x decode) | decode | "
+                                              "prefill (default: the run's objective)");
   b->add_option("--memory-limit", bal.memory_limit_gib, "GiB of weights + KV cache per device (0 = from the input)")
       ->check(kNonNegative)
       ->capture_default_str();
@@ -76,7 +76,8 @@ void add_offline_commands(CLI::App& app) {
   b->add_option("--link-latency", bal.link_latency_us, "microseconds per message (overrides the input)")
       ->check(kNonNegative);
   b->add_flag("--no-overlap", bal.no_overlap, "transfers on the compute lane (sum, not max)");
-  b->add_option("--json", bal.json_out, "write the split as JSON to this file");
+  b->add_option("--json", bal.json_out, "write the split as JSON to this file (not the input; an existing file only with --force)");
+  b->add_flag("--force", bal.force, "overwrite an existing --json file");
   b->footer(
       "A results file of R ranks gives R device rows: --stages K <= R, or any K when the R ranks ran on identical\n"
       "devices (their mean row is used). Input formats, limits and output: docs/OFFLINE.md.\n"
@@ -99,15 +100,16 @@ void add_offline_commands(CLI::App& app) {
   s->add_option("-b,--batch", sim.batch, "B sequences per group (0 = from the input)")
       ->check(kNonNegative)
       ->capture_default_str();
-  s->add_option("--link-bandwidth", sim.link_bandwidth_GBps, "results files: GB/s of activation transfers (0 = free)")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  s->add_option("--link-latency", sim.link_latency_us, "results files: microseconds per message")
-      ->check(kNonNegative)
-      ->capture_default_str();
+  s->add_option("--link-bandwidth", sim.link_bandwidth_GBps,
+                "results files: GB/s of activation transfers (default: the run's measured link; 0 = infinite)")
+      ->check(kNonNegative);
+  s->add_option("--link-latency", sim.link_latency_us,
+                "results files: microseconds per message (default: the run's; --link-bandwidth 0 --link-latency 0 = free)")
+      ->check(kNonNegative);
   s->add_flag("--no-overlap", sim.no_overlap, "recv, compute and send on one lane");
   s->add_flag("--eager", sim.eager_sends, "eager sends (the sender does not wait for the recv to be posted)");
-  s->add_option("--json", sim.json_out, "write the predictions as JSON to this file");
+  s->add_option("--json", sim.json_out, "write the predictions as JSON to this file (not the input; an existing file only with --force)");
+  s->add_flag("--force", sim.force, "overwrite an existing --json file");
   s->footer(
       "Prints per partition: predicted (from the profile), replayed (the run's measured step times played through the\n"
       "same simulator) and measured; the predicted / measured error only when -M/-g/-b match the run's workload.\n"

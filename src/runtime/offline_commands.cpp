@@ -1,12 +1,17 @@
 #include "runtime/offline_commands.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +20,7 @@
 #include "balance/simulator.h"
 #include "common/error.h"
 #include "results/h5.h"
+#include "results/writer.h"
 
 namespace ppb {
 
@@ -33,11 +39,47 @@ bool is_hdf5(const std::string& path) {
   return f.gcount() == 8 && std::string(sig, 8) == std::string("\x89HDF\r\n\x1a\n", 8);
 }
 
+/// Parses the JSON file `path`, refusing a key given twice in one object (nlohmann keeps the
+/// last silently: a second "device_memory_bytes" would drop the first without a word).
 json read_json(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw UserError("input '" + path + "' cannot be opened");
+  std::vector<std::set<std::string>> seen;  // keys of each open object, innermost last
+  std::vector<std::string> where;           // the key path of the open objects, for the message
+  std::string pending_key;
+  const json::parser_callback_t track = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        where.push_back(pending_key);
+        seen.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!seen.empty()) seen.pop_back();
+        if (!where.empty()) {
+          pending_key = where.back();  // a sibling object in the same list has the same name
+          where.pop_back();
+        }
+        break;
+      case json::parse_event_t::key: {
+        const std::string key = parsed.get<std::string>();
+        if (!seen.empty() && !seen.back().insert(key).second) {
+          std::string in;
+          for (const auto& w : where)
+            if (!w.empty()) in += (in.empty() ? "" : ".") + w;
+          throw UserError("input '" + path + "': duplicate key '" + key + "'" +
+                          (in.empty() ? std::string(" at the top level") : " in '" + in + "'") +
+                          "; give each key once (JSON parsers disagree on which copy counts)");
+        }
+        pending_key = key;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
   try {
-    return json::parse(f);
+    return json::parse(f, track);
   } catch (const json::exception& e) {
     throw UserError("input '" + path + "' is not valid JSON: " + e.what());
   }
@@ -133,9 +175,27 @@ struct ResultsProfile {
   double link_bandwidth_Bps = 0, link_latency_s = 0;  // measured by the run at start-up
 };
 
+/// Refuses an HDF5 file that ppbench did not write, or of a newer format (as `ppbench report`).
+void check_ppbench_file(const h5::Group& root, const std::string& path) {
+  if (!root.has_attr("format_version") || !root.has_attr("ppbench_version"))
+    throw UserError("'" + path + "' is not a ppbench results file: it is HDF5 but has no root attributes "
+                    "format_version and ppbench_version; give a results file of `ppbench run` or a JSON input "
+                    "(docs/OFFLINE.md)");
+  int64_t format = 0;
+  try {
+    format = root.get_attr<int64_t>("format_version");
+  } catch (const std::exception&) {
+    throw UserError("'" + path + "' is not a ppbench results file: its format_version is not an integer");
+  }
+  if (format > kResultsFormatVersion)
+    throw UserError("'" + path + "' has results format_version " + std::to_string(format) + "; this ppbench reads up to " +
+                    std::to_string(kResultsFormatVersion) + ": use a newer ppbench");
+}
+
 ResultsProfile read_results_profile(const std::string& path) {
   h5::File file = h5::File::open(path);
   h5::Group root = file.root();
+  check_ppbench_file(root, path);
   // Like `report`, refuse a snapshot of a run that did not finish (results/README.md).
   if (!root.has_attr("complete") || root.get_attr<int64_t>("complete") != 1)
     throw UserError("results file '" + path + "' is incomplete (complete != 1: the run failed or is still going; "
@@ -190,16 +250,55 @@ std::vector<std::string> partition_names_in_run_order(const h5::Group& root) {
   return names;
 }
 
+/// The objective of the run that wrote results file `path` (/config/workload attribute objective;
+/// "workload" when absent).
+std::string run_objective(const std::string& path) {
+  h5::File file = h5::File::open(path);
+  h5::Group root = file.root();
+  check_ppbench_file(root, path);
+  if (root.exists("config/workload")) {
+    h5::Group wl = root.open_group("config/workload");
+    if (wl.has_attr("objective")) return wl.get_attr<std::string>("objective");
+  }
+  return "workload";
+}
+
+/// Checks --json FILE before anything is printed: never the input, an existing file only with
+/// --force, not a directory, and in a writable directory.
+void check_json_out(const std::string& out, const std::string& input, bool force) {
+  if (out.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(out);
+  if (fs::is_directory(p, ec))
+    throw UserError("--json '" + out + "' is a directory; give a file path, e.g. " + (p / "out.json").string());
+  if (fs::exists(p, ec)) {
+    if (fs::exists(input, ec) && fs::equivalent(p, fs::path(input), ec))
+      throw UserError("--json '" + out + "' is the input file '" + input + "'; give another file for the JSON output");
+    if (!force) throw UserError("--json '" + out + "' exists; give --force to overwrite it, or another file");
+    if (::access(out.c_str(), W_OK) != 0)
+      throw UserError("--json '" + out + "' cannot be written: " + std::strerror(errno));
+    return;
+  }
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec))
+    throw UserError("--json '" + out + "': directory '" + dir.string() + "' does not exist");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw UserError("--json '" + out + "': directory '" + dir.string() + "' is not writable: " + std::strerror(errno));
+}
+
 void write_json_file(const std::string& path, const json& j) {
   std::ofstream f(path);
-  if (!f) throw UserError("--json '" + path + "' cannot be written");
+  if (!f) throw UserError("--json '" + path + "' cannot be written: " + std::strerror(errno));
   f << j.dump(2) << "\n";
   if (!f) throw UserError("--json '" + path + "': write failed");
 }
 
 }  // namespace
 
-BalanceProblem load_balance_problem(const std::string& path, const std::string& objective) {
+BalanceProblem load_balance_problem(const std::string& path, const std::string& objective_in) {
+  const std::string objective =
+      objective_in.empty() ? (is_hdf5(path) ? run_objective(path) : std::string("workload")) : objective_in;
   if (objective != "workload" && objective != "decode" && objective != "prefill")
     throw UserError("--objective '" + objective + "' is unknown; valid: workload, decode, prefill");
   BalanceProblem p;
@@ -342,15 +441,19 @@ int balance_command(const BalanceOptions& opt) {
   check_balance_flags(opt);
   if (opt.memory_limit_gib < 0 || !(opt.memory_limit_gib <= 1048576.0))
     throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = from the input");
-  if (opt.objective != "workload" && !is_hdf5(opt.input))
+  const bool results = is_hdf5(opt.input);
+  if (!opt.objective.empty() && !results)
     throw UserError("--objective " + opt.objective + " combines the prefill and decode profile of a results file; a "
                     "latency JSON gives one cost per unit already (latency_ms): drop --objective");
-  BalanceProblem p = load_balance_problem(opt.input, opt.objective);
+  check_json_out(opt.json_out, opt.input, opt.force);
+  // Results files: the run's objective unless --objective is given.
+  const std::string objective = !results ? std::string() : opt.objective.empty() ? run_objective(opt.input) : opt.objective;
+  BalanceProblem p = load_balance_problem(opt.input, results ? objective : "workload");
   // One latency row means identical devices: one device per stage, all of that row.
   const int stages = opt.stages > 0 ? opt.stages : p.devices();
   if (p.cost.size() > 1 && p.device_row.empty() && stages > static_cast<int>(p.cost.size()) && stages <= p.units() &&
-      is_hdf5(opt.input))
-    widen_results_rows(p, opt.input, opt.objective, stages);
+      results)
+    widen_results_rows(p, opt.input, objective, stages);
   if (p.cost.size() == 1 && p.device_row.empty() && stages > 1) {
     p.device_row.assign(stages, 0);
     if (p.device_memory_bytes.size() == 1) p.device_memory_bytes.assign(stages, p.device_memory_bytes[0]);
@@ -386,7 +489,9 @@ int balance_command(const BalanceOptions& opt) {
   const auto mem = balance::stage_memory_bytes(p, part);
 
   auto name = [&](int u) { return u < static_cast<int>(p.unit_names.size()) ? p.unit_names[u] : std::to_string(u); };
-  std::cout << "balance: " << U << " units on " << stages << " stages, solver " << part.solver
+  std::cout << "balance: " << U << " units on " << stages << " stages, "
+            << (results ? "objective " + objective + (opt.objective.empty() ? " (the run's)" : "") + ", " : std::string())
+            << "solver " << part.solver
             << (part.algorithm.empty() ? "" : " (" + part.algorithm + ")") << ", "
             << (p.overlap ? "overlap" : "no overlap") << "\n";
   {
@@ -404,7 +509,10 @@ int balance_command(const BalanceOptions& opt) {
       if (*lo == 0) memory = "unlimited (0)";
     }
     std::string link = "free";
-    if (p.link_bandwidth_GBps > 0 || p.link_latency_us > 0)
+    if (results && opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0 && p.link_bandwidth_GBps == 0 &&
+        p.link_latency_us == 0)
+      link = "free (none measured: 1-rank run)";
+    else if (p.link_bandwidth_GBps > 0 || p.link_latency_us > 0)
       link = g(p.link_latency_us) + " us + bytes / " + (p.link_bandwidth_GBps > 0 ? g(p.link_bandwidth_GBps) + " GB/s" : "inf");
     std::cout << "constraints: memory per device " << memory << "; link " << link << "\n";
   }
@@ -418,6 +526,24 @@ int balance_command(const BalanceOptions& opt) {
   }
   std::printf("split %s: bottleneck %s ms, spread %s ms\n", part.counts_string().c_str(), num(part.bottleneck_ms, 4).c_str(),
               num(part.spread_ms, 4).c_str());
+  // A manual, uniform or seed split is evaluated as given: say when a stage exceeds its device's memory.
+  std::vector<int64_t> limit(stages, 0);
+  bool fits = true;
+  for (int k = 0; k < stages; ++k) {
+    const int d = part.device_rank[k];
+    if (d >= 0 && d < static_cast<int>(p.device_memory_bytes.size())) limit[k] = std::max<int64_t>(0, p.device_memory_bytes[d]);
+    if (limit[k] > 0 && mem[k] > limit[k]) {
+      fits = false;
+      auto size = [](int64_t v) {
+        char buf[64];
+        if (v < (int64_t(1) << 20)) std::snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(v));
+        else std::snprintf(buf, sizeof buf, "%.4g GiB (%lld bytes)", v / 1073741824.0, static_cast<long long>(v));
+        return std::string(buf);
+      };
+      std::printf("warning: stage %d needs %s of weights + KV cache but device %d holds %s: this split does not fit "
+                  "memory\n", k, size(mem[k]).c_str(), d, size(limit[k]).c_str());
+    }
+  }
   std::cout.flush();
 
   if (!opt.json_out.empty()) {
@@ -428,13 +554,16 @@ int balance_command(const BalanceOptions& opt) {
                                {"last_unit", part.last_unit[k]},
                                {"device", part.device_rank[k]},
                                {"predicted_ms", part.predicted_stage_ms[k]},
-                               {"memory_bytes", mem[k]}});
+                               {"memory_bytes", mem[k]},
+                               {"memory_limit_bytes", limit[k]}});
     out["bottleneck_ms"] = part.bottleneck_ms;
     out["spread_ms"] = part.spread_ms;
     out["solver"] = part.solver;
     out["algorithm"] = part.algorithm;
     out["counts"] = part.counts_string();
     out["overlap"] = p.overlap;
+    out["fits_memory"] = fits;
+    if (results) out["objective"] = objective;
     write_json_file(opt.json_out, out);
   }
   return 0;
@@ -442,16 +571,20 @@ int balance_command(const BalanceOptions& opt) {
 
 namespace {
 
-json metrics_json(const PartitionMetrics& m) {
-  return {{"tokens_per_s", m.tokens_per_s},   {"decode_tokens_per_s", m.decode_tokens_per_s},
+/// one_decode_step: M x G = 1, so no time lies between a first and a last decode token and decode
+/// tokens/s is undefined (null in JSON, "n/a" printed).
+json metrics_json(const PartitionMetrics& m, bool one_decode_step) {
+  return {{"tokens_per_s", m.tokens_per_s},
+          {"decode_tokens_per_s", one_decode_step ? json(nullptr) : json(m.decode_tokens_per_s)},
           {"ttft_p50_ms", m.ttft_p50_ms},     {"ttft_p99_ms", m.ttft_p99_ms},
           {"tpot_p50_ms", m.tpot_p50_ms},     {"tpot_p99_ms", m.tpot_p99_ms},
           {"bubble_fraction", m.bubble_fraction}, {"bottleneck_bound_tok_s", m.bottleneck_bound_tok_s}};
 }
 
-void print_metrics(const std::string& label, const PartitionMetrics& m) {
+void print_metrics(const std::string& label, const PartitionMetrics& m, bool one_decode_step) {
   std::printf("  %-26s tokens/s %10s  decode tokens/s %10s  TTFT p50 %9s ms  TPOT p50 %9s ms  bubble", label.c_str(),
-              num(m.tokens_per_s, 2).c_str(), num(m.decode_tokens_per_s, 2).c_str(), num(m.ttft_p50_ms, 3).c_str(),
+              num(m.tokens_per_s, 2).c_str(),
+              one_decode_step ? "n/a (one decode step)" : num(m.decode_tokens_per_s, 2).c_str(), num(m.ttft_p50_ms, 3).c_str(),
               num(m.tpot_p50_ms, 3).c_str());
   for (double b : m.bubble_fraction) std::printf(" %.3f", b);
   std::printf("\n");
@@ -500,7 +633,17 @@ int simulate_command(const SimulateOptions& opt) {
   balance::SimConfig cfg;
   cfg.eager_sends = opt.eager_sends;
   json out;
-  if (!is_hdf5(opt.input)) {
+  const bool results = is_hdf5(opt.input);
+  if (!results) {
+    // The stage JSON carries the transfer times itself and has no partitions.
+    if (opt.link_bandwidth_GBps >= 0 || opt.link_latency_us >= 0)
+      throw UserError("--link-bandwidth/--link-latency apply to results files only; a stage JSON gives the transfer "
+                      "times itself (stages[].send_prefill_ms, send_decode_ms): drop the flag or edit the JSON");
+    if (!opt.partition_name.empty())
+      throw UserError("--partition-name applies to results files only; a stage JSON describes one partition: drop it");
+  }
+  check_json_out(opt.json_out, opt.input, opt.force);
+  if (!results) {
     const json j = read_json(opt.input);
     if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
       throw UserError("input '" + opt.input + "': field 'stages' must be a non-empty list of {\"prefill_ms\", \"decode_ms\"[, \"send_prefill_ms\", \"send_decode_ms\"]}");
@@ -515,8 +658,9 @@ int simulate_command(const SimulateOptions& opt) {
     const auto r = balance::simulate_pipeline(st, cfg);
     std::printf("simulate: %zu stages, M=%d G=%d B=%d, %s\n", st.size(), cfg.groups, cfg.gen_len, cfg.batch,
                 cfg.overlap ? "overlap" : "no overlap");
-    print_metrics("predicted", r.metrics);
-    out["predicted"] = metrics_json(r.metrics);
+    const bool one_step = static_cast<long long>(cfg.groups) * cfg.gen_len == 1;
+    print_metrics("predicted", r.metrics, one_step);
+    out["predicted"] = metrics_json(r.metrics, one_step);
   } else {
     const ResultsProfile rp = read_results_profile(opt.input);
     cfg.groups = opt.microbatches > 0 ? opt.microbatches : rp.microbatches;
@@ -548,24 +692,40 @@ int simulate_command(const SimulateOptions& opt) {
       }
       names = {opt.partition_name};
     }
-    // Transfer time of `bytes` over the link (0 when no link was given: transfers are free).
-    auto xfer = [&](double bytes) {
-      return opt.link_latency_us * 1e-3 + (opt.link_bandwidth_GBps > 0 ? bytes / (opt.link_bandwidth_GBps * 1e6) : 0.0);
-    };
+    // The link: the run's measured one (as its balancer and its stored simulation used) unless
+    // --link-bandwidth / --link-latency override it (0 0 = free transfers).
+    const double bw_GBps = opt.link_bandwidth_GBps >= 0 ? opt.link_bandwidth_GBps : rp.link_bandwidth_Bps / 1e9;
+    const double lat_us = opt.link_latency_us >= 0 ? opt.link_latency_us : rp.link_latency_s * 1e6;
+    // Transfer time of `bytes` over the link.
+    auto xfer = [&](double bytes) { return lat_us * 1e-3 + (bw_GBps > 0 ? bytes / (bw_GBps * 1e6) : 0.0); };
     const double act = rp.hidden * dtype_bytes_of(rp.dtype) * cfg.batch;
     // Before anything is printed: transfer times and the size of the simulation.
     for (double t : {xfer(act * rp.prompt_len), xfer(4.0 * cfg.batch)})
       if (!(t <= kMaxMs)) {
         char msg[256];
         std::snprintf(msg, sizeof(msg), "--link-bandwidth %g GB/s and --link-latency %g us give a transfer of %g ms; "
-                      "at most 1e12 ms: raise the bandwidth or lower the latency", opt.link_bandwidth_GBps,
-                      opt.link_latency_us, t);
+                      "at most 1e12 ms: raise the bandwidth or lower the latency", bw_GBps, lat_us, t);
         throw UserError(msg);
       }
     for (const auto& name : names)
       check_sim_size(cfg, root.open_dataset("partitions/" + name + "/predicted_phase_ms").read<double>().size() / 2);
-    std::printf("simulate: %s, M=%d G=%d B=%d, %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
-                cfg.overlap ? "overlap" : "no overlap");
+    std::string link = "free";
+    if (bw_GBps > 0 || lat_us > 0) {
+      char b[96];
+      std::snprintf(b, sizeof b, "%.4g us + bytes / ", lat_us);
+      link = b;
+      if (bw_GBps > 0) {
+        std::snprintf(b, sizeof b, "%.4g GB/s", bw_GBps);
+        link += b;
+      } else {
+        link += "inf";
+      }
+    }
+    const bool run_link = opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0;
+    if (run_link && rp.link_bandwidth_Bps == 0 && rp.link_latency_s == 0) link += " (none measured: 1-rank run)";
+    else if (run_link) link += " (the run's)";
+    std::printf("simulate: %s, M=%d G=%d B=%d, %s, link %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
+                cfg.overlap ? "overlap" : "no overlap", link.c_str());
     if (!same_workload)
       std::printf("  (the run measured %s, not the simulated workload: its measured row is labelled with the run's "
                   "workload and not compared with the prediction, which holds only for the run's own M, G, B and "
@@ -579,6 +739,7 @@ int simulate_command(const SimulateOptions& opt) {
           st[s].prefill_ms = ph[2 * s];
           st[s].decode_ms = ph[2 * s + 1];
           const bool last = s == S - 1;
+          if (S == 1) continue;  // one stage: no transfer at all (the token stays on its device)
           st[s].send_prefill_ms = last ? xfer(4.0 * cfg.batch) : xfer(act * rp.prompt_len);
           st[s].send_decode_ms = last ? xfer(4.0 * cfg.batch) : xfer(act);
         }
@@ -586,13 +747,15 @@ int simulate_command(const SimulateOptions& opt) {
       };
       std::printf("partition %s:\n", name.c_str());
       const auto pred = balance::simulate_pipeline(stages_from(phase), cfg);
-      print_metrics("predicted (profile)", pred.metrics);
-      json entry{{"predicted", metrics_json(pred.metrics)}};
+      const bool one_step = static_cast<long long>(cfg.groups) * cfg.gen_len == 1;
+      const bool run_one_step = static_cast<long long>(rp.microbatches) * rp.gen_len == 1;
+      print_metrics("predicted (profile)", pred.metrics, one_step);
+      json entry{{"predicted", metrics_json(pred.metrics, one_step)}};
       const std::string bench = "benchmark/" + name;
       if (root.exists(bench + "/stage_compute_ms")) {
         const auto measured_steps = root.open_dataset(bench + "/stage_compute_ms").read<double>();
         const auto replay = balance::simulate_pipeline(stages_from(measured_steps), cfg);
-        print_metrics("replayed (measured steps)", replay.metrics);
+        print_metrics("replayed (measured steps)", replay.metrics, one_step);
         h5::Group b = root.open_group(bench);
         PartitionMetrics meas;
         meas.tokens_per_s = b.get_attr<double>("tokens_per_s");
@@ -603,20 +766,24 @@ int simulate_command(const SimulateOptions& opt) {
         meas.tpot_p99_ms = b.get_attr<double>("tpot_p99_ms");
         meas.bottleneck_bound_tok_s = b.get_attr<double>("bottleneck_bound_tok_s");
         if (root.exists(bench + "/bubble_fraction")) meas.bubble_fraction = root.open_dataset(bench + "/bubble_fraction").read<double>();
-        entry["replayed"] = metrics_json(replay.metrics);
-        entry["measured"] = metrics_json(meas);
-        if (same_workload) {
-          print_metrics("measured", meas);
+        entry["replayed"] = metrics_json(replay.metrics, one_step);
+        entry["measured"] = metrics_json(meas, run_one_step);
+        if (same_workload && one_step) {
+          print_metrics("measured", meas, run_one_step);  // no decode tokens/s to compare
+        } else if (same_workload) {
+          print_metrics("measured", meas, run_one_step);
           const double err = pred.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
           std::printf("  decode tokens/s: predicted / measured - 1 = %+.1f%%  (replayed: %+.1f%%)\n", 100 * err,
                       100 * (replay.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0));
           entry["decode_tokens_per_s_error"] = err;
         } else {
-          print_metrics(std::string("measured (") + run_workload + ")", meas);
+          print_metrics(std::string("measured (") + run_workload + ")", meas, run_one_step);
         }
       }
       out["partitions"][name] = entry;
     }
+    out["link_bandwidth_GBps"] = bw_GBps;
+    out["link_latency_us"] = lat_us;
     out["run_workload"] = {{"microbatches", rp.microbatches}, {"gen_len", rp.gen_len}, {"batch", rp.batch},
                            {"overlap", rp.overlap}};
   }

@@ -18,12 +18,13 @@ struct BalanceOptions {
   std::string order = "rank";   ///< rank | auto (exact solvers only; refused with uniform, seed, --partition)
   std::string partition;        ///< manual split "5,6,5,6": validated and evaluated instead of solving
   std::string uniform_remainder;  ///< first | last | spread; "" = first. Refused unless solver == "uniform"
-  std::string objective = "workload";       ///< results files: workload | decode | prefill
+  std::string objective;   ///< results files: workload | decode | prefill; "" = the run's (/config/workload objective)
   double memory_limit_gib = 0;  ///< per device (GiB of weights + KV cache); 0 = from the input / unlimited
   double link_bandwidth_GBps = -1;  ///< overrides the input's; < 0 = keep
   double link_latency_us = -1;      ///< overrides the input's; < 0 = keep
   bool no_overlap = false;          ///< transfers serialised with compute (overrides the input)
-  std::string json_out;             ///< --json FILE
+  std::string json_out;             ///< --json FILE (never the input; an existing file only with force)
+  bool force = false;               ///< --force: overwrite an existing --json file
 };
 
 /// Options of `ppbench simulate INPUT ...`.
@@ -33,11 +34,12 @@ struct SimulateOptions {
   int microbatches = 0;    ///< M; 0 = from the input (results) or 1 (JSON)
   int gen_len = 0;         ///< G; 0 = from the input (results) or 1 (JSON)
   int batch = 0;           ///< B; 0 = from the input (results) or 1 (JSON)
-  double link_bandwidth_GBps = 0;  ///< results files: link for activation transfers (0 = free)
-  double link_latency_us = 0;
+  double link_bandwidth_GBps = -1;  ///< results files: link for activation transfers; < 0 = the run's (0 = infinite)
+  double link_latency_us = -1;      ///< results files: per message; < 0 = the run's
   bool no_overlap = false;
   bool eager_sends = false;
-  std::string json_out;
+  std::string json_out;             ///< --json FILE (never the input; an existing file only with force)
+  bool force = false;               ///< --force: overwrite an existing --json file
 };
 
 /// Reads a balance problem from `path`: a results file (.h5: /profile/latency_ms [world][U][2]
@@ -50,7 +52,9 @@ struct SimulateOptions {
 /// Latencies are finite ms in [0, 1e12]; byte counts whole numbers in [0, 2^50]; device memory
 /// 0 = unlimited; link_bandwidth_GBps >= 0 (0 = infinite). docs/OFFLINE.md has the details.
 /// @throws ppb::UserError naming the file and the field that is missing or malformed.
-balance::BalanceProblem load_balance_problem(const std::string& path, const std::string& objective = "workload");
+/// objective "" = the run's (/config/workload attribute objective; "workload" when absent).
+/// Duplicate keys in a JSON object are refused (naming the key).
+balance::BalanceProblem load_balance_problem(const std::string& path, const std::string& objective = "");
 
 /// Runs `ppbench balance`; prints the split (and writes --json). Returns the exit status (0).
 /// A results file of R ranks solves K <= R stages; K > R only when the R ranks ran on devices of

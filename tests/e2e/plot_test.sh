@@ -86,4 +86,30 @@ set -e
 [[ $(wc -l <"$TMP/mixed.csv") -eq 3 ]] || fail "mixed report: expected header + 2 rows"
 [[ $rc4 -eq 2 ]] && grep -q "missing.h5" "$TMP/err4.txt" || fail "report of unreadable files only: rc $rc4"
 [[ $rc2 -eq 2 ]] && grep -q incomplete "$TMP/err2.txt" || fail "ppbench_plot accepted an incomplete file (rc $rc2)"
+
+# A file without /benchmark (as `ppbench profile` writes): says why, exit 2, writes nothing.
+cp "$H5" "$TMP/prof.h5"
+"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); del f['benchmark']; f.close()" "$TMP/prof.h5"
+mkdir "$TMP/profout"
+set +e
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/prof.h5" --outdir "$TMP/profout" 2>"$TMP/err5.txt"; rc5=$?
+# --outdir that is not a directory: exit 2 with a message, no traceback.
+"$PY" "$REPO/tools/ppbench_plot.py" "$H5" --outdir /dev/null 2>"$TMP/err6.txt"; rc6=$?
+# A plain HDF5 file, and a ppbench file of a newer format.
+"$PY" -c "import h5py,sys; h5py.File(sys.argv[1],'w').close()" "$TMP/other.h5"
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/other.h5" 2>"$TMP/err7.txt"; rc7=$?
+cp "$H5" "$TMP/newer.h5"
+"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); f.attrs['format_version']=99; f.close()" "$TMP/newer.h5"
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/newer.h5" 2>"$TMP/err8.txt"; rc8=$?
+set -e
+[[ $rc5 -eq 2 ]] && grep -q "prof.h5: no benchmarked partition (a \`ppbench profile\` file): nothing to plot" "$TMP/err5.txt" ||
+  { cat "$TMP/err5.txt"; fail "profile-only file: rc $rc5"; }
+[[ -z $(ls -A "$TMP/profout") ]] || fail "profile-only file wrote $(ls "$TMP/profout")"
+[[ $rc6 -eq 2 ]] && grep -q -- "--outdir /dev/null: exists and is not a directory" "$TMP/err6.txt" &&
+  ! grep -q Traceback "$TMP/err6.txt" || { cat "$TMP/err6.txt"; fail "--outdir /dev/null: rc $rc6"; }
+[[ $rc7 -eq 2 ]] && grep -q "not a ppbench results file" "$TMP/err7.txt" || { cat "$TMP/err7.txt"; fail "plain HDF5: rc $rc7"; }
+[[ $rc8 -eq 2 ]] && grep -q "format_version 99.*use a newer ppbench" "$TMP/err8.txt" || { cat "$TMP/err8.txt"; fail "format 99: rc $rc8"; }
+# The script's newest format is the one this build writes.
+grep -q "kResultsFormatVersion = $("$PY" -c "import sys; sys.path.insert(0, '$REPO/tools'); import ppbench_plot as p; print(p.RESULTS_FORMAT_VERSION)");" \
+  "$REPO/src/results/writer.h" || fail "RESULTS_FORMAT_VERSION of ppbench_plot.py differs from kResultsFormatVersion"
 say "PASS"

@@ -196,7 +196,7 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"existing output", 2, tiny + "-o " + dir + "/exists.h5", "--force"},
       {"memory limit", 2, tiny + "--memory-limit 0.000001", "needs"},
       {"not a number", 2, tiny + "--batch four", "batch"},
-      {"memory limit not finite", 2, tiny + "--memory-limit nan", "--memory-limit must be a finite number"},
+      {"memory limit not finite", 2, tiny + "--memory-limit nan", "--memory-limit must be >= 0 and <= 1048576 GiB"},
       {"output is a device", 2, tiny + "-o /dev/null --force", "not a regular file"},
       // Caught before the profile, in seconds: the profile's one-unit stage (scratch for
       // B x (P+G) tokens) and the whole model against all ranks' memory.

@@ -17,6 +17,7 @@
 
 #include "balance/memory_report.h"
 #include "common/error.h"
+#include "results/h5.h"
 #include "results/report.h"
 #include "results/writer.h"
 #include "runtime/offline_commands.h"
@@ -88,6 +89,7 @@ TEST_F(OfflineTest, ManualAndUniformSplits) {
   o.input = write("lat.json", kLatency);
   o.stages = 2;
   o.json_out = (dir_ / "m.json").string();
+  o.force = true;  // written several times
   o.partition = "2,3";
   testing::internal::CaptureStdout();
   EXPECT_EQ(balance_command(o), 0);
@@ -395,6 +397,7 @@ TEST_F(OfflineTest, BalanceMoreStagesThanRanks) {
   BalanceOptions o;
   o.input = (dir_ / "run.h5").string();
   o.json_out = (dir_ / "b.json").string();
+  o.force = true;  // written twice
   o.stages = 3;
   // Identical devices: the mean of the 2 rows, any K <= U.
   write_results(o.input, make_run("Xeon", "Xeon"));
@@ -430,6 +433,7 @@ TEST_F(OfflineTest, ResultsFileCarriesTheRunsMemoryAndLink) {
   BalanceOptions o;
   o.input = path;
   o.json_out = (dir_ / "b.json").string();
+  o.force = true;  // written twice
   o.stages = 2;
   testing::internal::CaptureStdout();
   EXPECT_EQ(balance_command(o), 0);
@@ -479,6 +483,269 @@ TEST_F(OfflineTest, ReportOfSeveralFilesSkipsTheUnreadable) {
   for (size_t pos = twice.str().find("[0]  "); pos != std::string::npos; pos = twice.str().find("[0]  ", pos + 1)) ++rows;
   EXPECT_EQ(rows, 2u) << twice.str();
   EXPECT_NE(note.str().find("given more than once"), std::string::npos);
+}
+
+// ---- new-user findings ----------------------------------------------------------------------
+
+TEST_F(OfflineTest, JsonOutputIsCheckedBeforeAnythingIsPrinted) {
+  const std::string h5 = (dir_ / "run.h5").string();
+  write_results(h5, make_run());
+  const auto h5_size = fs::file_size(h5);
+  BalanceOptions b;
+  b.input = h5;
+  b.stages = 2;
+  // The input itself: refused even with --force, and the results file stays intact.
+  b.json_out = h5;
+  b.force = true;
+  testing::internal::CaptureStdout();
+  std::string m = error_of([&] { balance_command(b); });
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_NE(m.find("--json '" + h5 + "' is the input file"), std::string::npos) << m;
+  EXPECT_EQ(fs::file_size(h5), h5_size);
+  EXPECT_EQ(std::ifstream(h5).get(), 0x89);  // still HDF5
+  // The same file by another path (equivalent, not string-equal).
+  b.json_out = (dir_ / "." / "run.h5").string();
+  EXPECT_NE(error_of([&] { balance_command(b); }).find("is the input file"), std::string::npos);
+  // An existing file: only with --force.
+  b.force = false;
+  b.json_out = write("old.json", "{}");
+  testing::internal::CaptureStdout();
+  m = error_of([&] { balance_command(b); });
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_NE(m.find("--json '" + b.json_out + "' exists; give --force"), std::string::npos) << m;
+  EXPECT_EQ(read(b.json_out), nlohmann::json::object());
+  b.force = true;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(b), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_EQ(read(b.json_out)["stages"].size(), 2u);
+  // A directory, and a missing directory: refused before printing, saying why.
+  b.json_out = dir_.string();
+  testing::internal::CaptureStdout();
+  m = error_of([&] { balance_command(b); });
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_NE(m.find("is a directory; give a file path"), std::string::npos) << m;
+  b.json_out = (dir_ / "nodir" / "x.json").string();
+  m = error_of([&] { balance_command(b); });
+  EXPECT_NE(m.find("does not exist"), std::string::npos) << m;
+  // simulate: the same rules.
+  SimulateOptions s;
+  s.input = h5;
+  s.json_out = h5;
+  s.force = true;
+  testing::internal::CaptureStdout();
+  m = error_of([&] { simulate_command(s); });
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_NE(m.find("is the input file"), std::string::npos) << m;
+  s.force = false;
+  s.json_out = write("old2.json", "{}");
+  EXPECT_NE(error_of([&] { simulate_command(s); }).find("exists; give --force"), std::string::npos);
+  s.json_out = dir_.string();
+  EXPECT_NE(error_of([&] { simulate_command(s); }).find("is a directory"), std::string::npos);
+}
+
+TEST_F(OfflineTest, SplitOverMemoryIsEvaluatedWithAWarning) {
+  // kLatency: both devices hold 100 bytes; weights + KV 10, 25, 25, 25, 40.
+  BalanceOptions o;
+  o.input = write("lat.json", kLatency);
+  o.stages = 2;
+  o.json_out = (dir_ / "m.json").string();
+  o.force = true;
+  o.partition = "1,4";  // stage 1: 25 + 25 + 25 + 40 = 115 > 100
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  std::string out = testing::internal::GetCapturedStdout();
+  const auto w = out.find("warning: stage 1 needs 115 bytes of weights + KV cache");
+  ASSERT_NE(w, std::string::npos) << out;
+  EXPECT_GT(w, out.find("split 1,4"));  // after the table
+  EXPECT_NE(out.find("but device 1 holds 100 bytes"), std::string::npos) << out;
+  EXPECT_EQ(out.find("warning: stage 0"), std::string::npos) << out;
+  auto j = read(o.json_out);
+  EXPECT_EQ(j["fits_memory"], false);
+  EXPECT_EQ(j["stages"][1]["memory_limit_bytes"], 100);
+  EXPECT_EQ(j["stages"][1]["memory_bytes"], 115);
+  // uniform (3 + 2 = 2,3 with remainder last: stage 1 = 25 + 25 + 40 = 90) fits; so does the solver's split.
+  o.partition.clear();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(out.find("warning:"), std::string::npos) << out;
+  EXPECT_EQ(read(o.json_out)["fits_memory"], true);
+  // seed ignores memory: the 10 ms head alone on stage 1 puts 10 + 20 + 20 + 20 = 70 bytes on device 0 (50).
+  o.solver = "seed";
+  o.input = write("seed.json", R"({"latency_ms": [[1,1,1,1,10],[1,1,1,1,10]], "weight_bytes": [10,20,20,20,40],
+      "device_memory_bytes": [50, 100]})");
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(read(o.json_out)["counts"], "4,1");
+  EXPECT_NE(out.find("warning: stage 0 needs 70 bytes of weights + KV cache but device 0 holds 50 bytes"),
+            std::string::npos) << out;
+  EXPECT_EQ(read(o.json_out)["fits_memory"], false);
+  // A large stage prints GiB.
+  o.solver = "auto";
+  o.partition = "1,4";
+  o.input = write("big.json", R"({"latency_ms": [1,1,1,1,1], "weight_bytes": [0,0,0,0,3221225472],
+      "device_memory_bytes": 2147483648})");
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("stage 1 needs 3 GiB (3221225472 bytes) of weights + KV cache but device 1 holds 2 GiB"),
+            std::string::npos) << out;
+}
+
+TEST_F(OfflineTest, RefusesHdf5FilesNotFromPpbenchOrNewer) {
+  const std::string other = (dir_ / "other.h5").string(), newer = (dir_ / "newer.h5").string();
+  { h5::File::create(other).root().create_group("data"); }
+  {
+    h5::File f = h5::File::create(newer);
+    f.root().set_attr("format_version", static_cast<int64_t>(kResultsFormatVersion + 1));
+    f.root().set_attr("ppbench_version", "9.9");
+    f.root().set_attr("complete", static_cast<int64_t>(1));
+  }
+  BalanceOptions b;
+  b.stages = 2;
+  SimulateOptions s;
+  for (const auto& [path, want] : {std::pair{other, std::string("is not a ppbench results file")},
+                                   std::pair{newer, std::string("use a newer ppbench")}}) {
+    b.input = s.input = path;
+    std::string m = error_of([&] { balance_command(b); });
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+    EXPECT_EQ(m.find("incomplete"), std::string::npos) << m;
+    m = error_of([&] { simulate_command(s); });
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+  }
+  EXPECT_NE(error_of([&] { balance_command(b); }).find("format_version " + std::to_string(kResultsFormatVersion + 1)),
+            std::string::npos);
+}
+
+TEST_F(OfflineTest, BalanceUsesTheRunsObjective) {
+  RunRecord run = make_run();
+  run.workload.objective = "prefill";
+  const std::string path = (dir_ / "run.h5").string();
+  write_results(path, run);
+  // Default: the run's objective (prefill: latency column 0 only).
+  const auto prefill = load_balance_problem(path, "prefill"), dflt = load_balance_problem(path);
+  EXPECT_EQ(dflt.cost, prefill.cost);
+  EXPECT_NE(load_balance_problem(path, "workload").cost, prefill.cost);
+  BalanceOptions o;
+  o.input = path;
+  o.stages = 2;
+  o.json_out = (dir_ / "b.json").string();
+  o.force = true;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("balance: 4 units on 2 stages, objective prefill (the run's), solver"), std::string::npos) << out;
+  EXPECT_EQ(read(o.json_out)["objective"], "prefill");
+  // An explicit objective still wins.
+  o.objective = "decode";
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("objective decode, solver"), std::string::npos) << out;
+  EXPECT_EQ(read(o.json_out)["objective"], "decode");
+  o.objective = "tokens";
+  EXPECT_NE(error_of([&] { balance_command(o); }).find("--objective 'tokens' is unknown"), std::string::npos);
+}
+
+TEST_F(OfflineTest, SimulateUsesTheRunsLinkByDefault) {
+  RunRecord run = make_run();
+  run.link_bandwidth_Bps = 1e6;  // slow: 64 floats = 256 bytes per token take 0.256 ms
+  run.link_latency_s = 1e-4;
+  const std::string path = (dir_ / "run.h5").string();
+  write_results(path, run);
+  SimulateOptions s;
+  s.input = path;
+  s.partition_name = "balanced";
+  s.json_out = (dir_ / "s.json").string();
+  s.force = true;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(s), 0);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("link 100 us + bytes / 0.001 GB/s (the run's)"), std::string::npos) << out;
+  const double with_run_link = read(s.json_out)["partitions"]["balanced"]["predicted"]["tokens_per_s"];
+  EXPECT_DOUBLE_EQ(read(s.json_out)["link_bandwidth_GBps"].get<double>(), 1e-3);
+  // The same link given explicitly: the same prediction; 0 0: free transfers, faster.
+  s.link_bandwidth_GBps = 1e-3;
+  s.link_latency_us = 100;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(s), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_DOUBLE_EQ(read(s.json_out)["partitions"]["balanced"]["predicted"]["tokens_per_s"].get<double>(), with_run_link);
+  s.link_bandwidth_GBps = s.link_latency_us = 0;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(s), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find(", link free\n"), std::string::npos) << out;
+  EXPECT_GT(read(s.json_out)["partitions"]["balanced"]["predicted"]["tokens_per_s"].get<double>(), with_run_link);
+  // A file without a measured link (1-rank run): balance and simulate say so.
+  write_results(path, make_run());
+  BalanceOptions b;
+  b.input = path;
+  b.stages = 2;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(b), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("; link free (none measured: 1-rank run)\n"), std::string::npos) << out;
+  s.link_bandwidth_GBps = s.link_latency_us = -1;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(s), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("link free (none measured: 1-rank run)"), std::string::npos) << out;
+}
+
+TEST_F(OfflineTest, SimulateStageJsonRefusesResultsFlagsAndOneDecodeStep) {
+  SimulateOptions s;
+  s.input = write("st.json", R"({"stages": [{"prefill_ms": 4, "decode_ms": 1}, {"prefill_ms": 4, "decode_ms": 1}]})");
+  s.link_bandwidth_GBps = 10;
+  EXPECT_NE(error_of([&] { simulate_command(s); }).find("--link-bandwidth/--link-latency apply to results files only"),
+            std::string::npos);
+  s.link_bandwidth_GBps = -1;
+  s.link_latency_us = 0;
+  EXPECT_NE(error_of([&] { simulate_command(s); }).find("--link-bandwidth/--link-latency"), std::string::npos);
+  s.link_latency_us = -1;
+  s.partition_name = "balanced";
+  EXPECT_NE(error_of([&] { simulate_command(s); }).find("--partition-name applies to results files only"),
+            std::string::npos);
+  s.partition_name.clear();
+  // M = G = 1: one decode step, no decode tokens/s.
+  s.json_out = (dir_ / "s.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(s), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("decode tokens/s n/a (one decode step)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("0.00  TTFT"), std::string::npos) << out;
+  EXPECT_TRUE(read(s.json_out)["predicted"]["decode_tokens_per_s"].is_null());
+  // Results file with M = G = 1 (the run measured one decode step too).
+  RunRecord run = make_run();
+  run.workload.microbatches = 1;
+  for (auto& pr : run.partitions) pr.events.resize(pr.events.size() / 2);  // [reps][M][stages][G+1][6]
+  SimulateOptions r;
+  r.input = (dir_ / "run.h5").string();
+  write_results(r.input, run);
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(r), 0);
+  const std::string out2 = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out2.find("predicted (profile)        tokens/s"), std::string::npos) << out2;
+  EXPECT_EQ(out2.find("predicted / measured"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("n/a (one decode step)"), std::string::npos) << out2;
+}
+
+TEST_F(OfflineTest, DuplicateJsonKeysAreRefused) {
+  std::string m = error_of([&] { load_balance_problem(write("d.json", R"({"latency_ms": [1, 2],
+      "device_memory_bytes": 10, "device_memory_bytes": 0})")); });
+  EXPECT_NE(m.find("duplicate key 'device_memory_bytes' at the top level"), std::string::npos) << m;
+  SimulateOptions s;
+  s.input = write("s.json", R"({"stages": [{"prefill_ms": 1, "decode_ms": 1},
+      {"prefill_ms": 1, "decode_ms": 1, "decode_ms": 5}]})");
+  m = error_of([&] { simulate_command(s); });
+  EXPECT_NE(m.find("duplicate key 'decode_ms' in 'stages'"), std::string::npos) << m;
+  // The same key in different objects is fine.
+  s.input = write("ok.json", R"({"stages": [{"prefill_ms": 1, "decode_ms": 1}, {"prefill_ms": 1, "decode_ms": 1}]})");
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(s), 0);
+  testing::internal::GetCapturedStdout();
 }
 
 TEST(MemoryReport, KvCapacityPerStage) {
