@@ -16,12 +16,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -30,6 +28,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
 #include "backend/device.h"
+#include "backend/lane_hold.h"
 #include "model/model_spec.h"
 
 namespace {
@@ -59,12 +58,9 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-/// Median milliseconds of `fn` enqueued on `lane`, timed by events around each call. The lane
-/// is held (a host task that waits for a flag) until the call is fully enqueued, so the events
-/// time the GPU's work alone: a one-layer decode forward is ~15 launches of a few µs of host
-/// time each against ~150 µs of GPU work, and timed while it is being enqueued the GPU would
-/// wait for the host between kernels, which a pipelined stage (the host runs far ahead) never
-/// does.
+/// Median milliseconds of `fn` enqueued on `lane`, timed by events around each call, with the
+/// lane held until the call is fully enqueued (backend/lane_hold.h: the GPU's work alone, not
+/// the host's launch gaps).
 template <typename Fn>
 double time_ms(cuda::CudaLane& lane, int warmup, int iters, Fn fn) {
   const cudaStream_t stream = lane.stream();
@@ -73,21 +69,11 @@ double time_ms(cuda::CudaLane& lane, int warmup, int iters, Fn fn) {
   std::vector<double> ms;
   cuda::EventHandle a, b;
   for (int i = 0; i < iters; ++i) {
-    std::atomic<bool> go{false};
-    struct Release {  // even if fn throws: a held lane would never drain
-      std::atomic<bool>& go;
-      ~Release() { go.store(true, std::memory_order_release); }
-    };
-    {
-      Release release{go};
-      lane.host_task([&go] {
-        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      });
+    enqueue_held(lane, [&] {
       CUDA_CHECK(cudaEventRecord(a.get(), stream));
       fn();
       CUDA_CHECK(cudaEventRecord(b.get(), stream));
-    }
-    // b follows the host task, so `go` outlives the task's last read of it.
+    });
     CUDA_CHECK(cudaEventSynchronize(b.get()));
     float t = 0;
     CUDA_CHECK(cudaEventElapsedTime(&t, a.get(), b.get()));

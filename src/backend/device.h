@@ -83,6 +83,15 @@ struct StageConfig {
   uint64_t seed = 0;    ///< weights are a pure function of (seed, unit index)
 };
 
+/// Bytes a stage allocates (cpu_stage_bytes, cuda_stage_bytes): computed before anything is
+/// allocated, to check --memory-limit.
+struct StageBytes {
+  size_t weights = 0;
+  size_t kv_cache = 0;
+  size_t scratch = 0;  ///< activations, attention and library workspace
+  size_t total() const { return weights + kv_cache + scratch; }
+};
+
 /// The units [first, last] of a model, instantiated on a device with weights and KV caches.
 ///
 /// Input of a forward: int32 token ids [B, T] if the stage holds `embed`, else activations

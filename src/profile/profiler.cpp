@@ -1,12 +1,11 @@
 #include "profile/profiler.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <random>
-#include <thread>
 
+#include "backend/lane_hold.h"
 #include "common/error.h"
 #include "common/stats.h"
 
@@ -19,34 +18,24 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
   lane.synchronize();
   std::vector<std::unique_ptr<Event>> start(iters), stop(iters);
   std::vector<double> ms(iters);
-  // One forward at a time: each is timed alone, as the pipeline runs it. The lane is held (a
-  // host task waiting for a flag) until the forward is fully enqueued: on a GPU a one-layer
-  // decode is ~15 launches of a few µs of host time against ~100 µs of device work, and timed
-  // while it is being enqueued the device would wait for the host between kernels, which a
-  // pipelined stage (the host enqueues ahead) never does. On the CPU the hold costs nothing
-  // timed: the start event is taken after it. Only after a warm-up: the first launch of a
-  // kernel may load its module lazily (CUDA's default), which can wait for the whole context,
-  // held lane included, and the host thread that would release the hold is the one waiting.
+  // One forward at a time: each is timed alone, as the pipeline runs it, with the lane held
+  // until the forward is enqueued (backend/lane_hold.h) so that launch gaps are not timed; on
+  // the CPU the hold costs nothing timed (the start event is taken after it). Only after a
+  // warm-up (see enqueue_held).
   for (int i = 0; i < iters; ++i) {
     start[i] = device.create_event();
     stop[i] = device.create_event();
-    std::atomic<bool> go{false};
-    struct Release {  // even if an enqueue throws: a held lane would never drain
-      std::atomic<bool>& go;
-      ~Release() { go.store(true, std::memory_order_release); }
-    };
-    {
-      Release release{go};
-      if (warmup > 0)
-        lane.host_task([&go] {
-          while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-        });
+    auto forward = [&] {
       device.flush_caches(lane, resident_bytes);  // cold, as inside a big stage (Device::flush_caches)
       lane.record(*start[i]);
       stage.enqueue_forward(lane, in, out, 0, pos, tokens);
       lane.record(*stop[i]);
-    }
-    lane.synchronize();  // the host task has returned: `go` may go out of scope
+    };
+    if (warmup > 0)
+      enqueue_held(lane, forward);
+    else
+      forward();
+    lane.synchronize();
     ms[i] = 1e3 * (stop[i]->time_s() - start[i]->time_s());
   }
   return ms;

@@ -490,13 +490,10 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
 
     // Bytes a stage of units [first, last] allocates on this backend (weights, and KV cache +
     // scratch), computed before anything is allocated.
-    auto stage_bytes_of = [&](int first, int last, int groups) -> CpuStageBytes {
+    auto stage_bytes_of = [&](int first, int last, int groups) -> StageBytes {
       StageConfig sc{opt.batch, opt.prompt_len + opt.gen_len, groups, dtype, opt.seed};
 #if PPBENCH_HAVE_CUDA
-      if (use_cuda) {
-        auto b = cuda_stage_bytes(spec, first, last, sc);
-        return {b.weights, b.kv_cache, b.scratch};
-      }
+      if (use_cuda) return cuda_stage_bytes(spec, first, last, sc);
 #endif
       return cpu_stage_bytes(spec, first, last, sc);
     };

@@ -618,7 +618,7 @@ TEST(CudaStage, BytesPlanAndErrors) {
   cfg.max_context = 16;
   cfg.dtype = DType::bf16;
   auto st = gpu->create_stage(m, 1, 2, cfg);
-  const ppb::CudaStageBytes b = ppb::cuda_stage_bytes(m, 1, 2, cfg);
+  const ppb::StageBytes b = ppb::cuda_stage_bytes(m, 1, 2, cfg);
   EXPECT_EQ(st->weight_bytes(), b.weights);
   EXPECT_EQ(st->kv_cache_bytes(), b.kv_cache);
   EXPECT_EQ(b.kv_cache, static_cast<size_t>(2 * 2 * 2 * 16 * 2 * 32 * 2));  // layers x K,V x B x ctx x nkv*hd x 2 B

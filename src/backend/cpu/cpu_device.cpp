@@ -75,6 +75,16 @@ std::string read_text(const std::filesystem::path& path) {
   return os.str();
 }
 
+/// The fields of `text` between `sep` characters, empty ones included ("a\n" -> "a", "").
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> fields;
+  size_t pos = 0;
+  for (size_t end; (end = text.find(sep, pos)) != std::string_view::npos; pos = end + 1)
+    fields.push_back(text.substr(pos, end - pos));
+  fields.push_back(text.substr(pos));
+  return fields;
+}
+
 /// The unsigned integer that is the whole of `text` but for surrounding white space.
 std::optional<uint64_t> parse_u64(std::string_view text) {
   const auto first = text.find_first_not_of(" \t\r\n");
@@ -89,12 +99,7 @@ std::optional<uint64_t> parse_u64(std::string_view text) {
 
 /// The value of `key` in a "key value" per line file (memory.stat, /proc/meminfo with "key:").
 std::optional<uint64_t> keyed_value(std::string_view text, std::string_view key) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(pos, end - pos);
-    pos = end + 1;
+  for (std::string_view line : split(text, '\n')) {
     if (line.size() > key.size() && line.substr(0, key.size()) == key &&
         (line[key.size()] == ' ' || line[key.size()] == '\t')) {
       line.remove_prefix(key.size());
@@ -117,14 +122,9 @@ std::optional<size_t> hierarchy_headroom(const std::filesystem::path& root, std:
                                          const char* limit_file, const char* usage_file,
                                          const char* inactive_key) {
   std::vector<std::string> parts;
-  size_t pos = 0;
-  while (pos <= rel.size()) {
-    size_t end = rel.find('/', pos);
-    if (end == std::string_view::npos) end = rel.size();
-    std::string_view part = rel.substr(pos, end - pos);
+  for (std::string_view part : split(rel, '/')) {
     if (part == "..") return std::nullopt;  // outside our view of the hierarchy
     if (!part.empty() && part != ".") parts.emplace_back(part);
-    pos = end + 1;
   }
   std::optional<size_t> best;
   for (size_t depth = parts.size() + 1; depth-- > 0;) {
@@ -150,12 +150,7 @@ std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
   auto take = [&best](std::optional<size_t> h) {
     if (h) best = best ? std::min(*best, *h) : *h;
   };
-  size_t pos = 0;
-  while (pos < self_cgroup.size()) {
-    size_t end = self_cgroup.find('\n', pos);
-    if (end == std::string_view::npos) end = self_cgroup.size();
-    std::string_view line = self_cgroup.substr(pos, end - pos);
-    pos = end + 1;
+  for (std::string_view line : split(self_cgroup, '\n')) {
     // "<hierarchy id>:<controllers>:<path>"; the path may itself contain ':'.
     const size_t c1 = line.find(':');
     if (c1 == std::string_view::npos) continue;
@@ -168,17 +163,12 @@ std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
       take(hierarchy_headroom(cgroup_root, path, "memory.max", "memory.current", "inactive_file"));
       continue;
     }
-    size_t cpos = 0;
-    while (cpos <= controllers.size()) {
-      size_t cend = controllers.find(',', cpos);
-      if (cend == std::string_view::npos) cend = controllers.size();
-      if (controllers.substr(cpos, cend - cpos) == "memory") {  // cgroup v1
+    for (std::string_view controller : split(controllers, ','))
+      if (controller == "memory") {  // cgroup v1
         take(hierarchy_headroom(cgroup_root / "memory", path, "memory.limit_in_bytes",
                                 "memory.usage_in_bytes", "total_inactive_file"));
         break;
       }
-      cpos = cend + 1;
-    }
   }
   return best;
 }

@@ -388,7 +388,7 @@ std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int f
   return std::make_unique<CpuStage>(m, first, last, cfg);
 }
 
-CpuStageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
   if (first < 0 || last < first || last >= m.num_units()) {
     throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
                     "] are not a range of the model's " + std::to_string(m.num_units()) + " units");

@@ -41,12 +41,6 @@ std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int f
 /// per layer), and scratch (activations for batch x max_context tokens, the attention block,
 /// RoPE tables, the head's logits). Pure arithmetic: call it before create_stage to check
 /// --memory-limit, including the profile's one-unit stages.
-struct CpuStageBytes {
-  size_t weights = 0;
-  size_t kv_cache = 0;
-  size_t scratch = 0;
-  size_t total() const { return weights + kv_cache + scratch; }
-};
-CpuStageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
+StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
 
 }  // namespace ppb

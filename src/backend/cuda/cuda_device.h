@@ -31,12 +31,6 @@ int cuda_device_ordinal(const Device& device);
 /// KV cache, and scratch (activations, attention and cuBLAS workspace). Pure arithmetic on the
 /// model: call it before create_stage to check --memory-limit.
 /// @throws ppb::UserError for an invalid unit range or config (as create_stage would).
-struct CudaStageBytes {
-  size_t weights = 0;
-  size_t kv_cache = 0;
-  size_t scratch = 0;
-  size_t total() const { return weights + kv_cache + scratch; }
-};
-CudaStageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
+StageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
 
 }  // namespace ppb

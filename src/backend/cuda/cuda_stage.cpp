@@ -50,7 +50,7 @@ struct StagePlan {
   int query_block = 0;  // prefill attention query rows per block
   size_t max_qkv = 0, max_q = 0, max_inter = 0;
   size_t scores_elems = 0, decode_floats = 0;
-  CudaStageBytes bytes;
+  StageBytes bytes;
 };
 
 size_t layer_weight_elems(const LayerShape& s) {
@@ -501,7 +501,7 @@ std::unique_ptr<StageExecutor> create_cuda_stage(const model::ModelSpec& m, int 
 
 }  // namespace cuda
 
-CudaStageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+StageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
   return cuda::make_plan(m, first, last, cfg).bytes;
 }
 
