@@ -4,6 +4,7 @@
 // safetensors tensor sizes), not values derived from our own formula.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -60,6 +61,18 @@ struct ParamCase {
   int64_t total;
 };
 
+/// gtest prints a parameter with PrintTo (else as a hex dump of its bytes): the config file.
+void PrintTo(const ParamCase& c, std::ostream* os) { *os << c.file; }
+
+/// A test name from the config file: "llama-3.1-8b.json" -> "llama_3_1_8b".
+std::string param_case_name(const ::testing::TestParamInfo<ParamCase>& info) {
+  std::string n = info.param.file;
+  n = n.substr(0, n.rfind(".json"));
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
 class TotalParams : public ::testing::TestWithParam<ParamCase> {};
 
 TEST_P(TotalParams, MatchesPublishedCount) {
@@ -80,7 +93,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TotalParams,
                                            ParamCase{"mistral-7b-v0.1.json", 7'241'732'096},
                                            ParamCase{"qwen3-0.6b.json", 596'049'920},
                                            ParamCase{"smollm-1.7b.json", 1'711'376'384},
-                                           ParamCase{"gemma-3-1b-it.json", 999'885'952}));
+                                           ParamCase{"gemma-3-1b-it.json", 999'885'952}),
+                         param_case_name);
 
 TEST(ModelConfigs, EveryInputEitherParsesOrIsAnUnsupportedMoe) {
   int parsed = 0, moe = 0;
@@ -400,6 +414,8 @@ std::string llama_with(const std::function<void(json&)>& edit) {
   edit(j);
   return j.dump(2);
 }
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
 class BadInput : public ::testing::TestWithParam<BadCase> {};
 
