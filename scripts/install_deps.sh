@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs ppbench's build and test dependencies from Debian (as root), only what is missing.
-# Usage: scripts/install_deps.sh [--python]   (--python also pip-installs tools/requirements.txt)
+# Usage: scripts/install_deps.sh [--python]
+#   --python also installs the analysis tools' modules (tools/*.py: h5py, matplotlib, numpy;
+#   pandas for the CSV check of the tests) as Debian packages for Debian's /usr/bin/python3,
+#   never with pip into a system interpreter. Elsewhere: a virtual environment with
+#   `pip install -r tools/requirements.txt`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,8 +22,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if [ "${1:-}" = "--python" ]; then
-  if ! python3 -c 'import h5py, matplotlib, numpy' 2>/dev/null; then
-    echo "[install] pip install -r tools/requirements.txt"
-    python3 -m pip install -q -r tools/requirements.txt || echo "[install] warning: pip install failed; the plot test will be skipped"
+  python_packages=(python3 python3-h5py python3-matplotlib python3-numpy python3-pandas)
+  missing=()
+  for p in "${python_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "[install] apt-get install ${missing[*]} (for /usr/bin/python3)"
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 fi

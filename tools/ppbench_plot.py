@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots of a ppbench results file (layout: results/README.md).
 
-    python3 tools/ppbench_plot.py results/RUN.h5 [--iter N] [--outdir DIR]
+    tools/ppbench_plot.py results/RUN.h5 [--iter N] [--outdir DIR]
 
 Writes PNG files next to the results file (or into --outdir):
 
@@ -14,23 +14,35 @@ Writes PNG files next to the results file (or into --outdir):
       objective (prefill + G x decode by default; one decode step or the prefill with
       --objective decode|prefill; ms per group) and the bubble fraction of each stage.
 
-Requires h5py, numpy and matplotlib (pip install -r tools/requirements.txt).
+Requires h5py, numpy and matplotlib: on Debian/Ubuntu `apt-get install python3-h5py
+python3-matplotlib` for /usr/bin/python3 (the interpreter of this script's first line;
+`scripts/install_deps.sh --python` does it); elsewhere a virtual environment with
+`pip install -r tools/requirements.txt`, running `python tools/ppbench_plot.py ...` from it.
 The timeline's legend lists the first 7 groups and "... groups 7..M-1" when M > 8.
-Exit status: 0 success, 2 the file is missing, not a ppbench file, of a newer format, incomplete
-or without a benchmarked partition (a `ppbench profile` file), --outdir is not a directory, or
---iter is out of range (the message repeats the value given).
+Exit status: 0 success; 3 a module is missing (the message says what to install); 2 the file is
+missing, not a ppbench file, of a newer format, incomplete or without a benchmarked partition (a
+`ppbench profile` file), --outdir is not a directory, or --iter is out of range (the message
+repeats the value given).
 """
 import argparse
 import os
 import sys
 
-import h5py
-import matplotlib
+try:
+    import h5py
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.patches import Patch
+except ImportError as missing:
+    print(f"ppbench_plot.py: {sys.executable} has no module '{missing.name}' (needs h5py, numpy, matplotlib).\n"
+          "  Debian/Ubuntu: apt-get install python3-h5py python3-matplotlib   (or scripts/install_deps.sh --python),\n"
+          "                 then run the script as it is: its interpreter is /usr/bin/python3\n"
+          "  elsewhere:     python3 -m venv venv && venv/bin/pip install -r tools/requirements.txt\n"
+          "                 venv/bin/python tools/ppbench_plot.py FILE.h5", file=sys.stderr)
+    sys.exit(3)
 
 # Columns of /benchmark/<name>/events (its `columns` attribute says the same).
 RECV_START, RECV_END, COMPUTE_START, COMPUTE_END, SEND_START, SEND_END = range(6)

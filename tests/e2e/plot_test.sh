@@ -7,18 +7,19 @@
 # legend cap of the timeline.
 #
 # Usage: tests/e2e/plot_test.sh BUILD_DIR [MODEL_JSON]     (ctest label e2e)
-# Exit status: 0 pass, 1 fail, 77 skipped (python3 without h5py/matplotlib:
-#   pip install -r tools/requirements.txt).
+# Exit status: 0 pass, 1 fail, 77 skipped (the interpreter lacks h5py/matplotlib:
+#   scripts/install_deps.sh --python installs Debian's python3-h5py/-matplotlib/-pandas).
+# The interpreter is Debian's /usr/bin/python3 (the plot script's own first line), or $PYTHON.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=$(cd "${1:?usage: plot_test.sh BUILD_DIR [MODEL_JSON]}" && pwd)
 MODEL=${2:-$REPO/tests/data/tiny-llama.json}
-PY=${PYTHON:-python3}
+PY=${PYTHON:-/usr/bin/python3}
 say() { echo "[plot_test] $*"; }
 fail() { say "FAIL: $*"; exit 1; }
 
 if ! "$PY" -c "import h5py, matplotlib, numpy" 2>/dev/null; then
-  say "SKIP: $PY lacks h5py/matplotlib/numpy (pip install -r tools/requirements.txt)"
+  say "SKIP: $PY lacks h5py/matplotlib/numpy (scripts/install_deps.sh --python)"
   exit 77
 fi
 TMP=$(mktemp -d /tmp/ppbench-plot.XXXXXX)
@@ -49,7 +50,18 @@ print(df[["partition", "counts", "tokens_per_s", "max_bubble", "validation"]].to
 PYEOF
 fi
 
-"$PY" "$REPO/tools/ppbench_plot.py" "$H5" >"$TMP/plot.log" || { cat "$TMP/plot.log"; fail "ppbench_plot.py failed"; }
+# As README writes it: the script runs as it is (executable, /usr/bin/python3), from any directory.
+if [[ $PY == /usr/bin/python3 ]]; then
+  (cd "$TMP" && "$REPO/tools/ppbench_plot.py" "$H5" >"$TMP/plot.log") || { cat "$TMP/plot.log"; fail "tools/ppbench_plot.py failed"; }
+else
+  "$PY" "$REPO/tools/ppbench_plot.py" "$H5" >"$TMP/plot.log" || { cat "$TMP/plot.log"; fail "ppbench_plot.py failed"; }
+fi
+# Without its modules (-S: no site-packages, so no h5py): exit 3 naming what to install, no traceback.
+set +e
+"$PY" -I -S "$REPO/tools/ppbench_plot.py" "$H5" 2>"$TMP/nomod.err" </dev/null; rcm=$?
+set -e
+grep -q "apt-get install python3-h5py python3-matplotlib" "$TMP/nomod.err" && ! grep -q Traceback "$TMP/nomod.err" && [[ $rcm -eq 3 ]] ||
+  { cat "$TMP/nomod.err"; fail "missing modules: rc $rcm"; }
 # --iter out of range: exit 2, the message repeats the value given (not the normalised one).
 set +e
 "$PY" "$REPO/tools/ppbench_plot.py" "$H5" --iter -7 --outdir "$TMP/bad" 2>"$TMP/iter.err"; rc=$?
