@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -36,6 +37,60 @@ std::string join_args(int argc, char** argv) {
     s += argv[i];
   }
   return s;
+}
+
+/// Levenshtein edit distance (insertions, deletions, substitutions), O(|a|·|b|).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+/// The closest of `candidates` to `word` when it is close enough to be a typo (at most a third
+/// of the word's letters edited, at least 1, at most 3), else "".
+std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::min<size_t>(3, std::max<size_t>(1, word.size() / 3)) + 1;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+/// Every long (--name) and short (-n) flag of `app`, with its dashes.
+std::vector<std::string> flag_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+    for (const std::string& n : o->get_snames()) names.push_back("-" + n);
+  }
+  return names;
+}
+
+/// "; did you mean --gen-len?" for each unexpected flag of `extras` that is close to a flag of
+/// the command named by argv[1] (or of the top level), else "".
+std::string flag_suggestions(const CLI::App& app, const std::vector<std::string>& extras, int argc, char** argv) {
+  const CLI::App* cmd = &app;
+  if (argc > 1) {
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (sub->get_name() == argv[1]) cmd = sub;
+  }
+  const std::vector<std::string> names = flag_names(*cmd);
+  std::string out;
+  for (const std::string& x : extras) {
+    if (x.size() < 2 || x[0] != '-') continue;
+    const std::string flag = x.substr(0, x.find('='));
+    const std::string near = closest(flag, names);
+    if (!near.empty()) out += "\n  '" + flag + "': did you mean " + near + "?";
+  }
+  return out;
 }
 
 }  // namespace
@@ -130,8 +185,13 @@ int main(int argc, char** argv) {
       known = known || sub->get_name() == argv[1];
     }
     if (!known) {
+      std::vector<std::string> commands;
+      for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+        commands.push_back(sub->get_name());
+      const std::string near = closest(argv[1], commands);
       if (print_rank())
-        std::cerr << "ppbench: error: unknown command '" << argv[1] << "'; expected one of: " << names
+        std::cerr << "ppbench: error: unknown command '" << argv[1] << "'"
+                  << (near.empty() ? "; expected" : "; did you mean '" + near + "'? Expected") << " one of: " << names
                   << "\nRun with --help for the options." << std::endl;
       return 2;
     }
@@ -147,6 +207,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     if (print_rank()) return app.exit(e);
     return 0;
+  } catch (const CLI::ExtrasError& e) {
+    // "The following arguments were not expected: 4 --gen-lenn": name the flag it was probably meant to be.
+    if (print_rank()) {
+      std::vector<std::string> extras;
+      for (const CLI::App* a : app.get_subcommands([](const CLI::App*) { return true; })) {
+        const std::vector<std::string> r = a->remaining();
+        extras.insert(extras.end(), r.begin(), r.end());
+      }
+      const std::vector<std::string> top = app.remaining();
+      extras.insert(extras.end(), top.begin(), top.end());
+      std::cerr << "ppbench: error: " << e.what() << flag_suggestions(app, extras, argc, argv)
+                << "\nRun with --help for the options." << std::endl;
+    }
+    return 2;
   } catch (const CLI::ParseError& e) {
     if (print_rank()) {
       std::cerr << "ppbench: error: " << e.what() << "\nRun with --help for the options." << std::endl;

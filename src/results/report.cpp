@@ -115,22 +115,40 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows) {
   for (const auto& r : rows)
     if (std::find(files.begin(), files.end(), r.file) == files.end()) files.push_back(r.file);
   for (size_t i = 0; i < files.size(); ++i) os << "[" << i << "] " << files[i] << "\n";
-  char line[512];
-  std::snprintf(line, sizeof(line), "%-4s %-22s %5s %-9s %-14s %10s %10s %17s %17s %5s %7s %6s %7s %s\n", "run",
-                "model", "ranks", "partition", "units/stage", "tok/s", "dec tok/s", "TTFT p50/p99 ms",
-                "TPOT p50/p99 ms", "bneck", "bubble", "gain", "effic", "valid");
-  os << line;
+  // Text columns as wide as their longest entry, so that a long model name, partition name or
+  // split keeps every row in its columns.
+  auto width = [&](const char* header, auto field) {
+    size_t w = std::string(header).size();
+    for (const auto& r : rows) w = std::max(w, field(r).size());
+    return static_cast<int>(w);
+  };
+  const int w_run = static_cast<int>(std::max<size_t>(3, std::to_string(files.size() - 1).size() + 2));
+  const int w_model = width("model", [](const ReportRow& r) { return r.model; });
+  const int w_part = width("partition", [](const ReportRow& r) { return r.partition; });
+  const int w_counts = width("units/stage", [](const ReportRow& r) { return r.counts; });
+  std::string line;
+  auto print = [&](const char* f, auto... args) {
+    const int n = std::snprintf(nullptr, 0, f, args...);
+    line.resize(static_cast<size_t>(n) + 1);
+    std::snprintf(line.data(), line.size(), f, args...);
+    line.pop_back();
+    os << line;
+  };
+  print("%-*s %-*s %5s %-*s %-*s %10s %10s %17s %17s %5s %7s %6s %7s %s\n", w_run, "run", w_model, "model", "ranks",
+        w_part, "partition", w_counts, "units/stage", "tok/s", "dec tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "bneck",
+        "bubble", "gain", "effic", "valid");
   for (const auto& r : rows) {
     const auto idx = std::find(files.begin(), files.end(), r.file) - files.begin();
+    std::string run = std::to_string(idx);
+    run.insert(run.begin(), '[');
+    run.push_back(']');
     const std::string ttft = num(r.ttft_p50_ms, 1, "-") + "/" + num(r.ttft_p99_ms, 1, "-");
     const std::string tpot = num(r.tpot_p50_ms, 1, "-") + "/" + num(r.tpot_p99_ms, 1, "-");
-    std::snprintf(line, sizeof(line), "[%ld]  %-22s %5d %-9s %-14s %10s %10s %17s %17s %5d %6s%% %5sx %6s%% %s\n",
-                  static_cast<long>(idx), r.model.c_str(), r.world_size, r.partition.c_str(), r.counts.c_str(),
-                  num(r.tokens_per_s, 2, "-").c_str(), num(r.decode_tokens_per_s, 2, "-").c_str(), ttft.c_str(),
-                  tpot.c_str(), r.bottleneck_stage, num(100.0 * r.max_bubble, 1, "-").c_str(),
-                  num(r.balance_gain, 3, "-").c_str(), num(100.0 * r.pipeline_efficiency, 1, "-").c_str(),
-                  r.validation.c_str());
-    os << line;
+    print("%-*s %-*s %5d %-*s %-*s %10s %10s %17s %17s %5d %6s%% %5sx %6s%% %s\n", w_run, run.c_str(), w_model,
+          r.model.c_str(), r.world_size, w_part, r.partition.c_str(), w_counts, r.counts.c_str(),
+          num(r.tokens_per_s, 2, "-").c_str(), num(r.decode_tokens_per_s, 2, "-").c_str(), ttft.c_str(), tpot.c_str(),
+          r.bottleneck_stage, num(100.0 * r.max_bubble, 1, "-").c_str(), num(r.balance_gain, 3, "-").c_str(),
+          num(100.0 * r.pipeline_efficiency, 1, "-").c_str(), r.validation.c_str());
   }
   os << "bneck: stage with the largest measured workload; bubble: max over stages; gain: tok/s / tok/s of\n"
         "uniform in the same run; effic: decode tok/s / bottleneck bound (DESIGN.md section 3)\n";

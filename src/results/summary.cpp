@@ -61,6 +61,20 @@ void print_summary(std::ostream& os, const RunRecord& run) {
       os << line;
     }
   }
+  if (!run.partitions.empty()) {
+    const std::string cost = w.objective == "decode"    ? "one decode step"
+                             : w.objective == "prefill" ? "one prefill step"
+                                                        : "prefill + G decode steps of one group";
+    os << "\ncolumns: units, n        the stage's units and their count\n"
+          "         pred/meas ms    the stage's cost in the objective ("
+       << cost
+       << "),\n"
+          "                         predicted from the profile / measured in the pipelined run\n"
+          "         err             meas/pred - 1\n"
+          "         pred/meas dec   ms of one decode step's compute (measured: median)\n"
+          "         bubble          share of a repetition's wall time the compute lane was idle (median)\n"
+          "         lane CPU c/r/s  CPU seconds of the compute / recv / send lanes over the timed repetitions\n";
+  }
   for (const auto& p : run.partitions) {
     const int S = static_cast<int>(p.first_unit.size());
     os << "\npartition " << p.name << " (solver " << p.solver << ")\n";
@@ -72,7 +86,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
                      : p.measured_stage_ms.size() == p.first_unit.size() ? p.measured_stage_ms[k]
                                                                          : p.stage_workload_ms[k];
       double err = p.measured ? meas / pred - 1.0 : NAN;
-      std::snprintf(line, sizeof(line), "  %5d  %4d  %-24s %3d %9.2f %9.2f %+6.1f%% %9.3f %9.3f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
+      std::snprintf(line, sizeof(line), "  %5d  %4d  %-24s %3d %9.2f %9.2f %+6.1f%% %9.2f %9.2f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
                     p.device_rank[k], unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
                     p.last_unit[k] - p.first_unit[k] + 1, pred, meas, 100.0 * err, p.predicted_phase_ms[2 * k + 1],
                     p.measured ? p.stage_compute_ms[2 * k + 1] : NAN, p.measured ? 100.0 * p.bubble_fraction[k] : NAN,

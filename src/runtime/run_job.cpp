@@ -22,6 +22,7 @@
 #include "balance/solver.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/format.h"
 #include "common/watchdog.h"
 #include "model/model_spec.h"
 #include "pipeline/metrics.h"
@@ -481,7 +482,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
     if (root) {
       std::ostringstream os;
       os << "model " << opt.model_path << ": " << spec.architecture << ", " << spec.n_layers << " layers, "
-         << spec.num_units() << " units, " << model::total_params(spec) / 1e9 << " B params; " << S
+         << spec.num_units() << " units, " << format_fixed(model::total_params(spec) / 1e9, 2) << " B params; " << S
          << " ranks (" << run.backend << ", " << run.transport << "), B=" << opt.batch << " P=" << opt.prompt_len
          << " G=" << opt.gen_len << " M=" << M << (opt.no_overlap ? ", no overlap" : ", overlap") << "; output "
          << output;
@@ -730,7 +731,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
                        balance::format_memory_report(mr));
         }
         progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
-                     std::to_string(p.bottleneck_ms) + " ms (" + opt.objective + ")");
+                     format_fixed(p.bottleneck_ms, 2) + " ms (" + opt.objective + ")");
       }
     }
 
@@ -909,7 +910,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
           }
         }
         pr.measured = true;
-        progress.say("benchmark " + p.solver + ": " + std::to_string(m.tokens_per_s) + " tokens/s, validation " +
+        progress.say("benchmark " + p.solver + ": " + format_fixed(m.tokens_per_s, 2) + " tokens/s, validation " +
                      (!pr.validated ? "skipped" : pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
       }
       run_phase(mpi, watchdog, policy, "write after partition " + p.solver, [&] { snapshot("benchmark"); });

@@ -298,6 +298,10 @@ TEST(RunE2E, CommandLineErrorsExitTwo) {
       {"empty output", 1, "run --model tests/data/tiny-llama.json -o ''", "--output is empty"},
       {"unbounded timeout", 1, "run --model tests/data/tiny-llama.json --timeout inf", "--timeout must be > 0 and <= 604800"},
       {"memory limit beyond int64", 1, "profile --model tests/data/tiny-llama.json --memory-limit 9e9", "--memory-limit must be >= 0 and <= 1048576"},
+      {"mistyped flag", 1, "run --model tests/data/tiny-llama.json --gen-lenn 4", "'--gen-lenn': did you mean --gen-len?"},
+      {"mistyped flag with value", 1, "balance tests/data/tiny-llama.json --stage=3", "'--stage': did you mean --stages?"},
+      {"mistyped command", 1, "rnu", "unknown command 'rnu'; expected one of: run,"},
+      {"near command", 1, "profil", "unknown command 'profil'; did you mean 'profile'?"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

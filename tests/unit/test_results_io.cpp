@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -349,3 +350,37 @@ TEST_F(ResultsIoTest, ReportRowsAndCsv) {
 }
 
 }  // namespace
+
+/// A long model name (or partition name, or many files) widens its column instead of pushing
+/// the row's other fields out of their columns.
+TEST(ReportTable, LongModelNameKeepsRowsAligned) {
+  RunRecord run = make_record();
+  std::vector<ppb::ReportRow> rows = ppb::report_rows("a.h5", run);
+  ASSERT_FALSE(rows.empty());
+  ppb::ReportRow long_row = rows.front();
+  long_row.file = "b.h5";
+  long_row.model = "tinyllama-1.1b-chat-v1.0-with-an-even-longer-suffix";
+  long_row.partition = "balanced-by-hand";
+  rows.push_back(long_row);
+  std::ostringstream os;
+  ppb::print_report_table(os, rows);
+  const std::string text = os.str();
+  // Every table line has its "ranks" field ending at the same column as the header's.
+  std::istringstream in(text);
+  std::string line;
+  size_t header_ranks = std::string::npos;
+  int table_lines = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("run ", 0) == 0) {
+      header_ranks = line.find("ranks") + 5;
+      continue;
+    }
+    if (header_ranks == std::string::npos || line.find("bneck:") == 0 || line.find("uniform in") == 0) continue;
+    ++table_lines;
+    ASSERT_GE(line.size(), header_ranks) << line;
+    EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(line[header_ranks - 1]))) << "ranks column moved:\n" << text;
+    EXPECT_EQ(line[header_ranks], ' ') << text;
+  }
+  EXPECT_EQ(table_lines, static_cast<int>(rows.size())) << text;
+  EXPECT_NE(text.find(long_row.model), std::string::npos);
+}
