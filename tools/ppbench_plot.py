@@ -149,33 +149,33 @@ def plot_timeline(f, name, it, out_png):
     bubble = bench["bubble_fraction"][...]
 
     fig_w = min(24, max(10, 0.5 * steps * M / max(1, S) + 8))
+    dpi = 110
     fig, ax = plt.subplots(figsize=(fig_w, 1.3 * S + 1.9))
+    x_max = np.nanmax(e) * 1.01
+    # Bars narrower than 2 pixels (a short send of a token, a fast decode step) are drawn 2 pixels
+    # wide so that they stay visible; the axes take about 70% of the figure's width.
+    min_w = 2.0 * x_max / (0.7 * fig_w * dpi)
     # Lanes of stage s, centred on y = s: recv above, compute in the middle, send below
-    # (the y axis is inverted so that stage 0 is the top row).
-    lanes = [(RECV_START, RECV_END, -0.32, 0.16, 0.55), (COMPUTE_START, COMPUTE_END, 0.0, 0.42, 1.0),
-             (SEND_START, SEND_END, 0.32, 0.16, 0.55)]
+    # (the y axis is inverted so that stage 0 is the top row). Sends are opaque with an edge:
+    # they are short, and what a reader looks for is whether they overlap the next compute.
+    lanes = [(RECV_START, RECV_END, -0.31, 0.18, 0.5, "none"), (COMPUTE_START, COMPUTE_END, 0.0, 0.40, 1.0, "black"),
+             (SEND_START, SEND_END, 0.31, 0.18, 0.9, "dimgrey")]
     for s in range(S):
         for g in range(M):
             for t in range(steps):
-                for a, b, dy, h, alpha in lanes:
+                for a, b, dy, h, alpha, edge in lanes:
                     x0, x1 = e[g, t, s, a], e[g, t, s, b]
                     if np.isnan(x0) or np.isnan(x1):
                         continue
-                    ax.broken_barh([(x0, max(x1 - x0, 1e-3))], (s + dy - h / 2, h), facecolors=colours(g % 20),
-                                   alpha=alpha, edgecolor="black" if b == COMPUTE_END else "none",
-                                   linewidth=0.4, hatch="///" if t == 0 else None)
-                # Step number on compute bars wide enough to hold it.
-                x0, x1 = e[g, t, s, COMPUTE_START], e[g, t, s, COMPUTE_END]
-                if not np.isnan(x0) and (x1 - x0) > 0.025 * np.nanmax(e):
-                    ax.text((x0 + x1) / 2, s, f"g{g}" + ("P" if t == 0 else f"D{t}"), ha="center",
-                            va="center", fontsize=7, color="white" if t else "black")
+                    ax.broken_barh([(x0, max(x1 - x0, min_w))], (s + dy - h / 2, h), facecolors=colours(g % 20),
+                                   alpha=alpha, edgecolor=edge, linewidth=0.4, hatch="///" if t == 0 else None)
     ax.set_yticks(range(S))
     ax.set_yticklabels([f"stage {s} (rank {int(r)})\n{labels[s]}\nbubble {100 * bubble[s]:.0f}%"
                         for s, r in enumerate(f[f"partitions/{name}/device_rank"][...])], fontsize=8)
     ax.set_ylim(S - 0.5, -0.5)
     for s in range(S - 1):
         ax.axhline(s + 0.5, color="grey", linewidth=0.5)
-    ax.set_xlim(0, np.nanmax(e) * 1.01)
+    ax.set_xlim(0, x_max)
     ax.set_xlabel("time since the repetition's first event (ms, rank 0's clock)")
     tps = bench.attrs.get("tokens_per_s", float("nan"))
     counts = f[f"partitions/{name}"].attrs.get("counts", "")
@@ -184,7 +184,21 @@ def plot_timeline(f, name, it, out_png):
     ax.legend(handles=legend_handles(M, colours), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="x", linestyle=":", linewidth=0.5)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    # Step labels ("g1P", "g0D3") only on compute bars wide enough to hold them, never two that
+    # touch: widths measured in pixels of the final layout (7-point text: ~6 pixels a character).
+    px_per_ms = ax.get_window_extent().width / x_max
+    for s in range(S):
+        right = -np.inf  # right edge (ms) of the last label of this row
+        spans = sorted((e[g, t, s, COMPUTE_START], e[g, t, s, COMPUTE_END], g, t)
+                       for g in range(M) for t in range(steps) if not np.isnan(e[g, t, s, COMPUTE_START]))
+        for x0, x1, g, t in spans:
+            label = f"g{g}" + ("P" if t == 0 else f"D{t}")
+            need_ms = (len(label) * 6.0 + 4.0) / px_per_ms
+            if x1 - x0 >= need_ms and (x0 + x1) / 2 - need_ms / 2 > right:
+                ax.text((x0 + x1) / 2, s, label, ha="center", va="center", fontsize=7,
+                        color="white" if t else "black")
+                right = (x0 + x1) / 2 + need_ms / 2
+    fig.savefig(out_png, dpi=dpi)
     plt.close(fig)
 
 
