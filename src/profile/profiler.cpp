@@ -155,19 +155,5 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
   return r;
 }
 
-std::vector<double> objective_cost(const ProfileResult& p, const std::string& objective, int gen_len) {
-  std::vector<double> cost(p.prefill_ms.size());
-  for (size_t u = 0; u < cost.size(); ++u) {
-    if (objective == "workload")
-      cost[u] = p.prefill_ms[u] + gen_len * p.decode_ms[u];
-    else if (objective == "decode")
-      cost[u] = p.decode_ms[u];
-    else if (objective == "prefill")
-      cost[u] = p.prefill_ms[u];
-    else
-      throw UserError("--objective '" + objective + "' is unknown; valid: workload, decode, prefill");
-  }
-  return cost;
-}
 
 }  // namespace ppb

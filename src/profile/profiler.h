@@ -51,9 +51,4 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
 ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
                             const ProgressFn& progress = {});
 
-/// Per-unit cost used by the balancer for a workload objective:
-/// "workload" = prefill + G * decode (ms per request group: what one group asks of a stage),
-/// "decode" = decode, "prefill" = prefill. @throws UserError on an unknown objective.
-std::vector<double> objective_cost(const ProfileResult& p, const std::string& objective, int gen_len);
-
 }  // namespace ppb

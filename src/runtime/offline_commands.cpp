@@ -17,10 +17,11 @@
 
 #include "balance/memory_report.h"
 #include "balance/partition.h"
+#include "balance/problem.h"
 #include "balance/simulator.h"
 #include "common/error.h"
-#include "results/h5.h"
-#include "results/writer.h"
+#include "results/reader.h"
+#include "results/run_record.h"
 
 namespace ppb {
 
@@ -156,111 +157,22 @@ int positive_int(const json& j, const std::string& key, const std::string& path,
   return static_cast<int>(v.get<long long>());
 }
 
-int dtype_bytes_of(const std::string& dtype) {
-  if (dtype == "f32") return 4;
-  if (dtype == "f16" || dtype == "bf16") return 2;
-  return 4;
-}
 
-/// What a results file holds for the offline commands.
-struct ResultsProfile {
-  int world = 0, U = 0, batch = 1, prompt_len = 1, gen_len = 1, microbatches = 1;
-  bool overlap = true;
-  double hidden = 0;
-  std::string dtype = "f32";
-  std::vector<double> latency;  // [world][U][2]
-  std::vector<std::string> unit_name, device_name;  // device_name: [world], may be empty
-  std::vector<int64_t> weight_bytes, kv_bytes;
-  std::vector<int64_t> memory_limit;  // [world] the run's limit per rank; empty in older files
-  double link_bandwidth_Bps = 0, link_latency_s = 0;  // measured by the run at start-up
-};
-
-/// Refuses an HDF5 file that ppbench did not write, or of a newer format (as `ppbench report`).
-void check_ppbench_file(const h5::Group& root, const std::string& path) {
-  if (!root.has_attr("format_version") || !root.has_attr("ppbench_version"))
-    throw UserError("'" + path + "' is not a ppbench results file: it is HDF5 but has no root attributes "
-                    "format_version and ppbench_version; give a results file of `ppbench run` or a JSON input "
-                    "(docs/OFFLINE.md)");
-  int64_t format = 0;
-  try {
-    format = root.get_attr<int64_t>("format_version");
-  } catch (const std::exception&) {
-    throw UserError("'" + path + "' is not a ppbench results file: its format_version is not an integer");
-  }
-  if (format > kResultsFormatVersion)
-    throw UserError("'" + path + "' has results format_version " + std::to_string(format) + "; this ppbench reads up to " +
-                    std::to_string(kResultsFormatVersion) + ": use a newer ppbench");
-}
-
-ResultsProfile read_results_profile(const std::string& path) {
-  h5::File file = h5::File::open(path);
-  h5::Group root = file.root();
-  check_ppbench_file(root, path);
-  // Like `report`, refuse a snapshot of a run that did not finish (results/README.md).
-  if (!root.has_attr("complete") || root.get_attr<int64_t>("complete") != 1)
-    throw UserError("results file '" + path + "' is incomplete (complete != 1: the run failed or is still going; "
-                    "its status: " + (root.has_attr("status") ? root.get_attr<std::string>("status") : std::string("?")) + ")");
-  ResultsProfile r;
-  try {
-    h5::Group wl = root.open_group("config/workload");
-    r.batch = wl.get_attr<int>("batch");
-    r.prompt_len = wl.get_attr<int>("prompt_len");
-    r.gen_len = wl.get_attr<int>("gen_len");
-    r.microbatches = wl.get_attr<int>("microbatches");
-    r.overlap = wl.get_attr<bool>("overlap");
-    r.dtype = wl.get_attr<std::string>("dtype");
-    h5::Group model = root.open_group("config/model");
-    r.hidden = model.has_attr("hidden_size") ? model.get_attr<double>("hidden_size") : 0.0;
-    h5::Dataset lat = root.open_dataset("profile/latency_ms");
-    const auto dims = lat.dims();
-    if (dims.size() != 3 || dims[2] != 2) throw UserError("/profile/latency_ms is not [world][U][2]");
-    r.world = static_cast<int>(dims[0]);
-    r.U = static_cast<int>(dims[1]);
-    r.latency = lat.read<double>();
-    r.unit_name = root.open_dataset("profile/unit_name").read_strings();
-    r.weight_bytes = root.open_dataset("profile/unit_weight_bytes").read<int64_t>();
-    r.kv_bytes = root.open_dataset("profile/unit_kv_bytes").read<int64_t>();
-    if (root.exists("ranks/device_name")) r.device_name = root.open_dataset("ranks/device_name").read_strings();
-    if (root.exists("ranks/memory_limit_bytes")) r.memory_limit = root.open_dataset("ranks/memory_limit_bytes").read<int64_t>();
-    if (root.has_attr("link_bandwidth_Bps")) r.link_bandwidth_Bps = root.get_attr<double>("link_bandwidth_Bps");
-    if (root.has_attr("link_latency_s")) r.link_latency_s = root.get_attr<double>("link_latency_s");
-  } catch (const InternalError& e) {
-    throw UserError("results file '" + path + "' lacks what balance/simulate need (" + e.what() +
-                    "); is it a complete ppbench run?");
-  }
-  return r;
-}
 
 std::string gib(int64_t b) { return num(static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0), 3); }
 
-/// Partition names of a results file in run order (root attribute partition_order, written by
-/// every run; older files: the groups with uniform first).
-std::vector<std::string> partition_names_in_run_order(const h5::Group& root) {
-  std::vector<std::string> present = root.open_group("partitions").children(), names;
-  if (root.has_attr("partition_order")) {
-    for (const auto& n : root.get_attr<std::vector<std::string>>("partition_order"))
-      if (std::find(present.begin(), present.end(), n) != present.end() &&
-          std::find(names.begin(), names.end(), n) == names.end())
-        names.push_back(n);
-  }
-  for (const auto& n : present)  // groups missing from the attribute (none in files of this version)
-    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
-  if (!root.has_attr("partition_order"))
-    std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n == "uniform"; });
-  return names;
+/// The run of results file `path` (results/reader: refuses a missing, non-ppbench, newer-format
+/// or incomplete file, naming it), checked to hold a profile.
+RunRecord read_run(const std::string& path) {
+  RunRecord run = read_results(path);
+  if (run.profile.unit_name.empty() || run.profile.latency_ms.empty())
+    throw UserError("results file '" + path + "' has no profile (/profile/latency_ms); is it a complete ppbench run?");
+  return run;
 }
 
-/// The objective of the run that wrote results file `path` (/config/workload attribute objective;
-/// "workload" when absent).
-std::string run_objective(const std::string& path) {
-  h5::File file = h5::File::open(path);
-  h5::Group root = file.root();
-  check_ppbench_file(root, path);
-  if (root.exists("config/workload")) {
-    h5::Group wl = root.open_group("config/workload");
-    if (wl.has_attr("objective")) return wl.get_attr<std::string>("objective");
-  }
-  return "workload";
+/// The objective of `run` (/config/workload attribute objective; "workload" when absent).
+std::string run_objective(const RunRecord& run) {
+  return run.workload.objective.empty() ? std::string("workload") : run.workload.objective;
 }
 
 /// Checks --json FILE before anything is printed: never the input, an existing file only with
@@ -297,40 +209,13 @@ void write_json_file(const std::string& path, const json& j) {
 }  // namespace
 
 BalanceProblem load_balance_problem(const std::string& path, const std::string& objective_in) {
-  const std::string objective =
-      objective_in.empty() ? (is_hdf5(path) ? run_objective(path) : std::string("workload")) : objective_in;
-  if (objective != "workload" && objective != "decode" && objective != "prefill")
-    throw UserError("--objective '" + objective + "' is unknown; valid: workload, decode, prefill");
-  BalanceProblem p;
   if (is_hdf5(path)) {
-    const ResultsProfile r = read_results_profile(path);
-    for (int d = 0; d < r.world; ++d) {
-      std::vector<double> row(r.U);
-      for (int u = 0; u < r.U; ++u) {
-        const double pre = r.latency[(static_cast<size_t>(d) * r.U + u) * 2], dec = r.latency[(static_cast<size_t>(d) * r.U + u) * 2 + 1];
-        row[u] = objective == "workload" ? pre + r.gen_len * dec : objective == "decode" ? dec : pre;
-      }
-      p.cost.push_back(row);
-    }
-    p.unit_names = r.unit_name;
-    p.weight_bytes = r.weight_bytes;
-    p.kv_bytes = r.kv_bytes;
-    // Bytes crossing a boundary per workload of one group: B*P hidden states for the prefill and
-    // B for each of the G decode steps (the cost unit of the "workload" objective).
-    const double tokens = objective == "workload" ? r.prompt_len + r.gen_len : objective == "decode" ? 1 : r.prompt_len;
-    if (r.hidden > 0) p.activation_bytes.assign(r.U - 1, r.batch * tokens * r.hidden * dtype_bytes_of(r.dtype));
-    p.messages_per_boundary = objective == "workload" ? r.gen_len + 1 : 1;
-    p.overlap = r.overlap;
-    // The run's own constraints, as its balancer saw them: each rank's memory limit and the
-    // link measured at start-up (--memory-limit / --link-* override them).
-    if (static_cast<int>(r.memory_limit.size()) == r.world &&
-        std::all_of(r.memory_limit.begin(), r.memory_limit.end(), [](int64_t b) { return b > 0; }))
-      p.device_memory_bytes = r.memory_limit;
-    p.link_bandwidth_GBps = r.link_bandwidth_Bps / 1e9;
-    p.link_latency_us = r.link_latency_s * 1e6;
-    balance::validate_problem(p);
-    return p;
+    // The run's own problem, rebuilt by the function the run used (balance/problem.h).
+    const RunRecord run = read_run(path);
+    return balance::problem_from_run(run, balance::parse_objective(objective_in.empty() ? run_objective(run) : objective_in));
   }
+  if (!objective_in.empty()) balance::parse_objective(objective_in);  // UserError on a bad name
+  BalanceProblem p;
   const json j = read_json(path);
   if (!j.is_object()) throw UserError("input '" + path + "' must be a JSON object with 'latency_ms'");
   check_keys(j,
@@ -408,14 +293,16 @@ void check_balance_flags(const BalanceOptions& opt) {
 /// --stages K above the R profile rows of a results file: the mean row when the R ranks ran on
 /// devices of one name (identical devices), else a UserError saying why and what to do.
 void widen_results_rows(BalanceProblem& p, const std::string& path, const std::string& objective, int stages) {
-  const ResultsProfile r = read_results_profile(path);
+  const RunRecord run = read_run(path);
+  std::vector<std::string> device_name;
+  for (const RankInfo& k : run.ranks) device_name.push_back(k.device_name);
   const int R = static_cast<int>(p.cost.size());
-  const bool identical = !r.device_name.empty() &&
-                         std::all_of(r.device_name.begin(), r.device_name.end(),
-                                     [&](const std::string& n) { return n == r.device_name[0]; });
+  const bool identical = !device_name.empty() &&
+                         std::all_of(device_name.begin(), device_name.end(),
+                                     [&](const std::string& n) { return n == device_name[0]; });
   if (!identical) {
     std::string names;
-    for (const auto& n : r.device_name) names += (names.empty() ? "" : ", ") + n;
+    for (const auto& n : device_name) names += (names.empty() ? "" : ", ") + n;
     throw UserError("--stages " + std::to_string(stages) + ": results file '" + path + "' has one profile row per rank (" +
                     std::to_string(R) + " ranks" + (names.empty() ? "" : ": " + names) +
                     ") and K stages need K device rows, or ranks on identical devices (one device name; their mean "
@@ -431,7 +318,7 @@ void widen_results_rows(BalanceProblem& p, const std::string& path, const std::s
   if (!p.device_memory_bytes.empty())
     p.device_memory_bytes.assign(stages, *std::min_element(p.device_memory_bytes.begin(), p.device_memory_bytes.end()));
   std::cerr << "ppbench balance: note: the " << R << " ranks of '" << path << "' ran on identical devices ("
-            << r.device_name[0] << "): " << stages << " stages use the mean of their " << R << " profile rows ("
+            << device_name[0] << "): " << stages << " stages use the mean of their " << R << " profile rows ("
             << objective << ")" << std::endl;
 }
 
@@ -447,7 +334,8 @@ int balance_command(const BalanceOptions& opt) {
                     "latency JSON gives one cost per unit already (latency_ms): drop --objective");
   check_json_out(opt.json_out, opt.input, opt.force);
   // Results files: the run's objective unless --objective is given.
-  const std::string objective = !results ? std::string() : opt.objective.empty() ? run_objective(opt.input) : opt.objective;
+  const std::string objective =
+      !results ? std::string() : opt.objective.empty() ? run_objective(read_run(opt.input)) : opt.objective;
   BalanceProblem p = load_balance_problem(opt.input, results ? objective : "workload");
   // One latency row means identical devices: one device per stage, all of that row.
   const int stages = opt.stages > 0 ? opt.stages : p.devices();
@@ -662,7 +550,16 @@ int simulate_command(const SimulateOptions& opt) {
     print_metrics("predicted", r.metrics, one_step);
     out["predicted"] = metrics_json(r.metrics, one_step);
   } else {
-    const ResultsProfile rp = read_results_profile(opt.input);
+    const RunRecord run = read_run(opt.input);
+    struct {
+      int microbatches, gen_len, batch, prompt_len;
+      bool overlap;
+      double hidden, link_bandwidth_Bps, link_latency_s;
+      std::string dtype;
+    } rp{run.workload.microbatches, run.workload.gen_len, run.workload.batch, run.workload.prompt_len,
+         run.workload.overlap,
+         run.model_attrs_num.count("hidden_size") ? run.model_attrs_num.at("hidden_size") : 0.0,
+         run.link_bandwidth_Bps, run.link_latency_s, run.workload.dtype};
     cfg.groups = opt.microbatches > 0 ? opt.microbatches : rp.microbatches;
     cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : rp.gen_len;
     cfg.batch = opt.batch > 0 ? opt.batch : rp.batch;
@@ -678,12 +575,15 @@ int simulate_command(const SimulateOptions& opt) {
                 << ": the simulation uses the step times profiled and measured at B=" << rp.batch
                 << " (the step time of a B=" << cfg.batch << " step is not measured); -b scales only the tokens "
                 << "per step and the activation bytes" << std::endl;
-    h5::File file = h5::File::open(opt.input);
-    h5::Group root = file.root();
-    if (!root.exists("partitions") || root.open_group("partitions").children().empty())
+    if (run.partitions.empty())
       throw UserError("results file '" + opt.input + "' has no partitions (a `ppbench profile` run?): simulate needs a "
                       "run with partitions, or a stage JSON of per-stage step times (docs/OFFLINE.md)");
-    std::vector<std::string> names = partition_names_in_run_order(root);
+    std::vector<std::string> names;  // run order (results/reader)
+    for (const PartitionRecord& pr : run.partitions) names.push_back(pr.name);
+    auto partition = [&](const std::string& name) -> const PartitionRecord& {
+      return *std::find_if(run.partitions.begin(), run.partitions.end(),
+                           [&](const PartitionRecord& pr) { return pr.name == name; });
+    };
     if (!opt.partition_name.empty()) {
       if (std::find(names.begin(), names.end(), opt.partition_name) == names.end()) {
         std::string list;
@@ -698,7 +598,7 @@ int simulate_command(const SimulateOptions& opt) {
     const double lat_us = opt.link_latency_us >= 0 ? opt.link_latency_us : rp.link_latency_s * 1e6;
     // Transfer time of `bytes` over the link.
     auto xfer = [&](double bytes) { return lat_us * 1e-3 + (bw_GBps > 0 ? bytes / (bw_GBps * 1e6) : 0.0); };
-    const double act = rp.hidden * dtype_bytes_of(rp.dtype) * cfg.batch;
+    const double act = rp.hidden * balance::dtype_size(rp.dtype) * cfg.batch;
     // Before anything is printed: transfer times and the size of the simulation.
     for (double t : {xfer(act * rp.prompt_len), xfer(4.0 * cfg.batch)})
       if (!(t <= kMaxMs)) {
@@ -708,7 +608,7 @@ int simulate_command(const SimulateOptions& opt) {
         throw UserError(msg);
       }
     for (const auto& name : names)
-      check_sim_size(cfg, root.open_dataset("partitions/" + name + "/predicted_phase_ms").read<double>().size() / 2);
+      check_sim_size(cfg, partition(name).predicted_phase_ms.size() / 2);
     std::string link = "free";
     if (bw_GBps > 0 || lat_us > 0) {
       char b[96];
@@ -731,7 +631,8 @@ int simulate_command(const SimulateOptions& opt) {
                   "workload and not compared with the prediction, which holds only for the run's own M, G, B and "
                   "overlap)\n", run_workload);
     for (const auto& name : names) {
-      const auto phase = root.open_dataset("partitions/" + name + "/predicted_phase_ms").read<double>();
+      const PartitionRecord& pr = partition(name);
+      const std::vector<double>& phase = pr.predicted_phase_ms;
       const int S = static_cast<int>(phase.size() / 2);
       auto stages_from = [&](const std::vector<double>& ph) {
         std::vector<balance::SimStage> st(S);
@@ -751,21 +652,24 @@ int simulate_command(const SimulateOptions& opt) {
       const bool run_one_step = static_cast<long long>(rp.microbatches) * rp.gen_len == 1;
       print_metrics("predicted (profile)", pred.metrics, one_step);
       json entry{{"predicted", metrics_json(pred.metrics, one_step)}};
-      const std::string bench = "benchmark/" + name;
-      if (root.exists(bench + "/stage_compute_ms")) {
-        const auto measured_steps = root.open_dataset(bench + "/stage_compute_ms").read<double>();
-        const auto replay = balance::simulate_pipeline(stages_from(measured_steps), cfg);
+      if (pr.measured && !pr.stage_compute_ms.empty()) {
+        const auto replay = balance::simulate_pipeline(stages_from(pr.stage_compute_ms), cfg);
         print_metrics("replayed (measured steps)", replay.metrics, one_step);
-        h5::Group b = root.open_group(bench);
+        auto metric = [&](const char* key) {
+          const auto it = pr.metrics.find(key);
+          if (it == pr.metrics.end())
+            throw UserError("results file '" + opt.input + "': /benchmark/" + name + " lacks attribute " + key);
+          return it->second;
+        };
         PartitionMetrics meas;
-        meas.tokens_per_s = b.get_attr<double>("tokens_per_s");
-        meas.decode_tokens_per_s = b.get_attr<double>("decode_tokens_per_s");
-        meas.ttft_p50_ms = b.get_attr<double>("ttft_p50_ms");
-        meas.tpot_p50_ms = b.get_attr<double>("tpot_p50_ms");
-        meas.ttft_p99_ms = b.get_attr<double>("ttft_p99_ms");
-        meas.tpot_p99_ms = b.get_attr<double>("tpot_p99_ms");
-        meas.bottleneck_bound_tok_s = b.get_attr<double>("bottleneck_bound_tok_s");
-        if (root.exists(bench + "/bubble_fraction")) meas.bubble_fraction = root.open_dataset(bench + "/bubble_fraction").read<double>();
+        meas.tokens_per_s = metric("tokens_per_s");
+        meas.decode_tokens_per_s = metric("decode_tokens_per_s");
+        meas.ttft_p50_ms = metric("ttft_p50_ms");
+        meas.tpot_p50_ms = metric("tpot_p50_ms");
+        meas.ttft_p99_ms = metric("ttft_p99_ms");
+        meas.tpot_p99_ms = metric("tpot_p99_ms");
+        meas.bottleneck_bound_tok_s = metric("bottleneck_bound_tok_s");
+        meas.bubble_fraction = pr.bubble_fraction;
         entry["replayed"] = metrics_json(replay.metrics, one_step);
         entry["measured"] = metrics_json(meas, run_one_step);
         if (same_workload && one_step) {

@@ -18,6 +18,7 @@
 #include "backend/device.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
+#include "balance/problem.h"
 #include "balance/simulator.h"
 #include "balance/solver.h"
 #include "common/check.h"
@@ -161,8 +162,7 @@ void validate_options(const RunOptions& o) {
     throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = 90% of the device's free memory per rank");
   if (o.order != "rank" && o.order != "auto")
     throw UserError("--order '" + o.order + "' is unknown; valid: rank (stage k on rank k), auto (search the device order)");
-  if (o.objective != "workload" && o.objective != "decode" && o.objective != "prefill")
-    throw UserError("--objective '" + o.objective + "' is unknown; valid: workload, decode, prefill");
+  balance::parse_objective(o.objective);  // UserError naming --objective
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     throw UserError("--device '" + o.device + "' is unknown; valid: auto, cpu, cuda");
   if (o.transport != "auto" && o.transport != "mpi" && o.transport != "nccl")
@@ -585,7 +585,10 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       });
     });
     const int U = spec.num_units();
-    auto cost_mine = objective_cost(prof, opt.objective, opt.gen_len);
+    const balance::Objective objective = balance::parse_objective(opt.objective);
+    std::vector<double> cost_mine(U);
+    for (int u = 0; u < U; ++u)
+      cost_mine[u] = balance::objective_cost(objective, prof.prefill_ms[u], prof.decode_ms[u], opt.gen_len);
     auto pack = [&](const std::vector<double>& a, const std::vector<double>& b) {
       std::vector<double> v;
       for (int u = 0; u < U; ++u) {
@@ -640,28 +643,11 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
 
     run_phase(mpi, watchdog, policy, "balance", [&] {
       if (!root) return;
-      // The balancer's problem (DESIGN.md §6): each rank's own profile row, each rank's memory,
-      // the activations crossing each boundary over a group's life (prefill + G decode steps)
+      // The balancer's problem (DESIGN.md §6), built from the run's record exactly as
+      // `ppbench balance FILE.h5` rebuilds it from the file: each rank's own profile row, each
+      // rank's memory, the activations crossing each boundary per unit of the objective's cost
       // on the link measured at start-up, with or without overlap.
-      balance::BalanceProblem prob;
-      prob.cost.assign(S, std::vector<double>(U));
-      for (int r = 0; r < S; ++r)
-        for (int u = 0; u < U; ++u) prob.cost[r][u] = cost_all[static_cast<size_t>(r) * U + u];
-      const int db = dtype_bytes(dtype);
-      for (int u = 0; u < U; ++u) {
-        auto [w, kv] = stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, db);
-        prob.weight_bytes.push_back(w);
-        prob.kv_bytes.push_back(kv);
-        prob.unit_names.push_back(spec.units[u].name);
-        double per_group = double(model::boundary_bytes(spec, u, opt.batch, opt.prompt_len, db)) +
-                           double(opt.gen_len) * double(model::boundary_bytes(spec, u, opt.batch, 1, db));
-        prob.activation_bytes.push_back(per_group);
-      }
-      for (double m : memory_limits) prob.device_memory_bytes.push_back(static_cast<int64_t>(m));
-      prob.link_bandwidth_GBps = link_bandwidth / 1e9;
-      prob.link_latency_us = link_latency_s * 1e6;
-      prob.messages_per_boundary = opt.gen_len + 1;
-      prob.overlap = !opt.no_overlap;
+      const balance::BalanceProblem prob = balance::problem_from_run(run, objective);
       for (const auto& name : partition_names) {
         balance::Partition p;
         if (name == "uniform") p = balance::solve_uniform(U, S);
@@ -859,8 +845,8 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
         }
         pr.stage_workload_ms = m.stage_workload_ms;
         for (int k = 0; k < S; ++k)  // measured stage cost in the balancer's objective
-          pr.measured_stage_ms.push_back(opt.objective == "decode"    ? m.stage_decode_ms[k]
-                                         : opt.objective == "prefill" ? m.stage_prefill_ms[k]
+          pr.measured_stage_ms.push_back(objective == balance::Objective::decode    ? m.stage_decode_ms[k]
+                                         : objective == balance::Objective::prefill ? m.stage_prefill_ms[k]
                                                                       : m.stage_workload_ms[k]);
         pr.bubble_fraction = m.bubble_fraction;
         pr.recv_wait_ms = m.recv_wait_ms;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "balance/memory_report.h"
+#include "balance/problem.h"
 #include "common/error.h"
 #include "results/h5.h"
 #include "results/report.h"
@@ -479,8 +480,9 @@ TEST_F(OfflineTest, ReportOfSeveralFilesSkipsTheUnreadable) {
   std::ostringstream twice, note;
   EXPECT_EQ(run_report(twice, {good, good}, false, note), 0);
   EXPECT_EQ(twice.str().find("[1]"), std::string::npos) << twice.str();
-  size_t rows = 0;
-  for (size_t pos = twice.str().find("[0]  "); pos != std::string::npos; pos = twice.str().find("[0]  ", pos + 1)) ++rows;
+  size_t rows = 0;  // table rows of file [0] (its "[0] <path>" line above the table aside)
+  std::istringstream lines_of(twice.str());
+  for (std::string line; std::getline(lines_of, line);) rows += line.rfind("[0] ", 0) == 0 && line.find(good) == std::string::npos;
   EXPECT_EQ(rows, 2u) << twice.str();
   EXPECT_NE(note.str().find("given more than once"), std::string::npos);
 }
@@ -768,6 +770,89 @@ TEST(MemoryReport, KvCapacityPerStage) {
   EXPECT_EQ(unlimited.limiting_stage, -1);
   EXPECT_EQ(unlimited.stages[0].kv_token_capacity, -1);
   EXPECT_THROW(balance::memory_report(p, w, {1, 2}, 1000, {}), UserError);
+}
+
+}  // namespace
+}  // namespace ppb
+
+namespace ppb {
+namespace {
+
+// ---- one problem builder: the run's problem is the one `balance FILE.h5` rebuilds ----------
+
+void expect_same_problem(const balance::BalanceProblem& a, const balance::BalanceProblem& b, const std::string& what) {
+  EXPECT_EQ(a.cost, b.cost) << what;  // bit for bit
+  EXPECT_EQ(a.device_row, b.device_row) << what;
+  EXPECT_EQ(a.weight_bytes, b.weight_bytes) << what;
+  EXPECT_EQ(a.kv_bytes, b.kv_bytes) << what;
+  EXPECT_EQ(a.device_memory_bytes, b.device_memory_bytes) << what;
+  EXPECT_EQ(a.activation_bytes, b.activation_bytes) << what;
+  EXPECT_EQ(a.link_bandwidth_GBps, b.link_bandwidth_GBps) << what;
+  EXPECT_EQ(a.link_latency_us, b.link_latency_us) << what;
+  EXPECT_EQ(a.messages_per_boundary, b.messages_per_boundary) << what;
+  EXPECT_EQ(a.overlap, b.overlap) << what;
+  EXPECT_EQ(a.unit_names, b.unit_names) << what;
+}
+
+/// For each objective, the problem built from the run's in-memory record (what `run` solves on
+/// rank 0) equals the one `ppbench balance FILE.h5` rebuilds from the file, field for field, and
+/// gives the same bottleneck bit for bit; the transfers scale with the objective (regression:
+/// the run charged every boundary a whole group's activations and G+1 messages whatever the
+/// objective, so with --objective decode it balanced one decode step against a group's transfers).
+TEST_F(OfflineTest, RunAndOfflineBalanceSolveTheSameProblem) {
+  for (const char* name : {"workload", "decode", "prefill"}) {
+    RunRecord run = make_run();
+    run.workload.objective = name;
+    run.workload.prompt_len = 16;  // B = 1, G = 1 as make_run's tables
+    run.link_latency_s = 7e-6;
+    run.link_bandwidth_Bps = 3.3e9;
+    run.ranks[0].memory_limit_bytes = 1'000'000;
+    run.ranks[1].memory_limit_bytes = 2'000'000;
+    const std::string path = (dir_ / (std::string(name) + ".h5")).string();
+    write_results(path, run);
+    const balance::Objective o = balance::parse_objective(name);
+    const balance::BalanceProblem in_run = balance::problem_from_run(run, o);
+    const balance::BalanceProblem offline = load_balance_problem(path);  // the run's objective
+    expect_same_problem(in_run, offline, name);
+    // What each objective charges a boundary: B x tokens x hidden x 4 bytes, in messages.
+    const double tokens = o == balance::Objective::workload ? 16 + 1 : o == balance::Objective::decode ? 1 : 16;
+    ASSERT_EQ(in_run.activation_bytes.size(), 3u);
+    EXPECT_EQ(in_run.activation_bytes[0], 1 * tokens * 64 * 4) << name;
+    EXPECT_EQ(in_run.messages_per_boundary, o == balance::Objective::workload ? 2 : 1) << name;
+    EXPECT_EQ(in_run.device_memory_bytes, (std::vector<int64_t>{1'000'000, 2'000'000}));
+    for (const PartitionRecord& pr : run.partitions) {
+      balance::Partition p;
+      p.first_unit = pr.first_unit;
+      p.last_unit = pr.last_unit;
+      p.device_rank = pr.device_rank;
+      balance::Partition q = p;
+      balance::evaluate(in_run, p);
+      balance::evaluate(offline, q);
+      EXPECT_EQ(p.predicted_stage_ms, q.predicted_stage_ms) << name;
+      EXPECT_EQ(p.bottleneck_ms, q.bottleneck_ms) << name;
+    }
+  }
+}
+
+TEST(Objective, CostsTokensMessagesAndNames) {
+  using balance::Objective;
+  EXPECT_EQ(balance::objective_cost(Objective::workload, 2.0, 0.5, 4), 4.0);
+  EXPECT_EQ(balance::objective_cost(Objective::decode, 2.0, 0.5, 4), 0.5);
+  EXPECT_EQ(balance::objective_cost(Objective::prefill, 2.0, 0.5, 4), 2.0);
+  EXPECT_EQ(balance::objective_tokens(Objective::workload, 16, 4), 20);
+  EXPECT_EQ(balance::objective_tokens(Objective::decode, 16, 4), 1);
+  EXPECT_EQ(balance::objective_tokens(Objective::prefill, 16, 4), 16);
+  EXPECT_EQ(balance::objective_messages(Objective::workload, 4), 5);
+  EXPECT_EQ(balance::objective_messages(Objective::decode, 4), 1);
+  for (Objective o : {Objective::workload, Objective::decode, Objective::prefill})
+    EXPECT_EQ(balance::parse_objective(balance::objective_name(o)), o);
+  try {
+    balance::parse_objective("latency");
+    ADD_FAILURE() << "no throw";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--objective 'latency' is unknown; valid: workload, decode, prefill"),
+              std::string::npos);
+  }
 }
 
 }  // namespace

@@ -85,10 +85,6 @@ TEST(Profiler, ProfilesEveryUnitOfTinyLlama) {
   for (size_t a = 0; a < U; ++a)
     for (size_t b = a + 1; b < U; ++b)
       if (m.units[a].signature == m.units[b].signature) EXPECT_EQ(r.prefill_ms[a], r.prefill_ms[b]);
-  // Objectives: workload = prefill + G x decode.
-  const auto w = objective_cost(r, "workload", cfg.gen_len);
-  for (size_t u = 0; u < U; ++u) EXPECT_NEAR(w[u], r.prefill_ms[u] + 5 * r.decode_ms[u], 1e-12);
-  EXPECT_EQ(objective_cost(r, "decode", cfg.gen_len), r.decode_ms);
 }
 
 }  // namespace

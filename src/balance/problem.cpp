@@ -1,0 +1,76 @@
+#include "balance/problem.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace ppb::balance {
+
+Objective parse_objective(const std::string& name) {
+  if (name == "workload") return Objective::workload;
+  if (name == "decode") return Objective::decode;
+  if (name == "prefill") return Objective::prefill;
+  throw UserError("--objective '" + name + "' is unknown; valid: workload, decode, prefill");
+}
+
+const char* objective_name(Objective o) {
+  switch (o) {
+    case Objective::workload: return "workload";
+    case Objective::decode: return "decode";
+    case Objective::prefill: return "prefill";
+  }
+  return "workload";
+}
+
+double objective_cost(Objective o, double prefill_ms, double decode_ms, int gen_len) {
+  switch (o) {
+    case Objective::workload: return prefill_ms + gen_len * decode_ms;
+    case Objective::decode: return decode_ms;
+    case Objective::prefill: return prefill_ms;
+  }
+  return prefill_ms + gen_len * decode_ms;
+}
+
+int objective_tokens(Objective o, int prompt_len, int gen_len) {
+  return o == Objective::workload ? prompt_len + gen_len : o == Objective::decode ? 1 : prompt_len;
+}
+
+int objective_messages(Objective o, int gen_len) { return o == Objective::workload ? gen_len + 1 : 1; }
+
+int dtype_size(const std::string& dtype) {
+  if (dtype == "f32") return 4;
+  if (dtype == "f16" || dtype == "bf16") return 2;
+  throw UserError("dtype '" + dtype + "' is unknown; valid: f32, f16, bf16");
+}
+
+BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
+  const ProfileTable& t = run.profile;
+  const WorkloadInfo& w = run.workload;
+  const size_t U = t.unit_name.size();
+  if (U == 0 || t.latency_ms.empty() || t.latency_ms.size() % (2 * U) != 0)
+    throw UserError("the run has no profile of its " + std::to_string(U) + " units (/profile/latency_ms [R][U][2])");
+  const size_t R = t.latency_ms.size() / (2 * U);
+  BalanceProblem p;
+  p.cost.assign(R, std::vector<double>(U));
+  for (size_t r = 0; r < R; ++r)
+    for (size_t u = 0; u < U; ++u)
+      p.cost[r][u] = objective_cost(o, t.latency_ms[(r * U + u) * 2], t.latency_ms[(r * U + u) * 2 + 1], w.gen_len);
+  p.unit_names = t.unit_name;
+  p.weight_bytes = t.unit_weight_bytes;
+  p.kv_bytes = t.unit_kv_bytes;
+  if (run.ranks.size() == R &&
+      std::all_of(run.ranks.begin(), run.ranks.end(), [](const RankInfo& k) { return k.memory_limit_bytes > 0; }))
+    for (const RankInfo& k : run.ranks) p.device_memory_bytes.push_back(k.memory_limit_bytes);
+  const auto hidden = run.model_attrs_num.find("hidden_size");
+  if (hidden != run.model_attrs_num.end() && hidden->second > 0 && U > 1)
+    p.activation_bytes.assign(U - 1, static_cast<double>(w.batch) * objective_tokens(o, w.prompt_len, w.gen_len) *
+                                         hidden->second * dtype_size(w.dtype));
+  p.messages_per_boundary = objective_messages(o, w.gen_len);
+  p.link_bandwidth_GBps = run.link_bandwidth_Bps / 1e9;
+  p.link_latency_us = run.link_latency_s * 1e6;
+  p.overlap = w.overlap;
+  validate_problem(p);
+  return p;
+}
+
+}  // namespace ppb::balance

@@ -1,0 +1,60 @@
+// The balancer's problem, built in one place: what `ppbench run` solves on rank 0 and what
+// `ppbench balance FILE.h5` rebuilds offline from the run's file are the same function of the
+// same RunRecord (the run's in-memory record, or the one read back by results/reader), so the
+// two cannot disagree (DESIGN.md §6).
+//
+// Pure C++ (no MPI, device or HDF5): depends on model-free data only.
+#pragma once
+
+#include <string>
+
+#include "balance/solver.h"
+#include "results/run_record.h"
+
+namespace ppb::balance {
+
+/// What one unit of stage cost is (`--objective`).
+enum class Objective {
+  workload,  ///< a group's whole life: prefill + G decode steps (default)
+  decode,    ///< one decode step (steady-state throughput)
+  prefill,   ///< one prefill step (TTFT)
+};
+
+/// "workload" | "decode" | "prefill" -> Objective.
+/// @throws ppb::UserError naming --objective and the valid values.
+Objective parse_objective(const std::string& name);
+
+/// The name parse_objective() reads.
+const char* objective_name(Objective o);
+
+/// Cost of one unit in the objective's terms, ms: prefill_ms + gen_len·decode_ms (workload),
+/// decode_ms, or prefill_ms. The one definition the run's profile table (cost_ms) and every
+/// problem use.
+double objective_cost(Objective o, double prefill_ms, double decode_ms, int gen_len);
+
+/// Tokens per sequence that cross a stage boundary per unit of cost: P + G (workload), 1
+/// (decode), P (prefill).
+int objective_tokens(Objective o, int prompt_len, int gen_len);
+
+/// Messages per boundary per unit of cost: G + 1 (workload: the prefill and each decode step),
+/// else 1.
+int objective_messages(Objective o, int gen_len);
+
+/// Bytes of one element of the run's dtype name ("f32" 4, "f16"/"bf16" 2).
+/// @throws ppb::UserError for another name.
+int dtype_size(const std::string& dtype);
+
+/// The balancer's problem of `run` for objective `o`:
+///  - cost [R][U] = objective_cost of each rank's own profile row (/profile/latency_ms);
+///  - weight_bytes, kv_bytes [U] = /profile/unit_weight_bytes, unit_kv_bytes;
+///  - device_memory_bytes [R] = each rank's memory limit (when every rank has one > 0);
+///  - activation_bytes [U-1] = B · objective_tokens · hidden_size · dtype bytes (the hidden
+///    states of every sequence of a group crossing the boundary per unit of cost);
+///  - messages_per_boundary = objective_messages; link = the run's measured latency (s -> us)
+///    and bandwidth (B/s -> GB/s); overlap as the run.
+/// Needs run.profile (unit names, latency_ms, byte tables), run.workload, run.ranks,
+/// run.model_attrs_num["hidden_size"] (0 or absent: no activation bytes) and the link.
+/// @throws ppb::UserError when the record lacks a profile or its tables disagree in size.
+BalanceProblem problem_from_run(const RunRecord& run, Objective o);
+
+}  // namespace ppb::balance
