@@ -30,7 +30,7 @@ const std::string& error_context();
   } while (0)
 
 /// MPI_CHECK(MPI_Send(...)): MPI calls return MPI_SUCCESS; the error string comes from
-/// MPI_Error_string (see runtime/mpi_context.cpp: mpi_error_string).
+/// MPI_Error_string (see mpi/mpi_context.cpp: mpi_error_string).
 #define MPI_CHECK(call)                                                                \
   do {                                                                                 \
     int ppb_mpi_rc_ = (call);                                                          \
@@ -38,6 +38,6 @@ const std::string& error_context();
   } while (0)
 
 namespace ppb {
-/// Text of an MPI error code (defined in runtime/, the only place that includes mpi.h).
+/// Text of an MPI error code (defined in mpi/).
 std::string mpi_error_string(int code);
 }  // namespace ppb

@@ -12,7 +12,6 @@
 
 #include "common/check.h"
 #include "common/error.h"
-#include "runtime/mpi_context.h"
 
 namespace ppb {
 
@@ -55,7 +54,7 @@ int item_tag(int item) { return item % 32000; }
 
 }  // namespace
 
-StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& transport, StageExecutor& stage,
+StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& stage,
                          const StagePlacement& place, const PipelineConfig& cfg,
                          const std::function<void(int, int)>& progress) {
   const int M = cfg.groups, G = cfg.gen_len, P = cfg.prompt_len, B = cfg.batch;
@@ -115,7 +114,7 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
 
   // ---- links: made before the first message (NCCL: one communicator per direction) ------
   {
-    const int me = mpi.rank();
+    const int me = place.rank;
     std::vector<std::pair<int, int>> links;
     if (place.prev_rank >= 0) links.emplace_back(place.prev_rank, me);
     if (place.next_rank >= 0) links.emplace_back(me, place.next_rank);
@@ -128,7 +127,7 @@ StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& trans
 
   StageRecord rec;
   const int reps = cfg.warmup + cfg.iters;
-  const InjectedFault fault = injected_fault(mpi.rank());
+  const InjectedFault fault = injected_fault(place.rank);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   rec.events.assign(static_cast<size_t>(cfg.iters) * items * kNumEvents, nan);
   double cpu0[3] = {0, 0, 0};

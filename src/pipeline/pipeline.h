@@ -21,7 +21,6 @@
 
 namespace ppb {
 
-class MpiContext;
 
 /// How the lanes are used.
 enum class LaneMode {
@@ -47,6 +46,7 @@ struct PipelineConfig {
 
 /// Where this stage sits: world ranks of its neighbours.
 struct StagePlacement {
+  int rank = 0;         ///< this process's rank (where the stage runs)
   int stage = 0;
   int num_stages = 1;
   int prev_rank = -1;   ///< rank of stage - 1 (-1 for stage 0)
@@ -73,10 +73,10 @@ struct StageRecord {
 /// Deterministic prompt token of (seed, group, sequence, position) in [0, vocab).
 int32_t prompt_token(uint64_t seed, int group, int seq, int pos, int vocab);
 
-/// Runs cfg.warmup + cfg.iters repetitions of the pipelined loop on this stage. Collective over
-/// MPI_COMM_WORLD (a barrier starts each repetition). `progress(rep, total)` after each one.
+/// Runs cfg.warmup + cfg.iters repetitions of the pipelined loop on this stage, on rank
+/// place.rank. Collective over the transport's ranks (its barrier starts each repetition). `progress(rep, total)` after each one.
 /// @throws InternalError naming the stage when a transfer times out or a peer fails.
-StageRecord run_pipeline(const MpiContext& mpi, Device& device, Transport& transport, StageExecutor& stage,
+StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& stage,
                          const StagePlacement& place, const PipelineConfig& cfg,
                          const std::function<void(int, int)>& progress = {});
 

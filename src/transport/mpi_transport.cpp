@@ -9,7 +9,7 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "common/watchdog.h"
-#include "runtime/mpi_context.h"
+#include "mpi/mpi_context.h"
 #include "transport/transport.h"
 
 namespace ppb {

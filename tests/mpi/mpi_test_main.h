@@ -1,7 +1,7 @@
 // Shared main of the MPI tests: MPI is initialised once for all tests of a binary.
 #pragma once
 
-#include "runtime/mpi_context.h"
+#include "mpi/mpi_context.h"
 
 namespace ppb::test {
 /// The process's MPI context (valid inside tests).

@@ -114,10 +114,10 @@ void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reve
   // Stage k on rank k, or (reversed, as --order auto may place them) on rank S-1-k.
   auto rank_of = [&](int k) { return reversed ? S - 1 - k : k; };
   const int k = reversed ? S - 1 - mpi.rank() : mpi.rank();
-  StagePlacement place{k, S, k > 0 ? rank_of(k - 1) : -1, k + 1 < S ? rank_of(k + 1) : -1, rank_of(0), rank_of(S - 1)};
+  StagePlacement place{mpi.rank(), k, S, k > 0 ? rank_of(k - 1) : -1, k + 1 < S ? rank_of(k + 1) : -1, rank_of(0), rank_of(S - 1)};
   StageConfig sc{cfg.batch, cfg.prompt_len + cfg.gen_len, cfg.groups, DType::f32, cfg.seed};
   auto stage = device->create_stage(m, part.first_unit[k], part.last_unit[k], sc);
-  auto rec = run_pipeline(mpi, *device, *transport, *stage, place, cfg);
+  auto rec = run_pipeline(*device, *transport, *stage, place, cfg);
   // The links of this stage, all connected: from the previous stage, to the next, and the
   // token return from the last stage to the first.
   std::set<std::pair<int, int>> links;

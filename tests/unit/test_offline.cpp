@@ -1,4 +1,4 @@
-// Unit tests of the offline tools: `ppbench balance` and `simulate` (src/runtime/offline_commands),
+// Unit tests of the offline tools: `ppbench balance` and `simulate` (src/app/offline_commands),
 // `ppbench report` of several files (src/results/report) and the memory report
 // (src/balance/memory_report): latency and stage JSON parsing and its error messages (ranges,
 // unknown keys), the --json output, manual and uniform splits, flags that would be ignored,
@@ -21,7 +21,7 @@
 #include "results/h5.h"
 #include "results/report.h"
 #include "results/writer.h"
-#include "runtime/offline_commands.h"
+#include "app/offline_commands.h"
 
 namespace ppb {
 namespace {

@@ -17,7 +17,7 @@
 #include "backend/cuda/cuda_raii.h"
 #include "common/check.h"
 #include "common/error.h"
-#include "runtime/mpi_context.h"
+#include "mpi/mpi_context.h"
 
 namespace ppb {
 namespace {

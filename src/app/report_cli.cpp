@@ -1,4 +1,4 @@
-#include "report_cli.h"
+#include "app/report_cli.h"
 
 #include <iostream>
 

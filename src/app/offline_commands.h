@@ -1,6 +1,6 @@
 // The offline commands `ppbench balance` and `ppbench simulate`: no MPI, no device. They read a
 // profile (a results file of `ppbench run`, or a latency JSON), solve or simulate, print, and
-// optionally write JSON. The CLI registration is in src/runtime/offline_cli.h; the input formats
+// optionally write JSON. The CLI registration is in src/app/offline_cli.h; the input formats
 // and the output are documented in docs/OFFLINE.md.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "runtime/mpi_context.h"
+#include "mpi/mpi_context.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/run_job.h"
+#include "app/run_job.h"
 
 #include <sys/stat.h>
 #include <time.h>
@@ -32,7 +32,7 @@
 #include "results/run_record.h"
 #include "results/summary.h"
 #include "results/writer.h"
-#include "runtime/mpi_context.h"
+#include "mpi/mpi_context.h"
 #include "transport/transport.h"
 
 #if PPBENCH_HAVE_CUDA
@@ -748,6 +748,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       // My stage: the one whose device rank is me.
       int my_stage = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
       StagePlacement place;
+      place.rank = mpi.rank();
       place.stage = my_stage;
       place.num_stages = S;
       place.prev_rank = my_stage > 0 ? p.device_rank[my_stage - 1] : -1;
@@ -779,7 +780,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       StageRecord rec, ref;
       run_phase(mpi, watchdog, policy, "benchmark of partition " + p.solver, [&] {
         const double t_start = monotonic_s();
-        rec = run_pipeline(mpi, *device, *transport, *stage, place, pc, [&](int done, int total) {
+        rec = run_pipeline(*device, *transport, *stage, place, pc, [&](int done, int total) {
           // Estimate: the mean repetition so far for what is left, plus one for validation.
           const double per_rep = (monotonic_s() - t_start) / done;
           const double left = per_rep * (total - done + (opt.validate ? 1 : 0));
@@ -795,7 +796,7 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
           vc.warmup = 0;
           vc.iters = 1;
           vc.mode = LaneMode::serialized;
-          ref = run_pipeline(mpi, *device, *transport, *stage, place, vc);
+          ref = run_pipeline(*device, *transport, *stage, place, vc);
           progress.say("validation " + p.solver + ": serialized reference run done");
         });
       }

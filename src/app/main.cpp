@@ -14,10 +14,10 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "model/model_spec.h"
-#include "report_cli.h"
-#include "runtime/offline_cli.h"
-#include "runtime/mpi_context.h"
-#include "runtime/run_job.h"
+#include "app/report_cli.h"
+#include "app/offline_cli.h"
+#include "mpi/mpi_context.h"
+#include "app/run_job.h"
 
 namespace {
 

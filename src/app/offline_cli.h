@@ -1,5 +1,4 @@
-// Registration of the offline subcommands `balance` and `simulate` (no MPI) on the CLI. In
-// runtime/ so that the ppb_runtime glob compiles it (CLI11 is header-only).
+// Registration of the offline subcommands `balance` and `simulate` (no MPI) on the CLI.
 #pragma once
 
 #include <CLI/CLI.hpp>

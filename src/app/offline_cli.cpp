@@ -1,4 +1,4 @@
-#include "runtime/offline_cli.h"
+#include "app/offline_cli.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "common/error.h"
-#include "runtime/offline_commands.h"
+#include "app/offline_commands.h"
 
 namespace ppb {
 

@@ -1,4 +1,4 @@
-#include "runtime/offline_commands.h"
+#include "app/offline_commands.h"
 
 #include <cerrno>
 #include <cmath>
