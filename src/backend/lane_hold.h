@@ -9,7 +9,7 @@
 #include <thread>
 #include <utility>
 
-#include "backend/device.h"
+#include "backend/lane.h"
 
 namespace ppb {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "backend/device.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/error.h"
 
 namespace ppb {

@@ -21,7 +21,9 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_stage.h"
-#include "backend/device.h"
+#include "backend/dtype.h"
+#include "backend/lane.h"
+#include "backend/stage.h"
 #include "backend/weights.h"
 #include "common/error.h"
 #include "fp_bounds.h"

@@ -14,8 +14,11 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_stage.h"
 #include "backend/cuda/cuda_device.h"
@@ -23,6 +26,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
 #include "backend/device.h"
+#include "backend/lane_abort.h"
 #include "backend/weights.h"
 #include "common/error.h"
 #include "model/model_spec.h"
@@ -422,6 +426,73 @@ TEST(CudaKernels, SoftcapArgmaxAndLastRows) {
     EXPECT_NEAR(got, want, 1e-9 * (1.0 + std::fabs(want)));
     EXPECT_EQ(last.host(), want_rows);
   }
+}
+
+// ---- RAII owners (host only: fake release functions, no GPU needed) ---------------------------
+
+int g_releases = 0;
+int g_last_released = 0;
+/// Counts releases; returns non-zero like a failing release, which the owners must ignore.
+int fake_release(int* h) {
+  ++g_releases;
+  g_last_released = *h;
+  return 1;
+}
+int fake_free(void* p) { return fake_release(static_cast<int*>(p)); }
+
+/// A UniqueAllocation around memory it does not allocate, to see its byte count move.
+struct FakeAllocation : cu::UniqueAllocation<fake_free> {
+  FakeAllocation(int* p, size_t bytes) : UniqueAllocation(bytes) { *out() = p; }
+};
+
+template <class T>
+constexpr bool kMoveOnly = !std::is_copy_constructible_v<T> && !std::is_copy_assignable_v<T> &&
+                           std::is_nothrow_move_constructible_v<T> && std::is_nothrow_move_assignable_v<T>;
+static_assert(kMoveOnly<cu::Stream> && kMoveOnly<cu::EventHandle> && kMoveOnly<cu::CublasHandle> &&
+              kMoveOnly<cu::DeviceMemory> && kMoveOnly<cu::PinnedMemory>);
+
+TEST(CudaRaii, UniqueHandleReleasesOnceAndMovesOwnership) {
+  using Owner = cu::UniqueHandle<int*, fake_release>;
+  int a = 1, b = 2;
+  g_releases = 0;
+  {
+    Owner x(&a);
+    Owner y(std::move(x));
+    EXPECT_EQ(x.get(), nullptr);
+    EXPECT_EQ(y.get(), &a);
+    Owner z(&b);
+    z = std::move(y);  // releases b at once, takes a
+    EXPECT_EQ(g_releases, 1);
+    EXPECT_EQ(g_last_released, 2);
+    EXPECT_EQ(y.get(), nullptr);
+    EXPECT_EQ(z.get(), &a);
+    Owner& alias = z;
+    z = std::move(alias);  // self-move keeps the handle
+    EXPECT_EQ(z.get(), &a);
+    EXPECT_EQ(g_releases, 1);
+  }  // z releases a (the failing release is ignored); x and y are empty
+  EXPECT_EQ(g_releases, 2);
+  EXPECT_EQ(g_last_released, 1);
+}
+
+TEST(CudaRaii, UniqueAllocationMovesItsBytes) {
+  int a = 1;
+  g_releases = 0;
+  {
+    FakeAllocation x(&a, 64);
+    cu::UniqueAllocation<fake_free> y(std::move(x));
+    EXPECT_EQ(x.get(), nullptr);
+    EXPECT_EQ(x.bytes(), 0u);
+    EXPECT_EQ(y.get(), &a);
+    EXPECT_EQ(y.bytes(), 64u);
+    cu::UniqueAllocation<fake_free> z;
+    z = std::move(y);
+    EXPECT_EQ(y.bytes(), 0u);
+    EXPECT_EQ(z.bytes(), 64u);
+    EXPECT_EQ(g_releases, 0);
+  }
+  EXPECT_EQ(g_releases, 1);
+  EXPECT_EQ(cu::DeviceMemory(0).bytes(), 0u);  // size 0: nothing allocated, no CUDA call
 }
 
 // ---- lanes and events ---------------------------------------------------------------------------

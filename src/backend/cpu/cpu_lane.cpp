@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "common/clock.h"
+#include "backend/lane_abort.h"
 #include "common/error.h"
 #include "common/watchdog.h"
 

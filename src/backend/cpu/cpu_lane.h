@@ -16,7 +16,7 @@
 #include <string>
 #include <thread>
 
-#include "backend/device.h"
+#include "backend/lane.h"
 
 namespace ppb {
 

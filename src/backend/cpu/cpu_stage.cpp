@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/weights.h"
 #include "common/error.h"
+#include "model/model_spec.h"
 
 namespace ppb {
 namespace {

@@ -3,8 +3,11 @@
 
 #include <memory>
 
-#include "backend/device.h"
-#include "model/model_spec.h"
+#include "backend/stage.h"
+
+namespace ppb::model {
+struct ModelSpec;
+}  // namespace ppb::model
 
 namespace ppb {
 

@@ -8,7 +8,7 @@
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/device.h"
+#include "backend/dtype.h"
 #include "common/error.h"
 
 namespace ppb::cuda {

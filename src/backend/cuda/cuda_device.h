@@ -3,9 +3,14 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "backend/device.h"
-#include "model/model_spec.h"
+#include "backend/stage.h"
+
+namespace ppb::model {
+struct ModelSpec;
+}  // namespace ppb::model
 
 namespace ppb {
 

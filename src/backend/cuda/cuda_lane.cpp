@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/clock.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/lane_abort.h"
 #include "common/error.h"
 #include "common/watchdog.h"
 

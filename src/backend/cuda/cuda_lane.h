@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_raii.h"
-#include "backend/device.h"
+#include "backend/lane.h"
 
 namespace ppb::cuda {
 

@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_ops.h"
-#include "backend/device.h"
+#include "backend/dtype.h"
 #include "model/model_spec.h"
 
 namespace ppb::cuda {

@@ -12,125 +12,109 @@
 
 namespace ppb::cuda {
 
-/// A cudaStream_t created with cudaStreamNonBlocking (no implicit sync with the legacy stream).
-class Stream {
+/// Owns one handle `T` of a C library (a pointer type; null = none), released by
+/// `Destroy(handle)`: the pattern of every owner below (and a fit for ncclComm_t and the like).
+/// Move-only; a moved-from owner is empty. Move-assigning releases the handle held before. The
+/// destructor releases a non-null handle and ignores a failing release (it never throws).
+template <class T, auto Destroy>
+class UniqueHandle {
  public:
-  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() {
-    if (s_) cudaStreamDestroy(s_);
-  }
-  Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-  Stream& operator=(Stream&& o) noexcept {
-    std::swap(s_, o.s_);
+  UniqueHandle() = default;
+  /// Takes ownership of `handle` (null: none).
+  explicit UniqueHandle(T handle) noexcept : h_(handle) {}
+  ~UniqueHandle() { release(); }
+  UniqueHandle(UniqueHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  UniqueHandle& operator=(UniqueHandle&& o) noexcept {
+    if (this != &o) {
+      release();
+      h_ = std::exchange(o.h_, nullptr);
+    }
     return *this;
   }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
+  UniqueHandle(const UniqueHandle&) = delete;
+  UniqueHandle& operator=(const UniqueHandle&) = delete;
+  T get() const { return h_; }
+
+ protected:
+  /// Where a creating call writes the new handle: `CUDA_CHECK(cudaStreamCreate(out()))`. For
+  /// constructors of derived owners, while still empty (a held handle would be overwritten).
+  T* out() { return &h_; }
 
  private:
-  cudaStream_t s_ = nullptr;
+  void release() noexcept {
+    if (h_) (void)Destroy(std::exchange(h_, nullptr));
+  }
+  T h_ = nullptr;
+};
+
+/// A cudaStream_t created with cudaStreamNonBlocking (no implicit sync with the legacy stream).
+class Stream : public UniqueHandle<cudaStream_t, cudaStreamDestroy> {
+ public:
+  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(out(), cudaStreamNonBlocking)); }
 };
 
 /// A cudaEvent_t with timing enabled (flags = cudaEventDefault) unless told otherwise.
-class EventHandle {
+class EventHandle : public UniqueHandle<cudaEvent_t, cudaEventDestroy> {
  public:
-  explicit EventHandle(unsigned flags = cudaEventDefault) { CUDA_CHECK(cudaEventCreateWithFlags(&e_, flags)); }
-  ~EventHandle() {
-    if (e_) cudaEventDestroy(e_);
-  }
-  EventHandle(EventHandle&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  EventHandle& operator=(EventHandle&& o) noexcept {
-    std::swap(e_, o.e_);
-    return *this;
-  }
-  EventHandle(const EventHandle&) = delete;
-  EventHandle& operator=(const EventHandle&) = delete;
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
+  explicit EventHandle(unsigned flags = cudaEventDefault) { CUDA_CHECK(cudaEventCreateWithFlags(out(), flags)); }
 };
 
 /// A cublasHandle_t.
-class CublasHandle {
+class CublasHandle : public UniqueHandle<cublasHandle_t, cublasDestroy> {
  public:
-  CublasHandle() { CUBLAS_CHECK(cublasCreate(&h_)); }
-  ~CublasHandle() {
-    if (h_) cublasDestroy(h_);
-  }
-  CublasHandle(CublasHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
-  CublasHandle& operator=(CublasHandle&& o) noexcept {
-    std::swap(h_, o.h_);
+  CublasHandle() { CUBLAS_CHECK(cublasCreate(out())); }
+};
+
+/// Memory released by `Free(pointer)`, with its size: a UniqueHandle<void*, Free> that also
+/// moves its byte count (0 when empty or moved from).
+template <auto Free>
+class UniqueAllocation : public UniqueHandle<void*, Free> {
+ public:
+  UniqueAllocation() = default;
+  UniqueAllocation(UniqueAllocation&& o) noexcept
+      : UniqueHandle<void*, Free>(std::move(o)), bytes_(std::exchange(o.bytes_, 0)) {}
+  UniqueAllocation& operator=(UniqueAllocation&& o) noexcept {
+    if (this != &o) {
+      UniqueHandle<void*, Free>::operator=(std::move(o));
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
     return *this;
   }
-  CublasHandle(const CublasHandle&) = delete;
-  CublasHandle& operator=(const CublasHandle&) = delete;
-  cublasHandle_t get() const { return h_; }
+  size_t bytes() const { return bytes_; }
+
+ protected:
+  /// Empty, sized `bytes`: the derived constructor then allocates into out().
+  explicit UniqueAllocation(size_t bytes) : bytes_(bytes) {}
 
  private:
-  cublasHandle_t h_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 /// cudaMalloc'ed device memory, zeroed on allocation (like the CPU backend's buffers).
-class DeviceMemory {
+class DeviceMemory : public UniqueAllocation<cudaFree> {
  public:
   DeviceMemory() = default;
   /// @throws ppb::InternalError naming the size if cudaMalloc fails.
-  explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
+  explicit DeviceMemory(size_t bytes) : UniqueAllocation(bytes) {
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMalloc(&p_, bytes));
+    CUDA_CHECK(cudaMalloc(out(), bytes));
     // cudaMemset may return before it ran, and work on non-blocking streams does not wait for
     // the legacy stream: finish it here, or a kernel could write before the zeros land.
-    CUDA_CHECK(cudaMemset(p_, 0, bytes));
+    CUDA_CHECK(cudaMemset(get(), 0, bytes));
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
-  ~DeviceMemory() {
-    if (p_) cudaFree(p_);
-  }
-  DeviceMemory(DeviceMemory&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceMemory& operator=(DeviceMemory&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  void* get() const { return p_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
+  T* as() const { return static_cast<T*>(get()); }
 };
 
 /// Page-locked host memory (cudaHostAlloc), optionally mapped into the device address space.
-class PinnedMemory {
+class PinnedMemory : public UniqueAllocation<cudaFreeHost> {
  public:
   PinnedMemory() = default;
-  explicit PinnedMemory(size_t bytes, unsigned flags = cudaHostAllocDefault) : bytes_(bytes) {
+  explicit PinnedMemory(size_t bytes, unsigned flags = cudaHostAllocDefault) : UniqueAllocation(bytes) {
     if (bytes == 0) return;
-    CUDA_CHECK(cudaHostAlloc(&p_, bytes, flags));
+    CUDA_CHECK(cudaHostAlloc(out(), bytes, flags));
   }
-  ~PinnedMemory() {
-    if (p_) cudaFreeHost(p_);
-  }
-  PinnedMemory(PinnedMemory&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  PinnedMemory& operator=(PinnedMemory&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  PinnedMemory(const PinnedMemory&) = delete;
-  PinnedMemory& operator=(const PinnedMemory&) = delete;
-  void* get() const { return p_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
 };
 
 }  // namespace ppb::cuda

@@ -11,11 +11,13 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_lane.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
 #include "backend/weights.h"
 #include "common/error.h"
+#include "model/model_spec.h"
 
 namespace ppb {
 namespace cuda {

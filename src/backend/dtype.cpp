@@ -1,11 +1,7 @@
-#include "backend/device.h"
-
-#include <time.h>
+#include "backend/dtype.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
-#include <mutex>
 
 #include "common/error.h"
 
@@ -37,31 +33,5 @@ DType parse_dtype(const std::string& s) {
   if (v == "bf16" || v == "bfloat16") return DType::bf16;
   throw UserError("--dtype '" + s + "' is not a data type; valid: f32, f16, bf16");
 }
-
-double monotonic_s() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-namespace {
-std::atomic<bool> g_abort{false};
-std::mutex g_abort_mutex;
-std::string g_abort_reason;
-}  // namespace
-
-void request_lane_abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(g_abort_mutex);
-    if (!g_abort.load() && !reason.empty()) g_abort_reason = reason;
-  }
-  g_abort.store(true);
-}
-
-std::string lane_abort_reason() {
-  std::lock_guard<std::mutex> lock(g_abort_mutex);
-  return g_abort_reason;
-}
-bool lane_abort_requested() { return g_abort.load(std::memory_order_relaxed); }
 
 }  // namespace ppb

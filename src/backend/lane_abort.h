@@ -1,0 +1,17 @@
+// The process-wide lane-abort flag: once a lane or a peer fails, every blocking wait of every
+// lane (CPU events, CUDA stream polls, transport polls) stops and throws instead of hanging.
+#pragma once
+
+#include <string>
+
+namespace ppb {
+
+/// Asks every lane of this process to stop waiting (a lane or peer failed); waits then throw.
+/// The first call's `reason` is kept and quoted by the waits it interrupts.
+void request_lane_abort(const std::string& reason = "");
+/// The reason given to the first request_lane_abort(), "" if none.
+std::string lane_abort_reason();
+/// True once request_lane_abort() was called.
+bool lane_abort_requested();
+
+}  // namespace ppb

@@ -1,0 +1,59 @@
+// Stages: a device's instance of units [first, last] of a model (StageExecutor), the shape it
+// is built for (StageConfig) and the bytes it allocates (StageBytes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/dtype.h"
+#include "backend/lane.h"
+
+namespace ppb {
+
+/// Shape of the work a stage is built for.
+struct StageConfig {
+  int batch = 1;        ///< B sequences per request group (micro-batch)
+  int max_context = 0;  ///< KV-cache capacity per sequence (prompt_len + gen_len)
+  int groups = 1;       ///< request groups in flight, each with its own KV cache
+  DType dtype = DType::f32;
+  uint64_t seed = 0;    ///< weights are a pure function of (seed, unit index)
+};
+
+/// Bytes a stage allocates (cpu_stage_bytes, cuda_stage_bytes): computed before anything is
+/// allocated, to check --memory-limit.
+struct StageBytes {
+  size_t weights = 0;
+  size_t kv_cache = 0;
+  size_t scratch = 0;  ///< activations, attention and library workspace
+  size_t total() const { return weights + kv_cache + scratch; }
+};
+
+/// The units [first, last] of a model, instantiated on a device with weights and KV caches.
+///
+/// Input of a forward: int32 token ids [B, T] if the stage holds `embed`, else activations
+/// [B, T, hidden] in the stage dtype. Output: int32 greedy token ids [B] if it holds `head`
+/// (the last position of each sequence), else activations [B, T, hidden].
+class StageExecutor {
+ public:
+  virtual ~StageExecutor() = default;
+  virtual int first_unit() const = 0;
+  virtual int last_unit() const = 0;
+  /// Bytes of the input / output of one forward of T tokens per sequence.
+  virtual size_t input_bytes(int tokens) const = 0;
+  virtual size_t output_bytes(int tokens) const = 0;
+  /// Enqueues one forward on `lane`: group `group` (its own KV cache), T = `tokens` new tokens
+  /// per sequence at positions [pos, pos + T). Prefill: pos = 0, T = prompt_len. Decode:
+  /// pos = current length, T = 1. Writes K/V of the new positions into the group's cache.
+  /// `in`/`out` are device pointers that stay valid until the enqueued work completes.
+  virtual void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos,
+                               int tokens) = 0;
+  /// Sum (in double) of the final hidden states entering the head, over every forward since
+  /// the last reset_checksum(); 0 if the stage has no head. Call after the lane synchronised.
+  virtual double checksum() const = 0;
+  virtual void reset_checksum() = 0;
+  /// Resident weight bytes and KV-cache bytes of the stage.
+  virtual size_t weight_bytes() const = 0;
+  virtual size_t kv_cache_bytes() const = 0;
+};
+
+}  // namespace ppb
