@@ -357,23 +357,21 @@ int balance_command(const BalanceOptions& opt) {
     throw UserError(std::string(e.what()) + " (with --link-bandwidth/--link-latency/--memory-limit applied)");
   }
   const int U = p.units();
-  const std::vector<int> rank = balance::rank_order(p, stages);
+  balance::rank_order(p, stages);  // UserError when stages do not fit the units or the devices
 
-  balance::Partition part;
-  if (!opt.partition.empty()) {
-    part = balance::parse_manual(opt.partition, U, stages);
-    part.device_rank = rank;
-  } else if (opt.solver == "uniform") {
-    part = balance::solve_uniform(U, stages, balance::parse_uniform_remainder(
-                                                 opt.uniform_remainder.empty() ? "first" : opt.uniform_remainder));
-  } else if (opt.solver == "seed") {
-    part = balance::solve_seed(p.cost[p.row_of(0)], stages);
-  } else {
-    const auto kind = opt.solver == "dp" ? balance::SolverKind::dp
-                      : opt.solver == "fast" ? balance::SolverKind::fast : balance::SolverKind::automatic;
-    part = balance::solve_with_order(p, stages, opt.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank, kind);
-  }
-  balance::evaluate(p, part);
+  // --solver: auto | dp | fast (the exact solver, Method::balanced) | uniform | seed.
+  balance::SplitRequest req;
+  req.stages = stages;
+  req.method = !opt.partition.empty()    ? balance::Method::manual
+               : opt.solver == "uniform" ? balance::Method::uniform
+               : opt.solver == "seed"    ? balance::Method::seed
+                                         : balance::Method::balanced;
+  req.manual = opt.partition;
+  req.kind = opt.solver == "dp" ? balance::SolverKind::dp
+             : opt.solver == "fast" ? balance::SolverKind::fast : balance::SolverKind::automatic;
+  req.order = opt.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
+  req.remainder = balance::parse_uniform_remainder(opt.uniform_remainder.empty() ? "first" : opt.uniform_remainder);
+  balance::Partition part = balance::make_split(p, req);
   const auto mem = balance::stage_memory_bytes(p, part);
 
   auto name = [&](int u) { return u < static_cast<int>(p.unit_names.size()) ? p.unit_names[u] : std::to_string(u); };

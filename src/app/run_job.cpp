@@ -12,6 +12,9 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
+#include <tuple>
+#include <utility>
 #include <sstream>
 
 #include "backend/cpu/cpu_stage.h"
@@ -277,318 +280,426 @@ class Progress {
 
 }  // namespace
 
-int run_job(const MpiContext& mpi, const RunOptions& opt) {
-  const int S = mpi.size();
-  const bool root = mpi.is_root();
-  Progress progress(root && !opt.quiet);
-  RunRecord run;
-  run.run_start_s = monotonic_s();
-  model::ModelSpec spec;
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Transport> transport;
-  std::vector<std::string> partition_names;
-  std::string output;
-  DType dtype = DType::f32;
-  int M = 0;
-  size_t memory_limit = 0;
+namespace {
 
-  // Rank 0 keeps the results file up to date phase by phase (complete=0 until the end), and
-  // records a failure in it before the job is aborted.
-  FailurePolicy policy;
-  policy.record = [&](const std::string& why) {
-    if (!root || output.empty() || run.world_size == 0) return;
-    run.status = "failed";
-    run.failure = why;
-    run.elapsed_s = monotonic_s() - run.run_start_s;
-    write_results(output, run, /*complete=*/false);
-    if (run.profile.latency_ms.empty())
-      std::cerr << "ppbench: the failure is recorded in " << output << " (complete=0, status=failed; nothing measured yet)" << std::endl;
-    else
-      std::cerr << "ppbench: what was measured before the failure is in " << output << " (complete=0)" << std::endl;
-  };
-  auto snapshot = [&](const std::string& next_phase) {
-    if (!root) return;
-    run.status = "running: " + next_phase;
-    run.elapsed_s = monotonic_s() - run.run_start_s;
-    write_results(output, run, /*complete=*/false);
-  };
-  // The transfers time out first (--timeout, with the peer and tag in the message); the
-  // watchdog catches what they cannot see, e.g. a rank stuck in a collective.
-  Watchdog watchdog(opt.timeout_s + 15.0, [&](const std::string& phase, double idle) {
-    std::ostringstream os;
-    os << "no progress for " << static_cast<int>(idle) << " s (--timeout " << opt.timeout_s
-       << " s + 15 s): a rank is dead or stuck";
-    if (transport) {
-      std::string async = transport->async_error();
-      if (!async.empty()) os << "; " << async;
-      transport->abort();  // e.g. ncclCommAbort: release streams blocked on a dead peer
+/// Launcher internals (contact URIs, per-process ids) change nothing and may hold addresses.
+bool launcher_internal(const std::string& kv) {
+  for (const char* p : {"OMPI_MCA_orte_", "OMPI_COMM_WORLD_", "OMPI_FILE_LOCATION", "OMPI_ARGV", "OMPI_MCA_ess_base_",
+                        "OMPI_MCA_pmix"})
+    if (kv.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+/// The behaviour-changing environment variables of this process (CUDA, NCCL, MPI, OpenMP,
+/// OpenBLAS, Slurm CPU binding, ppbench's own), name -> value.
+std::map<std::string, std::string> captured_environment() {
+  std::map<std::string, std::string> env;
+  for (const char* prefix : {"CUDA_VISIBLE_DEVICES", "NCCL_", "OMPI_", "OMP_", "OPENBLAS_", "SLURM_CPUS", "PPBENCH_"}) {
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      if (launcher_internal(kv) || kv.rfind(prefix, 0) != 0) continue;
+      const auto eq = kv.find('=');
+      env[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
     }
-    abort_job(mpi, policy, phase, os.str());
-  });
-  watchdog.catch_termination([&](const std::string& phase, int sig) {
-    // Another rank died (mpirun/srun then terminate the job) or the job was cancelled.
+  }
+  return env;
+}
+
+/// The model's attributes stored in /config/model (numbers).
+std::map<std::string, double> model_numbers(const model::ModelSpec& spec) {
+  const auto& l0 = spec.layers.at(0);
+  int local_layers = 0;
+  for (const auto& l : spec.layers) local_layers += l.sliding_window > 0;
+  return {{"hidden_size", spec.hidden},
+          {"num_hidden_layers", spec.n_layers},
+          {"vocab_size", spec.vocab},
+          {"num_attention_heads", l0.n_heads},
+          {"num_key_value_heads", l0.n_kv_heads},
+          {"head_dim", l0.head_dim},
+          {"intermediate_size", l0.intermediate},
+          {"tie_word_embeddings", spec.tie_embeddings ? 1.0 : 0.0},
+          {"sliding_window_layers", local_layers},
+          {"total_params", static_cast<double>(model::total_params(spec))},
+          {"num_units", spec.num_units()},
+          {"num_signatures", static_cast<double>(spec.signatures.size())}};
+}
+
+/// The stage of partition `p` that runs on `rank` (its device order lists one rank per stage).
+int stage_of(const balance::Partition& p, int rank) {
+  return static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), rank) - p.device_rank.begin());
+}
+
+/// `ppbench run` (and `ppbench profile`) as its phases (DESIGN.md §1): start-up, device and
+/// transport, run description, memory check, profile, balance, then per partition build,
+/// benchmark, validate and gather, and the final write. Each phase runs under run_phase(): a
+/// bad input ends the job with status 2 on every rank, an internal error aborts it after rank 0
+/// recorded what was measured (the failure policy: record_failure, snapshot).
+class RunJob {
+ public:
+  RunJob(const MpiContext& mpi, const RunOptions& opt)
+      : mpi_(mpi),
+        opt_(opt),
+        S_(mpi.size()),
+        root_(mpi.is_root()),
+        progress_(root_ && !opt.quiet),
+        watchdog_(opt.timeout_s + 15.0, [this](const std::string& phase, double idle) { on_stall(phase, idle); }) {
+    // watchdog_ is the last member: built last, destroyed first (before the transport and
+    // the device its callback may touch).
+    run_.run_start_s = monotonic_s();
+    policy_.record = [this](const std::string& why) { record_failure(why); };
+    watchdog_.catch_termination([this](const std::string& phase, int sig) { on_termination(phase, sig); });
+  }
+
+  /// The whole job; returns the exit status agreed by every rank.
+  int run() {
+    try {
+      start_up();
+      open_device();
+      open_transport();
+      describe_run();
+      check_memory_for_profile();
+      profile();
+      phase("write of the profile", [&] { snapshot("balance"); });
+      if (opt_.profile_only) return finish_profile_only();
+      balance();
+      describe_partitions();
+      phase("write of the partitions", [&] { snapshot("benchmark"); });
+      check_memory_of_partitions();
+      for (size_t i = 0; i < parts_.size(); ++i) benchmark_partition(i);
+      return finish();
+    } catch (const PhaseFailed& f) {
+      return f.status;
+    }
+  }
+
+ private:
+  template <typename Fn>
+  void phase(const std::string& name, Fn&& fn) {
+    run_phase(mpi_, watchdog_, policy_, name, std::forward<Fn>(fn));
+  }
+
+  // ---- failure policy -------------------------------------------------------------------------
+
+  /// Rank 0: the failure goes into the results file (complete=0), with what was measured.
+  void record_failure(const std::string& why) {
+    if (!root_ || output_.empty() || run_.world_size == 0) return;
+    run_.status = "failed";
+    run_.failure = why;
+    run_.elapsed_s = monotonic_s() - run_.run_start_s;
+    write_results(output_, run_, /*complete=*/false);
+    if (run_.profile.latency_ms.empty())
+      std::cerr << "ppbench: the failure is recorded in " << output_ << " (complete=0, status=failed; nothing measured yet)" << std::endl;
+    else
+      std::cerr << "ppbench: what was measured before the failure is in " << output_ << " (complete=0)" << std::endl;
+  }
+
+  /// Rank 0 keeps the results file up to date phase by phase (complete=0 until the end).
+  void snapshot(const std::string& next_phase) {
+    if (!root_) return;
+    run_.status = "running: " + next_phase;
+    run_.elapsed_s = monotonic_s() - run_.run_start_s;
+    write_results(output_, run_, /*complete=*/false);
+  }
+
+  /// The watchdog: no progress for --timeout + 15 s. The transfers time out first (with the
+  /// peer and tag in the message); this catches what they cannot see, e.g. a rank stuck in a
+  /// collective.
+  void on_stall(const std::string& phase, double idle) {
+    std::ostringstream os;
+    os << "no progress for " << static_cast<int>(idle) << " s (--timeout " << opt_.timeout_s
+       << " s + 15 s): a rank is dead or stuck";
+    if (transport_) {
+      const std::string async = transport_->async_error();
+      if (!async.empty()) os << "; " << async;
+      transport_->abort();  // e.g. ncclCommAbort: release streams blocked on a dead peer
+    }
+    abort_job(mpi_, policy_, phase, os.str());
+  }
+
+  /// Another rank died (mpirun/srun then terminate the job) or the job was cancelled.
+  void on_termination(const std::string& phase, int sig) {
     const std::string why = "terminated by signal " + std::to_string(sig) + " during " + phase +
                             " (another rank died, or the job was cancelled)";
     std::cerr << "ppbench: " << error_context() << ": " << why << std::endl;
     try {
-      if (policy.record) policy.record(why);
+      if (policy_.record) policy_.record(why);
     } catch (const std::exception&) {
     }
-  });
+  }
 
-  try {
-    // ---- 1. options, model, output: every rank checks the same things ----------------------
-    run_phase(mpi, watchdog, policy, "start-up", [&] {
-      validate_options(opt);
+  // ---- 1. options, model, output: every rank checks the same things ---------------------------
+
+  void start_up() {
+    phase("start-up", [&] {
+      validate_options(opt_);
+      objective_ = balance::parse_objective(opt_.objective);
       // srun started N tasks, but MPI was not wired to srun's PMI: every task came up as a
       // 1-rank job that would benchmark alone and race the others for the same output file.
-      if (S == 1 && std::atoi(env_or("SLURM_STEP_NUM_TASKS").c_str()) > 1 && env_or("OMPI_COMM_WORLD_SIZE").empty())
+      if (S_ == 1 && std::atoi(env_or("SLURM_STEP_NUM_TASKS").c_str()) > 1 && env_or("OMPI_COMM_WORLD_SIZE").empty())
         throw UserError("srun started " + env_or("SLURM_STEP_NUM_TASKS") +
                         " tasks but MPI sees 1 rank: the MPI library is not wired to srun's process manager; "
                         "use srun --mpi=pmix (see `srun --mpi=list` for what this cluster offers) or mpirun");
-      partition_names = requested_partitions(opt.partition);
+      partition_names_ = requested_partitions(opt_.partition);
       // One rank has one split (all units): benchmarking it twice would only measure noise.
-      if (S == 1) partition_names.resize(1);
-      spec = model::load_model_config(opt.model_path);
-      if (S > spec.num_units())
-        throw UserError("the run has " + std::to_string(S) + " ranks (one stage each) but " + opt.model_path +
-                        " has only " + std::to_string(spec.num_units()) + " units (embed + " +
-                        std::to_string(spec.n_layers) + " layers + head); use at most " +
-                        std::to_string(spec.num_units()) + " ranks");
-      if (partition_names[0] == "manual") balance::parse_manual(opt.partition, spec.num_units(), S);
-      M = opt.microbatches > 0 ? opt.microbatches : S;
-      if (opt.device == "cuda" && !have_cuda_backend())
+      if (S_ == 1) partition_names_.resize(1);
+      spec_ = model::load_model_config(opt_.model_path);
+      if (S_ > spec_.num_units())
+        throw UserError("the run has " + std::to_string(S_) + " ranks (one stage each) but " + opt_.model_path +
+                        " has only " + std::to_string(spec_.num_units()) + " units (embed + " +
+                        std::to_string(spec_.n_layers) + " layers + head); use at most " +
+                        std::to_string(spec_.num_units()) + " ranks");
+      if (partition_names_[0] == "manual") balance::parse_manual(opt_.partition, spec_.num_units(), S_);
+      M_ = opt_.microbatches > 0 ? opt_.microbatches : S_;
+      if (opt_.device == "cuda" && !have_cuda_backend())
         throw UserError("--device cuda: this build of ppbench has no CUDA backend (nvcc was not found at build time); use --device cpu");
-      if (opt.transport == "nccl" && opt.device == "cpu")
+      if (opt_.transport == "nccl" && opt_.device == "cpu")
         throw UserError("--transport nccl needs --device cuda; CPU ranks use --transport mpi");
-      if (opt.dtype != "auto") dtype = parse_dtype(opt.dtype);
-      if (root) {
-        output = opt.output.empty() ? default_output(opt.model_path, S) : opt.output;
-        check_output(output, opt.force);
+      if (opt_.dtype != "auto") dtype_ = parse_dtype(opt_.dtype);
+      if (root_) {
+        output_ = opt_.output.empty() ? default_output(opt_.model_path, S_) : opt_.output;
+        check_output(output_, opt_.force);
       }
     });
-    mpi.bcast_string(output);
+    mpi_.bcast_string(output_);
+  }
 
-    // ---- device and transport --------------------------------------------------------------
+  // ---- device and transport -------------------------------------------------------------------
+
+  void open_device() {
     // auto = CUDA when every rank sees a GPU (agreed collectively, so no rank is left behind).
-    const bool use_cuda = opt.device == "cuda" || (opt.device == "auto" && mpi.agree(visible_gpus() > 0 ? 0 : 1) == 0);
-    run_phase(mpi, watchdog, policy, "device", [&] {
-      if (use_cuda) {
+    use_cuda_ = opt_.device == "cuda" || (opt_.device == "auto" && mpi_.agree(visible_gpus() > 0 ? 0 : 1) == 0);
+    phase("device", [&] {
+      if (use_cuda_) {
 #if PPBENCH_HAVE_CUDA
-        device = create_cuda_device(mpi.local_rank());
-        if (opt.dtype == "auto") dtype = DType::bf16;
+        device_ = create_cuda_device(mpi_.local_rank());
+        if (opt_.dtype == "auto") dtype_ = DType::bf16;
 #endif
       } else {
-        device = create_cpu_device(0);
-        if (dtype != DType::f32)
-          throw UserError("--dtype " + opt.dtype + ": the CPU backend computes in f32; use --dtype f32 (or auto)");
+        device_ = create_cpu_device(0);
+        if (dtype_ != DType::f32)
+          throw UserError("--dtype " + opt_.dtype + ": the CPU backend computes in f32; use --dtype f32 (or auto)");
       }
     });
-    {
-      // Ranks sharing a device share its free memory (CPU: the node's; GPU: the GPU's).
-      const int sharing = ranks_sharing(mpi, mpi.hostname() + "/" + device->bus_id());
-      memory_limit = opt.memory_limit_gib > 0 ? static_cast<size_t>(opt.memory_limit_gib * (1ull << 30))
-                                              : static_cast<size_t>(0.9 * device->free_memory() / sharing);
-    }
-    run_phase(mpi, watchdog, policy, "transport", [&] {
-      if (!use_cuda && opt.transport == "nccl")
+    // Ranks sharing a device share its free memory (CPU: the node's; GPU: the GPU's).
+    const int sharing = ranks_sharing(mpi_, mpi_.hostname() + "/" + device_->bus_id());
+    memory_limit_ = opt_.memory_limit_gib > 0 ? static_cast<size_t>(opt_.memory_limit_gib * (1ull << 30))
+                                              : static_cast<size_t>(0.9 * device_->free_memory() / sharing);
+  }
+
+  void open_transport() {
+    phase("transport", [&] {
+      if (!use_cuda_ && opt_.transport == "nccl")
         throw UserError("--transport nccl needs GPUs (the CUDA backend on every rank); CPU ranks use --transport mpi");
       MpiPollConfig poll;
-      poll.timeout_s = opt.timeout_s;
+      poll.timeout_s = opt_.timeout_s;
 #if PPBENCH_HAVE_CUDA
-      if (use_cuda) {
+      if (use_cuda_) {
         poll.max_sleep_us = 50.0;  // GPU decode steps are milliseconds: poll tighter
-        const bool own = every_rank_has_own_gpu(mpi, device->bus_id());
-        if (opt.transport == "nccl" && !own)
+        const bool own = every_rank_has_own_gpu(mpi_, device_->bus_id());
+        if (opt_.transport == "nccl" && !own)
           throw UserError("--transport nccl: some ranks share a GPU and NCCL refuses that; use --transport mpi or auto");
-        if (opt.transport == "nccl" || (opt.transport == "auto" && own)) {
-          transport = create_nccl_transport(mpi, *device, poll);
+        if (opt_.transport == "nccl" || (opt_.transport == "auto" && own)) {
+          transport_ = create_nccl_transport(mpi_, *device_, poll);
         } else {
-          if (root && opt.transport == "auto")
+          if (root_ && opt_.transport == "auto")
             std::cerr << "ppbench: ranks share a GPU: NCCL refuses that, so the transport falls back to MPI with "
                          "pinned host staging" << std::endl;
-          transport = create_staged_mpi_transport(mpi, poll);
+          transport_ = create_staged_mpi_transport(mpi_, poll);
         }
         return;
       }
 #endif
-      transport = create_mpi_transport(mpi, poll);
+      transport_ = create_mpi_transport(mpi_, poll);
     });
+  }
 
-    // ---- run metadata ---------------------------------------------------------------------
-    run.ppbench_version = PPBENCH_VERSION_STRING;
-    run.created_utc = utc_now("%Y-%m-%dT%H:%M:%SZ");
-    run.command_line = opt.command_line;
-    run.backend = device->backend();
-    run.transport = transport->name();
-    run.mpi_version = MpiContext::library_version();
-    run.library_versions = device->library_versions();
-    for (const auto& [k, v] : transport->library_versions()) run.library_versions[k] = v;
-    run.world_size = S;
-    run.slurm_job_id = env_or("SLURM_JOB_ID");
-    run.slurm_job_name = env_or("SLURM_JOB_NAME");
-    run.slurm_nodelist = env_or("SLURM_JOB_NODELIST");
-    run.slurm_array_task_id = env_or("SLURM_ARRAY_TASK_ID");
-    for (const char* prefix : {"CUDA_VISIBLE_DEVICES", "NCCL_", "OMPI_", "OMP_", "OPENBLAS_", "SLURM_CPUS", "PPBENCH_"}) {
-      for (char** e = environ; *e; ++e) {
-        std::string kv = *e;
-        // Launcher internals (contact URIs, per-process ids) change nothing and may hold addresses.
-        if (kv.rfind("OMPI_MCA_orte_", 0) == 0 || kv.rfind("OMPI_COMM_WORLD_", 0) == 0 ||
-            kv.rfind("OMPI_FILE_LOCATION", 0) == 0 || kv.rfind("OMPI_ARGV", 0) == 0 ||
-            kv.rfind("OMPI_MCA_ess_base_", 0) == 0 || kv.rfind("OMPI_MCA_pmix", 0) == 0)
-          continue;
-        if (kv.rfind(prefix, 0) == 0) {
-          auto eq = kv.find('=');
-          run.environment[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
-        }
-      }
-    }
-    run.model_source = opt.model_path;
-    run.model_config_json = spec.config_json;
-    run.model_attrs_str = {{"architecture", spec.architecture}, {"model_type", spec.model_type}};
-    {
-      const auto& l0 = spec.layers.at(0);
-      int local_layers = 0;
-      for (const auto& l : spec.layers) local_layers += l.sliding_window > 0;
-      run.model_attrs_num = {{"hidden_size", spec.hidden},
-                             {"num_hidden_layers", spec.n_layers},
-                             {"vocab_size", spec.vocab},
-                             {"num_attention_heads", l0.n_heads},
-                             {"num_key_value_heads", l0.n_kv_heads},
-                             {"head_dim", l0.head_dim},
-                             {"intermediate_size", l0.intermediate},
-                             {"tie_word_embeddings", spec.tie_embeddings ? 1.0 : 0.0},
-                             {"sliding_window_layers", local_layers},
-                             {"total_params", static_cast<double>(model::total_params(spec))},
-                             {"num_units", spec.num_units()},
-                             {"num_signatures", static_cast<double>(spec.signatures.size())}};
-    }
-    run.workload = {opt.batch, opt.prompt_len, opt.gen_len, M, dtype_name(dtype), opt.warmup, opt.iters,
-                    opt.profile_warmup, opt.profile_iters, !opt.no_overlap, opt.seed, opt.objective};
+  // ---- what runs where: the run's metadata, clocks, link and memory limits --------------------
 
-    auto offsets = mpi.clock_offsets();
-    const auto [link_latency_s, link_bandwidth] = mpi.link_model();
-    run.link_latency_s = link_latency_s;
-    run.link_bandwidth_Bps = link_bandwidth;
-    {
-      auto hosts = mpi.gather_strings(mpi.hostname());
-      auto names = mpi.gather_strings(device->name());
-      auto buses = mpi.gather_strings(device->bus_id());
-      auto local = mpi.gatherv_ints({mpi.local_rank()});
-      if (root) {
-        for (int r = 0; r < S; ++r) run.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets[r]});
-      }
-    }
-    if (root) {
+  void describe_run() {
+    run_.ppbench_version = PPBENCH_VERSION_STRING;
+    run_.created_utc = utc_now("%Y-%m-%dT%H:%M:%SZ");
+    run_.command_line = opt_.command_line;
+    run_.backend = device_->backend();
+    run_.transport = transport_->name();
+    run_.mpi_version = MpiContext::library_version();
+    run_.library_versions = device_->library_versions();
+    for (const auto& [k, v] : transport_->library_versions()) run_.library_versions[k] = v;
+    run_.world_size = S_;
+    run_.slurm_job_id = env_or("SLURM_JOB_ID");
+    run_.slurm_job_name = env_or("SLURM_JOB_NAME");
+    run_.slurm_nodelist = env_or("SLURM_JOB_NODELIST");
+    run_.slurm_array_task_id = env_or("SLURM_ARRAY_TASK_ID");
+    run_.environment = captured_environment();
+    run_.model_source = opt_.model_path;
+    run_.model_config_json = spec_.config_json;
+    run_.model_attrs_str = {{"architecture", spec_.architecture}, {"model_type", spec_.model_type}};
+    run_.model_attrs_num = model_numbers(spec_);
+    run_.workload = {opt_.batch, opt_.prompt_len, opt_.gen_len, M_, dtype_name(dtype_), opt_.warmup, opt_.iters,
+                     opt_.profile_warmup, opt_.profile_iters, !opt_.no_overlap, opt_.seed, opt_.objective};
+
+    offsets_ = mpi_.clock_offsets();
+    std::tie(link_latency_s_, link_bandwidth_Bps_) = mpi_.link_model();
+    run_.link_latency_s = link_latency_s_;
+    run_.link_bandwidth_Bps = link_bandwidth_Bps_;
+    const auto hosts = mpi_.gather_strings(mpi_.hostname());
+    const auto names = mpi_.gather_strings(device_->name());
+    const auto buses = mpi_.gather_strings(device_->bus_id());
+    const auto local = mpi_.gatherv_ints({mpi_.local_rank()});
+    if (root_)
+      for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
+    memory_limits_ = mpi_.gather_doubles({static_cast<double>(memory_limit_)});
+    if (root_) {
+      for (int r = 0; r < S_; ++r) run_.ranks[r].memory_limit_bytes = static_cast<int64_t>(memory_limits_[r]);
       std::ostringstream os;
-      os << "model " << opt.model_path << ": " << spec.architecture << ", " << spec.n_layers << " layers, "
-         << spec.num_units() << " units, " << format_fixed(model::total_params(spec) / 1e9, 2) << " B params; " << S
-         << " ranks (" << run.backend << ", " << run.transport << "), B=" << opt.batch << " P=" << opt.prompt_len
-         << " G=" << opt.gen_len << " M=" << M << (opt.no_overlap ? ", no overlap" : ", overlap") << "; output "
-         << output;
-      progress.say(os.str());
+      os << "model " << opt_.model_path << ": " << spec_.architecture << ", " << spec_.n_layers << " layers, "
+         << spec_.num_units() << " units, " << format_fixed(model::total_params(spec_) / 1e9, 2) << " B params; " << S_
+         << " ranks (" << run_.backend << ", " << run_.transport << "), B=" << opt_.batch << " P=" << opt_.prompt_len
+         << " G=" << opt_.gen_len << " M=" << M_ << (opt_.no_overlap ? ", no overlap" : ", overlap") << "; output "
+         << output_;
+      progress_.say(os.str());
     }
+  }
 
-    // Bytes a stage of units [first, last] allocates on this backend (weights, and KV cache +
-    // scratch), computed before anything is allocated.
-    auto stage_bytes_of = [&](int first, int last, int groups) -> StageBytes {
-      StageConfig sc{opt.batch, opt.prompt_len + opt.gen_len, groups, dtype, opt.seed};
+  // ---- memory -----------------------------------------------------------------------------------
+
+  /// What a stage of units [first, last] with `groups` request groups allocates on this
+  /// backend (weights, KV cache, scratch), computed before anything is allocated.
+  StageBytes stage_bytes_of(int first, int last, int groups) const {
+    const StageConfig sc = stage_config(groups);
 #if PPBENCH_HAVE_CUDA
-      if (use_cuda) return cuda_stage_bytes(spec, first, last, sc);
+    if (use_cuda_) return cuda_stage_bytes(spec_, first, last, sc);
 #endif
-      return cpu_stage_bytes(spec, first, last, sc);
-    };
-    auto stage_plan = [&](int first, int last, int groups) -> std::pair<int64_t, int64_t> {
-      const auto b = stage_bytes_of(first, last, groups);
-      return {static_cast<int64_t>(b.weights), static_cast<int64_t>(b.kv_cache + b.scratch)};
-    };
+    return cpu_stage_bytes(spec_, first, last, sc);
+  }
 
-    // Memory, before the profile: a run that cannot fit fails in seconds, not after profiling.
-    // (a) The profile instantiates each unit alone (one group): it must fit this rank's limit.
-    // (b) The model's weights + KV cache must fit the ranks' limits together, and its largest
-    //     unit the largest limit (the balancer's own check, which needs the profile, says which
-    //     split fits; this one says that none can).
-    auto memory_limits = mpi.gather_doubles({static_cast<double>(memory_limit)});
-    if (root)
-      for (int r = 0; r < S; ++r) run.ranks[r].memory_limit_bytes = static_cast<int64_t>(memory_limits[r]);
-    run_phase(mpi, watchdog, policy, "memory check of the profile", [&] {
-      for (int sig = 0; sig < static_cast<int>(spec.signatures.size()); ++sig) {
-        const int u = spec.signature_example[sig];
-        auto [w, rest] = stage_plan(u, u, 1);
-        if (static_cast<size_t>(w + rest) > memory_limit)
-          throw UserError("profiling unit " + spec.units[u].name + " alone needs " + gib(double(w + rest)) +
-                          " (weights " + gib(double(w)) + " + KV cache and scratch " + gib(double(rest)) + " for B=" +
-                          std::to_string(opt.batch) + " sequences of P+G=" + std::to_string(opt.prompt_len + opt.gen_len) +
-                          " tokens) but the limit is " + gib(double(memory_limit)) +
+  StageConfig stage_config(int groups) const {
+    StageConfig sc;
+    sc.batch = opt_.batch;
+    sc.max_context = opt_.prompt_len + opt_.gen_len;
+    sc.groups = groups;
+    sc.dtype = dtype_;
+    sc.seed = opt_.seed;
+    return sc;
+  }
+
+  /// Weights + KV cache of units [first, last] for the run's M groups (no scratch): the
+  /// balancer's per-unit memory and the partitions' stored bytes.
+  std::pair<int64_t, int64_t> model_bytes(int first, int last) const {
+    return stage_bytes(spec_, first, last, M_ * opt_.batch, opt_.prompt_len + opt_.gen_len, dtype_bytes(dtype_));
+  }
+
+  /// Memory, before the profile: a run that cannot fit fails in seconds, not after profiling.
+  /// (a) The profile instantiates each unit alone (one group): it must fit this rank's limit.
+  /// (b) The model's weights + KV cache must fit the ranks' limits together, and its largest
+  ///     unit the largest limit (the balancer's own check, which needs the profile, says which
+  ///     split fits; this one says that none can).
+  void check_memory_for_profile() {
+    phase("memory check of the profile", [&] {
+      for (int sig = 0; sig < static_cast<int>(spec_.signatures.size()); ++sig) {
+        const int u = spec_.signature_example[sig];
+        const StageBytes b = stage_bytes_of(u, u, 1);
+        const double w = double(b.weights), rest = double(b.kv_cache + b.scratch);
+        if (b.total() > memory_limit_)
+          throw UserError("profiling unit " + spec_.units[u].name + " alone needs " + gib(w + rest) + " (weights " +
+                          gib(w) + " + KV cache and scratch " + gib(rest) + " for B=" + std::to_string(opt_.batch) +
+                          " sequences of P+G=" + std::to_string(opt_.prompt_len + opt_.gen_len) +
+                          " tokens) but the limit is " + gib(double(memory_limit_)) +
                           " (--memory-limit, default 90% of the free memory per rank); " +
-                          (static_cast<size_t>(w) > memory_limit
+                          (b.weights > memory_limit_
                                ? "its weights alone exceed the limit: a larger --memory-limit or a device with more memory"
                                : "use a smaller --batch, --prompt-len or --gen-len"));
       }
       // `ppbench profile` holds one unit at a time: the whole model need not fit these ranks
       // (profile on fewer ranks, balance K > R stages offline).
-      if (!root || opt.profile_only) return;
-      double need = 0, unit_max = 0, have = 0, have_max = 0;
-      std::string unit_name;
-      for (int u = 0; u < spec.num_units(); ++u) {
-        auto [w, kv] = stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype));
-        need += double(w + kv);
-        if (double(w + kv) > unit_max) {
-          unit_max = double(w + kv);
-          unit_name = spec.units[u].name;
+      if (root_ && !opt_.profile_only) check_model_fits_ranks();
+    });
+  }
+
+  /// (b) above, on rank 0.
+  void check_model_fits_ranks() const {
+    double need = 0, unit_max = 0, have = 0, have_max = 0;
+    std::string unit_name;
+    for (int u = 0; u < spec_.num_units(); ++u) {
+      const auto [w, kv] = model_bytes(u, u);
+      need += double(w + kv);
+      if (double(w + kv) > unit_max) {
+        unit_max = double(w + kv);
+        unit_name = spec_.units[u].name;
+      }
+    }
+    for (double l : memory_limits_) {
+      have += l;
+      have_max = std::max(have_max, l);
+    }
+    if (need > have)
+      throw UserError("the model needs " + gib(need) + " of weights + KV cache (M=" + std::to_string(M_) + " groups of B=" +
+                      std::to_string(opt_.batch) + " sequences, " + std::to_string(opt_.prompt_len + opt_.gen_len) +
+                      " tokens each, " + dtype_name(dtype_) + ") but the " + std::to_string(S_) + " ranks hold " +
+                      gib(have) +
+                      " together (--memory-limit, default 90% of the free memory per rank); use more ranks, a "
+                      "smaller --batch/--microbatches/--prompt-len/--gen-len, or a smaller model");
+    if (unit_max > have_max)
+      throw UserError("unit " + unit_name + " alone needs " + gib(unit_max) + " of weights + KV cache but the largest "
+                      "rank limit is " + gib(have_max) + " (--memory-limit); use a smaller --batch/--microbatches/"
+                      "--prompt-len/--gen-len");
+  }
+
+  /// Every rank checks its stage of every partition before anything is allocated, so an
+  /// impossible partition fails in seconds instead of after the others were benchmarked.
+  void check_memory_of_partitions() {
+    phase("memory check", [&] {
+      for (const auto& p : parts_) {
+        const int k = stage_of(p, mpi_.rank());
+        // Exactly what the stage allocates (CUDA or CPU), scratch included.
+        const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_);
+        if (b.total() > memory_limit_) {
+          std::ostringstream os;
+          os << "partition " << p.solver << ": stage " << k << " (units " << spec_.units[p.first_unit[k]].name << ".."
+             << spec_.units[p.last_unit[k]].name << ") needs " << gib(double(b.total())) << " (weights "
+             << gib(double(b.weights)) << " + KV cache and scratch " << gib(double(b.kv_cache + b.scratch))
+             << ") but the limit is " << gib(double(memory_limit_))
+             << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
+                "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
+          throw UserError(os.str());
         }
       }
-      for (double l : memory_limits) {
-        have += l;
-        have_max = std::max(have_max, l);
-      }
-      if (need > have)
-        throw UserError("the model needs " + gib(need) + " of weights + KV cache (M=" + std::to_string(M) + " groups of B=" +
-                        std::to_string(opt.batch) + " sequences, " + std::to_string(opt.prompt_len + opt.gen_len) +
-                        " tokens each, " + dtype_name(dtype) + ") but the " + std::to_string(S) + " ranks hold " + gib(have) +
-                        " together (--memory-limit, default 90% of the free memory per rank); use more ranks, a "
-                        "smaller --batch/--microbatches/--prompt-len/--gen-len, or a smaller model");
-      if (unit_max > have_max)
-        throw UserError("unit " + unit_name + " alone needs " + gib(unit_max) + " of weights + KV cache but the largest "
-                        "rank limit is " + gib(have_max) + " (--memory-limit); use a smaller --batch/--microbatches/"
-                        "--prompt-len/--gen-len");
     });
+  }
 
-    // ---- 2. profile on every rank ---------------------------------------------------------
+  // ---- 2. profile on every rank, gathered on rank 0 --------------------------------------------
+
+  void profile() {
     ProfileResult prof;
-    run_phase(mpi, watchdog, policy, "profile", [&] {
+    phase("profile", [&] {
       ProfileConfig pc;
-      pc.batch = opt.batch;
-      pc.prompt_len = opt.prompt_len;
-      pc.gen_len = opt.gen_len;
-      pc.num_contexts = opt.profile_contexts;
-      pc.warmup = opt.profile_warmup;
-      pc.iters = opt.profile_iters;
-      pc.dtype = dtype;
-      pc.seed = opt.seed;
-      {
-        // This node's share of the model's weights (its ranks' stages), for cold/warm timing.
-        int64_t total = 0;
-        for (int u = 0; u < spec.num_units(); ++u) total += model::unit_resident_params(spec, u) * dtype_bytes(dtype);
-        pc.resident_bytes = static_cast<size_t>(total / S * mpi.local_size());
-      }
+      pc.batch = opt_.batch;
+      pc.prompt_len = opt_.prompt_len;
+      pc.gen_len = opt_.gen_len;
+      pc.num_contexts = opt_.profile_contexts;
+      pc.warmup = opt_.profile_warmup;
+      pc.iters = opt_.profile_iters;
+      pc.dtype = dtype_;
+      pc.seed = opt_.seed;
+      // This node's share of the model's weights (its ranks' stages), for cold/warm timing.
+      int64_t total = 0;
+      for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
+      pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
       const double t_start = monotonic_s();
-      prof = profile_model(*device, spec, pc, [&](int done, int total, const std::string& what) {
-        if (done >= total) return;
+      prof = profile_model(*device_, spec_, pc, [&](int done, int all, const std::string& what) {
+        if (done >= all) return;
         std::string eta;
         if (done > 0) {
           char buf[64];
-          std::snprintf(buf, sizeof(buf), " (~%.0f s left)", (monotonic_s() - t_start) / done * (total - done));
+          std::snprintf(buf, sizeof(buf), " (~%.0f s left)", (monotonic_s() - t_start) / done * (all - done));
           eta = buf;
         }
-        progress.say("profile: signature " + std::to_string(done + 1) + "/" + std::to_string(total) + ": " + what + eta);
+        progress_.say("profile: signature " + std::to_string(done + 1) + "/" + std::to_string(all) + ": " + what + eta);
       });
     });
-    const int U = spec.num_units();
-    const balance::Objective objective = balance::parse_objective(opt.objective);
+    const int U = spec_.num_units();
     std::vector<double> cost_mine(U);
     for (int u = 0; u < U; ++u)
-      cost_mine[u] = balance::objective_cost(objective, prof.prefill_ms[u], prof.decode_ms[u], opt.gen_len);
+      cost_mine[u] = balance::objective_cost(objective_, prof.prefill_ms[u], prof.decode_ms[u], opt_.gen_len);
     auto pack = [&](const std::vector<double>& a, const std::vector<double>& b) {
       std::vector<double> v;
       for (int u = 0; u < U; ++u) {
@@ -597,342 +708,358 @@ int run_job(const MpiContext& mpi, const RunOptions& opt) {
       }
       return v;
     };
-    auto lat = mpi.gather_doubles(pack(prof.prefill_ms, prof.decode_ms));
-    auto lat_min = mpi.gather_doubles(pack(prof.prefill_min_ms, prof.decode_min_ms));
-    auto lat_max = mpi.gather_doubles(pack(prof.prefill_max_ms, prof.decode_max_ms));
-    auto ctx = mpi.gather_doubles(prof.decode_context_ms);
-    auto cost_all = mpi.gather_doubles(cost_mine);
-
-    // ---- 3. balance on rank 0, broadcast --------------------------------------------------
-    std::vector<balance::Partition> parts;
-    std::vector<int> flat;  // per partition: S first units
+    const auto lat = mpi_.gather_doubles(pack(prof.prefill_ms, prof.decode_ms));
+    const auto lat_min = mpi_.gather_doubles(pack(prof.prefill_min_ms, prof.decode_min_ms));
+    const auto lat_max = mpi_.gather_doubles(pack(prof.prefill_max_ms, prof.decode_max_ms));
+    const auto ctx = mpi_.gather_doubles(prof.decode_context_ms);
+    const auto cost_all = mpi_.gather_doubles(cost_mine);
     // The profile table goes into the file before the balancer runs: a split that cannot be
     // found (memory) still leaves what was measured.
-    if (root) {
-      ProfileTable& t = run.profile;
-      for (int u = 0; u < U; ++u) {
-        t.unit_name.push_back(spec.units[u].name);
-        t.unit_signature.push_back(spec.units[u].signature);
-        t.unit_params.push_back(model::unit_params(spec, u));
-        t.unit_weight_bytes.push_back(model::unit_resident_params(spec, u) * dtype_bytes(dtype));
-        t.unit_kv_bytes.push_back(stage_bytes(spec, u, u, M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype)).second);
-      }
-      t.signature_name = spec.signatures;
-      t.latency_ms = lat;
-      t.latency_min_ms = lat_min;
-      t.latency_max_ms = lat_max;
-      t.decode_contexts = prof.decode_contexts;
-      t.decode_context_ms = ctx;
-      t.cost_ms = cost_all;
+    if (!root_) return;
+    ProfileTable& t = run_.profile;
+    for (int u = 0; u < U; ++u) {
+      t.unit_name.push_back(spec_.units[u].name);
+      t.unit_signature.push_back(spec_.units[u].signature);
+      t.unit_params.push_back(model::unit_params(spec_, u));
+      t.unit_weight_bytes.push_back(model::unit_resident_params(spec_, u) * dtype_bytes(dtype_));
+      t.unit_kv_bytes.push_back(model_bytes(u, u).second);
     }
-    run_phase(mpi, watchdog, policy, "write of the profile", [&] { snapshot("balance"); });
+    t.signature_name = spec_.signatures;
+    t.latency_ms = lat;
+    t.latency_min_ms = lat_min;
+    t.latency_max_ms = lat_max;
+    t.decode_contexts = prof.decode_contexts;
+    t.decode_context_ms = ctx;
+    t.cost_ms = cost_all;
+  }
 
-    if (opt.profile_only) {  // `ppbench profile`: the file is complete without partitions
-      run_phase(mpi, watchdog, policy, "write", [&] {
-        if (!root) return;
-        run.validation = "n/a";
-        run.validation_ok = false;
-        run.elapsed_s = monotonic_s() - run.run_start_s;
-        run.status = "complete";
-        write_results(output, run);
-        print_summary(std::cout, run);
-        std::cout << "results: " << output << " (profile only: ppbench balance " << output << " --stages K)" << std::endl;
-      });
-      return mpi.agree(0);
-    }
+  /// `ppbench profile`: the file is complete without partitions.
+  int finish_profile_only() {
+    phase("write", [&] {
+      if (!root_) return;
+      run_.validation = "n/a";
+      run_.validation_ok = false;
+      run_.elapsed_s = monotonic_s() - run_.run_start_s;
+      run_.status = "complete";
+      write_results(output_, run_);
+      print_summary(std::cout, run_);
+      std::cout << "results: " << output_ << " (profile only: ppbench balance " << output_ << " --stages K)" << std::endl;
+    });
+    return mpi_.agree(0);
+  }
 
-    run_phase(mpi, watchdog, policy, "balance", [&] {
-      if (!root) return;
+  // ---- 3. balance on rank 0, broadcast ----------------------------------------------------------
+
+  void balance() {
+    const int U = spec_.num_units();
+    std::vector<int> flat;  // per partition: S first units, then S device ranks
+    phase("balance", [&] {
+      if (!root_) return;
       // The balancer's problem (DESIGN.md §6), built from the run's record exactly as
       // `ppbench balance FILE.h5` rebuilds it from the file: each rank's own profile row, each
       // rank's memory, the activations crossing each boundary per unit of the objective's cost
       // on the link measured at start-up, with or without overlap.
-      const balance::BalanceProblem prob = balance::problem_from_run(run, objective);
-      for (const auto& name : partition_names) {
-        balance::Partition p;
-        if (name == "uniform") p = balance::solve_uniform(U, S);
-        else if (name == "seed") p = balance::solve_seed(prob.cost[0], S);
-        else if (name == "balanced")
-          p = balance::solve_with_order(prob, S, opt.order == "auto" ? balance::OrderMode::automatic
-                                                                     : balance::OrderMode::rank);
-        else p = balance::parse_manual(opt.partition, U, S);
-        p.solver = name;
-        balance::evaluate(prob, p);
-        parts.push_back(p);
-        for (int k = 0; k < S; ++k) flat.push_back(p.first_unit[k]);
-        for (int k = 0; k < S; ++k) flat.push_back(p.device_rank[k]);
+      const balance::BalanceProblem prob = balance::problem_from_run(run_, objective_);
+      for (const auto& name : partition_names_) {
+        balance::SplitRequest req;
+        req.method = balance::parse_method(name);
+        req.stages = S_;
+        req.order = opt_.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
+        req.manual = opt_.partition;
+        const balance::Partition p = balance::make_split(prob, req);
+        parts_.push_back(p);
+        for (int k = 0; k < S_; ++k) flat.push_back(p.first_unit[k]);
+        for (int k = 0; k < S_; ++k) flat.push_back(p.device_rank[k]);
       }
     });
-    mpi.bcast_ints(flat);
-    if (!root) {
-      for (size_t i = 0; i < partition_names.size(); ++i) {
-        balance::Partition p;
-        p.solver = partition_names[i];
-        for (int k = 0; k < S; ++k) {
-          p.first_unit.push_back(flat[2 * i * S + k]);
-          p.last_unit.push_back(k + 1 < S ? flat[2 * i * S + k + 1] - 1 : U - 1);
-          p.device_rank.push_back(flat[2 * i * S + S + k]);
-        }
-        parts.push_back(p);
+    mpi_.bcast_ints(flat);
+    if (root_) return;
+    for (size_t i = 0; i < partition_names_.size(); ++i) {
+      balance::Partition p;
+      p.solver = partition_names_[i];
+      for (int k = 0; k < S_; ++k) {
+        p.first_unit.push_back(flat[2 * i * S_ + k]);
+        p.last_unit.push_back(k + 1 < S_ ? flat[2 * i * S_ + k + 1] - 1 : U - 1);
+        p.device_rank.push_back(flat[2 * i * S_ + S_ + k]);
       }
+      parts_.push_back(p);
     }
+  }
 
-    // Profile table and partition predictions for the file and the summary.
-    if (root) {
-      for (auto& p : parts) {
-        PartitionRecord pr;
-        pr.name = p.solver;
-        pr.solver = p.solver;
-        pr.first_unit = p.first_unit;
-        pr.last_unit = p.last_unit;
-        pr.device_rank = p.device_rank;
-        pr.predicted_stage_ms = p.predicted_stage_ms;
-        pr.predicted_bottleneck_ms = p.bottleneck_ms;
-        for (int k = 0; k < S; ++k) {
-          double pre = 0, dec = 0;
-          int r = p.device_rank[k];
-          for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
-            pre += lat[(static_cast<size_t>(r) * U + u) * 2 + 0];
-            dec += lat[(static_cast<size_t>(r) * U + u) * 2 + 1];
-          }
-          pr.predicted_phase_ms.push_back(pre);
-          pr.predicted_phase_ms.push_back(dec);
-          auto [w, kv] = stage_bytes(spec, p.first_unit[k], p.last_unit[k], M * opt.batch, opt.prompt_len + opt.gen_len, dtype_bytes(dtype));
-          pr.stage_weight_bytes.push_back(w);
-          pr.stage_kv_bytes.push_back(kv);
+  /// Rank 0: each partition's record (split, predictions, stage bytes) and its memory report.
+  void describe_partitions() {
+    if (!root_) return;
+    const int U = spec_.num_units();
+    const std::vector<double>& lat = run_.profile.latency_ms;
+    for (const auto& p : parts_) {
+      PartitionRecord pr;
+      pr.name = p.solver;
+      pr.solver = p.solver;
+      pr.first_unit = p.first_unit;
+      pr.last_unit = p.last_unit;
+      pr.device_rank = p.device_rank;
+      pr.predicted_stage_ms = p.predicted_stage_ms;
+      pr.predicted_bottleneck_ms = p.bottleneck_ms;
+      for (int k = 0; k < S_; ++k) {
+        double pre = 0, dec = 0;
+        const int r = p.device_rank[k];
+        for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+          pre += lat[(static_cast<size_t>(r) * U + u) * 2 + 0];
+          dec += lat[(static_cast<size_t>(r) * U + u) * 2 + 1];
         }
-        run.partitions.push_back(pr);
-        if (!opt.quiet) {
-          // Each device's limit net of its stage's activation scratch, so that "free" and "KV
-          // tokens left" agree with the memory check (which counts the scratch too).
-          std::vector<int64_t> net(S);
-          for (int k = 0; k < S; ++k) {
-            const int d = p.device_rank[k];
-            net[d] = std::max<int64_t>(1, static_cast<int64_t>(memory_limits[d]) -
-                                              static_cast<int64_t>(stage_bytes_of(p.first_unit[k], p.last_unit[k], M).scratch));
-          }
-          auto mr = balance::memory_report(p, run.profile.unit_weight_bytes, run.profile.unit_kv_bytes,
-                                           int64_t(M) * opt.batch * (opt.prompt_len + opt.gen_len), net);
-          progress.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
-                       balance::format_memory_report(mr));
-        }
-        progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
-                     format_fixed(p.bottleneck_ms, 2) + " ms (" + opt.objective + ")");
+        pr.predicted_phase_ms.push_back(pre);
+        pr.predicted_phase_ms.push_back(dec);
+        const auto [w, kv] = model_bytes(p.first_unit[k], p.last_unit[k]);
+        pr.stage_weight_bytes.push_back(w);
+        pr.stage_kv_bytes.push_back(kv);
       }
+      run_.partitions.push_back(pr);
+      if (!opt_.quiet) {
+        // Each device's limit net of its stage's activation scratch, so that "free" and "KV
+        // tokens left" agree with the memory check (which counts the scratch too).
+        std::vector<int64_t> net(S_);
+        for (int k = 0; k < S_; ++k) {
+          const int d = p.device_rank[k];
+          net[d] = std::max<int64_t>(1, static_cast<int64_t>(memory_limits_[d]) -
+                                            static_cast<int64_t>(stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).scratch));
+        }
+        const auto mr = balance::memory_report(p, run_.profile.unit_weight_bytes, run_.profile.unit_kv_bytes,
+                                               int64_t(M_) * opt_.batch * (opt_.prompt_len + opt_.gen_len), net);
+        progress_.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
+                      balance::format_memory_report(mr));
+      }
+      progress_.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
+                    format_fixed(p.bottleneck_ms, 2) + " ms (" + opt_.objective + ")");
     }
+  }
 
-    run_phase(mpi, watchdog, policy, "write of the partitions", [&] { snapshot("benchmark"); });
+  // ---- 4./5. benchmark and validate each partition ----------------------------------------------
 
-    // Memory: every rank checks its stage of every partition before anything is allocated, so
-    // an impossible partition fails in seconds instead of after the others were benchmarked.
-    run_phase(mpi, watchdog, policy, "memory check", [&] {
-      for (const auto& p : parts) {
-        const int k = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
-        // Exactly what the stage allocates (CUDA or CPU), scratch included.
-        auto [w, kv] = stage_plan(p.first_unit[k], p.last_unit[k], M);
-        if (static_cast<size_t>(w + kv) > memory_limit) {
-          std::ostringstream os;
-          os << "partition " << p.solver << ": stage " << k << " (units " << spec.units[p.first_unit[k]].name << ".."
-             << spec.units[p.last_unit[k]].name << ") needs " << gib(double(w + kv)) << " (weights " << gib(double(w))
-             << " + KV cache and scratch " << gib(double(kv)) << ") but the limit is " << gib(double(memory_limit))
-             << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
-                "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
-          throw UserError(os.str());
-        }
-      }
+  StagePlacement placement(const balance::Partition& p) const {
+    const int k = stage_of(p, mpi_.rank());
+    StagePlacement place;
+    place.rank = mpi_.rank();
+    place.stage = k;
+    place.num_stages = S_;
+    place.prev_rank = k > 0 ? p.device_rank[k - 1] : -1;
+    place.next_rank = k + 1 < S_ ? p.device_rank[k + 1] : -1;
+    place.first_rank = p.device_rank[0];
+    place.last_rank = p.device_rank[S_ - 1];
+    return place;
+  }
+
+  PipelineConfig pipeline_config() const {
+    PipelineConfig pc;
+    pc.batch = opt_.batch;
+    pc.prompt_len = opt_.prompt_len;
+    pc.gen_len = opt_.gen_len;
+    pc.groups = M_;
+    pc.warmup = opt_.warmup;
+    pc.iters = opt_.iters;
+    pc.seed = opt_.seed;
+    pc.vocab = spec_.vocab;
+    pc.mode = opt_.no_overlap ? LaneMode::no_overlap : LaneMode::overlap;
+    return pc;
+  }
+
+  /// Builds this rank's stage of partition `pi`, runs the pipelined loop (and the serialized
+  /// reference), gathers the timeline on rank 0 and writes a snapshot.
+  void benchmark_partition(size_t pi) {
+    const balance::Partition& p = parts_[pi];
+    const StagePlacement place = placement(p);
+    std::unique_ptr<StageExecutor> stage;
+    phase("build of partition " + p.solver, [&] {
+      stage = device_->create_stage(spec_, p.first_unit[place.stage], p.last_unit[place.stage], stage_config(M_));
     });
-
-    // ---- 4./5. benchmark and validate each partition ---------------------------------------
-    for (size_t pi = 0; pi < parts.size(); ++pi) {
-      const auto& p = parts[pi];
-      // My stage: the one whose device rank is me.
-      int my_stage = static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), mpi.rank()) - p.device_rank.begin());
-      StagePlacement place;
-      place.rank = mpi.rank();
-      place.stage = my_stage;
-      place.num_stages = S;
-      place.prev_rank = my_stage > 0 ? p.device_rank[my_stage - 1] : -1;
-      place.next_rank = my_stage + 1 < S ? p.device_rank[my_stage + 1] : -1;
-      place.first_rank = p.device_rank[0];
-      place.last_rank = p.device_rank[S - 1];
-
-      std::unique_ptr<StageExecutor> stage;
-      run_phase(mpi, watchdog, policy, "build of partition " + p.solver, [&] {
-        StageConfig sc;
-        sc.batch = opt.batch;
-        sc.max_context = opt.prompt_len + opt.gen_len;
-        sc.groups = M;
-        sc.dtype = dtype;
-        sc.seed = opt.seed;
-        stage = device->create_stage(spec, p.first_unit[my_stage], p.last_unit[my_stage], sc);
+    const PipelineConfig pc = pipeline_config();
+    StageRecord rec, ref;
+    phase("benchmark of partition " + p.solver, [&] {
+      const double t_start = monotonic_s();
+      rec = run_pipeline(*device_, *transport_, *stage, place, pc, [&](int done, int total) {
+        // Estimate: the mean repetition so far for what is left, plus one for validation.
+        const double per_rep = (monotonic_s() - t_start) / done;
+        const double left = per_rep * (total - done + (opt_.validate ? 1 : 0));
+        char eta[64];
+        std::snprintf(eta, sizeof(eta), ", %.1f s per repetition, ~%.0f s left", per_rep, left);
+        progress_.say("benchmark " + p.solver + ": repetition " + std::to_string(done) + "/" + std::to_string(total) +
+                      (done <= opt_.warmup ? " (warm-up)" : "") + eta);
       });
-
-      PipelineConfig pc;
-      pc.batch = opt.batch;
-      pc.prompt_len = opt.prompt_len;
-      pc.gen_len = opt.gen_len;
-      pc.groups = M;
-      pc.warmup = opt.warmup;
-      pc.iters = opt.iters;
-      pc.seed = opt.seed;
-      pc.vocab = spec.vocab;
-      pc.mode = opt.no_overlap ? LaneMode::no_overlap : LaneMode::overlap;
-      StageRecord rec, ref;
-      run_phase(mpi, watchdog, policy, "benchmark of partition " + p.solver, [&] {
-        const double t_start = monotonic_s();
-        rec = run_pipeline(*device, *transport, *stage, place, pc, [&](int done, int total) {
-          // Estimate: the mean repetition so far for what is left, plus one for validation.
-          const double per_rep = (monotonic_s() - t_start) / done;
-          const double left = per_rep * (total - done + (opt.validate ? 1 : 0));
-          char eta[64];
-          std::snprintf(eta, sizeof(eta), ", %.1f s per repetition, ~%.0f s left", per_rep, left);
-          progress.say("benchmark " + p.solver + ": repetition " + std::to_string(done) + "/" + std::to_string(total) +
-                       (done <= opt.warmup ? " (warm-up)" : "") + eta);
-        });
+    });
+    if (opt_.validate) {
+      phase("validation of partition " + p.solver, [&] {
+        PipelineConfig vc = pc;
+        vc.warmup = 0;
+        vc.iters = 1;
+        vc.mode = LaneMode::serialized;
+        ref = run_pipeline(*device_, *transport_, *stage, place, vc);
+        progress_.say("validation " + p.solver + ": serialized reference run done");
       });
-      if (opt.validate) {
-        run_phase(mpi, watchdog, policy, "validation of partition " + p.solver, [&] {
-          PipelineConfig vc = pc;
-          vc.warmup = 0;
-          vc.iters = 1;
-          vc.mode = LaneMode::serialized;
-          ref = run_pipeline(*device, *transport, *stage, place, vc);
-          progress.say("validation " + p.solver + ": serialized reference run done");
-        });
-      }
-      stage.reset();
-
-      // Gather the timeline on rank 0 and convert to rank 0's clock, seconds since run start.
-      auto ev_all = mpi.gatherv_doubles(rec.events);
-      std::vector<int> toks_mine(rec.tokens.begin(), rec.tokens.end());
-      std::vector<int> ref_mine(ref.tokens.begin(), ref.tokens.end());
-      auto toks_all = mpi.gatherv_ints(toks_mine);
-      auto ref_all = mpi.gatherv_ints(ref_mine);
-      auto sums = mpi.gather_doubles({rec.checksum, ref.checksum, rec.compute_lane_cpu_s, rec.recv_lane_cpu_s,
-                                      rec.send_lane_cpu_s, rec.timed_wall_s});
-      if (root) {
-        PartitionRecord& pr = run.partitions[pi];
-        const int steps = opt.gen_len + 1;
-        EventShape sh{opt.iters, M, steps, S};
-        pr.events.assign(static_cast<size_t>(opt.iters) * M * steps * S * kNumEvents, std::nan(""));
-        for (int k = 0; k < S; ++k) {
-          int r = p.device_rank[k];
-          const auto& e = ev_all[r];
-          for (int it = 0; it < opt.iters; ++it)
-            for (int g = 0; g < M; ++g)
-              for (int t = 0; t < steps; ++t)
-                for (int x = 0; x < kNumEvents; ++x) {
-                  double v = e[(((static_cast<size_t>(it) * M + g) * steps + t) * kNumEvents) + x];
-                  pr.events[sh.index(it, g, t, k, x)] = v - offsets[r] - run.run_start_s;
-                }
-          pr.lane_cpu_s.push_back(sums[r * 6 + 2]);
-          pr.lane_cpu_s.push_back(sums[r * 6 + 3]);
-          pr.lane_cpu_s.push_back(sums[r * 6 + 4]);
-        }
-        pr.timed_wall_s = sums[p.device_rank[0] * 6 + 5];
-        int lr = p.device_rank[S - 1];
-        pr.tokens.assign(toks_all[lr].begin(), toks_all[lr].end());
-        pr.reference_tokens.assign(ref_all[lr].begin(), ref_all[lr].end());
-        pr.checksum = sums[lr * 6 + 0];
-        pr.reference_checksum = sums[lr * 6 + 1];
-        pr.validated = opt.validate;
-        pr.tokens_match = opt.validate && pr.tokens == pr.reference_tokens;
-        pr.checksum_match = opt.validate && pr.checksum == pr.reference_checksum;
-        pr.tokens_match_first_partition = pr.tokens == run.partitions[0].tokens;
-        auto m = compute_metrics(pr.events, sh, opt.batch, opt.gen_len);
-        for (int k = 0; k < S; ++k) {
-          pr.stage_compute_ms.push_back(m.stage_prefill_ms[k]);
-          pr.stage_compute_ms.push_back(m.stage_decode_ms[k]);
-        }
-        pr.stage_workload_ms = m.stage_workload_ms;
-        for (int k = 0; k < S; ++k)  // measured stage cost in the balancer's objective
-          pr.measured_stage_ms.push_back(objective == balance::Objective::decode    ? m.stage_decode_ms[k]
-                                         : objective == balance::Objective::prefill ? m.stage_prefill_ms[k]
-                                                                      : m.stage_workload_ms[k]);
-        pr.bubble_fraction = m.bubble_fraction;
-        pr.recv_wait_ms = m.recv_wait_ms;
-        pr.rep_wall_s = m.rep_wall_s;
-        pr.rep_tokens_per_s = m.rep_tokens_per_s;
-        pr.bottleneck_stage = m.bottleneck_stage;
-        pr.metrics = {{"tokens_per_s", m.tokens_per_s},
-                      {"decode_tokens_per_s", m.decode_tokens_per_s},
-                      {"ttft_p50_ms", m.ttft_p50_ms},
-                      {"ttft_p99_ms", m.ttft_p99_ms},
-                      {"tpot_p50_ms", m.tpot_p50_ms},
-                      {"tpot_p99_ms", m.tpot_p99_ms},
-                      {"bottleneck_bound_tok_s", m.bottleneck_bound_tok_s},
-                      {"pipeline_efficiency", m.pipeline_efficiency},
-                      {"predicted_bottleneck_ms", pr.predicted_bottleneck_ms},
-                      {"measured_bottleneck_ms", *std::max_element(pr.measured_stage_ms.begin(), pr.measured_stage_ms.end())}};
-        // The simulator's prediction from the profile (predicted step times + the measured link),
-        // beside the measurement (issue: "run stores the simulator's prediction").
-        {
-          std::vector<balance::SimStage> st(S);
-          for (int k = 0; k < S; ++k) {
-            st[k].prefill_ms = pr.predicted_phase_ms[2 * k];
-            st[k].decode_ms = pr.predicted_phase_ms[2 * k + 1];
-            const bool last_stage = k == S - 1;
-            auto xfer_ms = [&](int tokens) {
-              if (S == 1) return 0.0;
-              double bytes = last_stage ? 4.0 * opt.batch
-                                        : double(model::boundary_bytes(spec, p.last_unit[k], opt.batch, tokens, dtype_bytes(dtype)));
-              return 1e3 * (link_latency_s + (link_bandwidth > 0 ? bytes / link_bandwidth : 0.0));
-            };
-            st[k].send_prefill_ms = xfer_ms(opt.prompt_len);
-            st[k].send_decode_ms = xfer_ms(1);
-          }
-          balance::SimConfig simc;
-          simc.groups = M;
-          simc.gen_len = opt.gen_len;
-          simc.batch = opt.batch;
-          simc.overlap = !opt.no_overlap;
-          try {
-            auto sim = balance::simulate_pipeline(st, simc).metrics;
-            pr.metrics["simulated_tokens_per_s"] = sim.tokens_per_s;
-            pr.metrics["simulated_decode_tokens_per_s"] = sim.decode_tokens_per_s;
-            pr.metrics["simulated_decode_error"] =
-                m.decode_tokens_per_s > 0 ? sim.decode_tokens_per_s / m.decode_tokens_per_s - 1.0 : 0.0;
-          } catch (const std::exception& e) {  // a prediction must never cost the measurement
-            std::cerr << "ppbench: warning: the simulator failed for partition " << p.solver << ": " << e.what() << std::endl;
-          }
-        }
-        pr.measured = true;
-        progress.say("benchmark " + p.solver + ": " + format_fixed(m.tokens_per_s, 2) + " tokens/s, validation " +
-                     (!pr.validated ? "skipped" : pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
-      }
-      run_phase(mpi, watchdog, policy, "write after partition " + p.solver, [&] { snapshot("benchmark"); });
     }
+    stage.reset();
+    gather_partition(pi, rec, ref);
+    phase("write after partition " + p.solver, [&] { snapshot("benchmark"); });
+  }
 
-    // ---- 6./7. summary and results file ---------------------------------------------------
-    int status = 0;
-    run_phase(mpi, watchdog, policy, "write", [&] {
-      if (!root) return;
+  /// Gathers partition `pi`'s timeline, tokens and checksums on rank 0 (rank 0's clock, seconds
+  /// since the run started), validates and computes its metrics (DESIGN.md §3).
+  void gather_partition(size_t pi, const StageRecord& rec, const StageRecord& ref) {
+    const balance::Partition& p = parts_[pi];
+    const auto ev_all = mpi_.gatherv_doubles(rec.events);
+    const std::vector<int> toks_mine(rec.tokens.begin(), rec.tokens.end());
+    const std::vector<int> ref_mine(ref.tokens.begin(), ref.tokens.end());
+    const auto toks_all = mpi_.gatherv_ints(toks_mine);
+    const auto ref_all = mpi_.gatherv_ints(ref_mine);
+    const auto sums = mpi_.gather_doubles({rec.checksum, ref.checksum, rec.compute_lane_cpu_s, rec.recv_lane_cpu_s,
+                                           rec.send_lane_cpu_s, rec.timed_wall_s});
+    if (!root_) return;
+    PartitionRecord& pr = run_.partitions[pi];
+    const int steps = opt_.gen_len + 1;
+    const EventShape sh{opt_.iters, M_, steps, S_};
+    pr.events.assign(static_cast<size_t>(opt_.iters) * M_ * steps * S_ * kNumEvents, std::nan(""));
+    for (int k = 0; k < S_; ++k) {
+      const int r = p.device_rank[k];
+      const auto& e = ev_all[r];
+      for (int it = 0; it < opt_.iters; ++it)
+        for (int g = 0; g < M_; ++g)
+          for (int t = 0; t < steps; ++t)
+            for (int x = 0; x < kNumEvents; ++x) {
+              const double v = e[(((static_cast<size_t>(it) * M_ + g) * steps + t) * kNumEvents) + x];
+              pr.events[sh.index(it, g, t, k, x)] = v - offsets_[r] - run_.run_start_s;
+            }
+      pr.lane_cpu_s.push_back(sums[r * 6 + 2]);
+      pr.lane_cpu_s.push_back(sums[r * 6 + 3]);
+      pr.lane_cpu_s.push_back(sums[r * 6 + 4]);
+    }
+    pr.timed_wall_s = sums[p.device_rank[0] * 6 + 5];
+    const int lr = p.device_rank[S_ - 1];
+    pr.tokens.assign(toks_all[lr].begin(), toks_all[lr].end());
+    pr.reference_tokens.assign(ref_all[lr].begin(), ref_all[lr].end());
+    pr.checksum = sums[lr * 6 + 0];
+    pr.reference_checksum = sums[lr * 6 + 1];
+    pr.validated = opt_.validate;
+    pr.tokens_match = opt_.validate && pr.tokens == pr.reference_tokens;
+    pr.checksum_match = opt_.validate && pr.checksum == pr.reference_checksum;
+    pr.tokens_match_first_partition = pr.tokens == run_.partitions[0].tokens;
+    const auto m = compute_metrics(pr.events, sh, opt_.batch, opt_.gen_len);
+    for (int k = 0; k < S_; ++k) {
+      pr.stage_compute_ms.push_back(m.stage_prefill_ms[k]);
+      pr.stage_compute_ms.push_back(m.stage_decode_ms[k]);
+    }
+    pr.stage_workload_ms = m.stage_workload_ms;
+    for (int k = 0; k < S_; ++k)  // measured stage cost in the balancer's objective
+      pr.measured_stage_ms.push_back(objective_ == balance::Objective::decode    ? m.stage_decode_ms[k]
+                                     : objective_ == balance::Objective::prefill ? m.stage_prefill_ms[k]
+                                                                                 : m.stage_workload_ms[k]);
+    pr.bubble_fraction = m.bubble_fraction;
+    pr.recv_wait_ms = m.recv_wait_ms;
+    pr.rep_wall_s = m.rep_wall_s;
+    pr.rep_tokens_per_s = m.rep_tokens_per_s;
+    pr.bottleneck_stage = m.bottleneck_stage;
+    pr.metrics = {{"tokens_per_s", m.tokens_per_s},
+                  {"decode_tokens_per_s", m.decode_tokens_per_s},
+                  {"ttft_p50_ms", m.ttft_p50_ms},
+                  {"ttft_p99_ms", m.ttft_p99_ms},
+                  {"tpot_p50_ms", m.tpot_p50_ms},
+                  {"tpot_p99_ms", m.tpot_p99_ms},
+                  {"bottleneck_bound_tok_s", m.bottleneck_bound_tok_s},
+                  {"pipeline_efficiency", m.pipeline_efficiency},
+                  {"predicted_bottleneck_ms", pr.predicted_bottleneck_ms},
+                  {"measured_bottleneck_ms", *std::max_element(pr.measured_stage_ms.begin(), pr.measured_stage_ms.end())}};
+    add_simulated_metrics(p, pr, m.decode_tokens_per_s);
+    pr.measured = true;
+    progress_.say("benchmark " + p.solver + ": " + format_fixed(m.tokens_per_s, 2) + " tokens/s, validation " +
+                  (!pr.validated ? "skipped" : pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
+  }
+
+  /// The simulator's prediction from the profile (predicted step times + the measured link),
+  /// stored beside the measurement; a failing prediction never costs the measurement.
+  void add_simulated_metrics(const balance::Partition& p, PartitionRecord& pr, double measured_decode_tok_s) const {
+    std::vector<balance::SimStage> st(S_);
+    for (int k = 0; k < S_; ++k) {
+      st[k].prefill_ms = pr.predicted_phase_ms[2 * k];
+      st[k].decode_ms = pr.predicted_phase_ms[2 * k + 1];
+      const bool last_stage = k == S_ - 1;
+      auto xfer_ms = [&](int tokens) {
+        if (S_ == 1) return 0.0;
+        const double bytes = last_stage ? 4.0 * opt_.batch
+                                        : double(model::boundary_bytes(spec_, p.last_unit[k], opt_.batch, tokens,
+                                                                       dtype_bytes(dtype_)));
+        return 1e3 * (link_latency_s_ + (link_bandwidth_Bps_ > 0 ? bytes / link_bandwidth_Bps_ : 0.0));
+      };
+      st[k].send_prefill_ms = xfer_ms(opt_.prompt_len);
+      st[k].send_decode_ms = xfer_ms(1);
+    }
+    balance::SimConfig simc;
+    simc.groups = M_;
+    simc.gen_len = opt_.gen_len;
+    simc.batch = opt_.batch;
+    simc.overlap = !opt_.no_overlap;
+    try {
+      const auto sim = balance::simulate_pipeline(st, simc).metrics;
+      pr.metrics["simulated_tokens_per_s"] = sim.tokens_per_s;
+      pr.metrics["simulated_decode_tokens_per_s"] = sim.decode_tokens_per_s;
+      pr.metrics["simulated_decode_error"] =
+          measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+    } catch (const std::exception& e) {
+      std::cerr << "ppbench: warning: the simulator failed for partition " << p.solver << ": " << e.what() << std::endl;
+    }
+  }
+
+  // ---- 6./7. summary and results file -----------------------------------------------------------
+
+  int finish() {
+    phase("write", [&] {
+      if (!root_) return;
       const PartitionRecord* uni = nullptr;
       const PartitionRecord* bal = nullptr;
       bool failed = false, all_validated = true;
-      for (auto& pr : run.partitions) {
+      for (auto& pr : run_.partitions) {
         failed = failed || !pr.tokens_match_first_partition || (pr.validated && !(pr.tokens_match && pr.checksum_match));
         all_validated = all_validated && pr.validated;
         if (pr.name == "uniform") uni = &pr;
         if (pr.name == "balanced") bal = &pr;
       }
       if (uni && bal) {
-        run.balance_gain = bal->metrics.at("tokens_per_s") / uni->metrics.at("tokens_per_s");
-        run.decode_balance_gain = bal->metrics.at("decode_tokens_per_s") / uni->metrics.at("decode_tokens_per_s");
+        run_.balance_gain = bal->metrics.at("tokens_per_s") / uni->metrics.at("tokens_per_s");
+        run_.decode_balance_gain = bal->metrics.at("decode_tokens_per_s") / uni->metrics.at("decode_tokens_per_s");
       }
-      run.validation = failed ? "failed" : all_validated ? "ok" : "skipped";
-      run.validation_ok = run.validation == "ok";
-      run.elapsed_s = monotonic_s() - run.run_start_s;
-      run.status = "complete";
-      write_results(output, run);
-      print_summary(std::cout, run);
-      std::cout << "results: " << output << std::endl;
+      run_.validation = failed ? "failed" : all_validated ? "ok" : "skipped";
+      run_.validation_ok = run_.validation == "ok";
+      run_.elapsed_s = monotonic_s() - run_.run_start_s;
+      run_.status = "complete";
+      write_results(output_, run_);
+      print_summary(std::cout, run_);
+      std::cout << "results: " << output_ << std::endl;
     });
-    if (root && run.validation == "failed") status = 1;
-    return mpi.agree(status);
-  } catch (const PhaseFailed& f) {
-    return f.status;
+    return mpi_.agree(root_ && run_.validation == "failed" ? 1 : 0);
   }
-}
+
+  const MpiContext& mpi_;
+  const RunOptions& opt_;
+  const int S_;      ///< ranks = stages
+  const bool root_;  ///< rank 0: solves, gathers, writes
+  Progress progress_;
+  RunRecord run_;  ///< rank 0's record of the run (what the file holds)
+  FailurePolicy policy_;
+  model::ModelSpec spec_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Transport> transport_;
+  std::vector<std::string> partition_names_;
+  std::vector<balance::Partition> parts_;  ///< in run order, on every rank
+  std::string output_;
+  DType dtype_ = DType::f32;
+  balance::Objective objective_ = balance::Objective::workload;
+  bool use_cuda_ = false;
+  int M_ = 0;                         ///< request groups in flight
+  size_t memory_limit_ = 0;           ///< this rank's bytes
+  std::vector<double> memory_limits_;  ///< [R] every rank's, gathered
+  std::vector<double> offsets_;        ///< [R] clock offsets to rank 0, s
+  double link_latency_s_ = 0.0, link_bandwidth_Bps_ = 0.0;
+  Watchdog watchdog_;  ///< last: see the constructor
+};
+
+}  // namespace
+
+int run_job(const MpiContext& mpi, const RunOptions& opt) { return RunJob(mpi, opt).run(); }
 
 }  // namespace ppb

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/events.h"
 #include "common/stats.h"
 
 namespace ppb {
@@ -12,7 +13,6 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
   PartitionMetrics m;
   const int S = sh.stages, M = sh.groups, steps = sh.steps;
   const int last = S - 1;
-  constexpr int kRecvStart = 0, kRecvEnd = 1, kComputeStart = 2, kComputeEnd = 3;
   std::vector<double> ttft, tpot, decode_rate;
   std::vector<std::vector<double>> prefill(S), decode(S), bubble(S), recv_wait(S);
   for (int r = 0; r < sh.iters; ++r) {

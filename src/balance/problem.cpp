@@ -73,4 +73,47 @@ BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   return p;
 }
 
+Method parse_method(const std::string& name) {
+  if (name == "uniform") return Method::uniform;
+  if (name == "seed") return Method::seed;
+  if (name == "balanced") return Method::balanced;
+  if (name == "manual") return Method::manual;
+  throw UserError("partition method '" + name + "' is unknown; valid: uniform, seed, balanced, manual");
+}
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::uniform: return "uniform";
+    case Method::seed: return "seed";
+    case Method::balanced: return "balanced";
+    case Method::manual: return "manual";
+  }
+  return "balanced";
+}
+
+Partition make_split(const BalanceProblem& problem, const SplitRequest& r) {
+  const int U = problem.units();
+  Partition p;
+  switch (r.method) {
+    case Method::uniform:
+      p = solve_uniform(U, r.stages, r.remainder);
+      p.device_rank = rank_order(problem, r.stages);
+      break;
+    case Method::seed:
+      p = solve_seed(problem.cost[problem.row_of(0)], r.stages);
+      p.device_rank = rank_order(problem, r.stages);
+      break;
+    case Method::balanced:
+      p = solve_with_order(problem, r.stages, r.order, r.kind);
+      break;
+    case Method::manual:
+      p = parse_manual(r.manual, U, r.stages);
+      p.device_rank = rank_order(problem, r.stages);
+      break;
+  }
+  p.solver = method_name(r.method);
+  evaluate(problem, p);
+  return p;
+}
+
 }  // namespace ppb::balance

@@ -57,4 +57,36 @@ int dtype_size(const std::string& dtype);
 /// @throws ppb::UserError when the record lacks a profile or its tables disagree in size.
 BalanceProblem problem_from_run(const RunRecord& run, Objective o);
 
+/// How a split is made: `run --partition` and `ppbench balance --solver/--partition`, and the
+/// name a partition carries in the results file.
+enum class Method {
+  uniform,   ///< equal layer counts (solve_uniform)
+  seed,      ///< the source article's DP over one latency row (solve_seed)
+  balanced,  ///< the exact solver: per-device rows, memory, transfers, device order
+  manual,    ///< a given split "5,6,5,6"
+};
+
+/// "uniform" | "seed" | "balanced" | "manual" -> Method. @throws ppb::UserError naming the valid values.
+Method parse_method(const std::string& name);
+
+/// The name parse_method() reads.
+const char* method_name(Method m);
+
+/// What make_split() makes.
+struct SplitRequest {
+  Method method = Method::balanced;
+  int stages = 1;
+  OrderMode order = OrderMode::rank;                       ///< balanced only
+  SolverKind kind = SolverKind::automatic;                 ///< balanced only
+  UniformRemainder remainder = UniformRemainder::first;    ///< uniform only
+  std::string manual;                                      ///< manual only: units per stage
+};
+
+/// Makes the split `r` asks for on `problem` and evaluates it (predicted stage times with the
+/// problem's transfers, bottleneck, spread); Partition::solver = method_name(r.method). Stage k
+/// runs on device k except for balanced with OrderMode::automatic. Seed uses the row of device 0.
+/// @throws ppb::UserError as the solver it calls (stages out of range, no split fits memory,
+///         a malformed manual split).
+Partition make_split(const BalanceProblem& problem, const SplitRequest& r);
+
 }  // namespace ppb::balance

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/events.h"
 
 namespace ppb::balance {
 
@@ -19,7 +20,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr int kRing = 2;  // double buffering of recv and output slots, as pipeline.cpp
-enum Ev { kRecvStart = 0, kRecvEnd, kComputeStart, kComputeEnd, kSendStart, kSendEnd, kEvents };
 
 struct Op {
   enum Kind { record, wait, compute, send, recv } kind;
@@ -48,9 +48,9 @@ SimResult simulate_pipeline(const std::vector<SimStage>& stages, const SimConfig
                         " ms; times must be finite and >= 0");
 
   const int steps = G + 1, items = M * steps;
-  auto ev_id = [&](int s, int i, int k) { return (static_cast<long>(s) * items + i) * kEvents + k; };
+  auto ev_id = [&](int s, int i, int k) { return (static_cast<long>(s) * items + i) * kNumEvents + k; };
   auto xfer_id = [&](int s, int i) { return static_cast<long>(s) * items + i; };  // output of (s, i)
-  std::vector<double> ev(static_cast<std::size_t>(S) * items * kEvents, kNaN);
+  std::vector<double> ev(static_cast<std::size_t>(S) * items * kNumEvents, kNaN);
   std::vector<double> send_post(static_cast<std::size_t>(S) * items, kNaN), recv_post(send_post.size(), kNaN);
   std::vector<double> xfer_ms(send_post.size(), 0.0);
 
@@ -153,10 +153,10 @@ SimResult simulate_pipeline(const std::vector<SimStage>& stages, const SimConfig
   // ---- events in the results layout [1][M][G+1][S][6], seconds ---------------------------------
   SimResult r;
   r.shape = EventShape{1, M, steps, S};
-  r.events.assign(static_cast<std::size_t>(M) * steps * S * kEvents, kNaN);
+  r.events.assign(static_cast<std::size_t>(M) * steps * S * kNumEvents, kNaN);
   for (int s = 0; s < S; ++s)
     for (int i = 0; i < items; ++i)
-      for (int k = 0; k < kEvents; ++k) r.events[r.shape.index(0, i % M, i / M, s, k)] = 1e-3 * ev[ev_id(s, i, k)];
+      for (int k = 0; k < kNumEvents; ++k) r.events[r.shape.index(0, i % M, i / M, s, k)] = 1e-3 * ev[ev_id(s, i, k)];
   r.metrics = compute_metrics(r.events, r.shape, cfg.batch, G);
   return r;
 }

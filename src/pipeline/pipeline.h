@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "common/events.h"
 #include "transport/transport.h"
 
 namespace ppb {
@@ -29,8 +30,6 @@ enum class LaneMode {
   serialized,  ///< one lane and a barrier after every item: one item in flight in the whole pipeline
 };
 
-/// Index of each timestamp of an item in the events array.
-enum EventIndex { kRecvStart = 0, kRecvEnd, kComputeStart, kComputeEnd, kSendStart, kSendEnd, kNumEvents };
 
 struct PipelineConfig {
   int batch = 1;

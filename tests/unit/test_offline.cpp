@@ -834,6 +834,48 @@ TEST_F(OfflineTest, RunAndOfflineBalanceSolveTheSameProblem) {
   }
 }
 
+/// make_split: each method gives what its solver gives, evaluated on the problem, named by the
+/// method; names round-trip; a bad name or manual split is a UserError.
+TEST(MakeSplit, EachMethodEqualsItsSolver) {
+  balance::BalanceProblem prob;
+  prob.cost = {{1, 5, 5, 5, 5, 9}, {1, 4, 4, 4, 4, 7}, {2, 6, 6, 6, 6, 12}};
+  prob.activation_bytes.assign(5, 1e6);
+  prob.link_bandwidth_GBps = 1.0;
+  prob.link_latency_us = 10.0;
+  balance::SplitRequest req;
+  req.stages = 3;
+  auto evaluated = [&](balance::Partition p) {
+    balance::evaluate(prob, p);
+    return p;
+  };
+  req.method = balance::Method::uniform;
+  balance::Partition got = balance::make_split(prob, req), want = evaluated(balance::solve_uniform(6, 3));
+  EXPECT_EQ(got.first_unit, want.first_unit);
+  EXPECT_EQ(got.predicted_stage_ms, want.predicted_stage_ms);
+  EXPECT_EQ(got.solver, "uniform");
+  req.method = balance::Method::seed;
+  got = balance::make_split(prob, req), want = evaluated(balance::solve_seed(prob.cost[0], 3));
+  EXPECT_EQ(got.first_unit, want.first_unit);
+  EXPECT_EQ(got.bottleneck_ms, want.bottleneck_ms);
+  EXPECT_EQ(got.solver, "seed");
+  req.method = balance::Method::balanced;
+  got = balance::make_split(prob, req), want = balance::solve(prob, {0, 1, 2});
+  EXPECT_EQ(got.first_unit, want.first_unit);
+  EXPECT_EQ(got.bottleneck_ms, want.bottleneck_ms);
+  EXPECT_EQ(got.solver, "balanced");
+  req.method = balance::Method::manual;
+  req.manual = "1,4,1";
+  got = balance::make_split(prob, req);
+  EXPECT_EQ(got.first_unit, (std::vector<int>{0, 1, 5}));
+  EXPECT_EQ(got.device_rank, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(got.bottleneck_ms, evaluated(got).bottleneck_ms);
+  req.manual = "1,4";
+  EXPECT_THROW(balance::make_split(prob, req), UserError);
+  for (auto m : {balance::Method::uniform, balance::Method::seed, balance::Method::balanced, balance::Method::manual})
+    EXPECT_EQ(balance::parse_method(balance::method_name(m)), m);
+  EXPECT_THROW(balance::parse_method("greedy"), UserError);
+}
+
 TEST(Objective, CostsTokensMessagesAndNames) {
   using balance::Objective;
   EXPECT_EQ(balance::objective_cost(Objective::workload, 2.0, 0.5, 4), 4.0);
