@@ -17,7 +17,6 @@
 #include <utility>
 #include <sstream>
 
-#include "backend/cpu/cpu_stage.h"
 #include "backend/device.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
@@ -213,19 +212,6 @@ void check_output(const std::string& path, bool force) {
   if (!f) throw UserError("output '" + path + "' cannot be written: directory '" + dir.string() + "' is not writable");
   std::fclose(f);
   std::remove(probe.c_str());
-}
-
-/// Stage bytes (weights, KV cache) of units [first, last] for the workload.
-std::pair<int64_t, int64_t> stage_bytes(const model::ModelSpec& m, int first, int last, int sequences, int context,
-                                        int dtype_b) {
-  int64_t w = 0, kv = 0;
-  for (int u = first; u <= last; ++u) {
-    w += model::unit_resident_params(m, u) * dtype_b;
-    // What the stages allocate: a full-context cache per layer, sliding window or not (a ring
-    // buffer of `window` positions would need less; model::kv_cache_bytes gives that minimum).
-    kv += model::kv_bytes_per_token(m, u, dtype_b) * sequences * context;
-  }
-  return {w, kv};
 }
 
 std::string gib(double bytes) {
@@ -548,8 +534,13 @@ class RunJob {
     if (root_)
       for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
     memory_limits_ = mpi_.gather_doubles({static_cast<double>(memory_limit_)});
+    // The scratch of a stage of every unit bounds any stage's scratch (the balancer keeps it free).
+    const auto scratch = mpi_.gather_doubles({static_cast<double>(stage_bytes_of(0, spec_.num_units() - 1, M_).scratch)});
     if (root_) {
-      for (int r = 0; r < S_; ++r) run_.ranks[r].memory_limit_bytes = static_cast<int64_t>(memory_limits_[r]);
+      for (int r = 0; r < S_; ++r) {
+        run_.ranks[r].memory_limit_bytes = static_cast<int64_t>(memory_limits_[r]);
+        run_.ranks[r].stage_scratch_bytes = static_cast<int64_t>(scratch[r]);
+      }
       std::ostringstream os;
       os << "model " << opt_.model_path << ": " << spec_.architecture << ", " << spec_.n_layers << " layers, "
          << spec_.num_units() << " units, " << format_fixed(model::total_params(spec_) / 1e9, 2) << " B params; " << S_
@@ -565,11 +556,7 @@ class RunJob {
   /// What a stage of units [first, last] with `groups` request groups allocates on this
   /// backend (weights, KV cache, scratch), computed before anything is allocated.
   StageBytes stage_bytes_of(int first, int last, int groups) const {
-    const StageConfig sc = stage_config(groups);
-#if PPBENCH_HAVE_CUDA
-    if (use_cuda_) return cuda_stage_bytes(spec_, first, last, sc);
-#endif
-    return cpu_stage_bytes(spec_, first, last, sc);
+    return device_->stage_bytes(spec_, first, last, stage_config(groups));
   }
 
   StageConfig stage_config(int groups) const {
@@ -582,10 +569,14 @@ class RunJob {
     return sc;
   }
 
-  /// Weights + KV cache of units [first, last] for the run's M groups (no scratch): the
-  /// balancer's per-unit memory and the partitions' stored bytes.
-  std::pair<int64_t, int64_t> model_bytes(int first, int last) const {
-    return stage_bytes(spec_, first, last, M_ * opt_.batch, opt_.prompt_len + opt_.gen_len, dtype_bytes(dtype_));
+  /// Weights + KV cache of unit `u` alone for the run's M groups (no scratch): the balancer's
+  /// per-unit memory. A stage's weights + KV cache are at most the sum over its units (a tied
+  /// embedding shared by embed and head on one stage is counted once there), and its scratch at
+  /// most the scratch of a stage of every unit (stage_scratch_bytes): a split within the
+  /// limits net of that scratch passes check_memory_of_partitions.
+  std::pair<int64_t, int64_t> unit_bytes(int u) const {
+    const StageBytes b = stage_bytes_of(u, u, M_);
+    return {static_cast<int64_t>(b.weights), static_cast<int64_t>(b.kv_cache)};
   }
 
   /// Memory, before the profile: a run that cannot fit fails in seconds, not after profiling.
@@ -620,7 +611,7 @@ class RunJob {
     double need = 0, unit_max = 0, have = 0, have_max = 0;
     std::string unit_name;
     for (int u = 0; u < spec_.num_units(); ++u) {
-      const auto [w, kv] = model_bytes(u, u);
+      const auto [w, kv] = unit_bytes(u);
       need += double(w + kv);
       if (double(w + kv) > unit_max) {
         unit_max = double(w + kv);
@@ -721,8 +712,9 @@ class RunJob {
       t.unit_name.push_back(spec_.units[u].name);
       t.unit_signature.push_back(spec_.units[u].signature);
       t.unit_params.push_back(model::unit_params(spec_, u));
-      t.unit_weight_bytes.push_back(model::unit_resident_params(spec_, u) * dtype_bytes(dtype_));
-      t.unit_kv_bytes.push_back(model_bytes(u, u).second);
+      const auto [w, kv] = unit_bytes(u);
+      t.unit_weight_bytes.push_back(w);
+      t.unit_kv_bytes.push_back(kv);
     }
     t.signature_name = spec_.signatures;
     t.latency_ms = lat;
@@ -809,9 +801,9 @@ class RunJob {
         }
         pr.predicted_phase_ms.push_back(pre);
         pr.predicted_phase_ms.push_back(dec);
-        const auto [w, kv] = model_bytes(p.first_unit[k], p.last_unit[k]);
-        pr.stage_weight_bytes.push_back(w);
-        pr.stage_kv_bytes.push_back(kv);
+        const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_);
+        pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
+        pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
       }
       run_.partitions.push_back(pr);
       if (!opt_.quiet) {

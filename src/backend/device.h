@@ -50,9 +50,18 @@ class Device {
   virtual std::unique_ptr<Event> create_event() = 0;
   virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;
   /// Builds units [first, last] of `model` (inclusive) with deterministic random weights.
+  /// It allocates exactly stage_bytes(model, first, last, config) (tested per backend).
   /// @throws ppb::UserError if the dtype is not supported by this backend.
   virtual std::unique_ptr<StageExecutor> create_stage(const model::ModelSpec& model, int first,
                                                       int last, const StageConfig& config) = 0;
+  /// The memory model of this backend (the one ppbench uses everywhere, like ggml's
+  /// get_alloc_size): bytes a stage of units [first, last] allocates for `config` — weights,
+  /// KV cache of config.groups groups, scratch — computed before anything is allocated. The
+  /// memory checks, the balancer's per-unit bytes and scratch reserve, and the stage itself
+  /// use it. Pure arithmetic; bytes.
+  /// @throws ppb::UserError for an invalid unit range or config.
+  virtual StageBytes stage_bytes(const model::ModelSpec& model, int first, int last,
+                                 const StageConfig& config) const = 0;
 };
 
 /// Creates the CPU device. blas_threads > 0 sets OpenBLAS's thread count for this rank;

@@ -58,9 +58,13 @@ BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   p.unit_names = t.unit_name;
   p.weight_bytes = t.unit_weight_bytes;
   p.kv_bytes = t.unit_kv_bytes;
+  // Each rank's limit net of the largest scratch any stage can need there (the limit's last
+  // byte counts: 0 would mean unlimited), so that a split within these limits passes the
+  // run's memory check of weights + KV cache + scratch.
   if (run.ranks.size() == R &&
       std::all_of(run.ranks.begin(), run.ranks.end(), [](const RankInfo& k) { return k.memory_limit_bytes > 0; }))
-    for (const RankInfo& k : run.ranks) p.device_memory_bytes.push_back(k.memory_limit_bytes);
+    for (const RankInfo& k : run.ranks)
+      p.device_memory_bytes.push_back(std::max<int64_t>(1, k.memory_limit_bytes - k.stage_scratch_bytes));
   const auto hidden = run.model_attrs_num.find("hidden_size");
   if (hidden != run.model_attrs_num.end() && hidden->second > 0 && U > 1)
     p.activation_bytes.assign(U - 1, static_cast<double>(w.batch) * objective_tokens(o, w.prompt_len, w.gen_len) *

@@ -47,7 +47,8 @@ int dtype_size(const std::string& dtype);
 /// The balancer's problem of `run` for objective `o`:
 ///  - cost [R][U] = objective_cost of each rank's own profile row (/profile/latency_ms);
 ///  - weight_bytes, kv_bytes [U] = /profile/unit_weight_bytes, unit_kv_bytes;
-///  - device_memory_bytes [R] = each rank's memory limit (when every rank has one > 0);
+///  - device_memory_bytes [R] = each rank's memory limit (when every rank has one > 0) less its
+///    stage_scratch_bytes (the scratch of the largest possible stage), at least 1;
 ///  - activation_bytes [U-1] = B · objective_tokens · hidden_size · dtype bytes (the hidden
 ///    states of every sequence of a group crossing the boundary per unit of cost);
 ///  - messages_per_boundary = objective_messages; link = the run's measured latency (s -> us)

@@ -164,10 +164,11 @@ void read_all(const Group& root, RunRecord& run) {
   auto local = dataset_or_empty<int64_t>(ranks, "local_rank");
   auto offset = dataset_or_empty<double>(ranks, "clock_offset_s");
   auto memory = dataset_or_empty<int64_t>(ranks, "memory_limit_bytes");  // files before it: 0 = unknown
+  auto scratch = dataset_or_empty<int64_t>(ranks, "stage_scratch_bytes");  // files before it: 0 = unknown
   for (size_t r = 0; r < host.size(); ++r) {
     run.ranks.push_back({host[r], r < dev.size() ? dev[r] : "", r < bus.size() ? bus[r] : "",
                          r < local.size() ? static_cast<int>(local[r]) : 0, r < offset.size() ? offset[r] : 0.0,
-                         r < memory.size() ? memory[r] : 0});
+                         r < memory.size() ? memory[r] : 0, r < scratch.size() ? scratch[r] : 0});
   }
 
   Group prof = root.open_group("profile");

@@ -14,6 +14,9 @@ struct RankInfo {
   int local_rank = 0;
   double clock_offset_s = 0.0;
   int64_t memory_limit_bytes = 0;  ///< weights + KV cache + scratch allowed on the rank (0 = unknown)
+  /// Scratch of a stage holding every unit on the rank's backend, an upper bound of any stage's
+  /// scratch: the balancer keeps it free out of memory_limit_bytes (0 = unknown, older files).
+  int64_t stage_scratch_bytes = 0;
 };
 
 struct WorkloadInfo {

@@ -171,9 +171,10 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   std::vector<std::string> host, dev, bus;
   std::vector<int> local;
   std::vector<double> offset;
-  std::vector<int64_t> memory;
+  std::vector<int64_t> memory, scratch;
   for (const auto& r : run.ranks) {
     memory.push_back(r.memory_limit_bytes);
+    scratch.push_back(r.stage_scratch_bytes);
     host.push_back(r.hostname);
     dev.push_back(r.device_name);
     bus.push_back(r.bus_id);
@@ -186,6 +187,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   ranks.write_dataset("local_rank", local);
   ranks.write_dataset("clock_offset_s", offset).set_attr("units", "s");
   ranks.write_dataset("memory_limit_bytes", memory).set_attr("units", "bytes");
+  ranks.write_dataset("stage_scratch_bytes", scratch).set_attr("units", "bytes");
 
   const auto& p = run.profile;
   const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();

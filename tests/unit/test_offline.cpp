@@ -9,12 +9,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "backend/device.h"
+#include "model/model_spec.h"
 #include "balance/memory_report.h"
 #include "balance/problem.h"
 #include "common/error.h"
@@ -895,6 +898,71 @@ TEST(Objective, CostsTokensMessagesAndNames) {
     EXPECT_NE(std::string(e.what()).find("--objective 'latency' is unknown; valid: workload, decode, prefill"),
               std::string::npos);
   }
+}
+
+}  // namespace
+}  // namespace ppb
+
+namespace ppb {
+namespace {
+
+/// One memory model: the balancer, fed the backend's per-unit bytes and the ranks' limits net of
+/// the largest stage's scratch (problem_from_run, as `run` does), never returns a split that
+/// the run's memory check (the backend's stage_bytes of the whole stage: weights + KV cache +
+/// scratch, against the rank's limit) refuses — over real and tiny configs (tied embeddings,
+/// sliding windows, a large vocabulary), workloads and limits from generous to infeasible.
+TEST(MemoryModel, BalancerNeverReturnsASplitTheMemoryCheckRefuses) {
+  const std::unique_ptr<Device> cpu = create_cpu_device(1);
+  std::mt19937 gen(7);
+  int checked = 0, infeasible = 0;
+  for (const char* path : {PPB_SOURCE_DIR "/tests/data/tiny-llama.json", PPB_SOURCE_DIR "/tests/data/tiny-gemma3.json",
+                           PPB_MODELS_DIR "/qwen3-0.6b.json", PPB_MODELS_DIR "/gemma-3-1b-it.json"}) {
+    const model::ModelSpec spec = model::load_model_config(path);
+    const int U = spec.num_units();
+    for (int trial = 0; trial < 12; ++trial) {
+      const int S = 2 + trial % 3, M = 1 + trial % 2;
+      StageConfig cfg;
+      cfg.batch = 1 + trial % 4;
+      cfg.max_context = 8 << (trial % 4);
+      cfg.groups = M;
+      RunRecord run;
+      run.workload = {cfg.batch, cfg.max_context / 2, cfg.max_context / 2, M, "f32", 0, 1, 0, 1, true, 1, "workload"};
+      run.model_attrs_num = {{"hidden_size", spec.hidden}};
+      run.link_bandwidth_Bps = 1e9;
+      int64_t total = 0;
+      for (int u = 0; u < U; ++u) {
+        const StageBytes b = cpu->stage_bytes(spec, u, u, cfg);
+        run.profile.unit_name.push_back(spec.units[u].name);
+        run.profile.unit_weight_bytes.push_back(static_cast<int64_t>(b.weights));
+        run.profile.unit_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
+        total += static_cast<int64_t>(b.weights + b.kv_cache);
+      }
+      std::uniform_real_distribution<double> ms(0.5, 2.0);
+      for (int r = 0; r < S; ++r)
+        for (int u = 0; u < U; ++u) run.profile.latency_ms.insert(run.profile.latency_ms.end(), {ms(gen), ms(gen)});
+      const int64_t scratch = static_cast<int64_t>(cpu->stage_bytes(spec, 0, U - 1, cfg).scratch);
+      // Limits from 0.3x to 2x of an even share of the model, plus the scratch reserve.
+      std::uniform_real_distribution<double> share(0.3, 2.0);
+      for (int r = 0; r < S; ++r)
+        run.ranks.push_back({"n", "cpu", "", r, 0.0, static_cast<int64_t>(share(gen) * total / S) + scratch, scratch});
+      const balance::BalanceProblem prob = balance::problem_from_run(run, balance::Objective::workload);
+      balance::Partition p;
+      try {
+        p = balance::solve_with_order(prob, S, balance::OrderMode::rank);
+      } catch (const UserError&) {
+        ++infeasible;  // no split fits: the run stops before building anything
+        continue;
+      }
+      for (int k = 0; k < S; ++k) {
+        const StageBytes b = cpu->stage_bytes(spec, p.first_unit[k], p.last_unit[k], cfg);
+        EXPECT_LE(static_cast<int64_t>(b.total()), run.ranks[p.device_rank[k]].memory_limit_bytes)
+            << path << " trial " << trial << " stage " << k << " split " << p.counts_string();
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 10);     // feasible cases were checked...
+  EXPECT_GT(infeasible, 0);   // ...and tight limits were tried
 }
 
 }  // namespace

@@ -248,6 +248,10 @@ class CpuDevice final : public Device {
                                               const StageConfig& config) override {
     return create_cpu_stage(model, first, last, config);
   }
+  StageBytes stage_bytes(const model::ModelSpec& model, int first, int last,
+                         const StageConfig& config) const override {
+    return cpu_stage_bytes(model, first, last, config);
+  }
 
  private:
   int threads_ = 1;

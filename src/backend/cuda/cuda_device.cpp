@@ -108,6 +108,10 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaSetDevice(device_));
     return cuda::create_cuda_stage(model, first, last, config);
   }
+  StageBytes stage_bytes(const model::ModelSpec& model, int first, int last,
+                         const StageConfig& config) const override {
+    return cuda_stage_bytes(model, first, last, config);
+  }
 
  private:
   int device_ = 0;
