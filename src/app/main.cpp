@@ -93,6 +93,86 @@ std::string flag_suggestions(const CLI::App& app, const std::vector<std::string>
   return out;
 }
 
+/// Options of `run` and `profile`: the model, the workload the profile is shaped by, device
+/// and output.
+void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
+  sc.add_option("-m,--model", opt.model_path, "Hugging Face config.json of a dense decoder model (inputs/models/*.json)")
+      ->required();
+  sc.add_option("-b,--batch", opt.batch, "B: sequences per request group (micro-batch)")->capture_default_str();
+  sc.add_option("-p,--prompt-len", opt.prompt_len, "P: prompt tokens per sequence (prefill)")->capture_default_str();
+  sc.add_option("-g,--gen-len", opt.gen_len, "G: decode steps per group (autoregressive)")->capture_default_str();
+  sc.add_option("-M,--microbatches", opt.microbatches,
+                 "M: request groups in flight (0 = number of stages; sizes the KV cache in the memory check)")
+      ->capture_default_str();
+  sc.add_option("--objective", opt.objective,
+                 "stage cost the balancer minimises: workload (prefill + G x decode) | decode | prefill")
+      ->capture_default_str();
+  sc.add_option("--profile-warmup", opt.profile_warmup, "untimed forwards before each profiled series")
+      ->capture_default_str();
+  sc.add_option("--profile-iters", opt.profile_iters, "timed forwards per profiled series (median kept)")
+      ->capture_default_str();
+  sc.add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
+      ->capture_default_str();
+  sc.add_option("--seed", opt.seed, "seed of the random weights and prompts (an integer >= 0)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            // Digits only, at most 2^63 - 1 (the file stores it as int64; larger values
+            // would wrap or saturate into another seed).
+            const std::string max = "9223372036854775807";
+            const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+            const std::string d = digits ? v.substr(std::min(v.find_first_not_of('0'), v.size() - 1)) : v;
+            if (digits && (d.size() < max.size() || (d.size() == max.size() && d <= max))) return {};
+            return "must be an integer in [0, 9223372036854775807], got '" + v + "'";
+          },
+          ""))
+      ->capture_default_str();
+  sc.add_option("--dtype", opt.dtype, "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on GPUs)")->capture_default_str();
+  sc.add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
+  sc.add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
+  sc.add_option("--memory-limit", opt.memory_limit_gib,
+                 "GiB of weights + KV cache + scratch allowed per rank (0 = 90% of its share of the free memory: "
+                 "the GPU's, or on CPU the smaller of MemAvailable and the job's cgroup limit)")
+      ->capture_default_str();
+  sc.add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
+      ->capture_default_str();
+  sc.add_option("-o,--output", opt.output, "results file (default results/ppbench_<model>_<ranks>r_<time>.h5)");
+  sc.add_flag("--force", opt.force, "overwrite an existing --output file");
+  sc.add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
+}
+
+/// Options of the benchmark itself (`run` only).
+void add_benchmark_options(CLI::App& run, ppb::RunOptions& opt, bool& no_validate) {
+  run.add_option("--partition", opt.partition,
+                  "splits to benchmark: uniform | seed | balanced | both (uniform+balanced) | all | a manual "
+                  "split of units per stage, e.g. 9,8,7,8")
+      ->capture_default_str();
+  run.add_option("--order", opt.order,
+                  "device order of the balanced split: rank (stage k on rank k) | auto (search it; "
+                  "matters with mixed devices)")
+      ->capture_default_str();
+  run.add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
+  run.add_option("--iters", opt.iters, "timed repetitions per partition")->capture_default_str();
+  run.add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
+  run.add_flag("--no-validate", no_validate, "skip the serialized reference run (validation reported as skipped)");
+}
+
+/// True when `name` is a command of `app`; else prints (on the printing rank) the error with
+/// the closest command and the valid ones: CLI11 would only say "A subcommand is required".
+bool known_command(const CLI::App& app, const std::string& name) {
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    commands.push_back(sub->get_name());
+  if (std::find(commands.begin(), commands.end(), name) != commands.end()) return true;
+  std::string names;
+  for (const std::string& c : commands) names += (names.empty() ? "" : ", ") + c;
+  const std::string near = closest(name, commands);
+  if (print_rank())
+    std::cerr << "ppbench: error: unknown command '" << name << "'"
+              << (near.empty() ? "; expected" : "; did you mean '" + near + "'? Expected") << " one of: " << names
+              << "\nRun with --help for the options." << std::endl;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,89 +193,14 @@ int main(int argc, char** argv) {
       "profile",
       "only profile every unit on every rank and write the HDF5 file (no partitions), for `ppbench balance` "
       "and `simulate` offline");
-  // Options of both: the model, the workload the profile is shaped by, device and output.
-  for (CLI::App* sc : {run, profile}) {
-    sc->add_option("-m,--model", opt.model_path, "Hugging Face config.json of a dense decoder model (inputs/models/*.json)")
-        ->required();
-    sc->add_option("-b,--batch", opt.batch, "B: sequences per request group (micro-batch)")->capture_default_str();
-    sc->add_option("-p,--prompt-len", opt.prompt_len, "P: prompt tokens per sequence (prefill)")->capture_default_str();
-    sc->add_option("-g,--gen-len", opt.gen_len, "G: decode steps per group (autoregressive)")->capture_default_str();
-    sc->add_option("-M,--microbatches", opt.microbatches,
-                   "M: request groups in flight (0 = number of stages; sizes the KV cache in the memory check)")
-        ->capture_default_str();
-    sc->add_option("--objective", opt.objective,
-                   "stage cost the balancer minimises: workload (prefill + G x decode) | decode | prefill")
-        ->capture_default_str();
-    sc->add_option("--profile-warmup", opt.profile_warmup, "untimed forwards before each profiled series")
-        ->capture_default_str();
-    sc->add_option("--profile-iters", opt.profile_iters, "timed forwards per profiled series (median kept)")
-        ->capture_default_str();
-    sc->add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
-        ->capture_default_str();
-    sc->add_option("--seed", opt.seed, "seed of the random weights and prompts (an integer >= 0)")
-        ->check(CLI::Validator(
-            [](std::string& v) -> std::string {
-              // Digits only, at most 2^63 - 1 (the file stores it as int64; larger values
-              // would wrap or saturate into another seed).
-              const std::string max = "9223372036854775807";
-              const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
-              const std::string d = digits ? v.substr(std::min(v.find_first_not_of('0'), v.size() - 1)) : v;
-              if (digits && (d.size() < max.size() || (d.size() == max.size() && d <= max))) return {};
-              return "must be an integer in [0, 9223372036854775807], got '" + v + "'";
-            },
-            ""))
-        ->capture_default_str();
-    sc->add_option("--dtype", opt.dtype, "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on GPUs)")->capture_default_str();
-    sc->add_option("--device", opt.device, "auto | cpu | cuda")->capture_default_str();
-    sc->add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
-    sc->add_option("--memory-limit", opt.memory_limit_gib,
-                   "GiB of weights + KV cache + scratch allowed per rank (0 = 90% of its share of the free memory: "
-                   "the GPU's, or on CPU the smaller of MemAvailable and the job's cgroup limit)")
-        ->capture_default_str();
-    sc->add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
-        ->capture_default_str();
-    sc->add_option("-o,--output", opt.output, "results file (default results/ppbench_<model>_<ranks>r_<time>.h5)");
-    sc->add_flag("--force", opt.force, "overwrite an existing --output file");
-    sc->add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
-  }
-  // Options of the benchmark itself.
-  run->add_option("--partition", opt.partition,
-                  "splits to benchmark: uniform | seed | balanced | both (uniform+balanced) | all | a manual "
-                  "split of units per stage, e.g. 9,8,7,8")
-      ->capture_default_str();
-  run->add_option("--order", opt.order,
-                  "device order of the balanced split: rank (stage k on rank k) | auto (search it; "
-                  "matters with mixed devices)")
-      ->capture_default_str();
-  run->add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
-  run->add_option("--iters", opt.iters, "timed repetitions per partition")->capture_default_str();
-  run->add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
-  run->add_flag("--no-validate", no_validate, "skip the serialized reference run (validation reported as skipped)");
+  for (CLI::App* sc : {run, profile}) add_common_options(*sc, opt);
+  add_benchmark_options(*run, opt, no_validate);
 
   ppb::ReportOptions report_opt;
   auto* report = ppb::add_report_command(app, report_opt);
   ppb::add_offline_commands(app);  // balance, simulate: run inside app.parse(), no MPI
 
-  if (argc > 1 && argv[1][0] != '-') {
-    // CLI11 would only say "A subcommand is required" for `ppbench bogus`; name it and the valid ones.
-    std::string names;
-    bool known = false;
-    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-      names += (names.empty() ? "" : ", ") + sub->get_name();
-      known = known || sub->get_name() == argv[1];
-    }
-    if (!known) {
-      std::vector<std::string> commands;
-      for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
-        commands.push_back(sub->get_name());
-      const std::string near = closest(argv[1], commands);
-      if (print_rank())
-        std::cerr << "ppbench: error: unknown command '" << argv[1] << "'"
-                  << (near.empty() ? "; expected" : "; did you mean '" + near + "'? Expected") << " one of: " << names
-                  << "\nRun with --help for the options." << std::endl;
-      return 2;
-    }
-  }
+  if (argc > 1 && argv[1][0] != '-' && !known_command(app, argv[1])) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -513,6 +513,174 @@ std::vector<balance::SimStage> read_sim_stages(const json& j, const std::string&
   return st;
 }
 
+/// `simulate` of a stage JSON (per-stage step and transfer times): prints the prediction and
+/// fills `out`. cfg.eager_sends is set; the workload comes from the flags or the JSON.
+void simulate_stage_json(const SimulateOptions& opt, balance::SimConfig& cfg, json& out) {
+  const json j = read_json(opt.input);
+  if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
+    throw UserError("input '" + opt.input + "': field 'stages' must be a non-empty list of {\"prefill_ms\", \"decode_ms\"[, \"send_prefill_ms\", \"send_decode_ms\"]}");
+  check_keys(j, {"stages", "microbatches", "gen_len", "batch", "overlap"}, opt.input, "top level");
+  const std::vector<balance::SimStage> st = read_sim_stages(j, opt.input);
+  cfg.groups = opt.microbatches > 0 ? opt.microbatches : positive_int(j, "microbatches", opt.input, 1);
+  cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : positive_int(j, "gen_len", opt.input, 1);
+  cfg.batch = opt.batch > 0 ? opt.batch : positive_int(j, "batch", opt.input, 1);
+  const bool overlap = j.contains("overlap") ? field<bool>(j, "overlap", opt.input, "true or false") : true;
+  cfg.overlap = !opt.no_overlap && overlap;
+  check_sim_size(cfg, st.size());
+  const auto r = balance::simulate_pipeline(st, cfg);
+  std::printf("simulate: %zu stages, M=%d G=%d B=%d, %s\n", st.size(), cfg.groups, cfg.gen_len, cfg.batch,
+              cfg.overlap ? "overlap" : "no overlap");
+  const bool one_step = static_cast<long long>(cfg.groups) * cfg.gen_len == 1;
+  print_metrics("predicted", r.metrics, one_step);
+  out["predicted"] = metrics_json(r.metrics, one_step);
+}
+
+/// `simulate` of a results file: per partition (run order, or --partition-name), the prediction
+/// from the profile, the replay of the measured steps and the measurement, on the run's link
+/// unless --link-* override it; prints them and fills `out`.
+void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, json& out) {
+  const RunRecord run = read_run(opt.input);
+  struct {
+    int microbatches, gen_len, batch, prompt_len;
+    bool overlap;
+    double hidden, link_bandwidth_Bps, link_latency_s;
+    std::string dtype;
+  } rp{run.workload.microbatches, run.workload.gen_len, run.workload.batch, run.workload.prompt_len,
+       run.workload.overlap,
+       run.model_attrs_num.count("hidden_size") ? run.model_attrs_num.at("hidden_size") : 0.0,
+       run.link_bandwidth_Bps, run.link_latency_s, run.workload.dtype};
+  cfg.groups = opt.microbatches > 0 ? opt.microbatches : rp.microbatches;
+  cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : rp.gen_len;
+  cfg.batch = opt.batch > 0 ? opt.batch : rp.batch;
+  cfg.overlap = !opt.no_overlap && rp.overlap;
+  // The run's measurements compare only with a simulation of the run's own workload.
+  const bool same_workload = cfg.groups == rp.microbatches && cfg.gen_len == rp.gen_len && cfg.batch == rp.batch &&
+                             cfg.overlap == rp.overlap;
+  char run_workload[96];
+  std::snprintf(run_workload, sizeof(run_workload), "M=%d G=%d B=%d%s", rp.microbatches, rp.gen_len, rp.batch,
+                rp.overlap ? "" : " no-overlap");
+  if (cfg.batch != rp.batch)
+    std::cerr << "ppbench simulate: note: -b " << cfg.batch << " differs from the run's B=" << rp.batch
+              << ": the simulation uses the step times profiled and measured at B=" << rp.batch
+              << " (the step time of a B=" << cfg.batch << " step is not measured); -b scales only the tokens "
+              << "per step and the activation bytes" << std::endl;
+  if (run.partitions.empty())
+    throw UserError("results file '" + opt.input + "' has no partitions (a `ppbench profile` run?): simulate needs a "
+                    "run with partitions, or a stage JSON of per-stage step times (docs/OFFLINE.md)");
+  std::vector<std::string> names;  // run order (results/reader)
+  for (const PartitionRecord& pr : run.partitions) names.push_back(pr.name);
+  auto partition = [&](const std::string& name) -> const PartitionRecord& {
+    return *std::find_if(run.partitions.begin(), run.partitions.end(),
+                         [&](const PartitionRecord& pr) { return pr.name == name; });
+  };
+  if (!opt.partition_name.empty()) {
+    if (std::find(names.begin(), names.end(), opt.partition_name) == names.end()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw UserError("--partition-name '" + opt.partition_name + "' is not in " + opt.input + " (it has: " + list + ")");
+    }
+    names = {opt.partition_name};
+  }
+  // The link: the run's measured one (as its balancer and its stored simulation used) unless
+  // --link-bandwidth / --link-latency override it (0 0 = free transfers).
+  const double bw_GBps = opt.link_bandwidth_GBps >= 0 ? opt.link_bandwidth_GBps : rp.link_bandwidth_Bps / 1e9;
+  const double lat_us = opt.link_latency_us >= 0 ? opt.link_latency_us : rp.link_latency_s * 1e6;
+  // Transfer time of `bytes` over the link.
+  auto xfer = [&](double bytes) { return lat_us * 1e-3 + (bw_GBps > 0 ? bytes / (bw_GBps * 1e6) : 0.0); };
+  const double act = rp.hidden * balance::dtype_size(rp.dtype) * cfg.batch;
+  // Before anything is printed: transfer times and the size of the simulation.
+  for (double t : {xfer(act * rp.prompt_len), xfer(4.0 * cfg.batch)})
+    if (!(t <= kMaxMs)) {
+      char msg[256];
+      std::snprintf(msg, sizeof(msg), "--link-bandwidth %g GB/s and --link-latency %g us give a transfer of %g ms; "
+                    "at most 1e12 ms: raise the bandwidth or lower the latency", bw_GBps, lat_us, t);
+      throw UserError(msg);
+    }
+  for (const auto& name : names)
+    check_sim_size(cfg, partition(name).predicted_phase_ms.size() / 2);
+  std::string link = "free";
+  if (bw_GBps > 0 || lat_us > 0) {
+    char b[96];
+    std::snprintf(b, sizeof b, "%.4g us + bytes / ", lat_us);
+    link = b;
+    if (bw_GBps > 0) {
+      std::snprintf(b, sizeof b, "%.4g GB/s", bw_GBps);
+      link += b;
+    } else {
+      link += "inf";
+    }
+  }
+  const bool run_link = opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0;
+  if (run_link && rp.link_bandwidth_Bps == 0 && rp.link_latency_s == 0) link += " (none measured: 1-rank run)";
+  else if (run_link) link += " (the run's)";
+  std::printf("simulate: %s, M=%d G=%d B=%d, %s, link %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
+              cfg.overlap ? "overlap" : "no overlap", link.c_str());
+  if (!same_workload)
+    std::printf("  (the run measured %s, not the simulated workload: its measured row is labelled with the run's "
+                "workload and not compared with the prediction, which holds only for the run's own M, G, B and "
+                "overlap)\n", run_workload);
+  for (const auto& name : names) {
+    const PartitionRecord& pr = partition(name);
+    const std::vector<double>& phase = pr.predicted_phase_ms;
+    const int S = static_cast<int>(phase.size() / 2);
+    auto stages_from = [&](const std::vector<double>& ph) {
+      std::vector<balance::SimStage> st(S);
+      for (int s = 0; s < S; ++s) {
+        st[s].prefill_ms = ph[2 * s];
+        st[s].decode_ms = ph[2 * s + 1];
+        const bool last = s == S - 1;
+        if (S == 1) continue;  // one stage: no transfer at all (the token stays on its device)
+        st[s].send_prefill_ms = last ? xfer(4.0 * cfg.batch) : xfer(act * rp.prompt_len);
+        st[s].send_decode_ms = last ? xfer(4.0 * cfg.batch) : xfer(act);
+      }
+      return st;
+    };
+    std::printf("partition %s:\n", name.c_str());
+    const auto pred = balance::simulate_pipeline(stages_from(phase), cfg);
+    const bool one_step = static_cast<long long>(cfg.groups) * cfg.gen_len == 1;
+    const bool run_one_step = static_cast<long long>(rp.microbatches) * rp.gen_len == 1;
+    print_metrics("predicted (profile)", pred.metrics, one_step);
+    json entry{{"predicted", metrics_json(pred.metrics, one_step)}};
+    if (pr.measured && !pr.stage_compute_ms.empty()) {
+      const auto replay = balance::simulate_pipeline(stages_from(pr.stage_compute_ms), cfg);
+      print_metrics("replayed (measured steps)", replay.metrics, one_step);
+      auto metric = [&](const char* key) {
+        const auto it = pr.metrics.find(key);
+        if (it == pr.metrics.end())
+          throw UserError("results file '" + opt.input + "': /benchmark/" + name + " lacks attribute " + key);
+        return it->second;
+      };
+      PartitionMetrics meas;
+      meas.tokens_per_s = metric("tokens_per_s");
+      meas.decode_tokens_per_s = metric("decode_tokens_per_s");
+      meas.ttft_p50_ms = metric("ttft_p50_ms");
+      meas.tpot_p50_ms = metric("tpot_p50_ms");
+      meas.ttft_p99_ms = metric("ttft_p99_ms");
+      meas.tpot_p99_ms = metric("tpot_p99_ms");
+      meas.bottleneck_bound_tok_s = metric("bottleneck_bound_tok_s");
+      meas.bubble_fraction = pr.bubble_fraction;
+      entry["replayed"] = metrics_json(replay.metrics, one_step);
+      entry["measured"] = metrics_json(meas, run_one_step);
+      if (same_workload && one_step) {
+        print_metrics("measured", meas, run_one_step);  // no decode tokens/s to compare
+      } else if (same_workload) {
+        print_metrics("measured", meas, run_one_step);
+        const double err = pred.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
+        std::printf("  decode tokens/s: predicted / measured - 1 = %+.1f%%  (replayed: %+.1f%%)\n", 100 * err,
+                    100 * (replay.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0));
+        entry["decode_tokens_per_s_error"] = err;
+      } else {
+        print_metrics(std::string("measured (") + run_workload + ")", meas, run_one_step);
+      }
+    }
+    out["partitions"][name] = entry;
+  }
+  out["link_bandwidth_GBps"] = bw_GBps;
+  out["link_latency_us"] = lat_us;
+  out["run_workload"] = {{"microbatches", rp.microbatches}, {"gen_len", rp.gen_len}, {"batch", rp.batch},
+                         {"overlap", rp.overlap}};
+}
+
 }  // namespace
 
 int simulate_command(const SimulateOptions& opt) {
@@ -529,166 +697,8 @@ int simulate_command(const SimulateOptions& opt) {
       throw UserError("--partition-name applies to results files only; a stage JSON describes one partition: drop it");
   }
   check_json_out(opt.json_out, opt.input, opt.force);
-  if (!results) {
-    const json j = read_json(opt.input);
-    if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
-      throw UserError("input '" + opt.input + "': field 'stages' must be a non-empty list of {\"prefill_ms\", \"decode_ms\"[, \"send_prefill_ms\", \"send_decode_ms\"]}");
-    check_keys(j, {"stages", "microbatches", "gen_len", "batch", "overlap"}, opt.input, "top level");
-    const std::vector<balance::SimStage> st = read_sim_stages(j, opt.input);
-    cfg.groups = opt.microbatches > 0 ? opt.microbatches : positive_int(j, "microbatches", opt.input, 1);
-    cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : positive_int(j, "gen_len", opt.input, 1);
-    cfg.batch = opt.batch > 0 ? opt.batch : positive_int(j, "batch", opt.input, 1);
-    const bool overlap = j.contains("overlap") ? field<bool>(j, "overlap", opt.input, "true or false") : true;
-    cfg.overlap = !opt.no_overlap && overlap;
-    check_sim_size(cfg, st.size());
-    const auto r = balance::simulate_pipeline(st, cfg);
-    std::printf("simulate: %zu stages, M=%d G=%d B=%d, %s\n", st.size(), cfg.groups, cfg.gen_len, cfg.batch,
-                cfg.overlap ? "overlap" : "no overlap");
-    const bool one_step = static_cast<long long>(cfg.groups) * cfg.gen_len == 1;
-    print_metrics("predicted", r.metrics, one_step);
-    out["predicted"] = metrics_json(r.metrics, one_step);
-  } else {
-    const RunRecord run = read_run(opt.input);
-    struct {
-      int microbatches, gen_len, batch, prompt_len;
-      bool overlap;
-      double hidden, link_bandwidth_Bps, link_latency_s;
-      std::string dtype;
-    } rp{run.workload.microbatches, run.workload.gen_len, run.workload.batch, run.workload.prompt_len,
-         run.workload.overlap,
-         run.model_attrs_num.count("hidden_size") ? run.model_attrs_num.at("hidden_size") : 0.0,
-         run.link_bandwidth_Bps, run.link_latency_s, run.workload.dtype};
-    cfg.groups = opt.microbatches > 0 ? opt.microbatches : rp.microbatches;
-    cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : rp.gen_len;
-    cfg.batch = opt.batch > 0 ? opt.batch : rp.batch;
-    cfg.overlap = !opt.no_overlap && rp.overlap;
-    // The run's measurements compare only with a simulation of the run's own workload.
-    const bool same_workload = cfg.groups == rp.microbatches && cfg.gen_len == rp.gen_len && cfg.batch == rp.batch &&
-                               cfg.overlap == rp.overlap;
-    char run_workload[96];
-    std::snprintf(run_workload, sizeof(run_workload), "M=%d G=%d B=%d%s", rp.microbatches, rp.gen_len, rp.batch,
-                  rp.overlap ? "" : " no-overlap");
-    if (cfg.batch != rp.batch)
-      std::cerr << "ppbench simulate: note: -b " << cfg.batch << " differs from the run's B=" << rp.batch
-                << ": the simulation uses the step times profiled and measured at B=" << rp.batch
-                << " (the step time of a B=" << cfg.batch << " step is not measured); -b scales only the tokens "
-                << "per step and the activation bytes" << std::endl;
-    if (run.partitions.empty())
-      throw UserError("results file '" + opt.input + "' has no partitions (a `ppbench profile` run?): simulate needs a "
-                      "run with partitions, or a stage JSON of per-stage step times (docs/OFFLINE.md)");
-    std::vector<std::string> names;  // run order (results/reader)
-    for (const PartitionRecord& pr : run.partitions) names.push_back(pr.name);
-    auto partition = [&](const std::string& name) -> const PartitionRecord& {
-      return *std::find_if(run.partitions.begin(), run.partitions.end(),
-                           [&](const PartitionRecord& pr) { return pr.name == name; });
-    };
-    if (!opt.partition_name.empty()) {
-      if (std::find(names.begin(), names.end(), opt.partition_name) == names.end()) {
-        std::string list;
-        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-        throw UserError("--partition-name '" + opt.partition_name + "' is not in " + opt.input + " (it has: " + list + ")");
-      }
-      names = {opt.partition_name};
-    }
-    // The link: the run's measured one (as its balancer and its stored simulation used) unless
-    // --link-bandwidth / --link-latency override it (0 0 = free transfers).
-    const double bw_GBps = opt.link_bandwidth_GBps >= 0 ? opt.link_bandwidth_GBps : rp.link_bandwidth_Bps / 1e9;
-    const double lat_us = opt.link_latency_us >= 0 ? opt.link_latency_us : rp.link_latency_s * 1e6;
-    // Transfer time of `bytes` over the link.
-    auto xfer = [&](double bytes) { return lat_us * 1e-3 + (bw_GBps > 0 ? bytes / (bw_GBps * 1e6) : 0.0); };
-    const double act = rp.hidden * balance::dtype_size(rp.dtype) * cfg.batch;
-    // Before anything is printed: transfer times and the size of the simulation.
-    for (double t : {xfer(act * rp.prompt_len), xfer(4.0 * cfg.batch)})
-      if (!(t <= kMaxMs)) {
-        char msg[256];
-        std::snprintf(msg, sizeof(msg), "--link-bandwidth %g GB/s and --link-latency %g us give a transfer of %g ms; "
-                      "at most 1e12 ms: raise the bandwidth or lower the latency", bw_GBps, lat_us, t);
-        throw UserError(msg);
-      }
-    for (const auto& name : names)
-      check_sim_size(cfg, partition(name).predicted_phase_ms.size() / 2);
-    std::string link = "free";
-    if (bw_GBps > 0 || lat_us > 0) {
-      char b[96];
-      std::snprintf(b, sizeof b, "%.4g us + bytes / ", lat_us);
-      link = b;
-      if (bw_GBps > 0) {
-        std::snprintf(b, sizeof b, "%.4g GB/s", bw_GBps);
-        link += b;
-      } else {
-        link += "inf";
-      }
-    }
-    const bool run_link = opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0;
-    if (run_link && rp.link_bandwidth_Bps == 0 && rp.link_latency_s == 0) link += " (none measured: 1-rank run)";
-    else if (run_link) link += " (the run's)";
-    std::printf("simulate: %s, M=%d G=%d B=%d, %s, link %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
-                cfg.overlap ? "overlap" : "no overlap", link.c_str());
-    if (!same_workload)
-      std::printf("  (the run measured %s, not the simulated workload: its measured row is labelled with the run's "
-                  "workload and not compared with the prediction, which holds only for the run's own M, G, B and "
-                  "overlap)\n", run_workload);
-    for (const auto& name : names) {
-      const PartitionRecord& pr = partition(name);
-      const std::vector<double>& phase = pr.predicted_phase_ms;
-      const int S = static_cast<int>(phase.size() / 2);
-      auto stages_from = [&](const std::vector<double>& ph) {
-        std::vector<balance::SimStage> st(S);
-        for (int s = 0; s < S; ++s) {
-          st[s].prefill_ms = ph[2 * s];
-          st[s].decode_ms = ph[2 * s + 1];
-          const bool last = s == S - 1;
-          if (S == 1) continue;  // one stage: no transfer at all (the token stays on its device)
-          st[s].send_prefill_ms = last ? xfer(4.0 * cfg.batch) : xfer(act * rp.prompt_len);
-          st[s].send_decode_ms = last ? xfer(4.0 * cfg.batch) : xfer(act);
-        }
-        return st;
-      };
-      std::printf("partition %s:\n", name.c_str());
-      const auto pred = balance::simulate_pipeline(stages_from(phase), cfg);
-      const bool one_step = static_cast<long long>(cfg.groups) * cfg.gen_len == 1;
-      const bool run_one_step = static_cast<long long>(rp.microbatches) * rp.gen_len == 1;
-      print_metrics("predicted (profile)", pred.metrics, one_step);
-      json entry{{"predicted", metrics_json(pred.metrics, one_step)}};
-      if (pr.measured && !pr.stage_compute_ms.empty()) {
-        const auto replay = balance::simulate_pipeline(stages_from(pr.stage_compute_ms), cfg);
-        print_metrics("replayed (measured steps)", replay.metrics, one_step);
-        auto metric = [&](const char* key) {
-          const auto it = pr.metrics.find(key);
-          if (it == pr.metrics.end())
-            throw UserError("results file '" + opt.input + "': /benchmark/" + name + " lacks attribute " + key);
-          return it->second;
-        };
-        PartitionMetrics meas;
-        meas.tokens_per_s = metric("tokens_per_s");
-        meas.decode_tokens_per_s = metric("decode_tokens_per_s");
-        meas.ttft_p50_ms = metric("ttft_p50_ms");
-        meas.tpot_p50_ms = metric("tpot_p50_ms");
-        meas.ttft_p99_ms = metric("ttft_p99_ms");
-        meas.tpot_p99_ms = metric("tpot_p99_ms");
-        meas.bottleneck_bound_tok_s = metric("bottleneck_bound_tok_s");
-        meas.bubble_fraction = pr.bubble_fraction;
-        entry["replayed"] = metrics_json(replay.metrics, one_step);
-        entry["measured"] = metrics_json(meas, run_one_step);
-        if (same_workload && one_step) {
-          print_metrics("measured", meas, run_one_step);  // no decode tokens/s to compare
-        } else if (same_workload) {
-          print_metrics("measured", meas, run_one_step);
-          const double err = pred.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
-          std::printf("  decode tokens/s: predicted / measured - 1 = %+.1f%%  (replayed: %+.1f%%)\n", 100 * err,
-                      100 * (replay.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0));
-          entry["decode_tokens_per_s_error"] = err;
-        } else {
-          print_metrics(std::string("measured (") + run_workload + ")", meas, run_one_step);
-        }
-      }
-      out["partitions"][name] = entry;
-    }
-    out["link_bandwidth_GBps"] = bw_GBps;
-    out["link_latency_us"] = lat_us;
-    out["run_workload"] = {{"microbatches", rp.microbatches}, {"gen_len", rp.gen_len}, {"batch", rp.batch},
-                           {"overlap", rp.overlap}};
-  }
+  if (!results) simulate_stage_json(opt, cfg, out);
+  else simulate_results_file(opt, cfg, out);
   std::cout.flush();
   out["microbatches"] = cfg.groups;
   out["gen_len"] = cfg.gen_len;

@@ -25,4 +25,17 @@ std::string lane_abort_reason() {
 }
 bool lane_abort_requested() { return g_abort.load(std::memory_order_relaxed); }
 
+void run_lane_task(const std::function<void()>& task, const std::string& lane_name,
+                   const std::function<void(std::exception_ptr)>& keep_error) noexcept {
+  try {
+    task();
+  } catch (const std::exception& e) {
+    keep_error(std::current_exception());
+    request_lane_abort(lane_name + " lane: " + e.what());
+  } catch (...) {
+    keep_error(std::current_exception());
+    request_lane_abort(lane_name + " lane: unknown exception");
+  }
+}
+
 }  // namespace ppb

@@ -116,15 +116,7 @@ void CpuLane::wait(const Event& ev) {
 void CpuLane::host_task(std::function<void()> fn) {
   enqueue([this, fn = std::move(fn)] {
     if (error_) return;
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      set_error(std::current_exception());
-      request_lane_abort(name_ + " lane: " + e.what());
-    } catch (...) {
-      set_error(std::current_exception());
-      request_lane_abort(name_ + " lane: unknown exception");
-    }
+    run_lane_task(fn, name_, [this](std::exception_ptr e) { set_error(e); });
   });
 }
 

@@ -196,15 +196,7 @@ void CudaLane::worker() {
       failed = static_cast<bool>(error_);
     }
     if (!failed) {
-      try {
-        task.fn();
-      } catch (const std::exception& e) {
-        set_error(std::current_exception());
-        request_lane_abort(name_ + " lane: " + e.what());
-      } catch (...) {
-        set_error(std::current_exception());
-        request_lane_abort(name_ + " lane: unknown exception");
-      }
+      run_lane_task(task.fn, name_, [this](std::exception_ptr e) { set_error(e); });
     }
     // Always publish, even after a failure, so the stream (and lanes waiting on it) move on.
     __atomic_store_n(static_cast<uint32_t*>(counter_.get()), task.seq, __ATOMIC_RELEASE);
