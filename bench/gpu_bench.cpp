@@ -60,20 +60,24 @@ Args parse(int argc, char** argv) {
 
 /// Median milliseconds of `fn` enqueued on `lane`, timed by events around each call, with the
 /// lane held until the call is fully enqueued (backend/lane_hold.h: the GPU's work alone, not
-/// the host's launch gaps).
+/// the host's launch gaps) when `hold`: only for at most kMaxHeldLaunches launches.
 template <typename Fn>
-double time_ms(cuda::CudaLane& lane, int warmup, int iters, Fn fn) {
+double time_ms(cuda::CudaLane& lane, int warmup, int iters, Fn fn, bool hold = true) {
   const cudaStream_t stream = lane.stream();
   for (int i = 0; i < warmup; ++i) fn();
   lane.synchronize();
   std::vector<double> ms;
   cuda::EventHandle a, b;
   for (int i = 0; i < iters; ++i) {
-    enqueue_held(lane, [&] {
+    auto timed = [&] {
       CUDA_CHECK(cudaEventRecord(a.get(), stream));
       fn();
       CUDA_CHECK(cudaEventRecord(b.get(), stream));
-    });
+    };
+    if (hold)
+      enqueue_held(lane, timed);
+    else
+      timed();
     CUDA_CHECK(cudaEventSynchronize(b.get()));
     float t = 0;
     CUDA_CHECK(cudaEventElapsedTime(&t, a.get(), b.get()));
@@ -156,7 +160,12 @@ int main(int argc, char** argv) {
       auto in = dev->allocate(stage->input_bytes(c.tokens));
       auto o = dev->allocate(stage->output_bytes(c.tokens));
       cuda::fill_uniform(in->data(), dt, in->bytes() / dtype_bytes(dt), 3, 1.0f, 0.0f, st);
-      const double ms = time_ms(lane, 3, a.iters, [&] { stage->enqueue_forward(lane, in->data(), o->data(), 0, c.pos, c.tokens); });
+      const size_t launches = stage->launches_per_forward(c.tokens);
+      const double ms = time_ms(
+          lane, 3, a.iters, [&] { stage->enqueue_forward(lane, in->data(), o->data(), 0, c.pos, c.tokens); },
+          launches <= kMaxHeldLaunches);
+      std::printf("  (%s: %zu launches per forward, %s)\n", c.name.c_str(), launches,
+                  launches <= kMaxHeldLaunches ? "held" : "not held: device-bound");
       lane.synchronize();
       const int ctx = c.pos + c.tokens;
       const double flops = model::unit_flops(m, c.unit, c.phase, c.batch, c.tokens, ctx);

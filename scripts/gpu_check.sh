@@ -94,6 +94,11 @@ trap 'exit 130' INT TERM
 
 # ---- 1. binaries --------------------------------------------------------------------------
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null
+# The GPUs the driver lists: with PPB_EXPECT_GPUS set, a test binary that sees none (built for a
+# newer CUDA than the driver supports) fails loudly instead of reporting every test SKIPPED.
+PPB_EXPECT_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+export PPB_EXPECT_GPUS
+echo "nvidia-smi lists $PPB_EXPECT_GPUS GPU(s)"
 if [ -f "$BUILD/$BUNDLE_NAME" ]; then
   step "binaries: prebuilt bundle $BUILD/$BUNDLE_NAME"
   B=$LOG/bundle
@@ -157,6 +162,9 @@ if [ -x "$TEST_BIN" ]; then
   tail -40 "$LOG/tests"
   sum=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$LOG/tests" | tr -s ' \n' ' ')
   RESULT[tests]="rc=$rc ${sum:-no gtest summary (crashed or timed out)}"
+  if grep -q "but CUDA sees none" "$LOG/tests"; then
+    RESULT[tests]="FAILED: nvidia-smi lists $PPB_EXPECT_GPUS GPU(s) but CUDA sees none ($(grep -m1 -o 'CUDA sees none: .*' "$LOG/tests"))"
+  fi
   step "lane tests (host tasks, events, copies)"
   timeout "$(tmo 40)" "$TEST_BIN" --gtest_brief=1 --gtest_filter='CudaLanes*' >"$LOG/lanes" 2>&1
   lrc=$?

@@ -13,8 +13,16 @@
 
 namespace ppb {
 
+/// The most launches a held lane may take (StageExecutor::launches_per_forward): CUDA lets
+/// about a thousand launches wait in a stream before the launching call blocks the host, and a
+/// held stream never drains, so a forward of more launches would deadlock its own hold. Half of
+/// that, for the launches libraries add. A forward that large is device-bound (long prefill
+/// GEMMs): it is timed without a hold, and the host's launch gaps hide behind its kernels.
+inline constexpr size_t kMaxHeldLaunches = 512;
+
 /// Enqueues a host task on `lane` that waits until `enqueue()` has returned (or thrown), then
 /// calls `enqueue()`: everything it enqueues on `lane` starts back to back once it returns.
+/// `enqueue()` must put at most kMaxHeldLaunches launches on a device queue.
 /// The host never waits. Call it only for work whose kernels have run before (after a
 /// warm-up): a kernel's first launch may load its module lazily, which can wait for the whole
 /// context, held lane included, while the thread that would release the hold is the waiter.

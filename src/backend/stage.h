@@ -54,6 +54,12 @@ class StageExecutor {
   /// Resident weight bytes and KV-cache bytes of the stage.
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_cache_bytes() const = 0;
+  /// Upper bound of the work items (kernel launches; a library call counts as two, e.g. a
+  /// cuBLAS GEMM and its split-K reduction) that one enqueue_forward of `tokens` tokens per
+  /// sequence puts on a device's launch queue; 0 where the backend has no such queue (CPU lanes
+  /// run host tasks). A lane held while more than ~1,000 launches wait blocks the launching host
+  /// thread itself: the profiler holds a lane only below kMaxHeldLaunches (backend/lane_hold.h).
+  virtual size_t launches_per_forward(int tokens) const { return 0; }
 };
 
 }  // namespace ppb

@@ -92,6 +92,11 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
     }
   }
 
+  // The last stage's sampled tokens of every item of a repetition, [item][B], kept in device
+  // memory and downloaded once after the repetition: a copy into host memory between
+  // compute_start and compute_end would put a host round trip into every item's compute time
+  // (CUDA stages a pageable destination through a host task the stream waits for).
+  std::unique_ptr<Buffer> token_log_dev = last ? device.allocate(static_cast<size_t>(items) * B * sizeof(int32_t)) : nullptr;
   std::vector<int32_t> token_log(last ? static_cast<size_t>(items) * B : 0);
 
   // ---- lanes ------------------------------------------------------------------------------
@@ -221,7 +226,9 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
       }
       compute_lane->record(compute_start);
       stage.enqueue_forward(*compute_lane, in, out, g, pos, T);
-      if (last) compute_lane->copy(&token_log[static_cast<size_t>(i) * B], out, B * sizeof(int32_t));
+      if (last)
+        compute_lane->copy(static_cast<int32_t*>(token_log_dev->data()) + static_cast<size_t>(i) * B, out,
+                           B * sizeof(int32_t));
       if (first && S == 1 && t < G) compute_lane->copy(group_tokens[g]->data(), out, B * sizeof(int32_t));
       compute_lane->record(compute_end);
 
@@ -254,6 +261,7 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
       throw InternalError(describe_stage() + ", repetition " + std::to_string(rep) + ": " + e.what());
     }
 
+    if (last) token_log_dev->download(token_log.data(), token_log.size() * sizeof(int32_t));
     if (timed) {
       const size_t base = static_cast<size_t>(rep - cfg.warmup) * items * kNumEvents;
       for (int i = 0; i < items; ++i) {

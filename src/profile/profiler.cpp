@@ -21,7 +21,10 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
   // One forward at a time: each is timed alone, as the pipeline runs it, with the lane held
   // until the forward is enqueued (backend/lane_hold.h) so that launch gaps are not timed; on
   // the CPU the hold costs nothing timed (the start event is taken after it). Only after a
-  // warm-up (see enqueue_held).
+  // warm-up (see enqueue_held), and only for a forward of at most kMaxHeldLaunches launches: a
+  // larger one would fill the device's launch queue behind its own hold (a deadlock); it is
+  // device-bound, so timing it unheld adds no launch gaps.
+  const bool hold = warmup > 0 && stage.launches_per_forward(tokens) <= kMaxHeldLaunches;
   for (int i = 0; i < iters; ++i) {
     start[i] = device.create_event();
     stop[i] = device.create_event();
@@ -31,7 +34,7 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
       stage.enqueue_forward(lane, in, out, 0, pos, tokens);
       lane.record(*stop[i]);
     };
-    if (warmup > 0)
+    if (hold)
       enqueue_held(lane, forward);
     else
       forward();

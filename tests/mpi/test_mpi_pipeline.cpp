@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <memory>
 #include <set>
@@ -94,10 +95,77 @@ class RendezvousTransport final : public Transport {
   std::set<std::pair<int, int>> connected_;
 };
 
+/// Memory ranges of the buffers a device allocated.
+struct BufferRanges {
+  std::vector<std::pair<const char*, const char*>> ranges;
+  bool contains(const void* p, size_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    return std::any_of(ranges.begin(), ranges.end(), [&](const auto& r) { return c >= r.first && c + bytes <= r.second; });
+  }
+};
+
+/// A lane that counts copies from or to memory outside the device's buffers.
+class CheckedLane final : public Lane {
+ public:
+  CheckedLane(std::unique_ptr<Lane> inner, std::shared_ptr<BufferRanges> buffers, std::shared_ptr<int> outside)
+      : inner_(std::move(inner)), buffers_(std::move(buffers)), outside_(std::move(outside)) {}
+  const std::string& name() const override { return inner_->name(); }
+  void record(Event& ev) override { inner_->record(ev); }
+  void wait(const Event& ev) override { inner_->wait(ev); }
+  void host_task(std::function<void()> fn) override { inner_->host_task(std::move(fn)); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (!buffers_->contains(dst, bytes) || !buffers_->contains(src, bytes)) ++*outside_;
+    inner_->copy(dst, src, bytes);
+  }
+  void synchronize() override { inner_->synchronize(); }
+  double cpu_time_s() const override { return inner_->cpu_time_s(); }
+
+ private:
+  std::unique_ptr<Lane> inner_;
+  std::shared_ptr<BufferRanges> buffers_;
+  std::shared_ptr<int> outside_;
+};
+
+/// The CPU device, with lanes that count every lane copy from or to host memory that is not a
+/// device buffer. On a GPU such a copy is a host round trip inside the stream (CUDA stages a
+/// pageable destination through a host task), so the pipeline must make none: a copy of each
+/// item's tokens into a host vector between compute_start and compute_end timed it as compute.
+class DeviceMemoryOnly final : public Device {
+ public:
+  DeviceMemoryOnly() : inner_(create_cpu_device(1)) {}
+  int copies_outside_buffers() const { return *outside_; }
+  std::string backend() const override { return inner_->backend(); }
+  std::string name() const override { return inner_->name(); }
+  std::string bus_id() const override { return inner_->bus_id(); }
+  size_t free_memory() const override { return inner_->free_memory(); }
+  std::unique_ptr<Lane> create_lane(const std::string& name) override {
+    return std::make_unique<CheckedLane>(inner_->create_lane(name), buffers_, outside_);
+  }
+  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
+  std::unique_ptr<Buffer> allocate(size_t bytes) override {
+    auto b = inner_->allocate(bytes);
+    const char* p = static_cast<const char*>(b->data());
+    buffers_->ranges.emplace_back(p, p + bytes);
+    return b;
+  }
+  std::unique_ptr<StageExecutor> create_stage(const model::ModelSpec& model, int first, int last,
+                                              const StageConfig& config) override {
+    return inner_->create_stage(model, first, last, config);
+  }
+  StageBytes stage_bytes(const model::ModelSpec& model, int first, int last, const StageConfig& config) const override {
+    return inner_->stage_bytes(model, first, last, config);
+  }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  std::shared_ptr<BufferRanges> buffers_ = std::make_shared<BufferRanges>();
+  std::shared_ptr<int> outside_ = std::make_shared<int>(0);
+};
+
 void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reversed = false) {
   const auto& mpi = test::mpi();
   auto m = model::load_model_config(std::string(PPB_SOURCE_DIR) + "/tests/data/" + config);
-  auto device = create_cpu_device(1);
+  auto device = std::make_unique<DeviceMemoryOnly>();
   auto transport = std::make_unique<RendezvousTransport>(create_mpi_transport(mpi, {}));
   const int S = mpi.size();
   PipelineConfig cfg;
@@ -118,6 +186,7 @@ void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reve
   StageConfig sc{cfg.batch, cfg.prompt_len + cfg.gen_len, cfg.groups, DType::f32, cfg.seed};
   auto stage = device->create_stage(m, part.first_unit[k], part.last_unit[k], sc);
   auto rec = run_pipeline(*device, *transport, *stage, place, cfg);
+  EXPECT_EQ(device->copies_outside_buffers(), 0) << "the pipeline copied from or to host memory inside a lane";
   // The links of this stage, all connected: from the previous stage, to the next, and the
   // token return from the last stage to the first.
   std::set<std::pair<int, int>> links;

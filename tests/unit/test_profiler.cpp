@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
 #include <thread>
 
 #include "backend/device.h"
+#include "backend/lane_hold.h"
 #include "model/model_spec.h"
 #include "profile/profiler.h"
 
@@ -30,9 +34,32 @@ class SlowEnqueueStage final : public StageExecutor {
   void reset_checksum() override {}
   size_t weight_bytes() const override { return 0; }
   size_t kv_cache_bytes() const override { return 0; }
+  size_t launches_per_forward(int) const override { return launches_; }
+  void set_launches(size_t n) { launches_ = n; }
 
  private:
   double enqueue_ms_, run_ms_;
+  size_t launches_ = 0;
+};
+
+/// A lane that counts its host tasks (a hold is one, the stage's work another).
+class CountingLane final : public Lane {
+ public:
+  explicit CountingLane(std::unique_ptr<Lane> inner) : inner_(std::move(inner)) {}
+  const std::string& name() const override { return inner_->name(); }
+  void record(Event& ev) override { inner_->record(ev); }
+  void wait(const Event& ev) override { inner_->wait(ev); }
+  void host_task(std::function<void()> fn) override {
+    ++host_tasks;
+    inner_->host_task(std::move(fn));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override { inner_->copy(dst, src, bytes); }
+  void synchronize() override { inner_->synchronize(); }
+  double cpu_time_s() const override { return inner_->cpu_time_s(); }
+  int host_tasks = 0;
+
+ private:
+  std::unique_ptr<Lane> inner_;
 };
 
 TEST(Profiler, TimesTheEnqueuedWorkNotTheEnqueueing) {
@@ -47,6 +74,23 @@ TEST(Profiler, TimesTheEnqueuedWorkNotTheEnqueueing) {
   for (double t : ms) {
     EXPECT_GE(t, 19.0);
     EXPECT_LT(t, 40.0) << "timed the host's enqueueing";
+  }
+}
+
+/// A forward of more launches than a device queue holds is not held (a held CUDA stream would
+/// block the launching thread behind its own hold: a deadlock); a small one is.
+TEST(Profiler, HoldsOnlyForwardsThatFitTheLaunchQueue) {
+  auto dev = create_cpu_device(1);
+  SlowEnqueueStage stage(0.0, 1.0);
+  auto in = dev->allocate(4), out = dev->allocate(4);
+  for (size_t launches : {size_t{0}, size_t{11}, kMaxHeldLaunches, kMaxHeldLaunches + 1, size_t{2389}}) {
+    stage.set_launches(launches);
+    CountingLane lane(dev->create_lane("profile"));
+    const int warmup = 1, iters = 3;
+    time_forwards(*dev, lane, stage, in->data(), out->data(), 0, 1, warmup, iters);
+    const bool held = launches <= kMaxHeldLaunches;
+    // One host task per forward (the stage's work), plus one hold per timed forward when held.
+    EXPECT_EQ(lane.host_tasks, warmup + iters + (held ? iters : 0)) << launches << " launches";
   }
 }
 

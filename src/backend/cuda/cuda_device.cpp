@@ -56,6 +56,10 @@ class CudaDevice final : public Device {
     l2_bytes_ = prop.l2CacheSize > 0 ? static_cast<size_t>(prop.l2CacheSize) : 0;
     clock_ = std::make_shared<cuda::DeviceClock>(device);
     copy_stream_ = std::make_shared<cuda::Stream>();
+    // flush_caches' buffer, allocated here and not on first use: that use is inside the
+    // profiler's first held forward, and cudaMalloc may synchronize the device implicitly,
+    // waiting for the held stream whose release is behind this very call.
+    flush_ = std::make_unique<cuda::DeviceMemory>(std::max<size_t>(2 * l2_bytes_, size_t(64) << 20));
   }
   int ordinal() const { return device_; }
   std::string backend() const override { return "cuda"; }
@@ -79,10 +83,6 @@ class CudaDevice final : public Device {
     // pipeline too, so a unit is profiled warm only then; otherwise it would be timed from a
     // warm L2 (a Qwen3-0.6B layer is ~30 MB in bf16) while the stage streams it from HBM.
     if (resident_bytes <= l2_bytes_ / 2) return;
-    if (!flush_) {
-      CUDA_CHECK(cudaSetDevice(device_));
-      flush_ = std::make_unique<cuda::DeviceMemory>(std::max<size_t>(2 * l2_bytes_, size_t(64) << 20));
-    }
     // Writing twice the L2 evicts what the last forward left there: ~30 µs at ~4 TB/s, in
     // stream order before the profiler's start event.
     flush_value_ = (flush_value_ + 1) & 0xff;
@@ -119,7 +119,7 @@ class CudaDevice final : public Device {
   size_t l2_bytes_ = 0;
   std::shared_ptr<cuda::DeviceClock> clock_;
   std::shared_ptr<cuda::Stream> copy_stream_;
-  std::unique_ptr<cuda::DeviceMemory> flush_;  ///< flush_caches' buffer, made on first use
+  std::unique_ptr<cuda::DeviceMemory> flush_;  ///< flush_caches' buffer, made with the device
   int flush_value_ = 0;
 };
 

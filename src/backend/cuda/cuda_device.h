@@ -33,9 +33,15 @@ std::unique_ptr<Device> create_cuda_device(int local_rank);
 int cuda_device_ordinal(const Device& device);
 
 /// Bytes of device memory a CUDA stage of units [first, last] allocates for `cfg`: weights,
-/// KV cache, and scratch (activations, attention and cuBLAS workspace). Pure arithmetic on the
-/// model: call it before create_stage to check --memory-limit.
+/// KV cache, and scratch (activations, attention and cuBLAS workspace). Arithmetic on the model
+/// and the GPU's SM count (it needs a visible GPU): call it before create_stage to check
+/// --memory-limit.
 /// @throws ppb::UserError for an invalid unit range or config (as create_stage would).
 StageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
+
+/// Upper bound of the launches one forward of `tokens` tokens per sequence makes on a CUDA stage
+/// of units [first, last] for `cfg` (StageExecutor::launches_per_forward): arithmetic on the
+/// stage's plan (which reads the GPU's SM count). @throws ppb::UserError as cuda_stage_bytes.
+size_t cuda_launches_per_forward(const model::ModelSpec& m, int first, int last, const StageConfig& cfg, int tokens);
 
 }  // namespace ppb

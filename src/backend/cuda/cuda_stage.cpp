@@ -170,6 +170,38 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
   return p;
 }
 
+/// Upper bound of the launches of one forward of `tokens` tokens per sequence on a stage of
+/// plan `plan` (StageExecutor::launches_per_forward).
+size_t plan_launches(const StagePlan& plan_, const StageConfig& cfg_, int tokens) {
+  // Mirrors enqueue_forward and layer_forward; a cuBLAS call counts as two launches (a GEMM may
+  // add a split-K reduction), attention_decode as two (split-K and combine).
+  constexpr size_t kBlas = 2;
+  const size_t B = static_cast<size_t>(cfg_.batch), T = static_cast<size_t>(std::max(tokens, 1));
+  auto layer_pass = [&](const LayerShape& s, size_t nb, size_t tc) {
+    size_t n = 1 + kBlas + 1 + kBlas + 1 + kBlas + 1 + kBlas + 1;  // norm, qkv, rope, o, add+norm, gate_up, act, down, add
+    if (s.sandwich_norm) n += 2;
+    if (tc == 1) {
+      n += 2;
+    } else {
+      const size_t group = static_cast<size_t>(s.n_heads / std::max(s.n_kv_heads, 1));
+      const size_t qb = static_cast<size_t>(std::max(plan_.query_block, 1));
+      n += nb * ((tc + qb - 1) / qb) * (2 * group * kBlas + 1);
+    }
+    return n;
+  };
+  size_t n = 1;  // embedding or the input copy
+  const size_t rows_per_pass = static_cast<size_t>(std::max(plan_.rows, 1));
+  for (const auto& l : plan_.layers) {
+    if (B * T <= rows_per_pass) {
+      n += layer_pass(l.shape, B, T);
+    } else {  // chunked prefill, sequence by sequence
+      for (size_t t0 = 0; t0 < T; t0 += rows_per_pass) n += B * layer_pass(l.shape, 1, std::min(rows_per_pass, T - t0));
+    }
+  }
+  n += plan_.has_head ? 4 + kBlas : 1;  // gather, norm, lm_head, softcap, argmax; or the output copy
+  return n;
+}
+
 /// Device pointers of one decoder layer's weights and caches.
 struct LayerWeights {
   StagePlan::Layer plan;
@@ -206,6 +238,7 @@ class CudaStage final : public StageExecutor {
   void reset_checksum() override;
   size_t weight_bytes() const override { return plan_.bytes.weights; }
   size_t kv_cache_bytes() const override { return plan_.bytes.kv_cache; }
+  size_t launches_per_forward(int tokens) const override { return plan_launches(plan_, cfg_, tokens); }
 
  private:
   void* alloc(size_t bytes);
@@ -429,6 +462,7 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
   }
 }
 
+
 void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens,
                               int group) {
   const LayerShape& s = w.plan.shape;
@@ -505,6 +539,10 @@ std::unique_ptr<StageExecutor> create_cuda_stage(const model::ModelSpec& m, int 
 
 StageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
   return cuda::make_plan(m, first, last, cfg).bytes;
+}
+
+size_t cuda_launches_per_forward(const model::ModelSpec& m, int first, int last, const StageConfig& cfg, int tokens) {
+  return cuda::plan_launches(cuda::make_plan(m, first, last, cfg), cfg, tokens);
 }
 
 }  // namespace ppb
