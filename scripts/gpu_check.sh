@@ -5,6 +5,9 @@
 #   3. kernel tests (CUDA vs CPU twins, CUDA stage vs CPU stage, lanes)
 #   4. ceilings + Llama-3.1-8B layer/head vs floors and issue 3's targets (ppb_gpu_bench)
 #   5. mpirun -np 2 ppbench run sharing the GPU (MPI transport), with validation
+#   5b. ppbench profile of a Llama-3.1-8B layer at B=4, P=8192: a forward of > 2,000 launches,
+#       which deadlocked a held lane before the launch bound (issue 17, item 1)
+#   5c. a two-stage run through NCCL, where nvidia-smi lists two GPUs (issue 17, item 6)
 #   6. the same layer in PyTorch eager, if importable
 # Every step runs under a timeout carved from one budget (PPB_GPU_CHECK_BUDGET seconds, default
 # 450), a failing step does not stop the next, and the summary table is always printed last.
@@ -76,7 +79,7 @@ summary() {
   summary_done=1
   step "summary"
   printf '%-10s %s\n' "step" "result"
-  for k in binaries tests bench mpirun torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
+  for k in binaries tests bench mpirun longfwd nccl torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
   echo
   grep -E '^(ceilings|layer|head|targets)' "$LOG/bench" 2>/dev/null
   grep -E 'torch/ppbench' "$LOG/torch" 2>/dev/null
@@ -243,6 +246,33 @@ elif [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
   elif [ "$rc" = 0 ]; then RESULT[mpirun]="ok (validated)"; else RESULT[mpirun]="FAILED rc=$rc (see above)"; fi
 else
   RESULT[mpirun]="skipped (no ppbench binary or no mpirun)"
+fi
+
+# ---- 5b. a forward of more launches than a stream queues: profiled, never held --------------------
+step "ppbench profile: Llama-3.1-8B layer at B=4, P=8192 (> 2,000 launches per forward)"
+if [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
+  timeout "$(tmo 150)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/llama-3.1-8b.json --device cuda \
+    --dtype bf16 -b 4 -p 8192 -g 1 --profile-warmup 1 --profile-iters 2 --profile-contexts 1 \
+    -o "$LOG/longfwd.h5" --force >"$LOG/longfwd" 2>&1
+  rc=$?
+  tail -12 "$LOG/longfwd"
+  if [ "$rc" = 0 ]; then RESULT[longfwd]="ok (profiled without a hang)"
+  elif [ "$rc" = 124 ]; then RESULT[longfwd]="TIMED OUT: a held forward of > 2,000 launches hangs (issue 17 item 1)"
+  else RESULT[longfwd]="FAILED rc=$rc"; fi
+else
+  RESULT[longfwd]="skipped (no ppbench binary or no mpirun)"
+fi
+
+# ---- 5c. two stages through NCCL (two GPUs) -------------------------------------------------------
+if [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
+  step "mpirun -np 2 ppbench run, one GPU per rank, NCCL transport, validated"
+  timeout "$(tmo 120)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda \
+    --transport nccl --dtype bf16 -b 4 -p 128 -g 32 --iters 3 -o "$LOG/nccl.h5" --force >"$LOG/nccl" 2>&1
+  rc=$?
+  tail -20 "$LOG/nccl"
+  if [ "$rc" = 0 ]; then RESULT[nccl]="ok (validated)"; elif [ "$rc" = 124 ]; then RESULT[nccl]="TIMED OUT"; else RESULT[nccl]="FAILED rc=$rc"; fi
+else
+  RESULT[nccl]="skipped (needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0})"
 fi
 
 # ---- 6. PyTorch eager ----------------------------------------------------------------------------

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -518,6 +520,20 @@ TEST(CudaRaii, UniqueHandleReleasesOnceAndMovesOwnership) {
   EXPECT_EQ(g_last_released, 1);
 }
 
+/// release() gives the handle up without destroying it (what a lane does on abort with the
+/// stream and memory that pending device work may still use).
+TEST(CudaRaii, ReleaseGivesTheHandleUpWithoutDestroyingIt) {
+  using Owner = cu::UniqueHandle<int*, fake_release>;
+  int a = 1;
+  g_releases = 0;
+  {
+    Owner x(&a);
+    EXPECT_EQ(x.release(), &a);
+    EXPECT_EQ(x.get(), nullptr);
+  }
+  EXPECT_EQ(g_releases, 0);
+}
+
 TEST(CudaRaii, UniqueAllocationMovesItsBytes) {
   int a = 1;
   g_releases = 0;
@@ -747,6 +763,34 @@ TEST(CudaStage, BytesPlanAndErrors) {
 // process that is not already done throws "CUDA wait aborted". Run directly (scripts/
 // gpu_check.sh: all tests in one process, in file order), any test after this one would fail,
 // so it stays the last test of the file. (ctest runs each test in a process of its own.)
+/// The clock is anchored when the device is made, within the accepted gap, and a record()
+/// inside a held lane never waits for an anchor (it would queue behind the held stream): a
+/// record on another lane while one is held returns at once, and its time is right.
+TEST(CudaLanes, ClockAnchoredAtCreationNotInsideRecord) {
+  REQUIRE_GPU();
+  cu::DeviceClock clock(0);
+  EXPECT_LE(clock.gap_s(), cu::kMaxAnchorGapS);
+  auto dev = ppb::create_cuda_device(0);
+  auto held = dev->create_lane("held"), other = dev->create_lane("other");
+  std::atomic<bool> go{false};
+  held->host_task([&go] {
+    while (!go.load()) std::this_thread::yield();
+  });
+  auto e0 = dev->create_event(), e1 = dev->create_event();
+  const double t0 = ppb::monotonic_s();
+  other->record(*e0);
+  held->record(*e1);  // inside the hold
+  const double enqueue_s = ppb::monotonic_s() - t0;
+  EXPECT_LT(enqueue_s, 0.05) << "record() waited (for a clock anchor?)";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  go = true;
+  held->synchronize();
+  other->synchronize();
+  // e1 completed after the 20 ms hold, e0 right away.
+  EXPECT_GT(e1->time_s() - e0->time_s(), 0.015);
+  EXPECT_LT(e1->time_s() - e0->time_s(), 0.5);
+}
+
 TEST(CudaLanesLast, HostTaskErrorComesBackFromSynchronize) {
   REQUIRE_GPU();
   auto dev = ppb::create_cuda_device(0);
@@ -754,6 +798,32 @@ TEST(CudaLanesLast, HostTaskErrorComesBackFromSynchronize) {
   // An exception in a host task comes back from synchronize(); the stream still drains.
   a->host_task([] { throw ppb::UserError("boom"); });
   EXPECT_THROW(a->synchronize(), ppb::UserError);
+}
+
+/// A lane destroyed while the run aborts, with work still queued behind a host task that never
+/// ends, gives its stream, counter and staging memory up instead of freeing them under that
+/// work, and its trampolines queue into memory that outlives it: the process goes on (to its
+/// MPI_Abort) instead of crashing. (After the test above: the abort flag is process-wide.)
+TEST(CudaLanesLast, DestroyedWhileAbortingWithPendingWork) {
+  REQUIRE_GPU();
+  auto dev = ppb::create_cuda_device(0);
+  std::atomic<bool> entered{false};
+  std::vector<int32_t> host(1024, 7);
+  auto buf = dev->allocate(host.size() * sizeof(int32_t));
+  {
+    auto lane = dev->create_lane("aborting");
+    lane->host_task([&entered] {  // a receive from a peer that never answers, polled as transports do
+      entered = true;
+      while (!ppb::lane_abort_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      throw ppb::InternalError("test: the peer never answered");
+    });
+    lane->copy(host.data(), buf->data(), host.size() * sizeof(int32_t));  // a staged copy behind it
+    lane->host_task([] {});                                               // and another trampoline
+    while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ppb::request_lane_abort("test: abort with pending work");
+    // The lane's destructor returns (stream not drained, worker stopped only after its task)...
+  }
+  SUCCEED();
 }
 
 }  // namespace

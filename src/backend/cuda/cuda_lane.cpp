@@ -67,14 +67,19 @@ PFN_cuStreamWaitValue32_v11070 stream_wait_value32() {
 
 // ---- clock ----------------------------------------------------------------------------------
 
-DeviceClock::DeviceClock(int device) : device_(device) {}
+DeviceClock::DeviceClock(int device) : device_(device) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  double gap = 0.0;
+  current_ = make_anchor(2000, &gap);  // nothing else runs yet: a tight anchor comes quickly
+  current_gap_s_ = gap;
+}
 
-std::shared_ptr<const ClockAnchor> DeviceClock::make_anchor() {
+std::shared_ptr<ClockAnchor> DeviceClock::make_anchor(int tries, double* gap) {
   // The stream is idle, so the event completes as soon as the GPU sees it: between t0 and t1.
   // The try with the tightest [t0, t1] wins; its midpoint is the anchor (error <= (t1-t0)/2).
   std::shared_ptr<ClockAnchor> best;
   double best_gap = 1e9;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < tries && best_gap > kMaxAnchorGapS; ++i) {
     auto a = std::make_shared<ClockAnchor>();
     const double t0 = monotonic_s();
     CUDA_CHECK(cudaEventRecord(a->event.get(), stream_.get()));
@@ -86,16 +91,30 @@ std::shared_ptr<const ClockAnchor> DeviceClock::make_anchor() {
       best = std::move(a);
     }
   }
+  *gap = best_gap;
   return best;
 }
 
-std::shared_ptr<const ClockAnchor> DeviceClock::anchor(double max_age_s) {
+std::shared_ptr<const ClockAnchor> DeviceClock::anchor() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!current_ || monotonic_s() - current_->host_s > max_age_s) {
-    CUDA_CHECK(cudaSetDevice(device_));
-    current_ = make_anchor();
-  }
   return current_;
+}
+
+void DeviceClock::refresh(double max_age_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (current_ && monotonic_s() - current_->host_s <= max_age_s) return;
+  CUDA_CHECK(cudaSetDevice(device_));
+  double gap = 0.0;
+  auto a = make_anchor(20, &gap);
+  if (!current_ || gap <= kMaxAnchorGapS) {  // a wider one would only make the times worse
+    current_ = std::move(a);
+    current_gap_s_ = gap;
+  }
+}
+
+double DeviceClock::gap_s() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_gap_s_;
 }
 
 // ---- events ---------------------------------------------------------------------------------
@@ -127,13 +146,31 @@ CudaLane::CudaLane(int device, std::string name, std::shared_ptr<DeviceClock> cl
 
 CudaLane::~CudaLane() {
   // Drain the stream unless the run is being aborted (a peer may never complete a receive).
-  while (cudaStreamQuery(stream_.get()) == cudaErrorNotReady && !lane_abort_requested()) sleep_us(50.0);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+  bool drained = false;
+  for (;;) {
+    const cudaError_t rc = cudaStreamQuery(stream_.get());
+    if (rc != cudaErrorNotReady) {
+      drained = rc == cudaSuccess;
+      break;
+    }
+    if (lane_abort_requested()) break;
+    sleep_us(50.0);
   }
-  cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stop = true;
+  }
+  queue_->cv.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (!drained) {
+    // Aborting: work is still queued on the stream, and it waits on the mapped counter, copies
+    // through the staging buffers and fires trampolines into queue_ (shared, so it outlives us).
+    // Freeing any of them under it could crash a rank that is meant to fail cleanly, and the
+    // process is about to end (MPI_Abort): give them up instead of releasing them.
+    (void)stream_.release();
+    (void)counter_.release();
+    for (PinnedMemory& s : staging_) (void)s.release();
+  }
 }
 
 void CudaLane::record(Event& ev) {
@@ -149,14 +186,16 @@ void CudaLane::wait(const Event& ev) {
 }
 
 void CUDART_CB CudaLane::trampoline(void* arg) {
-  // Runs on CUDA's callback thread: must not call CUDA and must not block; it only queues.
-  std::unique_ptr<std::pair<CudaLane*, Task>> item(static_cast<std::pair<CudaLane*, Task>*>(arg));
-  CudaLane* lane = item->first;
+  // Runs on CUDA's callback thread: must not call CUDA and must not block; it only queues. It
+  // touches only the shared queue, never the lane (which may be gone when aborting).
+  std::unique_ptr<std::pair<std::shared_ptr<TaskQueue>, Task>> item(
+      static_cast<std::pair<std::shared_ptr<TaskQueue>, Task>*>(arg));
+  TaskQueue& q = *item->first;
   {
-    std::lock_guard<std::mutex> lock(lane->mutex_);
-    lane->queue_.push_back(std::move(item->second));
+    std::lock_guard<std::mutex> lock(q.mutex);
+    q.tasks.push_back(std::move(item->second));
   }
-  lane->cv_.notify_one();
+  q.cv.notify_one();
 }
 
 void CudaLane::stream_wait_counter(uint32_t value) {
@@ -170,7 +209,7 @@ void CudaLane::stream_wait_counter(uint32_t value) {
 
 void CudaLane::host_task(std::function<void()> fn) {
   const uint32_t seq = ++issued_;
-  auto* item = new std::pair<CudaLane*, Task>(this, Task{seq, std::move(fn)});
+  auto* item = new std::pair<std::shared_ptr<TaskQueue>, Task>(queue_, Task{seq, std::move(fn)});
   const cudaError_t rc = cudaLaunchHostFunc(stream_.get(), &CudaLane::trampoline, item);
   if (rc != cudaSuccess) {
     delete item;
@@ -184,11 +223,12 @@ void CudaLane::worker() {
   for (;;) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      TaskQueue& q = *queue_;
+      std::unique_lock<std::mutex> lock(q.mutex);
+      q.cv.wait(lock, [&q] { return q.stop || !q.tasks.empty(); });
+      if (q.tasks.empty()) return;
+      task = std::move(q.tasks.front());
+      q.tasks.pop_front();
     }
     bool failed;
     {
@@ -255,6 +295,7 @@ void CudaLane::synchronize() {
     throw;
   }
   if (std::exception_ptr err = own_error()) std::rethrow_exception(err);
+  clock_->refresh();  // the host waits here anyway; never inside record() (see cuda_lane.h)
 }
 
 CudaLane& as_cuda_lane(Lane& lane) {

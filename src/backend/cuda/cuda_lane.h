@@ -11,8 +11,11 @@
 // worker has run fn and published its sequence number. Later work of the stream starts after fn.
 //
 // Event times: cudaEventElapsedTime from a reference event recorded at a known host time
-// (ClockAnchor, re-anchored every 10 s to keep the float milliseconds precise to ~1 µs), mapped
-// onto monotonic_s().
+// (ClockAnchor), mapped onto monotonic_s(). The anchor is made when the device is created and
+// refreshed (older than 10 s: the float milliseconds stay precise to ~1 µs) only in
+// synchronize(), never inside record(): a record may run inside a held lane, and the anchor's
+// own event could queue behind the held stream (more streams than hardware queues). An anchor
+// is accepted only when its event completed within kMaxAnchorGapS of being recorded.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,19 +42,33 @@ struct ClockAnchor {
   double host_s = 0.0;
 };
 
+/// The widest accepted gap between recording an anchor's event and seeing it complete: the
+/// anchor's error is at most half of it.
+inline constexpr double kMaxAnchorGapS = 50e-6;
+
 /// Makes and refreshes clock anchors of one device (thread-safe).
 class DeviceClock {
  public:
+  /// Makes the first anchor (tries until one is within kMaxAnchorGapS, up to a second; then the
+  /// tightest seen). @throws ppb::InternalError on a failing CUDA call.
   explicit DeviceClock(int device);
-  /// The current anchor, re-anchored if older than `max_age_s`.
-  std::shared_ptr<const ClockAnchor> anchor(double max_age_s = 10.0);
+  /// The current anchor; never synchronizes (record() calls it).
+  std::shared_ptr<const ClockAnchor> anchor();
+  /// Re-anchors when the current anchor is older than `max_age_s` and a new one is within
+  /// kMaxAnchorGapS (else the current one stays). Call where the host waits anyway
+  /// (CudaLane::synchronize), never inside a held lane.
+  void refresh(double max_age_s = 10.0);
+  /// Gap of the current anchor (its error is at most half of it), seconds.
+  double gap_s();
 
  private:
-  std::shared_ptr<const ClockAnchor> make_anchor();
+  /// The tightest of up to `tries` anchors, stopping at the first within kMaxAnchorGapS.
+  std::shared_ptr<ClockAnchor> make_anchor(int tries, double* gap);
   int device_ = 0;
   Stream stream_;  ///< idle stream used only to time anchors
   std::mutex mutex_;
   std::shared_ptr<const ClockAnchor> current_;
+  double current_gap_s_ = 0.0;
 };
 
 class CudaEvent final : public Event {
@@ -101,6 +118,14 @@ class CudaLane final : public Lane {
     uint32_t seq = 0;
     std::function<void()> fn;
   };
+  /// The worker's queue, shared with the trampolines still pending in the stream, so that one
+  /// firing after the lane was destroyed (on abort) queues into live memory.
+  struct TaskQueue {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<Task> tasks;
+    bool stop = false;
+  };
   static void CUDART_CB trampoline(void* arg);
   void worker();
   void set_error(std::exception_ptr err);
@@ -116,10 +141,8 @@ class CudaLane final : public Lane {
   uint32_t issued_ = 0;               ///< last host task sequence number enqueued
   std::vector<PinnedMemory> staging_; ///< back() is current; older ones may still be in flight
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool stop_ = false;
+  std::shared_ptr<TaskQueue> queue_ = std::make_shared<TaskQueue>();
+  std::mutex mutex_;  ///< guards error_
   std::exception_ptr error_;
   std::thread thread_;
 };

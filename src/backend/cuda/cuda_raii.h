@@ -22,11 +22,11 @@ class UniqueHandle {
   UniqueHandle() = default;
   /// Takes ownership of `handle` (null: none).
   explicit UniqueHandle(T handle) noexcept : h_(handle) {}
-  ~UniqueHandle() { release(); }
+  ~UniqueHandle() { destroy(); }
   UniqueHandle(UniqueHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
   UniqueHandle& operator=(UniqueHandle&& o) noexcept {
     if (this != &o) {
-      release();
+      destroy();
       h_ = std::exchange(o.h_, nullptr);
     }
     return *this;
@@ -34,6 +34,10 @@ class UniqueHandle {
   UniqueHandle(const UniqueHandle&) = delete;
   UniqueHandle& operator=(const UniqueHandle&) = delete;
   T get() const { return h_; }
+  /// Gives the handle up without destroying it (the owner is then empty), as
+  /// std::unique_ptr::release: for a handle that work still pending on the device may use while
+  /// the process is being aborted.
+  T release() noexcept { return std::exchange(h_, nullptr); }
 
  protected:
   /// Where a creating call writes the new handle: `CUDA_CHECK(cudaStreamCreate(out()))`. For
@@ -41,7 +45,7 @@ class UniqueHandle {
   T* out() { return &h_; }
 
  private:
-  void release() noexcept {
+  void destroy() noexcept {
     if (h_) (void)Destroy(std::exchange(h_, nullptr));
   }
   T h_ = nullptr;
@@ -81,6 +85,11 @@ class UniqueAllocation : public UniqueHandle<void*, Free> {
     return *this;
   }
   size_t bytes() const { return bytes_; }
+  /// As UniqueHandle::release; the size becomes 0.
+  void* release() noexcept {
+    bytes_ = 0;
+    return UniqueHandle<void*, Free>::release();
+  }
 
  protected:
   /// Empty, sized `bytes`: the derived constructor then allocates into out().

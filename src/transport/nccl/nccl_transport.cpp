@@ -3,11 +3,13 @@
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <time.h>
 
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,7 +17,9 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_lane.h"
 #include "backend/cuda/cuda_raii.h"
+#include "backend/lane_abort.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "mpi/mpi_context.h"
 
@@ -55,7 +59,7 @@ class NcclComm {
 class NcclTransport final : public Transport {
  public:
   NcclTransport(const MpiContext& mpi, int device, const MpiPollConfig& poll)
-      : mpi_(mpi), device_(device), mpi_transport_(create_mpi_transport(mpi, poll)) {
+      : mpi_(mpi), device_(device), timeout_s_(poll.timeout_s), mpi_transport_(create_mpi_transport(mpi, poll)) {
     CUDA_CHECK(cudaSetDevice(device_));
     MPI_CHECK(MPI_Comm_dup(mpi.comm(), &id_comm_));
     ncclUniqueId id{};
@@ -124,11 +128,26 @@ class NcclTransport final : public Transport {
 
   void enqueue_barrier(Lane& lane) override { mpi_transport_->enqueue_barrier(lane); }
 
+  /// Makes each link's communicator and finishes its setup, in the given (sorted) order, which
+  /// both ends of every link share: NCCL connects a pair lazily on its first ncclSend/ncclRecv,
+  /// which would otherwise happen in repetition 0 while another communicator's kernel spins on
+  /// the same GPU, and with two stages that can close a cycle. A 1-byte exchange on a stream of
+  /// the transport's own, waited for here (polled, bounded by --timeout), connects it now.
   void connect(const std::vector<std::pair<int, int>>& links) override {
     for (const auto& [src, dst] : links) {
       if (src != mpi_.rank() && dst != mpi_.rank())
         throw InternalError("NCCL transport: connect() given a link this rank is no end of");
-      pair(src, dst);
+      ncclComm_t c = pair(src, dst);
+      if (!connect_buf_) {
+        CUDA_CHECK(cudaSetDevice(device_));
+        connect_stream_ = std::make_unique<cuda::Stream>();
+        connect_buf_ = std::make_unique<cuda::DeviceMemory>(1);
+      }
+      if (mpi_.rank() == src)
+        NCCL_CHECK(ncclSend(connect_buf_->get(), 1, ncclUint8, /*peer in the pair=*/1, c, connect_stream_->get()));
+      else
+        NCCL_CHECK(ncclRecv(connect_buf_->get(), 1, ncclUint8, /*peer in the pair=*/0, c, connect_stream_->get()));
+      wait_connected(src, dst);
     }
   }
 
@@ -160,8 +179,32 @@ class NcclTransport final : public Transport {
     return pairs_.emplace(std::make_pair(src, dst), NcclComm(c)).first->second.get();
   }
 
+  /// Polls the connect stream until the exchange of link (src, dst) is done; throws after
+  /// --timeout or when a lane abort is requested (a peer failed), naming the link.
+  void wait_connected(int src, int dst) const {
+    const double t0 = monotonic_s();
+    double sleep_us = 5.0;
+    for (;;) {
+      const cudaError_t rc = cudaStreamQuery(connect_stream_->get());
+      if (rc == cudaSuccess) return;
+      if (rc != cudaErrorNotReady) CUDA_CHECK(rc);
+      const std::string link = "link " + std::to_string(src) + " -> " + std::to_string(dst);
+      if (lane_abort_requested()) throw InternalError("NCCL transport: connecting " + link + " aborted: " + lane_abort_reason());
+      if (monotonic_s() - t0 > timeout_s_)
+        throw InternalError("NCCL transport: connecting " + link + " did not finish within --timeout " +
+                            std::to_string(static_cast<int>(timeout_s_)) + " s (is rank " +
+                            std::to_string(mpi_.rank() == src ? dst : src) + " alive?)");
+      timespec ts{0, static_cast<long>(sleep_us * 1e3)};
+      nanosleep(&ts, nullptr);
+      sleep_us = std::min(sleep_us * 2.0, 1000.0);
+    }
+  }
+
   const MpiContext& mpi_;
   int device_ = 0;
+  double timeout_s_ = 300.0;
+  std::unique_ptr<cuda::Stream> connect_stream_;       ///< connect()'s exchanges
+  std::unique_ptr<cuda::DeviceMemory> connect_buf_;    ///< their 1-byte message
   std::unique_ptr<Transport> mpi_transport_;  // for the barrier
   MPI_Comm id_comm_ = MPI_COMM_NULL;
   NcclComm world_;
