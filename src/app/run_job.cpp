@@ -351,7 +351,11 @@ class RunJob {
       describe_partitions();
       phase("write of the partitions", [&] { snapshot("benchmark"); });
       check_memory_of_partitions();
-      for (size_t i = 0; i < parts_.size(); ++i) benchmark_partition(i);
+      for (size_t i = 0; i < parts_.size(); ++i) {
+        const int same = balance::same_split_as(parts_, i);
+        if (same >= 0) share_measurement(i, static_cast<size_t>(same));
+        else benchmark_partition(i);
+      }
       return finish();
     } catch (const PhaseFailed& f) {
       return f.status;
@@ -890,6 +894,22 @@ class RunJob {
     stage.reset();
     gather_partition(pi, rec, ref);
     phase("write after partition " + p.solver, [&] { snapshot("benchmark"); });
+  }
+
+  /// Partition `pi` is the same split as the earlier partition `of`: it shares that measurement
+  /// (and so a gain of exactly 1) instead of being benchmarked again, which would only measure
+  /// the machine's noise between two runs of one split.
+  void share_measurement(size_t pi, size_t of) {
+    if (root_) {
+      PartitionRecord shared = run_.partitions[of];
+      shared.name = run_.partitions[pi].name;
+      shared.solver = run_.partitions[pi].solver;
+      shared.same_as = run_.partitions[of].name;
+      run_.partitions[pi] = std::move(shared);
+    }
+    progress_.say("partition " + parts_[pi].solver + ": the same split as " + parts_[of].solver +
+                  " (" + parts_[pi].counts_string() + "), measured once");
+    phase("write after partition " + parts_[pi].solver, [&] { snapshot("benchmark"); });
   }
 
   /// Gathers partition `pi`'s timeline, tokens and checksums on rank 0 (rank 0's clock, seconds

@@ -127,6 +127,14 @@ void evaluate(Partition& p, const std::vector<std::vector<double>>& cost) {
   p.spread_ms = *hi - *lo;
 }
 
+int same_split_as(const std::vector<Partition>& parts, size_t i) {
+  for (size_t j = 0; j < i && j < parts.size(); ++j)
+    if (parts[j].first_unit == parts[i].first_unit && parts[j].last_unit == parts[i].last_unit &&
+        parts[j].device_rank == parts[i].device_rank)
+      return static_cast<int>(j);
+  return -1;
+}
+
 void check_partition(const Partition& p, int units) {
   const int S = p.num_stages();
   auto fail = [&](const std::string& why) {

@@ -33,6 +33,10 @@ struct Partition {
 /// cost: [devices][units] ms. @throws ppb::InternalError on size mismatch.
 void evaluate(Partition& p, const std::vector<std::vector<double>>& cost);
 
+/// Index of the first of `parts[0 .. i)` with the same split as parts[i] (first/last units and
+/// device order), or -1: a split is benchmarked once, however many solvers return it.
+int same_split_as(const std::vector<Partition>& parts, size_t i);
+
 /// Checks the invariants (S >= 1, contiguous, non-empty, covers [0, units)).
 /// @throws ppb::InternalError naming the broken invariant.
 void check_partition(const Partition& p, int units);

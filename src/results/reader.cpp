@@ -49,6 +49,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.name = name;
   Group part = root.open_group("partitions/" + name);
   p.solver = attr_or<std::string>(part, "solver", name);
+  p.same_as = attr_or<std::string>(part, "same_as", "");
   p.first_unit = to_int(part.open_dataset("first_unit").read<int64_t>());
   p.last_unit = to_int(part.open_dataset("last_unit").read<int64_t>());
   p.device_rank = to_int(part.open_dataset("device_rank").read<int64_t>());

@@ -51,6 +51,9 @@ struct PartitionRecord {
   std::vector<double> predicted_phase_ms;               ///< [S][2] prefill, decode per step
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]
   double predicted_bottleneck_ms = 0.0;
+  /// The earlier partition of the run with the same split (units and device order), whose
+  /// measurement this one shares instead of being benchmarked again; "" if none.
+  std::string same_as;
 
   // benchmark
   bool measured = false;

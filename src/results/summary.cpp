@@ -77,7 +77,8 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   }
   for (const auto& p : run.partitions) {
     const int S = static_cast<int>(p.first_unit.size());
-    os << "\npartition " << p.name << " (solver " << p.solver << ")\n";
+    os << "\npartition " << p.name << " (solver " << p.solver << ")"
+       << (p.same_as.empty() ? "" : ": the same split as " + p.same_as + ", measured once (its figures below)") << "\n";
     os << "  stage  rank  units                      n   pred ms   meas ms    err  pred dec  meas dec  bubble  lane CPU c/r/s s\n";
     for (int k = 0; k < S; ++k) {
       char line[512];

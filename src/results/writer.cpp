@@ -25,6 +25,7 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   const hs S = p.first_unit.size();
   Group part = root.require_group("partitions").create_group(p.name);
   part.set_attr("solver", p.solver);
+  part.set_attr("same_as", p.same_as);
   part.set_attr("objective", run.workload.objective);
   part.set_attr("counts", [&] {
     std::string c;

@@ -330,3 +330,28 @@ TEST(BalanceExample, HeavyHeadOnTwoStages) {
 
 }  // namespace
 }  // namespace ppb::balance
+
+namespace {
+
+/// A split returned by two solvers (or twice) is recognised as the same: same units per stage
+/// and the same device order; a different order or split is not.
+TEST(SameSplit, FindsTheFirstEqualSplit) {
+  using ppb::balance::Partition;
+  auto split = [](std::vector<int> first, std::vector<int> last, std::vector<int> dev) {
+    Partition p;
+    p.first_unit = std::move(first);
+    p.last_unit = std::move(last);
+    p.device_rank = std::move(dev);
+    return p;
+  };
+  const std::vector<Partition> parts = {split({0, 3}, {2, 5}, {0, 1}),  // uniform
+                                        split({0, 4}, {3, 5}, {0, 1}),  // seed: another split
+                                        split({0, 3}, {2, 5}, {0, 1}),  // balanced: uniform's split
+                                        split({0, 3}, {2, 5}, {1, 0})}; // same units, other device order
+  EXPECT_EQ(ppb::balance::same_split_as(parts, 0), -1);
+  EXPECT_EQ(ppb::balance::same_split_as(parts, 1), -1);
+  EXPECT_EQ(ppb::balance::same_split_as(parts, 2), 0);
+  EXPECT_EQ(ppb::balance::same_split_as(parts, 3), -1);
+}
+
+}  // namespace

@@ -68,6 +68,7 @@ RunRecord make_record() {
     PartitionRecord pr;
     pr.name = name;
     pr.solver = name;
+    pr.same_as = std::string(name) == "balanced" ? "uniform" : "";  // the same split, measured once
     pr.first_unit = {0, 2};
     pr.last_unit = {1, 3};
     pr.device_rank = {0, 1};
@@ -201,6 +202,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     SCOPED_TRACE(x.name);
     EXPECT_EQ(y.name, x.name);  // run order, not HDF5's name order
     EXPECT_EQ(y.solver, x.solver);
+    EXPECT_EQ(y.same_as, x.same_as);
     EXPECT_EQ(y.first_unit, x.first_unit);
     EXPECT_EQ(y.last_unit, x.last_unit);
     EXPECT_EQ(y.device_rank, x.device_rank);
