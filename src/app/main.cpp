@@ -135,7 +135,8 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
       ->capture_default_str();
   sc.add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
       ->capture_default_str();
-  sc.add_option("-o,--output", opt.output, "results file (default results/ppbench_<model>_<ranks>r_<time>.h5)");
+  sc.add_option("-o,--output", opt.output,
+                "results file (default results/ppbench_<model>_<ranks>r_<time>.h5; a missing directory is created)");
   sc.add_flag("--force", opt.force, "overwrite an existing --output file");
   sc.add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
 }
@@ -222,8 +223,20 @@ int main(int argc, char** argv) {
       }
       const std::vector<std::string> top = app.remaining();
       extras.insert(extras.end(), top.begin(), top.end());
-      std::cerr << "ppbench: error: " << e.what() << flag_suggestions(app, extras, argc, argv)
-                << "\nRun with --help for the options." << std::endl;
+      // CLI11 lists them last first; name them in the order they were typed.
+      std::vector<std::string> typed;
+      for (int i = 1; i < argc; ++i) {
+        const auto it = std::find(extras.begin(), extras.end(), argv[i]);
+        if (it != extras.end()) {
+          typed.push_back(*it);
+          extras.erase(it);
+        }
+      }
+      typed.insert(typed.end(), extras.begin(), extras.end());
+      std::string list;
+      for (const std::string& x : typed) list += (list.empty() ? "" : " ") + x;
+      std::cerr << "ppbench: error: arguments not expected: " << (list.empty() ? std::string(e.what()) : list)
+                << flag_suggestions(app, typed, argc, argv) << "\nRun with --help for the options." << std::endl;
     }
     return 2;
   } catch (const CLI::ParseError& e) {

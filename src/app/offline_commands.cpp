@@ -102,6 +102,14 @@ constexpr double kMaxBytes = 1125899906842624.0;  ///< 2^50 bytes (1 PiB) per un
 constexpr double kMaxSimSteps = 2097152;         ///< 2^21: ~1 GB, ~1 s
 
 /// "%.<prec>f" for ordinary values, "%.6g" for huge ones (no 200-digit numbers), "inf"/"nan".
+/// `v` to 6 significant digits ("30953.6", "4.2", "0.00123457", "2e+11"): times whose scale the
+/// input decides (a latency JSON may hold microseconds or hours).
+std::string sig(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
 std::string num(double v, int prec) {
   char buf[64];
   if (std::isfinite(v) && std::fabs(v) < 1e9) std::snprintf(buf, sizeof(buf), "%.*f", prec, v);
@@ -402,16 +410,21 @@ int balance_command(const BalanceOptions& opt) {
       link = g(p.link_latency_us) + " us + bytes / " + (p.link_bandwidth_GBps > 0 ? g(p.link_bandwidth_GBps) + " GB/s" : "inf");
     std::cout << "constraints: memory per device " << memory << "; link " << link << "\n";
   }
-  std::printf("%-5s %-26s %-6s %6s %13s %11s\n", "stage", "units", "device", "count", "predicted ms", "memory GiB");
+  // The units column as wide as its longest entry ("13..24 (layer.12..layer.23)").
+  std::vector<std::string> units(stages);
+  int w_units = 26;
   for (int k = 0; k < stages; ++k) {
     const int a = part.first_unit[k], z = part.last_unit[k];
-    const std::string units = a == z ? std::to_string(a) + " (" + name(a) + ")"
-                                     : std::to_string(a) + ".." + std::to_string(z) + " (" + name(a) + ".." + name(z) + ")";
-    std::printf("%-5d %-26s %-6d %6d %13s %11s\n", k, units.c_str(), part.device_rank[k], part.units_in(k),
-                num(part.predicted_stage_ms[k], 4).c_str(), gib(mem[k]).c_str());
+    units[k] = a == z ? std::to_string(a) + " (" + name(a) + ")"
+                      : std::to_string(a) + ".." + std::to_string(z) + " (" + name(a) + ".." + name(z) + ")";
+    w_units = std::max(w_units, static_cast<int>(units[k].size()));
   }
-  std::printf("split %s: bottleneck %s ms, spread %s ms\n", part.counts_string().c_str(), num(part.bottleneck_ms, 4).c_str(),
-              num(part.spread_ms, 4).c_str());
+  std::printf("%-5s %-*s %-6s %6s %13s %11s\n", "stage", w_units, "units", "device", "count", "predicted ms", "memory GiB");
+  for (int k = 0; k < stages; ++k)
+    std::printf("%-5d %-*s %-6d %6d %13s %11s\n", k, w_units, units[k].c_str(), part.device_rank[k], part.units_in(k),
+                sig(part.predicted_stage_ms[k]).c_str(), gib(mem[k]).c_str());
+  std::printf("split %s: bottleneck %s ms, spread %s ms\n", part.counts_string().c_str(), sig(part.bottleneck_ms).c_str(),
+              sig(part.spread_ms).c_str());
   // A manual, uniform or seed split is evaluated as given: say when a stage exceeds its device's memory.
   std::vector<int64_t> limit(stages, 0);
   bool fits = true;
@@ -470,8 +483,8 @@ json metrics_json(const PartitionMetrics& m, bool one_decode_step) {
 void print_metrics(const std::string& label, const PartitionMetrics& m, bool one_decode_step) {
   std::printf("  %-26s tokens/s %10s  decode tokens/s %10s  TTFT p50 %9s ms  TPOT p50 %9s ms  bubble", label.c_str(),
               num(m.tokens_per_s, 2).c_str(),
-              one_decode_step ? "n/a (one decode step)" : num(m.decode_tokens_per_s, 2).c_str(), num(m.ttft_p50_ms, 3).c_str(),
-              num(m.tpot_p50_ms, 3).c_str());
+              one_decode_step ? "n/a (one decode step)" : num(m.decode_tokens_per_s, 2).c_str(), sig(m.ttft_p50_ms).c_str(),
+              sig(m.tpot_p50_ms).c_str());
   for (double b : m.bubble_fraction) std::printf(" %.3f", b);
   std::printf("\n");
 }

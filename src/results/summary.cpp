@@ -73,13 +73,17 @@ void print_summary(std::ostream& os, const RunRecord& run) {
           "         err             meas/pred - 1\n"
           "         pred/meas dec   ms of one decode step's compute (measured: median)\n"
           "         bubble          share of a repetition's wall time the compute lane was idle (median)\n"
-          "         lane CPU c/r/s  CPU seconds of the compute / recv / send lanes over the timed repetitions\n";
+          "         lane CPU s      CPU seconds of the compute / recv / send lanes over the timed repetitions\n"
+          "then: tokens/s = M x B x G generated tokens / a repetition's wall time (median); decode = the\n"
+          "  decode steady state's tokens/s; bound = what the slowest stage's mean decode step allows;\n"
+          "  efficiency = decode / bound; TTFT = time to a group's first token, TPOT = time per output token\n"
+          "  (p50/p99 over groups and repetitions: few samples, so p99 is close to the worst one)\n";
   }
   for (const auto& p : run.partitions) {
     const int S = static_cast<int>(p.first_unit.size());
     os << "\npartition " << p.name << " (solver " << p.solver << ")"
        << (p.same_as.empty() ? "" : ": the same split as " + p.same_as + ", measured once (its figures below)") << "\n";
-    os << "  stage  rank  units                      n   pred ms   meas ms    err  pred dec  meas dec  bubble  lane CPU c/r/s s\n";
+    os << "  stage  rank  units                      n   pred ms   meas ms    err  pred dec  meas dec  bubble  lane CPU s c/r/s\n";
     for (int k = 0; k < S; ++k) {
       char line[512];
       double pred = p.predicted_stage_ms[k];
