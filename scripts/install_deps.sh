@@ -11,26 +11,24 @@ cd "$(dirname "$0")/.."
 packages=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev libopenblas-dev
           nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
           hdf5-tools)   # h5dump/h5ls: inspect results files (results/README.md), Slurm e2e checks
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[install] apt-get install ${missing[*]}"
-  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-if [ "${1:-}" = "--python" ]; then
-  python_packages=(python3 python3-h5py python3-matplotlib python3-numpy python3-pandas)
-  missing=()
-  for p in "${python_packages[@]}"; do
+# apt-get install of those of the given Debian packages that are not installed yet; $1 labels
+# the message.
+install_missing() {
+  local label=$1 p
+  shift
+  local missing=()
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "[install] apt-get install ${missing[*]} (for /usr/bin/python3)"
-    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "[install] apt-get install ${missing[*]}$label"
+  local sudo=
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_missing "" "${packages[@]}"
+if [ "${1:-}" = "--python" ]; then
+  install_missing " (for /usr/bin/python3)" python3 python3-h5py python3-matplotlib python3-numpy python3-pandas
 fi

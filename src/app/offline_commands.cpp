@@ -553,28 +553,21 @@ void simulate_stage_json(const SimulateOptions& opt, balance::SimConfig& cfg, js
 /// unless --link-* override it; prints them and fills `out`.
 void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, json& out) {
   const RunRecord run = read_run(opt.input);
-  struct {
-    int microbatches, gen_len, batch, prompt_len;
-    bool overlap;
-    double hidden, link_bandwidth_Bps, link_latency_s;
-    std::string dtype;
-  } rp{run.workload.microbatches, run.workload.gen_len, run.workload.batch, run.workload.prompt_len,
-       run.workload.overlap,
-       run.model_attrs_num.count("hidden_size") ? run.model_attrs_num.at("hidden_size") : 0.0,
-       run.link_bandwidth_Bps, run.link_latency_s, run.workload.dtype};
-  cfg.groups = opt.microbatches > 0 ? opt.microbatches : rp.microbatches;
-  cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : rp.gen_len;
-  cfg.batch = opt.batch > 0 ? opt.batch : rp.batch;
-  cfg.overlap = !opt.no_overlap && rp.overlap;
+  const WorkloadInfo& wl = run.workload;  // the run's workload
+  const double hidden = run.model_attrs_num.count("hidden_size") ? run.model_attrs_num.at("hidden_size") : 0.0;
+  cfg.groups = opt.microbatches > 0 ? opt.microbatches : wl.microbatches;
+  cfg.gen_len = opt.gen_len > 0 ? opt.gen_len : wl.gen_len;
+  cfg.batch = opt.batch > 0 ? opt.batch : wl.batch;
+  cfg.overlap = !opt.no_overlap && wl.overlap;
   // The run's measurements compare only with a simulation of the run's own workload.
-  const bool same_workload = cfg.groups == rp.microbatches && cfg.gen_len == rp.gen_len && cfg.batch == rp.batch &&
-                             cfg.overlap == rp.overlap;
+  const bool same_workload = cfg.groups == wl.microbatches && cfg.gen_len == wl.gen_len && cfg.batch == wl.batch &&
+                             cfg.overlap == wl.overlap;
   char run_workload[96];
-  std::snprintf(run_workload, sizeof(run_workload), "M=%d G=%d B=%d%s", rp.microbatches, rp.gen_len, rp.batch,
-                rp.overlap ? "" : " no-overlap");
-  if (cfg.batch != rp.batch)
-    std::cerr << "ppbench simulate: note: -b " << cfg.batch << " differs from the run's B=" << rp.batch
-              << ": the simulation uses the step times profiled and measured at B=" << rp.batch
+  std::snprintf(run_workload, sizeof(run_workload), "M=%d G=%d B=%d%s", wl.microbatches, wl.gen_len, wl.batch,
+                wl.overlap ? "" : " no-overlap");
+  if (cfg.batch != wl.batch)
+    std::cerr << "ppbench simulate: note: -b " << cfg.batch << " differs from the run's B=" << wl.batch
+              << ": the simulation uses the step times profiled and measured at B=" << wl.batch
               << " (the step time of a B=" << cfg.batch << " step is not measured); -b scales only the tokens "
               << "per step and the activation bytes" << std::endl;
   if (run.partitions.empty())
@@ -596,13 +589,13 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
   }
   // The link: the run's measured one (as its balancer and its stored simulation used) unless
   // --link-bandwidth / --link-latency override it (0 0 = free transfers).
-  const double bw_GBps = opt.link_bandwidth_GBps >= 0 ? opt.link_bandwidth_GBps : rp.link_bandwidth_Bps / 1e9;
-  const double lat_us = opt.link_latency_us >= 0 ? opt.link_latency_us : rp.link_latency_s * 1e6;
+  const double bw_GBps = opt.link_bandwidth_GBps >= 0 ? opt.link_bandwidth_GBps : run.link_bandwidth_Bps / 1e9;
+  const double lat_us = opt.link_latency_us >= 0 ? opt.link_latency_us : run.link_latency_s * 1e6;
   // Transfer time of `bytes` over the link.
   auto xfer = [&](double bytes) { return lat_us * 1e-3 + (bw_GBps > 0 ? bytes / (bw_GBps * 1e6) : 0.0); };
-  const double act = rp.hidden * balance::dtype_size(rp.dtype) * cfg.batch;
+  const double act = hidden * balance::dtype_size(wl.dtype) * cfg.batch;
   // Before anything is printed: transfer times and the size of the simulation.
-  for (double t : {xfer(act * rp.prompt_len), xfer(4.0 * cfg.batch)})
+  for (double t : {xfer(act * wl.prompt_len), xfer(4.0 * cfg.batch)})
     if (!(t <= kMaxMs)) {
       char msg[256];
       std::snprintf(msg, sizeof(msg), "--link-bandwidth %g GB/s and --link-latency %g us give a transfer of %g ms; "
@@ -624,7 +617,7 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
     }
   }
   const bool run_link = opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0;
-  if (run_link && rp.link_bandwidth_Bps == 0 && rp.link_latency_s == 0) link += " (none measured: 1-rank run)";
+  if (run_link && run.link_bandwidth_Bps == 0 && run.link_latency_s == 0) link += " (none measured: 1-rank run)";
   else if (run_link) link += " (the run's)";
   std::printf("simulate: %s, M=%d G=%d B=%d, %s, link %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
               cfg.overlap ? "overlap" : "no overlap", link.c_str());
@@ -643,7 +636,7 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
         st[s].decode_ms = ph[2 * s + 1];
         const bool last = s == S - 1;
         if (S == 1) continue;  // one stage: no transfer at all (the token stays on its device)
-        st[s].send_prefill_ms = last ? xfer(4.0 * cfg.batch) : xfer(act * rp.prompt_len);
+        st[s].send_prefill_ms = last ? xfer(4.0 * cfg.batch) : xfer(act * wl.prompt_len);
         st[s].send_decode_ms = last ? xfer(4.0 * cfg.batch) : xfer(act);
       }
       return st;
@@ -651,7 +644,7 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
     std::printf("partition %s:\n", name.c_str());
     const auto pred = balance::simulate_pipeline(stages_from(phase), cfg);
     const bool one_step = static_cast<long long>(cfg.groups) * cfg.gen_len == 1;
-    const bool run_one_step = static_cast<long long>(rp.microbatches) * rp.gen_len == 1;
+    const bool run_one_step = static_cast<long long>(wl.microbatches) * wl.gen_len == 1;
     print_metrics("predicted (profile)", pred.metrics, one_step);
     json entry{{"predicted", metrics_json(pred.metrics, one_step)}};
     if (pr.measured && !pr.stage_compute_ms.empty()) {
@@ -690,8 +683,8 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
   }
   out["link_bandwidth_GBps"] = bw_GBps;
   out["link_latency_us"] = lat_us;
-  out["run_workload"] = {{"microbatches", rp.microbatches}, {"gen_len", rp.gen_len}, {"batch", rp.batch},
-                         {"overlap", rp.overlap}};
+  out["run_workload"] = {{"microbatches", wl.microbatches}, {"gen_len", wl.gen_len}, {"batch", wl.batch},
+                         {"overlap", wl.overlap}};
 }
 
 }  // namespace
