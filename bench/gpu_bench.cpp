@@ -106,28 +106,11 @@ int main(int argc, char** argv) {
                 dtype_name(dt).c_str());
 
     // ---- ceilings -------------------------------------------------------------------------
-    double copy_gbs = 0, gemm_tflops = 0;
-    {
-      const size_t bytes = size_t(2) << 30;
-      cuda::DeviceMemory src(bytes), dst(bytes);
-      const double ms = time_ms(lane, 2, 10, [&] { CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, st)); });
-      copy_gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;  // read + write
-    }
-    {
-      const int n = 8192;
-      cuda::DeviceMemory A(size_t(n) * n * 2), B(size_t(n) * n * 2), C(size_t(n) * n * 2);
-      cuda::fill_uniform(A.get(), DType::bf16, size_t(n) * n, 1, 1.0f, 0.0f, st);
-      cuda::fill_uniform(B.get(), DType::bf16, size_t(n) * n, 2, 1.0f, 0.0f, st);
-      cuda::CublasHandle h;
-      CUBLAS_CHECK(cublasSetStream(h.get(), st));
-      const float one = 1.0f, zero = 0.0f;
-      const double ms = time_ms(lane, 3, 10, [&] {
-        CUBLAS_CHECK(cublasGemmEx(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A.get(), CUDA_R_16BF, n, B.get(),
-                                  CUDA_R_16BF, n, &zero, C.get(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      });
-      gemm_tflops = 2.0 * n * n * double(n) / (ms * 1e-3) / 1e12;
-    }
-    std::printf("\nceilings: D2D copy %.0f GB/s (read+write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", copy_gbs, gemm_tflops);
+    // The device's own ceilings (Device::measure_*), the ones every run stores in /ranks.
+    const double copy_gbs = dev->measure_read_bandwidth_GBps();
+    const double gemm_tflops = dev->measure_gemm_gflops(dt) / 1e3;
+    std::printf("\nceilings: D2D copy %.0f GB/s (read+write), %s GEMM 8192^3 %.0f TFLOP/s\n", copy_gbs,
+                dtype_name(dt).c_str(), gemm_tflops);
 
     // ---- one layer and the head -----------------------------------------------------------------
     struct Case {

@@ -13,20 +13,31 @@ Writes PNG files next to the results file (or into --outdir):
   <stem>_stages.png  per partition: predicted vs measured stage time in the balancer's
       objective (prefill + G x decode by default; one decode step or the prefill with
       --objective decode|prefill; ms per group) and the bubble fraction of each stage.
+  <stem>_roofline.png  one log-log panel per rank (more than 4 ranks: rank 0 and the rank of
+      the lowest peak_gflops): each unit signature's prefill (circle) and decode (triangle)
+      forward at its arithmetic intensity (unit_flops / unit_bytes, FLOP/byte) and achieved
+      rate (unit_flops / latency_ms, GFLOP/s), labelled with the signature's name and its
+      efficiency (/profile/efficiency: the roofline's floor / the measured time), under the
+      rank's roofs: memory (AI x read_bandwidth_GBps, solid; read_bandwidth_shared_GBps,
+      dashed) and compute (peak_gflops). Signatures of 0 FLOP (embed) are not drawn. Drawn
+      for a `ppbench profile` file too; skipped with a note on stderr for files written
+      before these datasets.
 
 Requires h5py, numpy and matplotlib: on Debian/Ubuntu `apt-get install python3-h5py
 python3-matplotlib` for /usr/bin/python3 (the interpreter of this script's first line;
 `scripts/install_deps.sh --python` does it); elsewhere a virtual environment with
 `pip install -r tools/requirements.txt`, running `python tools/ppbench_plot.py ...` from it.
 The timeline's legend lists the first 7 groups and "... groups 7..M-1" when M > 8.
+A `ppbench profile` file (no benchmarked partition) gets the roofline only.
 Exit status: 0 success; 3 a module is missing (the message says what to install); 2 the file is
-missing, not a ppbench file, of a newer format, incomplete or without a benchmarked partition (a
-`ppbench profile` file), --outdir is not a directory, or --iter is out of range (the message
-repeats the value given).
+missing, not a ppbench file, of a newer format, incomplete, or has nothing to plot (a `ppbench
+profile` file of an older ppbench, without the roofline's datasets), --outdir is not a directory,
+or --iter is out of range (the message repeats the value given).
 """
 import argparse
 import os
 import sys
+import textwrap
 
 try:
     import h5py
@@ -35,6 +46,7 @@ try:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 except ImportError as missing:
     print(f"ppbench_plot.py: {sys.executable} has no module '{missing.name}' (needs h5py, numpy, matplotlib).\n"
@@ -48,6 +60,11 @@ except ImportError as missing:
 RECV_START, RECV_END, COMPUTE_START, COMPUTE_END, SEND_START, SEND_END = range(6)
 # Groups listed in the timeline's legend; more groups are summarised in one entry.
 LEGEND_GROUPS = 8
+# Panels of the roofline: every rank up to this many; beyond, rank 0 and the rank of the lowest peak.
+ROOFLINE_PANELS = 4
+# Datasets the roofline needs beyond the profile's latencies (absent in files of older ppbench).
+ROOFLINE_DATASETS = ("ranks/read_bandwidth_GBps", "ranks/read_bandwidth_shared_GBps", "ranks/peak_gflops",
+                     "profile/unit_flops", "profile/unit_bytes", "profile/efficiency")
 # The newest results format this script reads (kResultsFormatVersion in src/results/writer.h).
 RESULTS_FORMAT_VERSION = 1
 
@@ -108,9 +125,14 @@ def unit_span(f, part):
     return out
 
 
+def model_name(f):
+    """The model's name: its --model file's stem ("qwen3-0.6b")."""
+    return os.path.splitext(os.path.basename(text(f["config/model"].attrs.get("source", "?"))))[0]
+
+
 def run_title(f):
     w = f["config/workload"].attrs
-    model = os.path.splitext(os.path.basename(str(f["config/model"].attrs.get("source", "?"))))[0]
+    model = model_name(f)
     return (f"{model}, {int(f.attrs['world_size'])} ranks ({f.attrs['backend']}/{f.attrs['transport']}), "
             f"B={int(w['batch'])} P={int(w['prompt_len'])} G={int(w['gen_len'])} M={int(w['microbatches'])}")
 
@@ -262,9 +284,127 @@ def plot_stages(f, names, out_png):
     return True
 
 
+def roofline_ranks(peak):
+    """Ranks drawn in the roofline: all up to ROOFLINE_PANELS, beyond rank 0 and the rank of the
+    lowest peak_gflops (one panel when that is rank 0)."""
+    if len(peak) <= ROOFLINE_PANELS:
+        return list(range(len(peak)))
+    finite = np.where(np.isfinite(peak), peak, np.inf)
+    return sorted({0, int(np.argmin(finite))})
+
+
+def spread_labels(ax, labels, min_dy=10.0):
+    """Moves apart vertically (in pixels of the final layout) the point labels of one side that
+    would touch: labels whose anchors are within 90 pixels horizontally and `min_dy` vertically."""
+    placed = []  # (x, y) pixel positions of the labels kept so far
+    to_px = ax.transData.transform
+    for label in sorted(labels, key=lambda t: -to_px(t.xy)[1]):
+        x, y = to_px(label.xy)
+        dx, dy = label.xyann
+        y += dy
+        for px, py in placed:
+            if abs(px - x) < 90 and py - y < min_dy:
+                y = py - min_dy
+        label.xyann = (dx, y - to_px(label.xy)[1])
+        placed.append((x, y))
+
+
+def plot_roofline(f, out_png):
+    """Roofline of each unit signature's forward on each rank (see the module docstring)."""
+    bw = f["ranks/read_bandwidth_GBps"][...]
+    bw_shared = f["ranks/read_bandwidth_shared_GBps"][...]
+    peak = f["ranks/peak_gflops"][...]
+    devices = f["ranks/device_name"].asstr()[...]
+    flops, nbytes = f["profile/unit_flops"][...], f["profile/unit_bytes"][...]  # [U, 2]: prefill, decode
+    lat, eff = f["profile/latency_ms"][...], f["profile/efficiency"][...]      # [R, U, 2]
+    sig_names = f["profile/signature_name"].asstr()[...]
+    first = {}  # signature -> its first unit (units of one signature have the same shapes)
+    for u, sig in enumerate(f["profile/unit_signature"][...]):
+        first.setdefault(int(sig), u)
+    phases = (("prefill", "o"), ("decode", "^"))
+    # Signatures without FLOPs (embed: a gather) have no place on a roofline.
+    no_flops = []
+    for sig, u in sorted(first.items()):
+        zero = [name for ph, (name, _) in enumerate(phases) if not flops[u, ph] > 0 or not nbytes[u, ph] > 0]
+        if zero:
+            no_flops.append(sig_names[sig] + ("" if len(zero) == 2 else f" ({zero[0]})"))
+    ranks = roofline_ranks(peak)
+    rows, cols = (1, len(ranks)) if len(ranks) <= 2 else (2, 2)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.2 * cols, 5.8 * rows), squeeze=False)
+    for ax in axes.flat[len(ranks):]:
+        ax.set_visible(False)
+    colours = plt.get_cmap("tab10")
+    labels = {}  # axes -> (labels left of their point, labels right of it)
+    for ax, r in zip(axes.flat, ranks):
+        pts = []  # (AI, GFLOP/s, signature, phase, efficiency)
+        for sig, u in sorted(first.items()):
+            for ph in range(2):
+                F, B, ms = flops[u, ph], nbytes[u, ph], lat[r, u, ph]
+                if F > 0 and B > 0 and ms > 0:
+                    pts.append((F / B, F / (ms * 1e-3) / 1e9, sig, ph, eff[r, u, ph]))
+        roofs = [(b, ls, what) for b, ls, what in
+                 ((bw[r], "-", "rank alone"), (bw_shared[r], "--", "every rank of the node reading"))
+                 if np.isfinite(b) and b > 0]
+        pk = peak[r] if np.isfinite(peak[r]) and peak[r] > 0 else None
+        ridges = [pk / b for b, _, _ in roofs] if pk else []
+        xs = [p[0] for p in pts] + ridges or [1.0]
+        ys = [p[1] for p in pts] + ([pk] if pk else []) or [1.0]
+        x_lo, x_hi = min(xs) / 8, max(xs) * 8
+        # The top ~30% of the (log) height stays free above the compute roof for the legend.
+        y_lo = min(ys) / 8
+        y_hi = max(ys) * max(6.0, (max(ys) / y_lo) ** 0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for b, ls, what in roofs:
+            x_end = min(x_hi, pk / b) if pk else x_hi
+            ax.plot([x_lo, x_end], [x_lo * b, x_end * b], color="black", linestyle=ls, linewidth=1.4,
+                    label=f"memory roof, {what}: {b:.4g} GB/s")
+        if pk:
+            ax.plot([min(ridges, default=x_lo), x_hi], [pk, pk], color="#b2182b", linewidth=1.4,
+                    label=f"compute roof (peak GEMM): {pk:.4g} GFLOP/s")
+        left, right = [], []
+        for x, y, sig, ph, e in pts:
+            ax.scatter([x], [y], marker=phases[ph][1], s=55, color=colours(sig % 10), edgecolor="black",
+                       linewidth=0.6, zorder=3)
+            label = sig_names[sig] + (f" {100 * e:.0f}%" if np.isfinite(e) else "")
+            # Prefill (high intensity, right of the plot) labelled on the left of its point, decode
+            # on the right: the two phases of a unit whose intensity does not change (the head)
+            # sit on one vertical line.
+            side = left if ph == 0 else right
+            side.append(ax.annotate(label, (x, y), xytext=(-7 if ph == 0 else 7, -3), textcoords="offset points",
+                                    ha="right" if ph == 0 else "left", fontsize=7, zorder=4,
+                                    bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none",
+                                              alpha=0.75)))
+        labels[ax] = (left, right)
+        ax.set_xlim(x_lo, x_hi)
+        ax.set_ylim(y_lo, y_hi)
+        ax.set_xlabel("arithmetic intensity (FLOP/byte): unit_flops / unit_bytes")
+        ax.set_ylabel("achieved rate (GFLOP/s): unit_flops / latency_ms")
+        ax.grid(which="major", linestyle=":", linewidth=0.5)
+        device = "\n".join(textwrap.wrap(devices[r], 90))
+        ax.set_title(f"{model_name(f)} on rank {r}: {device}", fontsize=9)
+        handles = ax.get_legend_handles_labels()[0]
+        handles += [Line2D([], [], marker=m, linestyle="none", markerfacecolor="white", markeredgecolor="black",
+                           label=f"{name} (median forward)") for name, m in phases]
+        handles.append(Line2D([], [], linestyle="none", label="label: signature, efficiency = floor / measured"))
+        if no_flops:
+            handles.append(Line2D([], [], linestyle="none", label=f"not drawn (0 FLOP): {', '.join(no_flops)}"))
+        ax.legend(handles=handles, loc="upper left", fontsize=7, frameon=True, framealpha=0.85)
+    shown = "" if len(ranks) == len(peak) else \
+        f"; ranks {' and '.join(map(str, ranks))} of {len(peak)} shown (rank 0 and the lowest peak_gflops)"
+    fig.suptitle(f"{run_title(f)}\nroofline of one forward of each unit signature (prefill: B x P tokens, "
+                 f"decode: B tokens){shown}", fontsize=10)
+    fig.tight_layout()
+    for ax, sides in labels.items():
+        for side in sides:
+            spread_labels(ax, side)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("file", help="results file written by `ppbench run`")
+    ap.add_argument("file", help="results file written by `ppbench run` (or `ppbench profile`: the roofline only)")
     ap.add_argument("--iter", type=int, default=-1, help="timed repetition to draw (0-based; default: the last)")
     ap.add_argument("--outdir", help="directory for the PNG files (default: the results file's)")
     args = ap.parse_args(argv)
@@ -281,10 +421,18 @@ def main(argv=None):
         return 2
     with f:
         names = partition_names(f)
-        if not any(f"benchmark/{name}" in f for name in names):
-            print(f"ppbench_plot: error: {args.file}: no benchmarked partition (a `ppbench profile` file): "
-                  "nothing to plot", file=sys.stderr)
+        benchmarked = any(f"benchmark/{name}" in f for name in names)
+        missing = [d for d in ROOFLINE_DATASETS if d not in f]
+        if not benchmarked and missing:
+            print(f"ppbench_plot: error: {args.file}: no benchmarked partition (a `ppbench profile` file) and no "
+                  f"roofline data (no /{missing[0]}: written by an older ppbench): nothing to plot", file=sys.stderr)
             return 2
+        if missing:
+            print(f"ppbench_plot: note: {args.file}: no /{missing[0]} (written by an older ppbench): no roofline",
+                  file=sys.stderr)
+        if not benchmarked:
+            print(f"ppbench_plot: note: {args.file}: no benchmarked partition (a `ppbench profile` file): "
+                  "the roofline only", file=sys.stderr)
         try:
             os.makedirs(outdir, exist_ok=True)
         except OSError as e:
@@ -304,6 +452,10 @@ def main(argv=None):
             return 2
         png = os.path.join(outdir, f"{stem}_stages.png")
         if plot_stages(f, names, png):
+            written.append(png)
+        if not missing:
+            png = os.path.join(outdir, f"{stem}_roofline.png")
+            plot_roofline(f, png)
             written.append(png)
     for p in written:
         print(p)

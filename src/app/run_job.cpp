@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "common/format.h"
+#include "common/roofline.h"
 #include "common/watchdog.h"
 #include "model/model_spec.h"
 #include "pipeline/metrics.h"
@@ -343,6 +345,7 @@ class RunJob {
       open_device();
       open_transport();
       describe_run();
+      measure_ceilings();
       check_memory_for_profile();
       profile();
       phase("write of the profile", [&] { snapshot("balance"); });
@@ -555,6 +558,42 @@ class RunJob {
     }
   }
 
+  // ---- ceilings ---------------------------------------------------------------------------------
+
+  /// The hardware's ceilings on every rank (issue 12's floors): read bandwidth and GEMM rate
+  /// with the node's other ranks idle (local ranks take turns; the waiting ones sleep in a
+  /// quiet barrier, so they leave the cores alone), then the read bandwidth with every rank of
+  /// the node reading at once. Gathered into /ranks.
+  void measure_ceilings() {
+    std::vector<double> mine(3, std::numeric_limits<double>::quiet_NaN());
+    phase("ceilings", [&] {
+      if (root_) progress_.say("ceilings: read bandwidth and GEMM rate of each rank, alone, then all at once");
+      const int turns = mpi_.agree(mpi_.local_size());
+      for (int turn = 0; turn < turns; ++turn) {
+        mpi_.quiet_barrier();
+        if (mpi_.local_rank() == turn) {
+          mine[0] = device_->measure_read_bandwidth_GBps();
+          mine[2] = device_->measure_gemm_gflops(dtype_);
+        }
+      }
+      mpi_.quiet_barrier();
+      mine[1] = device_->measure_read_bandwidth_GBps();
+    });
+    const auto all = mpi_.gather_doubles(mine);
+    if (!root_) return;
+    std::ostringstream os;
+    os << "ceilings (read GB/s alone / all at once, GEMM GFLOP/s):";
+    for (int r = 0; r < S_; ++r) {
+      RankInfo& info = run_.ranks[r];
+      info.read_bandwidth_GBps = all[3 * r];
+      info.read_bandwidth_shared_GBps = all[3 * r + 1];
+      info.peak_gflops = all[3 * r + 2];
+      os << (r ? "; " : " ") << "rank " << r << " " << format_fixed(info.read_bandwidth_GBps, 1) << " / "
+         << format_fixed(info.read_bandwidth_shared_GBps, 1) << ", " << format_fixed(info.peak_gflops, 1);
+    }
+    progress_.say(os.str());
+  }
+
   // ---- memory -----------------------------------------------------------------------------------
 
   /// What a stage of units [first, last] with `groups` request groups allocates on this
@@ -720,6 +759,18 @@ class RunJob {
       t.unit_weight_bytes.push_back(w);
       t.unit_kv_bytes.push_back(kv);
     }
+    for (int u = 0; u < U; ++u) {
+      const model::UnitWork w = model::unit_work(spec_, u, opt_.batch, opt_.prompt_len, prof.decode_contexts,
+                                                 static_cast<int>(dtype_bytes(dtype_)));
+      t.unit_flops.insert(t.unit_flops.end(), {w.prefill_flops, w.decode_flops});
+      t.unit_bytes.insert(t.unit_bytes.end(), {w.prefill_bytes, w.decode_bytes});
+    }
+    for (int r = 0; r < S_; ++r) {
+      for (int i = 0; i < 2 * U; ++i) {
+        t.floor_ms.push_back(roofline_floor_ms(t.unit_flops[i], t.unit_bytes[i], run_.ranks[r].read_bandwidth_GBps,
+                                               run_.ranks[r].peak_gflops));
+      }
+    }
     t.signature_name = spec_.signatures;
     t.latency_ms = lat;
     t.latency_min_ms = lat_min;
@@ -783,6 +834,21 @@ class RunJob {
   }
 
   /// Rank 0: each partition's record (split, predictions, stage bytes) and its memory report.
+  /// Floor (ms) of prefill and of one decode step of units [first, last] on rank r: the sum of
+  /// the units' roofline floors with the rank's shared read bandwidth (every stage runs at
+  /// once in the pipeline). Rank 0 only (reads run_).
+  std::pair<double, double> stage_floor_ms(int r, int first, int last) const {
+    const RankInfo& info = run_.ranks[r];
+    const auto& t = run_.profile;
+    double pre = 0, dec = 0;
+    for (int u = first; u <= last; ++u) {
+      pre += roofline_floor_ms(t.unit_flops[2 * u], t.unit_bytes[2 * u], info.read_bandwidth_shared_GBps, info.peak_gflops);
+      dec += roofline_floor_ms(t.unit_flops[2 * u + 1], t.unit_bytes[2 * u + 1], info.read_bandwidth_shared_GBps,
+                               info.peak_gflops);
+    }
+    return {pre, dec};
+  }
+
   void describe_partitions() {
     if (!root_) return;
     const int U = spec_.num_units();
@@ -805,6 +871,10 @@ class RunJob {
         }
         pr.predicted_phase_ms.push_back(pre);
         pr.predicted_phase_ms.push_back(dec);
+        const auto [floor_pre, floor_dec] = stage_floor_ms(r, p.first_unit[k], p.last_unit[k]);
+        pr.stage_floor_phase_ms.push_back(floor_pre);
+        pr.stage_floor_phase_ms.push_back(floor_dec);
+        pr.stage_floor_ms.push_back(balance::objective_cost(objective_, floor_pre, floor_dec, opt_.gen_len));
         const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_);
         pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
         pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +45,17 @@ class Device {
   /// ranks sharing it); when they fit in the cache, stages run warm and nothing is flushed.
   /// Default: no-op.
   virtual void flush_caches(Lane& lane, size_t resident_bytes) {}
+  /// Streaming read bandwidth of this device in GB/s (1e9 B/s): the memory ceiling of the units'
+  /// floors (model::unit_bytes_moved / bandwidth). CPU: cpu::stream_read_GBps over twice the
+  /// last-level cache (64..512 MiB) with the rank's threads, i.e. the decode kernel's rate;
+  /// CUDA: a 1 GiB device-to-device copy, 2 x bytes / time (HBM serves reads and writes from
+  /// one budget). Takes 0.1-1 s and allocates the buffer for the call: run it outside timed
+  /// regions. Default: NaN (not measured).
+  virtual double measure_read_bandwidth_GBps() { return std::numeric_limits<double>::quiet_NaN(); }
+  /// Rate in GFLOP/s (1e9 FLOP/s) of the GEMM the stages run in `dtype`, with their library and
+  /// threads: the compute ceiling of the floors. CPU: cpu::gemm_gflops (sgemm 1024^3); CUDA:
+  /// the stage's cublasGemmEx at 8192^3 (fp32 accumulation). Default: NaN.
+  virtual double measure_gemm_gflops(DType dtype) { return std::numeric_limits<double>::quiet_NaN(); }
   /// Versions of the libraries the backend computes with ({"openblas": ...}, {"cuda_runtime": ...}).
   virtual std::map<std::string, std::string> library_versions() const { return {}; }
   virtual std::unique_ptr<Lane> create_lane(const std::string& name) = 0;

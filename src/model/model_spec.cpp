@@ -656,23 +656,47 @@ double unit_bytes_moved(const ModelSpec& m, int unit, Phase phase, int batch, in
   if (batch < 0 || tokens < 1 || context < tokens)
     throw InternalError("unit_bytes_moved: need batch >= 0, tokens >= 1, context >= tokens");
   const double d = dtype_bytes;
+  const double rows = static_cast<double>(batch) * tokens;  // token rows of the forward
+  const double act = rows * m.hidden * d;                   // one [B, T, hidden] activation
   switch (u.kind) {
     case UnitKind::embed:
-      // A gather reads only the rows of the tokens in the batch, not the whole table.
-      return std::min(static_cast<double>(batch) * tokens, static_cast<double>(m.vocab)) * m.hidden * d;
-    case UnitKind::head:
-      return static_cast<double>(unit_resident_params(m, unit)) * d;
+      // A gather reads only the rows of the tokens in the batch, not the whole table; writes
+      // the activation.
+      return std::min(rows, static_cast<double>(m.vocab)) * m.hidden * d + act;
+    case UnitKind::head: {
+      // The weight, the normed input of the tokens whose logits are computed (prefill: the
+      // last one), and their fp32 logits written once.
+      const double logit_rows = phase == Phase::prefill ? static_cast<double>(batch) : rows;
+      return static_cast<double>(unit_resident_params(m, unit)) * d + logit_rows * m.hidden * d +
+             logit_rows * m.vocab * 4.0;
+    }
     case UnitKind::layer: {
       // KV read: the union of the windows of the new tokens, i.e. all `context` positions,
-      // or the last window + tokens - 1 of them for a sliding-window layer.
+      // or the last window + tokens - 1 of them for a sliding-window layer. KV written: the
+      // new tokens' rows. Activations: the input read and the output written.
       int window = m.layers[u.layer].sliding_window;
       int64_t positions = window > 0 ? std::min<int64_t>(context, int64_t{window} + tokens - 1) : context;
+      const double kv_row = static_cast<double>(kv_bytes_per_token(m, unit, dtype_bytes));
       return static_cast<double>(unit_resident_params(m, unit)) * d +
-             static_cast<double>(batch) * static_cast<double>(positions) *
-                 static_cast<double>(kv_bytes_per_token(m, unit, dtype_bytes));
+             static_cast<double>(batch) * static_cast<double>(positions) * kv_row + rows * kv_row + 2.0 * act;
     }
   }
   return 0.0;
+}
+
+UnitWork unit_work(const ModelSpec& m, int unit, int batch, int prompt_len, const std::vector<int>& decode_contexts,
+                   int dtype_bytes) {
+  UnitWork w;
+  w.prefill_flops = unit_flops(m, unit, Phase::prefill, batch, prompt_len, prompt_len);
+  w.prefill_bytes = unit_bytes_moved(m, unit, Phase::prefill, batch, prompt_len, prompt_len, dtype_bytes);
+  if (decode_contexts.empty()) throw InternalError("unit_work: no decode contexts");
+  for (int c : decode_contexts) {
+    w.decode_flops += unit_flops(m, unit, Phase::decode, batch, 1, c + 1);
+    w.decode_bytes += unit_bytes_moved(m, unit, Phase::decode, batch, 1, c + 1, dtype_bytes);
+  }
+  w.decode_flops /= static_cast<double>(decode_contexts.size());
+  w.decode_bytes /= static_cast<double>(decode_contexts.size());
+  return w;
 }
 
 int64_t boundary_bytes(const ModelSpec& m, int unit, int batch, int tokens, int dtype_bytes) {

@@ -122,9 +122,23 @@ int64_t kv_cache_bytes(const ModelSpec& m, int unit, int sequences, int context,
 /// 4 * n_heads * head_dim * attended positions for attention (Kaplan et al. 2020, §2.1).
 double unit_flops(const ModelSpec& m, int unit, Phase phase, int batch, int tokens, int context);
 
-/// Bytes of weights + KV cache read by one forward (the memory-bound floor's numerator).
+/// Bytes one forward must move to or from memory (the memory-bound floor's numerator): the
+/// unit's weights; the KV cache read (the attended positions) and written (the new tokens'
+/// rows); the [B, T, hidden] activation read and written; the head's fp32 logits written.
+/// Embed: the gathered table rows and the activation written.
 double unit_bytes_moved(const ModelSpec& m, int unit, Phase phase, int batch, int tokens, int context,
                         int dtype_bytes);
+
+/// FLOPs and bytes of one unit's forwards as the profiler times them: prefill of `batch` x
+/// `prompt_len` tokens from position 0; decode of `batch` x 1 token at position c (attending
+/// c + 1 positions), averaged over `decode_contexts` as the profile's decode latency is.
+struct UnitWork {
+  double prefill_flops = 0.0, prefill_bytes = 0.0;  ///< FLOP, bytes
+  double decode_flops = 0.0, decode_bytes = 0.0;    ///< FLOP, bytes (mean over contexts)
+};
+/// @throws ppb::InternalError for an empty decode_contexts or invalid sizes.
+UnitWork unit_work(const ModelSpec& m, int unit, int batch, int prompt_len, const std::vector<int>& decode_contexts,
+                   int dtype_bytes);
 
 /// Bytes of the activation a stage boundary after `unit` carries for `batch` x `tokens`:
 /// hidden states batch*tokens*hidden*dtype_bytes, or batch*4 token ids after the head.

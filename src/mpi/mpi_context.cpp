@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
+#include <thread>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -49,6 +51,18 @@ int MpiContext::agree(int local_status) const {
   int global = 0;
   MPI_CHECK(MPI_Allreduce(&local_status, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   return global;
+}
+
+void MpiContext::quiet_barrier(double poll_s) const {
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
+  int done = 0;
+  const auto pause = std::chrono::duration<double>(poll_s);
+  while (true) {
+    MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(pause);
+  }
 }
 
 std::vector<std::string> MpiContext::gather_strings(const std::string& mine) const {

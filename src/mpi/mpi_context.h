@@ -34,6 +34,11 @@ class MpiContext {
   /// (exit status 2 for user errors) instead of leaving peers blocked in a later collective.
   int agree(int local_status) const;
 
+  /// Collective: a barrier that waits without spinning a core (MPI_Ibarrier polled every
+  /// `poll_s` seconds with a sleep between), for ranks that wait while another rank of their
+  /// node measures something alone: a spinning MPI_Barrier would take that rank's core.
+  void quiet_barrier(double poll_s = 1e-3) const;
+
   /// Collective: gathers one string per rank on rank 0 (other ranks get an empty vector).
   std::vector<std::string> gather_strings(const std::string& mine) const;
   /// Collective: gathers `mine` (same length on every rank) on rank 0, rank-major.

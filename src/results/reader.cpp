@@ -3,6 +3,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "common/error.h"
@@ -59,6 +60,8 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.predicted_phase_ms = dataset_or_empty<double>(part, "predicted_phase_ms");
   p.stage_weight_bytes = dataset_or_empty<int64_t>(part, "stage_weight_bytes");
   p.stage_kv_bytes = dataset_or_empty<int64_t>(part, "stage_kv_bytes");
+  p.stage_floor_ms = dataset_or_empty<double>(part, "stage_floor_ms");
+  p.stage_floor_phase_ms = dataset_or_empty<double>(part, "stage_floor_phase_ms");
 
   const std::string bench_path = "benchmark/" + name;
   p.measured = root.is_group(bench_path);
@@ -166,10 +169,18 @@ void read_all(const Group& root, RunRecord& run) {
   auto offset = dataset_or_empty<double>(ranks, "clock_offset_s");
   auto memory = dataset_or_empty<int64_t>(ranks, "memory_limit_bytes");  // files before it: 0 = unknown
   auto scratch = dataset_or_empty<int64_t>(ranks, "stage_scratch_bytes");  // files before it: 0 = unknown
+  auto bw = dataset_or_empty<double>(ranks, "read_bandwidth_GBps");  // files before ceilings: NaN
+  auto bw_shared = dataset_or_empty<double>(ranks, "read_bandwidth_shared_GBps");
+  auto gflops = dataset_or_empty<double>(ranks, "peak_gflops");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
   for (size_t r = 0; r < host.size(); ++r) {
-    run.ranks.push_back({host[r], r < dev.size() ? dev[r] : "", r < bus.size() ? bus[r] : "",
-                         r < local.size() ? static_cast<int>(local[r]) : 0, r < offset.size() ? offset[r] : 0.0,
-                         r < memory.size() ? memory[r] : 0, r < scratch.size() ? scratch[r] : 0});
+    RankInfo info{host[r], r < dev.size() ? dev[r] : "", r < bus.size() ? bus[r] : "",
+                  r < local.size() ? static_cast<int>(local[r]) : 0, r < offset.size() ? offset[r] : 0.0,
+                  r < memory.size() ? memory[r] : 0, r < scratch.size() ? scratch[r] : 0};
+    info.read_bandwidth_GBps = r < bw.size() ? bw[r] : nan;
+    info.read_bandwidth_shared_GBps = r < bw_shared.size() ? bw_shared[r] : nan;
+    info.peak_gflops = r < gflops.size() ? gflops[r] : nan;
+    run.ranks.push_back(info);
   }
 
   Group prof = root.open_group("profile");
@@ -187,6 +198,9 @@ void read_all(const Group& root, RunRecord& run) {
   p.decode_contexts = to_int(dataset_or_empty<int64_t>(prof, "decode_contexts"));
   p.decode_context_ms = dataset_or_empty<double>(prof, "decode_context_ms");
   p.cost_ms = dataset_or_empty<double>(prof, "cost_ms");
+  p.unit_flops = dataset_or_empty<double>(prof, "unit_flops");
+  p.unit_bytes = dataset_or_empty<double>(prof, "unit_bytes");
+  p.floor_ms = dataset_or_empty<double>(prof, "floor_ms");
   // Format 1 files before profile_* moved to /config/workload kept them on latency_ms only.
   w.profile_warmup = wl.has_attr("profile_warmup") ? wl.get_attr<int>("profile_warmup") : attr_or<int>(lat, "warmup", 0);
   w.profile_iters = wl.has_attr("profile_iters") ? wl.get_attr<int>("profile_iters") : attr_or<int>(lat, "iters", 0);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,12 @@ struct RankInfo {
   /// Scratch of a stage holding every unit on the rank's backend, an upper bound of any stage's
   /// scratch: the balancer keeps it free out of memory_limit_bytes (0 = unknown, older files).
   int64_t stage_scratch_bytes = 0;
+  /// Ceilings measured at start-up (Device::measure_*; NaN = not measured, older files):
+  /// streaming read GB/s with the node's other ranks idle, and with all of them reading at
+  /// once (what holds while every stage runs); GEMM GFLOP/s in the run's dtype.
+  double read_bandwidth_GBps = std::numeric_limits<double>::quiet_NaN();
+  double read_bandwidth_shared_GBps = std::numeric_limits<double>::quiet_NaN();
+  double peak_gflops = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct WorkloadInfo {
@@ -41,6 +48,11 @@ struct ProfileTable {
   std::vector<int64_t> unit_params;         ///< [U]
   std::vector<int64_t> unit_weight_bytes;   ///< [U] resident on the stage holding the unit
   std::vector<int64_t> unit_kv_bytes;       ///< [U] KV cache for M*B sequences of P+G tokens
+  std::vector<double> unit_flops;           ///< [U][2] FLOP of one forward (model::unit_work)
+  std::vector<double> unit_bytes;           ///< [U][2] bytes one forward moves (model::unit_work)
+  /// [world][U][2] roofline_floor_ms of each unit with the rank's ceilings alone (the profile
+  /// times units with the node's other ranks idle); empty in older files.
+  std::vector<double> floor_ms;
 };
 
 struct PartitionRecord {
@@ -50,6 +62,10 @@ struct PartitionRecord {
   std::vector<double> predicted_stage_ms;               ///< [S] objective cost
   std::vector<double> predicted_phase_ms;               ///< [S][2] prefill, decode per step
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]
+  /// [S] the stage's floor in the objective (sum of its units' roofline floors with the rank's
+  /// shared read bandwidth: all stages run at once); efficiency = stage_floor_ms / measured.
+  std::vector<double> stage_floor_ms;
+  std::vector<double> stage_floor_phase_ms;  ///< [S][2] prefill, one decode step
   double predicted_bottleneck_ms = 0.0;
   /// The earlier partition of the run with the same split (units and device order), whose
   /// measurement this one shares instead of being benchmarked again; "" if none.

@@ -21,6 +21,29 @@ std::string unit_range(const RunRecord& run, int first, int last) {
   return n[first] + ".." + n[last];
 }
 
+/// The ceilings the floors use, per rank (min..max over ranks beyond 4 ranks).
+void print_ceilings(std::ostream& os, const RunRecord& run) {
+  if (run.ranks.empty() || !(run.ranks[0].peak_gflops > 0)) return;  // older files: not measured
+  os << "ceilings (read GB/s alone / all ranks reading, GEMM GFLOP/s):";
+  if (run.ranks.size() <= 4) {
+    for (size_t r = 0; r < run.ranks.size(); ++r) {
+      const RankInfo& i = run.ranks[r];
+      os << (r ? ";" : "") << " rank " << r << " " << fmt("%.1f", i.read_bandwidth_GBps) << " / "
+         << fmt("%.1f", i.read_bandwidth_shared_GBps) << ", " << fmt("%.0f", i.peak_gflops);
+    }
+  } else {
+    auto range = [&](auto get, const char* f) {
+      double lo = 1e300, hi = -1e300;
+      for (const auto& i : run.ranks) lo = std::min(lo, get(i)), hi = std::max(hi, get(i));
+      return fmt(f, lo) + ".." + fmt(f, hi);
+    };
+    os << " " << range([](const RankInfo& i) { return i.read_bandwidth_GBps; }, "%.1f") << " / "
+       << range([](const RankInfo& i) { return i.read_bandwidth_shared_GBps; }, "%.1f") << ", "
+       << range([](const RankInfo& i) { return i.peak_gflops; }, "%.0f") << " over " << run.ranks.size() << " ranks";
+  }
+  os << "\n";
+}
+
 }  // namespace
 
 void print_summary(std::ostream& os, const RunRecord& run) {
@@ -36,6 +59,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   if (run.link_bandwidth_Bps > 0)
     os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
        << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
+  print_ceilings(os, run);
   if (run.partitions.empty() && !run.profile.unit_name.empty()) {
     // A profile-only file (`ppbench profile`): one row per signature, over the ranks.
     const auto& t = run.profile;
@@ -71,6 +95,9 @@ void print_summary(std::ostream& os, const RunRecord& run) {
        << "),\n"
           "                         predicted from the profile / measured in the pipelined run\n"
           "         err             meas/pred - 1\n"
+          "         floor ms, eff   the stage's floor in the objective (its units' bytes at the rank's read\n"
+          "                         bandwidth with all ranks reading, or FLOPs at its GEMM rate, whichever\n"
+          "                         is longer; /ranks) and efficiency = floor / meas (100% = at the floor)\n"
           "         pred/meas dec   ms of one decode step's compute (measured: median)\n"
           "         bubble          share of a repetition's wall time the compute lane was idle (median)\n"
           "         lane CPU s      CPU seconds of the compute / recv / send lanes over the timed repetitions\n"
@@ -83,7 +110,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     const int S = static_cast<int>(p.first_unit.size());
     os << "\npartition " << p.name << " (solver " << p.solver << ")"
        << (p.same_as.empty() ? "" : ": the same split as " + p.same_as + ", measured once (its figures below)") << "\n";
-    os << "  stage  rank  units                      n   pred ms   meas ms    err  pred dec  meas dec  bubble  lane CPU s c/r/s\n";
+    os << "  stage  rank  units                      n   pred ms   meas ms    err  floor ms   eff  pred dec  meas dec  bubble  lane CPU s c/r/s\n";
     for (int k = 0; k < S; ++k) {
       char line[512];
       double pred = p.predicted_stage_ms[k];
@@ -91,9 +118,11 @@ void print_summary(std::ostream& os, const RunRecord& run) {
                      : p.measured_stage_ms.size() == p.first_unit.size() ? p.measured_stage_ms[k]
                                                                          : p.stage_workload_ms[k];
       double err = p.measured ? meas / pred - 1.0 : NAN;
-      std::snprintf(line, sizeof(line), "  %5d  %4d  %-24s %3d %9.2f %9.2f %+6.1f%% %9.2f %9.2f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
+      const double floor = p.stage_floor_ms.size() == p.first_unit.size() ? p.stage_floor_ms[k] : NAN;
+      std::snprintf(line, sizeof(line), "  %5d  %4d  %-24s %3d %9.2f %9.2f %+6.1f%% %9.2f %4.0f%% %9.2f %9.2f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
                     p.device_rank[k], unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
-                    p.last_unit[k] - p.first_unit[k] + 1, pred, meas, 100.0 * err, p.predicted_phase_ms[2 * k + 1],
+                    p.last_unit[k] - p.first_unit[k] + 1, pred, meas, 100.0 * err, floor, 100.0 * floor / meas,
+                    p.predicted_phase_ms[2 * k + 1],
                     p.measured ? p.stage_compute_ms[2 * k + 1] : NAN, p.measured ? 100.0 * p.bubble_fraction[k] : NAN,
                     p.measured ? p.lane_cpu_s[3 * k] : NAN, p.measured ? p.lane_cpu_s[3 * k + 1] : NAN,
                     p.measured ? p.lane_cpu_s[3 * k + 2] : NAN, k == p.bottleneck_stage && p.measured ? "  <- bottleneck" : "");

@@ -48,6 +48,16 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   phase.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
   part.write_dataset("stage_weight_bytes", p.stage_weight_bytes).set_attr("units", "bytes");
   part.write_dataset("stage_kv_bytes", p.stage_kv_bytes).set_attr("units", "bytes");
+  if (p.stage_floor_ms.size() == p.first_unit.size()) {
+    auto fl = part.write_dataset("stage_floor_ms", p.stage_floor_ms);
+    fl.set_attr("units", "ms");
+    fl.set_attr("objective", run.workload.objective);
+    fl.set_attr("ceilings", "read_bandwidth_shared_GBps and peak_gflops of the stage's rank (/ranks)");
+    fl.set_attr("efficiency", "stage_floor_ms / measured_stage_ms");
+    auto fp = part.write_dataset("stage_floor_phase_ms", p.stage_floor_phase_ms, {S, 2});
+    fp.set_attr("units", "ms");
+    fp.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+  }
   if (!p.measured) return;
 
   const auto& w = run.workload;
@@ -173,7 +183,11 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   std::vector<int> local;
   std::vector<double> offset;
   std::vector<int64_t> memory, scratch;
+  std::vector<double> bw_alone, bw_shared, gflops;
   for (const auto& r : run.ranks) {
+    bw_alone.push_back(r.read_bandwidth_GBps);
+    bw_shared.push_back(r.read_bandwidth_shared_GBps);
+    gflops.push_back(r.peak_gflops);
     memory.push_back(r.memory_limit_bytes);
     scratch.push_back(r.stage_scratch_bytes);
     host.push_back(r.hostname);
@@ -189,6 +203,15 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   ranks.write_dataset("clock_offset_s", offset).set_attr("units", "s");
   ranks.write_dataset("memory_limit_bytes", memory).set_attr("units", "bytes");
   ranks.write_dataset("stage_scratch_bytes", scratch).set_attr("units", "bytes");
+  auto bw = ranks.write_dataset("read_bandwidth_GBps", bw_alone);
+  bw.set_attr("units", "GB/s (1e9 B/s)");
+  bw.set_attr("measured", "streaming read with the node's other ranks idle (Device::measure_read_bandwidth_GBps)");
+  auto bws = ranks.write_dataset("read_bandwidth_shared_GBps", bw_shared);
+  bws.set_attr("units", "GB/s (1e9 B/s)");
+  bws.set_attr("measured", "streaming read with every rank of the node reading at once");
+  auto pk = ranks.write_dataset("peak_gflops", gflops);
+  pk.set_attr("units", "GFLOP/s (1e9 FLOP/s)");
+  pk.set_attr("measured", "the stages' GEMM in the run's dtype (Device::measure_gemm_gflops)");
 
   const auto& p = run.profile;
   const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();
@@ -212,6 +235,26 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
     d.set_attr("decode", std::string(name) == "latency_ms" ? "mean over decode_contexts of the per-context median"
                          : std::string(name) == "latency_min_ms" ? "fastest timed decode forward over all decode_contexts"
                                                                  : "slowest timed decode forward over all decode_contexts");
+  }
+  if (p.unit_flops.size() == 2 * U && p.unit_bytes.size() == 2 * U) {
+    auto fl = prof.write_dataset("unit_flops", p.unit_flops, {U, 2});
+    fl.set_attr("units", "FLOP");
+    fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    fl.set_attr("decode", "mean over decode_contexts");
+    auto by = prof.write_dataset("unit_bytes", p.unit_bytes, {U, 2});
+    by.set_attr("units", "bytes");
+    by.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    by.set_attr("content", "weights + KV cache read and written + activations in/out (+ logits written)");
+  }
+  if (p.floor_ms.size() == R * U * 2) {
+    auto fl = prof.write_dataset("floor_ms", p.floor_ms, {R, U, 2});
+    fl.set_attr("units", "ms");
+    fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    fl.set_attr("formula", "max(unit_bytes / read_bandwidth_GBps, unit_flops / peak_gflops) of rank r (/ranks)");
+    std::vector<double> eff(p.floor_ms.size());
+    for (size_t i = 0; i < eff.size(); ++i) eff[i] = p.floor_ms[i] / p.latency_ms[i];
+    auto e = prof.write_dataset("efficiency", eff, {R, U, 2});
+    e.set_attr("formula", "floor_ms / latency_ms (1 = at the hardware's floor)");
   }
   prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
   prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");

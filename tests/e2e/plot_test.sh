@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # End-to-end test of the analysis path on a real run: a short 2-rank CPU run (mpirun) writes a
 # results file; `ppbench report` reads it (text, and CSV that pandas loads when pandas is
-# installed); tools/ppbench_plot.py draws it, and the PNGs must exist and be non-trivial
-# (> 20 KB: axes, labels and bars, not an empty canvas); the tools refuse an incomplete file
-# (report of several files skips it and reports the others); --iter out of range and the
-# legend cap of the timeline.
+# installed); tools/ppbench_plot.py draws it, and the PNGs (timelines, stages, roofline) must exist
+# and be non-trivial (> 20 KB: axes, labels and bars, not an empty canvas); the tools refuse an
+# incomplete file (report of several files skips it and reports the others); --iter out of range
+# and the legend cap of the timeline; a `ppbench profile` file gets the roofline only (exit 0);
+# files of an older ppbench (no roofline datasets) get the other plots and a note, or, profile
+# only, are refused (exit 2).
 #
 # Usage: tests/e2e/plot_test.sh BUILD_DIR [MODEL_JSON]     (ctest label e2e)
 # Exit status: 0 pass, 1 fail, 77 skipped (the interpreter lacks h5py/matplotlib:
@@ -75,8 +77,12 @@ labels = [h.get_label() for h in pp.legend_handles(1000, plt.get_cmap("tab20"))]
 assert len(labels) == pp.LEGEND_GROUPS + 3, labels
 assert labels[pp.LEGEND_GROUPS - 1] == "... groups 7..999 (colours repeat every 20)", labels
 assert len(pp.legend_handles(8, plt.get_cmap("tab10"))) == 8 + 3
+# Roofline panels: every rank up to 4; beyond, rank 0 and the rank of the lowest peak_gflops.
+assert pp.roofline_ranks([5.0, 1.0, 3.0]) == [0, 1, 2]
+assert pp.roofline_ranks([5.0, 4.0, 3.0, 6.0, 2.0, 7.0]) == [0, 4]
+assert pp.roofline_ranks([1.0, 4.0, 3.0, 6.0, 2.0]) == [0]
 PYEOF
-for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png; do
+for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png run_roofline.png; do
   [[ -f "$TMP/$png" ]] || fail "missing $png"
   size=$(stat -c %s "$TMP/$png")
   (( size > 20000 )) || fail "$png is only $size bytes"
@@ -99,12 +105,23 @@ set -e
 [[ $rc4 -eq 2 ]] && grep -q "missing.h5" "$TMP/err4.txt" || fail "report of unreadable files only: rc $rc4"
 [[ $rc2 -eq 2 ]] && grep -q incomplete "$TMP/err2.txt" || fail "ppbench_plot accepted an incomplete file (rc $rc2)"
 
-# A file without /benchmark (as `ppbench profile` writes): says why, exit 2, writes nothing.
-cp "$H5" "$TMP/prof.h5"
-"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); del f['benchmark']; f.close()" "$TMP/prof.h5"
-mkdir "$TMP/profout"
+# A `ppbench profile` file (no partitions, no /benchmark): the roofline only, exit 0, with a note.
+say "running ppbench profile on 2 ranks"
+mpirun --oversubscribe -np 2 "$BUILD/ppbench" profile --model "$MODEL" -b 2 -p 8 -g 4 --profile-warmup 1 \
+  --profile-iters 2 --quiet -o "$TMP/prof.h5" >"$TMP/prof.log" 2>&1 || { cat "$TMP/prof.log"; fail "ppbench profile failed"; }
+mkdir "$TMP/profout" "$TMP/oldprofout" "$TMP/oldout"
+# Files of an older ppbench, without the roofline's datasets.
+DROP="import h5py,sys; f=h5py.File(sys.argv[1],'r+'); [f.__delitem__(d) for d in ('ranks/read_bandwidth_GBps','ranks/read_bandwidth_shared_GBps','ranks/peak_gflops','profile/unit_flops','profile/unit_bytes','profile/floor_ms','profile/efficiency')]; f.close()"
+cp "$TMP/prof.h5" "$TMP/oldprof.h5"
+"$PY" -c "$DROP" "$TMP/oldprof.h5"
+cp "$H5" "$TMP/old.h5"
+"$PY" -c "$DROP" "$TMP/old.h5"
 set +e
-"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/prof.h5" --outdir "$TMP/profout" 2>"$TMP/err5.txt"; rc5=$?
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/prof.h5" --outdir "$TMP/profout" >"$TMP/out5.txt" 2>"$TMP/err5.txt"; rc5=$?
+# An older profile-only file has nothing to plot: says why, exit 2, writes nothing.
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/oldprof.h5" --outdir "$TMP/oldprofout" 2>"$TMP/err9.txt"; rc9=$?
+# An older run's file: the timelines and stages, a one-line note instead of the roofline, exit 0.
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/old.h5" --outdir "$TMP/oldout" >"$TMP/out10.txt" 2>"$TMP/err10.txt"; rc10=$?
 # --outdir that is not a directory: exit 2 with a message, no traceback.
 "$PY" "$REPO/tools/ppbench_plot.py" "$H5" --outdir /dev/null 2>"$TMP/err6.txt"; rc6=$?
 # A plain HDF5 file, and a ppbench file of a newer format.
@@ -114,9 +131,20 @@ cp "$H5" "$TMP/newer.h5"
 "$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); f.attrs['format_version']=99; f.close()" "$TMP/newer.h5"
 "$PY" "$REPO/tools/ppbench_plot.py" "$TMP/newer.h5" 2>"$TMP/err8.txt"; rc8=$?
 set -e
-[[ $rc5 -eq 2 ]] && grep -q "prof.h5: no benchmarked partition (a \`ppbench profile\` file): nothing to plot" "$TMP/err5.txt" ||
-  { cat "$TMP/err5.txt"; fail "profile-only file: rc $rc5"; }
-[[ -z $(ls -A "$TMP/profout") ]] || fail "profile-only file wrote $(ls "$TMP/profout")"
+[[ $rc5 -eq 0 ]] && grep -q "prof.h5: no benchmarked partition (a \`ppbench profile\` file): the roofline only" "$TMP/err5.txt" &&
+  ! grep -q Traceback "$TMP/err5.txt" || { cat "$TMP/err5.txt"; fail "profile-only file: rc $rc5"; }
+[[ $(ls -A "$TMP/profout") == prof_roofline.png ]] || fail "profile-only file wrote '$(ls "$TMP/profout")', not prof_roofline.png alone"
+[[ $(cat "$TMP/out5.txt") == "$TMP/profout/prof_roofline.png" ]] || fail "profile-only file: printed '$(cat "$TMP/out5.txt")'"
+size=$(stat -c %s "$TMP/profout/prof_roofline.png")
+(( size > 20000 )) || fail "prof_roofline.png is only $size bytes"
+say "prof_roofline.png: $size bytes"
+[[ $rc9 -eq 2 ]] && grep -q "oldprof.h5: no benchmarked partition (a \`ppbench profile\` file) and no roofline data" "$TMP/err9.txt" &&
+  ! grep -q Traceback "$TMP/err9.txt" || { cat "$TMP/err9.txt"; fail "older profile-only file: rc $rc9"; }
+[[ -z $(ls -A "$TMP/oldprofout") ]] || fail "older profile-only file wrote $(ls "$TMP/oldprofout")"
+[[ $rc10 -eq 0 ]] && grep -q "old.h5: no /ranks/read_bandwidth_GBps (written by an older ppbench): no roofline" "$TMP/err10.txt" &&
+  [[ $(wc -l <"$TMP/err10.txt") -eq 1 ]] || { cat "$TMP/err10.txt"; fail "older run file: rc $rc10"; }
+[[ $(ls "$TMP/oldout" | tr '\n' ' ') == "old_stages.png old_timeline_balanced.png old_timeline_uniform.png " ]] ||
+  fail "older run file wrote $(ls "$TMP/oldout")"
 [[ $rc6 -eq 2 ]] && grep -q -- "--outdir /dev/null: exists and is not a directory" "$TMP/err6.txt" &&
   ! grep -q Traceback "$TMP/err6.txt" || { cat "$TMP/err6.txt"; fail "--outdir /dev/null: rc $rc6"; }
 [[ $rc7 -eq 2 ]] && grep -q "not a ppbench results file" "$TMP/err7.txt" || { cat "$TMP/err7.txt"; fail "plain HDF5: rc $rc7"; }

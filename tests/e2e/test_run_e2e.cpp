@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -72,6 +73,34 @@ void check_file(const std::string& path, int world, int units, int B, int P, int
   for (double v : lat_ds.read<double>()) EXPECT_GT(v, 0.0);
   EXPECT_EQ(root.open_group("profile").open_dataset("unit_name").read_strings().size(), static_cast<size_t>(units));
 
+  // Ceilings measured on every rank, and every unit's floor is the roofline of its stored work
+  // with its rank's ceilings alone; the efficiency is floor / latency.
+  auto ranks = root.open_group("ranks");
+  const auto bw = ranks.open_dataset("read_bandwidth_GBps").read<double>();
+  const auto bw_shared = ranks.open_dataset("read_bandwidth_shared_GBps").read<double>();
+  const auto peak = ranks.open_dataset("peak_gflops").read<double>();
+  ASSERT_EQ(bw.size(), static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_GT(bw[r], 0.1) << r;  // GB/s: any machine streams more than this
+    EXPECT_GT(bw_shared[r], 0.05) << r;
+    EXPECT_GT(peak[r], 0.1) << r;  // GFLOP/s
+  }
+  const auto flops = root.open_group("profile").open_dataset("unit_flops").read<double>();
+  const auto bytes = root.open_group("profile").open_dataset("unit_bytes").read<double>();
+  const auto floor = root.open_group("profile").open_dataset("floor_ms").read<double>();
+  const auto eff = root.open_group("profile").open_dataset("efficiency").read<double>();
+  const auto lat = lat_ds.read<double>();
+  ASSERT_EQ(flops.size(), static_cast<size_t>(units) * 2);
+  ASSERT_EQ(floor.size(), lat.size());
+  for (int r = 0; r < world; ++r) {
+    for (int i = 0; i < 2 * units; ++i) {
+      const size_t at = static_cast<size_t>(r) * units * 2 + i;
+      EXPECT_GT(bytes[i], 0.0);
+      EXPECT_DOUBLE_EQ(floor[at], std::max(bytes[i] / (bw[r] * 1e9), flops[i] / (peak[r] * 1e9)) * 1e3) << at;
+      EXPECT_DOUBLE_EQ(eff[at], floor[at] / lat[at]) << at;
+    }
+  }
+
   for (const auto& name : partitions) {
     SCOPED_TRACE(name);
     auto part = root.open_group("partitions/" + name);
@@ -84,6 +113,9 @@ void check_file(const std::string& path, int world, int units, int B, int P, int
       EXPECT_LE(first[k], last[k]);
       if (k > 0) EXPECT_EQ(first[k], last[k - 1] + 1);
     }
+    const auto stage_floor = part.open_dataset("stage_floor_ms").read<double>();
+    ASSERT_EQ(stage_floor.size(), static_cast<size_t>(world));
+    for (double v : stage_floor) EXPECT_GT(v, 0.0);
     auto bench = root.open_group("benchmark/" + name);
     auto ev_ds = bench.open_dataset("events");
     const int iters = static_cast<int>(ev_ds.dims()[0]);

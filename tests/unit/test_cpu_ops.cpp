@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_stage.h"
 #include "backend/dtype.h"
@@ -266,27 +267,88 @@ TEST(CpuOps, RmsNormRowsPlusOneAndInPlace) {
   }
 }
 
-/// Element by element against Higham's deterministic bound, which holds for any summation order
-/// and so for any sgemm kernel: |y − ref| <= γ_{K+1} (|x| |W|^T + |b|) (the bias is one more term).
-/// M = 1, 3 and 13 rows: OpenBLAS takes other paths for one row and for a few rows.
-TEST(CpuOps, LinearWithAndWithoutBias) {
-  const int N = 37, K = 29;
-  for (int M : {1, 3, 13}) {
-    const fvec x = random_floats(M * K, 4), w = random_floats(N * K, 5), b = random_floats(N, 6);
-    const dvec xd = to_double(x), wd = to_double(w), bd = to_double(b);
-    dvec xa(xd.size()), wa(wd.size()), ba(bd.size());
-    std::transform(xd.begin(), xd.end(), xa.begin(), [](double v) { return std::fabs(v); });
-    std::transform(wd.begin(), wd.end(), wa.begin(), [](double v) { return std::fabs(v); });
-    std::transform(bd.begin(), bd.end(), ba.begin(), [](double v) { return std::fabs(v); });
-    for (bool bias : {false, true}) {
-      fvec y(M * N);
-      ppb::cpu::linear(y.data(), x.data(), w.data(), bias ? b.data() : nullptr, M, N, K);
-      const dvec ref = ref_linear(xd, wd, bias ? &bd : nullptr, M, N, K);
-      const dvec scale = ref_linear(xa, wa, bias ? &ba : nullptr, M, N, K);
-      for (size_t i = 0; i < ref.size(); ++i)
-        ASSERT_LE(std::fabs(y[i] - ref[i]), gamma_f32(K + 1) * scale[i]) << "M " << M << " bias " << bias << " i " << i;
+/// Every product path of the CPU backend: each GEMM library compiled in, 1 and 2 threads, and
+/// each small-M instruction set this CPU has, or none (cpu_gemm.h). Restores the defaults.
+void for_each_gemm_path(const std::function<void(const std::string&)>& fn) {
+  const std::string native = ppb::cpu::small_m_isa();
+  std::vector<ppb::cpu::GemmLibrary> libs{ppb::cpu::GemmLibrary::openblas};
+  if (ppb::cpu::have_onednn()) libs.push_back(ppb::cpu::GemmLibrary::onednn);
+  for (auto lib : libs) {
+    for (int threads : {1, 2}) {
+      for (const char* isa : {"avx512", "avx2", ""}) {
+        if (!ppb::cpu::set_small_m_isa(isa)) continue;  // this CPU lacks it
+        ppb::cpu::set_gemm_library(lib);
+        ppb::cpu::set_gemm_threads(threads);
+        fn(ppb::cpu::gemm_library_name(lib) + " x" + std::to_string(threads) + " small-M " +
+           (*isa ? isa : "off"));
+      }
     }
   }
+  ppb::cpu::set_gemm_library(ppb::cpu::GemmLibrary::openblas);
+  ppb::cpu::set_gemm_threads(1);
+  ppb::cpu::set_small_m_isa(native);
+}
+
+/// Element by element against Higham's deterministic bound, which holds for any summation order
+/// and so for any kernel: |y − ref| <= γ_{K+1} (|x| |W|^T + |b|) (the bias is one more term).
+/// Rows 1..kSmallM take the small-M kernel (every remainder of its 8- and 4-row blocks), 17 and
+/// 40 the GEMM library (OpenBLAS also takes other paths for one row and for a few rows); N odd
+/// and above the threads' 64-row split, K off the vector width: every tail.
+TEST(CpuOps, LinearWithAndWithoutBias) {
+  for_each_gemm_path([](const std::string& path) {
+    for (int K : {29, 200}) {
+      for (int N : {37, 131}) {
+        for (int M : {1, 2, 3, 5, 8, 13, 16, 17, 40}) {
+          const fvec x = random_floats(M * K, 4), w = random_floats(N * K, 5), b = random_floats(N, 6);
+          const dvec xd = to_double(x), wd = to_double(w), bd = to_double(b);
+          dvec xa(xd.size()), wa(wd.size()), ba(bd.size());
+          std::transform(xd.begin(), xd.end(), xa.begin(), [](double v) { return std::fabs(v); });
+          std::transform(wd.begin(), wd.end(), wa.begin(), [](double v) { return std::fabs(v); });
+          std::transform(bd.begin(), bd.end(), ba.begin(), [](double v) { return std::fabs(v); });
+          for (bool bias : {false, true}) {
+            fvec y(M * N);
+            ppb::cpu::linear(y.data(), x.data(), w.data(), bias ? b.data() : nullptr, M, N, K);
+            const dvec ref = ref_linear(xd, wd, bias ? &bd : nullptr, M, N, K);
+            const dvec scale = ref_linear(xa, wa, bias ? &ba : nullptr, M, N, K);
+            for (size_t i = 0; i < ref.size(); ++i)
+              ASSERT_LE(std::fabs(y[i] - ref[i]), gamma_f32(K + 1) * scale[i])
+                  << path << " M " << M << " N " << N << " K " << K << " bias " << bias << " i " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
+/// sgemm's non-transposed B (attention's P V) and strided operands, per library, against the
+/// same bound: |C − ref| <= γ_K |A| |B| + |β| |C0| · u (the β term is one more rounding).
+TEST(CpuOps, SgemmStridesAndTransposes) {
+  for_each_gemm_path([](const std::string& path) {
+    const int M = 7, N = 19, K = 45, lda = K + 3, ldb_t = K + 5, ldb_n = N + 2, ldc = N + 4;
+    const fvec A = random_floats(M * lda, 11), Bt = random_floats(N * ldb_t, 12), Bn = random_floats(K * ldb_n, 13);
+    for (bool trans : {true, false}) {
+      fvec C = random_floats(M * ldc, 14);
+      const fvec C0 = C;
+      const float alpha = 0.75f, beta = 0.5f;
+      ppb::cpu::sgemm(trans, M, N, K, alpha, A.data(), lda, trans ? Bt.data() : Bn.data(), trans ? ldb_t : ldb_n,
+                      beta, C.data(), ldc);
+      for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) {
+          double ref = 0.0, mag = 0.0;
+          for (int k = 0; k < K; ++k) {
+            const double b = trans ? Bt[j * ldb_t + k] : Bn[k * ldb_n + j];
+            ref += static_cast<double>(A[i * lda + k]) * b;
+            mag += std::fabs(static_cast<double>(A[i * lda + k]) * b);
+          }
+          ref = alpha * ref + beta * static_cast<double>(C0[i * ldc + j]);
+          const double bound = gamma_f32(K + 2) * (alpha * mag + std::fabs(beta * C0[i * ldc + j]));
+          ASSERT_LE(std::fabs(C[i * ldc + j] - ref), bound) << path << " trans " << trans << " " << i << "," << j;
+        }
+      }
+      for (int i = 0; i < M; ++i)  // the padding between rows of C is not written
+        for (int j = N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]) << path;
+    }
+  });
 }
 
 TEST(CpuOps, RopeInvFreqDefaultLinearLlama3) {
@@ -344,6 +406,7 @@ TEST(CpuOps, AttentionCausalGqaWindowSoftcap) {
       {1, 9, 4, 4, 2, 8, 3, 1.5f},     // window + softcap
       {2, 6, 0, 4, 1, 8, 0, 0.7f},     // softcap
   };
+  for_each_gemm_path([&](const std::string& path) {
   for (const AttnCase& c : cases) {
     const int ctx = c.pos0 + c.tokens;
     const int max_ctx = ctx + 3;
@@ -376,8 +439,9 @@ TEST(CpuOps, AttentionCausalGqaWindowSoftcap) {
     // Scores (head_dim), the softmax sum and P·V (up to ctx keys each). Measured <= 1.4e-7 on
     // seven core types; the bound is >= 2e-6.
     EXPECT_LT(rel_err(out, ref), chain_bound_f32({c.head_dim, ctx, ctx}))
-        << "T=" << c.tokens << " pos0=" << c.pos0 << " window=" << c.window;
+        << path << " T=" << c.tokens << " pos0=" << c.pos0 << " window=" << c.window;
   }
+  });
 }
 
 TEST(CpuOps, GatedActivationSiluGeluTanh) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/roofline.h"
 #include "model/model_spec.h"
 
 namespace {
@@ -577,18 +578,49 @@ TEST(Counts, HeadAndEmbedFlops) {
 
 TEST(Counts, BytesMoved) {
   ModelSpec m = load("llama-3.1-8b.json");
-  // Decode, batch 4, 1000 cached positions: weights + 4 * 1000 * 4096 bytes of KV.
+  // Decode, batch 4, 1000 cached positions, bf16: weights + 4 * 1000 * 4096 bytes of KV read,
+  // 4 new KV rows of 4096 bytes written, the [4, 1, 4096] activation read and written.
   EXPECT_DOUBLE_EQ(unit_bytes_moved(m, 1, Phase::decode, 4, 1, 1000, 2),
-                   218'112'000.0 * 2 + 4.0 * 1000 * 4096);
-  EXPECT_DOUBLE_EQ(unit_bytes_moved(m, 33, Phase::decode, 4, 1, 1000, 2), (525'336'576.0 + 4096) * 2);
-  EXPECT_DOUBLE_EQ(unit_bytes_moved(m, 0, Phase::decode, 4, 1, 1000, 2), 4.0 * 4096 * 2);  // 4 rows
+                   218'112'000.0 * 2 + 4.0 * 1000 * 4096 + 4.0 * 4096 + 2 * 4.0 * 4096 * 2);
+  // Head: weight (with its norm), 4 normed rows read, 4 x vocab fp32 logits written.
+  EXPECT_DOUBLE_EQ(unit_bytes_moved(m, 33, Phase::decode, 4, 1, 1000, 2),
+                   (525'336'576.0 + 4096) * 2 + 4.0 * 4096 * 2 + 4.0 * 128256 * 4);
+  // Prefill of 512 tokens: logits of the last token of each sequence only.
+  EXPECT_DOUBLE_EQ(unit_bytes_moved(m, 33, Phase::prefill, 4, 512, 512, 2),
+                   (525'336'576.0 + 4096) * 2 + 4.0 * 4096 * 2 + 4.0 * 128256 * 4);
+  // Embed: 4 table rows gathered, the activation written.
+  EXPECT_DOUBLE_EQ(unit_bytes_moved(m, 0, Phase::decode, 4, 1, 1000, 2), 2 * 4.0 * 4096 * 2);
 
   ModelSpec g = load("gemma-3-1b-it.json");
   // A local layer (window 512) reads at most window + tokens - 1 positions per sequence.
+  const double act = 2.0 * 1152 * 2;  // one token's activation in and out, bf16
+  const double kv_row = 2.0 * 256 * 2;
   double w = static_cast<double>(unit_resident_params(g, 1)) * 2;
-  EXPECT_DOUBLE_EQ(unit_bytes_moved(g, 1, Phase::decode, 1, 1, 4000, 2), w + 512.0 * 2 * 256 * 2);
+  EXPECT_DOUBLE_EQ(unit_bytes_moved(g, 1, Phase::decode, 1, 1, 4000, 2), w + 512.0 * kv_row + kv_row + act);
   EXPECT_DOUBLE_EQ(unit_bytes_moved(g, 6, Phase::decode, 1, 1, 4000, 2),
-                   static_cast<double>(unit_resident_params(g, 6)) * 2 + 4000.0 * 2 * 256 * 2);
+                   static_cast<double>(unit_resident_params(g, 6)) * 2 + 4000.0 * kv_row + kv_row + act);
+}
+
+TEST(Counts, UnitWorkAveragesDecodeOverContexts) {
+  ModelSpec m = load("llama-3.1-8b.json");
+  const std::vector<int> contexts{100, 200, 600};
+  const ppb::model::UnitWork w = ppb::model::unit_work(m, 1, 4, 100, contexts, 2);
+  EXPECT_DOUBLE_EQ(w.prefill_flops, unit_flops(m, 1, Phase::prefill, 4, 100, 100));
+  EXPECT_DOUBLE_EQ(w.prefill_bytes, unit_bytes_moved(m, 1, Phase::prefill, 4, 100, 100, 2));
+  // The profiler times decode at position c, attending c + 1 positions; the mean is linear in
+  // c here, so it equals the value at the mean position 300.
+  EXPECT_DOUBLE_EQ(w.decode_flops, unit_flops(m, 1, Phase::decode, 4, 1, 301));
+  EXPECT_DOUBLE_EQ(w.decode_bytes, unit_bytes_moved(m, 1, Phase::decode, 4, 1, 301, 2));
+  EXPECT_THROW(ppb::model::unit_work(m, 1, 4, 100, {}, 2), ppb::InternalError);
+}
+
+TEST(Roofline, FloorIsTheLongerOfBytesAndFlops) {
+  // 1 GB at 10 GB/s = 100 ms; 1 GFLOP at 100 GFLOP/s = 10 ms: memory-bound.
+  EXPECT_DOUBLE_EQ(ppb::roofline_floor_ms(1e9, 1e9, 10.0, 100.0), 100.0);
+  // 100 GFLOP at 100 GFLOP/s = 1000 ms: compute-bound.
+  EXPECT_DOUBLE_EQ(ppb::roofline_floor_ms(100e9, 1e9, 10.0, 100.0), 1000.0);
+  EXPECT_TRUE(std::isnan(ppb::roofline_floor_ms(1e9, 1e9, std::nan(""), 100.0)));  // not measured
+  EXPECT_TRUE(std::isnan(ppb::roofline_floor_ms(1e9, 1e9, 10.0, 0.0)));
 }
 
 TEST(Counts, BoundaryBytes) {

@@ -16,6 +16,7 @@
 #include "results/h5.h"
 #include "results/reader.h"
 #include "results/report.h"
+#include "results/summary.h"
 #include "results/writer.h"
 
 namespace {
@@ -47,6 +48,12 @@ RunRecord make_record() {
   r.model_attrs_num = {{"hidden_size", 1024}, {"num_hidden_layers", 2}, {"total_params", 6e8}};
   r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload"};
   r.ranks = {{"node01", "Xeon", "", 0, 0.0}, {"node02", "Xeon", "0000:3b:00.0", 1, 1.5e-6}};
+  r.ranks[0].read_bandwidth_GBps = 12.5;
+  r.ranks[0].read_bandwidth_shared_GBps = 9.5;
+  r.ranks[0].peak_gflops = 140.0;
+  r.ranks[1].read_bandwidth_GBps = 4800.0;
+  r.ranks[1].read_bandwidth_shared_GBps = 4700.0;
+  r.ranks[1].peak_gflops = 7.5e5;
   auto& p = r.profile;
   p.unit_name = {"embed", "layer.0", "layer.1", "head"};
   p.unit_signature = {0, 1, 1, 2};
@@ -62,6 +69,9 @@ RunRecord make_record() {
   p.unit_params = {100, 200, 200, 300};
   p.unit_weight_bytes = {400, 800, 800, 1200};
   p.unit_kv_bytes = {0, 64, 64, 0};
+  p.unit_flops = {0.0, 0.0, 1e6, 2e5, 1e6, 2e5, 3e5, 3e5};
+  p.unit_bytes = {512, 1024, 900, 860, 900, 860, 1300, 1300};
+  for (int i = 0; i < 2 * 4 * 2; ++i) p.floor_ms.push_back(0.125 * (i + 1));
   r.run_start_s = 0.0;  // never stored
 
   for (const char* name : {"uniform", "balanced"}) {  // run order differs from name order
@@ -76,6 +86,8 @@ RunRecord make_record() {
     pr.predicted_phase_ms = {5.0, 2.5, 6.0, 3.0};
     pr.stage_weight_bytes = {1200, 2000};
     pr.stage_kv_bytes = {64, 64};
+    pr.stage_floor_ms = {4.0, 5.0};
+    pr.stage_floor_phase_ms = {2.0, 1.0, 2.5, 1.25};
     pr.predicted_bottleneck_ms = 12.0;
     pr.measured = true;
     for (int i = 0; i < 2 * 2 * 2 * 2 * 6; ++i) pr.events.push_back(i == 0 ? NAN : 0.001 * i);
@@ -180,6 +192,9 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(r.ranks[i].bus_id, w.ranks[i].bus_id);
     EXPECT_EQ(r.ranks[i].local_rank, w.ranks[i].local_rank);
     EXPECT_EQ(r.ranks[i].clock_offset_s, w.ranks[i].clock_offset_s);
+    EXPECT_EQ(r.ranks[i].read_bandwidth_GBps, w.ranks[i].read_bandwidth_GBps);
+    EXPECT_EQ(r.ranks[i].read_bandwidth_shared_GBps, w.ranks[i].read_bandwidth_shared_GBps);
+    EXPECT_EQ(r.ranks[i].peak_gflops, w.ranks[i].peak_gflops);
   }
 
   const auto &pw = w.profile, &pr = r.profile;
@@ -195,6 +210,9 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(pr.unit_params, pw.unit_params);
   EXPECT_EQ(pr.unit_weight_bytes, pw.unit_weight_bytes);
   EXPECT_EQ(pr.unit_kv_bytes, pw.unit_kv_bytes);
+  expect_same(pr.unit_flops, pw.unit_flops, "unit_flops");
+  expect_same(pr.unit_bytes, pw.unit_bytes, "unit_bytes");
+  expect_same(pr.floor_ms, pw.floor_ms, "floor_ms");
 
   ASSERT_EQ(r.partitions.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
@@ -210,6 +228,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     expect_same(y.predicted_phase_ms, x.predicted_phase_ms, "predicted_phase_ms");
     EXPECT_EQ(y.stage_weight_bytes, x.stage_weight_bytes);
     EXPECT_EQ(y.stage_kv_bytes, x.stage_kv_bytes);
+    expect_same(y.stage_floor_ms, x.stage_floor_ms, "stage_floor_ms");
+    expect_same(y.stage_floor_phase_ms, x.stage_floor_phase_ms, "stage_floor_phase_ms");
     EXPECT_EQ(y.predicted_bottleneck_ms, x.predicted_bottleneck_ms);
     EXPECT_EQ(y.measured, x.measured);
     expect_same(y.events, x.events, "events");
@@ -231,6 +251,30 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(y.checksum_match, x.checksum_match);
     EXPECT_EQ(y.tokens_match_first_partition, x.tokens_match_first_partition);
   }
+}
+
+/// The file's efficiency is floor / latency element by element, and the summary's floor and eff
+/// columns are the partition's stage_floor_ms and stage_floor_ms / measured (here the
+/// stage_workload_ms fallback: 4.0 / 8.1 = 49%, 5.0 / 10.0 = 50%), and the ceilings line
+/// repeats /ranks.
+TEST_F(ResultsIoTest, FloorsEfficiencyAndSummaryAgree) {
+  const RunRecord w = make_record();
+  ppb::write_results(path_, w);
+  {
+    auto f = ppb::h5::File::open(path_);
+    const auto eff = f.root().open_group("profile").open_dataset("efficiency").read<double>();
+    ASSERT_EQ(eff.size(), w.profile.floor_ms.size());
+    for (size_t i = 0; i < eff.size(); ++i) EXPECT_DOUBLE_EQ(eff[i], w.profile.floor_ms[i] / w.profile.latency_ms[i]);
+  }
+  std::ostringstream out;
+  ppb::print_summary(out, ppb::read_results(path_));
+  const std::string text = out.str();
+  EXPECT_NE(text.find("ceilings (read GB/s alone / all ranks reading, GEMM GFLOP/s): rank 0 12.5 / 9.5, 140; rank 1 "
+                      "4800.0 / 4700.0, 750000"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("   10.00      8.10  -19.0%      4.00   49%"), std::string::npos) << text;
+  EXPECT_NE(text.find("   12.00     10.00  -16.7%      5.00   50%"), std::string::npos) << text;
 }
 
 TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_lane.h"
 #include "backend/cpu/cpu_memory.h"
 #include "backend/cpu/cpu_stage.h"
@@ -181,10 +182,7 @@ size_t cpu_free_memory(const std::filesystem::path& proc_root, const std::filesy
   return headroom.value_or(0);
 }
 
-namespace {
-
-/// Size of the largest CPU cache in bytes (sysfs), 32 MiB if unknown.
-size_t last_level_cache_bytes() {
+size_t cpu_last_level_cache_bytes() {
   size_t best = 0;
   for (int i = 0; i < 8; ++i) {
     std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
@@ -198,6 +196,8 @@ size_t last_level_cache_bytes() {
   return best ? best : size_t(32) << 20;
 }
 
+namespace {
+
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(int blas_threads) {
@@ -207,13 +207,17 @@ class CpuDevice final : public Device {
       threads = env ? std::atoi(env) : 1;
       if (threads <= 0) threads = 1;
     }
-    openblas_set_num_threads(threads);
+    cpu::set_gemm_threads(threads);
     threads_ = threads;
+    library_ = cpu::choose_gemm_library();
   }
   std::string backend() const override { return "cpu"; }
   std::string name() const override {
     std::ostringstream os;
-    os << cpu_model_name() << " (" << threads_ << " BLAS thread" << (threads_ == 1 ? "" : "s") << ")";
+    os << cpu_model_name() << " (" << threads_ << " BLAS thread" << (threads_ == 1 ? "" : "s") << ", "
+       << cpu::gemm_library_name(library_) << " GEMM";
+    if (cpu::small_m_isa()[0] != '\0') os << ", " << cpu::small_m_isa() << " decode kernel";
+    os << ")";
     return os.str();
   }
   std::string bus_id() const override { return ""; }
@@ -222,10 +226,10 @@ class CpuDevice final : public Device {
   size_t free_memory() const override { return cpu_free_memory(); }
   void flush_caches(Lane& lane, size_t resident_bytes) override {
     // Weights that fit in half the last-level cache stay there during the pipeline too.
-    if (resident_bytes <= last_level_cache_bytes() / 2) return;
+    if (resident_bytes <= cpu_last_level_cache_bytes() / 2) return;
     if (!flush_) {
       // 1.5x the last-level cache, at least 64 MiB, at most 2 GiB.
-      flush_bytes_ = std::clamp<size_t>(last_level_cache_bytes() * 3 / 2, size_t(64) << 20, size_t(2) << 30);
+      flush_bytes_ = std::clamp<size_t>(cpu_last_level_cache_bytes() * 3 / 2, size_t(64) << 20, size_t(2) << 30);
       flush_ = std::make_unique<CpuBuffer>(flush_bytes_);
       std::memset(flush_->data(), 1, flush_bytes_);  // real pages, not the shared zero page
     }
@@ -236,8 +240,19 @@ class CpuDevice final : public Device {
       for (size_t i = 0; i < n; i += 64) p[i] = static_cast<unsigned char>(p[i] + 1);
     });
   }
+  double measure_read_bandwidth_GBps() override {
+    return cpu::stream_read_GBps(std::clamp<size_t>(2 * cpu_last_level_cache_bytes(), size_t(64) << 20, size_t(512) << 20));
+  }
+  double measure_gemm_gflops(DType dtype) override {
+    if (dtype != DType::f32) throw UserError("the CPU backend computes in f32 only, not " + dtype_name(dtype));
+    return cpu::gemm_gflops();
+  }
   std::map<std::string, std::string> library_versions() const override {
-    return {{"openblas", openblas_get_config()}};
+    std::map<std::string, std::string> v{{"openblas", openblas_get_config()},
+                                         {"gemm_library", cpu::gemm_library_name(library_)},
+                                         {"small_m_kernel", cpu::small_m_isa()}};
+    if (cpu::have_onednn()) v["onednn"] = cpu::onednn_version();
+    return v;
   }
   std::unique_ptr<Lane> create_lane(const std::string& name) override {
     return std::make_unique<CpuLane>(name);
@@ -255,6 +270,7 @@ class CpuDevice final : public Device {
 
  private:
   int threads_ = 1;
+  cpu::GemmLibrary library_ = cpu::GemmLibrary::openblas;
   std::unique_ptr<CpuBuffer> flush_;
   size_t flush_bytes_ = 0;
 };

@@ -24,6 +24,10 @@ namespace ppb {
 std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
                                              const std::filesystem::path& cgroup_root);
 
+/// Size in bytes of the largest cache of CPU 0 (sysfs cache/index*/size: the last-level cache),
+/// 32 MiB if sysfs does not say.
+size_t cpu_last_level_cache_bytes();
+
 /// Free memory of this process in bytes: min(MemAvailable of <proc_root>/meminfo,
 /// cgroup_memory_headroom(<proc_root>/self/cgroup, cgroup_root)); whichever is known when only
 /// one is; 0 when neither is.

@@ -1,7 +1,5 @@
 #include "backend/cpu/cpu_ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +7,7 @@
 #include <numbers>
 #include <string>
 
+#include "backend/cpu/cpu_gemm.h"
 #include "common/error.h"
 
 namespace ppb::cpu {
@@ -56,9 +55,15 @@ void rmsnorm(float* out, const float* x, const float* w, size_t rows, int dim, f
 
 // Napkin math: 2*M*N*K FLOPs; bytes ~ 4*(N*K + M*K + M*N). Decode (M = B small) is
 // weight-bandwidth-bound: Llama-3-8B q_proj 4096x4096 fp32 = 64 MiB per call, at ~10 GB/s
-// per core ~6 ms. Prefill (M = B*T large) is compute-bound: ~50-100 GFLOP/s per AVX-512 core.
+// per core ~6 ms. Prefill (M = B*T large) is compute-bound: ~100-150 GFLOP/s per AVX-512 core
+// with a GEMM that uses the core's vector width (cpu_gemm.h). Up to kSmallM rows the small-M
+// kernel streams W once instead.
 void linear(float* y, const float* x, const float* w, const float* bias, int M, int N, int K) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+  if (M <= kSmallM && small_m_isa()[0] != '\0') {
+    small_m_linear(y, x, w, M, N, K);
+  } else {
+    sgemm(true, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+  }
   if (bias != nullptr) {
     for (int m = 0; m < M; ++m) {
       float* yr = y + static_cast<size_t>(m) * N;
@@ -179,8 +184,7 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
         const int n = p_last + 1 - k_begin;
         const size_t q_off = (static_cast<size_t>(b) * T + t0) * q_stride + static_cast<size_t>(h) * hd;
         const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, n, hd, s.scale, q + q_off, q_stride,
-                    kb + kv_off, kv_stride, 0.0f, scratch, n);
+        sgemm(true, tq, n, hd, s.scale, q + q_off, q_stride, kb + kv_off, kv_stride, 0.0f, scratch, n);
         for (int r = 0; r < tq; ++r) {
           const int p = p_first + r;
           const int lo = (s.window > 0 ? std::max(0, p - s.window + 1) : 0) - k_begin;
@@ -203,8 +207,7 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
           for (int j = lo; j <= hi; ++j) row[j] *= inv;
           for (int j = hi + 1; j < n; ++j) row[j] = 0.0f;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, hd, n, 1.0f, scratch, n,
-                    vb + kv_off, kv_stride, 0.0f, out + q_off, q_stride);
+        sgemm(false, tq, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, q_stride);
       }
     }
   }

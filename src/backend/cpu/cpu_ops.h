@@ -3,7 +3,8 @@
 // These are the "CPU twins" (llm.c style) every CUDA kernel is tested against: each function is
 // the reference semantics of one kernel, with the shapes in its docstring and the napkin math
 // (FLOPs, bytes, the floor) above its definition in cpu_ops.cpp. Matrix products go through
-// OpenBLAS cblas_sgemm; everything else is a plain loop. Layouts are row-major; a token row of
+// cpu_gemm.h (the rank's GEMM library, or the small-M kernel for decode-sized linears);
+// everything else is a plain loop. Layouts are row-major; a token row of
 // heads is [n_heads, head_dim] contiguous, i.e. q [B, T, n_heads, head_dim] as HF's
 // view(B, T, -1, head_dim) before its transpose.
 //
@@ -32,7 +33,8 @@ void embedding(float* out, const int32_t* tokens, size_t n_tokens, const float* 
 /// Qwen3/Gemma-3 is the same call with rows = tokens * heads, dim = head_dim.
 void rmsnorm(float* out, const float* x, const float* w, size_t rows, int dim, float eps, bool plus_one);
 
-/// Linear layer (nn.Linear): y[M, N] = x[M, K] · W[N, K]^T (+ bias[N]), via cblas_sgemm.
+/// Linear layer (nn.Linear): y[M, N] = x[M, K] · W[N, K]^T (+ bias[N]): small_m_linear for
+/// M <= kSmallM where the CPU has AVX2 or AVX-512, else sgemm (cpu_gemm.h).
 /// W is in HF's [out_features, in_features] layout. bias may be null.
 void linear(float* y, const float* x, const float* w, const float* bias, int M, int N, int K);
 
@@ -83,10 +85,10 @@ size_t attention_scratch_floats(int max_context);
 
 /// Causal grouped-query attention over a KV cache (HF eager_attention_forward, modeling_llama.py
 /// / modeling_gemma2.py): for each sequence b and query head h,
-///   S = scale * Q K^T   (cblas_sgemm, K read in place from the cache with its row stride)
+///   S = scale * Q K^T   (sgemm, K read in place from the cache with its row stride)
 ///   S = softcap * tanh(S / softcap)          (if softcap > 0)
 ///   mask key positions outside [max(0, p - window + 1), p] (causal, sliding window)
-///   P = softmax(S) in fp32 with max subtraction;  O = P V   (cblas_sgemm)
+///   P = softmax(S) in fp32 with max subtraction;  O = P V   (sgemm)
 /// q, out [batch, tokens, n_heads, head_dim]; k_cache, v_cache [batch, max_context, n_kv_heads,
 /// head_dim] holding positions [0, pos0 + tokens) (the new ones already written);
 /// scratch >= attention_scratch_floats(max_context) floats.

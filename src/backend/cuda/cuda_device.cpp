@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_lane.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
 #include "backend/cuda/cuda_stage.h"
 #include "common/error.h"
@@ -43,6 +44,24 @@ class CudaBuffer final : public Buffer {
   std::shared_ptr<cuda::Stream> copy_stream_;
 };
 
+/// Best time (ms) of 5 runs of `enqueue` on `stream` after 2 untimed, by CUDA events.
+template <class Fn>
+double time_ms(cudaStream_t stream, Fn&& enqueue) {
+  cuda::EventHandle start, stop;
+  for (int i = 0; i < 2; ++i) enqueue();
+  double best = 1e300;
+  for (int i = 0; i < 5; ++i) {
+    CUDA_CHECK(cudaEventRecord(start.get(), stream));
+    enqueue();
+    CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+    CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    best = std::min(best, static_cast<double>(ms));
+  }
+  return best;
+}
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int device) : device_(device) {
@@ -65,6 +84,29 @@ class CudaDevice final : public Device {
   std::string backend() const override { return "cuda"; }
   std::string name() const override { return name_; }
   std::string bus_id() const override { return bus_id_; }
+  double measure_read_bandwidth_GBps() override {
+    const size_t bytes = size_t(1) << 30;
+    cuda::DeviceMemory src(bytes), dst(bytes);
+    cuda::Stream stream;
+    const double ms = time_ms(stream.get(), [&] {
+      CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream.get()));
+    });
+    return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+  }
+  double measure_gemm_gflops(DType dtype) override {
+    const int n = 8192;
+    const size_t elems = size_t(n) * n;
+    cuda::DeviceMemory a(elems * dtype_bytes(dtype)), b(elems * dtype_bytes(dtype)), c(elems * dtype_bytes(dtype));
+    cuda::Stream stream;
+    cuda::fill_uniform(a.get(), dtype, elems, 1, 1.0f, 0.0f, stream.get());
+    cuda::fill_uniform(b.get(), dtype, elems, 2, 1.0f, 0.0f, stream.get());
+    cuda::CublasHandle handle;
+    CUBLAS_CHECK(cublasSetStream(handle.get(), stream.get()));
+    const double ms = time_ms(stream.get(), [&] {
+      cuda::linear(handle.get(), c.get(), cuda::cuda_type(dtype), a.get(), b.get(), dtype, n, n, n);
+    });
+    return 2.0 * n * n * double(n) / (ms * 1e-3) / 1e9;
+  }
   std::map<std::string, std::string> library_versions() const override {
     int runtime = 0, driver = 0, cublas = 0;
     cudaRuntimeGetVersion(&runtime);
