@@ -403,6 +403,7 @@ TEST(CpuOps, AttentionCausalGqaWindowSoftcap) {
       {1, 100, 0, 2, 1, 8, 0, 0.0f},   // more than one query block
       {2, 100, 0, 2, 2, 8, 17, 0.0f},  // window inside the blocks
       {2, 1, 30, 4, 2, 8, 5, 0.0f},    // window decode
+      {2, 1, 20, 8, 2, 8, 7, 1.2f},    // window + softcap decode, group of 4
       {1, 9, 4, 4, 2, 8, 3, 1.5f},     // window + softcap
       {2, 6, 0, 4, 1, 8, 0, 0.7f},     // softcap
   };

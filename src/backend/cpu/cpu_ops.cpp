@@ -157,11 +157,37 @@ size_t attention_scratch_floats(int max_context) {
   return static_cast<size_t>(kAttentionQueryBlock) * static_cast<size_t>(std::max(max_context, 1));
 }
 
+namespace {
+
+/// One row of scores in place: -inf outside the attended keys [lo, hi] (inclusive), the optional
+/// softcap, then softmax in fp32 with max subtraction (the sum in double); 0 outside [lo, hi].
+void mask_softmax_row(float* row, int n, int lo, int hi, float softcap) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < lo; ++j) row[j] = neg_inf;
+  for (int j = hi + 1; j < n; ++j) row[j] = neg_inf;
+  if (softcap > 0.0f) {
+    for (int j = lo; j <= hi; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
+  }
+  float mx = neg_inf;
+  for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
+  double sum = 0.0;
+  for (int j = lo; j <= hi; ++j) {
+    row[j] = std::exp(row[j] - mx);
+    sum += row[j];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int j = 0; j < lo; ++j) row[j] = 0.0f;
+  for (int j = lo; j <= hi; ++j) row[j] *= inv;
+  for (int j = hi + 1; j < n; ++j) row[j] = 0.0f;
+}
+
+}  // namespace
+
 // Napkin math, per sequence and query head, n = attended keys (<= pos0 + T):
 //   FLOPs 2*T*n*hd (QK^T) + 2*T*n*hd (PV) + ~5*T*n (softmax), bytes ~ 2*n*hd*4 (K and V rows).
 // Decode (T = 1) is bandwidth-bound on the cache: Llama-3-8B, B=8, ctx=2048: 8 seq x 8 KV heads
-// x 2048 x 128 x 2 x 4 B = 128 MiB per layer; GQA heads of one group re-read the same rows
-// from cache. Prefill is sgemm-bound; query blocks of kAttentionQueryBlock rows only compute
+// x 2048 x 128 x 2 x 4 B = 128 MiB per layer, read once per KV head (its query heads' rows
+// together). Prefill is sgemm-bound; query blocks of kAttentionQueryBlock rows only compute
 // keys up to the block's last position, skipping ~half of the causal triangle.
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache,
                const AttentionShape& s, float* scratch) {
@@ -170,10 +196,26 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
   const int q_stride = s.n_heads * hd;     // floats between consecutive tokens of q / out
   const int kv_stride = s.n_kv_heads * hd; // floats between consecutive positions of the cache
   const int group = s.n_heads / s.n_kv_heads;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int b = 0; b < s.batch; ++b) {
     const float* kb = k_cache + static_cast<size_t>(b) * s.max_context * kv_stride;
     const float* vb = v_cache + static_cast<size_t>(b) * s.max_context * kv_stride;
+    if (T == 1 && group <= kAttentionQueryBlock) {
+      // Decode: the `group` query heads of a KV head are contiguous rows of q (stride hd) that
+      // attend the same keys, so each KV head takes one product for its scores and one for
+      // P V, `group` rows each, instead of two per query head (per-call overhead is most of a
+      // decode product this small).
+      const int p = s.pos0;
+      const int k_begin = s.window > 0 ? std::max(0, p - s.window + 1) : 0;
+      const int n = p + 1 - k_begin;
+      for (int g = 0; g < s.n_kv_heads; ++g) {
+        const size_t q_off = static_cast<size_t>(b) * q_stride + static_cast<size_t>(g) * group * hd;
+        const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
+        sgemm(true, group, n, hd, s.scale, q + q_off, hd, kb + kv_off, kv_stride, 0.0f, scratch, n);
+        for (int r = 0; r < group; ++r) mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, 0, n - 1, s.softcap);
+        sgemm(false, group, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, hd);
+      }
+      continue;
+    }
     for (int h = 0; h < s.n_heads; ++h) {
       const int g = h / group;
       for (int t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
@@ -186,26 +228,9 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
         const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
         sgemm(true, tq, n, hd, s.scale, q + q_off, q_stride, kb + kv_off, kv_stride, 0.0f, scratch, n);
         for (int r = 0; r < tq; ++r) {
-          const int p = p_first + r;
-          const int lo = (s.window > 0 ? std::max(0, p - s.window + 1) : 0) - k_begin;
-          const int hi = p - k_begin;  // inclusive
-          float* row = scratch + static_cast<size_t>(r) * n;
-          for (int j = 0; j < lo; ++j) row[j] = neg_inf;
-          for (int j = hi + 1; j < n; ++j) row[j] = neg_inf;
-          if (s.softcap > 0.0f) {
-            for (int j = lo; j <= hi; ++j) row[j] = s.softcap * std::tanh(row[j] / s.softcap);
-          }
-          float mx = neg_inf;
-          for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
-          double sum = 0.0;
-          for (int j = lo; j <= hi; ++j) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
-          }
-          const float inv = static_cast<float>(1.0 / sum);
-          for (int j = 0; j < lo; ++j) row[j] = 0.0f;
-          for (int j = lo; j <= hi; ++j) row[j] *= inv;
-          for (int j = hi + 1; j < n; ++j) row[j] = 0.0f;
+          const int pr = p_first + r;
+          const int lo = (s.window > 0 ? std::max(0, pr - s.window + 1) : 0) - k_begin;
+          mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, lo, pr - k_begin, s.softcap);
         }
         sgemm(false, tq, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, q_stride);
       }
