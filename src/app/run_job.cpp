@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -27,12 +28,14 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "common/format.h"
+#include "common/host_conditions.h"
 #include "common/roofline.h"
 #include "common/watchdog.h"
 #include "model/model_spec.h"
 #include "pipeline/metrics.h"
 #include "pipeline/pipeline.h"
 #include "profile/profiler.h"
+#include "results/conditions.h"
 #include "results/run_record.h"
 #include "results/summary.h"
 #include "results/writer.h"
@@ -540,6 +543,7 @@ class RunJob {
     const auto local = mpi_.gatherv_ints({mpi_.local_rank()});
     if (root_)
       for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
+    record_conditions();
     memory_limits_ = mpi_.gather_doubles({static_cast<double>(memory_limit_)});
     // The scratch of a stage of every unit bounds any stage's scratch (the balancer keeps it free).
     const auto scratch = mpi_.gather_doubles({static_cast<double>(stage_bytes_of(0, spec_.num_units() - 1, M_).scratch)});
@@ -555,6 +559,37 @@ class RunJob {
          << " G=" << opt_.gen_len << " M=" << M_ << (opt_.no_overlap ? ", no overlap" : ", overlap") << "; output "
          << output_;
       progress_.say(os.str());
+    }
+  }
+
+  /// Every rank's CPU affinity, cgroup CPU quota, governor and compute threads into /ranks;
+  /// a node with more compute threads than CPUs is said loudly (its timings measure ranks
+  /// waiting for a core).
+  void record_conditions() {
+    const std::vector<int> cpus = cpu_affinity();
+    const auto affinity = mpi_.gather_strings(format_cpu_list(cpus));
+    const auto governor = mpi_.gather_strings(cpus.empty() ? std::string() : cpu_governor(cpus.front()));
+    std::ifstream cg("/proc/self/cgroup");
+    std::ostringstream cg_text;
+    cg_text << cg.rdbuf();
+    const auto quota = cgroup_cpu_quota_cores(cg_text.str(), "/sys/fs/cgroup");
+    const auto nums = mpi_.gather_doubles(
+        {quota ? *quota : std::numeric_limits<double>::quiet_NaN(), static_cast<double>(device_->compute_threads())});
+    if (!root_) return;
+    for (int r = 0; r < S_; ++r) {
+      RankInfo& info = run_.ranks[r];
+      info.cpu_affinity = affinity[r];
+      info.cpu_governor = governor[r];
+      info.cpu_quota_cores = nums[2 * r];
+      info.compute_threads = static_cast<int>(nums[2 * r + 1]);
+    }
+    for (const HostLoad& h : host_loads(run_.ranks)) {
+      if (!h.oversubscribed()) continue;
+      std::cerr << "ppbench: WARNING: node " << h.hostname << " runs " << h.threads << " compute threads ("
+                << h.ranks << " ranks) on " << h.cpus << " CPUs (" << h.cpu_list
+                << "): ranks share cores, so stage times include waiting for a core; fine for trying ppbench, "
+                   "not for timings to publish"
+                << std::endl;
     }
   }
 
@@ -871,6 +906,16 @@ class RunJob {
         }
         pr.predicted_phase_ms.push_back(pre);
         pr.predicted_phase_ms.push_back(dec);
+        double pre_lo = 0, dec_lo = 0, pre_hi = 0, dec_hi = 0;
+        for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+          const size_t at = (static_cast<size_t>(r) * U + u) * 2;
+          pre_lo += run_.profile.latency_min_ms[at];
+          dec_lo += run_.profile.latency_min_ms[at + 1];
+          pre_hi += run_.profile.latency_max_ms[at];
+          dec_hi += run_.profile.latency_max_ms[at + 1];
+        }
+        pr.predicted_stage_min_ms.push_back(balance::objective_cost(objective_, pre_lo, dec_lo, opt_.gen_len));
+        pr.predicted_stage_max_ms.push_back(balance::objective_cost(objective_, pre_hi, dec_hi, opt_.gen_len));
         const auto [floor_pre, floor_dec] = stage_floor_ms(r, p.first_unit[k], p.last_unit[k]);
         pr.stage_floor_phase_ms.push_back(floor_pre);
         pr.stage_floor_phase_ms.push_back(floor_dec);

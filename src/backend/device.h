@@ -56,6 +56,9 @@ class Device {
   /// threads: the compute ceiling of the floors. CPU: cpu::gemm_gflops (sgemm 1024^3); CUDA:
   /// the stage's cublasGemmEx at 8192^3 (fp32 accumulation). Default: NaN.
   virtual double measure_gemm_gflops(DType dtype) { return std::numeric_limits<double>::quiet_NaN(); }
+  /// Host threads that compute for this device: the CPU backend's BLAS threads; 1 for a GPU
+  /// (the thread that launches). For the oversubscription check (results/conditions.h).
+  virtual int compute_threads() const { return 1; }
   /// Versions of the libraries the backend computes with ({"openblas": ...}, {"cuda_runtime": ...}).
   virtual std::map<std::string, std::string> library_versions() const { return {}; }
   virtual std::unique_ptr<Lane> create_lane(const std::string& name) = 0;

@@ -61,6 +61,8 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.stage_weight_bytes = dataset_or_empty<int64_t>(part, "stage_weight_bytes");
   p.stage_kv_bytes = dataset_or_empty<int64_t>(part, "stage_kv_bytes");
   p.stage_floor_ms = dataset_or_empty<double>(part, "stage_floor_ms");
+  p.predicted_stage_min_ms = dataset_or_empty<double>(part, "predicted_stage_min_ms");
+  p.predicted_stage_max_ms = dataset_or_empty<double>(part, "predicted_stage_max_ms");
   p.stage_floor_phase_ms = dataset_or_empty<double>(part, "stage_floor_phase_ms");
 
   const std::string bench_path = "benchmark/" + name;
@@ -172,6 +174,12 @@ void read_all(const Group& root, RunRecord& run) {
   auto bw = dataset_or_empty<double>(ranks, "read_bandwidth_GBps");  // files before ceilings: NaN
   auto bw_shared = dataset_or_empty<double>(ranks, "read_bandwidth_shared_GBps");
   auto gflops = dataset_or_empty<double>(ranks, "peak_gflops");
+  auto quota = dataset_or_empty<double>(ranks, "cpu_quota_cores");  // files before conditions: none
+  auto threads = dataset_or_empty<int64_t>(ranks, "compute_threads");
+  auto affinity = ranks.exists("cpu_affinity") ? ranks.open_dataset("cpu_affinity").read_strings()
+                                               : std::vector<std::string>();
+  auto governor = ranks.exists("cpu_governor") ? ranks.open_dataset("cpu_governor").read_strings()
+                                               : std::vector<std::string>();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (size_t r = 0; r < host.size(); ++r) {
     RankInfo info{host[r], r < dev.size() ? dev[r] : "", r < bus.size() ? bus[r] : "",
@@ -180,6 +188,10 @@ void read_all(const Group& root, RunRecord& run) {
     info.read_bandwidth_GBps = r < bw.size() ? bw[r] : nan;
     info.read_bandwidth_shared_GBps = r < bw_shared.size() ? bw_shared[r] : nan;
     info.peak_gflops = r < gflops.size() ? gflops[r] : nan;
+    info.cpu_quota_cores = r < quota.size() ? quota[r] : nan;
+    info.compute_threads = r < threads.size() ? static_cast<int>(threads[r]) : 0;
+    info.cpu_affinity = r < affinity.size() ? affinity[r] : "";
+    info.cpu_governor = r < governor.size() ? governor[r] : "";
     run.ranks.push_back(info);
   }
 

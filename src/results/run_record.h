@@ -24,6 +24,13 @@ struct RankInfo {
   double read_bandwidth_GBps = std::numeric_limits<double>::quiet_NaN();
   double read_bandwidth_shared_GBps = std::numeric_limits<double>::quiet_NaN();
   double peak_gflops = std::numeric_limits<double>::quiet_NaN();
+  /// Conditions (common/host_conditions.h): the CPUs the rank may run on as a cpulist ("" =
+  /// not recorded), its cgroups' CPU quota in cores (NaN = none), the governor of its first CPU
+  /// ("" = not exposed), and its compute threads (BLAS threads; 1 on a GPU; 0 = not recorded).
+  std::string cpu_affinity{};
+  double cpu_quota_cores = std::numeric_limits<double>::quiet_NaN();
+  std::string cpu_governor{};
+  int compute_threads = 0;
 };
 
 struct WorkloadInfo {
@@ -60,6 +67,9 @@ struct PartitionRecord {
   std::string solver;
   std::vector<int> first_unit, last_unit, device_rank;  ///< [S]
   std::vector<double> predicted_stage_ms;               ///< [S] objective cost
+  /// [S] the same cost from each unit's fastest / slowest timed forward (latency_min_ms /
+  /// latency_max_ms): the profile's own spread for the stage; empty in older files.
+  std::vector<double> predicted_stage_min_ms, predicted_stage_max_ms;
   std::vector<double> predicted_phase_ms;               ///< [S][2] prefill, decode per step
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]
   /// [S] the stage's floor in the objective (sum of its units' roofline floors with the rank's

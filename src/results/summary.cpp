@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "results/conditions.h"
+
 namespace ppb {
 namespace {
 
@@ -44,7 +46,43 @@ void print_ceilings(std::ostream& os, const RunRecord& run) {
   os << "\n";
 }
 
+/// One line per node: ranks, compute threads, the CPUs they may use; CPU quotas and governors
+/// where set; a warning when a node is oversubscribed. Nothing for files before conditions.
+void print_conditions(std::ostream& os, const RunRecord& run) {
+  if (run.ranks.empty() || run.ranks[0].compute_threads == 0) return;
+  for (const HostLoad& h : host_loads(run.ranks)) {
+    os << "conditions: node " << h.hostname << ": " << h.ranks << " rank(s), " << h.threads << " compute thread(s) on "
+       << (h.cpus > 0 ? std::to_string(h.cpus) + " CPU(s) (" + h.cpu_list + ")" : std::string("unknown CPUs"));
+    std::string governors;
+    for (size_t r = 0; r < run.ranks.size(); ++r) {
+      const RankInfo& i = run.ranks[r];
+      if (i.hostname != h.hostname) continue;
+      if (i.cpu_quota_cores > 0)
+        os << "; rank " << r << " CPU quota " << fmt("%.2f", i.cpu_quota_cores) << " cores";
+      if (!i.cpu_governor.empty() && governors.find(i.cpu_governor) == std::string::npos)
+        governors += (governors.empty() ? "" : "/") + i.cpu_governor;
+    }
+    os << "; governor " << (governors.empty() ? std::string("not exposed") : governors) << "\n";
+    if (h.oversubscribed())
+      os << "  WARNING: oversubscribed: " << h.threads << " compute threads on " << h.cpus
+         << " CPUs; ranks share cores, so stage times include waiting for a core (not timings to publish)\n";
+  }
+}
+
 }  // namespace
+
+bool outside_profile_spread(const PartitionRecord& p, size_t k) {
+  if (!p.measured || k >= p.measured_stage_ms.size() || k >= p.predicted_stage_min_ms.size() ||
+      k >= p.predicted_stage_max_ms.size())
+    return false;
+  const double meas = p.measured_stage_ms[k];
+  return meas < p.predicted_stage_min_ms[k] || meas > p.predicted_stage_max_ms[k];
+}
+
+bool profile_spread_wide(const PartitionRecord& p, size_t k) {
+  if (k >= p.predicted_stage_min_ms.size() || k >= p.predicted_stage_max_ms.size()) return false;
+  return p.predicted_stage_max_ms[k] > kWideProfileSpread * p.predicted_stage_min_ms[k];
+}
 
 void print_summary(std::ostream& os, const RunRecord& run) {
   const auto& w = run.workload;
@@ -60,6 +98,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
        << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
   print_ceilings(os, run);
+  print_conditions(os, run);
   if (run.partitions.empty() && !run.profile.unit_name.empty()) {
     // A profile-only file (`ppbench profile`): one row per signature, over the ranks.
     const auto& t = run.profile;
@@ -129,6 +168,22 @@ void print_summary(std::ostream& os, const RunRecord& run) {
       os << line;
     }
     if (!p.measured) continue;
+    for (int k = 0; k < S; ++k) {
+      if (!outside_profile_spread(p, static_cast<size_t>(k))) continue;
+      os << "  profile did not hold for stage " << k << ": measured " << fmt("%.2f", p.measured_stage_ms[k])
+         << " ms, outside the profile's spread " << fmt("%.2f", p.predicted_stage_min_ms[k]) << ".."
+         << fmt("%.2f", p.predicted_stage_max_ms[k]) << " ms (median "
+         << fmt("%+.1f%%", 100.0 * (p.measured_stage_ms[k] / p.predicted_stage_ms[k] - 1.0)) << ")\n";
+    }
+    std::string wide;
+    for (int k = 0; k < S; ++k) {
+      if (!profile_spread_wide(p, static_cast<size_t>(k))) continue;
+      wide += (wide.empty() ? "" : ", ") + std::to_string(k) + " (" + fmt("%.2f", p.predicted_stage_min_ms[k]) + ".." +
+              fmt("%.2f", p.predicted_stage_max_ms[k]) + " ms)";
+    }
+    if (!wide.empty())
+      os << "  profile unsure: its timed forwards varied by more than " << fmt("%.1fx", kWideProfileSpread)
+         << " for stage(s) " << wide << " (a busy machine while profiling?)\n";
     auto m = [&](const char* k) { return p.metrics.count(k) ? p.metrics.at(k) : NAN; };
     if (p.timed_wall_s > 0 && p.lane_cpu_s.size() == 3 * static_cast<size_t>(S)) {
       // Waiting lanes must leave the core to compute: their CPU share of the wall time.
@@ -169,6 +224,20 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   if (run.balance_gain > 0) {
     os << "\nbalance gain (balanced / uniform): tokens/s " << fmt("%.3fx", run.balance_gain) << ", decode tokens/s "
        << fmt("%.3fx", run.decode_balance_gain) << "\n";
+    int wrong = 0, unsure = 0;
+    for (const auto& p : run.partitions) {
+      if (p.name != "balanced" && p.name != "uniform") continue;
+      for (size_t k = 0; k < p.first_unit.size(); ++k) {
+        wrong += outside_profile_spread(p, k) ? 1 : 0;
+        unsure += profile_spread_wide(p, k) ? 1 : 0;
+      }
+    }
+    if (wrong > 0)
+      os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above), so the "
+            "balanced split was solved from numbers that did not hold in the pipeline\n";
+    if (unsure > 0)
+      os << "  qualified: the profile was unsure for " << unsure << " stage(s) of these splits (above): the balanced "
+            "split may be solved from noise; profile again on a quiet machine\n";
   }
   os << "validation: "
      << (run.validation == "ok"        ? "OK"

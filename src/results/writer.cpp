@@ -6,7 +6,9 @@
 #include <filesystem>
 
 #include "common/error.h"
+#include "results/conditions.h"
 #include "results/h5.h"
+#include "results/summary.h"
 
 namespace ppb {
 
@@ -43,6 +45,14 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   pred.set_attr("solver", p.solver);
   pred.set_attr("objective", run.workload.objective);
   pred.set_attr("bottleneck_ms", p.predicted_bottleneck_ms);
+  if (p.predicted_stage_min_ms.size() == S && p.predicted_stage_max_ms.size() == S) {
+    auto lo = part.write_dataset("predicted_stage_min_ms", p.predicted_stage_min_ms);
+    lo.set_attr("units", "ms");
+    lo.set_attr("content", "predicted_stage_ms from each unit's fastest timed forward (/profile/latency_min_ms)");
+    auto hi = part.write_dataset("predicted_stage_max_ms", p.predicted_stage_max_ms);
+    hi.set_attr("units", "ms");
+    hi.set_attr("content", "predicted_stage_ms from each unit's slowest timed forward (/profile/latency_max_ms)");
+  }
   auto phase = part.write_dataset("predicted_phase_ms", p.predicted_phase_ms, {S, 2});
   phase.set_attr("units", "ms");
   phase.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
@@ -87,6 +97,12 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     for (hs k = 0; k < S; ++k) e.push_back(meas[k] / p.predicted_stage_ms[k] - 1.0);
     return e;
   }()).set_attr("units", "1");
+  if (p.predicted_stage_min_ms.size() == S && p.measured_stage_ms.size() == S) {
+    std::vector<int> outside;
+    for (hs k = 0; k < S; ++k) outside.push_back(outside_profile_spread(p, k) ? 1 : 0);
+    bench.write_dataset("outside_profile_spread", outside)
+        .set_attr("content", "1 where measured_stage_ms lies outside [predicted_stage_min_ms, predicted_stage_max_ms]");
+  }
   bench.write_dataset("bubble_fraction", p.bubble_fraction).set_attr("units", "1");
   bench.write_dataset("recv_wait_ms", p.recv_wait_ms).set_attr("units", "ms");
   bench.write_dataset("rep_wall_s", p.rep_wall_s).set_attr("units", "s");
@@ -183,8 +199,14 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   std::vector<int> local;
   std::vector<double> offset;
   std::vector<int64_t> memory, scratch;
-  std::vector<double> bw_alone, bw_shared, gflops;
+  std::vector<double> bw_alone, bw_shared, gflops, quota;
+  std::vector<std::string> affinity, governor;
+  std::vector<int> threads;
   for (const auto& r : run.ranks) {
+    quota.push_back(r.cpu_quota_cores);
+    affinity.push_back(r.cpu_affinity);
+    governor.push_back(r.cpu_governor);
+    threads.push_back(r.compute_threads);
     bw_alone.push_back(r.read_bandwidth_GBps);
     bw_shared.push_back(r.read_bandwidth_shared_GBps);
     gflops.push_back(r.peak_gflops);
@@ -209,6 +231,13 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   auto bws = ranks.write_dataset("read_bandwidth_shared_GBps", bw_shared);
   bws.set_attr("units", "GB/s (1e9 B/s)");
   bws.set_attr("measured", "streaming read with every rank of the node reading at once");
+  ranks.write_strings("cpu_affinity", affinity)
+      .set_attr("content", "CPUs the rank may run on (sched_getaffinity), Linux cpulist format; \"\" = not recorded");
+  ranks.write_dataset("cpu_quota_cores", quota)
+      .set_attr("content", "CPU quota of the rank's cgroups in cores (cpu.max / cfs_quota); NaN = none");
+  ranks.write_strings("cpu_governor", governor)
+      .set_attr("content", "cpufreq scaling governor of the rank's first CPU; \"\" = not exposed");
+  ranks.write_dataset("compute_threads", threads).set_attr("content", "BLAS threads (CPU) or 1 (GPU); 0 = not recorded");
   auto pk = ranks.write_dataset("peak_gflops", gflops);
   pk.set_attr("units", "GFLOP/s (1e9 FLOP/s)");
   pk.set_attr("measured", "the stages' GEMM in the run's dtype (Device::measure_gemm_gflops)");
@@ -264,6 +293,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
 
   for (const auto& part : run.partitions) write_partition(root, run, part);
   file.flush();
+  root.set_attr("oversubscribed", static_cast<int64_t>(any_oversubscribed(run.ranks) ? 1 : 0));
   if (complete) root.set_attr("complete", static_cast<int64_t>(1));
 }
 

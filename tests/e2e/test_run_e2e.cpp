@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
+#include "common/host_conditions.h"
 #include "results/h5.h"
 
 namespace {
@@ -182,6 +184,20 @@ TEST(RunE2E, FourRanksTinyLlamaManualSplitAndNoOverlap) {
                "--partition 7,6,5,6 --no-overlap --iters 1 --warmup 0 --profile-iters 2 --profile-warmup 0 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   check_file(out, 4, 24, 4, 16, 4, 4, {"manual"});
+  // Four one-thread ranks on a node with fewer CPUs they may use are oversubscribed: the run
+  // says so on stderr and in the summary, and the file records it with every rank's CPUs.
+  auto root = ppb::h5::File::open(out).root();
+  const auto affinity = root.open_group("ranks").open_dataset("cpu_affinity").read_strings();
+  ASSERT_EQ(affinity.size(), 4u);
+  std::set<int> cpus;
+  for (const auto& a : affinity) {
+    const auto list = ppb::parse_cpu_list(a);
+    ASSERT_TRUE(list && !list->empty()) << a;
+    cpus.insert(list->begin(), list->end());
+  }
+  const bool over = cpus.size() < 4;
+  EXPECT_EQ(root.get_attr<int64_t>("oversubscribed"), over ? 1 : 0);
+  EXPECT_EQ(r.output.find("WARNING: oversubscribed") != std::string::npos, over) << r.output;
 }
 
 TEST(RunE2E, TinyGemma3FourRanksAllPartitions) {

@@ -54,6 +54,12 @@ RunRecord make_record() {
   r.ranks[1].read_bandwidth_GBps = 4800.0;
   r.ranks[1].read_bandwidth_shared_GBps = 4700.0;
   r.ranks[1].peak_gflops = 7.5e5;
+  r.ranks[0].cpu_affinity = "0-3,8";
+  r.ranks[0].cpu_governor = "performance";
+  r.ranks[0].compute_threads = 4;
+  r.ranks[1].cpu_affinity = "0";
+  r.ranks[1].cpu_quota_cores = 0.5;
+  r.ranks[1].compute_threads = 1;
   auto& p = r.profile;
   p.unit_name = {"embed", "layer.0", "layer.1", "head"};
   p.unit_signature = {0, 1, 1, 2};
@@ -195,6 +201,14 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(r.ranks[i].read_bandwidth_GBps, w.ranks[i].read_bandwidth_GBps);
     EXPECT_EQ(r.ranks[i].read_bandwidth_shared_GBps, w.ranks[i].read_bandwidth_shared_GBps);
     EXPECT_EQ(r.ranks[i].peak_gflops, w.ranks[i].peak_gflops);
+    EXPECT_EQ(r.ranks[i].cpu_affinity, w.ranks[i].cpu_affinity);
+    EXPECT_EQ(r.ranks[i].cpu_governor, w.ranks[i].cpu_governor);
+    EXPECT_EQ(r.ranks[i].compute_threads, w.ranks[i].compute_threads);
+    if (std::isnan(w.ranks[i].cpu_quota_cores)) {
+      EXPECT_TRUE(std::isnan(r.ranks[i].cpu_quota_cores));
+    } else {
+      EXPECT_EQ(r.ranks[i].cpu_quota_cores, w.ranks[i].cpu_quota_cores);
+    }
   }
 
   const auto &pw = w.profile, &pr = r.profile;
@@ -275,6 +289,55 @@ TEST_F(ResultsIoTest, FloorsEfficiencyAndSummaryAgree) {
       << text;
   EXPECT_NE(text.find("   10.00      8.10  -19.0%      4.00   49%"), std::string::npos) << text;
   EXPECT_NE(text.find("   12.00     10.00  -16.7%      5.00   50%"), std::string::npos) << text;
+}
+
+/// A stage measured outside the profile's spread for it is flagged in the file and the summary,
+/// and the balance gain is qualified; one inside is not.
+TEST_F(ResultsIoTest, StageOutsideTheProfilesSpreadIsSaid) {
+  RunRecord w = make_record();
+  w.balance_gain = 1.1;
+  w.decode_balance_gain = 1.05;
+  for (auto& p : w.partitions) {
+    p.predicted_stage_min_ms = {9.0, 11.0};
+    p.predicted_stage_max_ms = {11.0, 13.0};
+    p.measured_stage_ms = {10.5, p.name == "balanced" ? 14.3 : 12.9};  // balanced stage 1: above 13
+  }
+  EXPECT_FALSE(ppb::outside_profile_spread(w.partitions[0], 1));
+  EXPECT_TRUE(ppb::outside_profile_spread(w.partitions[1], 1));
+  EXPECT_FALSE(ppb::outside_profile_spread(w.partitions[1], 0));
+  ppb::write_results(path_, w);
+  {
+    auto f = ppb::h5::File::open(path_);
+    EXPECT_EQ(f.root().open_dataset("benchmark/balanced/outside_profile_spread").read<int64_t>(),
+              (std::vector<int64_t>{0, 1}));
+    EXPECT_EQ(f.root().open_dataset("benchmark/uniform/outside_profile_spread").read<int64_t>(),
+              (std::vector<int64_t>{0, 0}));
+  }
+  const RunRecord r = ppb::read_results(path_);
+  ASSERT_EQ(r.partitions[1].predicted_stage_max_ms, w.partitions[1].predicted_stage_max_ms);
+  std::ostringstream out;
+  ppb::print_summary(out, r);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("profile did not hold for stage 1: measured 14.30 ms, outside the profile's spread "
+                      "11.00..13.00 ms (median +19.2%)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("profile did not hold for stage 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("qualified: 1 stage(s)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("profile unsure"), std::string::npos) << text;  // 11..13: 1.18x, not wide
+
+  // A stage whose slowest forwards sum to more than 1.5x its fastest: the profile is unsure.
+  RunRecord u = r;
+  u.partitions[0].predicted_stage_max_ms = {11.0, 20.0};  // uniform stage 1: 11..20 ms, 1.8x
+  EXPECT_TRUE(ppb::profile_spread_wide(u.partitions[0], 1));
+  EXPECT_FALSE(ppb::profile_spread_wide(u.partitions[0], 0));
+  std::ostringstream out2;
+  ppb::print_summary(out2, u);
+  EXPECT_NE(out2.str().find("profile unsure: its timed forwards varied by more than 1.5x for stage(s) 1 "
+                            "(11.00..20.00 ms)"),
+            std::string::npos)
+      << out2.str();
+  EXPECT_NE(out2.str().find("qualified: the profile was unsure for 1 stage(s)"), std::string::npos) << out2.str();
 }
 
 TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {

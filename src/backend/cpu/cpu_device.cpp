@@ -221,6 +221,7 @@ class CpuDevice final : public Device {
     return os.str();
   }
   std::string bus_id() const override { return ""; }
+  int compute_threads() const override { return threads_; }
   /// MemAvailable of the node, capped by the memory cgroup limit of this process (Slurm's
   /// --mem/--mem-per-cpu under cgroup enforcement, a container's limit): cpu_free_memory().
   size_t free_memory() const override { return cpu_free_memory(); }

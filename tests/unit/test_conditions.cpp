@@ -1,0 +1,132 @@
+// Conditions recorded beside the timings (common/host_conditions.h, results/conditions.h): the
+// cpulist format, CPU quotas of cgroup v1 and v2 on fake trees, the governor, and which nodes run
+// more compute threads than they have CPUs; the summary's warning.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/host_conditions.h"
+#include "results/conditions.h"
+#include "results/run_record.h"
+#include "results/summary.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+class FakeTree : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ppb_conditions_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void write(const fs::path& rel, const std::string& text) {
+    fs::create_directories((root_ / rel).parent_path());
+    std::ofstream(root_ / rel) << text;
+  }
+  fs::path root_;
+};
+
+TEST(CpuList, FormatsAndParsesRanges) {
+  EXPECT_EQ(ppb::format_cpu_list({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(ppb::format_cpu_list({5}), "5");
+  EXPECT_EQ(ppb::format_cpu_list({}), "");
+  EXPECT_EQ(*ppb::parse_cpu_list("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(*ppb::parse_cpu_list("3,1-2,2"), (std::vector<int>{1, 2, 3}));  // sorted, unique
+  EXPECT_TRUE(ppb::parse_cpu_list("")->empty());
+  for (const char* bad : {"1-", "3-1", "a", "1,,2", "-1"}) EXPECT_FALSE(ppb::parse_cpu_list(bad)) << bad;
+  // This process: a non-empty affinity that round-trips.
+  const std::vector<int> mine = ppb::cpu_affinity();
+  ASSERT_FALSE(mine.empty());
+  EXPECT_EQ(*ppb::parse_cpu_list(ppb::format_cpu_list(mine)), mine);
+}
+
+TEST_F(FakeTree, CgroupV2QuotaSmallestOverTheHierarchy) {
+  write("cg/cpu.max", "max 100000\n");
+  write("cg/job/cpu.max", "300000 100000\n");      // 3 cores for the job
+  write("cg/job/step/cpu.max", "50000 100000\n");  // half a core for this step
+  const auto q = ppb::cgroup_cpu_quota_cores("0::/job/step\n", root_ / "cg");
+  ASSERT_TRUE(q);
+  EXPECT_DOUBLE_EQ(*q, 0.5);
+  write("cg/job/step/cpu.max", "max 100000\n");
+  EXPECT_DOUBLE_EQ(*ppb::cgroup_cpu_quota_cores("0::/job/step\n", root_ / "cg"), 3.0);
+  EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("0::/other\n", root_ / "cg"));  // "max" only
+  EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("0::/../job\n", root_ / "cg"));  // never leaves the root
+}
+
+TEST_F(FakeTree, CgroupV1QuotaUnderCpuCpuacct) {
+  write("cg/cpu,cpuacct/slurm/cpu.cfs_quota_us", "200000\n");
+  write("cg/cpu,cpuacct/slurm/cpu.cfs_period_us", "100000\n");
+  write("cg/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  write("cg/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  const auto q = ppb::cgroup_cpu_quota_cores("4:memory:/slurm\n3:cpu,cpuacct:/slurm\n", root_ / "cg");
+  ASSERT_TRUE(q);
+  EXPECT_DOUBLE_EQ(*q, 2.0);
+  EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("4:memory:/slurm\n", root_ / "cg"));  // no cpu controller
+}
+
+TEST_F(FakeTree, GovernorOrEmpty) {
+  write("sys/devices/system/cpu/cpu3/cpufreq/scaling_governor", "performance\n");
+  EXPECT_EQ(ppb::cpu_governor(3, root_ / "sys"), "performance");
+  EXPECT_EQ(ppb::cpu_governor(0, root_ / "sys"), "");  // not exposed (a VM)
+}
+
+ppb::RankInfo rank(const std::string& host, const std::string& cpus, int threads) {
+  ppb::RankInfo r;
+  r.hostname = host;
+  r.cpu_affinity = cpus;
+  r.compute_threads = threads;
+  return r;
+}
+
+TEST(HostLoads, OversubscribedWhenThreadsExceedTheUnionOfCpus) {
+  // Node a: 4 one-thread ranks on CPUs 0-1 (mpirun --oversubscribe -np 4 on 2 cores).
+  // Node b: 2 ranks of 2 threads, bound to 0-1 and 2-3: exactly full.
+  const std::vector<ppb::RankInfo> ranks{rank("a", "0-1", 1), rank("a", "0-1", 1), rank("b", "0-1", 2),
+                                         rank("a", "0-1", 1), rank("a", "0,1", 1), rank("b", "2-3", 2)};
+  const auto loads = ppb::host_loads(ranks);
+  ASSERT_EQ(loads.size(), 2u);
+  EXPECT_EQ(loads[0].hostname, "a");
+  EXPECT_EQ(loads[0].ranks, 4);
+  EXPECT_EQ(loads[0].threads, 4);
+  EXPECT_EQ(loads[0].cpus, 2);
+  EXPECT_EQ(loads[0].cpu_list, "0-1");
+  EXPECT_TRUE(loads[0].oversubscribed());
+  EXPECT_EQ(loads[1].threads, 4);
+  EXPECT_EQ(loads[1].cpus, 4);
+  EXPECT_FALSE(loads[1].oversubscribed());
+  EXPECT_TRUE(ppb::any_oversubscribed(ranks));
+  // Unknown affinity (an older file): never called oversubscribed.
+  EXPECT_FALSE(ppb::any_oversubscribed({rank("a", "", 1), rank("a", "", 1), rank("a", "0", 1)}));
+}
+
+TEST(HostLoads, SummaryWarnsAndNamesQuotas) {
+  ppb::RunRecord run;
+  run.world_size = 3;
+  run.ranks = {rank("vm", "0-1", 1), rank("vm", "0-1", 1), rank("vm", "0-1", 1)};
+  run.ranks[2].cpu_quota_cores = 0.5;
+  run.ranks[0].cpu_governor = "performance";
+  std::ostringstream os;
+  ppb::print_summary(os, run);
+  const std::string text = os.str();
+  EXPECT_NE(text.find("conditions: node vm: 3 rank(s), 3 compute thread(s) on 2 CPU(s) (0-1); rank 2 CPU quota 0.50 "
+                      "cores; governor performance"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("WARNING: oversubscribed: 3 compute threads on 2 CPUs"), std::string::npos) << text;
+  run.ranks.pop_back();
+  std::ostringstream ok;
+  ppb::print_summary(ok, run);
+  EXPECT_EQ(ok.str().find("WARNING"), std::string::npos) << ok.str();
+}
+
+}  // namespace
