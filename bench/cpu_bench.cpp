@@ -12,16 +12,21 @@
 //   build/ppb_cpu_bench [--model M.json]... [--batch 4] [--prompt 128] [--reps 5] [--iters 5]
 //                       [--threads 1] [--python /usr/bin/python3] [--no-torch]
 //
-// Exit status: 0 printed; 2 bad arguments, a bad model, or the torch process failed (its
-// stderr is shown; --no-torch prints the other columns); 3 an internal error.
+// Exit status: 0 printed; 2 a bad model or the torch process failed (its stderr is shown;
+// --no-torch prints the other columns); CLI11's codes (105-109) for bad arguments; 3 an
+// internal error. Runs from any directory (scripts/torch_layer.py is found from the source tree).
+#include <fcntl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -42,27 +47,33 @@ namespace {
 /// A child process with its stdin and stdout on pipes (line protocol), stderr inherited.
 class LineProcess {
  public:
+  /// Starts argv[0] (searched in PATH). @throws ppb::UserError if a pipe or the fork fails.
   explicit LineProcess(const std::vector<std::string>& argv) {
-    int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) throw ppb::InternalError("pipe failed");
+    std::vector<char*> args;  // built before the fork: the child only calls async-signal-safe code
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    int in[2] = {-1, -1}, out[2] = {-1, -1};
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+      for (int fd : {in[0], in[1], out[0], out[1]})
+        if (fd >= 0) close(fd);
+      throw ppb::UserError("cannot create the pipes to the torch process");
+    }
     pid_ = fork();
-    if (pid_ < 0) throw ppb::InternalError("fork failed");
+    if (pid_ < 0) {
+      for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);
+      throw ppb::UserError("cannot fork the torch process");
+    }
     if (pid_ == 0) {
-      dup2(in[0], 0);
+      dup2(in[0], 0);  // dup2'ed descriptors do not inherit O_CLOEXEC
       dup2(out[1], 1);
-      close(in[1]);
-      close(out[0]);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      std::perror(("exec " + argv[0]).c_str());
-      _exit(127);
+      execvp(args[0], args.data());
+      _exit(127);  // the parent reads EOF and reports it
     }
     close(in[0]);
     close(out[1]);
     to_ = fdopen(in[1], "w");
     from_ = fdopen(out[0], "r");
+    if (!to_ || !from_) throw ppb::UserError("cannot open the pipes to the torch process");
   }
   ~LineProcess() {
     if (to_) {
@@ -76,15 +87,16 @@ class LineProcess {
   LineProcess& operator=(const LineProcess&) = delete;
 
   void send(const std::string& line) {
-    std::fputs((line + "\n").c_str(), to_);
-    std::fflush(to_);
+    if (std::fputs((line + "\n").c_str(), to_) < 0 || std::fflush(to_) != 0)
+      throw ppb::UserError("the torch process exited (its stderr is above)");
   }
   /// The next line without its newline; throws if the child closed its stdout.
   std::string receive() {
     std::string line;
     int c;
     while ((c = std::fgetc(from_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
-    if (c == EOF && line.empty()) throw ppb::UserError("the torch process exited (its stderr is above)");
+    if (c == EOF && line.empty())
+      throw ppb::UserError("the torch process exited (its stderr is above; exit 127: the interpreter was not found)");
     return line;
   }
 
@@ -101,7 +113,12 @@ std::map<std::string, double> parse_pairs(const std::string& line) {
   std::string tok;
   while (in >> tok) {
     const auto eq = tok.find('=');
-    if (eq != std::string::npos) kv[tok.substr(0, eq)] = std::stod(tok.substr(eq + 1));
+    if (eq == std::string::npos) continue;
+    try {
+      kv[tok.substr(0, eq)] = std::stod(tok.substr(eq + 1));
+    } catch (const std::exception&) {
+      throw ppb::UserError("the torch process printed '" + tok + "', not key=number");
+    }
   }
   return kv;
 }
@@ -120,7 +137,8 @@ std::string range(const std::vector<double>& v, const char* f) {
 }
 
 struct Options {
-  std::vector<std::string> models{"inputs/models/qwen3-0.6b.json", "inputs/models/tinyllama-1.1b-chat-v1.0.json"};
+  std::vector<std::string> models{PPB_SOURCE_DIR "/inputs/models/qwen3-0.6b.json",
+                                  PPB_SOURCE_DIR "/inputs/models/tinyllama-1.1b-chat-v1.0.json"};
   int batch = 4, prompt = 128, reps = 5, iters = 5, threads = 1;
   std::string python = "/usr/bin/python3";
   bool no_torch = false;
@@ -152,7 +170,7 @@ int bench_model(const Options& o, const std::string& path) {
   std::unique_ptr<LineProcess> torch;
   if (!o.no_torch) {
     torch = std::make_unique<LineProcess>(std::vector<std::string>{
-        o.python, "scripts/torch_layer.py", "--device", "cpu", "--model", path, "--batch", std::to_string(o.batch),
+        o.python, PPB_SOURCE_DIR "/scripts/torch_layer.py", "--device", "cpu", "--model", path, "--batch", std::to_string(o.batch),
         "--prompt", std::to_string(o.prompt), "--context", std::to_string(o.prompt), "--threads",
         std::to_string(o.threads), "--iters", std::to_string(o.iters), "--flush-mb", std::to_string(flush_mb), "--serve"});
     const std::string ready = torch->receive();
@@ -220,6 +238,7 @@ int bench_model(const Options& o, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a dead torch process is an error to report, not a signal to die of
   Options o;
   CLI::App app{"ppbench's CPU kernels against the hardware's floor and PyTorch eager (issue 12)"};
   std::vector<std::string> models;
@@ -233,6 +252,9 @@ int main(int argc, char** argv) {
   app.add_option("--python", o.python, "interpreter with torch (Debian's python3-torch)");
   app.add_flag("--no-torch", o.no_torch, "skip PyTorch (floors and ppbench only)");
   CLI11_PARSE(app, argc, argv);
+  // Relative model paths are the source tree's (as in README), wherever the binary is run from.
+  for (auto& m : models)
+    if (!m.empty() && m[0] != '/' && !std::filesystem::exists(m)) m = std::string(PPB_SOURCE_DIR) + "/" + m;
   if (!models.empty()) o.models = models;
   try {
     for (const auto& m : o.models) bench_model(o, m);

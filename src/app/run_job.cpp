@@ -19,6 +19,7 @@
 #include <utility>
 #include <sstream>
 
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/device.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
@@ -476,6 +477,13 @@ class RunJob {
           throw UserError("--dtype " + opt_.dtype + ": the CPU backend computes in f32; use --dtype f32 (or auto)");
       }
     });
+    if (!use_cuda_) {
+      // Every rank timed OpenBLAS against oneDNN on its own; one library for the whole run (oneDNN
+      // if any rank found it faster), so that a unit computes the same on every rank and the
+      // file's gemm_library holds for all of them.
+      const int onednn = mpi_.agree(cpu::gemm_library() == cpu::GemmLibrary::onednn ? 1 : 0);
+      cpu::set_gemm_library(onednn ? cpu::GemmLibrary::onednn : cpu::GemmLibrary::openblas);
+    }
     // Ranks sharing a device share its free memory (CPU: the node's; GPU: the GPU's).
     const int sharing = ranks_sharing(mpi_, mpi_.hostname() + "/" + device_->bus_id());
     memory_limit_ = opt_.memory_limit_gib > 0 ? static_cast<size_t>(opt_.memory_limit_gib * (1ull << 30))
@@ -599,6 +607,20 @@ class RunJob {
   /// with the node's other ranks idle (local ranks take turns; the waiting ones sleep in a
   /// quiet barrier, so they leave the cores alone), then the read bandwidth with every rank of
   /// the node reading at once. Gathered into /ranks.
+  /// A ceiling, or NaN with a warning when measuring it fails (an allocation, say): the phase's
+  /// collectives must not be left by one rank (that would hang the others), and a run without
+  /// floors is still a run.
+  template <typename Fn>
+  double ceiling_or_nan(const char* what, Fn&& measure) {
+    try {
+      return measure();
+    } catch (const std::exception& e) {
+      std::cerr << "ppbench: warning: rank " << mpi_.rank() << " could not measure its " << what << " ("
+                << e.what() << "); its floors are NaN" << std::endl;
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+
   void measure_ceilings() {
     std::vector<double> mine(3, std::numeric_limits<double>::quiet_NaN());
     phase("ceilings", [&] {
@@ -607,12 +629,12 @@ class RunJob {
       for (int turn = 0; turn < turns; ++turn) {
         mpi_.quiet_barrier();
         if (mpi_.local_rank() == turn) {
-          mine[0] = device_->measure_read_bandwidth_GBps();
-          mine[2] = device_->measure_gemm_gflops(dtype_);
+          mine[0] = ceiling_or_nan("read bandwidth", [&] { return device_->measure_read_bandwidth_GBps(); });
+          mine[2] = ceiling_or_nan("GEMM rate", [&] { return device_->measure_gemm_gflops(dtype_); });
         }
       }
       mpi_.quiet_barrier();
-      mine[1] = device_->measure_read_bandwidth_GBps();
+      mine[1] = ceiling_or_nan("shared read bandwidth", [&] { return device_->measure_read_bandwidth_GBps(); });
     });
     const auto all = mpi_.gather_doubles(mine);
     if (!root_) return;

@@ -3,7 +3,7 @@
 // --cpu-bind, a cgroup cpuset), a CPU quota of its cgroups (a Slurm or container limit, or the
 // quota that makes one rank a slower device on purpose), and the frequency governor. A run with
 // more compute threads on a node than CPUs there measures contention, not stages: the summary
-// says so (balance::oversubscribed_hosts).
+// says so (results/conditions.h: host_loads).
 #pragma once
 
 #include <filesystem>

@@ -15,18 +15,12 @@ void print_summary(std::ostream& os, const RunRecord& run);
 
 /// Whether stage k of a measured partition took a time outside the profile's own spread for it:
 /// measured_stage_ms[k] (the objective's cost) outside [predicted_stage_min_ms[k],
-/// predicted_stage_max_ms[k]] (the same cost from the fastest and slowest timed forward of each
-/// of its units). Then the numbers the split was solved from did not hold for that stage (a
+/// predicted_stage_max_ms[k]] (the objective's compute cost, without transfers, from the
+/// fastest and slowest timed forward of each of its units; decode's over all profiled contexts,
+/// so the spread also covers the KV cache's growth: a wide, lenient interval). Then the numbers the split was solved from did not hold for that stage (a
 /// busy machine while profiling, ranks contending in the pipeline, cold/warm caches...).
 /// False when either is missing (older files, unmeasured partitions).
 bool outside_profile_spread(const PartitionRecord& p, size_t k);
 
-/// Max / min of a stage's predicted cost beyond which the profile is called unsure.
-inline constexpr double kWideProfileSpread = 1.5;
-
-/// Whether the profile's spread for stage k is wide: predicted_stage_max_ms[k] >
-/// kWideProfileSpread x predicted_stage_min_ms[k] (the slowest timed forwards of its units
-/// summed against the fastest: a busy machine while profiling). False when missing.
-bool profile_spread_wide(const PartitionRecord& p, size_t k);
 
 }  // namespace ppb

@@ -275,7 +275,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
     by.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     by.set_attr("content", "weights + KV cache read and written + activations in/out (+ logits written)");
   }
-  if (p.floor_ms.size() == R * U * 2) {
+  if (p.floor_ms.size() == R * U * 2 && p.latency_ms.size() == p.floor_ms.size()) {
     auto fl = prof.write_dataset("floor_ms", p.floor_ms, {R, U, 2});
     fl.set_attr("units", "ms");
     fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});

@@ -6,6 +6,7 @@
 // every core; those that do (linear, attention, layers, models) must pass whatever kernel
 // OpenBLAS picks for the core.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_gemm.h"
@@ -289,9 +291,28 @@ void for_each_gemm_path(const std::function<void(const std::string&)>& fn) {
   ppb::cpu::set_small_m_isa(native);
 }
 
+/// Products run on lane threads, and OpenMP's thread count is per thread: sgemm on a new thread
+/// must run oneDNN with the rank's count, not OpenMP's default (every CPU).
+TEST(CpuOps, SgemmOnAnotherThreadUsesTheRanksThreadCount) {
+  if (!ppb::cpu::have_onednn()) GTEST_SKIP() << "built without oneDNN";
+  ppb::cpu::set_gemm_library(ppb::cpu::GemmLibrary::onednn);
+  ppb::cpu::set_gemm_threads(1);
+  int seen = -1;
+  std::thread lane([&] {
+    omp_set_num_threads(4);  // what a fresh thread may start with on a bigger node
+    const fvec a = random_floats(4 * 8, 1), b = random_floats(8 * 8, 2);
+    fvec c(4 * 8);
+    ppb::cpu::sgemm(true, 4, 8, 8, 1.0f, a.data(), 8, b.data(), 8, 0.0f, c.data(), 8);
+    seen = omp_get_max_threads();
+  });
+  lane.join();
+  ppb::cpu::set_gemm_library(ppb::cpu::GemmLibrary::openblas);
+  EXPECT_EQ(seen, 1);
+}
+
 /// Element by element against Higham's deterministic bound, which holds for any summation order
 /// and so for any kernel: |y − ref| <= γ_{K+1} (|x| |W|^T + |b|) (the bias is one more term).
-/// Rows 1..kSmallM take the small-M kernel (every remainder of its 8- and 4-row blocks), 17 and
+/// Rows 1..kSmallM take the small-M kernel (every remainder of its 4-, 2- and 1-row blocks), 17 and
 /// 40 the GEMM library (OpenBLAS also takes other paths for one row and for a few rows); N odd
 /// and above the threads' 64-row split, K off the vector width: every tail.
 TEST(CpuOps, LinearWithAndWithoutBias) {

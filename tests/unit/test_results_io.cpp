@@ -318,26 +318,11 @@ TEST_F(ResultsIoTest, StageOutsideTheProfilesSpreadIsSaid) {
   std::ostringstream out;
   ppb::print_summary(out, r);
   const std::string text = out.str();
-  EXPECT_NE(text.find("profile did not hold for stage 1: measured 14.30 ms, outside the profile's spread "
-                      "11.00..13.00 ms (median +19.2%)"),
+  EXPECT_NE(text.find("profile did not hold for stage 1: measured 14.30 ms, outside the spread 11.00..13.00 ms"),
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("profile did not hold for stage 0"), std::string::npos) << text;
   EXPECT_NE(text.find("qualified: 1 stage(s)"), std::string::npos) << text;
-  EXPECT_EQ(text.find("profile unsure"), std::string::npos) << text;  // 11..13: 1.18x, not wide
-
-  // A stage whose slowest forwards sum to more than 1.5x its fastest: the profile is unsure.
-  RunRecord u = r;
-  u.partitions[0].predicted_stage_max_ms = {11.0, 20.0};  // uniform stage 1: 11..20 ms, 1.8x
-  EXPECT_TRUE(ppb::profile_spread_wide(u.partitions[0], 1));
-  EXPECT_FALSE(ppb::profile_spread_wide(u.partitions[0], 0));
-  std::ostringstream out2;
-  ppb::print_summary(out2, u);
-  EXPECT_NE(out2.str().find("profile unsure: its timed forwards varied by more than 1.5x for stage(s) 1 "
-                            "(11.00..20.00 ms)"),
-            std::string::npos)
-      << out2.str();
-  EXPECT_NE(out2.str().find("qualified: the profile was unsure for 1 stage(s)"), std::string::npos) << out2.str();
 }
 
 TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {

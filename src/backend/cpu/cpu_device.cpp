@@ -209,13 +209,13 @@ class CpuDevice final : public Device {
     }
     cpu::set_gemm_threads(threads);
     threads_ = threads;
-    library_ = cpu::choose_gemm_library();
+    cpu::choose_gemm_library();
   }
   std::string backend() const override { return "cpu"; }
   std::string name() const override {
     std::ostringstream os;
     os << cpu_model_name() << " (" << threads_ << " BLAS thread" << (threads_ == 1 ? "" : "s") << ", "
-       << cpu::gemm_library_name(library_) << " GEMM";
+       << cpu::gemm_library_name(cpu::gemm_library()) << " GEMM";
     if (cpu::small_m_isa()[0] != '\0') os << ", " << cpu::small_m_isa() << " decode kernel";
     os << ")";
     return os.str();
@@ -250,7 +250,7 @@ class CpuDevice final : public Device {
   }
   std::map<std::string, std::string> library_versions() const override {
     std::map<std::string, std::string> v{{"openblas", openblas_get_config()},
-                                         {"gemm_library", cpu::gemm_library_name(library_)},
+                                         {"gemm_library", cpu::gemm_library_name(cpu::gemm_library())},
                                          {"small_m_kernel", cpu::small_m_isa()}};
     if (cpu::have_onednn()) v["onednn"] = cpu::onednn_version();
     return v;
@@ -271,7 +271,6 @@ class CpuDevice final : public Device {
 
  private:
   int threads_ = 1;
-  cpu::GemmLibrary library_ = cpu::GemmLibrary::openblas;
   std::unique_ptr<CpuBuffer> flush_;
   size_t flush_bytes_ = 0;
 };

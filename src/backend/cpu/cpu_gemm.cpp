@@ -27,7 +27,8 @@ constexpr int kPrefetchBlocks = 2;
 
 }  // namespace
 
-// One copy of the small-M kernel per instruction set, each compiled for it (see the .inc).
+// One copy of the small-M kernel per instruction set, each compiled for it (see the .inc), with
+// GCC's #pragma GCC target (the project builds with g++: scripts/install_deps.sh).
 #pragma GCC push_options
 #pragma GCC target("avx512f,fma")
 // GCC 12 flags the _mm512_undefined_ps() inside its own AVX-512 intrinsics (_mm512_shuffle_f32x4,
@@ -35,6 +36,7 @@ constexpr int kPrefetchBlocks = 2;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+namespace {  // internal linkage: nothing compiled for an ISA can be merged into another TU's copy
 namespace avx512 {
 struct Ops {
   using V = __m512;
@@ -61,11 +63,13 @@ struct Ops {
 };
 #include "backend/cpu/cpu_small_m_kernel.inc"
 }  // namespace avx512
+}  // namespace
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+namespace {
 namespace avx2 {
 struct Ops {
   using V = __m256;
@@ -83,6 +87,7 @@ struct Ops {
 };
 #include "backend/cpu/cpu_small_m_kernel.inc"
 }  // namespace avx2
+}  // namespace
 #pragma GCC pop_options
 
 namespace {
@@ -138,7 +143,7 @@ void set_gemm_threads(int threads) {
   if (threads < 1) throw InternalError("set_gemm_threads: need >= 1 thread");
   g_threads = threads;
   openblas_set_num_threads(threads);
-  omp_set_num_threads(threads);  // oneDNN's OpenMP pool (Debian builds it with OpenMP)
+  omp_set_num_threads(threads);  // this thread's; sgemm() sets it on every other calling thread
 }
 
 int gemm_threads() { return g_threads; }
@@ -168,6 +173,9 @@ void sgemm(bool trans_b, int M, int N, int K, float alpha, const float* A, int l
            float beta, float* C, int ldc) {
 #if PPBENCH_HAVE_ONEDNN
   if (g_library == GemmLibrary::onednn) {
+    // OpenMP's thread count is per calling thread (an ICV of its task): the stages' products
+    // run on lane threads, which start with OpenMP's default (every CPU), not the rank's count.
+    if (omp_get_max_threads() != g_threads) omp_set_num_threads(g_threads);
     const dnnl_status_t st = dnnl_sgemm('N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (st != dnnl_success) throw InternalError("dnnl_sgemm failed with status " + std::to_string(st));
     return;
@@ -207,13 +215,13 @@ void small_m_linear(float* y, const float* x, const float* w, int M, int N, int 
     fn(y, x, w, M, N, K, 0, N);
     return;
   }
-  // Contiguous slices of W per thread, each a multiple of 24 rows (whole register blocks of
-  // either instruction set's kRowsW).
-  const int per = (N / threads + 23) / 24 * 24;
+  // Contiguous slices of W per thread, in whole 24-row blocks (a multiple of either instruction
+  // set's kRowsW) dealt evenly: thread t takes blocks [t*B/T, (t+1)*B/T).
+  const int blocks = (N + 23) / 24;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int t = 0; t < threads; ++t) {
-    const int begin = std::min(N, t * per);
-    const int end = t == threads - 1 ? N : std::min(N, (t + 1) * per);
+    const int begin = std::min(N, static_cast<int>(static_cast<long long>(t) * blocks / threads) * 24);
+    const int end = std::min(N, static_cast<int>(static_cast<long long>(t + 1) * blocks / threads) * 24);
     if (begin < end) fn(y, x, w, M, N, K, begin, end);
   }
 }

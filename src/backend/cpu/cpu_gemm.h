@@ -7,8 +7,8 @@
 // back to SSE3 kernels, ~8x below the core's FMA rate; oneDNN JIT-compiles for the ISA it finds
 // (cpuid). Why a kernel of ours: with M = B*T <= 16 rows, sgemm packs the [N, K] weight and
 // re-reads it; a decode product is bound by streaming the weight once (2*M FLOPs per 4 bytes),
-// which a dot-product kernel with register blocking and software prefetch does at the memory
-// bandwidth (bench/bench_cpu_kernels prints both against the floor).
+// which a dot-product kernel with register blocking and software prefetch does near the memory
+// bandwidth (build/ppb_cpu_bench prints both against the floor).
 #pragma once
 
 #include <string>
@@ -24,7 +24,8 @@ enum class GemmLibrary { openblas, onednn };
 std::string gemm_library_name(GemmLibrary lib);
 
 /// Sets the threads every product of this process uses (the rank's BLAS threads, >= 1):
-/// OpenBLAS, oneDNN's OpenMP pool and the small-M kernel.
+/// OpenBLAS, oneDNN's OpenMP pool (set on each thread that calls sgemm: OpenMP's count is per
+/// thread) and the small-M kernel. Not while another thread runs a product.
 void set_gemm_threads(int threads);
 int gemm_threads();
 
@@ -36,7 +37,8 @@ GemmLibrary choose_gemm_library();
 /// The library gemm() uses now (OpenBLAS until choose_gemm_library or set_gemm_library).
 GemmLibrary gemm_library();
 
-/// Forces the library (tests, and the benchmark's side-by-side rows).
+/// Forces the library (tests; `ppbench run`, so that all ranks use the one agreed on). Not
+/// while another thread runs a product.
 /// @throws ppb::UserError if `lib` was not compiled in (oneDNN is optional at build time).
 void set_gemm_library(GemmLibrary lib);
 
