@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -26,6 +25,7 @@
 #include "balance/problem.h"
 #include "balance/simulator.h"
 #include "balance/solver.h"
+#include "common/cgroup.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/format.h"
@@ -577,10 +577,7 @@ class RunJob {
     const std::vector<int> cpus = cpu_affinity();
     const auto affinity = mpi_.gather_strings(format_cpu_list(cpus));
     const auto governor = mpi_.gather_strings(cpus.empty() ? std::string() : cpu_governor(cpus.front()));
-    std::ifstream cg("/proc/self/cgroup");
-    std::ostringstream cg_text;
-    cg_text << cg.rdbuf();
-    const auto quota = cgroup_cpu_quota_cores(cg_text.str(), "/sys/fs/cgroup");
+    const auto quota = cgroup_cpu_quota_cores(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
     const auto nums = mpi_.gather_doubles(
         {quota ? *quota : std::numeric_limits<double>::quiet_NaN(), static_cast<double>(device_->compute_threads())});
     if (!root_) return;

@@ -134,6 +134,97 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     val.write_dataset("reference_tokens", p.reference_tokens, tdims);
 }
 
+/// One field of every rank, in rank order: a /ranks dataset's data.
+template <typename T>
+std::vector<T> column(const std::vector<RankInfo>& ranks, T RankInfo::*field) {
+  std::vector<T> out;
+  for (const RankInfo& r : ranks) out.push_back(r.*field);
+  return out;
+}
+
+/// /ranks: one entry per rank (results/README.md).
+void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
+  Group ranks = root.create_group("ranks");
+  ranks.write_strings("hostname", column(rs, &RankInfo::hostname));
+  ranks.write_strings("device_name", column(rs, &RankInfo::device_name));
+  ranks.write_strings("bus_id", column(rs, &RankInfo::bus_id));
+  ranks.write_dataset("local_rank", column(rs, &RankInfo::local_rank));
+  ranks.write_dataset("clock_offset_s", column(rs, &RankInfo::clock_offset_s)).set_attr("units", "s");
+  ranks.write_dataset("memory_limit_bytes", column(rs, &RankInfo::memory_limit_bytes)).set_attr("units", "bytes");
+  ranks.write_dataset("stage_scratch_bytes", column(rs, &RankInfo::stage_scratch_bytes)).set_attr("units", "bytes");
+  auto bw = ranks.write_dataset("read_bandwidth_GBps", column(rs, &RankInfo::read_bandwidth_GBps));
+  bw.set_attr("units", "GB/s (1e9 B/s)");
+  bw.set_attr("measured", "streaming read with the node's other ranks idle (Device::measure_read_bandwidth_GBps)");
+  auto bws = ranks.write_dataset("read_bandwidth_shared_GBps", column(rs, &RankInfo::read_bandwidth_shared_GBps));
+  bws.set_attr("units", "GB/s (1e9 B/s)");
+  bws.set_attr("measured", "streaming read with every rank of the node reading at once");
+  ranks.write_strings("cpu_affinity", column(rs, &RankInfo::cpu_affinity))
+      .set_attr("content", "CPUs the rank may run on (sched_getaffinity), Linux cpulist format; \"\" = not recorded");
+  ranks.write_dataset("cpu_quota_cores", column(rs, &RankInfo::cpu_quota_cores))
+      .set_attr("content", "CPU quota of the rank's cgroups in cores (cpu.max / cfs_quota); NaN = none");
+  ranks.write_strings("cpu_governor", column(rs, &RankInfo::cpu_governor))
+      .set_attr("content", "cpufreq scaling governor of the rank's first CPU; \"\" = not exposed");
+  ranks.write_dataset("compute_threads", column(rs, &RankInfo::compute_threads))
+      .set_attr("content", "BLAS threads (CPU) or 1 (GPU); 0 = not recorded");
+  auto pk = ranks.write_dataset("peak_gflops", column(rs, &RankInfo::peak_gflops));
+  pk.set_attr("units", "GFLOP/s (1e9 FLOP/s)");
+  pk.set_attr("measured", "the stages' GEMM in the run's dtype (Device::measure_gemm_gflops)");
+}
+
+/// /profile: what each unit costs on each rank's device (results/README.md).
+void write_profile(Group& root, const RunRecord& run) {
+  const auto& w = run.workload;
+  const auto& p = run.profile;
+  const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();
+  Group prof = root.create_group("profile");
+  prof.write_strings("unit_name", p.unit_name);
+  prof.write_dataset("unit_signature", p.unit_signature);
+  prof.write_strings("signature_name", p.signature_name);
+  prof.write_dataset("unit_params", p.unit_params);
+  prof.write_dataset("unit_weight_bytes", p.unit_weight_bytes).set_attr("units", "bytes");
+  prof.write_dataset("unit_kv_bytes", p.unit_kv_bytes).set_attr("units", "bytes");
+  for (const char* name : {"latency_ms", "latency_min_ms", "latency_max_ms"}) {
+    const auto& data = std::string(name) == "latency_ms" ? p.latency_ms
+                       : std::string(name) == "latency_min_ms" ? p.latency_min_ms
+                                                                : p.latency_max_ms;
+    auto d = prof.write_dataset(name, data, {R, U, 2});
+    d.set_attr("units", "ms");
+    d.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    d.set_attr("stat", std::string(name) == "latency_ms" ? "median" : (std::string(name) == "latency_min_ms" ? "min" : "max"));
+    d.set_attr("warmup", static_cast<int64_t>(w.profile_warmup));
+    d.set_attr("iters", static_cast<int64_t>(w.profile_iters));
+    d.set_attr("decode", std::string(name) == "latency_ms" ? "mean over decode_contexts of the per-context median"
+                         : std::string(name) == "latency_min_ms" ? "fastest timed decode forward over all decode_contexts"
+                                                                 : "slowest timed decode forward over all decode_contexts");
+  }
+  if (p.unit_flops.size() == 2 * U && p.unit_bytes.size() == 2 * U) {
+    auto fl = prof.write_dataset("unit_flops", p.unit_flops, {U, 2});
+    fl.set_attr("units", "FLOP");
+    fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    fl.set_attr("decode", "mean over decode_contexts");
+    auto by = prof.write_dataset("unit_bytes", p.unit_bytes, {U, 2});
+    by.set_attr("units", "bytes");
+    by.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    by.set_attr("content", "weights + KV cache read and written + activations in/out (+ logits written)");
+  }
+  if (p.floor_ms.size() == R * U * 2 && p.latency_ms.size() == p.floor_ms.size()) {
+    auto fl = prof.write_dataset("floor_ms", p.floor_ms, {R, U, 2});
+    fl.set_attr("units", "ms");
+    fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    fl.set_attr("formula", "max(unit_bytes / read_bandwidth_GBps, unit_flops / peak_gflops) of rank r (/ranks)");
+    std::vector<double> eff(p.floor_ms.size());
+    for (size_t i = 0; i < eff.size(); ++i) eff[i] = p.floor_ms[i] / p.latency_ms[i];
+    auto e = prof.write_dataset("efficiency", eff, {R, U, 2});
+    e.set_attr("formula", "floor_ms / latency_ms (1 = at the hardware's floor)");
+  }
+  prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
+  prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
+  auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
+  cost.set_attr("units", "ms");
+  cost.set_attr("objective", w.objective);
+
+}
+
 void write_all(h5::File& file, const RunRecord& run, bool complete) {
   Group root = file.root();
   root.set_attr("complete", static_cast<int64_t>(0));
@@ -194,102 +285,8 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   Group env = root.create_group("config/environment");
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);
 
-  Group ranks = root.create_group("ranks");
-  std::vector<std::string> host, dev, bus;
-  std::vector<int> local;
-  std::vector<double> offset;
-  std::vector<int64_t> memory, scratch;
-  std::vector<double> bw_alone, bw_shared, gflops, quota;
-  std::vector<std::string> affinity, governor;
-  std::vector<int> threads;
-  for (const auto& r : run.ranks) {
-    quota.push_back(r.cpu_quota_cores);
-    affinity.push_back(r.cpu_affinity);
-    governor.push_back(r.cpu_governor);
-    threads.push_back(r.compute_threads);
-    bw_alone.push_back(r.read_bandwidth_GBps);
-    bw_shared.push_back(r.read_bandwidth_shared_GBps);
-    gflops.push_back(r.peak_gflops);
-    memory.push_back(r.memory_limit_bytes);
-    scratch.push_back(r.stage_scratch_bytes);
-    host.push_back(r.hostname);
-    dev.push_back(r.device_name);
-    bus.push_back(r.bus_id);
-    local.push_back(r.local_rank);
-    offset.push_back(r.clock_offset_s);
-  }
-  ranks.write_strings("hostname", host);
-  ranks.write_strings("device_name", dev);
-  ranks.write_strings("bus_id", bus);
-  ranks.write_dataset("local_rank", local);
-  ranks.write_dataset("clock_offset_s", offset).set_attr("units", "s");
-  ranks.write_dataset("memory_limit_bytes", memory).set_attr("units", "bytes");
-  ranks.write_dataset("stage_scratch_bytes", scratch).set_attr("units", "bytes");
-  auto bw = ranks.write_dataset("read_bandwidth_GBps", bw_alone);
-  bw.set_attr("units", "GB/s (1e9 B/s)");
-  bw.set_attr("measured", "streaming read with the node's other ranks idle (Device::measure_read_bandwidth_GBps)");
-  auto bws = ranks.write_dataset("read_bandwidth_shared_GBps", bw_shared);
-  bws.set_attr("units", "GB/s (1e9 B/s)");
-  bws.set_attr("measured", "streaming read with every rank of the node reading at once");
-  ranks.write_strings("cpu_affinity", affinity)
-      .set_attr("content", "CPUs the rank may run on (sched_getaffinity), Linux cpulist format; \"\" = not recorded");
-  ranks.write_dataset("cpu_quota_cores", quota)
-      .set_attr("content", "CPU quota of the rank's cgroups in cores (cpu.max / cfs_quota); NaN = none");
-  ranks.write_strings("cpu_governor", governor)
-      .set_attr("content", "cpufreq scaling governor of the rank's first CPU; \"\" = not exposed");
-  ranks.write_dataset("compute_threads", threads).set_attr("content", "BLAS threads (CPU) or 1 (GPU); 0 = not recorded");
-  auto pk = ranks.write_dataset("peak_gflops", gflops);
-  pk.set_attr("units", "GFLOP/s (1e9 FLOP/s)");
-  pk.set_attr("measured", "the stages' GEMM in the run's dtype (Device::measure_gemm_gflops)");
-
-  const auto& p = run.profile;
-  const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();
-  Group prof = root.create_group("profile");
-  prof.write_strings("unit_name", p.unit_name);
-  prof.write_dataset("unit_signature", p.unit_signature);
-  prof.write_strings("signature_name", p.signature_name);
-  prof.write_dataset("unit_params", p.unit_params);
-  prof.write_dataset("unit_weight_bytes", p.unit_weight_bytes).set_attr("units", "bytes");
-  prof.write_dataset("unit_kv_bytes", p.unit_kv_bytes).set_attr("units", "bytes");
-  for (const char* name : {"latency_ms", "latency_min_ms", "latency_max_ms"}) {
-    const auto& data = std::string(name) == "latency_ms" ? p.latency_ms
-                       : std::string(name) == "latency_min_ms" ? p.latency_min_ms
-                                                                : p.latency_max_ms;
-    auto d = prof.write_dataset(name, data, {R, U, 2});
-    d.set_attr("units", "ms");
-    d.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    d.set_attr("stat", std::string(name) == "latency_ms" ? "median" : (std::string(name) == "latency_min_ms" ? "min" : "max"));
-    d.set_attr("warmup", static_cast<int64_t>(w.profile_warmup));
-    d.set_attr("iters", static_cast<int64_t>(w.profile_iters));
-    d.set_attr("decode", std::string(name) == "latency_ms" ? "mean over decode_contexts of the per-context median"
-                         : std::string(name) == "latency_min_ms" ? "fastest timed decode forward over all decode_contexts"
-                                                                 : "slowest timed decode forward over all decode_contexts");
-  }
-  if (p.unit_flops.size() == 2 * U && p.unit_bytes.size() == 2 * U) {
-    auto fl = prof.write_dataset("unit_flops", p.unit_flops, {U, 2});
-    fl.set_attr("units", "FLOP");
-    fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    fl.set_attr("decode", "mean over decode_contexts");
-    auto by = prof.write_dataset("unit_bytes", p.unit_bytes, {U, 2});
-    by.set_attr("units", "bytes");
-    by.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    by.set_attr("content", "weights + KV cache read and written + activations in/out (+ logits written)");
-  }
-  if (p.floor_ms.size() == R * U * 2 && p.latency_ms.size() == p.floor_ms.size()) {
-    auto fl = prof.write_dataset("floor_ms", p.floor_ms, {R, U, 2});
-    fl.set_attr("units", "ms");
-    fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    fl.set_attr("formula", "max(unit_bytes / read_bandwidth_GBps, unit_flops / peak_gflops) of rank r (/ranks)");
-    std::vector<double> eff(p.floor_ms.size());
-    for (size_t i = 0; i < eff.size(); ++i) eff[i] = p.floor_ms[i] / p.latency_ms[i];
-    auto e = prof.write_dataset("efficiency", eff, {R, U, 2});
-    e.set_attr("formula", "floor_ms / latency_ms (1 = at the hardware's floor)");
-  }
-  prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
-  prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
-  auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
-  cost.set_attr("units", "ms");
-  cost.set_attr("objective", w.objective);
+  write_ranks(root, run.ranks);
+  write_profile(root, run);
 
   for (const auto& part : run.partitions) write_partition(root, run, part);
   file.flush();

@@ -20,6 +20,7 @@
 #include "backend/cpu/cpu_memory.h"
 #include "backend/cpu/cpu_stage.h"
 #include "backend/device.h"
+#include "common/cgroup.h"
 #include "common/error.h"
 
 namespace ppb {
@@ -67,25 +68,6 @@ std::string cpu_model_name() {
   return "CPU";
 }
 
-/// The whole text of a file ("" if it cannot be read).
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-/// The fields of `text` between `sep` characters, empty ones included ("a\n" -> "a", "").
-std::vector<std::string_view> split(std::string_view text, char sep) {
-  std::vector<std::string_view> fields;
-  size_t pos = 0;
-  for (size_t end; (end = text.find(sep, pos)) != std::string_view::npos; pos = end + 1)
-    fields.push_back(text.substr(pos, end - pos));
-  fields.push_back(text.substr(pos));
-  return fields;
-}
-
 /// The unsigned integer that is the whole of `text` but for surrounding white space.
 std::optional<uint64_t> parse_u64(std::string_view text) {
   const auto first = text.find_first_not_of(" \t\r\n");
@@ -100,7 +82,7 @@ std::optional<uint64_t> parse_u64(std::string_view text) {
 
 /// The value of `key` in a "key value" per line file (memory.stat, /proc/meminfo with "key:").
 std::optional<uint64_t> keyed_value(std::string_view text, std::string_view key) {
-  for (std::string_view line : split(text, '\n')) {
+  for (std::string_view line : split_fields(text, '\n')) {
     if (line.size() > key.size() && line.substr(0, key.size()) == key &&
         (line[key.size()] == ' ' || line[key.size()] == '\t')) {
       line.remove_prefix(key.size());
@@ -122,15 +104,8 @@ std::optional<uint64_t> keyed_value(std::string_view text, std::string_view key)
 std::optional<size_t> hierarchy_headroom(const std::filesystem::path& root, std::string_view rel,
                                          const char* limit_file, const char* usage_file,
                                          const char* inactive_key) {
-  std::vector<std::string> parts;
-  for (std::string_view part : split(rel, '/')) {
-    if (part == "..") return std::nullopt;  // outside our view of the hierarchy
-    if (!part.empty() && part != ".") parts.emplace_back(part);
-  }
   std::optional<size_t> best;
-  for (size_t depth = parts.size() + 1; depth-- > 0;) {
-    std::filesystem::path dir = root;
-    for (size_t i = 0; i < depth; ++i) dir /= parts[i];
+  for (const std::filesystem::path& dir : cgroup_dirs_up(root, rel)) {
     const auto limit = parse_u64(read_text(dir / limit_file));  // "max" does not parse: no limit
     if (!limit || *limit >= (uint64_t(1) << 62)) continue;
     const auto usage = parse_u64(read_text(dir / usage_file));
@@ -151,25 +126,13 @@ std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
   auto take = [&best](std::optional<size_t> h) {
     if (h) best = best ? std::min(*best, *h) : *h;
   };
-  for (std::string_view line : split(self_cgroup, '\n')) {
-    // "<hierarchy id>:<controllers>:<path>"; the path may itself contain ':'.
-    const size_t c1 = line.find(':');
-    if (c1 == std::string_view::npos) continue;
-    const size_t c2 = line.find(':', c1 + 1);
-    if (c2 == std::string_view::npos) continue;
-    const std::string_view id = line.substr(0, c1);
-    const std::string_view controllers = line.substr(c1 + 1, c2 - c1 - 1);
-    const std::string_view path = line.substr(c2 + 1);
-    if (id == "0" && controllers.empty()) {  // cgroup v2
-      take(hierarchy_headroom(cgroup_root, path, "memory.max", "memory.current", "inactive_file"));
-      continue;
+  for (const CgroupMembership& m : cgroup_memberships(self_cgroup)) {
+    if (m.v2) {
+      take(hierarchy_headroom(cgroup_root, m.path, "memory.max", "memory.current", "inactive_file"));
+    } else if (m.has("memory")) {
+      take(hierarchy_headroom(cgroup_root / "memory", m.path, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                              "total_inactive_file"));
     }
-    for (std::string_view controller : split(controllers, ','))
-      if (controller == "memory") {  // cgroup v1
-        take(hierarchy_headroom(cgroup_root / "memory", path, "memory.limit_in_bytes",
-                                "memory.usage_in_bytes", "total_inactive_file"));
-        break;
-      }
   }
   return best;
 }
