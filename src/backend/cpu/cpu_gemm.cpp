@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_aligned.h"
 #include "common/error.h"
 
 namespace ppb::cpu {
@@ -111,7 +112,7 @@ RangeFn small_m_range_fn() { return g_small_m; }
 
 /// Best time (ms) of `reps` products after one untimed.
 double time_product_ms(int M, int N, int K, int reps) {
-  std::vector<float> a(static_cast<size_t>(M) * K, 0.5f), b(static_cast<size_t>(N) * K, 0.25f),
+  AlignedFloatVector a(static_cast<size_t>(M) * K, 0.5f), b(static_cast<size_t>(N) * K, 0.25f),
       c(static_cast<size_t>(M) * N);
   double best = 1e300;
   for (int rep = 0; rep <= reps; ++rep) {
@@ -229,7 +230,7 @@ void small_m_linear(float* y, const float* x, const float* w, int M, int N, int 
 double stream_read_GBps(size_t bytes) {
   constexpr int K = 4096;
   const int N = static_cast<int>(std::max<size_t>(bytes / (sizeof(float) * K), 64));
-  std::vector<float> w(static_cast<size_t>(N) * K, 0.5f), x(K, 0.25f), y(N);
+  AlignedFloatVector w(static_cast<size_t>(N) * K, 0.5f), x(K, 0.25f), y(N);
   double best = 1e300;
   for (int pass = 0; pass < 6; ++pass) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_aligned.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/weights.h"
 #include "common/error.h"
@@ -47,8 +48,8 @@ struct LayerWeights {
 struct RopeTable {
   model::Rope rope;
   int head_dim = 0;
-  std::vector<float> cos;
-  std::vector<float> sin;
+  cpu::AlignedFloatVector cos;
+  cpu::AlignedFloatVector sin;
 };
 
 class CpuStage final : public StageExecutor {
@@ -89,7 +90,7 @@ class CpuStage final : public StageExecutor {
   float final_softcap_ = 0.0f;
   float final_eps_ = 1e-6f;
 
-  std::vector<std::unique_ptr<float[]>> weight_store_;
+  std::vector<cpu::AlignedFloats> weight_store_;  // one 64-byte-aligned block per tensor
   size_t weight_bytes_ = 0;
   const float* embed_ = nullptr;
   const float* final_norm_ = nullptr;
@@ -97,17 +98,17 @@ class CpuStage final : public StageExecutor {
   std::vector<LayerWeights> layers_;
   std::vector<RopeTable> ropes_;
 
-  std::unique_ptr<float[]> kv_store_;
+  cpu::AlignedFloats kv_store_;
   size_t kv_bytes_ = 0;
 
   // Scratch, sized once for batch * max_context tokens.
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, scores_, last_rows_, logits_;
+  cpu::AlignedFloatVector x_, h_, q_, k_, v_, attn_, gate_, up_, scores_, last_rows_, logits_;
 
   double checksum_ = 0.0;
 };
 
 float* CpuStage::new_weights(size_t n) {
-  weight_store_.push_back(std::make_unique_for_overwrite<float[]>(n));
+  weight_store_.push_back(cpu::make_aligned_floats(n));
   weight_bytes_ += n * sizeof(float);
   return weight_store_.back().get();
 }
@@ -252,7 +253,7 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
   // ---- KV caches: one zeroed block, carved per layer and group ----------------------------
   kv_bytes_ = kv_floats * sizeof(float);
   if (kv_floats > 0) {
-    kv_store_ = std::make_unique<float[]>(kv_floats);  // value-initialised: zeros, pages touched now
+    kv_store_ = cpu::make_aligned_floats(kv_floats, /*zero=*/true);  // zeros: pages touched now
     float* p = kv_store_.get();
     for (LayerWeights& w : layers_) {
       const size_t per = max_tokens * static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
