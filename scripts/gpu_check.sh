@@ -227,7 +227,7 @@ if [ "$LANES_HANG" = 1 ]; then
 elif [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
   # The ranks are forked locally: they inherit this environment (the bundle's library path).
   timeout "$(tmo 150)" mpirun --oversubscribe -np 2 "$PPB_BIN" run \
-    --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 \
+    --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 \
     -o "$RUN_H5" --force >"$LOG/run" 2>&1
   rc=$?
   tail -30 "$LOG/run"
@@ -238,7 +238,7 @@ elif [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
     echo "mpirun timed out: again with CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32"
     CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 timeout "$(tmo 100)" mpirun --oversubscribe -np 2 \
       -x CUDA_MODULE_LOADING -x CUDA_DEVICE_MAX_CONNECTIONS "$PPB_BIN" run \
-      --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 \
+      --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 \
       -o "$RUN_H5" --force >"$LOG/run2" 2>&1
     rc2=$?
     tail -20 "$LOG/run2"
@@ -267,7 +267,7 @@ fi
 if [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
   step "mpirun -np 2 ppbench run, one GPU per rank, NCCL transport, validated"
   timeout "$(tmo 120)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda \
-    --transport nccl --dtype bf16 -b 4 -p 128 -g 32 --iters 3 -o "$LOG/nccl.h5" --force >"$LOG/nccl" 2>&1
+    --transport nccl --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 -o "$LOG/nccl.h5" --force >"$LOG/nccl" 2>&1
   rc=$?
   tail -20 "$LOG/nccl"
   if [ "$rc" = 0 ]; then RESULT[nccl]="ok (validated)"; elif [ "$rc" = 124 ]; then RESULT[nccl]="TIMED OUT"; else RESULT[nccl]="FAILED rc=$rc"; fi

@@ -13,6 +13,11 @@ Writes PNG files next to the results file (or into --outdir):
   <stem>_stages.png  per partition: predicted vs measured stage time in the balancer's
       objective (prefill + G x decode by default; one decode step or the prefill with
       --objective decode|prefill; ms per group) and the bubble fraction of each stage.
+  <stem>_rounds.png  left: each partition's tokens/s in every timed repetition against its
+      round (the partitions take turns in each round, so drift shows on all lines alike);
+      right: each partition's gain against uniform (tokens/s and decode tokens/s) with its
+      95% confidence interval as an error bar (/benchmark/<name> balance_gain_ci_low/high) and
+      the verdict, a line at 1. Drawn when some partition has per-repetition data.
   <stem>_roofline.png  one log-log panel per rank (more than 4 ranks: rank 0 and the rank of
       the lowest peak_gflops): each unit signature's prefill (circle) and decode (triangle)
       forward at its arithmetic intensity (unit_flops / unit_bytes, FLOP/byte) and achieved
@@ -284,6 +289,50 @@ def plot_stages(f, names, out_png):
     return True
 
 
+def plot_rounds(f, names, out_png):
+    """Tokens/s per round per partition, and each gain against uniform with its 95% CI."""
+    names = [n for n in names if f"benchmark/{n}" in f and "rep_tokens_per_s" in f[f"benchmark/{n}"]]
+    if not names:
+        return False
+    fig, (ax, axg) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    for name in names:
+        rep = f[f"benchmark/{name}/rep_tokens_per_s"][...]
+        ax.plot(np.arange(1, len(rep) + 1), rep, marker="o", ms=3, label=name)
+    ax.set_xlabel("round (one timed repetition of every partition)")
+    ax.set_ylabel("tokens/s of the repetition")
+    ax.legend(fontsize=8, frameon=False)
+    ax.grid(alpha=0.3)
+    gains = []
+    for name in names:
+        b = f[f"benchmark/{name}"]
+        for key, what in (("balance_gain", "tokens/s"), ("decode_balance_gain", "decode")):
+            if key in b.attrs and f"{key}_ci_low" in b.attrs:
+                gains.append((f"{name}\n{what}", float(b.attrs[key]), float(b.attrs[f"{key}_ci_low"]),
+                              float(b.attrs[f"{key}_ci_high"]), text(b.attrs.get(key.replace("gain", "verdict"), ""))))
+    if gains:
+        y = np.arange(len(gains))
+        for i, (_, g, lo, hi, verdict) in enumerate(gains):
+            colour = {"faster": "#31a354", "slower": "#de2d26"}.get(verdict, "#636363")
+            if np.isfinite(lo) and np.isfinite(hi):
+                axg.errorbar([g], [i], xerr=[[g - lo], [hi - g]], fmt="o", color=colour, capsize=4)
+            else:
+                axg.plot([g], [i], "o", color=colour, mfc="none")
+            axg.annotate(verdict or "", (g, i), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7)
+        axg.axvline(1.0, color="black", lw=0.8)
+        axg.set_yticks(y)
+        axg.set_yticklabels([g[0] for g in gains], fontsize=8)
+        axg.set_ylim(-0.7, len(gains) - 0.3)
+        axg.set_xlabel("gain against uniform, 95% CI (paired rounds)")
+    else:
+        axg.text(0.5, 0.5, "no gain against uniform in this run", ha="center", va="center", transform=axg.transAxes)
+        axg.set_axis_off()
+    fig.suptitle(run_title(f), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def roofline_ranks(peak):
     """Ranks drawn in the roofline: all up to ROOFLINE_PANELS, beyond rank 0 and the rank of the
     lowest peak_gflops (one panel when that is rank 0)."""
@@ -452,6 +501,9 @@ def main(argv=None):
             return 2
         png = os.path.join(outdir, f"{stem}_stages.png")
         if plot_stages(f, names, png):
+            written.append(png)
+        png = os.path.join(outdir, f"{stem}_rounds.png")
+        if plot_rounds(f, names, png):
             written.append(png)
         if not missing:
             png = os.path.join(outdir, f"{stem}_roofline.png")

@@ -152,7 +152,22 @@ void add_benchmark_options(CLI::App& run, ppb::RunOptions& opt, bool& no_validat
                   "matters with mixed devices)")
       ->capture_default_str();
   run.add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
-  run.add_option("--iters", opt.iters, "timed repetitions per partition")->capture_default_str();
+  run.add_option("--iters", opt.iters,
+                 "timed repetitions per partition, at least: the partitions are measured in interleaved rounds "
+                 "(A B, B A, ...), one repetition each per round")
+      ->capture_default_str();
+  run.add_option("--target-ci", opt.target_ci_pct,
+                 "after --iters rounds, add rounds until the 95% confidence interval of every gain against "
+                 "uniform (tokens/s and decode tokens/s) is within +-PCT % (0 = exactly --iters rounds)")
+      ->capture_default_str();
+  run.add_option("--max-time", opt.max_time_s,
+                 "seconds the benchmark's rounds may take in all: no round starts that would end after it "
+                 "(--iters rounds always run)")
+      ->capture_default_str();
+  run.add_flag("--control", opt.control,
+               "A/A control: benchmark the uniform split a second time, built separately, as partition "
+               "uniform_control; its gain against uniform shows what this machine's noise alone makes of two "
+               "equal splits (needs uniform in --partition)");
   run.add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
   run.add_flag("--no-validate", no_validate, "skip the serialized reference run (validation reported as skipped)");
 }

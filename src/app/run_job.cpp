@@ -160,6 +160,11 @@ void validate_options(const RunOptions& o) {
   check_range("--microbatches", o.microbatches, 0, 4096);
   check_range("--warmup", o.warmup, 0, 1000);
   check_range("--iters", o.iters, 1, 100000);
+  if (!(o.target_ci_pct >= 0) || !(o.target_ci_pct <= 100))
+    throw UserError("--target-ci must be in [0, 100] percent (0 = exactly --iters rounds), got " +
+                    std::to_string(o.target_ci_pct));
+  if (!(o.max_time_s > 0) || !(o.max_time_s <= 604800))
+    throw UserError("--max-time must be > 0 and <= 604800 seconds (a week), got " + std::to_string(o.max_time_s));
   check_range("--profile-warmup", o.profile_warmup, 0, 1000);
   check_range("--profile-iters", o.profile_iters, 1, 100000);
   check_range("--profile-contexts", o.profile_contexts, 1, 64);
@@ -358,11 +363,7 @@ class RunJob {
       describe_partitions();
       phase("write of the partitions", [&] { snapshot("benchmark"); });
       check_memory_of_partitions();
-      for (size_t i = 0; i < parts_.size(); ++i) {
-        const int same = balance::same_split_as(parts_, i);
-        if (same >= 0) share_measurement(i, static_cast<size_t>(same));
-        else benchmark_partition(i);
-      }
+      benchmark_partitions();
       return finish();
     } catch (const PhaseFailed& f) {
       return f.status;
@@ -439,6 +440,9 @@ class RunJob {
       partition_names_ = requested_partitions(opt_.partition);
       // One rank has one split (all units): benchmarking it twice would only measure noise.
       if (S_ == 1) partition_names_.resize(1);
+      if (opt_.control && std::find(partition_names_.begin(), partition_names_.end(), "uniform") == partition_names_.end())
+        throw UserError("--control benchmarks the uniform split twice, but --partition '" + opt_.partition +
+                        "' has no uniform split; use --partition uniform, both or all");
       spec_ = model::load_model_config(opt_.model_path);
       if (S_ > spec_.num_units())
         throw UserError("the run has " + std::to_string(S_) + " ranks (one stage each) but " + opt_.model_path +
@@ -539,7 +543,8 @@ class RunJob {
     run_.model_attrs_str = {{"architecture", spec_.architecture}, {"model_type", spec_.model_type}};
     run_.model_attrs_num = model_numbers(spec_);
     run_.workload = {opt_.batch, opt_.prompt_len, opt_.gen_len, M_, dtype_name(dtype_), opt_.warmup, opt_.iters,
-                     opt_.profile_warmup, opt_.profile_iters, !opt_.no_overlap, opt_.seed, opt_.objective};
+                     opt_.profile_warmup, opt_.profile_iters, !opt_.no_overlap, opt_.seed, opt_.objective,
+                     opt_.target_ci_pct, opt_.max_time_s};
 
     offsets_ = mpi_.clock_offsets();
     std::tie(link_latency_s_, link_bandwidth_Bps_) = mpi_.link_model();
@@ -874,18 +879,34 @@ class RunJob {
       }
     });
     mpi_.bcast_ints(flat);
-    if (root_) return;
-    for (size_t i = 0; i < partition_names_.size(); ++i) {
-      balance::Partition p;
-      p.solver = partition_names_[i];
-      for (int k = 0; k < S_; ++k) {
-        p.first_unit.push_back(flat[2 * i * S_ + k]);
-        p.last_unit.push_back(k + 1 < S_ ? flat[2 * i * S_ + k + 1] - 1 : U - 1);
-        p.device_rank.push_back(flat[2 * i * S_ + S_ + k]);
+    if (!root_) {
+      for (size_t i = 0; i < partition_names_.size(); ++i) {
+        balance::Partition p;
+        p.solver = partition_names_[i];
+        for (int k = 0; k < S_; ++k) {
+          p.first_unit.push_back(flat[2 * i * S_ + k]);
+          p.last_unit.push_back(k + 1 < S_ ? flat[2 * i * S_ + k + 1] - 1 : U - 1);
+          p.device_rank.push_back(flat[2 * i * S_ + S_ + k]);
+        }
+        parts_.push_back(p);
       }
-      parts_.push_back(p);
+    }
+    if (opt_.control) {  // the A/A control: uniform again, benchmarked as a split of its own
+      for (size_t i = 0; i < partition_names_.size(); ++i) {
+        if (parts_[i].solver != "uniform") continue;
+        balance::Partition c = parts_[i];
+        c.solver = kControl;
+        parts_.push_back(c);
+        break;
+      }
     }
   }
+
+  static constexpr const char* kControl = "uniform_control";
+
+  /// Whether partition i is measured by itself (not the same split as an earlier one; the A/A
+  /// control always is, that is its point).
+  bool measured_alone(size_t i) const { return parts_[i].solver == kControl || balance::same_split_as(parts_, i) < 0; }
 
   /// Rank 0: each partition's record (split, predictions, stage bytes) and its memory report.
   /// Floor (ms) of prefill and of one decode step of units [first, last] on rank r: the sum of
@@ -992,42 +1013,210 @@ class RunJob {
     return pc;
   }
 
-  /// Builds this rank's stage of partition `pi`, runs the pipelined loop (and the serialized
-  /// reference), gathers the timeline on rank 0 and writes a snapshot.
-  void benchmark_partition(size_t pi) {
-    const balance::Partition& p = parts_[pi];
-    const StagePlacement place = placement(p);
+  /// One partition under benchmark, on every rank: its stage here (while built) and what its
+  /// timed repetitions (one per round) and its validation run recorded so far.
+  struct Bench {
+    size_t pi = 0;
+    StagePlacement place;
     std::unique_ptr<StageExecutor> stage;
-    phase("build of partition " + p.solver, [&] {
-      stage = device_->create_stage(spec_, p.first_unit[place.stage], p.last_unit[place.stage], stage_config(M_));
-    });
-    const PipelineConfig pc = pipeline_config();
     StageRecord rec, ref;
-    phase("benchmark of partition " + p.solver, [&] {
-      const double t_start = monotonic_s();
-      rec = run_pipeline(*device_, *transport_, *stage, place, pc, [&](int done, int total) {
-        // Estimate: the mean repetition so far for what is left, plus one for validation.
-        const double per_rep = (monotonic_s() - t_start) / done;
-        const double left = per_rep * (total - done + (opt_.validate ? 1 : 0));
-        char eta[64];
-        std::snprintf(eta, sizeof(eta), ", %.1f s per repetition, ~%.0f s left", per_rep, left);
-        progress_.say("benchmark " + p.solver + ": repetition " + std::to_string(done) + "/" + std::to_string(total) +
-                      (done <= opt_.warmup ? " (warm-up)" : "") + eta);
-      });
-    });
-    if (opt_.validate) {
-      phase("validation of partition " + p.solver, [&] {
-        PipelineConfig vc = pc;
-        vc.warmup = 0;
-        vc.iters = 1;
-        vc.mode = LaneMode::serialized;
-        ref = run_pipeline(*device_, *transport_, *stage, place, vc);
-        progress_.say("validation " + p.solver + ": serialized reference run done");
-      });
+    bool warmed = false;
+  };
+
+  /// Whether this rank can hold its stage of every partition in `which` at once (weights, KV
+  /// cache and scratch of each, against its --memory-limit).
+  bool stages_fit_together(const std::vector<size_t>& which) const {
+    size_t total = 0;
+    for (size_t pi : which) {
+      const balance::Partition& p = parts_[pi];
+      const int k = stage_of(p, mpi_.rank());
+      total += stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).total();
     }
-    stage.reset();
-    gather_partition(pi, rec, ref);
-    phase("write after partition " + p.solver, [&] { snapshot("benchmark"); });
+    return total <= memory_limit_;
+  }
+
+  void build_stage(Bench& b) {
+    const balance::Partition& p = parts_[b.pi];
+    phase("build of partition " + p.solver, [&] {
+      b.stage = device_->create_stage(spec_, p.first_unit[b.place.stage], p.last_unit[b.place.stage], stage_config(M_));
+    });
+  }
+
+  /// Appends one run_pipeline record (its timed repetitions) to the partition's record so far.
+  static void append_record(StageRecord& to, const StageRecord& one) {
+    to.events.insert(to.events.end(), one.events.begin(), one.events.end());
+    to.rep_start_s.insert(to.rep_start_s.end(), one.rep_start_s.begin(), one.rep_start_s.end());
+    to.tokens = one.tokens;
+    to.checksum = one.checksum;
+    to.compute_lane_cpu_s += one.compute_lane_cpu_s;
+    to.recv_lane_cpu_s += one.recv_lane_cpu_s;
+    to.send_lane_cpu_s += one.send_lane_cpu_s;
+    to.timed_wall_s += one.timed_wall_s;
+  }
+
+  /// Timed repetitions in a record of this run's shape.
+  int reps_of(const StageRecord& rec) const {
+    return static_cast<int>(rec.events.size() / (static_cast<size_t>(M_) * (opt_.gen_len + 1) * kNumEvents));
+  }
+
+  /// The partition's turn in a round: its warm-up (on its first turn when its stage stays
+  /// built; on every turn when it is rebuilt), then one timed repetition.
+  void take_turn(Bench& b, bool resident) {
+    const balance::Partition& p = parts_[b.pi];
+    if (!resident) build_stage(b);
+    PipelineConfig pc = pipeline_config();
+    pc.iters = 1;
+    pc.warmup = resident && b.warmed ? 0 : opt_.warmup;
+    StageRecord one;
+    phase("benchmark of partition " + p.solver, [&] { one = run_pipeline(*device_, *transport_, *b.stage, b.place, pc); });
+    b.warmed = true;
+    append_record(b.rec, one);
+    if (!resident) b.stage.reset();
+  }
+
+  /// Benchmarks every distinct split in interleaved rounds (DESIGN.md §2): round r gives each
+  /// partition one timed repetition, in an order rotated by one each round (A B, B A, A B, ...
+  /// for two), so that drift and a neighbour's load fall on every partition alike and
+  /// repetition r of one partition pairs with repetition r of another (the gains' confidence
+  /// intervals, common/stats.h). Stages stay built side by side when every rank can hold all
+  /// of them; otherwise each turn rebuilds its stage (and warms it up again), and the file and
+  /// the summary say so. Rounds continue past --iters until every gain against uniform has a
+  /// 95% CI within +-(--target-ci) %, or until another round would end after --max-time.
+  /// Then the serialized validation runs, and rank 0 gathers each partition's record.
+  void benchmark_partitions() {
+    std::vector<size_t> distinct;
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (measured_alone(i)) distinct.push_back(i);
+    bool resident = true;
+    phase("memory check of the partitions side by side",
+          [&] { resident = mpi_.agree(stages_fit_together(distinct) ? 0 : 1) == 0; });
+    run_.schedule = resident ? "interleaved, stages resident" : "interleaved, stages rebuilt every round";
+    if (distinct.size() > 1)
+      progress_.say(std::string("benchmark: ") + std::to_string(distinct.size()) +
+                    " partitions in interleaved rounds, " +
+                    (resident ? "all stages built side by side"
+                              : "each stage rebuilt (and warmed up) on every turn: memory holds one partition's "
+                                "stages at a time, so rounds take longer"));
+    std::vector<Bench> benches(distinct.size());
+    for (size_t j = 0; j < distinct.size(); ++j) {
+      benches[j].pi = distinct[j];
+      benches[j].place = placement(parts_[distinct[j]]);
+      if (resident) build_stage(benches[j]);
+    }
+    const double t0 = monotonic_s();
+    int rounds = 0;
+    std::string stop;
+    while (stop.empty()) {
+      const double round_start = monotonic_s();
+      for (size_t j = 0; j < benches.size(); ++j) take_turn(benches[(j + rounds) % benches.size()], resident);
+      ++rounds;
+      std::vector<std::vector<double>> events;  // rank 0: each partition's timeline so far
+      phase("gather of round " + std::to_string(rounds), [&] {
+        for (const Bench& b : benches) events.push_back(gather_events(parts_[b.pi], b.rec));
+      });
+      const double now = monotonic_s();
+      if (root_) stop = round_verdict(benches, events, rounds, now - t0, now - round_start);
+      mpi_.bcast_string(stop);
+    }
+    run_.rounds = rounds;
+    run_.stop_reason = stop;
+    progress_.say("benchmark: " + std::to_string(rounds) + " round(s), " + stop);
+    if (opt_.validate) {
+      for (Bench& b : benches) {
+        const balance::Partition& p = parts_[b.pi];
+        if (!b.stage) build_stage(b);
+        phase("validation of partition " + p.solver, [&] {
+          PipelineConfig vc = pipeline_config();
+          vc.warmup = 0;
+          vc.iters = 1;
+          vc.mode = LaneMode::serialized;
+          b.ref = run_pipeline(*device_, *transport_, *b.stage, b.place, vc);
+        });
+        b.stage.reset();
+        progress_.say("validation " + p.solver + ": serialized reference run done");
+      }
+    }
+    for (Bench& b : benches) b.stage.reset();
+    for (const Bench& b : benches) gather_partition(b.pi, b.rec, b.ref);
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (!measured_alone(i)) share_measurement(i, static_cast<size_t>(balance::same_split_as(parts_, i)));
+    if (root_) compare_partitions();
+    phase("write after the benchmark", [&] { snapshot("write"); });
+  }
+
+  /// Index in `benches` of the partition the others are compared with: uniform if measured,
+  /// else the first.
+  size_t reference_bench(const std::vector<Bench>& benches) const {
+    for (size_t j = 0; j < benches.size(); ++j)
+      if (parts_[benches[j].pi].solver == "uniform") return j;
+    return 0;
+  }
+
+  /// Rank 0, after each round: prints the round's figures and returns why the rounds stop
+  /// ("" = another round).
+  std::string round_verdict(const std::vector<Bench>& benches, const std::vector<std::vector<double>>& events,
+                            int rounds, double elapsed_s, double round_s) const {
+    const EventShape sh{rounds, M_, opt_.gen_len + 1, S_};
+    std::vector<PartitionMetrics> ms;
+    for (const auto& ev : events) ms.push_back(compute_metrics(ev, sh, opt_.batch, opt_.gen_len));
+    const size_t ref = reference_bench(benches);
+    std::ostringstream os;
+    os << "benchmark round " << rounds << ":";
+    for (size_t j = 0; j < benches.size(); ++j)
+      os << (j ? "," : "") << " " << parts_[benches[j].pi].solver << " " << format_fixed(ms[j].rep_tokens_per_s.back(), 2);
+    os << " tokens/s";
+    double worst = 0.0;  // the widest relative CI half-width of the gains (inf while one has none)
+    for (size_t j = 0; j < benches.size(); ++j) {
+      if (j == ref) continue;
+      const PairedComparison g = compare_paired(ms[ref].rep_tokens_per_s, ms[j].rep_tokens_per_s);
+      const PairedComparison d = compare_paired(ms[ref].rep_decode_tokens_per_s, ms[j].rep_decode_tokens_per_s);
+      os << "; " << parts_[benches[j].pi].solver << "/" << parts_[benches[ref].pi].solver << " "
+         << format_fixed(g.ratio, 3) << "x";
+      for (const PairedComparison* c : {&g, &d}) {
+        if (c->n == 0) continue;  // no decode rate (G = 1)
+        worst = std::max(worst, std::isnan(c->ci_low) ? std::numeric_limits<double>::infinity() : c->half_width());
+      }
+      if (!std::isnan(g.ci_low))
+        os << " [" << format_fixed(g.ci_low, 3) << ", " << format_fixed(g.ci_high, 3) << "]";
+    }
+    const double left = opt_.max_time_s - elapsed_s;
+    os << " (" << format_fixed(elapsed_s, 0) << " s of --max-time " << format_fixed(opt_.max_time_s, 0) << ")";
+    progress_.say(os.str());
+    const std::string hw = std::isfinite(worst) ? "+-" + format_fixed(100.0 * worst, 1) + "%" : "none yet";
+    if (rounds < opt_.iters) return "";
+    if (benches.size() < 2) return "--iters rounds done (one split: no gain to narrow)";
+    if (opt_.target_ci_pct <= 0) return "--iters rounds done (--target-ci 0); widest gain CI " + hw;
+    if (worst <= opt_.target_ci_pct / 100.0)
+      return "every gain's 95% CI within " + hw + " (--target-ci " + format_fixed(opt_.target_ci_pct, 1) + "%)";
+    if (round_s > left) return "--max-time " + format_fixed(opt_.max_time_s, 0) + " s: another round would end after it; widest gain CI " + hw;
+    if (rounds >= kMaxRounds) return std::to_string(kMaxRounds) + " rounds (the most); widest gain CI " + hw;
+    return "";
+  }
+
+  static constexpr int kMaxRounds = 10000;
+
+  /// Rank 0: every measured partition against uniform (paired by round), and the run's
+  /// balanced-vs-uniform gain with its CI and verdict.
+  void compare_partitions() {
+    const PartitionRecord* uni = nullptr;
+    for (const auto& pr : run_.partitions)
+      if (pr.name == "uniform" && pr.measured) uni = &pr;
+    if (!uni) return;
+    for (auto& pr : run_.partitions) {
+      if (&pr == uni || !pr.measured) continue;
+      if (pr.same_as == "uniform") {
+        const int n = static_cast<int>(uni->rep_tokens_per_s.size());
+        pr.gain = PairedComparison{1.0, 1.0, 1.0, n};
+        pr.decode_gain = PairedComparison{1.0, 1.0, 1.0, n};
+        pr.gain_verdict = pr.decode_gain_verdict = "same split";
+        continue;
+      }
+      // A partition sharing another's measurement pairs like that one.
+      pr.gain = compare_paired(uni->rep_tokens_per_s, pr.rep_tokens_per_s);
+      pr.decode_gain = compare_paired(uni->rep_decode_tokens_per_s, pr.rep_decode_tokens_per_s);
+      pr.gain_verdict = comparison_verdict(pr.gain);
+      pr.decode_gain_verdict = comparison_verdict(pr.decode_gain);
+    }
   }
 
   /// Partition `pi` is the same split as the earlier partition `of`: it shares that measurement
@@ -1048,9 +1237,32 @@ class RunJob {
 
   /// Gathers partition `pi`'s timeline, tokens and checksums on rank 0 (rank 0's clock, seconds
   /// since the run started), validates and computes its metrics (DESIGN.md §3).
+  /// Collective: partition `p`'s events of every stage on rank 0, [reps][M][G+1][S][6] seconds
+  /// since the run started on rank 0's clock (empty on the other ranks).
+  std::vector<double> gather_events(const balance::Partition& p, const StageRecord& rec) const {
+    const auto ev_all = mpi_.gatherv_doubles(rec.events);
+    if (!root_) return {};
+    const int reps = reps_of(rec);
+    const int steps = opt_.gen_len + 1;
+    const EventShape sh{reps, M_, steps, S_};
+    std::vector<double> events(static_cast<size_t>(reps) * M_ * steps * S_ * kNumEvents, std::nan(""));
+    for (int k = 0; k < S_; ++k) {
+      const int r = p.device_rank[k];
+      const auto& e = ev_all[r];
+      for (int it = 0; it < reps; ++it)
+        for (int g = 0; g < M_; ++g)
+          for (int t = 0; t < steps; ++t)
+            for (int x = 0; x < kNumEvents; ++x) {
+              const double v = e[(((static_cast<size_t>(it) * M_ + g) * steps + t) * kNumEvents) + x];
+              events[sh.index(it, g, t, k, x)] = v - offsets_[r] - run_.run_start_s;
+            }
+    }
+    return events;
+  }
+
   void gather_partition(size_t pi, const StageRecord& rec, const StageRecord& ref) {
     const balance::Partition& p = parts_[pi];
-    const auto ev_all = mpi_.gatherv_doubles(rec.events);
+    std::vector<double> events = gather_events(p, rec);
     const std::vector<int> toks_mine(rec.tokens.begin(), rec.tokens.end());
     const std::vector<int> ref_mine(ref.tokens.begin(), ref.tokens.end());
     const auto toks_all = mpi_.gatherv_ints(toks_mine);
@@ -1059,19 +1271,10 @@ class RunJob {
                                            rec.send_lane_cpu_s, rec.timed_wall_s});
     if (!root_) return;
     PartitionRecord& pr = run_.partitions[pi];
-    const int steps = opt_.gen_len + 1;
-    const EventShape sh{opt_.iters, M_, steps, S_};
-    pr.events.assign(static_cast<size_t>(opt_.iters) * M_ * steps * S_ * kNumEvents, std::nan(""));
+    const EventShape sh{reps_of(rec), M_, opt_.gen_len + 1, S_};
+    pr.events = std::move(events);
     for (int k = 0; k < S_; ++k) {
       const int r = p.device_rank[k];
-      const auto& e = ev_all[r];
-      for (int it = 0; it < opt_.iters; ++it)
-        for (int g = 0; g < M_; ++g)
-          for (int t = 0; t < steps; ++t)
-            for (int x = 0; x < kNumEvents; ++x) {
-              const double v = e[(((static_cast<size_t>(it) * M_ + g) * steps + t) * kNumEvents) + x];
-              pr.events[sh.index(it, g, t, k, x)] = v - offsets_[r] - run_.run_start_s;
-            }
       pr.lane_cpu_s.push_back(sums[r * 6 + 2]);
       pr.lane_cpu_s.push_back(sums[r * 6 + 3]);
       pr.lane_cpu_s.push_back(sums[r * 6 + 4]);
@@ -1100,6 +1303,9 @@ class RunJob {
     pr.recv_wait_ms = m.recv_wait_ms;
     pr.rep_wall_s = m.rep_wall_s;
     pr.rep_tokens_per_s = m.rep_tokens_per_s;
+    pr.rep_decode_tokens_per_s = m.rep_decode_tokens_per_s;
+    pr.rep_ttft_p50_ms = m.rep_ttft_p50_ms;
+    pr.rep_tpot_p50_ms = m.rep_tpot_p50_ms;
     pr.bottleneck_stage = m.bottleneck_stage;
     pr.metrics = {{"tokens_per_s", m.tokens_per_s},
                   {"decode_tokens_per_s", m.decode_tokens_per_s},
@@ -1168,6 +1374,10 @@ class RunJob {
       if (uni && bal) {
         run_.balance_gain = bal->metrics.at("tokens_per_s") / uni->metrics.at("tokens_per_s");
         run_.decode_balance_gain = bal->metrics.at("decode_tokens_per_s") / uni->metrics.at("decode_tokens_per_s");
+        run_.balance_cmp = bal->gain;
+        run_.decode_balance_cmp = bal->decode_gain;
+        run_.balance_verdict = bal->gain_verdict;
+        run_.decode_balance_verdict = bal->decode_gain_verdict;
       }
       run_.validation = failed ? "failed" : all_validated ? "ok" : "skipped";
       run_.validation_ok = run_.validation == "ok";

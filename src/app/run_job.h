@@ -19,7 +19,10 @@ struct RunOptions {
   std::string objective = "workload";
   std::string order = "rank";  ///< balanced partition's device order: rank | auto
   int warmup = 1;
-  int iters = 2;
+  int iters = 2;             ///< timed repetitions (rounds) per partition, at least
+  double target_ci_pct = 5;  ///< repeat rounds until every gain's 95% CI half-width <= this % (0 = off)
+  double max_time_s = 120;   ///< ... or until the benchmark's rounds have taken this many seconds
+  bool control = false;      ///< also benchmark uniform a second time as "uniform_control" (A/A)
   int profile_warmup = 2;
   int profile_iters = 5;
   int profile_contexts = 3;

@@ -18,6 +18,7 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
   for (int r = 0; r < sh.iters; ++r) {
     double start = std::numeric_limits<double>::infinity(), end = -start;
     double first_decode_out = start, last_decode_out = -start;
+    const size_t ttft_from = ttft.size(), tpot_from = tpot.size();
     for (int g = 0; g < M; ++g) {
       start = std::min(start, ev[sh.index(r, g, 0, 0, kComputeStart)]);
       end = std::max(end, ev[sh.index(r, g, steps - 1, last, kComputeEnd)]);
@@ -36,8 +37,15 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
     // Decode steady state: M*G decode steps leave the last stage; (M*G - 1) intervals between
     // the first and the last of them (the usual N-1 over the span of N periodic events).
     const double decode_steps = static_cast<double>(M) * gen_len;
-    if (decode_steps > 1 && last_decode_out > first_decode_out)
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (decode_steps > 1 && last_decode_out > first_decode_out) {
       decode_rate.push_back((decode_steps - 1) * batch / (last_decode_out - first_decode_out));
+      m.rep_decode_tokens_per_s.push_back(decode_rate.back());
+    } else {
+      m.rep_decode_tokens_per_s.push_back(nan);
+    }
+    m.rep_ttft_p50_ms.push_back(median(std::vector<double>(ttft.begin() + ttft_from, ttft.end())));
+    m.rep_tpot_p50_ms.push_back(tpot.size() > tpot_from ? median(std::vector<double>(tpot.begin() + tpot_from, tpot.end())) : nan);
     for (int s = 0; s < S; ++s) {
       double busy = 0.0;
       for (int g = 0; g < M; ++g) {

@@ -19,6 +19,9 @@ struct EventShape {
 struct PartitionMetrics {
   std::vector<double> rep_wall_s;        ///< [iters] stage 0's first compute start -> last token out
   std::vector<double> rep_tokens_per_s;  ///< [iters] M*B*G / rep_wall_s
+  /// [iters] each repetition's decode tokens/s (NaN where a repetition has < 2 decode steps),
+  /// and the medians of its TTFTs and TPOTs (ms; TPOT NaN with G = 0)
+  std::vector<double> rep_decode_tokens_per_s, rep_ttft_p50_ms, rep_tpot_p50_ms;
   double tokens_per_s = 0;               ///< median of rep_tokens_per_s
   double decode_tokens_per_s = 0;        ///< median over reps of (M*G - 1)*B / (last - first decode token out)
   double ttft_p50_ms = 0, ttft_p99_ms = 0;  ///< stage-0 prefill start -> first token out of the last stage

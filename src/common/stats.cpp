@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+
+#include "common/error.h"
 
 namespace ppb {
 
@@ -27,6 +30,46 @@ double mean(const std::vector<double>& v) {
     }
   }
   return n ? sum / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
+}
+
+PairedComparison compare_paired(const std::vector<double>& a, const std::vector<double>& b, double level,
+                                int resamples, uint64_t seed) {
+  if (a.size() != b.size()) throw InternalError("compare_paired: a and b differ in length");
+  if (!(level > 0.0 && level < 1.0)) throw InternalError("compare_paired: level must be in (0, 1)");
+  std::vector<double> x, y;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isfinite(a[i]) && std::isfinite(b[i]) && a[i] > 0 && b[i] > 0) {
+      x.push_back(a[i]);
+      y.push_back(b[i]);
+    }
+  }
+  PairedComparison c;
+  c.n = static_cast<int>(x.size());
+  if (c.n == 0) return c;
+  c.ratio = median(y) / median(x);
+  if (c.n < kMinPairsForCI || resamples < 1) return c;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> pick(0, x.size() - 1);
+  std::vector<double> ratios(static_cast<size_t>(resamples)), xs(x.size()), ys(y.size());
+  for (double& r : ratios) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const size_t j = pick(rng);
+      xs[i] = x[j];
+      ys[i] = y[j];
+    }
+    r = median(ys) / median(xs);
+  }
+  const double tail = 100.0 * (1.0 - level) / 2.0;
+  c.ci_low = percentile(ratios, tail);
+  c.ci_high = percentile(ratios, 100.0 - tail);
+  return c;
+}
+
+std::string comparison_verdict(const PairedComparison& c) {
+  if (std::isnan(c.ci_low) || std::isnan(c.ci_high)) return "too few repetitions";
+  if (c.ci_low > 1.0) return "faster";
+  if (c.ci_high < 1.0) return "slower";
+  return "no significant difference";
 }
 
 }  // namespace ppb

@@ -45,6 +45,17 @@ std::vector<std::string> partition_names(const Group& root) {
   return names;
 }
 
+/// The attributes write_comparison stored (NaN / 0 where absent: older files).
+PairedComparison read_comparison(const h5::Object& obj, const std::string& name) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  PairedComparison c;
+  c.ratio = attr_or<double>(obj, name, nan);
+  c.ci_low = attr_or<double>(obj, name + "_ci_low", nan);
+  c.ci_high = attr_or<double>(obj, name + "_ci_high", nan);
+  c.n = attr_or<int>(obj, name + "_n", 0);
+  return c;
+}
+
 PartitionRecord read_partition(const Group& root, const std::string& name) {
   PartitionRecord p;
   p.name = name;
@@ -77,12 +88,20 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.recv_wait_ms = dataset_or_empty<double>(bench, "recv_wait_ms");
   p.rep_wall_s = dataset_or_empty<double>(bench, "rep_wall_s");
   p.rep_tokens_per_s = dataset_or_empty<double>(bench, "rep_tokens_per_s");
+  p.rep_decode_tokens_per_s = dataset_or_empty<double>(bench, "rep_decode_tokens_per_s");
+  p.rep_ttft_p50_ms = dataset_or_empty<double>(bench, "rep_ttft_p50_ms");
+  p.rep_tpot_p50_ms = dataset_or_empty<double>(bench, "rep_tpot_p50_ms");
+  p.gain = read_comparison(bench, "balance_gain");
+  p.decode_gain = read_comparison(bench, "decode_balance_gain");
+  p.gain_verdict = attr_or<std::string>(bench, "balance_verdict", "");
+  p.decode_gain_verdict = attr_or<std::string>(bench, "decode_balance_verdict", "");
   p.lane_cpu_s = dataset_or_empty<double>(bench, "lane_cpu_s");
   p.timed_wall_s = attr_or<double>(bench, "timed_wall_s", 0.0);
   p.bottleneck_stage = attr_or<int>(bench, "bottleneck_stage", 0);
   static const std::set<std::string> not_metrics{"timed_wall_s", "bottleneck_stage", "balance_gain"};
   for (const auto& key : bench.attr_names()) {
-    if (not_metrics.count(key) || attr_class(bench, key) != H5T_FLOAT) continue;
+    if (not_metrics.count(key) || key.find("balance_gain") != std::string::npos || attr_class(bench, key) != H5T_FLOAT)
+      continue;
     p.metrics[key] = bench.get_attr<double>(key);
   }
 
@@ -133,6 +152,13 @@ void read_all(const Group& root, RunRecord& run) {
   run.validation = attr_or<std::string>(root, "validation", run.validation_ok ? "ok" : "failed");
   run.balance_gain = attr_or<double>(root, "balance_gain", 0.0);
   run.decode_balance_gain = attr_or<double>(root, "decode_balance_gain", 0.0);
+  run.balance_cmp = read_comparison(root, "balance_gain");
+  run.decode_balance_cmp = read_comparison(root, "decode_balance_gain");
+  run.balance_verdict = attr_or<std::string>(root, "balance_verdict", "");
+  run.decode_balance_verdict = attr_or<std::string>(root, "decode_balance_verdict", "");
+  run.schedule = attr_or<std::string>(root, "benchmark_schedule", "");
+  run.rounds = attr_or<int>(root, "benchmark_rounds", 0);
+  run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
 
   Group model = root.open_group("config/model");
   run.model_source = attr_or<std::string>(model, "source", "");
@@ -157,6 +183,8 @@ void read_all(const Group& root, RunRecord& run) {
   w.overlap = attr_or<bool>(wl, "overlap", true);
   w.seed = static_cast<uint64_t>(attr_or<int64_t>(wl, "seed", 0));
   w.objective = attr_or<std::string>(wl, "objective", "");
+  w.target_ci_pct = attr_or<double>(wl, "target_ci_pct", 0.0);
+  w.max_time_s = attr_or<double>(wl, "max_time_s", 0.0);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");
     for (const auto& key : env.attr_names()) run.environment[key] = env.get_attr<std::string>(key);

@@ -98,6 +98,10 @@ std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run
     r.max_bubble = p.bubble_fraction.empty() ? kNaN
                                              : *std::max_element(p.bubble_fraction.begin(), p.bubble_fraction.end());
     r.balance_gain = uniform ? r.tokens_per_s / metric(*uniform, "tokens_per_s") : kNaN;
+    r.balance_gain_ci_low = uniform && &p != uniform ? p.gain.ci_low : kNaN;
+    r.balance_gain_ci_high = uniform && &p != uniform ? p.gain.ci_high : kNaN;
+    r.balance_verdict = uniform && &p != uniform ? p.gain_verdict : "";
+    r.repetitions = static_cast<int>(p.rep_tokens_per_s.size());
     // --no-validate: no serialized run to match; only the tokens across partitions can fail.
     if (!p.validated)
       r.validation = p.tokens_match_first_partition ? "skipped" : "FAILED";
@@ -134,9 +138,9 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows) {
     line.pop_back();
     os << line;
   };
-  print("%-*s %-*s %5s %-*s %-*s %10s %10s %17s %17s %5s %7s %6s %7s %s\n", w_run, "run", w_model, "model", "ranks",
-        w_part, "partition", w_counts, "units/stage", "tok/s", "dec tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "bneck",
-        "bubble", "gain", "effic", "valid");
+  print("%-*s %-*s %5s %-*s %-*s %4s %10s %10s %17s %17s %5s %7s %6s %13s %7s %s\n", w_run, "run", w_model, "model",
+        "ranks", w_part, "partition", w_counts, "units/stage", "n", "tok/s", "dec tok/s", "TTFT p50/p99 ms",
+        "TPOT p50/p99 ms", "bneck", "bubble", "gain", "gain 95% CI", "effic", "valid");
   for (const auto& r : rows) {
     const auto idx = std::find(files.begin(), files.end(), r.file) - files.begin();
     std::string run = std::to_string(idx);
@@ -144,20 +148,25 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows) {
     run.push_back(']');
     const std::string ttft = num(r.ttft_p50_ms, 1, "-") + "/" + num(r.ttft_p99_ms, 1, "-");
     const std::string tpot = num(r.tpot_p50_ms, 1, "-") + "/" + num(r.tpot_p99_ms, 1, "-");
-    print("%-*s %-*s %5d %-*s %-*s %10s %10s %17s %17s %5d %6s%% %5sx %6s%% %s\n", w_run, run.c_str(), w_model,
-          r.model.c_str(), r.world_size, w_part, r.partition.c_str(), w_counts, r.counts.c_str(),
-          num(r.tokens_per_s, 2, "-").c_str(), num(r.decode_tokens_per_s, 2, "-").c_str(), ttft.c_str(), tpot.c_str(),
-          r.bottleneck_stage, num(100.0 * r.max_bubble, 1, "-").c_str(), num(r.balance_gain, 3, "-").c_str(),
-          num(100.0 * r.pipeline_efficiency, 1, "-").c_str(), r.validation.c_str());
+    const std::string ci = std::isnan(r.balance_gain_ci_low)
+                               ? "-"
+                               : num(r.balance_gain_ci_low, 3, "-") + ".." + num(r.balance_gain_ci_high, 3, "-");
+    print("%-*s %-*s %5d %-*s %-*s %4d %10s %10s %17s %17s %5d %6s%% %5sx %13s %6s%% %s\n", w_run, run.c_str(),
+          w_model, r.model.c_str(), r.world_size, w_part, r.partition.c_str(), w_counts, r.counts.c_str(),
+          r.repetitions, num(r.tokens_per_s, 2, "-").c_str(), num(r.decode_tokens_per_s, 2, "-").c_str(), ttft.c_str(),
+          tpot.c_str(), r.bottleneck_stage, num(100.0 * r.max_bubble, 1, "-").c_str(), num(r.balance_gain, 3, "-").c_str(),
+          ci.c_str(), num(100.0 * r.pipeline_efficiency, 1, "-").c_str(), r.validation.c_str());
   }
-  os << "bneck: stage with the largest measured workload; bubble: max over stages; gain: tok/s / tok/s of\n"
-        "uniform in the same run; effic: decode tok/s / bottleneck bound (DESIGN.md section 3)\n";
+  os << "n: timed repetitions (interleaved rounds); bneck: stage with the largest measured workload; bubble: max\n"
+        "over stages; gain: tok/s / tok/s of uniform in the same run, with its 95% CI over the paired rounds;\n"
+        "effic: decode tok/s / bottleneck bound (DESIGN.md section 3)\n";
 }
 
 void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
   os << "file,model,backend,world_size,batch,prompt_len,gen_len,microbatches,partition,counts,tokens_per_s,"
         "decode_tokens_per_s,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,pipeline_efficiency,"
-        "bottleneck_stage,max_bubble,balance_gain,validation\n";
+        "bottleneck_stage,max_bubble,balance_gain,validation,repetitions,balance_gain_ci_low,balance_gain_ci_high,"
+        "balance_verdict\n";
   for (const auto& r : rows) {
     os << csv_field(r.file) << ',' << csv_field(r.model) << ',' << csv_field(r.backend) << ',' << r.world_size << ','
        << r.batch << ',' << r.prompt_len << ',' << r.gen_len << ',' << r.microbatches << ',' << csv_field(r.partition)
@@ -165,7 +174,8 @@ void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
        << ',' << num(r.ttft_p50_ms, 6, "") << ',' << num(r.ttft_p99_ms, 6, "") << ',' << num(r.tpot_p50_ms, 6, "")
        << ',' << num(r.tpot_p99_ms, 6, "") << ',' << num(r.pipeline_efficiency, 6, "") << ',' << r.bottleneck_stage
        << ',' << num(r.max_bubble, 6, "") << ',' << num(r.balance_gain, 6, "") << ',' << csv_field(r.validation)
-       << '\n';
+       << ',' << r.repetitions << ',' << num(r.balance_gain_ci_low, 6, "") << ',' << num(r.balance_gain_ci_high, 6, "")
+       << ',' << csv_field(r.balance_verdict) << '\n';
   }
 }
 

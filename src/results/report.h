@@ -20,6 +20,11 @@ struct ReportRow {
   int bottleneck_stage = 0;
   double max_bubble = 0;      ///< max over stages of bubble_fraction, 0..1
   double balance_gain = 0;    ///< tokens/s of this partition / tokens/s of uniform; NaN when no uniform
+  /// The gain's 95% CI over the rounds paired with uniform (NaN without one: no uniform, fewer
+  /// than kMinPairsForCI rounds, older files) and its verdict ("" if none).
+  double balance_gain_ci_low = 0, balance_gain_ci_high = 0;
+  std::string balance_verdict;
+  int repetitions = 0;        ///< timed repetitions (rounds) of this partition
   std::string validation;     ///< "OK", "FAILED" or "skipped" (--no-validate; the partitions agree)
 };
 
@@ -33,7 +38,8 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows);
 /// empty field) — `pandas.read_csv` loads it as is. Columns: file, model, backend, world_size,
 /// batch, prompt_len, gen_len, microbatches, partition, counts, tokens_per_s,
 /// decode_tokens_per_s, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms,
-/// pipeline_efficiency, bottleneck_stage, max_bubble, balance_gain, validation.
+/// pipeline_efficiency, bottleneck_stage, max_bubble, balance_gain, validation, repetitions,
+/// balance_gain_ci_low, balance_gain_ci_high, balance_verdict.
 void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows);
 
 /// The `report` command. One file: print_summary of it (plus its run metadata), or its rows as

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/stats.h"
+
 namespace ppb {
 
 struct RankInfo {
@@ -40,6 +42,7 @@ struct WorkloadInfo {
   bool overlap = true;
   uint64_t seed = 0;
   std::string objective;
+  double target_ci_pct = 0.0, max_time_s = 0.0;  ///< --target-ci, --max-time (0: older files)
 };
 
 struct ProfileTable {
@@ -89,7 +92,13 @@ struct PartitionRecord {
   std::vector<double> measured_stage_ms; ///< [S] measured cost in the objective's terms (vs predicted_stage_ms)
   std::vector<double> bubble_fraction;   ///< [S]
   std::vector<double> recv_wait_ms;      ///< [S]
-  std::vector<double> rep_wall_s, rep_tokens_per_s;  ///< [iters]
+  std::vector<double> rep_wall_s, rep_tokens_per_s;  ///< [reps] one per round
+  std::vector<double> rep_decode_tokens_per_s, rep_ttft_p50_ms, rep_tpot_p50_ms;  ///< [reps]
+  /// Against the run's uniform partition, paired by round (common/stats.h compare_paired):
+  /// tokens/s and decode tokens/s; n = 0 where there is no such comparison (this partition is
+  /// uniform, or the run has none). gain_verdict: comparison_verdict, or "same split".
+  PairedComparison gain, decode_gain;
+  std::string gain_verdict, decode_gain_verdict;
   std::vector<double> lane_cpu_s;        ///< [S][3] compute, recv, send lane CPU seconds
   double timed_wall_s = 0.0;             ///< wall seconds of the timed repetitions (stage 0's rank)
   std::map<std::string, double> metrics; ///< DESIGN.md §3 scalars
@@ -133,6 +142,15 @@ struct RunRecord {
   std::string validation = "pending";
   double balance_gain = 0.0;         ///< tokens_per_s(balanced) / tokens_per_s(uniform), 0 if n/a
   double decode_balance_gain = 0.0;  ///< same with decode_tokens_per_s
+  /// The two gains as paired comparisons (balanced's gain / decode_gain; n = 0 if n/a) and
+  /// their verdicts ("" if n/a).
+  PairedComparison balance_cmp, decode_balance_cmp;
+  std::string balance_verdict, decode_balance_verdict;
+  /// How the partitions were benchmarked: "interleaved, stages resident" or "interleaved,
+  /// stages rebuilt every round" ("" before the benchmark); rounds run; why they stopped.
+  std::string schedule;
+  int rounds = 0;
+  std::string stop_reason;
 };
 
 }  // namespace ppb

@@ -17,6 +17,23 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+/// "1.024x [0.991, 1.058]", or "1.024x (no CI: n = 2 < 5)".
+std::string gain_text(double ratio, const PairedComparison& c) {
+  std::string t = fmt("%.3fx", ratio);
+  if (!std::isnan(c.ci_low)) return t + " [" + fmt("%.3f", c.ci_low) + ", " + fmt("%.3f", c.ci_high) + "]";
+  if (c.n > 0) return t + " (no CI: n = " + std::to_string(c.n) + " < " + std::to_string(kMinPairsForCI) + ")";
+  return t;
+}
+
+/// comparison_verdict's word as a phrase about partition `who`.
+std::string verdict_text(const std::string& verdict, const std::string& who) {
+  if (verdict == "faster" || verdict == "slower") return who + " " + verdict;
+  if (verdict == "same split") return "the same split (measured once)";
+  if (verdict == "too few repetitions")
+    return "too few rounds for a verdict (--iters " + std::to_string(kMinPairsForCI) + " or more)";
+  return verdict;
+}
+
 std::string unit_range(const RunRecord& run, int first, int last) {
   const auto& n = run.profile.unit_name;
   if (first == last) return n[first];
@@ -195,6 +212,10 @@ void print_summary(std::ostream& os, const RunRecord& run) {
       os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
          << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
          << " vs measured)\n";
+    if (p.gain.n > 0 && p.name != "uniform")
+      os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
+         << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "
+         << gain_text(p.decode_gain.ratio, p.decode_gain) << " " << verdict_text(p.decode_gain_verdict, p.name) << "\n";
     os << "  predicted bottleneck " << fmt("%.2f", p.predicted_bottleneck_ms) << " ms, measured "
        << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
     if (!p.validated) {
@@ -208,8 +229,13 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     }
   }
   if (run.balance_gain > 0) {
-    os << "\nbalance gain (balanced / uniform): tokens/s " << fmt("%.3fx", run.balance_gain) << ", decode tokens/s "
-       << fmt("%.3fx", run.decode_balance_gain) << "\n";
+    os << "\nbalance gain (balanced / uniform";
+    if (run.balance_cmp.n > 0) os << ", " << run.balance_cmp.n << " paired rounds, 95% CI";
+    os << "): tokens/s " << gain_text(run.balance_gain, run.balance_cmp) << ", decode tokens/s "
+       << gain_text(run.decode_balance_gain, run.decode_balance_cmp) << "\n";
+    if (!run.balance_verdict.empty())
+      os << "  verdict: tokens/s " << verdict_text(run.balance_verdict, "balanced") << "; decode tokens/s "
+         << verdict_text(run.decode_balance_verdict, "balanced") << "\n";
     int wrong = 0;
     for (const auto& p : run.partitions) {
       if (p.name != "balanced" && p.name != "uniform") continue;
@@ -219,6 +245,15 @@ void print_summary(std::ostream& os, const RunRecord& run) {
       os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above), so the "
             "balanced split was solved from numbers that did not hold in the pipeline\n";
   }
+  for (const auto& p : run.partitions) {
+    if (p.name != "uniform_control" || (p.gain_verdict != "faster" && p.gain_verdict != "slower")) continue;
+    os << "WARNING: the A/A control (the uniform split benchmarked twice) differs significantly from uniform: "
+       << gain_text(p.gain.ratio, p.gain)
+       << "; differences of this size between two splits may not be the splits' doing (noise that does not "
+          "cancel in the rounds, or where each stage's memory landed)\n";
+  }
+  if (!run.schedule.empty())
+    os << "benchmark: " << run.schedule << ", " << run.rounds << " round(s); stopped: " << run.stop_reason << "\n";
   os << "validation: "
      << (run.validation == "ok"        ? "OK"
          : run.validation == "skipped" ? "skipped (--no-validate; the partitions' tokens agree)"

@@ -23,6 +23,17 @@ namespace {
 using h5::Group;
 using hs = hsize_t;
 
+/// `<name>_ci_low`, `<name>_ci_high` (NaN without a CI), `<name>_n` and the verdict as
+/// `<verdict name>` ("balance_gain" -> "balance_verdict"): a paired comparison's attributes.
+void write_comparison(Group& g, const std::string& name, const PairedComparison& c, const std::string& verdict) {
+  g.set_attr(name + "_ci_low", c.ci_low);
+  g.set_attr(name + "_ci_high", c.ci_high);
+  g.set_attr(name + "_n", static_cast<int64_t>(c.n));
+  std::string vname = name;
+  vname.replace(vname.find("gain"), 4, "verdict");
+  g.set_attr(vname, verdict);
+}
+
 void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p) {
   const hs S = p.first_unit.size();
   Group part = root.require_group("partitions").create_group(p.name);
@@ -72,8 +83,9 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
 
   const auto& w = run.workload;
   Group bench = root.require_group("benchmark").create_group(p.name);
+  const hs reps = p.events.size() / (static_cast<hs>(w.microbatches) * (w.gen_len + 1) * S * 6);
   auto ev = bench.write_dataset("events", p.events,
-                                {static_cast<hs>(w.iters), static_cast<hs>(w.microbatches),
+                                {reps, static_cast<hs>(w.microbatches),
                                  static_cast<hs>(w.gen_len + 1), S, 6});
   ev.set_attr("units", "s");
   ev.set_attr("clock", "rank 0 CLOCK_MONOTONIC, seconds since the run started (ranks mapped by clock_offset_s)");
@@ -107,6 +119,12 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   bench.write_dataset("recv_wait_ms", p.recv_wait_ms).set_attr("units", "ms");
   bench.write_dataset("rep_wall_s", p.rep_wall_s).set_attr("units", "s");
   bench.write_dataset("rep_tokens_per_s", p.rep_tokens_per_s).set_attr("units", "tokens/s");
+  if (p.rep_decode_tokens_per_s.size() == p.rep_tokens_per_s.size()) {
+    bench.write_dataset("rep_decode_tokens_per_s", p.rep_decode_tokens_per_s).set_attr("units", "tokens/s");
+    bench.write_dataset("rep_ttft_p50_ms", p.rep_ttft_p50_ms).set_attr("units", "ms");
+    bench.write_dataset("rep_tpot_p50_ms", p.rep_tpot_p50_ms).set_attr("units", "ms");
+  }
+  bench.set_attr("repetitions", static_cast<int64_t>(p.rep_tokens_per_s.size()));
   auto lane = bench.write_dataset("lane_cpu_s", p.lane_cpu_s, {S, 3});
   lane.set_attr("units", "s");
   lane.set_attr("columns", std::vector<std::string>{"compute", "recv", "send"});
@@ -117,8 +135,12 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   auto it = run.partitions.begin();
   for (; it != run.partitions.end() && it->name != "uniform"; ++it) {
   }
-  if (it != run.partitions.end() && it->measured && p.name != "uniform")
+  if (it != run.partitions.end() && it->measured && p.name != "uniform") {
     bench.set_attr("balance_gain", p.metrics.at("tokens_per_s") / it->metrics.at("tokens_per_s"));
+    bench.set_attr("decode_balance_gain", p.metrics.at("decode_tokens_per_s") / it->metrics.at("decode_tokens_per_s"));
+    write_comparison(bench, "balance_gain", p.gain, p.gain_verdict);
+    write_comparison(bench, "decode_balance_gain", p.decode_gain, p.decode_gain_verdict);
+  }
 
   Group val = root.require_group("validation").create_group(p.name);
   val.set_attr("validated", p.validated);
@@ -252,6 +274,11 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   root.set_attr("validation", complete ? run.validation : std::string("pending"));
   root.set_attr("balance_gain", run.balance_gain);
   root.set_attr("decode_balance_gain", run.decode_balance_gain);
+  write_comparison(root, "balance_gain", run.balance_cmp, run.balance_verdict);
+  write_comparison(root, "decode_balance_gain", run.decode_balance_cmp, run.decode_balance_verdict);
+  root.set_attr("benchmark_schedule", run.schedule);
+  root.set_attr("benchmark_rounds", static_cast<int64_t>(run.rounds));
+  root.set_attr("benchmark_stop_reason", run.stop_reason);
   root.set_attr("partition_order", [&] {
     std::vector<std::string> names;  // run order: HDF5 lists groups by name
     for (const auto& part : run.partitions) names.push_back(part.name);
@@ -282,6 +309,8 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   wl.set_attr("overlap", w.overlap);
   wl.set_attr("seed", static_cast<int64_t>(w.seed));
   wl.set_attr("objective", w.objective);
+  wl.set_attr("target_ci_pct", w.target_ci_pct);
+  wl.set_attr("max_time_s", w.max_time_s);
   Group env = root.create_group("config/environment");
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);
 

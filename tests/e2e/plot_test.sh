@@ -30,7 +30,7 @@ trap 'rc=$?; [[ $rc -eq 0 ]] && rm -rf "$TMP" || say "kept $TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 H5="$TMP/run.h5"
 say "running ppbench on 2 ranks ($MODEL)"
-mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 8 -g 4 --iters 2 --warmup 1 \
+mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 8 -g 4 --iters 2 --target-ci 0 --warmup 1 \
   --profile-warmup 1 --profile-iters 2 --quiet -o "$H5" >"$TMP/run.log" 2>&1 ||
   { cat "$TMP/run.log"; fail "ppbench run failed"; }
 
@@ -82,7 +82,7 @@ assert pp.roofline_ranks([5.0, 1.0, 3.0]) == [0, 1, 2]
 assert pp.roofline_ranks([5.0, 4.0, 3.0, 6.0, 2.0, 7.0]) == [0, 4]
 assert pp.roofline_ranks([1.0, 4.0, 3.0, 6.0, 2.0]) == [0]
 PYEOF
-for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png run_roofline.png; do
+for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png run_rounds.png run_roofline.png; do
   [[ -f "$TMP/$png" ]] || fail "missing $png"
   size=$(stat -c %s "$TMP/$png")
   (( size > 20000 )) || fail "$png is only $size bytes"
@@ -143,7 +143,7 @@ say "prof_roofline.png: $size bytes"
 [[ -z $(ls -A "$TMP/oldprofout") ]] || fail "older profile-only file wrote $(ls "$TMP/oldprofout")"
 [[ $rc10 -eq 0 ]] && grep -q "old.h5: no /ranks/read_bandwidth_GBps (written by an older ppbench): no roofline" "$TMP/err10.txt" &&
   [[ $(wc -l <"$TMP/err10.txt") -eq 1 ]] || { cat "$TMP/err10.txt"; fail "older run file: rc $rc10"; }
-[[ $(ls "$TMP/oldout" | tr '\n' ' ') == "old_stages.png old_timeline_balanced.png old_timeline_uniform.png " ]] ||
+[[ $(ls "$TMP/oldout" | tr '\n' ' ') == "old_rounds.png old_stages.png old_timeline_balanced.png old_timeline_uniform.png " ]] ||
   fail "older run file wrote $(ls "$TMP/oldout")"
 [[ $rc6 -eq 2 ]] && grep -q -- "--outdir /dev/null: exists and is not a directory" "$TMP/err6.txt" &&
   ! grep -q Traceback "$TMP/err6.txt" || { cat "$TMP/err6.txt"; fail "--outdir /dev/null: rc $rc6"; }

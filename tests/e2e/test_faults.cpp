@@ -101,7 +101,7 @@ TEST(Faults, RankKilledMidBenchmarkEndsJobAndKeepsProfile) {
   auto t0 = clock_type::now();
   bool benchmarking = false;
   while (std::chrono::duration<double>(clock_type::now() - t0).count() < 60) {
-    if (read_file(log).find("benchmark uniform: repetition 2/") != std::string::npos) {
+    if (read_file(log).find("benchmark round 2:") != std::string::npos) {
       benchmarking = true;
       break;
     }

@@ -12,8 +12,10 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "common/host_conditions.h"
+#include "common/stats.h"
 #include "results/h5.h"
 
 namespace {
@@ -41,7 +43,11 @@ Result run(const std::string& cmd) {
   return r;
 }
 
-std::string mpirun(int np) { return "mpirun --oversubscribe -np " + std::to_string(np) + " " PPBENCH_BIN " run "; }
+/// `ppbench run` on np ranks for exactly --iters rounds (--target-ci 0): a test's time does not
+/// depend on this machine's noise; BenchmarkRoundsStopAtTheTargetCI tests the target.
+std::string mpirun(int np) {
+  return "mpirun --oversubscribe -np " + std::to_string(np) + " " PPBENCH_BIN " run --target-ci 0 ";
+}
 
 std::string temp_dir() {
   fs::path d = fs::temp_directory_path() / ("ppbench_e2e_" + std::to_string(getpid()));
@@ -138,6 +144,43 @@ void check_file(const std::string& path, int world, int units, int B, int P, int
             // autoregression: step t starts on stage 0 after step t-1 left the last stage
             if (t > 0 && s == 0) EXPECT_GE(at(it, g, t, 0, 2), at(it, g, t - 1, world - 1, 3) - 1e-4);
           }
+    // One value per repetition (one repetition per round), and the medians are their medians.
+    const auto rep_tok = bench.open_dataset("rep_tokens_per_s").read<double>();
+    const auto rep_dec = bench.open_dataset("rep_decode_tokens_per_s").read<double>();
+    const auto rep_ttft = bench.open_dataset("rep_ttft_p50_ms").read<double>();
+    const auto rep_tpot = bench.open_dataset("rep_tpot_p50_ms").read<double>();
+    ASSERT_EQ(rep_tok.size(), static_cast<size_t>(iters));
+    EXPECT_EQ(rep_dec.size(), rep_tok.size());
+    EXPECT_EQ(rep_ttft.size(), rep_tok.size());
+    EXPECT_EQ(rep_tpot.size(), rep_tok.size());
+    EXPECT_EQ(bench.get_attr<int64_t>("repetitions"), iters);
+    EXPECT_EQ(root.get_attr<int64_t>("benchmark_rounds"), iters);
+    EXPECT_DOUBLE_EQ(bench.get_attr<double>("tokens_per_s"), ppb::median(rep_tok));
+    EXPECT_DOUBLE_EQ(bench.get_attr<double>("decode_tokens_per_s"), ppb::median(rep_dec));
+    for (int it = 0; it < iters; ++it) {
+      EXPECT_GT(rep_ttft[it], 0.0);
+      EXPECT_GT(rep_tpot[it], 0.0);
+    }
+    // Against uniform: the gain's CI is the paired comparison of the two partitions' rounds.
+    if (name != "uniform" && root.exists("benchmark/uniform")) {
+      auto uni = root.open_group("benchmark/uniform");
+      const auto c = ppb::compare_paired(uni.open_dataset("rep_tokens_per_s").read<double>(), rep_tok);
+      EXPECT_EQ(bench.get_attr<int64_t>("balance_gain_n"), iters);
+      EXPECT_DOUBLE_EQ(bench.get_attr<double>("balance_gain"), c.ratio);
+      const bool same = root.open_group("partitions/" + name).get_attr<std::string>("same_as") == "uniform";
+      if (same) {
+        EXPECT_EQ(bench.get_attr<std::string>("balance_verdict"), "same split");
+      } else {
+        const double lo = bench.get_attr<double>("balance_gain_ci_low"), hi = bench.get_attr<double>("balance_gain_ci_high");
+        if (iters >= ppb::kMinPairsForCI) {
+          EXPECT_DOUBLE_EQ(lo, c.ci_low);
+          EXPECT_DOUBLE_EQ(hi, c.ci_high);
+        } else {
+          EXPECT_TRUE(std::isnan(lo) && std::isnan(hi));
+        }
+        EXPECT_EQ(bench.get_attr<std::string>("balance_verdict"), ppb::comparison_verdict(c));
+      }
+    }
     EXPECT_GT(bench.get_attr<double>("tokens_per_s"), 0.0);
     EXPECT_GT(bench.get_attr<double>("ttft_p50_ms"), 0.0);
     EXPECT_LE(bench.get_attr<double>("ttft_p50_ms"), bench.get_attr<double>("ttft_p99_ms"));
@@ -176,6 +219,81 @@ TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
   EXPECT_LE(bal, uni * (1 + 1e-9));
   EXPECT_GT(uni, 0.0);
   EXPECT_GT(seed, 0.0);
+}
+
+TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
+  // Qwen3 on 2 ranks: uniform (15,15) and balanced (heavier stage 0) are different splits.
+  const std::string wl = "--model inputs/models/qwen3-0.6b.json -p 4 -g 2 -b 1 --warmup 1 --profile-iters 2 "
+                         "--profile-warmup 1 -q ";
+  const std::string bin = "mpirun --oversubscribe -np 2 " PPBENCH_BIN " run ";
+  auto rounds_file = [](const std::string& path) {
+    auto root = ppb::h5::File::open(path).root();
+    auto rep = [&](const char* p) { return root.open_group(std::string("benchmark/") + p).open_dataset("rep_tokens_per_s").read<double>(); };
+    return std::make_tuple(root.get_attr<int64_t>("benchmark_rounds"), root.get_attr<std::string>("benchmark_stop_reason"),
+                           rep("uniform"), rep("balanced"), root.get_attr<double>("balance_gain_ci_low"),
+                           root.get_attr<double>("balance_gain_ci_high"));
+  };
+  // A loose target: --iters 5 rounds, then as many as its 95% CIs need to be within +-50%.
+  const std::string loose = temp_dir() + "/loose.h5";
+  auto r = run(bin + wl + "--iters 5 --target-ci 50 --max-time 120 -o " + loose);
+  ASSERT_EQ(r.status, 0) << r.output;
+  {
+    const auto [rounds, why, uni, bal, lo, hi] = rounds_file(loose);
+    EXPECT_GE(rounds, 5);
+    ASSERT_EQ(uni.size(), static_cast<size_t>(rounds));
+    ASSERT_EQ(bal.size(), static_cast<size_t>(rounds));
+    const auto c = ppb::compare_paired(uni, bal);
+    EXPECT_DOUBLE_EQ(lo, c.ci_low);
+    EXPECT_DOUBLE_EQ(hi, c.ci_high);
+    if (why.find("within") != std::string::npos) {
+      EXPECT_LE(c.half_width(), 0.5) << why;
+      if (rounds > 5) {  // it stopped at the first round that met the target
+        std::vector<double> u(uni.begin(), uni.end() - 1), b(bal.begin(), bal.end() - 1);
+        EXPECT_GT(std::max(ppb::compare_paired(u, b).half_width(), 0.0), 0.5) << why;
+      }
+    } else {
+      EXPECT_NE(why.find("--max-time"), std::string::npos) << why;  // a very noisy machine
+    }
+    EXPECT_NE(r.output.find("paired rounds, 95% CI"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("verdict: tokens/s "), std::string::npos) << r.output;
+  }
+  // A target no machine meets within 3 s: --iters rounds, then the time limit.
+  const std::string tight = temp_dir() + "/tight.h5";
+  r = run(bin + wl + "--iters 2 --target-ci 0.001 --max-time 3 -o " + tight);
+  ASSERT_EQ(r.status, 0) << r.output;
+  {
+    const auto [rounds, why, uni, bal, lo, hi] = rounds_file(tight);
+    EXPECT_GE(rounds, 2);
+    EXPECT_NE(why.find("--max-time 3 s"), std::string::npos) << why;
+    if (rounds < ppb::kMinPairsForCI) EXPECT_TRUE(std::isnan(lo) && std::isnan(hi));
+  }
+}
+
+TEST(RunE2E, ControlOfTwoEqualSplitsFindsNoDifference) {
+  // The A/A control: the uniform split benchmarked twice, as two stages built apart and measured
+  // in interleaved rounds. Equal splits: the verdict is "no significant difference" and the
+  // CI covers 1. A 95% interval misses in ~5% of A/A runs by construction (2% in
+  // Stats.PairedComparisonCoversTheTruthAboutAsOftenAsItSays' simulation); 6 runs here covered 1.
+  const std::string out = temp_dir() + "/control.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -p 8 -g 8 -b 2 --iters 12 --partition uniform --control -o " +
+               out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  auto ctl = root.open_group("benchmark/uniform_control");
+  EXPECT_EQ(ctl.get_attr<int64_t>("balance_gain_n"), 12);
+  EXPECT_EQ(ctl.get_attr<std::string>("balance_verdict"), "no significant difference")
+      << ctl.get_attr<double>("balance_gain_ci_low") << ".." << ctl.get_attr<double>("balance_gain_ci_high");
+  EXPECT_LE(ctl.get_attr<double>("balance_gain_ci_low"), 1.0);
+  EXPECT_GE(ctl.get_attr<double>("balance_gain_ci_high"), 1.0);
+  // Both were measured: the control is not folded into uniform like an equal solver split.
+  EXPECT_EQ(root.open_group("partitions/uniform_control").get_attr<std::string>("same_as"), "");
+  EXPECT_EQ(root.open_group("partitions/uniform_control").open_dataset("first_unit").read<int64_t>(),
+            root.open_group("partitions/uniform").open_dataset("first_unit").read<int64_t>());
+  EXPECT_NE(r.output.find("uniform_control"), std::string::npos) << r.output;
+  // --control needs a uniform split to repeat.
+  auto bad = run(mpirun(2) + "--model tests/data/tiny-llama.json --partition balanced --control -o " + temp_dir() + "/x.h5");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--control"), std::string::npos) << bad.output;
 }
 
 TEST(RunE2E, FourRanksTinyLlamaManualSplitAndNoOverlap) {

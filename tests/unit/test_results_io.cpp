@@ -46,7 +46,7 @@ RunRecord make_record() {
   r.model_config_json = "{\"model_type\": \"qwen3\"}";
   r.model_attrs_str = {{"architecture", "Qwen3ForCausalLM"}, {"model_type", "qwen3"}};
   r.model_attrs_num = {{"hidden_size", 1024}, {"num_hidden_layers", 2}, {"total_params", 6e8}};
-  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload"};
+  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload", 5.0, 120.0};
   r.ranks = {{"node01", "Xeon", "", 0, 0.0}, {"node02", "Xeon", "0000:3b:00.0", 1, 1.5e-6}};
   r.ranks[0].read_bandwidth_GBps = 12.5;
   r.ranks[0].read_bandwidth_shared_GBps = 9.5;
@@ -103,6 +103,15 @@ RunRecord make_record() {
     pr.recv_wait_ms = {0.0, 1.0};
     pr.rep_wall_s = {0.02, 0.021};
     pr.rep_tokens_per_s = {100.0, 95.0};
+    pr.rep_decode_tokens_per_s = {150.0, NAN};
+    pr.rep_ttft_p50_ms = {8.0, 8.5};
+    pr.rep_tpot_p50_ms = {3.0, 3.25};
+    if (std::string(name) == "balanced") {
+      pr.gain = ppb::PairedComparison{117.0 / 97.5, 1.1, 1.3, 2};  // the ratio is stored as balance_gain
+      pr.decode_gain = ppb::PairedComparison{1.0, NAN, NAN, 1};
+      pr.gain_verdict = "faster";
+      pr.decode_gain_verdict = "too few repetitions";
+    }
     pr.lane_cpu_s = {0.1, 0.01, 0.01, 0.2, 0.02, 0.02};
     pr.timed_wall_s = 0.041;
     pr.bottleneck_stage = 1;
@@ -120,6 +129,13 @@ RunRecord make_record() {
   r.validation = "ok";
   r.balance_gain = 117.0 / 97.5;
   r.decode_balance_gain = 1.0;
+  r.balance_cmp = ppb::PairedComparison{117.0 / 97.5, 1.1, 1.3, 2};
+  r.decode_balance_cmp = ppb::PairedComparison{1.0, NAN, NAN, 1};
+  r.balance_verdict = "faster";
+  r.decode_balance_verdict = "too few repetitions";
+  r.schedule = "interleaved, stages resident";
+  r.rounds = 2;
+  r.stop_reason = "--iters rounds done (--target-ci 0)";
   return r;
 }
 
@@ -176,6 +192,15 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(r.validation, w.validation);
   EXPECT_EQ(r.balance_gain, w.balance_gain);
   EXPECT_EQ(r.decode_balance_gain, w.decode_balance_gain);
+  for (const auto& [a, b] : {std::pair{r.balance_cmp, w.balance_cmp}, std::pair{r.decode_balance_cmp, w.decode_balance_cmp}}) {
+    EXPECT_EQ(a.n, b.n);
+    expect_same({a.ratio, a.ci_low, a.ci_high}, {b.ratio, b.ci_low, b.ci_high}, "balance comparison");
+  }
+  EXPECT_EQ(r.balance_verdict, w.balance_verdict);
+  EXPECT_EQ(r.decode_balance_verdict, w.decode_balance_verdict);
+  EXPECT_EQ(r.schedule, w.schedule);
+  EXPECT_EQ(r.rounds, w.rounds);
+  EXPECT_EQ(r.stop_reason, w.stop_reason);
 
   const auto &a = w.workload, &b = r.workload;
   EXPECT_EQ(b.batch, a.batch);
@@ -190,6 +215,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(b.overlap, a.overlap);
   EXPECT_EQ(b.seed, a.seed);
   EXPECT_EQ(b.objective, a.objective);
+  EXPECT_EQ(b.target_ci_pct, a.target_ci_pct);
+  EXPECT_EQ(b.max_time_s, a.max_time_s);
 
   ASSERT_EQ(r.ranks.size(), w.ranks.size());
   for (size_t i = 0; i < w.ranks.size(); ++i) {
@@ -253,6 +280,15 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     expect_same(y.recv_wait_ms, x.recv_wait_ms, "recv_wait_ms");
     expect_same(y.rep_wall_s, x.rep_wall_s, "rep_wall_s");
     expect_same(y.rep_tokens_per_s, x.rep_tokens_per_s, "rep_tokens_per_s");
+    expect_same(y.rep_decode_tokens_per_s, x.rep_decode_tokens_per_s, "rep_decode_tokens_per_s");
+    expect_same(y.rep_ttft_p50_ms, x.rep_ttft_p50_ms, "rep_ttft_p50_ms");
+    expect_same(y.rep_tpot_p50_ms, x.rep_tpot_p50_ms, "rep_tpot_p50_ms");
+    for (const auto& [a, b] : {std::pair{y.gain, x.gain}, std::pair{y.decode_gain, x.decode_gain}}) {
+      EXPECT_EQ(a.n, b.n);
+      expect_same({a.ratio, a.ci_low, a.ci_high}, {b.ratio, b.ci_low, b.ci_high}, "gain vs uniform");
+    }
+    EXPECT_EQ(y.gain_verdict, x.gain_verdict);
+    EXPECT_EQ(y.decode_gain_verdict, x.decode_gain_verdict);
     expect_same(y.lane_cpu_s, x.lane_cpu_s, "lane_cpu_s");
     EXPECT_EQ(y.timed_wall_s, x.timed_wall_s);
     EXPECT_EQ(y.bottleneck_stage, x.bottleneck_stage);
@@ -469,7 +505,7 @@ TEST(ReportTable, LongModelNameKeepsRowsAligned) {
       header_ranks = line.find("ranks") + 5;
       continue;
     }
-    if (header_ranks == std::string::npos || line.find("bneck:") == 0 || line.find("uniform in") == 0) continue;
+    if (header_ranks == std::string::npos || line.empty() || line[0] != '[') continue;  // rows start "[file]"
     ++table_lines;
     ASSERT_GE(line.size(), header_ranks) << line;
     EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(line[header_ranks - 1]))) << "ranks column moved:\n" << text;
