@@ -113,6 +113,10 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
       ->capture_default_str();
   sc.add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
       ->capture_default_str();
+  sc.add_flag("--profile-aligned", opt.profile_aligned,
+              "all ranks time the same forward at the same moment (a barrier before each timed forward), so "
+              "that the ranks of a node share the memory bandwidth while profiled as their stages do in the "
+              "pipeline; default: every rank profiles at its own pace");
   sc.add_option("--seed", opt.seed, "seed of the random weights and prompts (an integer >= 0)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {

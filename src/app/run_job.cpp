@@ -777,6 +777,7 @@ class RunJob {
       int64_t total = 0;
       for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
       pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
+      if (opt_.profile_aligned) pc.align = [this] { mpi_.barrier(); };
       const double t_start = monotonic_s();
       prof = profile_model(*device_, spec_, pc, [&](int done, int all, const std::string& what) {
         if (done >= all) return;

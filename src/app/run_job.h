@@ -23,6 +23,7 @@ struct RunOptions {
   double target_ci_pct = 5;  ///< repeat rounds until every gain's 95% CI half-width <= this % (0 = off)
   double max_time_s = 120;   ///< ... or until the benchmark's rounds have taken this many seconds
   bool control = false;      ///< also benchmark uniform a second time as "uniform_control" (A/A)
+  bool profile_aligned = false;  ///< a barrier of all ranks before each timed profile forward
   int profile_warmup = 2;
   int profile_iters = 5;
   int profile_contexts = 3;

@@ -53,6 +53,8 @@ int MpiContext::agree(int local_status) const {
   return global;
 }
 
+void MpiContext::barrier() const { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+
 void MpiContext::quiet_barrier(double poll_s) const {
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));

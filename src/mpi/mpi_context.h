@@ -38,6 +38,8 @@ class MpiContext {
   /// `poll_s` seconds with a sleep between), for ranks that wait while another rank of their
   /// node measures something alone: a spinning MPI_Barrier would take that rank's core.
   void quiet_barrier(double poll_s = 1e-3) const;
+  /// Collective: MPI_Barrier (spins while it waits: for aligning short timed work across ranks).
+  void barrier() const;
 
   /// Collective: gathers one string per rank on rank 0 (other ranks get an empty vector).
   std::vector<std::string> gather_strings(const std::string& mine) const;

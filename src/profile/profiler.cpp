@@ -13,7 +13,7 @@ namespace ppb {
 
 std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
                                   void* out, int pos, int tokens, int warmup, int iters,
-                                  size_t resident_bytes) {
+                                  size_t resident_bytes, const std::function<void()>& align) {
   for (int i = 0; i < warmup; ++i) stage.enqueue_forward(lane, in, out, 0, pos, tokens);
   lane.synchronize();
   std::vector<std::unique_ptr<Event>> start(iters), stop(iters);
@@ -28,8 +28,14 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
   for (int i = 0; i < iters; ++i) {
     start[i] = device.create_event();
     stop[i] = device.create_event();
+    if (align) {  // flushed first, so that the ranks' timed forwards start together
+      device.flush_caches(lane, resident_bytes);
+      lane.synchronize();
+      align();
+    }
     auto forward = [&] {
-      device.flush_caches(lane, resident_bytes);  // cold, as inside a big stage (Device::flush_caches)
+      // cold, as inside a big stage (Device::flush_caches)
+      if (!align) device.flush_caches(lane, resident_bytes);
       lane.record(*start[i]);
       stage.enqueue_forward(lane, in, out, 0, pos, tokens);
       lane.record(*stop[i]);
@@ -116,7 +122,7 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
     fill_input(*in, model, unit, in_bytes, cfg.seed, cfg.dtype);
 
     auto p = time_forwards(device, *lane, *stage, in->data(), out->data(), 0, cfg.prompt_len,
-                           cfg.warmup, cfg.iters, cfg.resident_bytes);
+                           cfg.warmup, cfg.iters, cfg.resident_bytes, cfg.align);
     sig_prefill[s] = median(p);
     sig_pmin[s] = *std::min_element(p.begin(), p.end());
     sig_pmax[s] = *std::max_element(p.begin(), p.end());
@@ -124,7 +130,7 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
     double dsum = 0.0, dmin = 1e300, dmax = 0.0;
     for (int c = 0; c < C; ++c) {
       auto d = time_forwards(device, *lane, *stage, in->data(), out->data(), r.decode_contexts[c], 1,
-                             cfg.warmup, cfg.iters, cfg.resident_bytes);
+                             cfg.warmup, cfg.iters, cfg.resident_bytes, cfg.align);
       double med = median(d);
       sig_ctx[static_cast<size_t>(s) * C + c] = med;
       dsum += med;

@@ -24,6 +24,14 @@ struct ProfileConfig {
   /// Weight bytes the run keeps resident on this device's cache domain (all its ranks' stages);
   /// decides whether units are timed cold (Device::flush_caches). 0 = always warm.
   size_t resident_bytes = 0;
+  /// Called before each timed forward, after its cache flush (null: not called). With
+  /// --profile-aligned, `ppbench run` passes a barrier of all ranks: every rank then times the
+  /// same forward at the same moment, as the stages run in the pipeline, where the ranks of a
+  /// node stream their weights at once and share the memory bandwidth. Every rank must make
+  /// the same calls (same model and config). Measured here (2 ranks, 2 runs each), it did not
+  /// make the profile predict the pipeline better (docs/DESIGN.md §1 step 3), so it is not the
+  /// default.
+  std::function<void()> align;
 };
 
 /// Timings of one rank. Units with one signature share their values.
@@ -43,9 +51,11 @@ using ProgressFn = std::function<void(int, int, const std::string&)>;
 
 /// Times `iters` forwards of `stage` after `warmup` untimed ones, each bracketed by events on
 /// `lane`; returns the elapsed times (ms). The timing harness shared by profile and tests.
+/// `align`, when set, runs on this thread before each timed forward, after its cache flush
+/// completed (ProfileConfig::align).
 std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
                                   void* out, int pos, int tokens, int warmup, int iters,
-                                  size_t resident_bytes = 0);
+                                  size_t resident_bytes = 0, const std::function<void()>& align = {});
 
 /// Profiles every signature of `model` on `device`. @throws UserError if a unit does not fit.
 ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,

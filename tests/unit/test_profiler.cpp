@@ -94,6 +94,22 @@ TEST(Profiler, HoldsOnlyForwardsThatFitTheLaunchQueue) {
   }
 }
 
+/// --profile-aligned: the align callback runs once before every timed forward (not the
+/// warm-ups), after that forward's cache flush finished and before its start event.
+TEST(Profiler, AlignRunsBeforeEachTimedForward) {
+  auto dev = create_cpu_device(1);
+  SlowEnqueueStage stage(0.0, 1.0);
+  auto in = dev->allocate(4), out = dev->allocate(4);
+  CountingLane lane(dev->create_lane("profile"));
+  int calls = 0, tasks_at_first_call = -1;
+  const int warmup = 2, iters = 4;
+  time_forwards(*dev, lane, stage, in->data(), out->data(), 0, 1, warmup, iters, 0, [&] {
+    if (calls++ == 0) tasks_at_first_call = lane.host_tasks;
+  });
+  EXPECT_EQ(calls, iters);
+  EXPECT_EQ(tasks_at_first_call, warmup);  // the warm-ups ran first, the timed forward not yet
+}
+
 TEST(Profiler, ProfilesEveryUnitOfTinyLlama) {
   const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
   auto dev = create_cpu_device(1);
