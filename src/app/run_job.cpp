@@ -20,6 +20,7 @@
 
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/device.h"
+#include "balance/calibrate.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
 #include "balance/problem.h"
@@ -187,9 +188,11 @@ std::vector<std::string> requested_partitions(const std::string& p) {
   if (p == "both") return {"uniform", "balanced"};
   if (p == "all") return {"uniform", "seed", "balanced"};
   if (p == "uniform" || p == "seed" || p == "balanced") return {p};
+  if (p == "adaptive") return {"uniform", "balanced", "adaptive"};
   if (!p.empty() && p.find_first_of("0123456789") != std::string::npos) return {"manual"};
   throw UserError("--partition '" + p +
-                  "' is unknown; valid: uniform, seed, balanced, both (uniform+balanced), all, or a "
+                  "' is unknown; valid: uniform, seed, balanced, both (uniform+balanced), all, adaptive "
+                  "(uniform+balanced, then splits re-solved from what the pipeline measured), or a "
                   "manual split of unit counts per stage such as 5,6,5,6");
 }
 
@@ -438,8 +441,13 @@ class RunJob {
                         " tasks but MPI sees 1 rank: the MPI library is not wired to srun's process manager; "
                         "use srun --mpi=pmix (see `srun --mpi=list` for what this cluster offers) or mpirun");
       partition_names_ = requested_partitions(opt_.partition);
+      adaptive_ = partition_names_.back() == "adaptive";  // solved during the benchmark, not now
+      if (adaptive_) partition_names_.pop_back();
       // One rank has one split (all units): benchmarking it twice would only measure noise.
-      if (S_ == 1) partition_names_.resize(1);
+      if (S_ == 1) {
+        partition_names_.resize(1);
+        adaptive_ = false;
+      }
       if (opt_.control && std::find(partition_names_.begin(), partition_names_.end(), "uniform") == partition_names_.end())
         throw UserError("--control benchmarks the uniform split twice, but --partition '" + opt_.partition +
                         "' has no uniform split; use --partition uniform, both or all");
@@ -927,62 +935,66 @@ class RunJob {
 
   void describe_partitions() {
     if (!root_) return;
+    for (const auto& p : parts_) run_.partitions.push_back(describe_partition(p, run_.profile));
+  }
+
+  /// Rank 0: partition `p`'s record (split, predictions from profile table `prof`, floors, stage
+  /// bytes), its memory report and its progress line.
+  PartitionRecord describe_partition(const balance::Partition& p, const ProfileTable& prof) {
     const int U = spec_.num_units();
-    const std::vector<double>& lat = run_.profile.latency_ms;
-    for (const auto& p : parts_) {
-      PartitionRecord pr;
-      pr.name = p.solver;
-      pr.solver = p.solver;
-      pr.first_unit = p.first_unit;
-      pr.last_unit = p.last_unit;
-      pr.device_rank = p.device_rank;
-      pr.predicted_stage_ms = p.predicted_stage_ms;
-      pr.predicted_bottleneck_ms = p.bottleneck_ms;
-      for (int k = 0; k < S_; ++k) {
-        double pre = 0, dec = 0;
-        const int r = p.device_rank[k];
-        for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
-          pre += lat[(static_cast<size_t>(r) * U + u) * 2 + 0];
-          dec += lat[(static_cast<size_t>(r) * U + u) * 2 + 1];
-        }
-        pr.predicted_phase_ms.push_back(pre);
-        pr.predicted_phase_ms.push_back(dec);
-        double pre_lo = 0, dec_lo = 0, pre_hi = 0, dec_hi = 0;
-        for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
-          const size_t at = (static_cast<size_t>(r) * U + u) * 2;
-          pre_lo += run_.profile.latency_min_ms[at];
-          dec_lo += run_.profile.latency_min_ms[at + 1];
-          pre_hi += run_.profile.latency_max_ms[at];
-          dec_hi += run_.profile.latency_max_ms[at + 1];
-        }
-        pr.predicted_stage_min_ms.push_back(balance::objective_cost(objective_, pre_lo, dec_lo, opt_.gen_len));
-        pr.predicted_stage_max_ms.push_back(balance::objective_cost(objective_, pre_hi, dec_hi, opt_.gen_len));
-        const auto [floor_pre, floor_dec] = stage_floor_ms(r, p.first_unit[k], p.last_unit[k]);
-        pr.stage_floor_phase_ms.push_back(floor_pre);
-        pr.stage_floor_phase_ms.push_back(floor_dec);
-        pr.stage_floor_ms.push_back(balance::objective_cost(objective_, floor_pre, floor_dec, opt_.gen_len));
-        const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_);
-        pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
-        pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
+    const std::vector<double>& lat = prof.latency_ms;
+    PartitionRecord pr;
+    pr.name = p.solver;
+    pr.solver = p.solver;
+    pr.first_unit = p.first_unit;
+    pr.last_unit = p.last_unit;
+    pr.device_rank = p.device_rank;
+    pr.predicted_stage_ms = p.predicted_stage_ms;
+    pr.predicted_bottleneck_ms = p.bottleneck_ms;
+    for (int k = 0; k < S_; ++k) {
+      double pre = 0, dec = 0;
+      const int r = p.device_rank[k];
+      for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+        pre += lat[(static_cast<size_t>(r) * U + u) * 2 + 0];
+        dec += lat[(static_cast<size_t>(r) * U + u) * 2 + 1];
       }
-      run_.partitions.push_back(pr);
-      if (!opt_.quiet) {
-        // Each device's limit net of its stage's activation scratch, so that "free" and "KV
-        // tokens left" agree with the memory check (which counts the scratch too).
-        std::vector<int64_t> net(S_);
-        for (int k = 0; k < S_; ++k) {
-          const int d = p.device_rank[k];
-          net[d] = std::max<int64_t>(1, static_cast<int64_t>(memory_limits_[d]) -
-                                            static_cast<int64_t>(stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).scratch));
-        }
-        const auto mr = balance::memory_report(p, run_.profile.unit_weight_bytes, run_.profile.unit_kv_bytes,
-                                               int64_t(M_) * opt_.batch * (opt_.prompt_len + opt_.gen_len), net);
-        progress_.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
-                      balance::format_memory_report(mr));
+      pr.predicted_phase_ms.push_back(pre);
+      pr.predicted_phase_ms.push_back(dec);
+      double pre_lo = 0, dec_lo = 0, pre_hi = 0, dec_hi = 0;
+      for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+        const size_t at = (static_cast<size_t>(r) * U + u) * 2;
+        pre_lo += prof.latency_min_ms[at];
+        dec_lo += prof.latency_min_ms[at + 1];
+        pre_hi += prof.latency_max_ms[at];
+        dec_hi += prof.latency_max_ms[at + 1];
       }
-      progress_.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
-                    format_fixed(p.bottleneck_ms, 2) + " ms (" + opt_.objective + ")");
+      pr.predicted_stage_min_ms.push_back(balance::objective_cost(objective_, pre_lo, dec_lo, opt_.gen_len));
+      pr.predicted_stage_max_ms.push_back(balance::objective_cost(objective_, pre_hi, dec_hi, opt_.gen_len));
+      const auto [floor_pre, floor_dec] = stage_floor_ms(r, p.first_unit[k], p.last_unit[k]);
+      pr.stage_floor_phase_ms.push_back(floor_pre);
+      pr.stage_floor_phase_ms.push_back(floor_dec);
+      pr.stage_floor_ms.push_back(balance::objective_cost(objective_, floor_pre, floor_dec, opt_.gen_len));
+      const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_);
+      pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
+      pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
     }
+    if (!opt_.quiet) {
+      // Each device's limit net of its stage's activation scratch, so that "free" and "KV
+      // tokens left" agree with the memory check (which counts the scratch too).
+      std::vector<int64_t> net(S_);
+      for (int k = 0; k < S_; ++k) {
+        const int d = p.device_rank[k];
+        net[d] = std::max<int64_t>(1, static_cast<int64_t>(memory_limits_[d]) -
+                                          static_cast<int64_t>(stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).scratch));
+      }
+      const auto mr = balance::memory_report(p, prof.unit_weight_bytes, prof.unit_kv_bytes,
+                                             int64_t(M_) * opt_.batch * (opt_.prompt_len + opt_.gen_len), net);
+      progress_.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
+                    balance::format_memory_report(mr));
+    }
+    progress_.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
+                  format_fixed(p.bottleneck_ms, 2) + " ms (" + opt_.objective + ")");
+    return pr;
   }
 
   // ---- 4./5. benchmark and validate each partition ----------------------------------------------
@@ -1014,26 +1026,24 @@ class RunJob {
     return pc;
   }
 
-  /// One partition under benchmark, on every rank: its stage here (while built) and what its
-  /// timed repetitions (one per round) and its validation run recorded so far.
+  /// One partition under benchmark, on every rank: its stage here (while built), whether it
+  /// stays built between turns, the rounds it took part in and what its timed repetitions (one
+  /// per round) and its validation run recorded so far.
   struct Bench {
     size_t pi = 0;
     StagePlacement place;
     std::unique_ptr<StageExecutor> stage;
+    bool resident = true;
+    std::vector<int> rounds;
     StageRecord rec, ref;
     bool warmed = false;
   };
 
-  /// Whether this rank can hold its stage of every partition in `which` at once (weights, KV
-  /// cache and scratch of each, against its --memory-limit).
-  bool stages_fit_together(const std::vector<size_t>& which) const {
-    size_t total = 0;
-    for (size_t pi : which) {
-      const balance::Partition& p = parts_[pi];
-      const int k = stage_of(p, mpi_.rank());
-      total += stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).total();
-    }
-    return total <= memory_limit_;
+  /// Bytes this rank's stage of partition `pi` needs (weights, KV cache and scratch).
+  size_t stage_total_bytes(size_t pi) const {
+    const balance::Partition& p = parts_[pi];
+    const int k = stage_of(p, mpi_.rank());
+    return stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).total();
   }
 
   void build_stage(Bench& b) {
@@ -1060,65 +1070,106 @@ class RunJob {
     return static_cast<int>(rec.events.size() / (static_cast<size_t>(M_) * (opt_.gen_len + 1) * kNumEvents));
   }
 
-  /// The partition's turn in a round: its warm-up (on its first turn when its stage stays
+  /// The partition's turn in round `round`: its warm-up (on its first turn when its stage stays
   /// built; on every turn when it is rebuilt), then one timed repetition.
-  void take_turn(Bench& b, bool resident) {
+  void take_turn(Bench& b, int round) {
     const balance::Partition& p = parts_[b.pi];
-    if (!resident) build_stage(b);
+    if (!b.stage) build_stage(b);
     PipelineConfig pc = pipeline_config();
     pc.iters = 1;
-    pc.warmup = resident && b.warmed ? 0 : opt_.warmup;
+    pc.warmup = b.resident && b.warmed ? 0 : opt_.warmup;
     StageRecord one;
     phase("benchmark of partition " + p.solver, [&] { one = run_pipeline(*device_, *transport_, *b.stage, b.place, pc); });
     b.warmed = true;
     append_record(b.rec, one);
-    if (!resident) b.stage.reset();
+    b.rounds.push_back(round);
+    if (!b.resident) b.stage.reset();
   }
 
-  /// Benchmarks every distinct split in interleaved rounds (DESIGN.md §2): round r gives each
-  /// partition one timed repetition, in an order rotated by one each round (A B, B A, A B, ...
-  /// for two), so that drift and a neighbour's load fall on every partition alike and
-  /// repetition r of one partition pairs with repetition r of another (the gains' confidence
-  /// intervals, common/stats.h). Stages stay built side by side when every rank can hold all
-  /// of them; otherwise each turn rebuilds its stage (and warms it up again), and the file and
-  /// the summary say so. Rounds continue past --iters until every gain against uniform has a
-  /// 95% CI within +-(--target-ci) %, or until another round would end after --max-time.
-  /// Then the serialized validation runs, and rank 0 gathers each partition's record.
-  void benchmark_partitions() {
-    std::vector<size_t> distinct;
-    for (size_t i = 0; i < parts_.size(); ++i)
-      if (measured_alone(i)) distinct.push_back(i);
-    bool resident = true;
+  /// Adds partition `pi` to the benchmark: resident when this rank and every other can hold its
+  /// stage beside the resident ones (collective), built now if so.
+  void add_bench(std::vector<Bench>& benches, size_t pi) {
+    size_t resident_bytes = stage_total_bytes(pi);
+    for (const Bench& b : benches)
+      if (b.resident) resident_bytes += stage_total_bytes(b.pi);
+    Bench b;
+    b.pi = pi;
+    b.place = placement(parts_[pi]);
     phase("memory check of the partitions side by side",
-          [&] { resident = mpi_.agree(stages_fit_together(distinct) ? 0 : 1) == 0; });
-    run_.schedule = resident ? "interleaved, stages resident" : "interleaved, stages rebuilt every round";
-    if (distinct.size() > 1)
-      progress_.say(std::string("benchmark: ") + std::to_string(distinct.size()) +
-                    " partitions in interleaved rounds, " +
-                    (resident ? "all stages built side by side"
-                              : "each stage rebuilt (and warmed up) on every turn: memory holds one partition's "
-                                "stages at a time, so rounds take longer"));
-    std::vector<Bench> benches(distinct.size());
-    for (size_t j = 0; j < distinct.size(); ++j) {
-      benches[j].pi = distinct[j];
-      benches[j].place = placement(parts_[distinct[j]]);
-      if (resident) build_stage(benches[j]);
-    }
+          [&] { b.resident = mpi_.agree(resident_bytes <= memory_limit_ ? 0 : 1) == 0; });
+    if (b.resident) build_stage(b);
+    benches.push_back(std::move(b));
+  }
+
+  /// Benchmarks every distinct split in interleaved rounds (DESIGN.md §1 step 5): round r gives
+  /// each partition one timed repetition, in an order rotated by one each round (A B, B A, A B,
+  /// ... for two), so that drift and a neighbour's load fall on every partition alike and the
+  /// repetitions of two partitions in one round pair up (the gains' confidence intervals,
+  /// common/stats.h). Stages stay built side by side when every rank can hold all of them;
+  /// otherwise a partition's turn rebuilds (and warms up) its stage, and the file and the
+  /// summary say so. With --partition adaptive, once every partition has --iters rounds, rank 0
+  /// calibrates the profile by what the stages measured (balance/calibrate.h), solves again, and
+  /// a new split joins the rounds as "adaptive" (then "adaptive_2"), until the solve returns a
+  /// split already measured. Rounds continue past --iters until every gain against uniform has a
+  /// 95% CI within +-(--target-ci) %, or until another round would end after --max-time. Then
+  /// the serialized validation runs and rank 0 gathers each partition's record.
+  void benchmark_partitions() {
+    std::vector<Bench> benches;
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (measured_alone(i)) add_bench(benches, i);
+    const auto resident_count = [&] {
+      return std::count_if(benches.begin(), benches.end(), [](const Bench& b) { return b.resident; });
+    };
+    if (benches.size() > 1)
+      progress_.say("benchmark: " + std::to_string(benches.size()) + " partitions in interleaved rounds, " +
+                    (resident_count() == static_cast<long>(benches.size())
+                         ? "all stages built side by side"
+                         : "each stage rebuilt (and warmed up) on every turn: memory holds one partition's stages "
+                           "at a time, so rounds take longer"));
     const double t0 = monotonic_s();
     int rounds = 0;
     std::string stop;
     while (stop.empty()) {
       const double round_start = monotonic_s();
-      for (size_t j = 0; j < benches.size(); ++j) take_turn(benches[(j + rounds) % benches.size()], resident);
+      for (size_t j = 0; j < benches.size(); ++j) take_turn(benches[(j + rounds) % benches.size()], rounds);
       ++rounds;
       std::vector<std::vector<double>> events;  // rank 0: each partition's timeline so far
       phase("gather of round " + std::to_string(rounds), [&] {
         for (const Bench& b : benches) events.push_back(gather_events(parts_[b.pi], b.rec));
       });
+      std::vector<int> split;  // rank 0: a new adaptive split, S first units then S device ranks
       const double now = monotonic_s();
-      if (root_) stop = round_verdict(benches, events, rounds, now - t0, now - round_start);
+      if (root_) {
+        stop = round_verdict(benches, events, rounds, now - t0, now - round_start);
+        if (adaptive_pending() && adaptive_due(benches, rounds)) {
+          split = solve_adaptive(benches, events);
+          if (!split.empty()) stop.clear();
+        }
+      }
       mpi_.bcast_string(stop);
+      phase("adaptive split", [&] { mpi_.bcast_ints(split); });
+      if (!split.empty()) {
+        balance::Partition p;
+        p.solver = next_adaptive_name();
+        for (int k = 0; k < S_; ++k) {
+          p.first_unit.push_back(split[k]);
+          p.last_unit.push_back(k + 1 < S_ ? split[k + 1] - 1 : spec_.num_units() - 1);
+          p.device_rank.push_back(split[S_ + k]);
+        }
+        parts_.push_back(p);
+        phase("memory check of partition " + p.solver, [&] {
+          if (stage_total_bytes(parts_.size() - 1) > memory_limit_)
+            throw UserError("the adaptive split " + p.counts_string() + " does not fit rank " +
+                            std::to_string(mpi_.rank()) + "'s --memory-limit");
+        });
+        add_bench(benches, parts_.size() - 1);
+        progress_.say("benchmark: partition " + p.solver + " (" + p.counts_string() + ") joins the rounds from round " +
+                      std::to_string(rounds + 1));
+      }
     }
+    run_.schedule = resident_count() == static_cast<long>(benches.size()) ? "interleaved, stages resident"
+                    : resident_count() == 0 ? "interleaved, stages rebuilt every round"
+                                            : "interleaved, some stages rebuilt every round (memory)";
     run_.rounds = rounds;
     run_.stop_reason = stop;
     progress_.say("benchmark: " + std::to_string(rounds) + " round(s), " + stop);
@@ -1138,7 +1189,7 @@ class RunJob {
       }
     }
     for (Bench& b : benches) b.stage.reset();
-    for (const Bench& b : benches) gather_partition(b.pi, b.rec, b.ref);
+    for (const Bench& b : benches) gather_partition(b.pi, b.rec, b.ref, b.rounds);
     for (size_t i = 0; i < parts_.size(); ++i)
       if (!measured_alone(i)) share_measurement(i, static_cast<size_t>(balance::same_split_as(parts_, i)));
     if (root_) compare_partitions();
@@ -1153,13 +1204,31 @@ class RunJob {
     return 0;
   }
 
+  /// The values of `a` and `b` measured in the same rounds (`ra`, `rb`: each value's round),
+  /// in round order: the pairs compare_paired takes.
+  static std::pair<std::vector<double>, std::vector<double>> same_rounds(const std::vector<double>& a,
+                                                                        const std::vector<int>& ra,
+                                                                        const std::vector<double>& b,
+                                                                        const std::vector<int>& rb) {
+    std::pair<std::vector<double>, std::vector<double>> out;
+    for (size_t i = 0; i < a.size() && i < ra.size(); ++i) {
+      const auto it = std::find(rb.begin(), rb.end(), ra[i]);
+      if (it == rb.end() || static_cast<size_t>(it - rb.begin()) >= b.size()) continue;
+      out.first.push_back(a[i]);
+      out.second.push_back(b[static_cast<size_t>(it - rb.begin())]);
+    }
+    return out;
+  }
+
   /// Rank 0, after each round: prints the round's figures and returns why the rounds stop
   /// ("" = another round).
   std::string round_verdict(const std::vector<Bench>& benches, const std::vector<std::vector<double>>& events,
                             int rounds, double elapsed_s, double round_s) const {
-    const EventShape sh{rounds, M_, opt_.gen_len + 1, S_};
     std::vector<PartitionMetrics> ms;
-    for (const auto& ev : events) ms.push_back(compute_metrics(ev, sh, opt_.batch, opt_.gen_len));
+    for (size_t j = 0; j < benches.size(); ++j) {
+      const EventShape sh{static_cast<int>(benches[j].rounds.size()), M_, opt_.gen_len + 1, S_};
+      ms.push_back(compute_metrics(events[j], sh, opt_.batch, opt_.gen_len));
+    }
     const size_t ref = reference_bench(benches);
     std::ostringstream os;
     os << "benchmark round " << rounds << ":";
@@ -1169,9 +1238,13 @@ class RunJob {
     double worst = 0.0;  // the widest relative CI half-width of the gains (inf while one has none)
     for (size_t j = 0; j < benches.size(); ++j) {
       if (j == ref) continue;
-      const PairedComparison g = compare_paired(ms[ref].rep_tokens_per_s, ms[j].rep_tokens_per_s);
-      const PairedComparison d = compare_paired(ms[ref].rep_decode_tokens_per_s, ms[j].rep_decode_tokens_per_s);
-      os << "; " << parts_[benches[j].pi].solver << "/" << parts_[benches[ref].pi].solver << " "
+      const auto& rr = benches[ref].rounds;
+      const auto& rj = benches[j].rounds;
+      auto [ga, gb] = same_rounds(ms[ref].rep_tokens_per_s, rr, ms[j].rep_tokens_per_s, rj);
+      auto [da, db] = same_rounds(ms[ref].rep_decode_tokens_per_s, rr, ms[j].rep_decode_tokens_per_s, rj);
+      const PairedComparison g = compare_paired(ga, gb);
+      const PairedComparison d = compare_paired(da, db);
+      os << "; " << parts_[benches[j].pi].solver << "/" << parts_[benches[ref].pi].solver << " so far "
          << format_fixed(g.ratio, 3) << "x";
       for (const PairedComparison* c : {&g, &d}) {
         if (c->n == 0) continue;  // no decode rate (G = 1)
@@ -1183,8 +1256,17 @@ class RunJob {
     const double left = opt_.max_time_s - elapsed_s;
     os << " (" << format_fixed(elapsed_s, 0) << " s of --max-time " << format_fixed(opt_.max_time_s, 0) << ")";
     progress_.say(os.str());
-    const std::string hw = std::isfinite(worst) ? "+-" + format_fixed(100.0 * worst, 1) + "%" : "none yet";
-    if (rounds < opt_.iters) return "";
+    const std::string hw = std::isfinite(worst) ? "+-" + format_fixed(100.0 * worst, 1) + "%"
+                                                : "not every gain has one yet (fewer than " +
+                                                      std::to_string(kMinPairsForCI) + " paired rounds)";
+    int fewest = rounds;  // rounds of the partition that joined last
+    for (const Bench& b : benches) fewest = std::min(fewest, static_cast<int>(b.rounds.size()));
+    if (fewest < opt_.iters) return "";  // --iters rounds of every partition, whatever the time
+    if (adaptive_pending()) {
+      if (round_s <= left) return "";
+      return "--max-time " + format_fixed(opt_.max_time_s, 0) +
+             " s: another round would end after it, before the adaptive split converged; widest gain CI " + hw;
+    }
     if (benches.size() < 2) return "--iters rounds done (one split: no gain to narrow)";
     if (opt_.target_ci_pct <= 0) return "--iters rounds done (--target-ci 0); widest gain CI " + hw;
     if (worst <= opt_.target_ci_pct / 100.0)
@@ -1195,6 +1277,104 @@ class RunJob {
   }
 
   static constexpr int kMaxRounds = 10000;
+  static constexpr int kMaxAdaptiveSolves = 3;
+
+  /// "adaptive" for the first adaptive split, then "adaptive_2", "adaptive_3".
+  std::string next_adaptive_name() const {
+    const auto n = std::count_if(parts_.begin(), parts_.end(),
+                                 [](const balance::Partition& q) { return q.solver.rfind("adaptive", 0) == 0; });
+    return n == 0 ? std::string("adaptive") : "adaptive_" + std::to_string(n + 1);
+  }
+
+  /// Whether --partition adaptive still has a solve to make.
+  bool adaptive_pending() const { return adaptive_ && !adaptive_done_; }
+
+  /// Rank 0: the next adaptive solve is due once every partition has max(--iters, 2) rounds.
+  bool adaptive_due(const std::vector<Bench>& benches, int /*rounds*/) const {
+    for (const Bench& b : benches)
+      if (static_cast<int>(b.rounds.size()) < std::max(opt_.iters, 2)) return false;
+    return true;
+  }
+
+  /// Rank 0: calibrates the profile by every partition's measured stages (each rank's mean
+  /// prefill and decode step against the profile's prediction, balance/calibrate.h), solves
+  /// the balanced split from the calibrated table, and returns it (S first units, then S device
+  /// ranks) when it is a split not measured yet; else records that the adaptive split converged
+  /// and returns {}. The new partition's record (predictions from the calibrated profile) is
+  /// appended to run_.partitions.
+  std::vector<int> solve_adaptive(const std::vector<Bench>& benches, const std::vector<std::vector<double>>& events) {
+    ++adaptive_solves_;
+    std::vector<balance::StageMeasurement> stages;
+    std::vector<std::string> from;
+    for (size_t j = 0; j < benches.size(); ++j) {
+      const balance::Partition& p = parts_[benches[j].pi];
+      from.push_back(p.solver);
+      const EventShape sh{static_cast<int>(benches[j].rounds.size()), M_, opt_.gen_len + 1, S_};
+      for (int k = 0; k < S_; ++k) {
+        double pre = 0, dec = 0;
+        int npre = 0, ndec = 0;
+        for (int it = 0; it < sh.iters; ++it)
+          for (int g = 0; g < M_; ++g)
+            for (int t = 0; t < sh.steps; ++t) {
+              const double d = 1e3 * (events[j][sh.index(it, g, t, k, kComputeEnd)] -
+                                      events[j][sh.index(it, g, t, k, kComputeStart)]);
+              if (!std::isfinite(d)) continue;
+              (t == 0 ? pre : dec) += d;
+              ++(t == 0 ? npre : ndec);
+            }
+        balance::StageMeasurement m;
+        m.rank = p.device_rank[k];
+        // Against the profile as measured (an adaptive split's own predictions are from an
+        // earlier calibrated table): the factors scale that table.
+        for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+          const size_t at = (static_cast<size_t>(m.rank) * spec_.num_units() + u) * 2;
+          m.predicted_prefill_ms += run_.profile.latency_ms[at];
+          m.predicted_decode_ms += run_.profile.latency_ms[at + 1];
+        }
+        m.measured_prefill_ms = npre ? pre / npre : 0.0;
+        m.measured_decode_ms = ndec ? dec / ndec : 0.0;
+        stages.push_back(m);
+      }
+    }
+    const std::vector<double> factors = balance::calibration_factors(stages, S_);
+    RunRecord calibrated = run_;
+    calibrated.profile = balance::calibrated_profile(run_.profile, factors, objective_, opt_.gen_len);
+    std::ostringstream fs;
+    for (int r = 0; r < S_; ++r)
+      fs << (r ? ", " : "") << "rank " << r << " x" << format_fixed(factors[2 * r], 2) << "/x"
+         << format_fixed(factors[2 * r + 1], 2);
+    balance::SplitRequest req;
+    req.method = balance::Method::balanced;
+    req.stages = S_;
+    req.order = opt_.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
+    balance::Partition p = balance::make_split(balance::problem_from_run(calibrated, objective_), req);
+    for (const balance::Partition& q : parts_) {
+      if (q.first_unit == p.first_unit && q.device_rank == p.device_rank) {
+        adaptive_done_ = true;
+        run_.adaptive_status = "converged after " + std::to_string(adaptive_solves_) + " solve(s): the profile calibrated by " +
+                               "the pipeline (prefill/decode factors: " + fs.str() + ") gives " + q.solver +
+                               "'s split " + q.counts_string();
+        progress_.say("adaptive: " + run_.adaptive_status);
+        return {};
+      }
+    }
+    if (adaptive_solves_ >= kMaxAdaptiveSolves) adaptive_done_ = true;  // this one is the last
+    p.solver = next_adaptive_name();
+    PartitionRecord pr = describe_partition(p, calibrated.profile);
+    pr.calibration_factor = factors;
+    pr.calibrated_from = from;
+    pr.solved_after_round = static_cast<int>(benches.front().rounds.size());
+    run_.partitions.push_back(pr);
+    run_.adaptive_status = std::to_string(adaptive_solves_) + " solve(s); the last gave " + p.solver + " " +
+                           p.counts_string() + " from the profile calibrated by " + fs.str() +
+                           (adaptive_done_ ? " (the most solves)" : "");
+    progress_.say("adaptive: calibrated by the pipeline (prefill/decode factors: " + fs.str() + "): split " +
+                  p.counts_string() + ", predicted bottleneck " + format_fixed(p.bottleneck_ms, 2) + " ms");
+    std::vector<int> flat;
+    for (int k = 0; k < S_; ++k) flat.push_back(p.first_unit[k]);
+    for (int k = 0; k < S_; ++k) flat.push_back(p.device_rank[k]);
+    return flat;
+  }
 
   /// Rank 0: every measured partition against uniform (paired by round), and the run's
   /// balanced-vs-uniform gain with its CI and verdict.
@@ -1213,8 +1393,10 @@ class RunJob {
         continue;
       }
       // A partition sharing another's measurement pairs like that one.
-      pr.gain = compare_paired(uni->rep_tokens_per_s, pr.rep_tokens_per_s);
-      pr.decode_gain = compare_paired(uni->rep_decode_tokens_per_s, pr.rep_decode_tokens_per_s);
+      auto [ga, gb] = same_rounds(uni->rep_tokens_per_s, uni->rep_round, pr.rep_tokens_per_s, pr.rep_round);
+      auto [da, db] = same_rounds(uni->rep_decode_tokens_per_s, uni->rep_round, pr.rep_decode_tokens_per_s, pr.rep_round);
+      pr.gain = compare_paired(ga, gb);
+      pr.decode_gain = compare_paired(da, db);
       pr.gain_verdict = comparison_verdict(pr.gain);
       pr.decode_gain_verdict = comparison_verdict(pr.decode_gain);
     }
@@ -1261,7 +1443,7 @@ class RunJob {
     return events;
   }
 
-  void gather_partition(size_t pi, const StageRecord& rec, const StageRecord& ref) {
+  void gather_partition(size_t pi, const StageRecord& rec, const StageRecord& ref, const std::vector<int>& rounds) {
     const balance::Partition& p = parts_[pi];
     std::vector<double> events = gather_events(p, rec);
     const std::vector<int> toks_mine(rec.tokens.begin(), rec.tokens.end());
@@ -1304,6 +1486,7 @@ class RunJob {
     pr.recv_wait_ms = m.recv_wait_ms;
     pr.rep_wall_s = m.rep_wall_s;
     pr.rep_tokens_per_s = m.rep_tokens_per_s;
+    pr.rep_round = rounds;
     pr.rep_decode_tokens_per_s = m.rep_decode_tokens_per_s;
     pr.rep_ttft_p50_ms = m.rep_ttft_p50_ms;
     pr.rep_tpot_p50_ms = m.rep_tpot_p50_ms;
@@ -1407,6 +1590,9 @@ class RunJob {
   DType dtype_ = DType::f32;
   balance::Objective objective_ = balance::Objective::workload;
   bool use_cuda_ = false;
+  bool adaptive_ = false;       ///< --partition adaptive: calibrate and re-solve during the rounds
+  bool adaptive_done_ = false;  ///< the adaptive split converged (or reached the most solves)
+  int adaptive_solves_ = 0;
   int M_ = 0;                         ///< request groups in flight
   size_t memory_limit_ = 0;           ///< this rank's bytes
   std::vector<double> memory_limits_;  ///< [R] every rank's, gathered

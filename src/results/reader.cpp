@@ -62,6 +62,9 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   Group part = root.open_group("partitions/" + name);
   p.solver = attr_or<std::string>(part, "solver", name);
   p.same_as = attr_or<std::string>(part, "same_as", "");
+  p.calibration_factor = dataset_or_empty<double>(part, "calibration_factor");
+  if (part.has_attr("calibrated_from")) p.calibrated_from = part.get_attr<std::vector<std::string>>("calibrated_from");
+  p.solved_after_round = attr_or<int>(part, "solved_after_round", 0);
   p.first_unit = to_int(part.open_dataset("first_unit").read<int64_t>());
   p.last_unit = to_int(part.open_dataset("last_unit").read<int64_t>());
   p.device_rank = to_int(part.open_dataset("device_rank").read<int64_t>());
@@ -89,6 +92,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.rep_wall_s = dataset_or_empty<double>(bench, "rep_wall_s");
   p.rep_tokens_per_s = dataset_or_empty<double>(bench, "rep_tokens_per_s");
   p.rep_decode_tokens_per_s = dataset_or_empty<double>(bench, "rep_decode_tokens_per_s");
+  for (int64_t r : dataset_or_empty<int64_t>(bench, "rep_round")) p.rep_round.push_back(static_cast<int>(r));
   p.rep_ttft_p50_ms = dataset_or_empty<double>(bench, "rep_ttft_p50_ms");
   p.rep_tpot_p50_ms = dataset_or_empty<double>(bench, "rep_tpot_p50_ms");
   p.gain = read_comparison(bench, "balance_gain");
@@ -159,6 +163,7 @@ void read_all(const Group& root, RunRecord& run) {
   run.schedule = attr_or<std::string>(root, "benchmark_schedule", "");
   run.rounds = attr_or<int>(root, "benchmark_rounds", 0);
   run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
+  run.adaptive_status = attr_or<std::string>(root, "adaptive_status", "");
 
   Group model = root.open_group("config/model");
   run.model_source = attr_or<std::string>(model, "source", "");

@@ -99,6 +99,13 @@ struct PartitionRecord {
   /// uniform, or the run has none). gain_verdict: comparison_verdict, or "same split".
   PairedComparison gain, decode_gain;
   std::string gain_verdict, decode_gain_verdict;
+  std::vector<int> rep_round;  ///< [reps] the round of each repetition (pairs with other partitions')
+  /// An adaptive split (--partition adaptive): the [R][2] factors (prefill, decode) by which
+  /// each rank's profile row was scaled before it was solved (predictions above are from the
+  /// scaled table), the partitions whose measured stages gave them, and the rounds they had.
+  std::vector<double> calibration_factor;
+  std::vector<std::string> calibrated_from;
+  int solved_after_round = 0;
   std::vector<double> lane_cpu_s;        ///< [S][3] compute, recv, send lane CPU seconds
   double timed_wall_s = 0.0;             ///< wall seconds of the timed repetitions (stage 0's rank)
   std::map<std::string, double> metrics; ///< DESIGN.md §3 scalars
@@ -151,6 +158,8 @@ struct RunRecord {
   std::string schedule;
   int rounds = 0;
   std::string stop_reason;
+  /// --partition adaptive: how the re-solving ended ("" without it).
+  std::string adaptive_status;
 };
 
 }  // namespace ppb

@@ -161,6 +161,15 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     const int S = static_cast<int>(p.first_unit.size());
     os << "\npartition " << p.name << " (solver " << p.solver << ")"
        << (p.same_as.empty() ? "" : ": the same split as " + p.same_as + ", measured once (its figures below)") << "\n";
+    if (!p.calibration_factor.empty()) {
+      os << "  solved after " << p.solved_after_round << " rounds from the profile calibrated by the measured stages of";
+      for (size_t i = 0; i < p.calibrated_from.size(); ++i) os << (i ? ", " : " ") << p.calibrated_from[i];
+      os << " (prefill/decode factors:";
+      for (size_t r = 0; r + 1 < p.calibration_factor.size(); r += 2)
+        os << (r ? "," : "") << " rank " << r / 2 << " x" << fmt("%.2f", p.calibration_factor[r]) << "/x"
+           << fmt("%.2f", p.calibration_factor[r + 1]);
+      os << "); pred ms below are from that table\n";
+    }
     os << "  stage  rank  units                      n   pred ms   meas ms    err  floor ms   eff  pred dec  meas dec  bubble  lane CPU s c/r/s\n";
     for (int k = 0; k < S; ++k) {
       char line[512];
@@ -254,6 +263,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   }
   if (!run.schedule.empty())
     os << "benchmark: " << run.schedule << ", " << run.rounds << " round(s); stopped: " << run.stop_reason << "\n";
+  if (!run.adaptive_status.empty()) os << "adaptive: " << run.adaptive_status << "\n";
   os << "validation: "
      << (run.validation == "ok"        ? "OK"
          : run.validation == "skipped" ? "skipped (--no-validate; the partitions' tokens agree)"

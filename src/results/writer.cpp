@@ -39,6 +39,14 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   Group part = root.require_group("partitions").create_group(p.name);
   part.set_attr("solver", p.solver);
   part.set_attr("same_as", p.same_as);
+  if (!p.calibration_factor.empty()) {
+    auto cf = part.write_dataset("calibration_factor", p.calibration_factor, {p.calibration_factor.size() / 2, 2});
+    cf.set_attr("content", "factor by which each rank's profile row was scaled before this split was solved: "
+                           "measured / predicted stage compute over the partitions in calibrated_from");
+    cf.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    part.set_attr("calibrated_from", p.calibrated_from);
+    part.set_attr("solved_after_round", static_cast<int64_t>(p.solved_after_round));
+  }
   part.set_attr("objective", run.workload.objective);
   part.set_attr("counts", [&] {
     std::string c;
@@ -125,6 +133,8 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     bench.write_dataset("rep_tpot_p50_ms", p.rep_tpot_p50_ms).set_attr("units", "ms");
   }
   bench.set_attr("repetitions", static_cast<int64_t>(p.rep_tokens_per_s.size()));
+  if (p.rep_round.size() == p.rep_tokens_per_s.size())
+    bench.write_dataset("rep_round", p.rep_round).set_attr("content", "the benchmark round of each repetition (0-based)");
   auto lane = bench.write_dataset("lane_cpu_s", p.lane_cpu_s, {S, 3});
   lane.set_attr("units", "s");
   lane.set_attr("columns", std::vector<std::string>{"compute", "recv", "send"});
@@ -279,6 +289,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   root.set_attr("benchmark_schedule", run.schedule);
   root.set_attr("benchmark_rounds", static_cast<int64_t>(run.rounds));
   root.set_attr("benchmark_stop_reason", run.stop_reason);
+  root.set_attr("adaptive_status", run.adaptive_status);
   root.set_attr("partition_order", [&] {
     std::vector<std::string> names;  // run order: HDF5 lists groups by name
     for (const auto& part : run.partitions) names.push_back(part.name);

@@ -269,6 +269,55 @@ TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
   }
 }
 
+TEST(RunE2E, AdaptiveSplitIsSolvedFromTheMeasuredStagesAndJoinsTheRounds) {
+  // Qwen3 on 2 ranks, --partition adaptive: uniform and balanced for 2 rounds, then the profile
+  // calibrated by their measured stages is solved again. Either the solve gives a split already
+  // measured (converged) or a new partition "adaptive" joins the rounds; both are recorded.
+  const std::string out = temp_dir() + "/adaptive.h5";
+  auto r = run(mpirun(2) + "--model inputs/models/qwen3-0.6b.json -p 4 -g 2 -b 1 --warmup 1 --iters 2 "
+               "--profile-iters 2 --profile-warmup 1 --partition adaptive -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  const std::string status = root.get_attr<std::string>("adaptive_status");
+  EXPECT_FALSE(status.empty());
+  EXPECT_NE(r.output.find("adaptive: "), std::string::npos) << r.output;
+  const auto rounds = root.get_attr<int64_t>("benchmark_rounds");
+  auto rep_round = [&](const std::string& name) {
+    return root.open_group("benchmark/" + name).open_dataset("rep_round").read<int64_t>();
+  };
+  EXPECT_EQ(rep_round("uniform").size(), static_cast<size_t>(rounds));
+  if (!root.exists("partitions/adaptive")) {
+    EXPECT_NE(status.find("converged after 1 solve"), std::string::npos) << status;
+    return;
+  }
+  auto part = root.open_group("partitions/adaptive");
+  const auto factor = part.open_dataset("calibration_factor").read<double>();
+  ASSERT_EQ(factor.size(), 4u);  // [R][2]
+  for (double f : factor) EXPECT_TRUE(std::isfinite(f) && f > 0.0) << f;
+  EXPECT_EQ(part.get_attr<int64_t>("solved_after_round"), 2);
+  // It joined after round 2 (0-based rounds 0, 1), took one repetition per later round, and is
+  // compared with uniform on exactly those rounds.
+  const auto ad = rep_round("adaptive");
+  ASSERT_FALSE(ad.empty());
+  EXPECT_EQ(ad.front(), 2);
+  EXPECT_EQ(ad.back(), rounds - 1);
+  EXPECT_EQ(ad.size(), static_cast<size_t>(rounds - 2));
+  auto bench = root.open_group("benchmark/adaptive");
+  EXPECT_EQ(bench.get_attr<int64_t>("balance_gain_n"), static_cast<int64_t>(ad.size()));
+  EXPECT_EQ(root.open_group("validation/adaptive").get_attr<int64_t>("tokens_match"), 1);
+  // Its predictions are the calibrated table's: stage k's predicted decode step is the raw
+  // profile's sum over its units on its rank times that rank's decode factor.
+  const auto lat = root.open_group("profile").open_dataset("latency_ms").read<double>();
+  const auto first = part.open_dataset("first_unit").read<int64_t>(), last = part.open_dataset("last_unit").read<int64_t>();
+  const auto dev = part.open_dataset("device_rank").read<int64_t>();
+  const auto phase = part.open_dataset("predicted_phase_ms").read<double>();
+  for (size_t k = 0; k < 2; ++k) {
+    double dec = 0;
+    for (int64_t u = first[k]; u <= last[k]; ++u) dec += lat[(static_cast<size_t>(dev[k]) * 30 + u) * 2 + 1];
+    EXPECT_NEAR(phase[2 * k + 1], dec * factor[2 * dev[k] + 1], 1e-9 * dec) << k;
+  }
+}
+
 TEST(RunE2E, ControlOfTwoEqualSplitsFindsNoDifference) {
   // The A/A control: the uniform split benchmarked twice, as two stages built apart and measured
   // in interleaved rounds. Equal splits: the verdict is "no significant difference" and the

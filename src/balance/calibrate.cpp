@@ -1,0 +1,50 @@
+#include "balance/calibrate.h"
+
+#include <cmath>
+
+#include "common/error.h"
+
+namespace ppb::balance {
+
+std::vector<double> calibration_factors(const std::vector<StageMeasurement>& stages, int ranks) {
+  std::vector<double> meas(2 * static_cast<size_t>(ranks), 0.0), pred(2 * static_cast<size_t>(ranks), 0.0);
+  for (const StageMeasurement& s : stages) {
+    if (s.rank < 0 || s.rank >= ranks) continue;
+    meas[2 * s.rank] += s.measured_prefill_ms;
+    meas[2 * s.rank + 1] += s.measured_decode_ms;
+    pred[2 * s.rank] += s.predicted_prefill_ms;
+    pred[2 * s.rank + 1] += s.predicted_decode_ms;
+  }
+  std::vector<double> f(meas.size(), 1.0);
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double x = meas[i] / pred[i];
+    if (std::isfinite(x) && x > 0 && meas[i] > 0) f[i] = x;
+  }
+  return f;
+}
+
+ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>& factors, Objective o,
+                                int gen_len) {
+  const size_t U = t.unit_name.size();
+  if (U == 0 || t.latency_ms.size() % (2 * U) != 0) throw InternalError("calibrated_profile: malformed profile table");
+  const size_t R = t.latency_ms.size() / (2 * U);
+  if (factors.size() != 2 * R) throw InternalError("calibrated_profile: need 2 factors per rank");
+  ProfileTable c = t;
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t u = 0; u < U; ++u) {
+      for (size_t ph = 0; ph < 2; ++ph) {
+        const size_t at = (r * U + u) * 2 + ph;
+        c.latency_ms[at] *= factors[2 * r + ph];
+        if (at < c.latency_min_ms.size()) c.latency_min_ms[at] *= factors[2 * r + ph];
+        if (at < c.latency_max_ms.size()) c.latency_max_ms[at] *= factors[2 * r + ph];
+      }
+      if (!c.cost_ms.empty())
+        c.cost_ms[r * U + u] = objective_cost(o, c.latency_ms[(r * U + u) * 2], c.latency_ms[(r * U + u) * 2 + 1], gen_len);
+    }
+    const size_t C = c.decode_contexts.size();
+    for (size_t i = r * U * C; i < (r + 1) * U * C && i < c.decode_context_ms.size(); ++i) c.decode_context_ms[i] *= factors[2 * r + 1];
+  }
+  return c;
+}
+
+}  // namespace ppb::balance

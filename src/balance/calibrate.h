@@ -1,0 +1,42 @@
+// Calibration of the profile by the pipeline's own measurement, for the adaptive split
+// (`ppbench run --partition adaptive`): each rank's profile row is scaled, per phase, by how much
+// slower (or faster) its stages ran in the pipeline than the profile predicted, and the split is
+// solved again from the scaled table.
+//
+// Why per rank and phase: what the profile of units timed one at a time misses is mostly a
+// property of the rank in the running pipeline (its share of the node's memory bandwidth while
+// every stage streams weights, its core's neighbours), and it differs between memory-bound decode
+// and compute-bound prefill; the units' relative costs on one rank hold far better than their
+// absolute times.
+#pragma once
+
+#include <vector>
+
+#include "balance/problem.h"
+#include "results/run_record.h"
+
+namespace ppb::balance {
+
+/// One stage of a benchmarked partition: the rank it ran on, the profile's prediction of one
+/// prefill step and one decode step of its compute (ms; predicted_phase_ms) and what the pipeline
+/// measured (the mean compute time of its prefill steps and of its decode steps, ms: the mean,
+/// as a stage's throughput is set by its mean step).
+struct StageMeasurement {
+  int rank = 0;
+  double predicted_prefill_ms = 0, predicted_decode_ms = 0;
+  double measured_prefill_ms = 0, measured_decode_ms = 0;
+};
+
+/// [R][2] factors, row-major: factor[r][phase] = sum of measured / sum of predicted over the
+/// stages that ran on rank r (phase 0 prefill, 1 decode); 1 where rank r ran no stage, or a sum
+/// is not finite and > 0.
+std::vector<double> calibration_factors(const std::vector<StageMeasurement>& stages, int ranks);
+
+/// A copy of profile table `t` (R ranks, U units) with every rank's latency_ms, latency_min_ms,
+/// latency_max_ms and decode_context_ms scaled by its factors (`factors` as
+/// calibration_factors returns) and cost_ms recomputed for objective `o` with G = `gen_len`.
+/// @throws ppb::InternalError if the factors do not have 2 entries per rank of `t`.
+ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>& factors, Objective o,
+                                int gen_len);
+
+}  // namespace ppb::balance

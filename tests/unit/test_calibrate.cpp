@@ -1,0 +1,95 @@
+// Unit tests of src/balance/calibrate: the adaptive split's calibration of the profile by the
+// pipeline's measured stages, and that the balancer solved from the calibrated table moves work
+// off a rank that ran slower than its profile said.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "balance/calibrate.h"
+#include "balance/problem.h"
+#include "common/error.h"
+
+namespace ppb::balance {
+namespace {
+
+TEST(Calibrate, FactorsAreMeasuredOverPredictedPerRankAndPhase) {
+  // Rank 0 ran two stages (two partitions): prefill 10+20 predicted, 12+24 measured -> 1.2;
+  // decode 2+4 predicted, 3+6 measured -> 1.5. Rank 1: 0.8 and 1.0. Rank 2 ran nothing -> 1.
+  const std::vector<StageMeasurement> st{{0, 10, 2, 12, 3}, {0, 20, 4, 24, 6}, {1, 10, 5, 8, 5}};
+  const std::vector<double> f = calibration_factors(st, 3);
+  ASSERT_EQ(f.size(), 6u);
+  EXPECT_DOUBLE_EQ(f[0], 1.2);
+  EXPECT_DOUBLE_EQ(f[1], 1.5);
+  EXPECT_DOUBLE_EQ(f[2], 0.8);
+  EXPECT_DOUBLE_EQ(f[3], 1.0);
+  EXPECT_DOUBLE_EQ(f[4], 1.0);
+  EXPECT_DOUBLE_EQ(f[5], 1.0);
+  // A phase never measured (0 ms: no decode steps) or never predicted keeps factor 1.
+  const std::vector<double> g = calibration_factors({{0, 10, 0, 11, 0}}, 1);
+  EXPECT_DOUBLE_EQ(g[0], 1.1);
+  EXPECT_DOUBLE_EQ(g[1], 1.0);
+}
+
+ProfileTable two_rank_table(int U) {
+  ProfileTable t;
+  for (int u = 0; u < U; ++u) t.unit_name.push_back("u" + std::to_string(u));
+  for (int r = 0; r < 2; ++r)
+    for (int u = 0; u < U; ++u) {
+      t.latency_ms.insert(t.latency_ms.end(), {10.0, 1.0});  // every unit alike on both ranks
+      t.latency_min_ms.insert(t.latency_min_ms.end(), {9.0, 0.9});
+      t.latency_max_ms.insert(t.latency_max_ms.end(), {11.0, 1.1});
+      t.cost_ms.push_back(10.0 + 4 * 1.0);
+    }
+  t.decode_contexts = {8, 9};
+  t.decode_context_ms.assign(2 * U * 2, 1.0);
+  return t;
+}
+
+TEST(Calibrate, ScalesEachRanksRowAndItsCost) {
+  const ProfileTable t = two_rank_table(4);
+  const ProfileTable c = calibrated_profile(t, {1.0, 2.0, 0.5, 1.0}, Objective::workload, 4);
+  for (int u = 0; u < 4; ++u) {
+    EXPECT_DOUBLE_EQ(c.latency_ms[u * 2], 10.0);       // rank 0 prefill x1
+    EXPECT_DOUBLE_EQ(c.latency_ms[u * 2 + 1], 2.0);    // rank 0 decode x2
+    EXPECT_DOUBLE_EQ(c.latency_max_ms[u * 2 + 1], 2.2);
+    EXPECT_DOUBLE_EQ(c.cost_ms[u], 10.0 + 4 * 2.0);    // workload = prefill + G x decode
+    EXPECT_DOUBLE_EQ(c.latency_ms[(4 + u) * 2], 5.0);  // rank 1 prefill x0.5
+    EXPECT_DOUBLE_EQ(c.latency_min_ms[(4 + u) * 2], 4.5);
+    EXPECT_DOUBLE_EQ(c.cost_ms[4 + u], 5.0 + 4 * 1.0);
+  }
+  EXPECT_DOUBLE_EQ(c.decode_context_ms[0], 2.0);  // rank 0's decode contexts x2
+  EXPECT_DOUBLE_EQ(c.decode_context_ms[8], 1.0);  // rank 1's x1
+  EXPECT_THROW(calibrated_profile(t, {1.0, 1.0}, Objective::workload, 4), InternalError);
+}
+
+TEST(Calibrate, TheSplitSolvedFromTheCalibratedTableUnloadsTheSlowRank) {
+  // Twelve equal units on two equal ranks: the balanced split is 6,6. The pipeline measured
+  // rank 0's stage 1.5x slower than predicted (decode and prefill): solved again, rank 0 gets
+  // fewer units, and the calibrated prediction of the two stages is within one unit of equal.
+  const int U = 12;
+  RunRecord run;
+  run.profile = two_rank_table(U);
+  run.profile.unit_weight_bytes.assign(U, 1000);
+  run.profile.unit_kv_bytes.assign(U, 0);
+  run.workload.batch = 1;
+  run.workload.prompt_len = 8;
+  run.workload.gen_len = 4;
+  run.workload.microbatches = 2;
+  run.ranks.resize(2);
+  for (auto& r : run.ranks) r.memory_limit_bytes = int64_t(1) << 40;
+  SplitRequest req;
+  req.method = Method::balanced;
+  req.stages = 2;
+  const Partition before = make_split(problem_from_run(run, Objective::workload), req);
+  EXPECT_EQ(before.counts_string(), "6,6");
+  run.profile = calibrated_profile(run.profile, calibration_factors({{0, 60, 6, 90, 9}, {1, 60, 6, 60, 6}}, 2),
+                                   Objective::workload, 4);
+  const Partition after = make_split(problem_from_run(run, Objective::workload), req);
+  const int n0 = after.last_unit[0] - after.first_unit[0] + 1;
+  EXPECT_LT(n0, 6) << after.counts_string();
+  EXPECT_EQ(n0, 5) << after.counts_string();  // 5 x 21 = 105 vs 7 x 14 = 98 beats 4 x 21 = 84 vs 8 x 14 = 112
+}
+
+}  // namespace
+}  // namespace ppb::balance
