@@ -1135,8 +1135,13 @@ class RunJob {
       ++rounds;
       std::vector<std::vector<double>> events;  // rank 0: each partition's timeline so far
       phase("gather of round " + std::to_string(rounds), [&] {
-        for (const Bench& b : benches) events.push_back(gather_events(parts_[b.pi], b.rec));
+        for (const Bench& b : benches) {
+          gather_partition(b.pi, b.rec, StageRecord{}, b.rounds, /*final=*/false);
+          if (root_) events.push_back(run_.partitions[b.pi].events);
+        }
       });
+      // What the rounds measured so far is in the file if the run fails later (complete=0).
+      phase("write after round " + std::to_string(rounds), [&] { snapshot("benchmark"); });
       std::vector<int> split;  // rank 0: a new adaptive split, S first units then S device ranks
       const double now = monotonic_s();
       if (root_) {
@@ -1189,7 +1194,7 @@ class RunJob {
       }
     }
     for (Bench& b : benches) b.stage.reset();
-    for (const Bench& b : benches) gather_partition(b.pi, b.rec, b.ref, b.rounds);
+    for (const Bench& b : benches) gather_partition(b.pi, b.rec, b.ref, b.rounds, /*final=*/true);
     for (size_t i = 0; i < parts_.size(); ++i)
       if (!measured_alone(i)) share_measurement(i, static_cast<size_t>(balance::same_split_as(parts_, i)));
     if (root_) compare_partitions();
@@ -1443,7 +1448,11 @@ class RunJob {
     return events;
   }
 
-  void gather_partition(size_t pi, const StageRecord& rec, const StageRecord& ref, const std::vector<int>& rounds) {
+  /// Collective: partition `pi`'s record on rank 0 from every rank's `rec` (its repetitions so
+  /// far, one per round in `rounds`) and `ref` (the serialized run). Called after every round
+  /// (final = false: no validation yet, nothing printed) and once at the end (final = true).
+  void gather_partition(size_t pi, const StageRecord& rec, const StageRecord& ref, const std::vector<int>& rounds,
+                        bool final) {
     const balance::Partition& p = parts_[pi];
     std::vector<double> events = gather_events(p, rec);
     const std::vector<int> toks_mine(rec.tokens.begin(), rec.tokens.end());
@@ -1456,6 +1465,9 @@ class RunJob {
     PartitionRecord& pr = run_.partitions[pi];
     const EventShape sh{reps_of(rec), M_, opt_.gen_len + 1, S_};
     pr.events = std::move(events);
+    pr.lane_cpu_s.clear();
+    pr.stage_compute_ms.clear();
+    pr.measured_stage_ms.clear();
     for (int k = 0; k < S_; ++k) {
       const int r = p.device_rank[k];
       pr.lane_cpu_s.push_back(sums[r * 6 + 2]);
@@ -1468,9 +1480,9 @@ class RunJob {
     pr.reference_tokens.assign(ref_all[lr].begin(), ref_all[lr].end());
     pr.checksum = sums[lr * 6 + 0];
     pr.reference_checksum = sums[lr * 6 + 1];
-    pr.validated = opt_.validate;
-    pr.tokens_match = opt_.validate && pr.tokens == pr.reference_tokens;
-    pr.checksum_match = opt_.validate && pr.checksum == pr.reference_checksum;
+    pr.validated = final && opt_.validate;
+    pr.tokens_match = pr.validated && pr.tokens == pr.reference_tokens;
+    pr.checksum_match = pr.validated && pr.checksum == pr.reference_checksum;
     pr.tokens_match_first_partition = pr.tokens == run_.partitions[0].tokens;
     const auto m = compute_metrics(pr.events, sh, opt_.batch, opt_.gen_len);
     for (int k = 0; k < S_; ++k) {
@@ -1503,7 +1515,8 @@ class RunJob {
                   {"measured_bottleneck_ms", *std::max_element(pr.measured_stage_ms.begin(), pr.measured_stage_ms.end())}};
     add_simulated_metrics(p, pr, m.decode_tokens_per_s);
     pr.measured = true;
-    progress_.say("benchmark " + p.solver + ": " + format_fixed(m.tokens_per_s, 2) + " tokens/s, validation " +
+    if (final)
+      progress_.say("benchmark " + p.solver + ": " + format_fixed(m.tokens_per_s, 2) + " tokens/s, validation " +
                   (!pr.validated ? "skipped" : pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
   }
 

@@ -120,6 +120,12 @@ TEST(Faults, RankKilledMidBenchmarkEndsJobAndKeepsProfile) {
   EXPECT_LT(after_kill, timeout + 10);
   std::printf("killed rank 2: job ended %.1f s later with status %d\n", after_kill, status);
   check_partial_file(out, 4);
+  // The rounds measured before the kill are in the file (a snapshot after every round; "round
+  // 2" is printed after its snapshot), not yet validated.
+  auto root = ppb::h5::File::open(out).root();
+  ASSERT_TRUE(root.exists("benchmark/uniform"));
+  EXPECT_GE(root.open_group("benchmark/uniform").open_dataset("rep_tokens_per_s").read<double>().size(), 2u);
+  EXPECT_EQ(root.open_group("validation/uniform").get_attr<int64_t>("validated"), 0);
 }
 
 TEST(Faults, StalledRankEndsJobNamingTheWaitingStage) {

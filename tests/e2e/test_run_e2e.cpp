@@ -318,31 +318,56 @@ TEST(RunE2E, AdaptiveSplitIsSolvedFromTheMeasuredStagesAndJoinsTheRounds) {
   }
 }
 
-TEST(RunE2E, ControlOfTwoEqualSplitsFindsNoDifference) {
+TEST(RunE2E, ControlMeasuresTheUniformSplitTwiceAndJudgesIt) {
   // The A/A control: the uniform split benchmarked twice, as two stages built apart and measured
-  // in interleaved rounds. Equal splits: the verdict is "no significant difference" and the
-  // CI covers 1. A 95% interval misses in ~5% of A/A runs by construction (2% in
-  // Stats.PairedComparisonCoversTheTruthAboutAsOftenAsItSays' simulation); 6 runs here covered 1.
+  // in interleaved rounds; its gain against uniform is a paired comparison like any other, and
+  // the summary warns when it differs significantly. Its verdict is not asserted: two builds of
+  // one split are not the same measurement object (tiny-llama here: the control ran 4-10%
+  // faster than uniform in 6 of 7 runs and significantly slower, 0.74..0.96, in one run beside
+  // other tests: where each stage's weights landed in the caches differs between builds). That
+  // an interval of equal distributions covers 1 as often as it claims is
+  // Stats.PairedComparisonCoversTheTruthAboutAsOftenAsItSays.
   const std::string out = temp_dir() + "/control.h5";
   auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -p 8 -g 8 -b 2 --iters 12 --partition uniform --control -o " +
                out);
   ASSERT_EQ(r.status, 0) << r.output;
   auto root = ppb::h5::File::open(out).root();
   auto ctl = root.open_group("benchmark/uniform_control");
+  auto uni = root.open_group("benchmark/uniform");
   EXPECT_EQ(ctl.get_attr<int64_t>("balance_gain_n"), 12);
-  EXPECT_EQ(ctl.get_attr<std::string>("balance_verdict"), "no significant difference")
-      << ctl.get_attr<double>("balance_gain_ci_low") << ".." << ctl.get_attr<double>("balance_gain_ci_high");
-  EXPECT_LE(ctl.get_attr<double>("balance_gain_ci_low"), 1.0);
-  EXPECT_GE(ctl.get_attr<double>("balance_gain_ci_high"), 1.0);
+  const auto c = ppb::compare_paired(uni.open_dataset("rep_tokens_per_s").read<double>(),
+                                     ctl.open_dataset("rep_tokens_per_s").read<double>());
+  EXPECT_DOUBLE_EQ(ctl.get_attr<double>("balance_gain_ci_low"), c.ci_low);
+  EXPECT_DOUBLE_EQ(ctl.get_attr<double>("balance_gain_ci_high"), c.ci_high);
+  const std::string verdict = ctl.get_attr<std::string>("balance_verdict");
+  EXPECT_EQ(verdict, ppb::comparison_verdict(c));
+  const bool differs = verdict == "faster" || verdict == "slower";
+  EXPECT_EQ(r.output.find("WARNING: the A/A control") != std::string::npos, differs) << r.output;
+  std::printf("A/A control: uniform_control/uniform %.3f [%.3f, %.3f], %s\n", c.ratio, c.ci_low, c.ci_high, verdict.c_str());
   // Both were measured: the control is not folded into uniform like an equal solver split.
   EXPECT_EQ(root.open_group("partitions/uniform_control").get_attr<std::string>("same_as"), "");
   EXPECT_EQ(root.open_group("partitions/uniform_control").open_dataset("first_unit").read<int64_t>(),
             root.open_group("partitions/uniform").open_dataset("first_unit").read<int64_t>());
-  EXPECT_NE(r.output.find("uniform_control"), std::string::npos) << r.output;
   // --control needs a uniform split to repeat.
   auto bad = run(mpirun(2) + "--model tests/data/tiny-llama.json --partition balanced --control -o " + temp_dir() + "/x.h5");
   EXPECT_EQ(bad.status, 2) << bad.output;
   EXPECT_NE(bad.output.find("--control"), std::string::npos) << bad.output;
+}
+
+TEST(RunE2E, EqualSplitsAreMeasuredOnceAndJudgedTheSame) {
+  // Splits known to be equal (tiny-llama on 2 ranks: the balanced split is uniform's): one
+  // measurement, gain 1 with a CI of [1, 1] that covers 1, verdict "same split", and the
+  // summary says so instead of a gain.
+  const std::string out = temp_dir() + "/same.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -p 8 -g 4 -b 2 --iters 5 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  ASSERT_EQ(root.open_group("partitions/balanced").get_attr<std::string>("same_as"), "uniform");
+  EXPECT_EQ(root.get_attr<std::string>("balance_verdict"), "same split");
+  EXPECT_LE(root.get_attr<double>("balance_gain_ci_low"), 1.0);
+  EXPECT_GE(root.get_attr<double>("balance_gain_ci_high"), 1.0);
+  EXPECT_DOUBLE_EQ(root.get_attr<double>("balance_gain"), 1.0);
+  EXPECT_NE(r.output.find("the same split (measured once)"), std::string::npos) << r.output;
 }
 
 TEST(RunE2E, FourRanksTinyLlamaManualSplitAndNoOverlap) {
