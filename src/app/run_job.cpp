@@ -1146,9 +1146,14 @@ class RunJob {
       const double now = monotonic_s();
       if (root_) {
         stop = round_verdict(benches, events, rounds, now - t0, now - round_start);
-        if (adaptive_pending() && adaptive_due(benches, rounds)) {
-          split = solve_adaptive(benches, events);
-          if (!split.empty()) stop.clear();
+        if (stop.empty() && adaptive_pending() && adaptive_due(benches)) {
+          try {
+            split = solve_adaptive(benches, events);
+          } catch (const std::exception& e) {  // rank 0 alone: never leave the others in the bcast
+            adaptive_done_ = true;
+            run_.adaptive_status = std::string("the re-solve failed (the rounds go on without it): ") + e.what();
+            progress_.say("adaptive: " + run_.adaptive_status);
+          }
         }
       }
       mpi_.bcast_string(stop);
@@ -1295,7 +1300,7 @@ class RunJob {
   bool adaptive_pending() const { return adaptive_ && !adaptive_done_; }
 
   /// Rank 0: the next adaptive solve is due once every partition has max(--iters, 2) rounds.
-  bool adaptive_due(const std::vector<Bench>& benches, int /*rounds*/) const {
+  bool adaptive_due(const std::vector<Bench>& benches) const {
     for (const Bench& b : benches)
       if (static_cast<int>(b.rounds.size()) < std::max(opt_.iters, 2)) return false;
     return true;
