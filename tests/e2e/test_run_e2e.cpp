@@ -237,6 +237,12 @@ TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
   const std::string loose = temp_dir() + "/loose.h5";
   auto r = run(bin + wl + "--iters 5 --target-ci 50 --max-time 120 -o " + loose);
   ASSERT_EQ(r.status, 0) << r.output;
+  if (ppb::h5::File::open(loose).root().open_group("partitions/balanced").get_attr<std::string>("same_as") == "uniform") {
+    // A profile far off the usual (the head costs ~9 layers here) can return uniform's split:
+    // then there is one split, no gain to narrow, and the rounds stop at --iters.
+    EXPECT_NE(std::get<1>(rounds_file(loose)).find("one split"), std::string::npos);
+    return;
+  }
   {
     const auto [rounds, why, uni, bal, lo, hi] = rounds_file(loose);
     EXPECT_GE(rounds, 5);
@@ -355,11 +361,11 @@ TEST(RunE2E, ControlMeasuresTheUniformSplitTwiceAndJudgesIt) {
 }
 
 TEST(RunE2E, EqualSplitsAreMeasuredOnceAndJudgedTheSame) {
-  // Splits known to be equal (tiny-llama on 2 ranks: the balanced split is uniform's): one
-  // measurement, gain 1 with a CI of [1, 1] that covers 1, verdict "same split", and the
-  // summary says so instead of a gain.
+  // Splits known to be equal: a 1-layer model has 3 units, and 3 ranks have one split (1,1,1),
+  // so balanced is uniform's whatever the profile says. One measurement, gain 1 with a CI of
+  // [1, 1] that covers 1, verdict "same split", and the summary says so instead of a gain.
   const std::string out = temp_dir() + "/same.h5";
-  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -p 8 -g 4 -b 2 --iters 5 -o " + out);
+  auto r = run(mpirun(3) + "--model tests/data/tiny-llama-1layer.json -p 8 -g 4 -b 2 --iters 5 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   auto root = ppb::h5::File::open(out).root();
   ASSERT_EQ(root.open_group("partitions/balanced").get_attr<std::string>("same_as"), "uniform");
