@@ -86,7 +86,7 @@ struct PartitionRecord {
 
   // benchmark
   bool measured = false;
-  std::vector<double> events;            ///< [iters][M][G+1][S][6] seconds since run start (rank 0 clock)
+  std::vector<double> events;            ///< [reps][M][G+1][S][6] seconds since run start (rank 0 clock); one rep per round
   std::vector<double> stage_compute_ms;  ///< [S][2] median prefill, decode compute per step
   std::vector<double> stage_workload_ms; ///< [S] prefill + G * decode, measured
   std::vector<double> measured_stage_ms; ///< [S] measured cost in the objective's terms (vs predicted_stage_ms)
