@@ -938,11 +938,21 @@ class RunJob {
     for (const auto& p : parts_) run_.partitions.push_back(describe_partition(p, run_.profile));
   }
 
+  /// Sums over units [first, last] of rank r's prefill and decode entries of a [R][U][2] profile
+  /// table (latency_ms, latency_min_ms, latency_max_ms), ms.
+  std::pair<double, double> stage_phase_sums(const std::vector<double>& table, int r, int first, int last) const {
+    const size_t U = static_cast<size_t>(spec_.num_units());
+    double pre = 0, dec = 0;
+    for (int u = first; u <= last; ++u) {
+      pre += table[(static_cast<size_t>(r) * U + u) * 2];
+      dec += table[(static_cast<size_t>(r) * U + u) * 2 + 1];
+    }
+    return {pre, dec};
+  }
+
   /// Rank 0: partition `p`'s record (split, predictions from profile table `prof`, floors, stage
   /// bytes), its memory report and its progress line.
   PartitionRecord describe_partition(const balance::Partition& p, const ProfileTable& prof) {
-    const int U = spec_.num_units();
-    const std::vector<double>& lat = prof.latency_ms;
     PartitionRecord pr;
     pr.name = p.solver;
     pr.solver = p.solver;
@@ -952,22 +962,12 @@ class RunJob {
     pr.predicted_stage_ms = p.predicted_stage_ms;
     pr.predicted_bottleneck_ms = p.bottleneck_ms;
     for (int k = 0; k < S_; ++k) {
-      double pre = 0, dec = 0;
       const int r = p.device_rank[k];
-      for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
-        pre += lat[(static_cast<size_t>(r) * U + u) * 2 + 0];
-        dec += lat[(static_cast<size_t>(r) * U + u) * 2 + 1];
-      }
+      const auto [pre, dec] = stage_phase_sums(prof.latency_ms, r, p.first_unit[k], p.last_unit[k]);
       pr.predicted_phase_ms.push_back(pre);
       pr.predicted_phase_ms.push_back(dec);
-      double pre_lo = 0, dec_lo = 0, pre_hi = 0, dec_hi = 0;
-      for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
-        const size_t at = (static_cast<size_t>(r) * U + u) * 2;
-        pre_lo += prof.latency_min_ms[at];
-        dec_lo += prof.latency_min_ms[at + 1];
-        pre_hi += prof.latency_max_ms[at];
-        dec_hi += prof.latency_max_ms[at + 1];
-      }
+      const auto [pre_lo, dec_lo] = stage_phase_sums(prof.latency_min_ms, r, p.first_unit[k], p.last_unit[k]);
+      const auto [pre_hi, dec_hi] = stage_phase_sums(prof.latency_max_ms, r, p.first_unit[k], p.last_unit[k]);
       pr.predicted_stage_min_ms.push_back(balance::objective_cost(objective_, pre_lo, dec_lo, opt_.gen_len));
       pr.predicted_stage_max_ms.push_back(balance::objective_cost(objective_, pre_hi, dec_hi, opt_.gen_len));
       const auto [floor_pre, floor_dec] = stage_floor_ms(r, p.first_unit[k], p.last_unit[k]);
@@ -1336,11 +1336,8 @@ class RunJob {
         m.rank = p.device_rank[k];
         // Against the profile as measured (an adaptive split's own predictions are from an
         // earlier calibrated table): the factors scale that table.
-        for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
-          const size_t at = (static_cast<size_t>(m.rank) * spec_.num_units() + u) * 2;
-          m.predicted_prefill_ms += run_.profile.latency_ms[at];
-          m.predicted_decode_ms += run_.profile.latency_ms[at + 1];
-        }
+        std::tie(m.predicted_prefill_ms, m.predicted_decode_ms) =
+            stage_phase_sums(run_.profile.latency_ms, m.rank, p.first_unit[k], p.last_unit[k]);
         m.measured_prefill_ms = npre ? pre / npre : 0.0;
         m.measured_decode_ms = ndec ? dec / ndec : 0.0;
         stages.push_back(m);
