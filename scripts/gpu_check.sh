@@ -8,6 +8,8 @@
 #   5b. ppbench profile of a Llama-3.1-8B layer at B=4, P=8192: a forward of > 2,000 launches,
 #       which deadlocked a held lane before the launch bound (issue 17, item 1)
 #   5c. a two-stage run through NCCL, where nvidia-smi lists two GPUs (issue 17, item 6)
+#   5d. decode replayed from CUDA graphs vs eager (--no-cuda-graphs): Qwen3-0.6B on one rank,
+#       decode tokens/s of each and the simulator's error against it (issue 17, item 8)
 #   6. the same layer in PyTorch eager, if importable
 # Every step runs under a timeout carved from one budget (PPB_GPU_CHECK_BUDGET seconds, default
 # 450), a failing step does not stop the next, and the summary table is always printed last.
@@ -79,7 +81,7 @@ summary() {
   summary_done=1
   step "summary"
   printf '%-10s %s\n' "step" "result"
-  for k in binaries tests bench mpirun longfwd nccl torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
+  for k in binaries tests bench mpirun longfwd nccl graphs torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
   echo
   grep -E '^(ceilings|layer|head|targets)' "$LOG/bench" 2>/dev/null
   grep -E 'torch/ppbench' "$LOG/torch" 2>/dev/null
@@ -273,6 +275,33 @@ if [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && [ -x "$PPB_BIN" ] && command -v mpirun >
   if [ "$rc" = 0 ]; then RESULT[nccl]="ok (validated)"; elif [ "$rc" = 124 ]; then RESULT[nccl]="TIMED OUT"; else RESULT[nccl]="FAILED rc=$rc"; fi
 else
   RESULT[nccl]="skipped (needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0})"
+fi
+
+# ---- 5d. decode from CUDA graphs vs eager ---------------------------------------------------------
+# A small model's decode step is host-bound when each kernel is launched (a Qwen3-0.6B layer:
+# ~11 launches of a few µs against ~25-35 µs of GPU work); replayed from a graph, one launch per
+# step. The profile times what the pipeline runs, so the simulator's decode error should be small
+# both ways; the gain is the ratio of the two decode tokens/s, measured one after the other.
+step "decode A/B: CUDA graphs vs eager (--no-cuda-graphs), Qwen3-0.6B, one rank"
+if [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
+  declare -A DEC SIM RC
+  for mode in graphs eager; do
+    extra=
+    [ "$mode" = eager ] && extra=--no-cuda-graphs
+    timeout "$(tmo 90)" mpirun -np 1 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
+      -b 4 -p 128 -g 64 --iters 3 --target-ci 0 --partition uniform $extra -o "$LOG/$mode.h5" --force >"$LOG/$mode" 2>&1
+    RC[$mode]=$?
+    grep -E '^  (tokens/s|simulator)' "$LOG/$mode"
+    DEC[$mode]=$(grep -m1 -oE 'tokens/s [0-9.]+ \(decode [0-9.]+' "$LOG/$mode" | awk '{print $4}')
+    SIM[$mode]=$(grep -m1 -oE '\([-+0-9.]+% vs measured' "$LOG/$mode" | grep -oE '[-+0-9.]+%')
+  done
+  if [ "${RC[graphs]}" = 0 ] && [ "${RC[eager]}" = 0 ] && [ -n "${DEC[graphs]}" ] && [ -n "${DEC[eager]}" ]; then
+    RESULT[graphs]="decode tok/s graphs ${DEC[graphs]} vs eager ${DEC[eager]} ($(awk -v a="${DEC[graphs]}" -v b="${DEC[eager]}" 'BEGIN {printf "%.2fx", a / b}')); simulator decode error graphs ${SIM[graphs]:-?}, eager ${SIM[eager]:-?}"
+  else
+    RESULT[graphs]="FAILED rc graphs=${RC[graphs]} eager=${RC[eager]}"
+  fi
+else
+  RESULT[graphs]="skipped (no ppbench binary or no mpirun)"
 fi
 
 # ---- 6. PyTorch eager ----------------------------------------------------------------------------

@@ -552,7 +552,7 @@ class RunJob {
     run_.model_attrs_num = model_numbers(spec_);
     run_.workload = {opt_.batch, opt_.prompt_len, opt_.gen_len, M_, dtype_name(dtype_), opt_.warmup, opt_.iters,
                      opt_.profile_warmup, opt_.profile_iters, !opt_.no_overlap, opt_.seed, opt_.objective,
-                     opt_.target_ci_pct, opt_.max_time_s};
+                     opt_.target_ci_pct, opt_.max_time_s, !opt_.no_cuda_graphs, opt_.profile_aligned};
 
     offsets_ = mpi_.clock_offsets();
     std::tie(link_latency_s_, link_bandwidth_Bps_) = mpi_.link_model();
@@ -676,6 +676,7 @@ class RunJob {
     sc.groups = groups;
     sc.dtype = dtype_;
     sc.seed = opt_.seed;
+    sc.cuda_graphs = !opt_.no_cuda_graphs;
     return sc;
   }
 
@@ -781,6 +782,7 @@ class RunJob {
       pc.iters = opt_.profile_iters;
       pc.dtype = dtype_;
       pc.seed = opt_.seed;
+      pc.cuda_graphs = !opt_.no_cuda_graphs;
       // This node's share of the model's weights (its ranks' stages), for cold/warm timing.
       int64_t total = 0;
       for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);

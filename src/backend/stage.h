@@ -17,6 +17,9 @@ struct StageConfig {
   int groups = 1;       ///< request groups in flight, each with its own KV cache
   DType dtype = DType::f32;
   uint64_t seed = 0;    ///< weights are a pure function of (seed, unit index)
+  /// CUDA: capture each decode forward (per request group and context bucket,
+  /// backend/decode_graphs.h) in a CUDA graph and replay it (--no-cuda-graphs: false). CPU: ignored.
+  bool cuda_graphs = true;
 };
 
 /// Bytes a stage allocates (cpu_stage_bytes, cuda_stage_bytes): computed before anything is
@@ -60,6 +63,8 @@ class StageExecutor {
   /// run host tasks). A lane held while more than ~1,000 launches wait blocks the launching host
   /// thread itself: the profiler holds a lane only below kMaxHeldLaunches (backend/lane_hold.h).
   virtual size_t launches_per_forward(int tokens) const { return 0; }
+  /// Decode forwards captured in CUDA graphs so far (0 on the CPU, or with cuda_graphs off).
+  virtual size_t decode_graphs() const { return 0; }
 };
 
 }  // namespace ppb

@@ -112,6 +112,7 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
   sc.groups = 1;
   sc.dtype = cfg.dtype;
   sc.seed = cfg.seed;
+  sc.cuda_graphs = cfg.cuda_graphs;
   for (int s = 0; s < sigs; ++s) {
     int unit = model.signature_example[s];
     if (progress) progress(s, sigs, model.signatures[s] + " (" + model.units[unit].name + ")");

@@ -190,6 +190,8 @@ void read_all(const Group& root, RunRecord& run) {
   w.objective = attr_or<std::string>(wl, "objective", "");
   w.target_ci_pct = attr_or<double>(wl, "target_ci_pct", 0.0);
   w.max_time_s = attr_or<double>(wl, "max_time_s", 0.0);
+  w.cuda_graphs = attr_or<bool>(wl, "cuda_graphs", true);
+  w.profile_aligned = attr_or<bool>(wl, "profile_aligned", false);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");
     for (const auto& key : env.attr_names()) run.environment[key] = env.get_attr<std::string>(key);

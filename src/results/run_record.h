@@ -43,6 +43,8 @@ struct WorkloadInfo {
   uint64_t seed = 0;
   std::string objective;
   double target_ci_pct = 0.0, max_time_s = 0.0;  ///< --target-ci, --max-time (0: older files)
+  bool cuda_graphs = true;       ///< CUDA decode replayed from graphs (--no-cuda-graphs: false; CPU: unused)
+  bool profile_aligned = false;  ///< --profile-aligned
 };
 
 struct ProfileTable {

@@ -101,6 +101,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   os << "\n== ppbench summary: " << run.model_source << " on " << run.world_size << " rank(s), " << run.backend
      << "/" << run.transport << ", B=" << w.batch << " P=" << w.prompt_len << " G=" << w.gen_len
      << " M=" << w.microbatches << ", " << w.dtype << (w.overlap ? ", overlap" : ", no overlap")
+     << (run.backend == "cuda" ? (w.cuda_graphs ? ", decode from CUDA graphs" : ", decode eager (--no-cuda-graphs)") : "")
      << ", objective " << w.objective
      << (w.objective == "decode"    ? " (ms per decode step)"
          : w.objective == "prefill" ? " (ms per prefill step)"

@@ -322,6 +322,8 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   wl.set_attr("objective", w.objective);
   wl.set_attr("target_ci_pct", w.target_ci_pct);
   wl.set_attr("max_time_s", w.max_time_s);
+  wl.set_attr("cuda_graphs", w.cuda_graphs);
+  wl.set_attr("profile_aligned", w.profile_aligned);
   Group env = root.create_group("config/environment");
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);
 

@@ -477,11 +477,12 @@ static_assert(kMoveOnly<cu::Stream> && kMoveOnly<cu::EventHandle> && kMoveOnly<c
 TEST(CudaPlan, LaunchBoundSeparatesHeldDecodeFromLongPrefill) {
   REQUIRE_GPU();
   const ppb::model::ModelSpec m = ppb::model::load_model_config(PPB_SOURCE_DIR "/inputs/models/llama-3.1-8b.json");
-  auto cfg = [](int batch, int context) {
+  auto cfg = [](int batch, int context, bool graphs = false) {
     ppb::StageConfig c;
     c.batch = batch;
     c.max_context = context;
     c.dtype = DType::bf16;
+    c.cuda_graphs = graphs;
     return c;
   };
   const size_t p8 = ppb::cuda_launches_per_forward(m, 1, 1, cfg(8, 4096), 4096);
@@ -492,6 +493,10 @@ TEST(CudaPlan, LaunchBoundSeparatesHeldDecodeFromLongPrefill) {
   const size_t decode = ppb::cuda_launches_per_forward(m, 1, 1, cfg(8, 4096), 1);
   EXPECT_LE(decode, 32u);
   EXPECT_GE(decode, 11u);  // norm, QKV, rope, attention (2), o, add+norm, gate/up, act, down, add
+  // Replayed from a CUDA graph: the position, the input copy, the graph, the output copy; a
+  // prefill is never captured.
+  EXPECT_EQ(ppb::cuda_launches_per_forward(m, 1, 1, cfg(8, 4096, true), 1), 4u);
+  EXPECT_EQ(ppb::cuda_launches_per_forward(m, 1, 1, cfg(8, 4096, true), 4096), p8);
   // The head: gather, norm, lm_head, softcap, argmax.
   EXPECT_LE(ppb::cuda_launches_per_forward(m, m.num_units() - 1, m.num_units() - 1, cfg(8, 4096), 1), 8u);
 }
@@ -647,17 +652,24 @@ std::vector<std::pair<std::string, ModelSpec>> stage_models() {
   return ms;
 }
 
-/// Runs prefill of P tokens then `steps` decode steps of the whole model as one stage on
-/// `dev`, feeding back its own tokens; returns the tokens [steps + 1][B] and the checksum.
+/// Runs prefill of P tokens then `steps` decode steps of the model on `dev`, feeding back its
+/// own tokens; returns the tokens [steps + 1][B] and the checksum. One stage of the whole model,
+/// or (split_after >= 0) two stages, units [0, split_after] and the rest, on one lane. `graphs`:
+/// StageConfig::cuda_graphs; *decode_graphs (if given) receives the graphs the stages captured.
 std::pair<std::vector<int32_t>, double> run_model(ppb::Device& dev, const ModelSpec& m, DType t, int B, int P,
-                                                  int steps) {
+                                                  int steps, bool graphs = true, size_t* decode_graphs = nullptr,
+                                                  int split_after = -1) {
   ppb::StageConfig cfg;
   cfg.batch = B;
   cfg.max_context = P + steps;
   cfg.groups = 2;
   cfg.dtype = t;
   cfg.seed = 99;
-  auto stage = dev.create_stage(m, 0, m.num_units() - 1, cfg);
+  cfg.cuda_graphs = graphs;
+  const int last_unit = m.num_units() - 1;
+  auto stage = dev.create_stage(m, 0, split_after >= 0 ? split_after : last_unit, cfg);
+  auto second = split_after >= 0 ? dev.create_stage(m, split_after + 1, last_unit, cfg) : nullptr;
+  auto mid = second ? dev.allocate(stage->output_bytes(P)) : nullptr;
   auto lane = dev.create_lane("compute");
   std::vector<int32_t> prompt(static_cast<size_t>(B) * P);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % m.vocab);
@@ -666,14 +678,21 @@ std::pair<std::vector<int32_t>, double> run_model(ppb::Device& dev, const ModelS
   in->upload(prompt.data(), prompt.size() * 4);
   std::vector<int32_t> tokens;
   for (int s = 0; s <= steps; ++s) {
-    stage->enqueue_forward(*lane, in->data(), out->data(), /*group=*/1, s == 0 ? 0 : P + s - 1, s == 0 ? P : 1);
+    const int pos = s == 0 ? 0 : P + s - 1, T = s == 0 ? P : 1;
+    if (second) {
+      stage->enqueue_forward(*lane, in->data(), mid->data(), /*group=*/1, pos, T);
+      second->enqueue_forward(*lane, mid->data(), out->data(), 1, pos, T);
+    } else {
+      stage->enqueue_forward(*lane, in->data(), out->data(), /*group=*/1, pos, T);
+    }
     lane->synchronize();
     std::vector<int32_t> tok(B);
     out->download(tok.data(), tok.size() * 4);
     tokens.insert(tokens.end(), tok.begin(), tok.end());
     in->upload(tok.data(), tok.size() * 4);
   }
-  return {tokens, stage->checksum()};
+  if (decode_graphs) *decode_graphs = stage->decode_graphs() + (second ? second->decode_graphs() : 0);
+  return {tokens, second ? second->checksum() : stage->checksum()};
 }
 
 TEST(CudaStage, MatchesCpuStageTokensAndChecksum) {
@@ -696,6 +715,32 @@ TEST(CudaStage, MatchesCpuStageTokensAndChecksum) {
       // 0.896, 0.145 off). Hence the absolute slack; a wrong token or kernel moves the sum by
       // several units (one changed row of 64 values alone by ~4).
       EXPECT_NEAR(s1, cpu_sum, 0.05 * (1.0 + std::fabs(cpu_sum)) + 0.5) << name << " " << ppb::dtype_name(t);
+    }
+  }
+}
+
+/// Issue 17, item 8: a decode forward replayed from a CUDA graph (captured per group and context
+/// bucket, the position read from device memory) gives the eager forward's bits, across bucket
+/// boundaries, for one stage and for two (an embedding stage without a head, a head stage
+/// without an embedding), with a sliding window (gemma_like) and in bf16.
+TEST(CudaStage, DecodeGraphsMatchEagerBitwise) {
+  REQUIRE_GPU();
+  auto gpu = ppb::create_cuda_device(0);
+  for (const auto& [name, m] : stage_models()) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      // P = 60 and 80 steps: decode positions 60..139 of a 140-key cache, in the buckets 64,
+      // 128 and 140 (the capacity caps the 256 bucket): three graphs of group 1 per stage.
+      const std::string what = name + " " + ppb::dtype_name(t);
+      size_t n_eager = 9, n_graphs = 0, n_split = 0;
+      const auto eager = run_model(*gpu, m, t, 3, 60, 80, false, &n_eager);
+      const auto replay = run_model(*gpu, m, t, 3, 60, 80, true, &n_graphs);
+      EXPECT_EQ(replay.first, eager.first) << what;
+      EXPECT_EQ(replay.second, eager.second) << what;
+      EXPECT_EQ(n_eager, 0u) << what;
+      EXPECT_EQ(n_graphs, 3u) << what;
+      const auto split = run_model(*gpu, m, t, 3, 60, 80, true, &n_split, /*split_after=*/1);
+      EXPECT_EQ(split.first, eager.first) << what;
+      EXPECT_EQ(n_split, 6u) << what;
     }
   }
 }

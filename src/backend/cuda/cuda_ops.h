@@ -74,6 +74,9 @@ struct QkvShape {
   bool qk_norm = false;
   bool plus_one = false;  ///< q/k norm scales by (1 + w)
   float eps = 1e-6f;
+  /// Where non-null, the kernel reads pos0 from this device int instead of `pos0`: a forward
+  /// captured in a CUDA graph is replayed at every position of its context bucket.
+  const int* pos0_dev = nullptr;
 };
 
 /// Everything between the fused QKV GEMM and attention, in one pass: per token row and head,
@@ -111,8 +114,18 @@ void linear(cublasHandle_t handle, void* y, cudaDataType_t y_type, const void* x
 /// chunks, one block per (chunk, KV head, row) computes a partial softmax for the whole GQA
 /// group (K/V rows read once per group), a second kernel merges the chunks. Any tokens/pos0;
 /// meant for tokens == 1. partial: attention_decode_scratch_floats(s) floats.
+///
+/// plan_keys > 0 sizes the chunks and the grid for that many attended keys instead of the
+/// call's own count (it must be >= that count and <= the cache's; blocks past a row's last key
+/// write empty partials the merge skips): a decode forward planned per context bucket
+/// (backend/decode_graphs.h) runs the same grid, hence the same summation order, at every
+/// position of the bucket, eagerly or replayed from a CUDA graph. pos0_dev, where non-null, is
+/// read by the kernel in place of s.pos0 (the graph's position); s.pos0 must still be a position
+/// of the bucket (the host checks plan_keys against it).
+/// @throws ppb::InternalError if plan_keys is below the call's attended keys or above the cache.
 void attention_decode(void* out, const void* q, const void* k_cache, const void* v_cache,
-                      const cpu::AttentionShape& s, float* partial, DType t, cudaStream_t stream);
+                      const cpu::AttentionShape& s, float* partial, DType t, cudaStream_t stream,
+                      int plan_keys = 0, const int* pos0_dev = nullptr);
 /// Floats of `partial` attention_decode needs for shape `s`.
 size_t attention_decode_scratch_floats(const cpu::AttentionShape& s);
 
@@ -126,6 +139,10 @@ void attention_prefill(cublasHandle_t handle, void* out, const void* q, const vo
                        cudaStream_t stream);
 /// Elements of `scores` (and of `probs`) attention_prefill needs.
 size_t attention_prefill_scratch_elems(const cpu::AttentionShape& s, int query_block);
+
+/// *dst = value, one thread: sets a CUDA graph's device-side parameter (the decode position)
+/// in stream order before the graph is launched.
+void set_device_int(int* dst, int value, cudaStream_t stream);
 
 // ---- lanes ----------------------------------------------------------------------------------
 

@@ -69,6 +69,10 @@ class CublasHandle : public UniqueHandle<cublasHandle_t, cublasDestroy> {
   CublasHandle() { CUBLAS_CHECK(cublasCreate(out())); }
 };
 
+/// A captured CUDA graph (cudaStreamEndCapture) and its instantiation (cudaGraphInstantiate).
+using GraphHandle = UniqueHandle<cudaGraph_t, cudaGraphDestroy>;
+using GraphExecHandle = UniqueHandle<cudaGraphExec_t, cudaGraphExecDestroy>;
+
 /// Memory released by `Free(pointer)`, with its size: a UniqueHandle<void*, Free> that also
 /// moves its byte count (0 when empty or moved from).
 template <auto Free>

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -15,6 +17,7 @@
 #include "backend/cuda/cuda_lane.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
+#include "backend/decode_graphs.h"
 #include "backend/weights.h"
 #include "common/error.h"
 #include "model/model_spec.h"
@@ -29,6 +32,12 @@ using model::UnitKind;
 constexpr size_t kCublasWorkspaceBytes = 32u << 20;
 constexpr int kMaxChunkRows = 4096;                   // token rows per layer pass (scratch bound)
 constexpr size_t kScoresBudgetBytes = 256u << 20;     // prefill attention scores + probabilities
+// Decode graphs a stage keeps (groups x context buckets; backend/decode_graphs.h): beyond it,
+// decode runs eagerly. 64 groups x 11 buckets (64 .. 65536 keys) fit.
+constexpr size_t kMaxDecodeGraphs = 1024;
+// Launches of a decode forward replayed from a graph: the position, the input copy, the graph,
+// the output copy.
+constexpr size_t kGraphDecodeLaunches = 4;
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
@@ -164,6 +173,7 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
     scratch += p.scores_elems * (sizeof(float) + dt) + p.decode_floats * sizeof(float);
   }
   if (p.has_head) scratch += B * H * dt + B * V * sizeof(float);
+  scratch += 2 * B * sizeof(int32_t) + 64;  // a decode graph's token input, token output and position
   p.bytes.weights = weight_elems * dt;
   p.bytes.kv_cache = kv_elems * dt;
   p.bytes.scratch = scratch;
@@ -176,6 +186,7 @@ size_t plan_launches(const StagePlan& plan_, const StageConfig& cfg_, int tokens
   // Mirrors enqueue_forward and layer_forward; a cuBLAS call counts as two launches (a GEMM may
   // add a split-K reduction), attention_decode as two (split-K and combine).
   constexpr size_t kBlas = 2;
+  if (tokens == 1 && cfg_.cuda_graphs) return kGraphDecodeLaunches;
   const size_t B = static_cast<size_t>(cfg_.batch), T = static_cast<size_t>(std::max(tokens, 1));
   auto layer_pass = [&](const LayerShape& s, size_t nb, size_t tc) {
     size_t n = 1 + kBlas + 1 + kBlas + 1 + kBlas + 1 + kBlas + 1;  // norm, qkv, rope, o, add+norm, gate_up, act, down, add
@@ -238,14 +249,34 @@ class CudaStage final : public StageExecutor {
   void reset_checksum() override;
   size_t weight_bytes() const override { return plan_.bytes.weights; }
   size_t kv_cache_bytes() const override { return plan_.bytes.kv_cache; }
-  size_t launches_per_forward(int tokens) const override { return plan_launches(plan_, cfg_, tokens); }
+  size_t launches_per_forward(int tokens) const override {
+    // A decode forward beyond the graph cap runs eagerly: its eager bound, then.
+    if (tokens == 1 && cfg_.cuda_graphs && graphs_.size() >= kMaxDecodeGraphs) {
+      StageConfig eager = cfg_;
+      eager.cuda_graphs = false;
+      return plan_launches(plan_, eager, tokens);
+    }
+    return plan_launches(plan_, cfg_, tokens);
+  }
+  size_t decode_graphs() const override { return graphs_.size(); }
 
  private:
   void* alloc(size_t bytes);
   void* alloc_elems(size_t n) { return alloc(n * dt_); }
   void* proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst = nullptr);
   void* norm(size_t n, int unit, Tensor t, bool plus_one);
-  void layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens, int group);
+  /// Points the stage's cuBLAS handle at stream `st` with its fixed workspace.
+  void bind_cublas(cudaStream_t st);
+  /// One decoder layer over rows [b0, b0 + nb) of `x`. Decode (tokens == 1) plans attention for
+  /// context bucket `bucket` (backend/decode_graphs.h); pos_dev non-null: the kernels read the
+  /// position there (a graph's replay), `pos` being a position of the bucket.
+  void layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens, int group,
+                     int bucket = 0, const int* pos_dev = nullptr);
+  /// The head over x_ [B, tokens, H]: last rows, final norm, lm_head, softcap, argmax -> out [B].
+  void head_forward(cudaStream_t st, int tokens, int32_t* out);
+  /// The instantiated decode graph of (group, the bucket of pos), captured on first use; null
+  /// beyond kMaxDecodeGraphs (the caller then runs the forward eagerly).
+  cudaGraphExec_t decode_graph(int group, int pos);
   char* at(void* base, size_t elems) const { return static_cast<char*>(base) + elems * dt_; }
 
   int first_ = 0, last_ = 0;
@@ -256,7 +287,9 @@ class CudaStage final : public StageExecutor {
   float embed_scale_ = 1.0f, final_softcap_ = 0.0f, final_eps_ = 1e-6f;
   bool final_norm_plus_one_ = false;
 
-  Stream init_stream_;  // weight generation, checksum reads: private, so never waits on a lane
+  Stream init_stream_;     // weight generation, checksum reads: private, so never waits on a lane
+  Stream capture_stream_;  // decode graphs are captured here: nothing of a lane's stream is captured
+  std::map<std::pair<int, int>, GraphExecHandle> graphs_;  // (group, context bucket) -> decode graph
   CublasHandle cublas_;
   std::vector<DeviceMemory> memory_;
   void* workspace_ = nullptr;
@@ -275,6 +308,9 @@ class CudaStage final : public StageExecutor {
   float* logits_ = nullptr;
   double* checksum_dev_ = nullptr;
   int* bad_token_dev_ = nullptr;
+  int* pos_dev_ = nullptr;              // a decode graph's position, set before each replay
+  int32_t* graph_tokens_ = nullptr;     // [B] a decode graph's input tokens (embedding stage)
+  int32_t* graph_out_ = nullptr;        // [B] a decode graph's output tokens (head stage)
 };
 
 void* CudaStage::alloc(size_t bytes) {
@@ -412,7 +448,19 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
   }
   checksum_dev_ = static_cast<double*>(alloc(sizeof(double)));
   bad_token_dev_ = static_cast<int*>(alloc(sizeof(int)));
+  pos_dev_ = static_cast<int*>(alloc(sizeof(int)));
+  graph_tokens_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
+  graph_out_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
   CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
+}
+
+void CudaStage::bind_cublas(cudaStream_t st) {
+  cublasHandle_t hb = cublas_.get();
+  CUBLAS_CHECK(cublasSetStream(hb, st));
+  // After cublasSetStream (which resets it): a fixed workspace keeps cuBLAS's algorithm choice,
+  // hence the bits, independent of the stream (pipelined and serialized runs must agree), and
+  // lets cuBLAS run inside a stream capture (no allocation of its own).
+  CUBLAS_CHECK(cublasSetWorkspace(hb, workspace_, kCublasWorkspaceBytes));
 }
 
 void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) {
@@ -422,14 +470,30 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
                         std::to_string(cfg_.groups) + ", max_context=" + std::to_string(cfg_.max_context));
   }
   const cudaStream_t st = as_cuda_lane(lane).stream();
-  cublasHandle_t hb = cublas_.get();
-  CUBLAS_CHECK(cublasSetStream(hb, st));
-  // After cublasSetStream (which resets it): a fixed workspace keeps cuBLAS's algorithm choice,
-  // hence the bits, independent of the stream (pipelined and serialized runs must agree).
-  CUBLAS_CHECK(cublasSetWorkspace(hb, workspace_, kCublasWorkspaceBytes));
   const int B = cfg_.batch;
   const size_t rows = static_cast<size_t>(B) * tokens;
   const size_t H = hidden_;
+  if (tokens == 1 && cfg_.cuda_graphs) {
+    if (cudaGraphExec_t graph = decode_graph(group, pos)) {
+      // Replay: the position and the input into the graph's fixed buffers, one launch for every
+      // kernel of the stage, the output out of them. Stream order makes the buffers safe: the
+      // stage's forwards all run on one stream (x_ and the scratch are shared anyway).
+      set_device_int(pos_dev_, pos, st);
+      if (plan_.has_embed) {
+        CUDA_CHECK(cudaMemcpyAsync(graph_tokens_, in, B * sizeof(int32_t), cudaMemcpyDefault, st));
+      } else {
+        CUDA_CHECK(cudaMemcpyAsync(x_, in, rows * H * dt_, cudaMemcpyDefault, st));
+      }
+      CUDA_CHECK(cudaGraphLaunch(graph, st));
+      if (plan_.has_head) {
+        CUDA_CHECK(cudaMemcpyAsync(out, graph_out_, B * sizeof(int32_t), cudaMemcpyDefault, st));
+      } else {
+        CUDA_CHECK(cudaMemcpyAsync(out, x_, rows * H * dt_, cudaMemcpyDefault, st));
+      }
+      return;
+    }
+  }
+  bind_cublas(st);
   if (plan_.has_embed) {
     embedding(x_, static_cast<const int32_t*>(in), rows, embed_, vocab_, static_cast<int>(H), embed_scale_,
               bad_token_dev_, cfg_.dtype, st);
@@ -438,7 +502,10 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
   }
   if (!layers_.empty()) {
     if (rows <= static_cast<size_t>(plan_.rows)) {
-      for (const LayerWeights& w : layers_) layer_forward(w, st, static_cast<char*>(x_), 0, B, pos, tokens, group);
+      // Decode is planned per context bucket, as its graph would be: the same bits either way.
+      const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.max_context) : 0;
+      for (const LayerWeights& w : layers_)
+        layer_forward(w, st, static_cast<char*>(x_), 0, B, pos, tokens, group, bucket);
     } else {
       // Chunked prefill, sequence by sequence: chunk c of a sequence runs every layer after
       // chunk c-1 wrote its keys and values into the cache.
@@ -452,19 +519,55 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
     }
   }
   if (plan_.has_head) {
-    gather_last_rows(last_rows_, x_, B, tokens, static_cast<int>(H), checksum_dev_, cfg_.dtype, st);
-    rmsnorm(last_rows_, last_rows_, final_norm_, B, static_cast<int>(H), final_eps_, final_norm_plus_one_, cfg_.dtype, st);
-    linear(hb, logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.dtype, B, vocab_, static_cast<int>(H));
-    if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * vocab_, final_softcap_, st);
-    argmax_rows(static_cast<int32_t*>(out), logits_, B, vocab_, st);
+    head_forward(st, tokens, static_cast<int32_t*>(out));
   } else {
     CUDA_CHECK(cudaMemcpyAsync(out, x_, rows * H * dt_, cudaMemcpyDefault, st));
   }
 }
 
+void CudaStage::head_forward(cudaStream_t st, int tokens, int32_t* out) {
+  const int B = cfg_.batch, H = static_cast<int>(hidden_);
+  gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, cfg_.dtype, st);
+  rmsnorm(last_rows_, last_rows_, final_norm_, B, H, final_eps_, final_norm_plus_one_, cfg_.dtype, st);
+  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.dtype, B, vocab_, H);
+  if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * vocab_, final_softcap_, st);
+  argmax_rows(out, logits_, B, vocab_, st);
+}
+
+cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
+  const int bucket = decode_context_bucket(pos, cfg_.max_context);
+  const std::pair<int, int> key{group, bucket};
+  if (auto it = graphs_.find(key); it != graphs_.end()) return it->second.get();
+  if (graphs_.size() >= kMaxDecodeGraphs) return nullptr;
+  // Captured on a private stream in thread-local mode: another thread's CUDA calls (the
+  // transport's, other lanes') neither join nor break the capture. Nothing captured runs now.
+  const cudaStream_t cs = capture_stream_.get();
+  bind_cublas(cs);
+  CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  try {
+    if (plan_.has_embed) {
+      embedding(x_, graph_tokens_, static_cast<size_t>(cfg_.batch), embed_, vocab_, static_cast<int>(hidden_),
+                embed_scale_, bad_token_dev_, cfg_.dtype, cs);
+    }
+    for (const LayerWeights& w : layers_)
+      layer_forward(w, cs, static_cast<char*>(x_), 0, cfg_.batch, pos, 1, group, bucket, pos_dev_);
+    if (plan_.has_head) head_forward(cs, 1, graph_out_);
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    (void)cudaStreamEndCapture(cs, &partial);
+    if (partial) (void)cudaGraphDestroy(partial);
+    throw;
+  }
+  cudaGraph_t raw = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(cs, &raw));
+  const GraphHandle graph(raw);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph.get(), 0));
+  return graphs_.emplace(key, GraphExecHandle(exec)).first->second.get();
+}
 
 void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens,
-                              int group) {
+                              int group, int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
   const DType t = cfg_.dtype;
   cublasHandle_t hb = cublas_.get();
@@ -490,10 +593,12 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
   qs.qk_norm = s.qk_norm;
   qs.plus_one = p1;
   qs.eps = eps;
+  qs.pos0_dev = pos_dev;
   qkv_rope_cache(q_, kc, vc, qkv_, w.bias, w.q_norm, w.k_norm, rope_cos_[w.plan.rope], rope_sin_[w.plan.rope], qs, t, st);
   const cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.max_context);
   if (tokens == 1) {
-    attention_decode(attn_, q_, kc, vc, as, partial_, t, st);
+    attention_decode(attn_, q_, kc, vc, as, partial_, t, st, bucket > 0 ? decode_plan_keys(bucket, s.sliding_window) : 0,
+                     pos_dev);
   } else {
     attention_prefill(hb, attn_, q_, kc, vc, as, plan_.query_block, scores_, probs_, t, st);
   }

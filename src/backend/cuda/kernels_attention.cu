@@ -19,6 +19,7 @@ struct DecodeParams {
   int tokens, pos0, max_context, n_heads, n_kv_heads, head_dim, window;
   float scale, softcap;
   int chunk, n_splits;
+  const int* pos0_dev;  // non-null: pos0 read from the device (a CUDA graph's position)
 };
 
 /// Keys attended by the longest row of a call (all rows end at pos0 + tokens - 1 at most).
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(float*
   float* s_s = q_s + group * hd;          // [group][chunk]
   float* ml = s_s + group * p.chunk;      // m [group], l [group]
   const int split = blockIdx.x, g = blockIdx.y, r = blockIdx.z;
-  const int b = r / p.tokens, t = r % p.tokens, pos = p.pos0 + t;
+  const int b = r / p.tokens, t = r % p.tokens, pos = (p.pos0_dev ? *p.pos0_dev : p.pos0) + t;
   const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
   const int start = lo + split * p.chunk;
   const int len = min(pos + 1, start + p.chunk) - start;
@@ -184,7 +185,7 @@ size_t attention_decode_scratch_floats(const cpu::AttentionShape& s) {
 }
 
 void attention_decode(void* out, const void* q, const void* k_cache, const void* v_cache, const cpu::AttentionShape& s,
-                      float* partial, DType t, cudaStream_t stream) {
+                      float* partial, DType t, cudaStream_t stream, int plan_keys, const int* pos0_dev) {
   const int rows = s.batch * s.tokens;
   if (rows == 0) return;
   if (s.head_dim > kMaxHeadDim) {
@@ -192,8 +193,15 @@ void attention_decode(void* out, const void* q, const void* k_cache, const void*
                     std::to_string(s.head_dim));
   }
   const int group = s.n_heads / s.n_kv_heads;
-  DecodeParams p{s.tokens, s.pos0, s.max_context, s.n_heads, s.n_kv_heads, s.head_dim, s.window, s.scale, s.softcap, 0, 0};
-  decode_plan(rows, s.n_kv_heads, group, s.head_dim, max_attended(s.pos0, s.tokens, s.window), &p.chunk, &p.n_splits);
+  DecodeParams p{s.tokens,  s.pos0,    s.max_context, s.n_heads, s.n_kv_heads, s.head_dim,
+                 s.window,  s.scale,   s.softcap,     0,         0,            pos0_dev};
+  const int attended = max_attended(s.pos0, s.tokens, s.window);
+  const int cache_keys = s.window > 0 ? std::min(s.window, s.max_context) : s.max_context;
+  if (plan_keys > 0 && (plan_keys < attended || plan_keys > cache_keys)) {
+    throw InternalError("attention_decode: planned for " + std::to_string(plan_keys) + " keys, but the call attends " +
+                        std::to_string(attended) + " of a cache of " + std::to_string(cache_keys));
+  }
+  decode_plan(rows, s.n_kv_heads, group, s.head_dim, plan_keys > 0 ? plan_keys : attended, &p.chunk, &p.n_splits);
   const size_t parts = static_cast<size_t>(rows) * s.n_heads * p.n_splits;
   if (parts * (s.head_dim + 2) > attention_decode_scratch_floats(s))
     throw InternalError("attention_decode: scratch too small for " + std::to_string(p.n_splits) + " splits");

@@ -240,7 +240,7 @@ __global__ void qkv_rope_cache_kernel(T* q_out, T* k_cache, T* v_cache, const T*
   if (head >= n_total) return;
   const size_t row = blockIdx.x;  // rows in x: gridDim.y stops at 65535, x at 2^31 - 1
   const int b = static_cast<int>(row / s.tokens), t = static_cast<int>(row % s.tokens);
-  const int p = s.pos0 + t;
+  const int p = (s.pos0_dev ? *s.pos0_dev : s.pos0) + t;
   const T* src = qkv + row * static_cast<size_t>(n_total) * hd + static_cast<size_t>(head) * hd;
   const T* bsrc = bias ? bias + static_cast<size_t>(head) * hd : nullptr;
   const bool is_q = head < s.n_heads, is_k = !is_q && head < s.n_heads + s.n_kv_heads;
@@ -418,6 +418,15 @@ void linear(cublasHandle_t handle, void* y, cudaDataType_t y_type, const void* x
   // W read column-major (K x N, ld K) and transposed, x' is x read column-major (K x M, ld K).
   CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, ab, K, x, ab, K, &zero, y, y_type, N,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+__global__ void set_int_kernel(int* dst, int value) { *dst = value; }
+}  // namespace
+
+void set_device_int(int* dst, int value, cudaStream_t stream) {
+  set_int_kernel<<<1, 1, 0, stream>>>(dst, value);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace ppb::cuda
