@@ -183,6 +183,29 @@ void validate_options(const RunOptions& o) {
     throw UserError("--transport '" + o.transport + "' is unknown; valid: auto, mpi, nccl");
 }
 
+/// "7,5,6,6 on ranks 0,1,2,3": a split's unit counts and device order.
+std::string split_text(const balance::Partition& p) {
+  std::string ranks;
+  for (size_t k = 0; k < p.device_rank.size(); ++k) ranks += (k ? "," : "") + std::to_string(p.device_rank[k]);
+  return p.counts_string() + " on ranks " + ranks;
+}
+
+/// A class per rank, equal for identical devices: the same node (hostname), device model, cgroup
+/// CPU quota and compute threads. Classes are numbered in order of first appearance.
+std::vector<int> device_classes(const std::vector<RankInfo>& ranks) {
+  std::vector<std::string> seen;
+  std::vector<int> out;
+  for (const RankInfo& r : ranks) {
+    const std::string key = r.hostname + '\n' + r.device_name + '\n' +
+                            (std::isnan(r.cpu_quota_cores) ? std::string("none") : format_fixed(r.cpu_quota_cores, 3)) +
+                            '\n' + std::to_string(r.compute_threads);
+    auto it = std::find(seen.begin(), seen.end(), key);
+    if (it == seen.end()) it = seen.insert(seen.end(), key);
+    out.push_back(static_cast<int>(it - seen.begin()));
+  }
+  return out;
+}
+
 /// Partition names requested by --partition: named solvers, or one manual split.
 std::vector<std::string> requested_partitions(const std::string& p) {
   if (p == "both") return {"uniform", "balanced"};
@@ -565,6 +588,14 @@ class RunJob {
     if (root_)
       for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
     record_conditions();
+    // Device classes: ranks with the same class are identical devices (DeviceClass). Decided on
+    // rank 0, which holds every rank's record, and broadcast: every rank tells the same splits apart.
+    std::vector<int> classes;
+    if (root_) classes = device_classes(run_.ranks);
+    mpi_.bcast_ints(classes);
+    equivalence_.device_class = classes;
+    equivalence_.unit_signature.clear();
+    for (const auto& unit : spec_.units) equivalence_.unit_signature.push_back(unit.signature);
     memory_limits_ = mpi_.gather_doubles({static_cast<double>(memory_limit_)});
     // The scratch of a stage of every unit bounds any stage's scratch (the balancer keeps it free).
     const auto scratch = mpi_.gather_doubles({static_cast<double>(stage_bytes_of(0, spec_.num_units() - 1, M_).scratch)});
@@ -917,7 +948,9 @@ class RunJob {
 
   /// Whether partition i is measured by itself (not the same split as an earlier one; the A/A
   /// control always is, that is its point).
-  bool measured_alone(size_t i) const { return parts_[i].solver == kControl || balance::same_split_as(parts_, i) < 0; }
+  bool measured_alone(size_t i) const {
+    return parts_[i].solver == kControl || balance::same_split_as(parts_, i, equivalence_) < 0;
+  }
 
   /// Rank 0: each partition's record (split, predictions, stage bytes) and its memory report.
   /// Floor (ms) of prefill and of one decode step of units [first, last] on rank r: the sum of
@@ -1203,7 +1236,8 @@ class RunJob {
     for (Bench& b : benches) b.stage.reset();
     for (const Bench& b : benches) gather_partition(b.pi, b.rec, b.ref, b.rounds, /*final=*/true);
     for (size_t i = 0; i < parts_.size(); ++i)
-      if (!measured_alone(i)) share_measurement(i, static_cast<size_t>(balance::same_split_as(parts_, i)));
+      if (!measured_alone(i))
+        share_measurement(i, static_cast<size_t>(balance::same_split_as(parts_, i, equivalence_)));
     if (root_) compare_partitions();
     phase("write after the benchmark", [&] { snapshot("write"); });
   }
@@ -1358,7 +1392,7 @@ class RunJob {
     req.order = opt_.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
     balance::Partition p = balance::make_split(balance::problem_from_run(calibrated, objective_), req);
     for (const balance::Partition& q : parts_) {
-      if (q.first_unit == p.first_unit && q.device_rank == p.device_rank) {
+      if (balance::compare_splits(q, p, equivalence_) != balance::Sameness::different) {
         adaptive_done_ = true;
         run_.adaptive_status = "converged after " + std::to_string(adaptive_solves_) + " solve(s): the profile calibrated by " +
                                "the pipeline (prefill/decode factors: " + fs.str() + ") gives " + q.solver +
@@ -1411,19 +1445,27 @@ class RunJob {
     }
   }
 
-  /// Partition `pi` is the same split as the earlier partition `of`: it shares that measurement
-  /// (and so a gain of exactly 1) instead of being benchmarked again, which would only measure
-  /// the machine's noise between two runs of one split.
+  /// Partition `pi` is the same split as the earlier partition `of`, identical or equivalent
+  /// (the same stages on identical devices in another order: balance::compare_splits): it shares
+  /// that measurement (and so a gain of exactly 1) instead of being benchmarked again, which
+  /// would only measure the machine's noise between two runs of one split. An equivalent one is
+  /// stored as the split that was measured, the solver's own in solver_split.
   void share_measurement(size_t pi, size_t of) {
+    const bool identical = balance::compare_splits(parts_[of], parts_[pi], equivalence_) == balance::Sameness::identical;
     if (root_) {
       PartitionRecord shared = run_.partitions[of];
       shared.name = run_.partitions[pi].name;
       shared.solver = run_.partitions[pi].solver;
       shared.same_as = run_.partitions[of].name;
+      shared.same_as_reason = identical ? "identical" : "equivalent";
+      if (!identical) shared.solver_split = split_text(parts_[pi]);
       run_.partitions[pi] = std::move(shared);
     }
-    progress_.say("partition " + parts_[pi].solver + ": the same split as " + parts_[of].solver +
-                  " (" + parts_[pi].counts_string() + "), measured once");
+    progress_.say("partition " + parts_[pi].solver + ": " +
+                  (identical ? "the same split as " + parts_[of].solver + " (" + parts_[pi].counts_string() + ")"
+                             : split_text(parts_[pi]) + " is " + parts_[of].solver + "'s " + split_text(parts_[of]) +
+                                   " with identical devices' stages in another order") +
+                  ", measured once");
     phase("write after partition " + parts_[pi].solver, [&] { snapshot("benchmark"); });
   }
 
@@ -1603,6 +1645,9 @@ class RunJob {
   std::unique_ptr<Transport> transport_;
   std::vector<std::string> partition_names_;
   std::vector<balance::Partition> parts_;  ///< in run order, on every rank
+  /// Unit signatures and the ranks' device classes, on every rank: splits that are the same up
+  /// to swapping identical devices are benchmarked once (balance::compare_splits).
+  balance::SplitEquivalence equivalence_;
   std::string output_;
   DType dtype_ = DType::f32;
   balance::Objective objective_ = balance::Objective::workload;

@@ -127,11 +127,50 @@ void evaluate(Partition& p, const std::vector<std::vector<double>>& cost) {
   p.spread_ms = *hi - *lo;
 }
 
-int same_split_as(const std::vector<Partition>& parts, size_t i) {
+namespace {
+
+/// A stage as compare_splits sees it: its device class, then its unit count per signature.
+std::vector<int> stage_key(const Partition& p, int k, const SplitEquivalence& eq, int n_signatures) {
+  const int r = p.device_rank[k];
+  if (r < 0 || r >= static_cast<int>(eq.device_class.size()))
+    throw InternalError("compare_splits: device rank " + std::to_string(r) + " has no device class (" +
+                        std::to_string(eq.device_class.size()) + " given)");
+  std::vector<int> key(1 + static_cast<size_t>(n_signatures), 0);
+  key[0] = eq.device_class[r];
+  for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+    if (u < 0 || u >= static_cast<int>(eq.unit_signature.size()))
+      throw InternalError("compare_splits: unit " + std::to_string(u) + " has no signature (" +
+                          std::to_string(eq.unit_signature.size()) + " given)");
+    ++key[1 + eq.unit_signature[u]];
+  }
+  return key;
+}
+
+}  // namespace
+
+Sameness compare_splits(const Partition& a, const Partition& b, const SplitEquivalence& eq) {
+  if (a.first_unit == b.first_unit && a.last_unit == b.last_unit && a.device_rank == b.device_rank)
+    return Sameness::identical;
+  if (eq.unit_signature.empty() || eq.device_class.empty() || a.num_stages() != b.num_stages())
+    return Sameness::different;
+  int n_signatures = 0;
+  for (int s : eq.unit_signature) {
+    if (s < 0) throw InternalError("compare_splits: negative unit signature " + std::to_string(s));
+    n_signatures = std::max(n_signatures, s + 1);
+  }
+  std::vector<std::vector<int>> ka, kb;
+  for (int k = 0; k < a.num_stages(); ++k) {
+    ka.push_back(stage_key(a, k, eq, n_signatures));
+    kb.push_back(stage_key(b, k, eq, n_signatures));
+  }
+  std::sort(ka.begin(), ka.end());
+  std::sort(kb.begin(), kb.end());
+  return ka == kb ? Sameness::equivalent : Sameness::different;
+}
+
+int same_split_as(const std::vector<Partition>& parts, size_t i, const SplitEquivalence& eq) {
   for (size_t j = 0; j < i && j < parts.size(); ++j)
-    if (parts[j].first_unit == parts[i].first_unit && parts[j].last_unit == parts[i].last_unit &&
-        parts[j].device_rank == parts[i].device_rank)
-      return static_cast<int>(j);
+    if (compare_splits(parts[j], parts[i], eq) != Sameness::different) return static_cast<int>(j);
   return -1;
 }
 

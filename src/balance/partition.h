@@ -33,9 +33,36 @@ struct Partition {
 /// cost: [devices][units] ms. @throws ppb::InternalError on size mismatch.
 void evaluate(Partition& p, const std::vector<std::vector<double>>& cost);
 
-/// Index of the first of `parts[0 .. i)` with the same split as parts[i] (first/last units and
-/// device order), or -1: a split is benchmarked once, however many solvers return it.
-int same_split_as(const std::vector<Partition>& parts, size_t i);
+/// What makes two stages interchangeable: the signature of every unit (units of one signature
+/// cost the same; model::ModelSpec) and a class per device rank (ranks of one class are
+/// identical devices: same node, device model, CPU quota and compute threads). Empty vectors:
+/// nothing is interchangeable, only identical splits are the same.
+struct SplitEquivalence {
+  std::vector<int> unit_signature;  ///< [U]
+  std::vector<int> device_class;    ///< [R] equal values = identical devices
+};
+
+enum class Sameness {
+  different,
+  identical,   ///< the same units on the same device order
+  equivalent,  ///< the same stages up to order: equal up to swapping identical devices
+};
+
+/// Whether splits `a` and `b` run the same stages (issue 13, "say what is the same"):
+/// identical (first/last units and device order), or, with `eq` filled, equivalent: a one-to-one
+/// matching of their stages such that matched stages hold the same number of units of every
+/// signature on devices of one class. Then every stage of one split has a twin in the other with
+/// the same predicted cost (e.g. 7,6,5,6 and 7,5,6,6 of identical layers on identical cores), and
+/// under the run's one-link transfer model (every boundary carries the same activation bytes over
+/// one measured link) the pipelines differ only in which identical device runs which stage.
+/// Decided by sorting each split's stages by (device class, signature counts) and comparing.
+/// @throws ppb::InternalError if eq's vectors are too short for the splits' units or ranks.
+Sameness compare_splits(const Partition& a, const Partition& b, const SplitEquivalence& eq = {});
+
+/// Index of the first of `parts[0 .. i)` that is the same split as parts[i] (compare_splits:
+/// identical, or equivalent given `eq`), or -1: a split is benchmarked once, however many
+/// solvers return it.
+int same_split_as(const std::vector<Partition>& parts, size_t i, const SplitEquivalence& eq = {});
 
 /// Checks the invariants (S >= 1, contiguous, non-empty, covers [0, units)).
 /// @throws ppb::InternalError naming the broken invariant.

@@ -62,6 +62,8 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   Group part = root.open_group("partitions/" + name);
   p.solver = attr_or<std::string>(part, "solver", name);
   p.same_as = attr_or<std::string>(part, "same_as", "");
+  p.same_as_reason = attr_or<std::string>(part, "same_as_reason", p.same_as.empty() ? "" : "identical");
+  p.solver_split = attr_or<std::string>(part, "solver_split", "");
   p.calibration_factor = dataset_or_empty<double>(part, "calibration_factor");
   if (part.has_attr("calibrated_from")) p.calibrated_from = part.get_attr<std::vector<std::string>>("calibrated_from");
   p.solved_after_round = attr_or<int>(part, "solved_after_round", 0);

@@ -82,9 +82,13 @@ struct PartitionRecord {
   std::vector<double> stage_floor_ms;
   std::vector<double> stage_floor_phase_ms;  ///< [S][2] prefill, one decode step
   double predicted_bottleneck_ms = 0.0;
-  /// The earlier partition of the run with the same split (units and device order), whose
-  /// measurement this one shares instead of being benchmarked again; "" if none.
+  /// The earlier partition of the run with the same split, whose measurement this one shares
+  /// instead of being benchmarked again; "" if none. same_as_reason: "identical" (units and
+  /// device order) or "equivalent" (the same stages on identical devices in another order,
+  /// balance::compare_splits); an equivalent partition is stored as the split that was measured,
+  /// and solver_split says what its solver returned ("7,5,6,6 on ranks 0,1,2,3"; "" otherwise).
   std::string same_as;
+  std::string same_as_reason, solver_split;
 
   // benchmark
   bool measured = false;

@@ -161,7 +161,12 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   for (const auto& p : run.partitions) {
     const int S = static_cast<int>(p.first_unit.size());
     os << "\npartition " << p.name << " (solver " << p.solver << ")"
-       << (p.same_as.empty() ? "" : ": the same split as " + p.same_as + ", measured once (its figures below)") << "\n";
+       << (p.same_as.empty()                  ? ""
+           : p.same_as_reason == "equivalent" ? ": its split " + p.solver_split + " is " + p.same_as +
+                                                    "'s with identical devices' stages in another order (the same "
+                                                    "stages), measured once as " + p.same_as + " (its figures below)"
+                                              : ": the same split as " + p.same_as + ", measured once (its figures below)")
+       << "\n";
     if (!p.calibration_factor.empty()) {
       os << "  solved after " << p.solved_after_round << " rounds from the profile calibrated by the measured stages of";
       for (size_t i = 0; i < p.calibrated_from.size(); ++i) os << (i ? ", " : " ") << p.calibrated_from[i];

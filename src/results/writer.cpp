@@ -39,6 +39,8 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   Group part = root.require_group("partitions").create_group(p.name);
   part.set_attr("solver", p.solver);
   part.set_attr("same_as", p.same_as);
+  if (!p.same_as_reason.empty()) part.set_attr("same_as_reason", p.same_as_reason);
+  if (!p.solver_split.empty()) part.set_attr("solver_split", p.solver_split);
   if (!p.calibration_factor.empty()) {
     auto cf = part.write_dataset("calibration_factor", p.calibration_factor, {p.calibration_factor.size() / 2, 2});
     cf.set_attr("content", "factor by which each rank's profile row was scaled before this split was solved: "

@@ -354,4 +354,111 @@ TEST(SameSplit, FindsTheFirstEqualSplit) {
   EXPECT_EQ(ppb::balance::same_split_as(parts, 3), -1);
 }
 
+/// Issue 13's "equal up to swapping identical devices": 7,6,5,6 and 7,5,6,6 of one layer
+/// signature on four identical cores are the same stages in another order; not if one core
+/// differs, nor where the swapped stages hold other signatures; identical splits stay identical.
+TEST(SameSplit, EquivalentUpToSwappingIdenticalDevices) {
+  using ppb::balance::Partition;
+  using ppb::balance::Sameness;
+  auto counts = [](std::vector<int> c, std::vector<int> dev) {
+    Partition p;
+    int u = 0;
+    for (int n : c) {
+      p.first_unit.push_back(u);
+      u += n;
+      p.last_unit.push_back(u - 1);
+    }
+    p.device_rank = std::move(dev);
+    return p;
+  };
+  ppb::balance::SplitEquivalence eq;
+  eq.unit_signature.assign(24, 1);  // embed, 22 layers of one shape, head
+  eq.unit_signature.front() = 0;
+  eq.unit_signature.back() = 2;
+  eq.device_class = {0, 0, 0, 0};
+  const Partition a = counts({7, 6, 5, 6}, {0, 1, 2, 3}), b = counts({7, 5, 6, 6}, {0, 1, 2, 3});
+  EXPECT_EQ(ppb::balance::compare_splits(a, b, eq), Sameness::equivalent);
+  EXPECT_EQ(ppb::balance::compare_splits(a, a, eq), Sameness::identical);
+  EXPECT_EQ(ppb::balance::compare_splits(a, b), Sameness::different);  // no equivalence given
+  EXPECT_EQ(ppb::balance::compare_splits(a, counts({6, 7, 5, 6}, {0, 1, 2, 3}), eq), Sameness::different);
+  EXPECT_EQ(ppb::balance::same_split_as({a, counts({8, 5, 5, 6}, {0, 1, 2, 3}), b}, 2, eq), 0);
+  EXPECT_EQ(ppb::balance::same_split_as({a, b}, 1), -1);
+  // Rank 2 is another kind of device (a CPU quota, an older GPU): its 5 layers are not rank 1's.
+  ppb::balance::SplitEquivalence mixed = eq;
+  mixed.device_class = {0, 0, 1, 0};
+  EXPECT_EQ(ppb::balance::compare_splits(a, b, mixed), Sameness::different);
+  // Stage order of identical devices: the same split on ranks 1, 0 instead of 0, 1.
+  const Partition r01 = counts({12, 12}, {0, 1}), r10 = counts({12, 12}, {1, 0});
+  ppb::balance::SplitEquivalence two = eq;
+  two.device_class = {0, 0};
+  EXPECT_EQ(ppb::balance::compare_splits(r01, r10, two), Sameness::equivalent);
+  two.device_class = {0, 1};
+  EXPECT_EQ(ppb::balance::compare_splits(r01, r10, two), Sameness::different);
+  // Two layer shapes (Gemma's local and global), units 12 and 13 global: 7,6,5,6's middle
+  // stages hold 5 local + 1 global and 4 + 1, 7,5,6,6's 5 + 0 and 4 + 2: not the same stages.
+  ppb::balance::SplitEquivalence gemma = eq;
+  gemma.unit_signature[12] = gemma.unit_signature[13] = 3;
+  EXPECT_EQ(ppb::balance::compare_splits(a, b, gemma), Sameness::different);
+  // A class or signature table too short for the split is a caller's bug.
+  ppb::balance::SplitEquivalence short_eq = eq;
+  short_eq.device_class = {0, 0};
+  EXPECT_THROW(ppb::balance::compare_splits(a, b, short_eq), ppb::InternalError);
+}
+
+/// compare_splits against the definition: some one-to-one matching of the stages (tried over
+/// every permutation) with the same device class and the same count of every signature.
+TEST(SameSplit, EquivalenceMatchesBruteForceOverStagePermutations) {
+  using ppb::balance::Partition;
+  using ppb::balance::Sameness;
+  std::mt19937 rng(13);
+  int seen[3] = {0, 0, 0};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int S = 2 + static_cast<int>(rng() % 3), U = S + static_cast<int>(rng() % 6);
+    ppb::balance::SplitEquivalence eq;
+    eq.unit_signature.resize(U);
+    for (int u = 0; u < U; ++u) eq.unit_signature[u] = u == 0 ? 0 : u == U - 1 ? 3 : 1 + static_cast<int>(rng() % 2);
+    if (trial % 2) std::fill(eq.unit_signature.begin() + 1, eq.unit_signature.end() - 1, 1);  // dense: one layer shape
+    for (int r = 0; r < S; ++r) eq.device_class.push_back(trial % 3 == 0 ? static_cast<int>(rng() % 2) : 0);
+    auto random_split = [&] {
+      std::vector<int> cuts(U - 1);
+      std::iota(cuts.begin(), cuts.end(), 1);
+      std::shuffle(cuts.begin(), cuts.end(), rng);
+      cuts.resize(S - 1);
+      std::sort(cuts.begin(), cuts.end());
+      Partition p;
+      for (int k = 0; k < S; ++k) {
+        p.first_unit.push_back(k == 0 ? 0 : cuts[k - 1]);
+        p.last_unit.push_back(k + 1 < S ? cuts[k] - 1 : U - 1);
+        p.device_rank.push_back(k);
+      }
+      if (rng() % 2) std::shuffle(p.device_rank.begin(), p.device_rank.end(), rng);
+      return p;
+    };
+    const Partition a = random_split();
+    const Partition b = rng() % 4 == 0 ? a : random_split();
+    auto sig_counts = [&](const Partition& p, int k) {
+      std::vector<int> c(4, 0);
+      for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) ++c[eq.unit_signature[u]];
+      return c;
+    };
+    std::vector<int> perm(S);
+    std::iota(perm.begin(), perm.end(), 0);
+    bool matched = false;
+    do {
+      bool ok = true;
+      for (int k = 0; k < S && ok; ++k)
+        ok = eq.device_class[a.device_rank[k]] == eq.device_class[b.device_rank[perm[k]]] &&
+             sig_counts(a, k) == sig_counts(b, perm[k]);
+      matched = matched || ok;
+    } while (!matched && std::next_permutation(perm.begin(), perm.end()));
+    const bool identical = a.first_unit == b.first_unit && a.device_rank == b.device_rank;
+    const Sameness want = identical ? Sameness::identical : matched ? Sameness::equivalent : Sameness::different;
+    const Sameness got = ppb::balance::compare_splits(a, b, eq);
+    ASSERT_EQ(static_cast<int>(got), static_cast<int>(want)) << "trial " << trial;
+    ++seen[static_cast<int>(got)];
+  }
+  // Every outcome occurred often enough for the comparison to mean something.
+  for (int k = 0; k < 3; ++k) EXPECT_GE(seen[k], 100) << "outcome " << k;
+}
+
 }  // namespace
