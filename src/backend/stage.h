@@ -63,6 +63,11 @@ class StageExecutor {
   /// run host tasks). A lane held while more than ~1,000 launches wait blocks the launching host
   /// thread itself: the profiler holds a lane only below kMaxHeldLaunches (backend/lane_hold.h).
   virtual size_t launches_per_forward(int tokens) const { return 0; }
+  /// Does now, outside any timed window, the one-time host work a forward of these arguments
+  /// would otherwise do inside it (CUDA: capture and instantiate the decode graph of the group
+  /// and context bucket). Optional: enqueue_forward does it itself when it was not called.
+  /// Enqueues nothing on any lane.
+  virtual void prepare_forward(int group, int pos, int tokens) {}
   /// Decode forwards captured in CUDA graphs so far (0 on the CPU, or with cuda_graphs off).
   virtual size_t decode_graphs() const { return 0; }
 };

@@ -224,6 +224,7 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
       } else if (i >= kRing && has_send[i - kRing]) {
         compute_lane->wait(*ev[(i - kRing) * kNumEvents + kSendEnd]);
       }
+      stage.prepare_forward(g, pos, T);  // a first decode graph's capture: before, not inside, the timing
       compute_lane->record(compute_start);
       stage.enqueue_forward(*compute_lane, in, out, g, pos, T);
       if (last)

@@ -192,7 +192,7 @@ void read_all(const Group& root, RunRecord& run) {
   w.objective = attr_or<std::string>(wl, "objective", "");
   w.target_ci_pct = attr_or<double>(wl, "target_ci_pct", 0.0);
   w.max_time_s = attr_or<double>(wl, "max_time_s", 0.0);
-  w.cuda_graphs = attr_or<bool>(wl, "cuda_graphs", true);
+  w.cuda_graphs = attr_or<bool>(wl, "cuda_graphs", false);  // older files: decode ran eagerly
   w.profile_aligned = attr_or<bool>(wl, "profile_aligned", false);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");

@@ -332,8 +332,11 @@ struct AttnCase {
 };
 
 /// Runs attention_decode (tokens small) or attention_prefill on a random cache and compares
-/// with cpu::attention.
-void check_attention(const AttnCase& c, DType t, bool prefill, int query_block) {
+/// with cpu::attention. Decode: plan_keys > 0 plans the grid for that many keys (a context
+/// bucket's); host_pos0 >= 0 puts c.pos0 in device memory for the kernel and tells the host
+/// host_pos0 instead, as a CUDA graph replayed at another position of its bucket does.
+void check_attention(const AttnCase& c, DType t, bool prefill, int query_block, int plan_keys = 0,
+                     int host_pos0 = -1) {
   cpu::AttentionShape s;
   s.batch = c.batch;
   s.tokens = c.tokens;
@@ -359,7 +362,14 @@ void check_attention(const AttnCase& c, DType t, bool prefill, int query_block) 
                           probs.get(), t, nullptr);
   } else {
     cu::DeviceMemory partial(cu::attention_decode_scratch_floats(s) * sizeof(float));
-    cu::attention_decode(dout.get(), dq.get(), dk.get(), dv.get(), s, partial.as<float>(), t, nullptr);
+    cu::DeviceMemory pos_dev(sizeof(int));
+    cpu::AttentionShape told = s;
+    if (host_pos0 >= 0) {
+      CUDA_CHECK(cudaMemcpy(pos_dev.get(), &c.pos0, sizeof(int), cudaMemcpyHostToDevice));
+      told.pos0 = host_pos0;
+    }
+    cu::attention_decode(dout.get(), dq.get(), dk.get(), dv.get(), told, partial.as<float>(), t, nullptr, plan_keys,
+                         host_pos0 >= 0 ? pos_dev.as<int>() : nullptr);
   }
   sync();
   fvec ref(q.size());
@@ -381,6 +391,27 @@ TEST(CudaKernels, AttentionDecodeSplitKMatchesCpu) {
   };
   for (DType t : kDTypes)
     for (const AttnCase& c : cases) check_attention(c, t, /*prefill=*/false, 0);
+}
+
+/// Decode attention as a CUDA graph runs it (issue 17, item 8): the grid planned for a context
+/// bucket's keys, more than the row attends (blocks past its last key write empty partials the
+/// merge must skip), and the position read from device memory while the host was told another
+/// position of the bucket (a kernel using the host's would attend the wrong keys).
+TEST(CudaKernels, AttentionDecodePlannedForABucketWithTheDevicePosition) {
+  REQUIRE_GPU();
+  struct BucketCase {
+    AttnCase c;
+    int plan_keys, host_pos0;
+  };
+  const BucketCase cases[] = {
+      {{"65_of_128", 2, 1, 64, 200, 8, 2, 64, 0, 0.0f}, 128, 100},
+      {{"1_of_64", 3, 1, 0, 64, 4, 1, 128, 0, 0.0f}, 64, 40},
+      {{"4097_of_8192", 1, 1, 4096, 8192, 8, 2, 128, 0, 0.0f}, 8192, 8000},
+      {{"window_of_bucket", 2, 1, 900, 1000, 4, 2, 128, 256, 0.0f}, 256, 1000 - 1},
+      {{"capped_bucket", 2, 1, 139, 140, 4, 2, 32, 0, 1.5f}, 140, 129},
+  };
+  for (DType t : kDTypes)
+    for (const BucketCase& b : cases) check_attention(b.c, t, /*prefill=*/false, 0, b.plan_keys, b.host_pos0);
 }
 
 TEST(CudaKernels, AttentionPrefillMatchesCpu) {
@@ -719,6 +750,43 @@ TEST(CudaStage, MatchesCpuStageTokensAndChecksum) {
   }
 }
 
+/// Two request groups of one stage, as the pipeline interleaves them: group 0 prefills 60
+/// tokens, group 1 100 (of a 140-key cache), then 30 decode steps of each alternate, each group
+/// feeding back its own tokens. Returns the tokens of every step and the graphs captured.
+std::pair<std::vector<int32_t>, size_t> run_two_groups(ppb::Device& dev, const ModelSpec& m, DType t, bool graphs) {
+  ppb::StageConfig cfg;
+  cfg.batch = 2;
+  cfg.max_context = 140;
+  cfg.groups = 2;
+  cfg.dtype = t;
+  cfg.seed = 7;
+  cfg.cuda_graphs = graphs;
+  auto stage = dev.create_stage(m, 0, m.num_units() - 1, cfg);
+  auto lane = dev.create_lane("compute");
+  const int prompt_len[2] = {60, 100};
+  std::unique_ptr<ppb::Buffer> in[2], out = dev.allocate(2 * 4);
+  std::vector<int32_t> tokens;
+  auto step = [&](int g, int pos, int T) {
+    stage->enqueue_forward(*lane, in[g]->data(), out->data(), g, pos, T);
+    lane->synchronize();
+    std::vector<int32_t> tok(2);
+    out->download(tok.data(), 8);
+    tokens.insert(tokens.end(), tok.begin(), tok.end());
+    in[g] = dev.allocate(8);
+    in[g]->upload(tok.data(), 8);
+  };
+  for (int g = 0; g < 2; ++g) {
+    std::vector<int32_t> prompt(2 * prompt_len[g]);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 29 + 3 + g) % m.vocab);
+    in[g] = dev.allocate(prompt.size() * 4);
+    in[g]->upload(prompt.data(), prompt.size() * 4);
+    step(g, 0, prompt_len[g]);
+  }
+  for (int s = 0; s < 30; ++s)
+    for (int g = 0; g < 2; ++g) step(g, prompt_len[g] + s, 1);
+  return {tokens, stage->decode_graphs()};
+}
+
 /// Issue 17, item 8: a decode forward replayed from a CUDA graph (captured per group and context
 /// bucket, the position read from device memory) gives the eager forward's bits, across bucket
 /// boundaries, for one stage and for two (an embedding stage without a head, a head stage
@@ -741,7 +809,24 @@ TEST(CudaStage, DecodeGraphsMatchEagerBitwise) {
       const auto split = run_model(*gpu, m, t, 3, 60, 80, true, &n_split, /*split_after=*/1);
       EXPECT_EQ(split.first, eager.first) << what;
       EXPECT_EQ(n_split, 6u) << what;
+      // Groups alternating in one bucket (128) must replay their own KV caches: a graph keyed by
+      // bucket alone would attend group 0's cache for group 1. Graphs: group 0 in 64 and 128,
+      // group 1 in 128 and 140.
+      const auto [two_eager, g0] = run_two_groups(*gpu, m, t, false);
+      const auto [two_graphs, g4] = run_two_groups(*gpu, m, t, true);
+      EXPECT_EQ(two_graphs, two_eager) << what;
+      EXPECT_EQ(g0, 0u) << what;
+      EXPECT_EQ(g4, 4u) << what;
     }
+    // Replayed graphs against the CPU twin (f32) across a bucket edge: positions 60..67 of a
+    // 68-key cache, buckets 64 and 68. Few steps, as in MatchesCpuStageTokensAndChecksum: each
+    // argmax is a chance for f32 rounding to break a near-tie, and a flipped token changes every
+    // later one. Empty blocks past a row's keys: AttentionDecodePlannedForABucketWithTheDevicePosition.
+    auto cpu_dev = ppb::create_cpu_device(1);
+    const auto cpu = run_model(*cpu_dev, m, DType::f32, 3, 60, 8);
+    const auto gpu_graphs = run_model(*gpu, m, DType::f32, 3, 60, 8);
+    EXPECT_EQ(gpu_graphs.first, cpu.first) << name;
+    EXPECT_NEAR(gpu_graphs.second, cpu.second, 1e-4 * (1.0 + std::fabs(cpu.second))) << name;
   }
 }
 

@@ -46,7 +46,7 @@ RunRecord make_record() {
   r.model_config_json = "{\"model_type\": \"qwen3\"}";
   r.model_attrs_str = {{"architecture", "Qwen3ForCausalLM"}, {"model_type", "qwen3"}};
   r.model_attrs_num = {{"hidden_size", 1024}, {"num_hidden_layers", 2}, {"total_params", 6e8}};
-  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload", 5.0, 120.0, false, true};
+  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload", 5.0, 120.0, true, true};
   r.ranks = {{"node01", "Xeon", "", 0, 0.0}, {"node02", "Xeon", "0000:3b:00.0", 1, 1.5e-6}};
   r.ranks[0].read_bandwidth_GBps = 12.5;
   r.ranks[0].read_bandwidth_shared_GBps = 9.5;
@@ -217,7 +217,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(b.objective, a.objective);
   EXPECT_EQ(b.target_ci_pct, a.target_ci_pct);
   EXPECT_EQ(b.max_time_s, a.max_time_s);
-  EXPECT_EQ(b.cuda_graphs, a.cuda_graphs);  // written false: not the reader's default
+  EXPECT_EQ(b.cuda_graphs, a.cuda_graphs);  // written true: not the reader's default (older files)
   EXPECT_EQ(b.profile_aligned, a.profile_aligned);
 
   ASSERT_EQ(r.ranks.size(), w.ranks.size());

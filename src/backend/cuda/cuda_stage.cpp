@@ -230,6 +230,8 @@ struct LayerWeights {
   std::vector<void*> k_cache, v_cache;  // [groups] -> [batch, max_context, n_kv, hd]
 };
 
+/// A stage on one GPU. Not thread-safe: its forwards are enqueued from one thread, on one lane
+/// at a time (they share x_, the scratch, the cuBLAS handle and the decode graphs).
 class CudaStage final : public StageExecutor {
  public:
   CudaStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
@@ -259,6 +261,10 @@ class CudaStage final : public StageExecutor {
     return plan_launches(plan_, cfg_, tokens);
   }
   size_t decode_graphs() const override { return graphs_.size(); }
+  void prepare_forward(int group, int pos, int tokens) override {
+    if (tokens == 1 && cfg_.cuda_graphs && group >= 0 && group < cfg_.groups && pos >= 0 && pos < cfg_.max_context)
+      (void)decode_graph(group, pos);
+  }
 
  private:
   void* alloc(size_t bytes);
@@ -289,7 +295,6 @@ class CudaStage final : public StageExecutor {
 
   Stream init_stream_;     // weight generation, checksum reads: private, so never waits on a lane
   Stream capture_stream_;  // decode graphs are captured here: nothing of a lane's stream is captured
-  std::map<std::pair<int, int>, GraphExecHandle> graphs_;  // (group, context bucket) -> decode graph
   CublasHandle cublas_;
   std::vector<DeviceMemory> memory_;
   void* workspace_ = nullptr;
@@ -311,6 +316,8 @@ class CudaStage final : public StageExecutor {
   int* pos_dev_ = nullptr;              // a decode graph's position, set before each replay
   int32_t* graph_tokens_ = nullptr;     // [B] a decode graph's input tokens (embedding stage)
   int32_t* graph_out_ = nullptr;        // [B] a decode graph's output tokens (head stage)
+  // Last: destroyed first, before the memory their nodes point into is freed.
+  std::map<std::pair<int, int>, GraphExecHandle> graphs_;  // (group, context bucket) -> decode graph
 };
 
 void* CudaStage::alloc(size_t bytes) {
@@ -556,6 +563,7 @@ cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
     cudaGraph_t partial = nullptr;
     (void)cudaStreamEndCapture(cs, &partial);
     if (partial) (void)cudaGraphDestroy(partial);
+    (void)cudaGetLastError();  // an invalidated capture's error, not to be blamed on a later launch
     throw;
   }
   cudaGraph_t raw = nullptr;

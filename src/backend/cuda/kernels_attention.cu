@@ -38,8 +38,10 @@ int decode_chunk_max(int group, int head_dim) {
 }
 
 /// Chunk size and split count of a decode call over `n` keys: enough blocks to fill the GPU
-/// (>= 2 per SM) when batch x KV heads alone does not.
-void decode_plan(int rows, int n_kv, int group, int head_dim, int n, int* chunk, int* n_splits) {
+/// (>= 2 per SM) when batch x KV heads alone does not. The chunk is sized for `n_chunk` keys
+/// (n, or a context bucket's smallest count, so that a grid planned for a bucket still fills
+/// the GPU just past the bucket's lower edge); the splits cover all `n`.
+void decode_plan(int rows, int n_kv, int group, int head_dim, int n_chunk, int n, int* chunk, int* n_splits) {
   const int cmax = decode_chunk_max(group, head_dim);
   if (cmax < 32) {
     throw UserError("decode attention: a GQA group of " + std::to_string(group) + " heads of dim " +
@@ -47,7 +49,7 @@ void decode_plan(int rows, int n_kv, int group, int head_dim, int n, int* chunk,
   }
   const int base = std::max(1, rows * n_kv);
   const int wanted = std::max(1, (2 * sm_count() + base - 1) / base);
-  int c = round_up(std::max(1, (n + wanted - 1) / wanted), 32);
+  int c = round_up(std::max(1, (n_chunk + wanted - 1) / wanted), 32);
   c = std::clamp(c, 32, cmax);
   *chunk = c;
   *n_splits = std::max(1, (n + c - 1) / c);
@@ -180,7 +182,9 @@ size_t attention_decode_scratch_floats(const cpu::AttentionShape& s) {
   const int n_max = s.window > 0 ? std::min(s.window, s.max_context) : s.max_context;
   const int cmax = std::max(32, decode_chunk_max(group, s.head_dim));
   const int wanted = std::max(1, (2 * sm_count() + rows * s.n_kv_heads - 1) / std::max(1, rows * s.n_kv_heads));
-  const int splits = std::max(wanted + 1, (n_max + cmax - 1) / cmax + 1);
+  // decode_plan's splits: <= 2 wanted while the chunk follows n_chunk >= n / 2 (a bucket's
+  // smallest count), else the keys over the largest chunk.
+  const int splits = std::max(2 * wanted + 1, (n_max + cmax - 1) / cmax + 1);
   return static_cast<size_t>(rows) * s.n_heads * splits * (s.head_dim + 2);
 }
 
@@ -201,7 +205,10 @@ void attention_decode(void* out, const void* q, const void* k_cache, const void*
     throw InternalError("attention_decode: planned for " + std::to_string(plan_keys) + " keys, but the call attends " +
                         std::to_string(attended) + " of a cache of " + std::to_string(cache_keys));
   }
-  decode_plan(rows, s.n_kv_heads, group, s.head_dim, plan_keys > 0 ? plan_keys : attended, &p.chunk, &p.n_splits);
+  // A bucket of plan_keys starts just above plan_keys / 2 keys: chunks for that many.
+  const int n_keys = plan_keys > 0 ? plan_keys : attended;
+  const int n_chunk = plan_keys > 0 ? plan_keys / 2 + 1 : attended;
+  decode_plan(rows, s.n_kv_heads, group, s.head_dim, n_chunk, n_keys, &p.chunk, &p.n_splits);
   const size_t parts = static_cast<size_t>(rows) * s.n_heads * p.n_splits;
   if (parts * (s.head_dim + 2) > attention_decode_scratch_floats(s))
     throw InternalError("attention_decode: scratch too small for " + std::to_string(p.n_splits) + " splits");
