@@ -32,20 +32,25 @@ struct PartitionMetrics {
   std::vector<double> bubble_fraction;   ///< [S] median over reps of 1 - busy compute / rep wall
   std::vector<double> recv_wait_ms;      ///< [S] median time a recv was outstanding (ms)
   double bottleneck_bound_tok_s = 0;     ///< decode steady-state bound (see compute_metrics)
-  double pipeline_efficiency = 0;        ///< decode_tokens_per_s / bottleneck_bound_tok_s
+  double pipeline_efficiency = 0;        ///< median over reps of decode rate / that rep's bound
   int bottleneck_stage = 0;              ///< argmax of stage_workload_ms
 };
 
 /// Computes the metrics of one partition.
 /// events: [iters][M][G+1][S][6] (recv_start, recv_end, compute_start, compute_end, send_start,
 /// send_end) seconds on one clock. batch = B sequences per group, gen_len = G.
-/// bottleneck_bound_tok_s = M*B / max(M * max_s d_s, sum_s d_s), d_s = stage s's mean decode step
-/// (ms; the mean, not the median of stage_decode_ms, so that skewed step times cannot put the
-/// measured rate above the bound beyond the edges of the measured window): a decode
-/// step of a group must cross every stage (sum_s d_s) and each stage serves the M groups one at
-/// a time (M * max_s d_s); no schedule beats the larger of the two. It equals B / max_s d_s
-/// when M >= S and the stages are balanced (DESIGN.md §3's M*B / stage time per step, with the
-/// stage time of a step counted over the M groups).
+/// bottleneck_bound_tok_s = M*B / max(M * max_s d_s, sum_s d_s) per repetition, d_s = stage s's
+/// mean decode step in that repetition over the steps decode_tokens_per_s's window spans (all
+/// but the stage's first decode step: M*G - 1 intervals between tokens out are M*G - 1
+/// services), the median over repetitions stored. The mean, not the median of stage_decode_ms:
+/// a stage's throughput is limited by its mean service time. A decode step of a group must
+/// cross every stage (sum_s d_s) and each stage serves the M groups one at a time
+/// (M * max_s d_s); no schedule beats the larger of the two. It equals B / max_s d_s when
+/// M >= S and the stages are balanced (DESIGN.md §3's M*B / stage time per step, with the stage
+/// time of a step counted over the M groups). pipeline_efficiency = the median over
+/// repetitions of each one's decode rate / its own bound: at most 1 up to the timers'
+/// resolution (a bound pooled over repetitions, or counting a first step, was measured up to
+/// 1.026).
 PartitionMetrics compute_metrics(const std::vector<double>& events, const EventShape& shape, int batch,
                                  int gen_len);
 
