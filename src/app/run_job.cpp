@@ -190,6 +190,21 @@ std::string split_text(const balance::Partition& p) {
   return p.counts_string() + " on ranks " + ranks;
 }
 
+/// The rank pairs whose links a run measures: every pair up to kAllLinksRanks ranks, else each
+/// neighbouring pair (k, k + 1) and the token return's (R - 1, 0).
+constexpr int kAllLinksRanks = 8;
+std::vector<std::pair<int, int>> link_pairs(int ranks) {
+  std::vector<std::pair<int, int>> pairs;
+  if (ranks <= kAllLinksRanks) {
+    for (int a = 0; a < ranks; ++a)
+      for (int b = a + 1; b < ranks; ++b) pairs.emplace_back(a, b);
+  } else {
+    for (int a = 0; a + 1 < ranks; ++a) pairs.emplace_back(a, a + 1);
+    pairs.emplace_back(0, ranks - 1);
+  }
+  return pairs;
+}
+
 /// A class per rank, equal for identical devices: the same node (hostname), device model, cgroup
 /// CPU quota and compute threads. Classes are numbered in order of first appearance.
 std::vector<int> device_classes(const std::vector<RankInfo>& ranks) {
@@ -578,7 +593,15 @@ class RunJob {
                      opt_.target_ci_pct, opt_.max_time_s, !opt_.no_cuda_graphs, opt_.profile_aligned};
 
     offsets_ = mpi_.clock_offsets();
-    std::tie(link_latency_s_, link_bandwidth_Bps_) = mpi_.link_model();
+    // Every pair's link where the ranks are few, else each neighbouring pair and the token
+    // return's; the balancer and the simulator still use one link, ranks 0 <-> 1's.
+    const MpiContext::LinkMatrix links = mpi_.link_matrix(link_pairs(S_));
+    run_.link_latency_matrix_s = links.latency_s;
+    run_.link_bandwidth_matrix_Bps = links.bandwidth_Bps;
+    if (S_ > 1) {
+      link_latency_s_ = links.latency_s[1];
+      link_bandwidth_Bps_ = links.bandwidth_Bps[1];
+    }
     run_.link_latency_s = link_latency_s_;
     run_.link_bandwidth_Bps = link_bandwidth_Bps_;
     const auto hosts = mpi_.gather_strings(mpi_.hostname());

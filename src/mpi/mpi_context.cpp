@@ -167,34 +167,72 @@ std::vector<double> MpiContext::clock_offsets() const {
   return offsets;
 }
 
-std::pair<double, double> MpiContext::link_model(size_t big_bytes) const {
-  std::vector<double> result{0.0, 0.0};
-  if (size_ > 1 && rank_ <= 1) {
-    constexpr int kTag = 7002;
-    const int peer = 1 - rank_;
-    std::vector<char> buf(big_bytes, 1);
-    auto min_rtt = [&](size_t bytes, int rounds) {
-      double best = 1e300;
-      for (int i = 0; i < rounds; ++i) {
-        double t0 = monotonic_s();
-        if (rank_ == 0) {
-          MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD));
-          MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-        } else {
-          MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-          MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD));
-        }
-        best = std::min(best, monotonic_s() - t0);
+namespace {
+
+/// Latency (s) and bandwidth (B/s) of the link to `peer` from blocking ping-pongs with host
+/// buffers: min round trip of 20 x 8 B and 5 x big_bytes; latency = rtt_small / 2, bandwidth =
+/// big_bytes / (rtt_big / 2 - latency). `leader`: this rank sends first.
+std::pair<double, double> ping_pong(int peer, bool leader, size_t big_bytes) {
+  constexpr int kTag = 7002;
+  std::vector<char> buf(big_bytes, 1);
+  auto min_rtt = [&](size_t bytes, int rounds) {
+    double best = 1e300;
+    for (int i = 0; i < rounds; ++i) {
+      double t0 = monotonic_s();
+      if (leader) {
+        MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+      } else {
+        MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, peer, kTag, MPI_COMM_WORLD));
       }
-      return best;
-    };
-    const double small = min_rtt(8, 20);
-    const double big = min_rtt(big_bytes, 5);
-    const double latency = small / 2;
-    result = {latency, static_cast<double>(big_bytes) / std::max(big / 2 - latency, 1e-9)};
+      best = std::min(best, monotonic_s() - t0);
+    }
+    return best;
+  };
+  const double small = min_rtt(8, 20);
+  const double big = min_rtt(big_bytes, 5);
+  const double latency = small / 2;
+  return {latency, static_cast<double>(big_bytes) / std::max(big / 2 - latency, 1e-9)};
+}
+
+}  // namespace
+
+std::pair<double, double> MpiContext::link_model(size_t big_bytes) const {
+  if (size_ < 2) return {0.0, 0.0};
+  const LinkMatrix m = link_matrix({{0, 1}}, big_bytes);
+  return {m.latency_s[1], m.bandwidth_Bps[1]};
+}
+
+MpiContext::LinkMatrix MpiContext::link_matrix(const std::vector<std::pair<int, int>>& pairs, size_t big_bytes) const {
+  const size_t n = static_cast<size_t>(size_) * size_;
+  // Measured values on the pair's leader, -1 elsewhere; a max-reduction gives every rank all.
+  std::vector<double> mine(2 * n, -1.0), all(2 * n, -1.0);
+  for (const auto& [a, b] : pairs) {
+    if (a < 0 || b < 0 || a >= size_ || b >= size_ || a == b)
+      throw InternalError("link_matrix: pair (" + std::to_string(a) + ", " + std::to_string(b) + ") is not two ranks of " +
+                          std::to_string(size_));
+    // The ranks not in the pair wait in the next quiet barrier, asleep: spinning in MPI they
+    // would take the pair's cores on an oversubscribed node (4 ranks on 2 cores timed 2-4 ms
+    // "latencies" within a node that way).
+    quiet_barrier(1e-3);
+    if (rank_ != a && rank_ != b) continue;
+    const auto [lat, bw] = ping_pong(rank_ == a ? b : a, rank_ == a, big_bytes);
+    if (rank_ == a) {
+      for (size_t idx : {static_cast<size_t>(a) * size_ + b, static_cast<size_t>(b) * size_ + a}) {
+        mine[idx] = lat;
+        mine[n + idx] = bw;
+      }
+    }
   }
-  bcast_doubles(result);
-  return {result[0], result[1]};
+  MPI_CHECK(MPI_Allreduce(mine.data(), all.data(), static_cast<int>(2 * n), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  LinkMatrix m;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (size_t i = 0; i < n; ++i) {
+    m.latency_s.push_back(all[i] < 0 ? nan : all[i]);
+    m.bandwidth_Bps.push_back(all[n + i] < 0 ? nan : all[n + i]);
+  }
+  return m;
 }
 
 std::string MpiContext::library_version() {

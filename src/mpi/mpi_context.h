@@ -66,6 +66,19 @@ class MpiContext {
   /// lanes' polling delay.
   std::pair<double, double> link_model(size_t big_bytes = 4 << 20) const;
 
+  /// Links measured pair by pair: [size * size] row-major, symmetric, NaN where not measured
+  /// (and on the diagonal).
+  struct LinkMatrix {
+    std::vector<double> latency_s, bandwidth_Bps;
+  };
+  /// Collective: link_model's ping-pongs between each pair (a, b) of `pairs` (ranks, a != b), one
+  /// pair at a time (a quiet barrier between pairs: no two pairs share a link or a core while
+  /// timed, and the other ranks sleep instead of spinning).
+  /// Valid on every rank. Issue 16: a boundary inside a node crosses shared memory, one between
+  /// nodes the network; the balancer's one link (ranks 0 <-> 1) sees only one of them.
+  /// @throws ppb::InternalError for a pair outside [0, size) or with a == b.
+  LinkMatrix link_matrix(const std::vector<std::pair<int, int>>& pairs, size_t big_bytes = 4 << 20) const;
+
   /// "Open MPI v4.1.4, ..." (MPI_Get_library_version, first line).
   static std::string library_version();
 

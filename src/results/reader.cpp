@@ -200,6 +200,8 @@ void read_all(const Group& root, RunRecord& run) {
   }
 
   Group ranks = root.open_group("ranks");
+  run.link_latency_matrix_s = dataset_or_empty<double>(ranks, "link_latency_s");  // files before issue 16: none
+  run.link_bandwidth_matrix_Bps = dataset_or_empty<double>(ranks, "link_bandwidth_Bps");
   auto host = ranks.open_dataset("hostname").read_strings();
   auto dev = ranks.exists("device_name") ? ranks.open_dataset("device_name").read_strings()
                                          : std::vector<std::string>(host.size());

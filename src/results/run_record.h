@@ -137,6 +137,9 @@ struct RunRecord {
   int world_size = 0;
   double link_latency_s = 0.0;      ///< rank 0 <-> 1 ping-pong latency (MPI, host buffers)
   double link_bandwidth_Bps = 0.0;  ///< rank 0 <-> 1 bandwidth, bytes/s
+  /// [R][R] each measured pair's link (MpiContext::link_matrix; /ranks/link_latency_s,
+  /// /ranks/link_bandwidth_Bps), symmetric, NaN where not measured; empty in older files.
+  std::vector<double> link_latency_matrix_s, link_bandwidth_matrix_Bps;
   double run_start_s = 0.0;  ///< rank 0 monotonic time all event times are relative to
   double elapsed_s = 0.0;
   std::string model_source, model_config_json;

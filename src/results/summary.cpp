@@ -86,6 +86,77 @@ void print_conditions(std::ostream& os, const RunRecord& run) {
   }
 }
 
+/// Whether the file has a measured link matrix for its ranks (issue 16).
+bool has_link_matrix(const RunRecord& run) {
+  const size_t R = run.ranks.size();
+  return R > 1 && run.link_latency_matrix_s.size() == R * R && run.link_bandwidth_matrix_Bps.size() == R * R;
+}
+
+/// The measured links within and between nodes, when there is more than the one pair the
+/// "link rank 0 <-> 1" line shows: pairs, latency and bandwidth ranges, the slowest pair.
+void print_links(std::ostream& os, const RunRecord& run) {
+  // Two ranks on one node: the "link rank 0 <-> 1" line already says it all.
+  if (!has_link_matrix(run) || (run.ranks.size() == 2 && run.ranks[0].hostname == run.ranks[1].hostname)) return;
+  const size_t R = run.ranks.size();
+  for (int between = 0; between < 2; ++between) {
+    double lat_lo = INFINITY, lat_hi = -INFINITY, bw_lo = INFINITY, bw_hi = -INFINITY;
+    size_t pairs = 0, slow_a = 0, slow_b = 0;
+    for (size_t a = 0; a < R; ++a)
+      for (size_t b = a + 1; b < R; ++b) {
+        const double lat = run.link_latency_matrix_s[a * R + b], bw = run.link_bandwidth_matrix_Bps[a * R + b];
+        if ((run.ranks[a].hostname != run.ranks[b].hostname) != (between == 1) || !(bw > 0)) continue;
+        ++pairs;
+        lat_lo = std::min(lat_lo, lat);
+        lat_hi = std::max(lat_hi, lat);
+        if (bw < bw_lo) {
+          bw_lo = bw;
+          slow_a = a;
+          slow_b = b;
+        }
+        bw_hi = std::max(bw_hi, bw);
+      }
+    if (pairs == 0) continue;
+    os << "links " << (between ? "between nodes" : "within a node") << ": " << pairs << " pair(s), "
+       << fmt("%.1f", 1e6 * lat_lo) << ".." << fmt("%.1f", 1e6 * lat_hi) << " us, " << fmt("%.3f", bw_lo / 1e9) << ".."
+       << fmt("%.3f", bw_hi / 1e9) << " GB/s (slowest: ranks " << slow_a << " <-> " << slow_b << ")\n";
+  }
+}
+
+/// The boundary of partition `p` whose decode-step transfer takes longest over its own measured
+/// link (the activations B x hidden x dtype bytes between stages, the B token ids back to stage
+/// 0), against the slowest stage's measured decode step. Nothing without a link matrix.
+void print_slowest_boundary(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
+  const int S = static_cast<int>(p.device_rank.size());
+  const auto hidden = run.model_attrs_num.find("hidden_size");
+  if (!has_link_matrix(run) || S < 2 || hidden == run.model_attrs_num.end() || !p.measured ||
+      p.stage_compute_ms.size() != 2 * static_cast<size_t>(S))
+    return;
+  const size_t R = run.ranks.size();
+  const double act_bytes = static_cast<double>(run.workload.batch) * hidden->second * (run.workload.dtype == "f32" ? 4 : 2);
+  double worst = -1, slowest_step = 0;
+  int worst_k = 0;
+  for (int k = 0; k < S; ++k) {
+    slowest_step = std::max(slowest_step, p.stage_compute_ms[2 * k + 1]);
+    const size_t a = static_cast<size_t>(p.device_rank[k]), b = static_cast<size_t>(p.device_rank[(k + 1) % S]);
+    const double bytes = k + 1 < S ? act_bytes : 4.0 * run.workload.batch;
+    const double ms = 1e3 * (run.link_latency_matrix_s[a * R + b] + bytes / run.link_bandwidth_matrix_Bps[a * R + b]);
+    if (std::isfinite(ms) && ms > worst) {
+      worst = ms;
+      worst_k = k;
+    }
+  }
+  if (worst < 0) return;
+  const int a = p.device_rank[worst_k], b = p.device_rank[(worst_k + 1) % S];
+  os << "  slowest link: " << (worst_k + 1 < S ? "stage " + std::to_string(worst_k) + " -> " + std::to_string(worst_k + 1)
+                                                : std::string("token return ") + std::to_string(worst_k) + " -> 0")
+     << " (ranks " << a << " -> " << b << ", "
+     << (run.ranks[a].hostname == run.ranks[b].hostname ? "within node " + run.ranks[a].hostname
+                                                         : "between nodes " + run.ranks[a].hostname + " and " +
+                                                               run.ranks[b].hostname)
+     << "): " << fmt("%.3f", worst) << " ms per decode step, " << fmt("%.1f%%", 100.0 * worst / slowest_step)
+     << " of the slowest stage's decode step\n";
+}
+
 }  // namespace
 
 bool outside_profile_spread(const PartitionRecord& p, size_t k) {
@@ -112,6 +183,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
        << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
   print_ceilings(os, run);
   print_conditions(os, run);
+  print_links(os, run);
   if (run.partitions.empty() && !run.profile.unit_name.empty()) {
     // A profile-only file (`ppbench profile`): one row per signature, over the ranks.
     const auto& t = run.profile;
@@ -223,6 +295,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
        << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << fmt("%.1f", m("ttft_p50_ms")) << "/"
        << fmt("%.1f", m("ttft_p99_ms")) << " ms  TPOT p50/p99 " << fmt("%.1f", m("tpot_p50_ms")) << "/"
        << fmt("%.1f", m("tpot_p99_ms")) << " ms\n";
+    print_slowest_boundary(os, run, p);
     if (p.metrics.count("simulated_decode_tokens_per_s"))
       os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
          << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))

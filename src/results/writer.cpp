@@ -205,6 +205,21 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
   pk.set_attr("measured", "the stages' GEMM in the run's dtype (Device::measure_gemm_gflops)");
 }
 
+/// /ranks/link_latency_s, /ranks/link_bandwidth_Bps [R][R] (issue 16), when measured.
+void write_links(Group& root, const RunRecord& run) {
+  const hs R = run.ranks.size();
+  if (R == 0 || run.link_latency_matrix_s.size() != R * R || run.link_bandwidth_matrix_Bps.size() != R * R) return;
+  Group ranks = root.open_group("ranks");
+  const char* how = "ping-pong of the pair alone (MpiContext::link_matrix: min round trip of 20 x 8 B and 5 x 4 MiB, "
+                    "host buffers); symmetric; NaN = not measured";
+  auto lat = ranks.write_dataset("link_latency_s", run.link_latency_matrix_s, {R, R});
+  lat.set_attr("units", "s");
+  lat.set_attr("measured", how);
+  auto bw = ranks.write_dataset("link_bandwidth_Bps", run.link_bandwidth_matrix_Bps, {R, R});
+  bw.set_attr("units", "bytes/s");
+  bw.set_attr("measured", how);
+}
+
 /// /profile: what each unit costs on each rank's device (results/README.md).
 void write_profile(Group& root, const RunRecord& run) {
   const auto& w = run.workload;
@@ -330,6 +345,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);
 
   write_ranks(root, run.ranks);
+  write_links(root, run);
   write_profile(root, run);
 
   for (const auto& part : run.partitions) write_partition(root, run, part);

@@ -1,9 +1,11 @@
 // Gather of the profile table and broadcast of the assignment, as run_job does them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "balance/partition.h"
+#include "common/error.h"
 #include "mpi_test_main.h"
 
 namespace ppb {
@@ -66,6 +68,33 @@ TEST(MpiCollectives, AgreeReturnsTheWorstStatus) {
   const auto& mpi = test::mpi();
   EXPECT_EQ(mpi.agree(0), 0);
   EXPECT_EQ(mpi.agree(mpi.rank() == mpi.size() - 1 ? 2 : 0), 2);
+}
+
+/// The link matrix (issue 16): the measured pairs on every rank, symmetric, NaN elsewhere;
+/// link_model is its pair 0 <-> 1.
+TEST(MpiCollectives, LinkMatrixMeasuresTheGivenPairsOnly) {
+  const auto& mpi = test::mpi();
+  const int R = mpi.size();
+  std::vector<std::pair<int, int>> pairs;
+  for (int a = 0; a + 1 < R; ++a) pairs.emplace_back(a + 1, a);  // neighbours, either order
+  const auto m = mpi.link_matrix(pairs, 1 << 16);
+  ASSERT_EQ(m.latency_s.size(), static_cast<size_t>(R * R));
+  for (int a = 0; a < R; ++a)
+    for (int b = 0; b < R; ++b) {
+      const size_t k = static_cast<size_t>(a) * R + b;
+      if (std::abs(a - b) == 1) {
+        EXPECT_GT(m.latency_s[k], 0.0) << a << " " << b;
+        EXPECT_LT(m.latency_s[k], 0.1) << a << " " << b;  // one node: far below 100 ms
+        EXPECT_GT(m.bandwidth_Bps[k], 1e6) << a << " " << b;
+        EXPECT_EQ(m.latency_s[k], m.latency_s[static_cast<size_t>(b) * R + a]);
+      } else {
+        EXPECT_TRUE(std::isnan(m.latency_s[k]) && std::isnan(m.bandwidth_Bps[k])) << a << " " << b;
+      }
+    }
+  const auto [lat, bw] = mpi.link_model(1 << 16);
+  EXPECT_GT(lat, 0.0);
+  EXPECT_GT(bw, 1e6);
+  EXPECT_THROW(mpi.link_matrix({{0, 0}}), InternalError);
 }
 
 TEST(MpiCollectives, ClockOffsetsAreSmallOnOneNode) {

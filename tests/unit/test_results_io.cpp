@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -48,6 +49,9 @@ RunRecord make_record() {
   r.model_attrs_num = {{"hidden_size", 1024}, {"num_hidden_layers", 2}, {"total_params", 6e8}};
   r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload", 5.0, 120.0, true, true};
   r.ranks = {{"node01", "Xeon", "", 0, 0.0}, {"node02", "Xeon", "0000:3b:00.0", 1, 1.5e-6}};
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  r.link_latency_matrix_s = {nan, 6e-6, 6e-6, nan};
+  r.link_bandwidth_matrix_Bps = {nan, 1.2e8, 1.2e8, nan};
   r.ranks[0].read_bandwidth_GBps = 12.5;
   r.ranks[0].read_bandwidth_shared_GBps = 9.5;
   r.ranks[0].peak_gflops = 140.0;
@@ -223,6 +227,12 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   ASSERT_EQ(r.ranks.size(), w.ranks.size());
   for (size_t i = 0; i < w.ranks.size(); ++i) {
     EXPECT_EQ(r.ranks[i].hostname, w.ranks[i].hostname);
+    for (size_t j = 0; j < w.ranks.size(); ++j) {  // the link matrix, NaN on the diagonal
+      const size_t k = i * w.ranks.size() + j;
+      EXPECT_TRUE(r.link_latency_matrix_s[k] == w.link_latency_matrix_s[k] || (i == j && std::isnan(r.link_latency_matrix_s[k])));
+      EXPECT_TRUE(r.link_bandwidth_matrix_Bps[k] == w.link_bandwidth_matrix_Bps[k] ||
+                  (i == j && std::isnan(r.link_bandwidth_matrix_Bps[k])));
+    }
     EXPECT_EQ(r.ranks[i].device_name, w.ranks[i].device_name);
     EXPECT_EQ(r.ranks[i].bus_id, w.ranks[i].bus_id);
     EXPECT_EQ(r.ranks[i].local_rank, w.ranks[i].local_rank);
