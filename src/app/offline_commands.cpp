@@ -617,7 +617,9 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
     }
   }
   const bool run_link = opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0;
+  const balance::PairLinks pair_links = balance::node_pair_links(run);
   if (run_link && run.link_bandwidth_Bps == 0 && run.link_latency_s == 0) link += " (none measured: 1-rank run)";
+  else if (run_link && !pair_links.latency_s.empty()) link = "each boundary's own (the run's, per pair of nodes)";
   else if (run_link) link += " (the run's)";
   std::printf("simulate: %s, M=%d G=%d B=%d, %s, link %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
               cfg.overlap ? "overlap" : "no overlap", link.c_str());
@@ -636,8 +638,18 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
         st[s].decode_ms = ph[2 * s + 1];
         const bool last = s == S - 1;
         if (S == 1) continue;  // one stage: no transfer at all (the token stays on its device)
-        st[s].send_prefill_ms = last ? xfer(4.0 * cfg.batch) : xfer(act * wl.prompt_len);
-        st[s].send_decode_ms = last ? xfer(4.0 * cfg.batch) : xfer(act);
+        // The run's own links on several nodes: each boundary's (balance::node_pair_links).
+        const size_t R = run.ranks.size();
+        const size_t pair = s < static_cast<int>(pr.device_rank.size()) && R > 0
+                                ? static_cast<size_t>(pr.device_rank[s]) * R + pr.device_rank[(s + 1) % S]
+                                : SIZE_MAX;
+        auto send = [&](double bytes) {
+          if (run_link && pair < pair_links.latency_s.size() && !std::isnan(pair_links.latency_s[pair]))
+            return pair_links.latency_s[pair] * 1e3 + bytes / pair_links.bandwidth_Bps[pair] * 1e3;
+          return xfer(bytes);
+        };
+        st[s].send_prefill_ms = last ? send(4.0 * cfg.batch) : send(act * wl.prompt_len);
+        st[s].send_decode_ms = last ? send(4.0 * cfg.batch) : send(act);
       }
       return st;
     };

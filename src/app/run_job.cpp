@@ -1593,6 +1593,8 @@ class RunJob {
   /// stored beside the measurement; a failing prediction never costs the measurement.
   void add_simulated_metrics(const balance::Partition& p, PartitionRecord& pr, double measured_decode_tok_s) const {
     std::vector<balance::SimStage> st(S_);
+    // On several nodes each boundary's own link (the balancer's: balance::node_pair_links).
+    const balance::PairLinks links = balance::node_pair_links(run_);
     for (int k = 0; k < S_; ++k) {
       st[k].prefill_ms = pr.predicted_phase_ms[2 * k];
       st[k].decode_ms = pr.predicted_phase_ms[2 * k + 1];
@@ -1602,7 +1604,13 @@ class RunJob {
         const double bytes = last_stage ? 4.0 * opt_.batch
                                         : double(model::boundary_bytes(spec_, p.last_unit[k], opt_.batch, tokens,
                                                                        dtype_bytes(dtype_)));
-        return 1e3 * (link_latency_s_ + (link_bandwidth_Bps_ > 0 ? bytes / link_bandwidth_Bps_ : 0.0));
+        double lat = link_latency_s_, bw = link_bandwidth_Bps_;
+        const size_t pair = static_cast<size_t>(p.device_rank[k]) * S_ + p.device_rank[(k + 1) % S_];
+        if (pair < links.latency_s.size() && !std::isnan(links.latency_s[pair])) {
+          lat = links.latency_s[pair];
+          bw = links.bandwidth_Bps[pair];
+        }
+        return 1e3 * (lat + (bw > 0 ? bytes / bw : 0.0));
       };
       st[k].send_prefill_ms = xfer_ms(opt_.prompt_len);
       st[k].send_decode_ms = xfer_ms(1);

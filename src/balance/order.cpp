@@ -15,7 +15,29 @@ namespace {
 
 constexpr int kMaxExhaustive = 8;  // 8! = 40320 solves of ~20 us each
 
-/// Class id of every device: equal cost row (by content) and equal memory limit.
+/// The link d -> e as the transfers see it: (bandwidth, latency), NaN entries -> the default.
+std::pair<double, double> link_of(const BalanceProblem& p, int d, int e) {
+  const std::size_t i = static_cast<std::size_t>(d) * p.devices() + e;
+  double bw = p.link_bandwidth_GBps, lat = p.link_latency_us;
+  if (i < p.pair_bandwidth_GBps.size() && !std::isnan(p.pair_bandwidth_GBps[i])) bw = p.pair_bandwidth_GBps[i];
+  if (i < p.pair_latency_us.size() && !std::isnan(p.pair_latency_us[i])) lat = p.pair_latency_us[i];
+  return {bw, lat};
+}
+
+/// Whether swapping devices d and e leaves every link the same (always without pair links):
+/// d and e see every other device over equal links, both ways, and each other alike both ways.
+bool same_links(const BalanceProblem& p, int d, int e) {
+  if (p.pair_bandwidth_GBps.empty() && p.pair_latency_us.empty()) return true;
+  if (link_of(p, d, e) != link_of(p, e, d)) return false;
+  for (int f = 0; f < p.devices(); ++f) {
+    if (f == d || f == e) continue;
+    if (link_of(p, d, f) != link_of(p, e, f) || link_of(p, f, d) != link_of(p, f, e)) return false;
+  }
+  return true;
+}
+
+/// Class id of every device: equal cost row (by content), equal memory limit and the same links
+/// to every other device (devices of one node, with per-pair links).
 std::vector<int> device_classes(const BalanceProblem& p) {
   const int D = p.devices();
   std::vector<int> cls(D, -1);
@@ -28,7 +50,8 @@ std::vector<int> device_classes(const BalanceProblem& p) {
       if (cls[e] >= 0) continue;
       const int64_t cap_e = p.device_memory_bytes.empty() ? 0 : std::max<int64_t>(0, p.device_memory_bytes[e]);
       if (cap_d != cap_e) continue;
-      if (p.row_of(d) == p.row_of(e) || p.cost[p.row_of(d)] == p.cost[p.row_of(e)]) cls[e] = next;
+      if ((p.row_of(d) == p.row_of(e) || p.cost[p.row_of(d)] == p.cost[p.row_of(e)]) && same_links(p, d, e))
+        cls[e] = next;
     }
     ++next;
   }

@@ -1,8 +1,14 @@
 #include "balance/problem.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "common/error.h"
+#include "common/stats.h"
 
 namespace ppb::balance {
 
@@ -43,6 +49,37 @@ int dtype_size(const std::string& dtype) {
   throw UserError("dtype '" + dtype + "' is unknown; valid: f32, f16, bf16");
 }
 
+PairLinks node_pair_links(const RunRecord& run) {
+  const size_t R = run.ranks.size();
+  PairLinks out;
+  if (R < 2 || run.link_latency_matrix_s.size() != R * R || run.link_bandwidth_matrix_Bps.size() != R * R) return out;
+  std::vector<std::string> hosts;
+  for (const RankInfo& k : run.ranks) hosts.push_back(k.hostname);
+  if (std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; })) return out;
+  // Measured pairs per unordered node pair.
+  std::map<std::pair<std::string, std::string>, std::pair<std::vector<double>, std::vector<double>>> by_nodes;
+  auto key = [&](size_t a, size_t b) { return std::minmax(hosts[a], hosts[b]); };
+  for (size_t a = 0; a < R; ++a)
+    for (size_t b = 0; b < R; ++b) {
+      const double lat = run.link_latency_matrix_s[a * R + b], bw = run.link_bandwidth_matrix_Bps[a * R + b];
+      if (a == b || !(lat >= 0) || !(bw > 0)) continue;
+      auto& v = by_nodes[key(a, b)];
+      v.first.push_back(lat);
+      v.second.push_back(bw);
+    }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  out.latency_s.assign(R * R, nan);
+  out.bandwidth_Bps.assign(R * R, nan);
+  for (size_t a = 0; a < R; ++a)
+    for (size_t b = 0; b < R; ++b) {
+      const auto it = by_nodes.find(key(a, b));
+      if (a == b || it == by_nodes.end()) continue;
+      out.latency_s[a * R + b] = median(it->second.first);
+      out.bandwidth_Bps[a * R + b] = median(it->second.second);
+    }
+  return out;
+}
+
 BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   const ProfileTable& t = run.profile;
   const WorkloadInfo& w = run.workload;
@@ -72,6 +109,13 @@ BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   p.messages_per_boundary = objective_messages(o, w.gen_len);
   p.link_bandwidth_GBps = run.link_bandwidth_Bps / 1e9;
   p.link_latency_us = run.link_latency_s * 1e6;
+  const PairLinks links = node_pair_links(run);
+  if (!links.latency_s.empty() && links.latency_s.size() == R * R) {  // several nodes: a link per boundary
+    for (size_t i = 0; i < R * R; ++i) {
+      p.pair_latency_us.push_back(links.latency_s[i] * 1e6);
+      p.pair_bandwidth_GBps.push_back(links.bandwidth_Bps[i] / 1e9);
+    }
+  }
   p.overlap = w.overlap;
   validate_problem(p);
   return p;

@@ -44,6 +44,18 @@ int objective_messages(Objective o, int gen_len);
 /// @throws ppb::UserError for another name.
 int dtype_size(const std::string& dtype);
 
+/// A run's links as the balancer and the simulator use them (issue 16): [R][R] row-major,
+/// latency (s) and bandwidth (bytes/s) of each rank pair, one value per pair of nodes (nodes:
+/// /ranks/hostname): the median over that node pair's measured rank pairs (within a node
+/// likewise), so that ranks of one node stay interchangeable (--order auto) and one noisy pair
+/// does not steer the split. NaN where the node pair has no measurement. Empty when the ranks
+/// share one node or the record has no link matrix: then the one link (ranks 0 <-> 1) serves
+/// every boundary, as before the matrix.
+struct PairLinks {
+  std::vector<double> latency_s, bandwidth_Bps;
+};
+PairLinks node_pair_links(const RunRecord& run);
+
 /// The balancer's problem of `run` for objective `o`:
 ///  - cost [R][U] = objective_cost of each rank's own profile row (/profile/latency_ms);
 ///  - weight_bytes, kv_bytes [U] = /profile/unit_weight_bytes, unit_kv_bytes;
@@ -52,7 +64,8 @@ int dtype_size(const std::string& dtype);
 ///  - activation_bytes [U-1] = B · objective_tokens · hidden_size · dtype bytes (the hidden
 ///    states of every sequence of a group crossing the boundary per unit of cost);
 ///  - messages_per_boundary = objective_messages; link = the run's measured latency (s -> us)
-///    and bandwidth (B/s -> GB/s); overlap as the run.
+///    and bandwidth (B/s -> GB/s); on several nodes, pair links = node_pair_links (each
+///    boundary over its own devices' link); overlap as the run.
 /// Needs run.profile (unit names, latency_ms, byte tables), run.workload, run.ranks,
 /// run.model_attrs_num["hidden_size"] (0 or absent: no activation bytes) and the link.
 /// @throws ppb::UserError when the record lacks a profile or its tables disagree in size.

@@ -103,23 +103,56 @@ void validate_problem(const BalanceProblem& p) {
   if (!p.unit_names.empty() && p.unit_names.size() != U)
     throw UserError("units has " + std::to_string(p.unit_names.size()) + " names but latency_ms has " +
                     std::to_string(U) + " units per row");
-  // Transfer times must stay finite too (a tiny bandwidth or huge latency would make them inf).
-  const std::vector<double> xfer = boundary_transfer_ms(p);
-  for (std::size_t b = 0; b < xfer.size(); ++b)
-    if (!(xfer[b] <= kMaxCostMs))
-      throw UserError("the transfer time of boundary " + std::to_string(b) + " is " + g_text(xfer[b]) +
-                      " ms (activation_bytes / link_bandwidth_GBps + messages x link_latency_us); must be <= " +
-                      g_text(kMaxCostMs) + " ms: raise link_bandwidth_GBps or lower activation_bytes/link_latency_us");
+  const std::size_t D = static_cast<std::size_t>(p.devices());
+  for (const auto* m : {&p.pair_bandwidth_GBps, &p.pair_latency_us}) {
+    const char* name = m == &p.pair_bandwidth_GBps ? "pair_bandwidth_GBps" : "pair_latency_us";
+    if (!m->empty() && m->size() != D * D)
+      throw UserError(std::string(name) + " has " + std::to_string(m->size()) + " entries; need devices x devices (" +
+                      std::to_string(D * D) + ")");
+    for (std::size_t i = 0; i < m->size(); ++i)
+      if (std::isinf((*m)[i]) || (m == &p.pair_latency_us && (*m)[i] < 0))
+        throw UserError(std::string(name) + "[" + std::to_string(i / D) + "][" + std::to_string(i % D) + "] is " +
+                        g_text((*m)[i]) + "; must be finite (NaN = the default link)" +
+                        (m == &p.pair_latency_us ? " and >= 0" : ""));
+  }
+  // Transfer times must stay finite too (a tiny bandwidth or huge latency would make them inf):
+  // the largest boundary over the default link and over every pair's (O(U + D^2): prepare()
+  // validates once per device order of an --order auto search).
+  double max_bytes = 0.0;
+  for (double b : p.activation_bytes) max_bytes = std::max(max_bytes, b);
+  const bool pairs = !p.pair_bandwidth_GBps.empty() || !p.pair_latency_us.empty();
+  for (int from = -1; from < (pairs ? static_cast<int>(D) : 0); ++from)
+    for (int to = from < 0 ? -1 : 0; to < (from < 0 ? 0 : static_cast<int>(D)); ++to) {
+      double bandwidth = p.link_bandwidth_GBps, latency_us = p.link_latency_us;
+      if (from >= 0) {
+        const std::size_t i = static_cast<std::size_t>(from) * D + to;
+        if (!p.pair_bandwidth_GBps.empty() && !std::isnan(p.pair_bandwidth_GBps[i])) bandwidth = p.pair_bandwidth_GBps[i];
+        if (!p.pair_latency_us.empty() && !std::isnan(p.pair_latency_us[i])) latency_us = p.pair_latency_us[i];
+      }
+      const double worst = p.messages_per_boundary * latency_us * 1e-3 + (bandwidth > 0 ? max_bytes / (bandwidth * 1e6) : 0.0);
+      if (!(worst <= kMaxCostMs))
+        throw UserError("the transfer time of the largest boundary" +
+                        (from >= 0 ? " over the link " + std::to_string(from) + " -> " + std::to_string(to) : std::string()) +
+                        " is " + g_text(worst) +
+                        " ms (activation_bytes / link bandwidth + messages x link latency); must be <= " +
+                        g_text(kMaxCostMs) + " ms: raise the bandwidth or lower activation_bytes/the latency");
+    }
 }
 
-std::vector<double> boundary_transfer_ms(const BalanceProblem& p) {
+std::vector<double> boundary_transfer_ms(const BalanceProblem& p, int from, int to) {
   const int U = p.units();
   std::vector<double> t(U > 0 ? U - 1 : 0);
-  const double latency_ms = p.messages_per_boundary * p.link_latency_us * 1e-3;
+  double bandwidth = p.link_bandwidth_GBps, latency_us = p.link_latency_us;
+  if (from >= 0 && to >= 0) {
+    const std::size_t i = static_cast<std::size_t>(from) * p.devices() + to;
+    if (i < p.pair_bandwidth_GBps.size() && !std::isnan(p.pair_bandwidth_GBps[i])) bandwidth = p.pair_bandwidth_GBps[i];
+    if (i < p.pair_latency_us.size() && !std::isnan(p.pair_latency_us[i])) latency_us = p.pair_latency_us[i];
+  }
+  const double latency_ms = p.messages_per_boundary * latency_us * 1e-3;
   for (int b = 0; b + 1 < U; ++b) {
     const double bytes = p.activation_bytes.empty() ? 0.0 : p.activation_bytes[b];
     // bytes / (GB/s * 1e9 bytes/GB) seconds = bytes / (GB/s * 1e6) ms.
-    const double wire = p.link_bandwidth_GBps > 0 ? bytes / (p.link_bandwidth_GBps * 1e6) : 0.0;
+    const double wire = bandwidth > 0 ? bytes / (bandwidth * 1e6) : 0.0;
     t[b] = latency_ms + wire;
   }
   return t;
@@ -127,7 +160,13 @@ std::vector<double> boundary_transfer_ms(const BalanceProblem& p) {
 
 bool uniform_transfers(const BalanceProblem& p) {
   const auto t = boundary_transfer_ms(p);
-  return std::all_of(t.begin(), t.end(), [&](double x) { return x == t[0]; });
+  auto same = [&](const std::vector<double>& v) { return std::all_of(v.begin(), v.end(), [&](double x) { return x == t[0]; }); };
+  if (!same(t)) return false;
+  if (p.pair_bandwidth_GBps.empty() && p.pair_latency_us.empty()) return true;
+  for (int d = 0; d < p.devices(); ++d)
+    for (int e = 0; e < p.devices(); ++e)
+      if (d != e && !same(boundary_transfer_ms(p, d, e))) return false;
+  return true;
 }
 
 std::vector<int> rank_order(const BalanceProblem& problem, int stages) {
@@ -187,9 +226,11 @@ Prepared prepare(const BalanceProblem& problem, const std::vector<int>& order) {
   }
   pp.mem_prefix.assign(pp.U + 1, 0);
   for (int u = 0; u < pp.U; ++u) pp.mem_prefix[u + 1] = pp.mem_prefix[u] + unit_mem(problem, u);
-  pp.xfer = boundary_transfer_ms(problem);
   double max_xfer = 0.0;
-  for (double x : pp.xfer) max_xfer = std::max(max_xfer, x);
+  for (int k = 0; k + 1 < pp.S; ++k) {
+    pp.xfer.push_back(boundary_transfer_ms(problem, order[k], order[k + 1]));
+    for (double x : pp.xfer.back()) max_xfer = std::max(max_xfer, x);
+  }
   // Prefix-sum rounding is ~1e-16 relative; 1e-12 of the largest possible stage time keeps
   // splits tied with B* in exact arithmetic inside the spread pass (as in partition.cpp).
   pp.eps = 1e-12 * (scale + 2.0 * max_xfer);
@@ -221,8 +262,9 @@ void throw_infeasible(const BalanceProblem& problem, const std::vector<int>& ord
 void evaluate(const BalanceProblem& problem, Partition& p) {
   const int U = problem.units();
   check_partition(p, U);
-  const auto xfer = boundary_transfer_ms(problem);
   const int S = p.num_stages();
+  std::vector<std::vector<double>> xfer;  // [S-1][U-1] over each stage boundary's own link
+  for (int k = 0; k + 1 < S; ++k) xfer.push_back(boundary_transfer_ms(problem, p.device_rank[k], p.device_rank[k + 1]));
   p.predicted_stage_ms.assign(S, 0.0);
   // The same prefix-sum differences as the solvers, so that predictions equal their optimum;
   // one prefix array per row in use (O(U) per distinct row, not per stage).
@@ -239,8 +281,8 @@ void evaluate(const BalanceProblem& problem, Partition& p) {
       for (int u = 0; u < U; ++u) pre[u + 1] = pre[u] + row[u];
     }
     const double pre_a = pre[p.first_unit[k]], pre_b = pre[p.last_unit[k] + 1];
-    const double t_in = k > 0 ? xfer[p.first_unit[k] - 1] : 0.0;
-    const double t_out = k < S - 1 ? xfer[p.last_unit[k]] : 0.0;
+    const double t_in = k > 0 ? xfer[k - 1][p.first_unit[k] - 1] : 0.0;
+    const double t_out = k < S - 1 ? xfer[k][p.last_unit[k]] : 0.0;
     p.predicted_stage_ms[k] = stage_time(pre_b - pre_a, t_in, t_out, problem.overlap);
   }
   const auto [lo, hi] = std::minmax_element(p.predicted_stage_ms.begin(), p.predicted_stage_ms.end());

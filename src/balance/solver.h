@@ -44,6 +44,12 @@ struct BalanceProblem {
   std::vector<double> activation_bytes;
   double link_bandwidth_GBps = 0.0;  ///< GB/s (1e9 bytes/s) of a stage-to-stage link; <= 0 = infinite
   double link_latency_us = 0.0;      ///< per message, microseconds
+  /// [D][D] the link from device d to device e (row-major, d * D + e), where boundaries differ
+  /// (issue 16: shared memory inside a node, the network between nodes): the boundary between a
+  /// stage on d and the next on e costs its bytes over pair_bandwidth_GBps[d][e] (<= 0 =
+  /// infinite) plus messages x pair_latency_us[d][e]. NaN entries, or empty vectors, take
+  /// link_bandwidth_GBps / link_latency_us.
+  std::vector<double> pair_bandwidth_GBps, pair_latency_us;
   double messages_per_boundary = 1;  ///< messages per unit of cost (e.g. G + 1 steps); scales latency
   bool overlap = true;               ///< transfers on their own lanes (max) or on the compute lane (sum)
   std::vector<std::string> unit_names;  ///< [U] for messages ("embed", "layer.3"); empty = "unit u"
@@ -75,11 +81,13 @@ inline double stage_time(double compute, double t_in, double t_out, bool overlap
 ///         negative bytes, negative latency).
 void validate_problem(const BalanceProblem& p);
 
-/// [U-1] ms: transfer time of each boundary = messages * latency + bytes / bandwidth.
-std::vector<double> boundary_transfer_ms(const BalanceProblem& p);
+/// [U-1] ms: transfer time of each boundary = messages * latency + bytes / bandwidth, over the
+/// link from device `from` to device `to` (pair_bandwidth_GBps / pair_latency_us where given),
+/// or over link_bandwidth_GBps / link_latency_us when from or to is < 0.
+std::vector<double> boundary_transfer_ms(const BalanceProblem& p, int from = -1, int to = -1);
 
-/// True when every boundary costs the same transfer time (bit-identical), the precondition of
-/// solve_fast; always true with U <= 2 or without activation bytes.
+/// True when every boundary costs the same transfer time (bit-identical) over every link, the
+/// precondition of solve_fast; always true with U <= 2 or without activation bytes and latency.
 bool uniform_transfers(const BalanceProblem& p);
 
 /// Fills p.predicted_stage_ms (stage_time on device p.device_rank[k], with transfers),
@@ -137,7 +145,8 @@ enum class OrderMode {
 /// Solves `stages` stages over the problem's devices, choosing the order by `mode`; the result's
 /// device_rank is the order found. Among orders with the same bottleneck and spread (within
 /// 1e-12 relative), the one closest to rank order (first enumerated) wins. Devices are
-/// identical (one class) when their cost row and memory are equal.
+/// identical (one class) when their cost row and memory are equal and, with pair links, their links
+/// to every other device (the devices of one node).
 /// @throws ppb::UserError as solve(), when stages > devices, or when no order is feasible.
 Partition solve_with_order(const BalanceProblem& problem, int stages, OrderMode mode,
                            SolverKind kind = SolverKind::automatic);

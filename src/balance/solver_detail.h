@@ -20,12 +20,14 @@ struct Prepared {
   std::vector<std::vector<double>> prefix;    ///< [distinct rows in use][U+1]
   std::vector<int64_t> mem_prefix;            ///< [U+1] weights + KV cache
   std::vector<int64_t> mem_cap;               ///< [S] bytes; INT64_MAX = unlimited
-  std::vector<double> xfer;                   ///< [U-1] ms per boundary
+  /// [S-1][U-1] ms: the boundary after stage k (to stage k+1) at each unit boundary, over the
+  /// link order[k] -> order[k+1] (equal rows when the problem has one link)
+  std::vector<std::vector<double>> xfer;
   double eps = 0.0;                           ///< tolerance of the spread pass (1e-12 * scale)
 
   double compute(int k, int j, int i) const { return prefix[slot_of[k]][i] - prefix[slot_of[k]][j]; }
-  double t_in(int k, int j) const { return k > 0 ? xfer[j - 1] : 0.0; }
-  double t_out(int k, int i) const { return k < S - 1 ? xfer[i - 1] : 0.0; }
+  double t_in(int k, int j) const { return k > 0 ? xfer[k - 1][j - 1] : 0.0; }
+  double t_out(int k, int i) const { return k < S - 1 ? xfer[k][i - 1] : 0.0; }
   /// Stage time of stage k over units [j, i) (j < i).
   double time(int k, int j, int i) const { return stage_time(compute(k, j, i), t_in(k, j), t_out(k, i), overlap); }
   bool mem_ok(int k, int j, int i) const { return mem_prefix[i] - mem_prefix[j] <= mem_cap[k]; }

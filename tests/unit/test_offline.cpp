@@ -795,6 +795,59 @@ void expect_same_problem(const balance::BalanceProblem& a, const balance::Balanc
   EXPECT_EQ(a.messages_per_boundary, b.messages_per_boundary) << what;
   EXPECT_EQ(a.overlap, b.overlap) << what;
   EXPECT_EQ(a.unit_names, b.unit_names) << what;
+  auto same_nan = [](const std::vector<double>& x, const std::vector<double>& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))) return false;
+    return true;
+  };
+  EXPECT_TRUE(same_nan(a.pair_bandwidth_GBps, b.pair_bandwidth_GBps)) << what;
+  EXPECT_TRUE(same_nan(a.pair_latency_us, b.pair_latency_us)) << what;
+}
+
+/// Issue 16: on several nodes the balancer's links are per pair of nodes (the median of the
+/// node pair's measured rank pairs, so ranks of one node stay interchangeable); on one node, or
+/// without a matrix, there are none and the one link serves every boundary as before. The
+/// offline problem from the file is the run's.
+TEST_F(OfflineTest, PairLinksArePerPairOfNodes) {
+  RunRecord run = make_run();
+  const balance::Objective o = balance::parse_objective(run.workload.objective);  // what the file reloads
+  EXPECT_TRUE(balance::node_pair_links(run).latency_s.empty());  // no matrix
+  run.link_latency_matrix_s = {NAN, 1e-6, 1e-6, NAN};
+  run.link_bandwidth_matrix_Bps = {NAN, 8e9, 8e9, NAN};
+  EXPECT_TRUE(balance::node_pair_links(run).latency_s.empty());  // one node
+  EXPECT_TRUE(balance::problem_from_run(run, o).pair_bandwidth_GBps.empty());
+  // Four ranks, two per node; within node01 7 and 9 GB/s ... one noisy pair each.
+  run.ranks = {{"node01", "Xeon", "", 0, 0.0}, {"node01", "Xeon", "", 1, 0.0}, {"node02", "Xeon", "", 0, 0.0},
+               {"node02", "Xeon", "", 1, 0.0}};
+  run.world_size = 4;
+  auto& t = run.profile;
+  for (auto* v : {&t.latency_ms, &t.latency_min_ms, &t.latency_max_ms}) v->insert(v->end(), v->begin(), v->end());  // [4][U][2]
+  t.decode_context_ms.insert(t.decode_context_ms.end(), t.decode_context_ms.begin(), t.decode_context_ms.end());
+  t.cost_ms.insert(t.cost_ms.end(), t.cost_ms.begin(), t.cost_ms.end());
+  run.partitions.clear();
+  const double n = NAN;
+  run.link_latency_matrix_s = {n, 1e-6, 5e-5, 6e-5, 1e-6, n, 7e-5, 5e-5, 5e-5, 7e-5, n, 2e-6, 6e-5, 5e-5, 2e-6, n};
+  run.link_bandwidth_matrix_Bps = {n, 7e9, 1.1e8, 1.3e8, 7e9, n, 1.2e8, 1.0e8, 1.1e8, 1.2e8, n, 9e9, 1.3e8, 1.0e8, 9e9, n};
+  const balance::PairLinks links = balance::node_pair_links(run);
+  ASSERT_EQ(links.bandwidth_Bps.size(), 16u);
+  EXPECT_TRUE(std::isnan(links.bandwidth_Bps[0]));
+  EXPECT_EQ(links.bandwidth_Bps[0 * 4 + 1], 7e9);  // node01 alone: its one pair
+  EXPECT_EQ(links.bandwidth_Bps[2 * 4 + 3], 9e9);
+  for (int a : {0, 1})
+    for (int b : {2, 3}) {
+      EXPECT_DOUBLE_EQ(links.bandwidth_Bps[a * 4 + b], 1.15e8) << a << " " << b;  // median of the four
+      EXPECT_DOUBLE_EQ(links.latency_s[b * 4 + a], 5.5e-5) << a << " " << b;
+    }
+  const balance::BalanceProblem p = balance::problem_from_run(run, o);
+  ASSERT_EQ(p.pair_bandwidth_GBps.size(), 16u);
+  EXPECT_DOUBLE_EQ(p.pair_bandwidth_GBps[1 * 4 + 2], 0.115);
+  EXPECT_DOUBLE_EQ(p.pair_latency_us[1 * 4 + 2], 55.0);
+  // The boundary between the nodes costs the network, one inside a node shared memory.
+  EXPECT_GT(balance::boundary_transfer_ms(p, 1, 2)[0], 10 * balance::boundary_transfer_ms(p, 0, 1)[0]);
+  const std::string path = (dir_ / "two_nodes.h5").string();
+  write_results(path, run);
+  expect_same_problem(p, load_balance_problem(path), "two nodes");
 }
 
 /// For each objective, the problem built from the run's in-memory record (what `run` solves on

@@ -26,12 +26,24 @@ struct Optimum {
   double spread = kInf;
 };
 
+/// Transfer time (ms) of unit boundary b from device d to device e, computed independently of
+/// the solvers: the pair's link where the problem has one (NaN: the default link).
+double brute_xfer(const BalanceProblem& p, int b, int d, int e) {
+  double bw = p.link_bandwidth_GBps, lat = p.link_latency_us;
+  const std::size_t i = static_cast<std::size_t>(d) * p.devices() + e;
+  if (!p.pair_bandwidth_GBps.empty() && !std::isnan(p.pair_bandwidth_GBps[i])) bw = p.pair_bandwidth_GBps[i];
+  if (!p.pair_latency_us.empty() && !std::isnan(p.pair_latency_us[i])) lat = p.pair_latency_us[i];
+  const double bytes = p.activation_bytes.empty() ? 0.0 : p.activation_bytes[b];
+  return p.messages_per_boundary * lat / 1000.0 + (bw > 0 ? bytes / bw / 1e6 : 0.0);
+}
+
 /// Stage time computed independently of the solvers (plain loops, no prefix sums).
-double brute_stage_time(const BalanceProblem& p, const std::vector<double>& xfer, int k, int S, int a, int b,
-                        int device) {
+double brute_stage_time(const BalanceProblem& p, const std::vector<int>& order, int k, int a, int b) {
+  const int S = static_cast<int>(order.size()), device = order[k];
   double c = 0;
   for (int u = a; u <= b; ++u) c += p.cost[p.row_of(device)][u];
-  const double tin = k > 0 ? xfer[a - 1] : 0.0, tout = k < S - 1 ? xfer[b] : 0.0;
+  const double tin = k > 0 ? brute_xfer(p, a - 1, order[k - 1], device) : 0.0;
+  const double tout = k < S - 1 ? brute_xfer(p, b, device, order[k + 1]) : 0.0;
   return p.overlap ? std::max({c, tin, tout}) : c + tin + tout;
 }
 
@@ -46,14 +58,13 @@ bool brute_fits(const BalanceProblem& p, int a, int b, int device) {
 /// Every composition of U units into S non-empty stages on `order`.
 Optimum brute_force(const BalanceProblem& p, const std::vector<int>& order) {
   const int U = p.units(), S = static_cast<int>(order.size());
-  const auto xfer = boundary_transfer_ms(p);
   std::vector<std::pair<double, double>> all;
   std::vector<double> t(S);
   std::function<void(int, int)> rec = [&](int k, int start) {
     const int max_end = k == S - 1 ? U - 1 : U - 1 - (S - 1 - k);
     for (int end = (k == S - 1 ? U - 1 : start); end <= max_end; ++end) {
       if (!brute_fits(p, start, end, order[k])) continue;
-      t[k] = brute_stage_time(p, xfer, k, S, start, end, order[k]);
+      t[k] = brute_stage_time(p, order, k, start, end);
       if (k == S - 1) {
         const auto [lo, hi] = std::minmax_element(t.begin(), t.end());
         all.emplace_back(*hi, *lo);
@@ -160,6 +171,69 @@ TEST(BalanceSolver, DpAndFastMatchBruteForceOnRandomInstances) {
   EXPECT_GE(optimal, 2500);
   EXPECT_GE(infeasible, 100);
   EXPECT_GE(fast_checked, 1500);
+}
+
+/// Issue 16: a link per device pair (shared memory inside a node, the network between nodes).
+/// Random pair links on random instances, some entries NaN (the default link): the DP against
+/// brute force over every split; the fast solver refuses unequal links; the order search against
+/// every permutation, with devices in two "nodes" whose links it must tell apart.
+TEST(BalanceSolver, ALinkPerBoundaryMatchesBruteForce) {
+  std::mt19937 rng(1616);
+  int optimal = 0, order_checked = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const int U = std::uniform_int_distribution<int>(2, 9)(rng);
+    const int S = std::uniform_int_distribution<int>(2, std::min(U, 4))(rng);
+    const int D = S;
+    BalanceProblem p = random_problem(rng, U, D, trial % 2 == 0);
+    if (p.activation_bytes.empty()) p.activation_bytes.assign(U - 1, 4000.0 * (1 + trial % 3));
+    p.link_bandwidth_GBps = 1e-3 * (1 + trial % 4);
+    // Two nodes: devices [0, D/2) and [D/2, D); a fast link inside, a slow one between, with
+    // the odd random pair (or NaN: the default link) on a third of the trials.
+    std::vector<int> node(D);
+    for (int d = 0; d < D; ++d) node[d] = d < (D + 1) / 2 ? 0 : 1;
+    const double inside = 1e-2, between = 2e-4;
+    p.pair_bandwidth_GBps.assign(static_cast<std::size_t>(D) * D, 0.0);
+    p.pair_latency_us.assign(static_cast<std::size_t>(D) * D, 0.0);
+    for (int d = 0; d < D; ++d)
+      for (int e = 0; e < D; ++e) {
+        const std::size_t i = static_cast<std::size_t>(d) * D + e;
+        p.pair_bandwidth_GBps[i] = node[d] == node[e] ? inside : between;
+        p.pair_latency_us[i] = node[d] == node[e] ? 1.0 : 500.0;
+        if (trial % 3 == 0 && std::uniform_int_distribution<int>(0, 3)(rng) == 0)
+          p.pair_bandwidth_GBps[i] = std::uniform_int_distribution<int>(0, 1)(rng) ? std::nan("") : 5e-4;
+      }
+    std::vector<int> order(S);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::string what = "trial " + std::to_string(trial) + " U=" + std::to_string(U) + " S=" + std::to_string(S);
+    const Optimum o = brute_force(p, order);
+    if (!o.feasible) {
+      EXPECT_THROW(solve_dp(p, order), UserError) << what;
+      continue;
+    }
+    const Partition dp = solve_dp(p, order);
+    expect_optimal(p, order, dp, o, what + " dp");
+    ++optimal;
+    // evaluate() gives the same stage times as the brute force's independent formula.
+    for (int k = 0; k < S; ++k)
+      EXPECT_NEAR(dp.predicted_stage_ms[k], brute_stage_time(p, order, k, dp.first_unit[k], dp.last_unit[k]),
+                  1e-9 * std::max(1.0, o.bottleneck))
+          << what << " stage " << k;
+    if (!uniform_transfers(p)) EXPECT_THROW(solve_fast(p, order), UserError) << what;
+    // The order search: the best of every permutation.
+    double best = kInf;
+    std::vector<int> perm(D);
+    std::iota(perm.begin(), perm.end(), 0);
+    do {
+      const Optimum op = brute_force(p, std::vector<int>(perm.begin(), perm.begin() + S));
+      if (op.feasible) best = std::min(best, op.bottleneck);
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    const Partition found = solve_with_order(p, S, OrderMode::automatic);
+    EXPECT_NEAR(found.bottleneck_ms, best, 1e-9 * std::max(1.0, best)) << what;
+    ++order_checked;
+  }
+  EXPECT_GE(optimal, 800);
+  EXPECT_GE(order_checked, 800);
 }
 
 TEST(BalanceSolver, FastEqualsDpOnLargerInstances) {
