@@ -61,9 +61,9 @@ class MpiContext {
 
   /// Collective: latency (s) and bandwidth (bytes/s) of the link rank 0 <-> rank 1, from
   /// blocking ping-pongs with host buffers (min round trip of 20 x 8 B and 5 x `big_bytes`;
-  /// latency = rtt_small / 2, bandwidth = big_bytes / (rtt_big / 2 - latency)). {0, 0} with one
-  /// rank. Valid on every rank (broadcast). What the MPI transport's messages see, less the
-  /// lanes' polling delay.
+  /// latency = rtt_small / 2, bandwidth = big_bytes / (rtt_big / 2), see link_matrix). {0, 0}
+  /// with one rank. Valid on every rank. What the MPI
+  /// transport's messages see, less the lanes' polling delay.
   std::pair<double, double> link_model(size_t big_bytes = 4 << 20) const;
 
   /// Links measured pair by pair: [size * size] row-major, symmetric, NaN where not measured

@@ -210,8 +210,9 @@ void write_links(Group& root, const RunRecord& run) {
   const hs R = run.ranks.size();
   if (R == 0 || run.link_latency_matrix_s.size() != R * R || run.link_bandwidth_matrix_Bps.size() != R * R) return;
   Group ranks = root.open_group("ranks");
-  const char* how = "ping-pong of the pair alone (MpiContext::link_matrix: min round trip of 20 x 8 B and 5 x 4 MiB, "
-                    "host buffers); symmetric; NaN = not measured";
+  const char* how = "ping-pong of the pair alone (MpiContext::link_matrix, host buffers): latency = min round trip "
+                    "of 20 x 8 B / 2, bandwidth = 4 MiB / (min round trip of 5 x 4 MiB / 2); symmetric; NaN = not "
+                    "measured";
   auto lat = ranks.write_dataset("link_latency_s", run.link_latency_matrix_s, {R, R});
   lat.set_attr("units", "s");
   lat.set_attr("measured", how);
