@@ -594,7 +594,8 @@ class RunJob {
 
     offsets_ = mpi_.clock_offsets();
     // Every pair's link where the ranks are few, else each neighbouring pair and the token
-    // return's; the balancer and the simulator still use one link, ranks 0 <-> 1's.
+    // return's. On one node the balancer and the simulator use one link, ranks 0 <-> 1's; on
+    // several, each boundary's (balance::node_pair_links).
     const MpiContext::LinkMatrix links = mpi_.link_matrix(link_pairs(S_));
     run_.link_latency_matrix_s = links.latency_s;
     run_.link_bandwidth_matrix_Bps = links.bandwidth_Bps;
@@ -611,8 +612,9 @@ class RunJob {
     if (root_)
       for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
     record_conditions();
-    // Device classes: ranks with the same class are identical devices (DeviceClass). Decided on
-    // rank 0, which holds every rank's record, and broadcast: every rank tells the same splits apart.
+    // Device classes: ranks with the same class are identical devices (device_classes). Decided
+    // on rank 0, which holds every rank's record, and broadcast: every rank tells the same splits
+    // apart.
     std::vector<int> classes;
     if (root_) classes = device_classes(run_.ranks);
     mpi_.bcast_ints(classes);
