@@ -322,6 +322,9 @@ void widen_results_rows(BalanceProblem& p, const std::string& path, const std::s
     for (int u = 0; u < p.units(); ++u) mean[u] += row[u] / R;
   p.cost = {mean};
   p.device_row.assign(stages, 0);
+  // K hypothetical devices have no measured links between them: the one link serves them all.
+  p.pair_bandwidth_GBps.clear();
+  p.pair_latency_us.clear();
   // Every stage gets the smallest of the ranks' memory limits (the identical devices' share).
   if (!p.device_memory_bytes.empty())
     p.device_memory_bytes.assign(stages, *std::min_element(p.device_memory_bytes.begin(), p.device_memory_bytes.end()));
@@ -358,6 +361,11 @@ int balance_command(const BalanceOptions& opt) {
     p.device_memory_bytes.assign(p.devices(), static_cast<int64_t>(opt.memory_limit_gib * (1ull << 30)));
   if (opt.link_bandwidth_GBps >= 0) p.link_bandwidth_GBps = opt.link_bandwidth_GBps;
   if (opt.link_latency_us >= 0) p.link_latency_us = opt.link_latency_us;
+  if (opt.link_bandwidth_GBps >= 0 || opt.link_latency_us >= 0) {
+    // The override is the link of every boundary, as `simulate` applies it: not the run's pairs.
+    p.pair_bandwidth_GBps.clear();
+    p.pair_latency_us.clear();
+  }
   if (opt.no_overlap) p.overlap = false;
   try {
     balance::validate_problem(p);

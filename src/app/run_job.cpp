@@ -615,9 +615,16 @@ class RunJob {
     // Device classes: ranks with the same class are identical devices (device_classes). Decided
     // on rank 0, which holds every rank's record, and broadcast: every rank tells the same splits
     // apart.
+    // Last entry: whether the ranks span several nodes, where each boundary is charged over its
+    // own link (balance::node_pair_links) and the stages' order matters.
     std::vector<int> classes;
-    if (root_) classes = device_classes(run_.ranks);
+    if (root_) {
+      classes = device_classes(run_.ranks);
+      classes.push_back(std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; }));
+    }
     mpi_.bcast_ints(classes);
+    equivalence_.stage_order_matters = classes.back() != 0;
+    classes.pop_back();
     equivalence_.device_class = classes;
     equivalence_.unit_signature.clear();
     for (const auto& unit : spec_.units) equivalence_.unit_signature.push_back(unit.signature);

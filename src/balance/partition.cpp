@@ -163,8 +163,10 @@ Sameness compare_splits(const Partition& a, const Partition& b, const SplitEquiv
     ka.push_back(stage_key(a, k, eq, n_signatures));
     kb.push_back(stage_key(b, k, eq, n_signatures));
   }
-  std::sort(ka.begin(), ka.end());
-  std::sort(kb.begin(), kb.end());
+  if (!eq.stage_order_matters) {
+    std::sort(ka.begin(), ka.end());
+    std::sort(kb.begin(), kb.end());
+  }
   return ka == kb ? Sameness::equivalent : Sameness::different;
 }
 

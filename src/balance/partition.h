@@ -40,6 +40,10 @@ void evaluate(Partition& p, const std::vector<std::vector<double>>& cost);
 struct SplitEquivalence {
   std::vector<int> unit_signature;  ///< [U]
   std::vector<int> device_class;    ///< [R] equal values = identical devices
+  /// Each boundary has its own link (several nodes): a stage's position then decides which link
+  /// its boundaries cross, so only swaps of identical devices in place are equivalent (stage k of
+  /// one split and stage k of the other: the same device class and signature counts).
+  bool stage_order_matters = false;
 };
 
 enum class Sameness {
@@ -55,7 +59,8 @@ enum class Sameness {
 /// the same predicted cost (e.g. 7,6,5,6 and 7,5,6,6 of identical layers on identical cores), and
 /// under the run's one-link transfer model (every boundary carries the same activation bytes over
 /// one measured link) the pipelines differ only in which identical device runs which stage.
-/// Decided by sorting each split's stages by (device class, signature counts) and comparing.
+/// Decided by sorting each split's stages by (device class, signature counts) and comparing
+/// (stage by stage, unsorted, with eq.stage_order_matters).
 /// @throws ppb::InternalError if eq's vectors are too short for the splits' units or ranks.
 Sameness compare_splits(const Partition& a, const Partition& b, const SplitEquivalence& eq = {});
 

@@ -67,15 +67,29 @@ PairLinks node_pair_links(const RunRecord& run) {
       v.first.push_back(lat);
       v.second.push_back(bw);
     }
+  // A pair of nodes without a measured rank pair (beyond 8 ranks only neighbours are measured)
+  // takes the slowest measured pair of nodes, not the default link (ranks 0 <-> 1, often
+  // shared memory): an unmeasured network crossing must not look free to --order auto.
+  double slow_lat = 0.0, slow_bw = std::numeric_limits<double>::infinity();
+  for (const auto& [nodes, v] : by_nodes) {
+    if (nodes.first == nodes.second) continue;
+    slow_lat = std::max(slow_lat, median(v.first));
+    slow_bw = std::min(slow_bw, median(v.second));
+  }
   const double nan = std::numeric_limits<double>::quiet_NaN();
   out.latency_s.assign(R * R, nan);
   out.bandwidth_Bps.assign(R * R, nan);
   for (size_t a = 0; a < R; ++a)
     for (size_t b = 0; b < R; ++b) {
+      if (a == b) continue;
       const auto it = by_nodes.find(key(a, b));
-      if (a == b || it == by_nodes.end()) continue;
-      out.latency_s[a * R + b] = median(it->second.first);
-      out.bandwidth_Bps[a * R + b] = median(it->second.second);
+      if (it != by_nodes.end()) {
+        out.latency_s[a * R + b] = median(it->second.first);
+        out.bandwidth_Bps[a * R + b] = median(it->second.second);
+      } else if (hosts[a] != hosts[b] && std::isfinite(slow_bw)) {
+        out.latency_s[a * R + b] = slow_lat;
+        out.bandwidth_Bps[a * R + b] = slow_bw;
+      }
     }
   return out;
 }

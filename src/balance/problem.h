@@ -48,7 +48,8 @@ int dtype_size(const std::string& dtype);
 /// latency (s) and bandwidth (bytes/s) of each rank pair, one value per pair of nodes (nodes:
 /// /ranks/hostname): the median over that node pair's measured rank pairs (within a node
 /// likewise), so that ranks of one node stay interchangeable (--order auto) and one noisy pair
-/// does not steer the split. NaN where the node pair has no measurement. Empty when the ranks
+/// does not steer the split. A pair of nodes without a measurement takes the slowest measured
+/// pair of nodes; NaN only within a node without one. Empty when the ranks
 /// share one node or the record has no link matrix: then the one link (ranks 0 <-> 1) serves
 /// every boundary, as before the matrix.
 struct PairLinks {

@@ -145,7 +145,7 @@ void print_slowest_boundary(std::ostream& os, const RunRecord& run, const Partit
       worst_k = k;
     }
   }
-  if (worst < 0) return;
+  if (worst < 0 || !(slowest_step > 0)) return;
   const int a = p.device_rank[worst_k], b = p.device_rank[(worst_k + 1) % S];
   os << "  slowest link: " << (worst_k + 1 < S ? "stage " + std::to_string(worst_k) + " -> " + std::to_string(worst_k + 1)
                                                 : std::string("token return ") + std::to_string(worst_k) + " -> 0")

@@ -399,6 +399,18 @@ TEST(SameSplit, EquivalentUpToSwappingIdenticalDevices) {
   ppb::balance::SplitEquivalence gemma = eq;
   gemma.unit_signature[12] = gemma.unit_signature[13] = 3;
   EXPECT_EQ(ppb::balance::compare_splits(a, b, gemma), Sameness::different);
+  // Several nodes (a link per boundary): stage positions decide the links crossed, so only
+  // in-place swaps of identical devices are the same. Two nodes of two ranks: [0,1,2,3] crosses
+  // the network once, [0,2,1,3] three times.
+  ppb::balance::SplitEquivalence nodes = eq;
+  nodes.device_class = {0, 0, 1, 1};
+  nodes.stage_order_matters = true;
+  const Partition even = counts({6, 6, 6, 6}, {0, 1, 2, 3});
+  EXPECT_EQ(ppb::balance::compare_splits(even, counts({6, 6, 6, 6}, {0, 2, 1, 3}), nodes), Sameness::different);
+  EXPECT_EQ(ppb::balance::compare_splits(even, counts({6, 6, 6, 6}, {1, 0, 3, 2}), nodes), Sameness::equivalent);
+  EXPECT_EQ(ppb::balance::compare_splits(a, b, nodes), Sameness::different);
+  nodes.stage_order_matters = false;  // one link: the same stages in another order
+  EXPECT_EQ(ppb::balance::compare_splits(even, counts({6, 6, 6, 6}, {0, 2, 1, 3}), nodes), Sameness::equivalent);
   // A class or signature table too short for the split is a caller's bug.
   ppb::balance::SplitEquivalence short_eq = eq;
   short_eq.device_class = {0, 0};

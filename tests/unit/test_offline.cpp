@@ -848,6 +848,20 @@ TEST_F(OfflineTest, PairLinksArePerPairOfNodes) {
   const std::string path = (dir_ / "two_nodes.h5").string();
   write_results(path, run);
   expect_same_problem(p, load_balance_problem(path), "two nodes");
+  // A pair of nodes without a measured rank pair takes the slowest measured pair of nodes, not
+  // the default (shared-memory) link: three nodes, node03's links to node01 unmeasured.
+  run.ranks[3].hostname = "node03";
+  for (int a : {0, 1}) {
+    run.link_latency_matrix_s[a * 4 + 3] = run.link_latency_matrix_s[3 * 4 + a] = NAN;
+    run.link_bandwidth_matrix_Bps[a * 4 + 3] = run.link_bandwidth_matrix_Bps[3 * 4 + a] = NAN;
+  }
+  const balance::PairLinks three = balance::node_pair_links(run);
+  // Measured: node01-node02 (median 1.15e8), node02-node03 (ranks 2-3: 9e9, its one pair).
+  EXPECT_DOUBLE_EQ(three.bandwidth_Bps[2 * 4 + 3], 9e9);
+  EXPECT_DOUBLE_EQ(three.bandwidth_Bps[0 * 4 + 2], 1.15e8);
+  EXPECT_DOUBLE_EQ(three.bandwidth_Bps[0 * 4 + 3], 1.15e8);  // unmeasured: the slowest measured pair of nodes
+  EXPECT_DOUBLE_EQ(three.bandwidth_Bps[3 * 4 + 1], 1.15e8);
+  EXPECT_DOUBLE_EQ(three.latency_s[3 * 4 + 1], 6e-5);  // the largest measured latency between nodes (ranks 0-2, 1-2)
 }
 
 /// For each objective, the problem built from the run's in-memory record (what `run` solves on
