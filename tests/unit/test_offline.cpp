@@ -848,6 +848,26 @@ TEST_F(OfflineTest, PairLinksArePerPairOfNodes) {
   const std::string path = (dir_ / "two_nodes.h5").string();
   write_results(path, run);
   expect_same_problem(p, load_balance_problem(path), "two nodes");
+  // `ppbench balance --link-bandwidth/--link-latency` is the link of every boundary (as
+  // `simulate` applies it), not only where the run measured no pair: a 1 kB/s override gives
+  // the bottleneck of that link everywhere, far above what the run's pair links give.
+  BalanceOptions bo;
+  bo.input = path;
+  bo.stages = 4;
+  bo.json_out = (dir_ / "two_nodes_slow.json").string();
+  bo.link_bandwidth_GBps = 1e-6;
+  bo.link_latency_us = 0;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(bo), 0);
+  testing::internal::GetCapturedStdout();
+  balance::BalanceProblem slow = p;
+  slow.pair_bandwidth_GBps.clear();
+  slow.pair_latency_us.clear();
+  slow.link_bandwidth_GBps = 1e-6;
+  slow.link_latency_us = 0;
+  const double slow_b = balance::solve_with_order(slow, 4, balance::OrderMode::rank).bottleneck_ms;
+  EXPECT_DOUBLE_EQ(read(bo.json_out)["bottleneck_ms"].get<double>(), slow_b);
+  EXPECT_GT(slow_b, 10 * balance::solve_with_order(p, 4, balance::OrderMode::rank).bottleneck_ms);
   // A pair of nodes without a measured rank pair takes the slowest measured pair of nodes, not
   // the default (shared-memory) link: three nodes, node03's links to node01 unmeasured.
   run.ranks[3].hostname = "node03";
