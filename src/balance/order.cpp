@@ -15,23 +15,14 @@ namespace {
 
 constexpr int kMaxExhaustive = 8;  // 8! = 40320 solves of ~20 us each
 
-/// The link d -> e as the transfers see it: (bandwidth, latency), NaN entries -> the default.
-std::pair<double, double> link_of(const BalanceProblem& p, int d, int e) {
-  const std::size_t i = static_cast<std::size_t>(d) * p.devices() + e;
-  double bw = p.link_bandwidth_GBps, lat = p.link_latency_us;
-  if (i < p.pair_bandwidth_GBps.size() && !std::isnan(p.pair_bandwidth_GBps[i])) bw = p.pair_bandwidth_GBps[i];
-  if (i < p.pair_latency_us.size() && !std::isnan(p.pair_latency_us[i])) lat = p.pair_latency_us[i];
-  return {bw, lat};
-}
-
 /// Whether swapping devices d and e leaves every link the same (always without pair links):
 /// d and e see every other device over equal links, both ways, and each other alike both ways.
 bool same_links(const BalanceProblem& p, int d, int e) {
   if (p.pair_bandwidth_GBps.empty() && p.pair_latency_us.empty()) return true;
-  if (link_of(p, d, e) != link_of(p, e, d)) return false;
+  if (pair_link(p, d, e) != pair_link(p, e, d)) return false;
   for (int f = 0; f < p.devices(); ++f) {
     if (f == d || f == e) continue;
-    if (link_of(p, d, f) != link_of(p, e, f) || link_of(p, f, d) != link_of(p, f, e)) return false;
+    if (pair_link(p, d, f) != pair_link(p, e, f) || pair_link(p, f, d) != pair_link(p, f, e)) return false;
   }
   return true;
 }

@@ -123,12 +123,7 @@ void validate_problem(const BalanceProblem& p) {
   const bool pairs = !p.pair_bandwidth_GBps.empty() || !p.pair_latency_us.empty();
   for (int from = -1; from < (pairs ? static_cast<int>(D) : 0); ++from)
     for (int to = from < 0 ? -1 : 0; to < (from < 0 ? 0 : static_cast<int>(D)); ++to) {
-      double bandwidth = p.link_bandwidth_GBps, latency_us = p.link_latency_us;
-      if (from >= 0) {
-        const std::size_t i = static_cast<std::size_t>(from) * D + to;
-        if (!p.pair_bandwidth_GBps.empty() && !std::isnan(p.pair_bandwidth_GBps[i])) bandwidth = p.pair_bandwidth_GBps[i];
-        if (!p.pair_latency_us.empty() && !std::isnan(p.pair_latency_us[i])) latency_us = p.pair_latency_us[i];
-      }
+      const auto [bandwidth, latency_us] = pair_link(p, from, to);
       const double worst = p.messages_per_boundary * latency_us * 1e-3 + (bandwidth > 0 ? max_bytes / (bandwidth * 1e6) : 0.0);
       if (!(worst <= kMaxCostMs))
         throw UserError("the transfer time of the largest boundary" +
@@ -139,15 +134,20 @@ void validate_problem(const BalanceProblem& p) {
     }
 }
 
-std::vector<double> boundary_transfer_ms(const BalanceProblem& p, int from, int to) {
-  const int U = p.units();
-  std::vector<double> t(U > 0 ? U - 1 : 0);
+std::pair<double, double> pair_link(const BalanceProblem& p, int from, int to) {
   double bandwidth = p.link_bandwidth_GBps, latency_us = p.link_latency_us;
   if (from >= 0 && to >= 0) {
     const std::size_t i = static_cast<std::size_t>(from) * p.devices() + to;
     if (i < p.pair_bandwidth_GBps.size() && !std::isnan(p.pair_bandwidth_GBps[i])) bandwidth = p.pair_bandwidth_GBps[i];
     if (i < p.pair_latency_us.size() && !std::isnan(p.pair_latency_us[i])) latency_us = p.pair_latency_us[i];
   }
+  return {bandwidth, latency_us};
+}
+
+std::vector<double> boundary_transfer_ms(const BalanceProblem& p, int from, int to) {
+  const int U = p.units();
+  std::vector<double> t(U > 0 ? U - 1 : 0);
+  const auto [bandwidth, latency_us] = pair_link(p, from, to);
   const double latency_ms = p.messages_per_boundary * latency_us * 1e-3;
   for (int b = 0; b + 1 < U; ++b) {
     const double bytes = p.activation_bytes.empty() ? 0.0 : p.activation_bytes[b];

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "balance/partition.h"
@@ -80,6 +81,11 @@ inline double stage_time(double compute, double t_in, double t_out, bool overlap
 /// @throws ppb::UserError (ragged rows, negative/NaN costs, bad sizes, bad device_row index,
 ///         negative bytes, negative latency).
 void validate_problem(const BalanceProblem& p);
+
+/// The link from device `from` to device `to` as the transfers see it: {bandwidth GB/s, latency
+/// us}, the pair's where the problem gives one (not NaN), else link_bandwidth_GBps /
+/// link_latency_us (also when from or to is < 0). The one lookup of every solver and evaluator.
+std::pair<double, double> pair_link(const BalanceProblem& p, int from, int to);
 
 /// [U-1] ms: transfer time of each boundary = messages * latency + bytes / bandwidth, over the
 /// link from device `from` to device `to` (pair_bandwidth_GBps / pair_latency_us where given),
