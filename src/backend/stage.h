@@ -10,6 +10,8 @@
 
 namespace ppb {
 
+class TpGroup;  // backend/tensor_parallel.h
+
 /// Shape of the work a stage is built for.
 struct StageConfig {
   int batch = 1;        ///< B sequences per request group (micro-batch)
@@ -20,6 +22,13 @@ struct StageConfig {
   /// CUDA: capture each decode forward (per request group and context bucket,
   /// backend/decode_graphs.h) in a CUDA graph and replay it (--no-cuda-graphs: false). CPU: ignored.
   bool cuda_graphs = true;
+  /// Tensor parallelism (backend/tensor_parallel.h): this stage is shard `tp_rank` of a group of
+  /// `tp_width` ranks that all-reduce twice per layer through `tp` (not owned; it must outlive
+  /// the stage). Width 1: the whole stage, `tp` unused. stage_bytes needs only the width and
+  /// rank; create_stage needs `tp` when the width is > 1.
+  int tp_width = 1;
+  int tp_rank = 0;
+  TpGroup* tp = nullptr;
 };
 
 /// Bytes a stage allocates (cpu_stage_bytes, cuda_stage_bytes): computed before anything is

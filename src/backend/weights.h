@@ -79,20 +79,34 @@ PPB_HOST_DEVICE inline float uniform_at(uint64_t key, uint64_t i, float scale) {
   return static_cast<float>(k) * (scale * 0x1p-23f);
 }
 
-/// Fills dst[0, n) with element i = uniform_at(weight_key(seed, unit, tensor), i, scale), values
-/// in [-scale, scale). Identical on every rank, stage and backend. ~1 ns/value single thread.
-void fill_uniform(float* dst, size_t n, uint64_t seed, uint64_t unit, uint64_t tensor, float scale);
+/// Fills dst[0, n) with elements first, ..., first + n - 1 of the tensor: dst[i] =
+/// uniform_at(weight_key(seed, unit, tensor), first + i, scale), values in [-scale, scale).
+/// Identical on every rank, stage and backend, whatever block of it a caller fills (a
+/// tensor-parallel shard, backend/tensor_parallel.h). ~1 ns/value single thread.
+void fill_uniform(float* dst, size_t n, uint64_t seed, uint64_t unit, uint64_t tensor, float scale,
+                  size_t first = 0);
 
 /// A projection weight [rows, fan_in] (row-major, HF nn.Linear layout [out, in]): scale 1/sqrt(fan_in).
 void fill_projection(float* dst, size_t rows, size_t fan_in, uint64_t seed, uint64_t unit, Tensor t);
 
+/// Rows [row0, row0 + rows) of the projection [*, fan_in] (a column-parallel shard: output
+/// features), into dst [rows, fan_in]; the same values as those rows of fill_projection.
+void fill_projection_rows(float* dst, size_t row0, size_t rows, size_t fan_in, uint64_t seed, uint64_t unit,
+                          Tensor t);
+
+/// Columns [col0, col0 + cols) of every row of the projection [rows, fan_in] (a row-parallel
+/// shard: input features), into dst [rows, cols]; the scale stays 1/sqrt(fan_in) of the whole.
+void fill_projection_cols(float* dst, size_t rows, size_t fan_in, size_t col0, size_t cols, uint64_t seed,
+                          uint64_t unit, Tensor t);
+
 /// An RMSNorm weight [n]: 1 + 0.1*u, or 0.1*u when the norm scales by (1 + w) (Gemma).
 void fill_norm(float* dst, size_t n, uint64_t seed, uint64_t unit, Tensor t, bool plus_one);
 
-/// A bias [n]: 0.02*u.
-void fill_bias(float* dst, size_t n, uint64_t seed, uint64_t unit, Tensor t);
+/// A bias [n]: 0.02*u; elements [first, first + n) of it.
+void fill_bias(float* dst, size_t n, uint64_t seed, uint64_t unit, Tensor t, size_t first = 0);
 
-/// The embedding [vocab, hidden], scale 1.0, always unit 0 (so a tied lm_head is identical).
-void fill_embedding(float* dst, size_t vocab, size_t hidden, uint64_t seed);
+/// The embedding [vocab, hidden], scale 1.0, always unit 0 (so a tied lm_head is identical);
+/// with row0, its rows [row0, row0 + vocab) (a vocabulary-parallel shard of a tied lm_head).
+void fill_embedding(float* dst, size_t vocab, size_t hidden, uint64_t seed, size_t row0 = 0);
 
 }  // namespace ppb

@@ -1,4 +1,5 @@
 #include <mpi.h>
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -23,38 +24,6 @@ void sleep_us(double us) {
   nanosleep(&ts, nullptr);
 }
 
-/// Polls `req` with MPI_Test and an exponential sleep back-off, never busy-waiting.
-/// @throws InternalError on timeout or abort, naming `what` (operation, peer, tag).
-void poll_request(MPI_Request& req, const MpiPollConfig& cfg, const std::string& what) {
-  double start = monotonic_s();
-  double sleep = cfg.min_sleep_us;
-  for (;;) {
-    int done = 0;
-    MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (done) {
-      heartbeat();
-      return;
-    }
-    if (lane_abort_requested()) {
-      MPI_Cancel(&req);
-      MPI_Request_free(&req);
-      throw InternalError(what + " abandoned: " + lane_abort_reason());
-    }
-    double waited = monotonic_s() - start;
-    if (waited > cfg.timeout_s) {
-      // Withdraw the request so that a late message cannot land in a buffer that is gone.
-      MPI_Cancel(&req);
-      MPI_Request_free(&req);
-      std::ostringstream os;
-      os << error_context() << ": " << what << " timed out after " << waited
-         << " s (--timeout); the peer is dead, stuck, or never posted the matching operation";
-      throw InternalError(os.str());
-    }
-    sleep_us(sleep);
-    sleep = std::min(sleep * 2.0, cfg.max_sleep_us);
-  }
-}
-
 class MpiTransport final : public Transport {
  public:
   MpiTransport(const MpiContext& mpi, const MpiPollConfig& poll) : mpi_(mpi), poll_(poll) {}
@@ -65,7 +34,7 @@ class MpiTransport final : public Transport {
     lane.host_task([buf, bytes, peer, tag, poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
-      poll_request(req, poll, describe("send", bytes, peer, tag));
+      poll_mpi_request(&req, poll, describe("send", bytes, peer, tag));
     });
   }
 
@@ -74,7 +43,7 @@ class MpiTransport final : public Transport {
     lane.host_task([buf, bytes, peer, tag, poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
-      poll_request(req, poll, describe("recv", bytes, peer, tag));
+      poll_mpi_request(&req, poll, describe("recv", bytes, peer, tag));
     });
   }
 
@@ -82,7 +51,7 @@ class MpiTransport final : public Transport {
     lane.host_task([poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
-      poll_request(req, poll, "barrier of the serialized run");
+      poll_mpi_request(&req, poll, "barrier of the serialized run");
     });
   }
 
@@ -102,6 +71,41 @@ class MpiTransport final : public Transport {
 };
 
 }  // namespace
+
+void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string& what) {
+  MPI_Request& req = *static_cast<MPI_Request*>(request);
+  const double start = monotonic_s();
+  double sleep = cfg.min_sleep_us;
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) {
+      heartbeat();
+      return;
+    }
+    if (lane_abort_requested()) {
+      MPI_Cancel(&req);
+      MPI_Request_free(&req);
+      throw InternalError(what + " abandoned: " + lane_abort_reason());
+    }
+    const double waited = monotonic_s() - start;
+    if (waited > cfg.timeout_s) {
+      // Withdraw the request so that a late message cannot land in a buffer that is gone.
+      MPI_Cancel(&req);
+      MPI_Request_free(&req);
+      std::ostringstream os;
+      os << error_context() << ": " << what << " timed out after " << waited
+         << " s (--timeout); the peer is dead, stuck, or never posted the matching operation";
+      throw InternalError(os.str());
+    }
+    if (waited * 1e6 < cfg.spin_us) {
+      sched_yield();
+      continue;
+    }
+    sleep_us(sleep);
+    sleep = std::min(sleep * 2.0, cfg.max_sleep_us);
+  }
+}
 
 std::unique_ptr<Transport> create_mpi_transport(const MpiContext& mpi, const MpiPollConfig& poll) {
   return std::make_unique<MpiTransport>(mpi, poll);

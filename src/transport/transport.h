@@ -55,7 +55,30 @@ struct MpiPollConfig {
   /// compute steps of 5-500 ms) and the CPU a waiting lane burns: each MPI_Test runs Open MPI's
   /// progress engine (~10-20 us), so 1 ms keeps a waiting lane near 1-2% of a core.
   double max_sleep_us = 1000.0;
+  /// Polls without sleeping (MPI_Test, then sched_yield) for this long before the first sleep:
+  /// for waits on the critical path of every layer (the tensor-parallel all-reduce), where a
+  /// sleep (>= ~50 us with Linux's default timer slack) would cost more than the wait itself.
+  double spin_us = 0.0;
 };
+
+/// Polls `req` until it completes: MPI_Test, spinning for cfg.spin_us, then with an exponential
+/// sleep back-off (cfg.min_sleep_us doubling up to cfg.max_sleep_us), never blocking in MPI.
+/// `req` is an MPI_Request (a void* here so that this header needs no mpi.h).
+/// @throws ppb::InternalError on timeout (cfg.timeout_s) or a lane abort, naming `what`; the
+///         request is cancelled and freed first.
+void poll_mpi_request(void* req, const MpiPollConfig& cfg, const std::string& what);
+
+class TpGroup;
+/// Collective over MPI_COMM_WORLD: splits the world into tensor-parallel groups, one per
+/// distinct `color` >= 0 (ranks ordered by `key`), and returns this rank's group, or null for
+/// color < 0. The group's all-reduce is an MPI_Iallgather of every rank's part followed by a
+/// sum in group-rank order on each rank: every rank gets the same bits, the same bits as
+/// ThreadTpGroups (backend/tensor_parallel.h), and the bits do not depend on which algorithm
+/// the MPI library picks for a size. Cost: each rank receives (t - 1) n floats, against
+/// 2 (t - 1) n / t for a ring all-reduce: at most 1.5x (t = 4) more bytes over shared memory
+/// for a reproducible order. The argmax is an MPI_Iallreduce of MPI_FLOAT_INT with MPI_MAXLOC
+/// (exact: no rounding, ties to the lowest id by the standard's definition). Polls with `poll`.
+std::unique_ptr<TpGroup> create_mpi_tp_group(const MpiContext& mpi, int color, int key, const MpiPollConfig& poll);
 
 /// MPI transport over MPI_COMM_WORLD with host buffers. `what` names the phase for messages.
 std::unique_ptr<Transport> create_mpi_transport(const MpiContext& mpi, const MpiPollConfig& poll);

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/tensor_parallel.h"
 #include "balance/partition.h"
 #include "common/error.h"
 #include "mpi_test_main.h"
+#include "transport/transport.h"
 
 namespace ppb {
 namespace {
@@ -103,6 +105,49 @@ TEST(MpiCollectives, ClockOffsetsAreSmallOnOneNode) {
   auto off = mpi.clock_offsets();
   if (mpi.is_root())
     for (double o : off) EXPECT_LT(std::abs(o), 1e-3);
+}
+
+/// The tensor-parallel group over MPI (transport.h create_mpi_tp_group): groups of 2 consecutive
+/// ranks (and one of every rank); each rank's part encodes (rank, element), so the sum is known;
+/// every rank of a group gets the bits of tp_sum_in_rank_order over the same parts (what
+/// ThreadTpGroups computes), and the argmax keeps the largest value, ties to the lowest id.
+TEST(MpiCollectives, TensorParallelGroupsSumInRankOrderAndAgreeOnTheArgmax) {
+  const auto& mpi = test::mpi();
+  MpiPollConfig poll;
+  poll.timeout_s = 60;
+  poll.spin_us = 100;
+  for (int width : {2, mpi.size()}) {
+    const int color = mpi.rank() / width, key = mpi.rank() % width;
+    auto group = create_mpi_tp_group(mpi, color, key, poll);
+    ASSERT_TRUE(group);
+    ASSERT_EQ(group->width(), width);
+    ASSERT_EQ(group->rank(), key);
+    const size_t n = 1000;
+    auto part = [&](int r) {  // values whose rounded sums depend on the order
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = (1.0f + 1e-7f * static_cast<float>(i)) * (r % 2 ? 1e-3f : 1e4f) + 0.1f * r;
+      return v;
+    };
+    std::vector<float> mine = part(key);
+    group->allreduce_sum(mine.data(), n);
+    std::vector<std::vector<float>> parts;
+    std::vector<const float*> ptrs;
+    for (int r = 0; r < width; ++r) parts.push_back(part(r));
+    for (auto& p : parts) ptrs.push_back(p.data());
+    std::vector<float> expect(n);
+    tp_sum_in_rank_order(expect.data(), ptrs.data(), width, n);
+    EXPECT_EQ(mine, expect) << "width " << width;
+    // Argmax over 3 rows: row 0's best on the group's last rank; row 1 a tie everywhere (lowest
+    // id wins, that of rank 0); row 2 the best on rank 0.
+    std::vector<float> value = {static_cast<float>(key), 7.0f, key == 0 ? 9.0f : 1.0f};
+    std::vector<int32_t> id = {100 + key, 50 + key, 10 * key};
+    group->allreduce_argmax(value.data(), id.data(), 3);
+    EXPECT_EQ(id, (std::vector<int32_t>{100 + width - 1, 50, 0})) << "width " << width;
+    EXPECT_EQ(value, (std::vector<float>{static_cast<float>(width - 1), 7.0f, 9.0f}));
+  }
+  // color < 0: not in any group.
+  auto none = create_mpi_tp_group(mpi, mpi.rank() == 0 ? -1 : 0, mpi.rank(), poll);
+  EXPECT_EQ(none == nullptr, mpi.rank() == 0);
 }
 
 }  // namespace

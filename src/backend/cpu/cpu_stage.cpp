@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_aligned.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/tensor_parallel.h"
 #include "backend/weights.h"
 #include "common/error.h"
 #include "model/model_spec.h"
@@ -21,7 +22,8 @@ using model::UnitKind;
 /// Weights of one decoder layer; null where the layer has no such tensor.
 struct LayerWeights {
   int unit = 0;
-  LayerShape shape;
+  LayerShape shape;  ///< this rank's shard: n_heads and n_kv_heads are its own heads (tp_heads)
+  int intermediate = 0;  ///< this rank's slice of the MLP (the whole of it at width 1)
   int rope_table = 0;  // index into CpuStage::ropes_
   const float* q = nullptr;
   const float* k = nullptr;
@@ -39,7 +41,8 @@ struct LayerWeights {
   const float* post_feedforward_norm = nullptr;  // sandwich only
   const float* q_norm = nullptr;                 // qk_norm only
   const float* k_norm = nullptr;
-  // K and V caches of every group: [groups][batch, max_context, n_kv_heads, head_dim].
+  // K and V caches of every group: [groups][batch, max_context, n_kv_heads, head_dim] (this
+  // rank's KV heads).
   std::vector<float*> k_cache;
   std::vector<float*> v_cache;
 };
@@ -83,6 +86,11 @@ class CpuStage final : public StageExecutor {
   StageConfig cfg_;
   size_t hidden_ = 0;
   int vocab_ = 0;
+  int tp_width_ = 1;  ///< tensor parallelism: this stage is shard tp_rank_ of tp_width_
+  int tp_rank_ = 0;
+  TpGroup* tp_ = nullptr;
+  size_t vocab_begin_ = 0;  ///< the head's tokens [vocab_begin_, vocab_begin_ + vocab_local_)
+  int vocab_local_ = 0;
   bool has_embed_ = false;
   bool has_head_ = false;
   float embed_scale_ = 1.0f;
@@ -103,6 +111,7 @@ class CpuStage final : public StageExecutor {
 
   // Scratch, sized once for batch * max_context tokens.
   cpu::AlignedFloatVector x_, h_, q_, k_, v_, attn_, gate_, up_, scores_, last_rows_, logits_;
+  std::vector<float> best_;  // the head's [B] largest local logits (width > 1)
 
   double checksum_ = 0.0;
 };
@@ -128,8 +137,22 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
   if (m.hidden < 1 || m.vocab < 1) {
     throw UserError("model needs hidden_size and vocab_size >= 1");
   }
+  tp_width_ = cfg.tp_width;
+  tp_rank_ = cfg.tp_rank;
+  tp_ = cfg.tp;
+  if (tp_width_ < 1 || tp_rank_ < 0 || tp_rank_ >= tp_width_)
+    throw UserError("stage config: tensor-parallel rank " + std::to_string(tp_rank_) + " is outside a group of width " +
+                    std::to_string(tp_width_));
+  if (tp_width_ > 1 && (tp_ == nullptr || tp_->width() != tp_width_ || tp_->rank() != tp_rank_))
+    throw InternalError("a stage of tensor-parallel width " + std::to_string(tp_width_) +
+                        " needs the group's communicator, of that width and rank");
+  if (const std::string why = tp_unsupported_reason(m, tp_width_); !why.empty())
+    throw UserError("--tp " + std::to_string(tp_width_) + ": " + why);
   hidden_ = static_cast<size_t>(m.hidden);
   vocab_ = m.vocab;
+  const auto [v0, v1] = tp_range(static_cast<size_t>(m.vocab), tp_width_, tp_rank_);
+  vocab_begin_ = v0;
+  vocab_local_ = static_cast<int>(v1 - v0);
   embed_scale_ = m.embed_scale_sqrt_hidden ? static_cast<float>(std::sqrt(static_cast<double>(m.hidden))) : 1.0f;
   final_norm_plus_one_ = m.final_norm_plus_one;
   final_softcap_ = static_cast<float>(m.final_softcap);
@@ -156,13 +179,15 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
       fill_norm(n, H, seed, u, Tensor::final_norm, m.final_norm_plus_one);
       final_norm_ = n;
       if (m.tie_embeddings && embed_ != nullptr) {
-        lm_head_ = embed_;  // same stage holds embed: share the one matrix, as HF ties it
+        // Same stage holds embed: share the one matrix, as HF ties it (this rank's rows of it;
+        // the embedding is replicated, backend/tensor_parallel.h).
+        lm_head_ = embed_ + vocab_begin_ * H;
       } else {
-        float* w = new_weights(static_cast<size_t>(m.vocab) * H);
+        float* w = new_weights(static_cast<size_t>(vocab_local_) * H);
         if (m.tie_embeddings) {
-          fill_embedding(w, m.vocab, H, seed);
+          fill_embedding(w, vocab_local_, H, seed, vocab_begin_);
         } else {
-          fill_projection(w, m.vocab, H, seed, u, Tensor::lm_head);
+          fill_projection_rows(w, vocab_begin_, vocab_local_, H, seed, u, Tensor::lm_head);
         }
         lm_head_ = w;
       }
@@ -180,15 +205,31 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
                         std::to_string(s.head_dim) + " intermediate=" + std::to_string(s.intermediate) +
                         " (need n_kv_heads | n_heads, an even head_dim, hidden = model hidden)");
       }
+      // This rank's shard (all of it at width 1): its heads, its slice of the MLP.
+      const TpHeads th = tp_heads(s.n_heads, s.n_kv_heads, tp_width_, tp_rank_);
+      const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), tp_width_, tp_rank_);
+      const size_t hd = static_cast<size_t>(s.head_dim);
+      const size_t nq_all = static_cast<size_t>(s.n_heads) * hd, I_all = static_cast<size_t>(s.intermediate);
+      const size_t q0 = th.q_begin * hd, kv0 = th.kv_begin * hd;
       LayerWeights w;
       w.unit = u;
       w.shape = s;
-      const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim;
-      const size_t nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
-      const size_t I = static_cast<size_t>(s.intermediate);
-      auto proj = [&](size_t rows, size_t cols, Tensor t) {
-        float* p = new_weights(rows * cols);
-        fill_projection(p, rows, cols, seed, u, t);
+      w.shape.n_heads = th.q_count;
+      w.shape.n_kv_heads = th.kv_count;
+      w.intermediate = static_cast<int>(i1 - i0);
+      const size_t nq = static_cast<size_t>(th.q_count) * hd;
+      const size_t nkv = static_cast<size_t>(th.kv_count) * hd;
+      const size_t I = i1 - i0;
+      // Column-parallel: rows [row0, row0 + rows) of [*, H]. Row-parallel: columns
+      // [col0, col0 + cols) of [H, fan_in].
+      auto proj_rows = [&](size_t row0, size_t rows, Tensor t) {
+        float* p = new_weights(rows * H);
+        fill_projection_rows(p, row0, rows, H, seed, u, t);
+        return p;
+      };
+      auto proj_cols = [&](size_t fan_in, size_t col0, size_t cols, Tensor t) {
+        float* p = new_weights(H * cols);
+        fill_projection_cols(p, H, fan_in, col0, cols, seed, u, t);
         return p;
       };
       auto norm = [&](size_t n, Tensor t) {
@@ -196,20 +237,20 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
         fill_norm(p, n, seed, u, t, s.norm_plus_one);
         return p;
       };
-      auto bias = [&](size_t n, Tensor t) {
+      auto bias = [&](size_t first, size_t n, Tensor t) {
         float* p = new_weights(n);
-        fill_bias(p, n, seed, u, t);
+        fill_bias(p, n, seed, u, t, first);
         return p;
       };
       w.input_norm = norm(H, Tensor::input_layernorm);
-      w.q = proj(nq, H, Tensor::q_proj);
-      w.k = proj(nkv, H, Tensor::k_proj);
-      w.v = proj(nkv, H, Tensor::v_proj);
-      w.o = proj(H, nq, Tensor::o_proj);
+      w.q = proj_rows(q0, nq, Tensor::q_proj);
+      w.k = proj_rows(kv0, nkv, Tensor::k_proj);
+      w.v = proj_rows(kv0, nkv, Tensor::v_proj);
+      w.o = proj_cols(nq_all, q0, nq, Tensor::o_proj);
       if (s.attn_bias) {
-        w.q_bias = bias(nq, Tensor::q_bias);
-        w.k_bias = bias(nkv, Tensor::k_bias);
-        w.v_bias = bias(nkv, Tensor::v_bias);
+        w.q_bias = bias(q0, nq, Tensor::q_bias);
+        w.k_bias = bias(kv0, nkv, Tensor::k_bias);
+        w.v_bias = bias(kv0, nkv, Tensor::v_bias);
       }
       if (s.qk_norm) {
         w.q_norm = norm(s.head_dim, Tensor::q_norm);
@@ -220,9 +261,9 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
         w.pre_feedforward_norm = norm(H, Tensor::pre_feedforward_layernorm);
         w.post_feedforward_norm = norm(H, Tensor::post_feedforward_layernorm);
       }
-      w.gate = proj(I, H, Tensor::gate_proj);
-      w.up = proj(I, H, Tensor::up_proj);
-      w.down = proj(H, I, Tensor::down_proj);
+      w.gate = proj_rows(i0, I, Tensor::gate_proj);
+      w.up = proj_rows(i0, I, Tensor::up_proj);
+      w.down = proj_cols(I_all, i0, I, Tensor::down_proj);
 
       // RoPE tables, one per distinct (rope, head_dim) (Gemma-3: local and global differ).
       auto it = std::find_if(ropes_.begin(), ropes_.end(), [&](const RopeTable& r) {
@@ -280,7 +321,8 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
   }
   if (has_head_) {
     last_rows_.resize(B * H);
-    logits_.resize(B * static_cast<size_t>(m.vocab));
+    logits_.resize(B * static_cast<size_t>(vocab_local_));
+    best_.resize(B);
   }
 }
 
@@ -315,9 +357,9 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
   const int M = B * tokens;
   const int H = static_cast<int>(hidden_);
   const int hd = s.head_dim;
-  const int nq = s.n_heads * hd;
+  const int nq = s.n_heads * hd;     // this rank's heads
   const int nkv = s.n_kv_heads * hd;
-  const int I = s.intermediate;
+  const int I = w.intermediate;      // this rank's slice
   const float eps = static_cast<float>(s.rms_eps);
   const size_t MH = static_cast<size_t>(M) * H;
   float* x = x_.data();
@@ -352,6 +394,7 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
   as.softcap = static_cast<float>(s.attn_softcap);
   cpu::attention(attn_.data(), q_.data(), kc, vc, as, scores_.data());
   cpu::linear(h, attn_.data(), w.o, nullptr, M, H, nq);
+  if (tp_width_ > 1) tp_->allreduce_sum(h, MH);  // row-parallel o_proj: sum the ranks' partials
   if (s.sandwich_norm) cpu::rmsnorm(h, h, w.post_attention_norm, M, H, eps, s.norm_plus_one);
   cpu::add_inplace(x, h, MH);
 
@@ -362,6 +405,7 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
   cpu::linear(up_.data(), h, w.up, nullptr, M, I, H);
   cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(M) * I, s.act);
   cpu::linear(h, gate_.data(), w.down, nullptr, M, H, I);
+  if (tp_width_ > 1) tp_->allreduce_sum(h, MH);  // row-parallel down_proj
   if (s.sandwich_norm) cpu::rmsnorm(h, h, w.post_feedforward_norm, M, H, eps, s.norm_plus_one);
   cpu::add_inplace(x, h, MH);
 }
@@ -378,9 +422,19 @@ void CpuStage::head_forward(int32_t* out, int tokens) {
   }
   checksum_ += sum;
   cpu::rmsnorm(last, last, final_norm_, B, static_cast<int>(H), final_eps_, final_norm_plus_one_);
-  cpu::linear(logits_.data(), last, lm_head_, nullptr, B, vocab_, static_cast<int>(H));
+  const int V = vocab_local_;
+  cpu::linear(logits_.data(), last, lm_head_, nullptr, B, V, static_cast<int>(H));
   if (final_softcap_ > 0.0f) cpu::softcap_inplace(logits_.data(), logits_.size(), final_softcap_);
-  cpu::argmax_rows(out, logits_.data(), B, vocab_);
+  cpu::argmax_rows(out, logits_.data(), B, V);
+  if (tp_width_ > 1) {
+    // Vocabulary-parallel head: this rank's best token (ties: its lowest id, argmax_rows), then
+    // the group's best, ties to the lowest id: width 1's answer.
+    for (int b = 0; b < B; ++b) {
+      best_[b] = logits_[static_cast<size_t>(b) * V + out[b]];
+      out[b] += static_cast<int32_t>(vocab_begin_);
+    }
+    tp_->allreduce_argmax(best_.data(), out, B);
+  }
 }
 
 }  // namespace
@@ -400,6 +454,11 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
   const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(std::max(cfg.batch, 1));
   const size_t ctx = static_cast<size_t>(std::max(cfg.max_context, 1)), groups = static_cast<size_t>(std::max(cfg.groups, 1));
   const size_t max_tokens = B * ctx;
+  const int t = cfg.tp_width, r = cfg.tp_rank;
+  if (const std::string why = tp_unsupported_reason(m, t); !why.empty())
+    throw UserError("--tp " + std::to_string(t) + ": " + why);
+  const auto [v0, v1] = tp_range(static_cast<size_t>(m.vocab), t, r);
+  const size_t vocab_local = v1 - v0;
   size_t weights = 0, kv = 0, max_q = 0, max_kv = 0, max_inter = 0, rope = 0;
   bool has_embed = false, has_head = false, has_layer = false;
   std::vector<std::pair<model::Rope, int>> ropes;
@@ -410,15 +469,20 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
       weights += static_cast<size_t>(m.vocab) * H;
     } else if (unit.kind == UnitKind::head) {
       has_head = true;
-      weights += H + (m.tie_embeddings && has_embed ? 0 : static_cast<size_t>(m.vocab) * H);
+      weights += H + (m.tie_embeddings && has_embed ? 0 : vocab_local * H);
     } else {
       has_layer = true;
       const model::LayerShape& ls = m.layers[unit.layer];
-      weights += static_cast<size_t>(model::unit_params(m, u));
-      const size_t nq = static_cast<size_t>(ls.n_heads) * ls.head_dim, nkv = static_cast<size_t>(ls.n_kv_heads) * ls.head_dim;
+      // This rank's shard (CpuStage's constructor): its heads and MLP slice; norms whole.
+      const TpHeads th = tp_heads(ls.n_heads, ls.n_kv_heads, t, r);
+      const auto [i0, i1] = tp_range(static_cast<size_t>(ls.intermediate), t, r);
+      const size_t nq = static_cast<size_t>(th.q_count) * ls.head_dim, nkv = static_cast<size_t>(th.kv_count) * ls.head_dim;
+      const size_t I = i1 - i0;
+      const size_t norms = H * (ls.sandwich_norm ? 4 : 2) + (ls.qk_norm ? 2 * static_cast<size_t>(ls.head_dim) : 0);
+      weights += H * (2 * nq + 2 * nkv + 3 * I) + (ls.attn_bias ? nq + 2 * nkv : 0) + norms;
       max_q = std::max(max_q, nq);
       max_kv = std::max(max_kv, nkv);
-      max_inter = std::max(max_inter, static_cast<size_t>(ls.intermediate));
+      max_inter = std::max(max_inter, I);
       kv += 2 * groups * max_tokens * nkv;
       const auto key = std::make_pair(ls.rope, ls.head_dim);
       if (std::find(ropes.begin(), ropes.end(), key) == ropes.end()) {
@@ -430,7 +494,7 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
   size_t scratch = max_tokens * H + rope;
   if (has_layer)
     scratch += max_tokens * (H + 2 * max_q + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.max_context);
-  if (has_head) scratch += B * H + B * static_cast<size_t>(m.vocab);
+  if (has_head) scratch += B * H + B * vocab_local;
   return {weights * sizeof(float), kv * sizeof(float), scratch * sizeof(float)};
 }
 

@@ -644,13 +644,23 @@ void CudaStage::reset_checksum() {
 
 }  // namespace
 
+/// The CUDA stage is one device's whole stage: tensor parallelism (an NCCL all-reduce per layer,
+/// issue 14) is CPU-only so far.
+void require_width_one(const StageConfig& cfg) {
+  if (cfg.tp_width != 1)
+    throw UserError("--tp " + std::to_string(cfg.tp_width) +
+                    ": the CUDA backend does not run tensor-parallel stages yet (the CPU backend does); use --tp 1");
+}
+
 std::unique_ptr<StageExecutor> create_cuda_stage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+  require_width_one(cfg);
   return std::make_unique<CudaStage>(m, first, last, cfg);
 }
 
 }  // namespace cuda
 
 StageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+  cuda::require_width_one(cfg);
   return cuda::make_plan(m, first, last, cfg).bytes;
 }
 
