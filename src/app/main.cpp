@@ -159,6 +159,15 @@ void add_benchmark_options(CLI::App& run, ppb::RunOptions& opt, bool& no_validat
                   "device order of the balanced split: rank (stage k on rank k) | auto (search it; "
                   "matters with mixed devices)")
       ->capture_default_str();
+  run.add_option("--tp", opt.tp,
+                 "layout: tensor-parallel width of every stage (W: ranks/W stages of W consecutive ranks) or of "
+                 "each stage (2,1,1: widths summing to the ranks); a stage's ranks split its heads, MLP and "
+                 "vocabulary (Megatron-style) and all-reduce twice per layer; must be identical devices of one "
+                 "node. Repeat to measure several layouts in one run (--tp 1 --tp 2: PP2 against TP2); each "
+                 "layout gets the --partition splits, named e.g. uniform_tp2, balanced_tp2-1-1. CPU backend only")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->capture_default_str();
   run.add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
   run.add_option("--iters", opt.iters,
                  "timed repetitions per partition, at least: the partitions are measured in interleaved rounds "

@@ -20,7 +20,9 @@
 
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/device.h"
+#include "backend/tensor_parallel.h"
 #include "balance/calibrate.h"
+#include "balance/layout.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
 #include "balance/problem.h"
@@ -186,7 +188,10 @@ void validate_options(const RunOptions& o) {
 /// "7,5,6,6 on ranks 0,1,2,3": a split's unit counts and device order.
 std::string split_text(const balance::Partition& p) {
   std::string ranks;
-  for (size_t k = 0; k < p.device_rank.size(); ++k) ranks += (k ? "," : "") + std::to_string(p.device_rank[k]);
+  for (size_t k = 0; k < p.device_rank.size(); ++k) {  // (appends: GCC 12 warns -Wrestrict on "," + to_string)
+    if (k) ranks += ',';
+    ranks += std::to_string(p.device_rank[k]);
+  }
   return p.counts_string() + " on ranks " + ranks;
 }
 
@@ -362,11 +367,6 @@ std::map<std::string, double> model_numbers(const model::ModelSpec& spec) {
           {"num_signatures", static_cast<double>(spec.signatures.size())}};
 }
 
-/// The stage of partition `p` that runs on `rank` (its device order lists one rank per stage).
-int stage_of(const balance::Partition& p, int rank) {
-  return static_cast<int>(std::find(p.device_rank.begin(), p.device_rank.end(), rank) - p.device_rank.begin());
-}
-
 /// `ppbench run` (and `ppbench profile`) as its phases (DESIGN.md §1): start-up, device and
 /// transport, run description, memory check, profile, balance, then per partition build,
 /// benchmark, validate and gather, and the final write. Each phase runs under run_phase(): a
@@ -398,6 +398,7 @@ class RunJob {
       measure_ceilings();
       check_memory_for_profile();
       profile();
+      profile_tp_groups();
       phase("write of the profile", [&] { snapshot("balance"); });
       if (opt_.profile_only) return finish_profile_only();
       balance();
@@ -495,7 +496,15 @@ class RunJob {
                         " has only " + std::to_string(spec_.num_units()) + " units (embed + " +
                         std::to_string(spec_.n_layers) + " layers + head); use at most " +
                         std::to_string(spec_.num_units()) + " ranks");
-      if (partition_names_[0] == "manual") balance::parse_manual(opt_.partition, spec_.num_units(), S_);
+      parse_layouts();
+      if (partition_names_[0] == "manual")
+        for (const auto& widths : layouts_) {
+          try {
+            balance::parse_manual(opt_.partition, spec_.num_units(), static_cast<int>(widths.size()));
+          } catch (const UserError& e) {
+            throw UserError(std::string(e.what()) + (widths.size() == static_cast<size_t>(S_) ? "" : " (for --tp " + balance::layout_label(widths) + ")"));
+          }
+        }
       M_ = opt_.microbatches > 0 ? opt_.microbatches : S_;
       if (opt_.device == "cuda" && !have_cuda_backend())
         throw UserError("--device cuda: this build of ppbench has no CUDA backend (nvcc was not found at build time); use --device cpu");
@@ -508,6 +517,43 @@ class RunJob {
       }
     });
     mpi_.bcast_string(output_);
+  }
+
+  /// --tp: the layouts to measure (balance/layout.h), each with the --partition splits; "1" is one
+  /// rank per stage (what runs without --tp). Each width must split every layer's heads.
+  void parse_layouts() {
+    layouts_.clear();
+    for (const std::string& text : opt_.tp) {
+      if (text == "auto")
+        throw UserError("--tp auto (the balancer choosing the widths) is not built yet; give the widths: --tp W or "
+                        "--tp a,b,c (one per stage)");
+      std::vector<int> widths = balance::parse_layout(text, S_);
+      for (int w : widths)
+        if (const std::string why = tp_unsupported_reason(spec_, w); !why.empty())
+          throw UserError("--tp " + text + ": width " + std::to_string(w) + ": " + why);
+      if (static_cast<int>(widths.size()) > spec_.num_units())
+        throw UserError("--tp " + text + ": " + std::to_string(widths.size()) + " stages but " + opt_.model_path +
+                        " has only " + std::to_string(spec_.num_units()) + " units");
+      if (std::find(layouts_.begin(), layouts_.end(), widths) == layouts_.end()) layouts_.push_back(widths);
+    }
+    if (layouts_.empty()) layouts_.push_back(std::vector<int>(S_, 1));
+    const bool pp = std::any_of(layouts_.begin(), layouts_.end(), [](const std::vector<int>& w) {
+      return std::all_of(w.begin(), w.end(), [](int t) { return t == 1; });
+    });
+    if (adaptive_ && !pp)
+      throw UserError("--partition adaptive re-solves the split of one rank per stage; add --tp 1 to the layouts");
+  }
+
+  /// Polling of the tensor-parallel all-reduces: on the critical path twice per layer, so the
+  /// waiting lane spins (MPI_Test and sched_yield) for up to 200 us before it sleeps, and sleeps
+  /// at most 50 us.
+  MpiPollConfig tp_poll() const {
+    MpiPollConfig poll;
+    poll.timeout_s = opt_.timeout_s;
+    poll.spin_us = 200.0;
+    poll.min_sleep_us = 5.0;
+    poll.max_sleep_us = 50.0;
+    return poll;
   }
 
   // ---- device and transport -------------------------------------------------------------------
@@ -728,12 +774,15 @@ class RunJob {
 
   /// What a stage of units [first, last] with `groups` request groups allocates on this
   /// backend (weights, KV cache, scratch), computed before anything is allocated.
-  StageBytes stage_bytes_of(int first, int last, int groups) const {
-    return device_->stage_bytes(spec_, first, last, stage_config(groups));
+  StageBytes stage_bytes_of(int first, int last, int groups, int tp_width = 1, int tp_rank = 0) const {
+    return device_->stage_bytes(spec_, first, last, stage_config(groups, tp_width, tp_rank));
   }
 
-  StageConfig stage_config(int groups) const {
+  StageConfig stage_config(int groups, int tp_width = 1, int tp_rank = 0, TpGroup* tp = nullptr) const {
     StageConfig sc;
+    sc.tp_width = tp_width;
+    sc.tp_rank = tp_rank;
+    sc.tp = tp;
     sc.batch = opt_.batch;
     sc.max_context = opt_.prompt_len + opt_.gen_len;
     sc.groups = groups;
@@ -814,9 +863,10 @@ class RunJob {
   void check_memory_of_partitions() {
     phase("memory check", [&] {
       for (const auto& p : parts_) {
-        const int k = stage_of(p, mpi_.rank());
-        // Exactly what the stage allocates (CUDA or CPU), scratch included.
-        const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_);
+        const StagePlacement place = placement(p);
+        const int k = place.stage;
+        // Exactly what the stage allocates (CUDA or CPU), scratch included: this rank's shard.
+        const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_, place.tp_width, place.tp_rank);
         if (b.total() > memory_limit_) {
           std::ostringstream os;
           os << "partition " << p.solver << ": stage " << k << " (units " << spec_.units[p.first_unit[k]].name << ".."
@@ -913,6 +963,101 @@ class RunJob {
     t.cost_ms = cost_all;
   }
 
+  /// The groups of ranks the layouts run tensor-parallel stages on, (first rank, width), each
+  /// once, in layout order.
+  std::vector<std::pair<int, int>> tp_groups_needed() const {
+    std::vector<std::pair<int, int>> out;
+    for (const auto& widths : layouts_)
+      for (const auto& g : balance::layout_groups(widths))
+        if (g.second > 1 && std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+    return out;
+  }
+
+  /// Profiles every group of ranks a --tp layout needs, together at its width (issue 14): the
+  /// group's ranks each build their shard of every unit and time the same forwards, the
+  /// all-reduces inside. Groups that share no rank are profiled at the same time (one round),
+  /// others in later rounds; ranks outside a round's groups wait. Rank 0 keeps each group's
+  /// first rank's tables in run_.profile.tp. A group must be ranks of one node with identical
+  /// devices (the same device class): the all-reduce would otherwise cross the network and a
+  /// stage run at its slowest member's pace.
+  void profile_tp_groups() {
+    const auto groups = tp_groups_needed();
+    if (groups.empty()) return;
+    phase("layouts", [&] {
+      for (const auto& [first, w] : groups)
+        for (int r = first; r < first + w; ++r)
+          if (equivalence_.device_class[r] != equivalence_.device_class[first])
+            throw UserError("--tp: ranks " + std::to_string(first) + ".." + std::to_string(first + w - 1) +
+                            " would form a tensor-parallel stage, but rank " + std::to_string(r) +
+                            " is not an identical device of rank " + std::to_string(first) +
+                            "'s node (/ranks: hostname, device, CPU quota, threads); a stage's ranks must be "
+                            "identical devices of one node");
+    });
+    std::vector<std::vector<std::pair<int, int>>> rounds;  // greedy: a group joins the first round it fits
+    for (const auto& g : groups) {
+      auto overlaps = [&](const std::pair<int, int>& h) { return g.first < h.first + h.second && h.first < g.first + g.second; };
+      auto it = std::find_if(rounds.begin(), rounds.end(), [&](const auto& round) {
+        return std::none_of(round.begin(), round.end(), overlaps);
+      });
+      if (it == rounds.end()) it = rounds.insert(rounds.end(), std::vector<std::pair<int, int>>{});
+      it->push_back(g);
+    }
+    const int U = spec_.num_units();
+    for (const auto& round : rounds) {
+      int color = -1, key = 0;
+      for (size_t i = 0; i < round.size(); ++i)
+        if (mpi_.rank() >= round[i].first && mpi_.rank() < round[i].first + round[i].second) {
+          color = static_cast<int>(i);
+          key = mpi_.rank() - round[i].first;
+        }
+      std::vector<double> mine;  // a group's first rank: latency, min, max [U][2] each
+      phase("profile at tensor-parallel widths", [&] {
+        std::string what;
+        for (const auto& [first, w] : round)
+          what += (what.empty() ? "" : ", ") + std::string("ranks ") + std::to_string(first) + ".." +
+                  std::to_string(first + w - 1) + " at width " + std::to_string(w);
+        progress_.say("profile: tensor-parallel groups " + what);
+        auto tp = create_mpi_tp_group(mpi_, color, key, tp_poll());
+        if (!tp) return;
+        ProfileConfig pc;
+        pc.batch = opt_.batch;
+        pc.prompt_len = opt_.prompt_len;
+        pc.gen_len = opt_.gen_len;
+        pc.num_contexts = opt_.profile_contexts;
+        pc.warmup = opt_.profile_warmup;
+        pc.iters = opt_.profile_iters;
+        pc.dtype = dtype_;
+        pc.seed = opt_.seed;
+        pc.cuda_graphs = !opt_.no_cuda_graphs;
+        pc.tp_width = tp->width();
+        pc.tp_rank = tp->rank();
+        pc.tp = tp.get();
+        const ProfileResult prof = profile_model(*device_, spec_, pc);
+        if (key != 0) return;
+        for (const auto* table : {&prof.prefill_ms, &prof.prefill_min_ms, &prof.prefill_max_ms}) {
+          const auto& dec = table == &prof.prefill_ms ? prof.decode_ms : table == &prof.prefill_min_ms ? prof.decode_min_ms : prof.decode_max_ms;
+          for (int u = 0; u < U; ++u) {
+            mine.push_back((*table)[u]);
+            mine.push_back(dec[u]);
+          }
+        }
+      });
+      const auto all = mpi_.gatherv_doubles(mine);
+      if (!root_) continue;
+      for (const auto& [first, w] : round) {
+        const auto& row = all[first];
+        ProfileTable::TpGroupProfile g;
+        g.first_rank = first;
+        g.width = w;
+        if (row.size() != static_cast<size_t>(6 * U)) throw InternalError("profile of tensor-parallel group at rank " + std::to_string(first) + " is missing");
+        g.latency_ms.assign(row.begin(), row.begin() + 2 * U);
+        g.latency_min_ms.assign(row.begin() + 2 * U, row.begin() + 4 * U);
+        g.latency_max_ms.assign(row.begin() + 4 * U, row.end());
+        run_.profile.tp.push_back(std::move(g));
+      }
+    }
+  }
+
   /// `ppbench profile`: the file is complete without partitions.
   int finish_profile_only() {
     phase("write", [&] {
@@ -932,41 +1077,59 @@ class RunJob {
 
   void balance() {
     const int U = spec_.num_units();
-    std::vector<int> flat;  // per partition: S first units, then S device ranks
+    // Per partition: S, then S first units, S first ranks, S tensor-parallel widths.
+    std::vector<int> flat;
+    std::string names;
     phase("balance", [&] {
       if (!root_) return;
       // The balancer's problem (DESIGN.md §6), built from the run's record exactly as
       // `ppbench balance FILE.h5` rebuilds it from the file: each rank's own profile row, each
       // rank's memory, the activations crossing each boundary per unit of the objective's cost
-      // on the link measured at start-up, with or without overlap.
+      // on the link measured at start-up, with or without overlap. A layout with tensor-parallel
+      // stages solves over its stages' groups (balance::layout_problem).
       const balance::BalanceProblem prob = balance::problem_from_run(run_, objective_);
-      for (const auto& name : partition_names_) {
-        balance::SplitRequest req;
-        req.method = balance::parse_method(name);
-        req.stages = S_;
-        req.order = opt_.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
-        req.manual = opt_.partition;
-        const balance::Partition p = balance::make_split(prob, req);
-        parts_.push_back(p);
-        for (int k = 0; k < S_; ++k) flat.push_back(p.first_unit[k]);
-        for (int k = 0; k < S_; ++k) flat.push_back(p.device_rank[k]);
+      for (const auto& widths : layouts_) {
+        const bool pp = std::all_of(widths.begin(), widths.end(), [](int t) { return t == 1; });
+        const balance::BalanceProblem lp = pp ? prob : balance::layout_problem(run_, objective_, widths);
+        for (const auto& name : partition_names_) {
+          balance::SplitRequest req;
+          req.method = balance::parse_method(name);
+          req.stages = S_;
+          req.order = opt_.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
+          req.manual = opt_.partition;
+          balance::Partition p = pp ? balance::make_split(prob, req) : balance::make_layout_split(lp, req, widths);
+          p.solver = name + balance::layout_suffix(widths);
+          if (p.tp_width.empty()) p.tp_width.assign(p.num_stages(), 1);
+          parts_.push_back(p);
+          flat.push_back(p.num_stages());
+          flat.insert(flat.end(), p.first_unit.begin(), p.first_unit.end());
+          flat.insert(flat.end(), p.device_rank.begin(), p.device_rank.end());
+          flat.insert(flat.end(), p.tp_width.begin(), p.tp_width.end());
+          names += p.solver + "\n";
+        }
       }
     });
     mpi_.bcast_ints(flat);
+    mpi_.bcast_string(names);
     if (!root_) {
-      for (size_t i = 0; i < partition_names_.size(); ++i) {
+      std::istringstream in(names);
+      size_t at = 0;
+      for (std::string name; std::getline(in, name);) {
+        const int S = flat[at++];
         balance::Partition p;
-        p.solver = partition_names_[i];
-        for (int k = 0; k < S_; ++k) {
-          p.first_unit.push_back(flat[2 * i * S_ + k]);
-          p.last_unit.push_back(k + 1 < S_ ? flat[2 * i * S_ + k + 1] - 1 : U - 1);
-          p.device_rank.push_back(flat[2 * i * S_ + S_ + k]);
+        p.solver = name;
+        for (int k = 0; k < S; ++k) {
+          p.first_unit.push_back(flat[at + k]);
+          p.last_unit.push_back(k + 1 < S ? flat[at + k + 1] - 1 : U - 1);
+          p.device_rank.push_back(flat[at + S + k]);
+          p.tp_width.push_back(flat[at + 2 * S + k]);
         }
+        at += 3 * static_cast<size_t>(S);
         parts_.push_back(p);
       }
     }
     if (opt_.control) {  // the A/A control: uniform again, benchmarked as a split of its own
-      for (size_t i = 0; i < partition_names_.size(); ++i) {
+      for (size_t i = 0; i < parts_.size(); ++i) {
         if (parts_[i].solver != "uniform") continue;
         balance::Partition c = parts_[i];
         c.solver = kControl;
@@ -1017,6 +1180,29 @@ class RunJob {
     return {pre, dec};
   }
 
+  /// Which table of a profile (median, fastest, slowest).
+  enum class Stat { median, min, max };
+
+  /// Stage k of `p`'s prefill and decode sums (ms) from profile `prof`: its rank's row, or, for
+  /// a tensor-parallel stage, its group's profile at its width (NaN if the group has none).
+  std::pair<double, double> stage_profile_sums(const ProfileTable& prof, const balance::Partition& p, int k, Stat stat) const {
+    const int r = p.device_rank[k], w = p.width(k);
+    if (w == 1)
+      return stage_phase_sums(stat == Stat::median ? prof.latency_ms : stat == Stat::min ? prof.latency_min_ms : prof.latency_max_ms,
+                              r, p.first_unit[k], p.last_unit[k]);
+    for (const auto& g : prof.tp) {
+      if (g.first_rank != r || g.width != w) continue;
+      const auto& t = stat == Stat::median ? g.latency_ms : stat == Stat::min ? g.latency_min_ms : g.latency_max_ms;
+      double pre = 0, dec = 0;
+      for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
+        pre += t[2 * static_cast<size_t>(u)];
+        dec += t[2 * static_cast<size_t>(u) + 1];
+      }
+      return {pre, dec};
+    }
+    return {std::nan(""), std::nan("")};
+  }
+
   /// Rank 0: partition `p`'s record (split, predictions from profile table `prof`, floors, stage
   /// bytes), its memory report and its progress line.
   PartitionRecord describe_partition(const balance::Partition& p, const ProfileTable& prof) {
@@ -1026,30 +1212,36 @@ class RunJob {
     pr.first_unit = p.first_unit;
     pr.last_unit = p.last_unit;
     pr.device_rank = p.device_rank;
+    pr.tp_width.assign(p.num_stages(), 1);
+    for (int k = 0; k < p.num_stages(); ++k) pr.tp_width[k] = p.width(k);
+    pr.layout = balance::layout_label(pr.tp_width);
     pr.predicted_stage_ms = p.predicted_stage_ms;
     pr.predicted_bottleneck_ms = p.bottleneck_ms;
-    for (int k = 0; k < S_; ++k) {
-      const int r = p.device_rank[k];
-      const auto [pre, dec] = stage_phase_sums(prof.latency_ms, r, p.first_unit[k], p.last_unit[k]);
+    const int S = p.num_stages();
+    for (int k = 0; k < S; ++k) {
+      const int r = p.device_rank[k], w = p.width(k);
+      const auto [pre, dec] = stage_profile_sums(prof, p, k, Stat::median);
       pr.predicted_phase_ms.push_back(pre);
       pr.predicted_phase_ms.push_back(dec);
-      const auto [pre_lo, dec_lo] = stage_phase_sums(prof.latency_min_ms, r, p.first_unit[k], p.last_unit[k]);
-      const auto [pre_hi, dec_hi] = stage_phase_sums(prof.latency_max_ms, r, p.first_unit[k], p.last_unit[k]);
+      const auto [pre_lo, dec_lo] = stage_profile_sums(prof, p, k, Stat::min);
+      const auto [pre_hi, dec_hi] = stage_profile_sums(prof, p, k, Stat::max);
       pr.predicted_stage_min_ms.push_back(balance::objective_cost(objective_, pre_lo, dec_lo, opt_.gen_len));
       pr.predicted_stage_max_ms.push_back(balance::objective_cost(objective_, pre_hi, dec_hi, opt_.gen_len));
+      // A tensor-parallel stage's floor: its rank's floor of the whole stage over the width (the
+      // ideal split of its work and bytes; the all-reduces are not in it).
       const auto [floor_pre, floor_dec] = stage_floor_ms(r, p.first_unit[k], p.last_unit[k]);
-      pr.stage_floor_phase_ms.push_back(floor_pre);
-      pr.stage_floor_phase_ms.push_back(floor_dec);
-      pr.stage_floor_ms.push_back(balance::objective_cost(objective_, floor_pre, floor_dec, opt_.gen_len));
-      const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_);
+      pr.stage_floor_phase_ms.push_back(floor_pre / w);
+      pr.stage_floor_phase_ms.push_back(floor_dec / w);
+      pr.stage_floor_ms.push_back(balance::objective_cost(objective_, floor_pre / w, floor_dec / w, opt_.gen_len));
+      const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_, w, 0);  // the group's first shard
       pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
       pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
     }
-    if (!opt_.quiet) {
+    if (!opt_.quiet && !p.tensor_parallel()) {
       // Each device's limit net of its stage's activation scratch, so that "free" and "KV
       // tokens left" agree with the memory check (which counts the scratch too).
       std::vector<int64_t> net(S_);
-      for (int k = 0; k < S_; ++k) {
+      for (int k = 0; k < S; ++k) {
         const int d = p.device_rank[k];
         net[d] = std::max<int64_t>(1, static_cast<int64_t>(memory_limits_[d]) -
                                           static_cast<int64_t>(stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).scratch));
@@ -1059,25 +1251,15 @@ class RunJob {
       progress_.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
                     balance::format_memory_report(mr));
     }
-    progress_.say("partition " + p.solver + ": " + p.counts_string() + " units per stage, predicted bottleneck " +
+    progress_.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +
+                  (p.tensor_parallel() ? " on stages of widths " + pr.layout : "") + ", predicted bottleneck " +
                   format_fixed(p.bottleneck_ms, 2) + " ms (" + opt_.objective + ")");
     return pr;
   }
 
   // ---- 4./5. benchmark and validate each partition ----------------------------------------------
 
-  StagePlacement placement(const balance::Partition& p) const {
-    const int k = stage_of(p, mpi_.rank());
-    StagePlacement place;
-    place.rank = mpi_.rank();
-    place.stage = k;
-    place.num_stages = S_;
-    place.prev_rank = k > 0 ? p.device_rank[k - 1] : -1;
-    place.next_rank = k + 1 < S_ ? p.device_rank[k + 1] : -1;
-    place.first_rank = p.device_rank[0];
-    place.last_rank = p.device_rank[S_ - 1];
-    return place;
-  }
+  StagePlacement placement(const balance::Partition& p) const { return layout_placement(p.stage_ranks(), mpi_.rank()); }
 
   PipelineConfig pipeline_config() const {
     PipelineConfig pc;
@@ -1099,6 +1281,7 @@ class RunJob {
   struct Bench {
     size_t pi = 0;
     StagePlacement place;
+    std::unique_ptr<TpGroup> tp;  ///< this rank's tensor-parallel group (null at width 1); outlives the stage
     std::unique_ptr<StageExecutor> stage;
     bool resident = true;
     std::vector<int> rounds;
@@ -1108,15 +1291,16 @@ class RunJob {
 
   /// Bytes this rank's stage of partition `pi` needs (weights, KV cache and scratch).
   size_t stage_total_bytes(size_t pi) const {
-    const balance::Partition& p = parts_[pi];
-    const int k = stage_of(p, mpi_.rank());
-    return stage_bytes_of(p.first_unit[k], p.last_unit[k], M_).total();
+    const StagePlacement place = placement(parts_[pi]);
+    const int k = place.stage;
+    return stage_bytes_of(parts_[pi].first_unit[k], parts_[pi].last_unit[k], M_, place.tp_width, place.tp_rank).total();
   }
 
   void build_stage(Bench& b) {
     const balance::Partition& p = parts_[b.pi];
     phase("build of partition " + p.solver, [&] {
-      b.stage = device_->create_stage(spec_, p.first_unit[b.place.stage], p.last_unit[b.place.stage], stage_config(M_));
+      b.stage = device_->create_stage(spec_, p.first_unit[b.place.stage], p.last_unit[b.place.stage],
+                                      stage_config(M_, b.place.tp_width, b.place.tp_rank, b.tp.get()));
     });
   }
 
@@ -1162,6 +1346,10 @@ class RunJob {
     Bench b;
     b.pi = pi;
     b.place = placement(parts_[pi]);
+    // Collective (every rank adds the same benches in the same order): the stage's group.
+    phase("tensor-parallel group of partition " + parts_[pi].solver, [&] {
+      b.tp = create_mpi_tp_group(mpi_, b.place.tp_width > 1 ? b.place.stage : -1, b.place.tp_rank, tp_poll());
+    });
     phase("memory check of the partitions side by side",
           [&] { b.resident = mpi_.agree(resident_bytes <= memory_limit_ ? 0 : 1) == 0; });
     if (b.resident) build_stage(b);
@@ -1304,7 +1492,8 @@ class RunJob {
                             int rounds, double elapsed_s, double round_s) const {
     std::vector<PartitionMetrics> ms;
     for (size_t j = 0; j < benches.size(); ++j) {
-      const EventShape sh{static_cast<int>(benches[j].rounds.size()), M_, opt_.gen_len + 1, S_};
+      const EventShape sh{static_cast<int>(benches[j].rounds.size()), M_, opt_.gen_len + 1,
+                          parts_[benches[j].pi].num_stages()};
       ms.push_back(compute_metrics(events[j], sh, opt_.batch, opt_.gen_len));
     }
     const size_t ref = reference_bench(benches);
@@ -1386,6 +1575,7 @@ class RunJob {
     std::vector<std::string> from;
     for (size_t j = 0; j < benches.size(); ++j) {
       const balance::Partition& p = parts_[benches[j].pi];
+      if (p.tensor_parallel()) continue;  // calibrates the ranks' own rows: one rank per stage only
       from.push_back(p.solver);
       const EventShape sh{static_cast<int>(benches[j].rounds.size()), M_, opt_.gen_len + 1, S_};
       for (int k = 0; k < S_; ++k) {
@@ -1510,9 +1700,11 @@ class RunJob {
     if (!root_) return {};
     const int reps = reps_of(rec);
     const int steps = opt_.gen_len + 1;
-    const EventShape sh{reps, M_, steps, S_};
-    std::vector<double> events(static_cast<size_t>(reps) * M_ * steps * S_ * kNumEvents, std::nan(""));
-    for (int k = 0; k < S_; ++k) {
+    const int S = p.num_stages();
+    const EventShape sh{reps, M_, steps, S};
+    // A tensor-parallel stage's timeline is its first rank's (the group computes in lockstep).
+    std::vector<double> events(static_cast<size_t>(reps) * M_ * steps * S * kNumEvents, std::nan(""));
+    for (int k = 0; k < S; ++k) {
       const int r = p.device_rank[k];
       const auto& e = ev_all[r];
       for (int it = 0; it < reps; ++it)
@@ -1541,34 +1733,41 @@ class RunJob {
                                            rec.send_lane_cpu_s, rec.timed_wall_s});
     if (!root_) return;
     PartitionRecord& pr = run_.partitions[pi];
-    const EventShape sh{reps_of(rec), M_, opt_.gen_len + 1, S_};
+    const int S = p.num_stages();
+    const EventShape sh{reps_of(rec), M_, opt_.gen_len + 1, S};
     pr.events = std::move(events);
     pr.lane_cpu_s.clear();
     pr.stage_compute_ms.clear();
     pr.measured_stage_ms.clear();
-    for (int k = 0; k < S_; ++k) {
+    for (int k = 0; k < S; ++k) {
       const int r = p.device_rank[k];
       pr.lane_cpu_s.push_back(sums[r * 6 + 2]);
       pr.lane_cpu_s.push_back(sums[r * 6 + 3]);
       pr.lane_cpu_s.push_back(sums[r * 6 + 4]);
     }
     pr.timed_wall_s = sums[p.device_rank[0] * 6 + 5];
-    const int lr = p.device_rank[S_ - 1];
+    const int lr = p.device_rank[S - 1];
     pr.tokens.assign(toks_all[lr].begin(), toks_all[lr].end());
     pr.reference_tokens.assign(ref_all[lr].begin(), ref_all[lr].end());
     pr.checksum = sums[lr * 6 + 0];
     pr.reference_checksum = sums[lr * 6 + 1];
+    // Every rank of a tensor-parallel last stage samples the tokens: they must agree, bit for bit.
+    bool group_agrees = true;
+    for (int r = lr + 1; r < lr + p.width(S - 1); ++r)
+      group_agrees = group_agrees && toks_all[r] == toks_all[lr] && sums[r * 6] == sums[lr * 6];
+    if (!group_agrees)
+      std::cerr << "ppbench: partition " << p.solver << ": the ranks of the last stage sampled different tokens" << std::endl;
     pr.validated = final && opt_.validate;
-    pr.tokens_match = pr.validated && pr.tokens == pr.reference_tokens;
+    pr.tokens_match = pr.validated && pr.tokens == pr.reference_tokens && group_agrees;
     pr.checksum_match = pr.validated && pr.checksum == pr.reference_checksum;
     pr.tokens_match_first_partition = pr.tokens == run_.partitions[0].tokens;
     const auto m = compute_metrics(pr.events, sh, opt_.batch, opt_.gen_len);
-    for (int k = 0; k < S_; ++k) {
+    for (int k = 0; k < S; ++k) {
       pr.stage_compute_ms.push_back(m.stage_prefill_ms[k]);
       pr.stage_compute_ms.push_back(m.stage_decode_ms[k]);
     }
     pr.stage_workload_ms = m.stage_workload_ms;
-    for (int k = 0; k < S_; ++k)  // measured stage cost in the balancer's objective
+    for (int k = 0; k < S; ++k)  // measured stage cost in the balancer's objective
       pr.measured_stage_ms.push_back(objective_ == balance::Objective::decode    ? m.stage_decode_ms[k]
                                      : objective_ == balance::Objective::prefill ? m.stage_prefill_ms[k]
                                                                                  : m.stage_workload_ms[k]);
@@ -1601,25 +1800,30 @@ class RunJob {
   /// The simulator's prediction from the profile (predicted step times + the measured link),
   /// stored beside the measurement; a failing prediction never costs the measurement.
   void add_simulated_metrics(const balance::Partition& p, PartitionRecord& pr, double measured_decode_tok_s) const {
-    std::vector<balance::SimStage> st(S_);
+    const int S = p.num_stages();
+    std::vector<balance::SimStage> st(S);
     // On several nodes each boundary's own link (the balancer's: balance::node_pair_links).
     const balance::PairLinks links = balance::node_pair_links(run_);
-    for (int k = 0; k < S_; ++k) {
+    for (int k = 0; k < S; ++k) {
       st[k].prefill_ms = pr.predicted_phase_ms[2 * k];
       st[k].decode_ms = pr.predicted_phase_ms[2 * k + 1];
-      const bool last_stage = k == S_ - 1;
+      const bool last_stage = k == S - 1;
+      // A sender of a stage narrower than the next sends a copy to each of its receivers
+      // (pipeline.h layout_placement), one after the other.
+      const int next = (k + 1) % S;
+      const int copies = (p.width(next) + p.width(k) - 1) / p.width(k);
       auto xfer_ms = [&](int tokens) {
-        if (S_ == 1) return 0.0;
+        if (S == 1) return 0.0;
         const double bytes = last_stage ? 4.0 * opt_.batch
                                         : double(model::boundary_bytes(spec_, p.last_unit[k], opt_.batch, tokens,
                                                                        dtype_bytes(dtype_)));
         double lat = link_latency_s_, bw = link_bandwidth_Bps_;
-        const size_t pair = static_cast<size_t>(p.device_rank[k]) * S_ + p.device_rank[(k + 1) % S_];
+        const size_t pair = static_cast<size_t>(p.device_rank[k]) * S_ + p.device_rank[next];
         if (pair < links.latency_s.size() && !std::isnan(links.latency_s[pair])) {
           lat = links.latency_s[pair];
           bw = links.bandwidth_Bps[pair];
         }
-        return 1e3 * (lat + (bw > 0 ? bytes / bw : 0.0));
+        return copies * 1e3 * (lat + (bw > 0 ? bytes / bw : 0.0));
       };
       st[k].send_prefill_ms = xfer_ms(opt_.prompt_len);
       st[k].send_decode_ms = xfer_ms(1);
@@ -1675,7 +1879,7 @@ class RunJob {
 
   const MpiContext& mpi_;
   const RunOptions& opt_;
-  const int S_;      ///< ranks = stages
+  const int S_;      ///< ranks (= stages of the layout of one rank per stage)
   const bool root_;  ///< rank 0: solves, gathers, writes
   Progress progress_;
   RunRecord run_;  ///< rank 0's record of the run (what the file holds)
@@ -1684,6 +1888,8 @@ class RunJob {
   std::unique_ptr<Device> device_;
   std::unique_ptr<Transport> transport_;
   std::vector<std::string> partition_names_;
+  /// --tp: the layouts measured, each the widths of its stages (all 1: one rank per stage).
+  std::vector<std::vector<int>> layouts_;
   std::vector<balance::Partition> parts_;  ///< in run order, on every rank
   /// Unit signatures and the ranks' device classes, on every rank: splits that are the same up
   /// to swapping identical devices are benchmarked once (balance::compare_splits).

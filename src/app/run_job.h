@@ -18,6 +18,9 @@ struct RunOptions {
   std::string partition = "both";
   std::string objective = "workload";
   std::string order = "rank";  ///< balanced partition's device order: rank | auto
+  /// Layouts (issue 14): each a tensor-parallel width for every stage ("2") or per stage
+  /// ("2,1,1"); each is measured with the --partition splits. {"1"}: one rank per stage.
+  std::vector<std::string> tp = {"1"};
   int warmup = 1;
   int iters = 2;             ///< timed repetitions (rounds) per partition, at least
   double target_ci_pct = 5;  ///< repeat rounds until every gain's 95% CI half-width <= this % (0 = off)

@@ -148,10 +148,25 @@ std::vector<int> stage_key(const Partition& p, int k, const SplitEquivalence& eq
 
 }  // namespace
 
+bool Partition::tensor_parallel() const {
+  return std::any_of(tp_width.begin(), tp_width.end(), [](int t) { return t > 1; });
+}
+
+std::vector<std::vector<int>> Partition::stage_ranks() const {
+  std::vector<std::vector<int>> out(num_stages());
+  for (int k = 0; k < num_stages(); ++k)
+    for (int j = 0; j < width(k); ++j) out[k].push_back(device_rank[k] + j);
+  return out;
+}
+
 Sameness compare_splits(const Partition& a, const Partition& b, const SplitEquivalence& eq) {
-  if (a.first_unit == b.first_unit && a.last_unit == b.last_unit && a.device_rank == b.device_rank)
+  std::vector<int> wa(a.num_stages()), wb(b.num_stages());
+  for (int k = 0; k < a.num_stages(); ++k) wa[k] = a.width(k);
+  for (int k = 0; k < b.num_stages(); ++k) wb[k] = b.width(k);
+  if (a.first_unit == b.first_unit && a.last_unit == b.last_unit && a.device_rank == b.device_rank && wa == wb)
     return Sameness::identical;
-  if (eq.unit_signature.empty() || eq.device_class.empty() || a.num_stages() != b.num_stages())
+  if (eq.unit_signature.empty() || eq.device_class.empty() || a.num_stages() != b.num_stages() ||
+      a.tensor_parallel() || b.tensor_parallel())
     return Sameness::different;
   int n_signatures = 0;
   for (int s : eq.unit_signature) {
@@ -186,6 +201,9 @@ void check_partition(const Partition& p, int units) {
   if (S < 1) fail("no stages");
   if (p.last_unit.size() != p.first_unit.size() || p.device_rank.size() != p.first_unit.size())
     fail("first_unit, last_unit and device_rank differ in length");
+  if (!p.tp_width.empty() && p.tp_width.size() != p.first_unit.size()) fail("tp_width has the wrong length");
+  for (int w : p.tp_width)
+    if (w < 1) fail("a stage has tensor-parallel width " + std::to_string(w));
   if (!p.predicted_stage_ms.empty() && static_cast<int>(p.predicted_stage_ms.size()) != S)
     fail("predicted_stage_ms has " + std::to_string(p.predicted_stage_ms.size()) +
          " entries for " + std::to_string(S) + " stages");

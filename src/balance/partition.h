@@ -22,7 +22,17 @@ struct Partition {
   double bottleneck_ms = 0.0;            ///< max of predicted_stage_ms
   double spread_ms = 0.0;                ///< max - min of predicted_stage_ms
 
+  /// [S] tensor-parallel width of each stage (issue 14): stage k runs on the ranks
+  /// device_rank[k], ..., device_rank[k] + width(k) - 1 (a group of one node); empty = width 1
+  /// everywhere, one rank per stage.
+  std::vector<int> tp_width;
+
   int num_stages() const { return static_cast<int>(first_unit.size()); }
+  int width(int stage) const { return tp_width.empty() ? 1 : tp_width[stage]; }
+  /// Whether some stage is wider than one rank.
+  bool tensor_parallel() const;
+  /// [S] the ranks of each stage, in group-rank order.
+  std::vector<std::vector<int>> stage_ranks() const;
   int units_in(int stage) const { return last_unit[stage] - first_unit[stage] + 1; }
   /// "5,6,5,6" style unit counts per stage.
   std::string counts_string() const;
@@ -53,7 +63,8 @@ enum class Sameness {
 };
 
 /// Whether splits `a` and `b` run the same stages (issue 13, "say what is the same"):
-/// identical (first/last units and device order), or, with `eq` filled, equivalent: a one-to-one
+/// identical (first/last units, device order and tensor-parallel widths), or, without tensor
+/// parallelism in either, with `eq` filled, equivalent: a one-to-one
 /// matching of their stages such that matched stages hold the same number of units of every
 /// signature on devices of one class. Then every stage of one split has a twin in the other with
 /// the same predicted cost (e.g. 7,6,5,6 and 7,5,6,6 of identical layers on identical cores), and

@@ -26,6 +26,39 @@ int32_t prompt_token(uint64_t seed, int group, int seq, int pos, int vocab) {
   return static_cast<int32_t>(z % static_cast<uint64_t>(vocab));
 }
 
+StagePlacement layout_placement(const std::vector<std::vector<int>>& stage_ranks, int rank) {
+  const int S = static_cast<int>(stage_ranks.size());
+  StagePlacement p;
+  p.rank = rank;
+  p.num_stages = S;
+  p.stage = -1;
+  for (int k = 0; k < S; ++k) {
+    if (stage_ranks[k].empty()) throw InternalError("layout_placement: stage " + std::to_string(k) + " has no rank");
+    for (size_t j = 0; j < stage_ranks[k].size(); ++j) {
+      if (stage_ranks[k][j] != rank) continue;
+      if (p.stage >= 0) throw InternalError("layout_placement: rank " + std::to_string(rank) + " is in two stages");
+      p.stage = k;
+      p.tp_rank = static_cast<int>(j);
+    }
+  }
+  if (p.stage < 0) throw InternalError("layout_placement: rank " + std::to_string(rank) + " is in no stage");
+  const int k = p.stage, j = p.tp_rank;
+  const std::vector<int>& mine = stage_ranks[k];
+  p.tp_width = static_cast<int>(mine.size());
+  // Receiver i of a stage of width b gets from sender i % a of the stage of width a before it.
+  auto receivers_of = [&](const std::vector<int>& to) {
+    std::vector<int> out;
+    for (size_t i = 0; i < to.size(); ++i)
+      if (static_cast<int>(i % mine.size()) == j) out.push_back(to[i]);
+    return out;
+  };
+  if (k > 0) p.prev_rank = stage_ranks[k - 1][j % stage_ranks[k - 1].size()];
+  if (k + 1 < S) p.next_ranks = receivers_of(stage_ranks[k + 1]);
+  if (S > 1 && k == 0) p.last_rank = stage_ranks[S - 1][j % stage_ranks[S - 1].size()];
+  if (S > 1 && k == S - 1) p.return_ranks = receivers_of(stage_ranks[0]);
+  return p;
+}
+
 namespace {
 
 constexpr int kRing = 2;  // double buffering of recv and output slots
@@ -122,9 +155,10 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
     const int me = place.rank;
     std::vector<std::pair<int, int>> links;
     if (place.prev_rank >= 0) links.emplace_back(place.prev_rank, me);
-    if (place.next_rank >= 0) links.emplace_back(me, place.next_rank);
+    for (int r : place.next_ranks) links.emplace_back(me, r);
     if (S > 1 && first) links.emplace_back(place.last_rank, me);  // the token return
-    if (S > 1 && last) links.emplace_back(me, place.first_rank);
+    if (S > 1 && last)
+      for (int r : place.return_ranks) links.emplace_back(me, r);
     std::sort(links.begin(), links.end());
     links.erase(std::unique(links.begin(), links.end()), links.end());
     transport.connect(links);
@@ -233,12 +267,14 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
       if (first && S == 1 && t < G) compute_lane->copy(group_tokens[g]->data(), out, B * sizeof(int32_t));
       compute_lane->record(compute_end);
 
-      // Send: activations to the next stage, or tokens back to stage 0 (not after the last step).
-      if (!last || (S > 1 && t < G)) {
-        const int peer = last ? place.first_rank : place.next_rank;
+      // Send: activations to the next stage, or tokens back to stage 0 (not after the last
+      // step); to each receiver this rank serves (layout_placement), none for some ranks of a
+      // stage wider than the next.
+      const std::vector<int>& peers = last ? place.return_ranks : place.next_ranks;
+      if ((!last || (S > 1 && t < G)) && !peers.empty()) {
         send_lane->wait(compute_end);
         send_lane->record(send_start);
-        transport.enqueue_send(*send_lane, out, stage.output_bytes(T), peer, item_tag(i));
+        for (int peer : peers) transport.enqueue_send(*send_lane, out, stage.output_bytes(T), peer, item_tag(i));
         send_lane->record(send_end);
         has_send[i] = true;
       }

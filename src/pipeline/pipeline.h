@@ -43,16 +43,33 @@ struct PipelineConfig {
   LaneMode mode = LaneMode::overlap;
 };
 
-/// Where this stage sits: world ranks of its neighbours.
+/// Where this rank sits in a layout: its stage, and the world ranks it exchanges messages with.
+/// A stage of tensor-parallel width t runs on t ranks (backend/tensor_parallel.h), each of which
+/// holds the whole activation after its last all-reduce; layout_placement() says who sends to
+/// whom.
 struct StagePlacement {
   int rank = 0;         ///< this process's rank (where the stage runs)
   int stage = 0;
   int num_stages = 1;
-  int prev_rank = -1;   ///< rank of stage - 1 (-1 for stage 0)
-  int next_rank = -1;   ///< rank of stage + 1 (-1 for the last stage)
-  int first_rank = 0;   ///< rank of stage 0 (where the last stage returns tokens)
-  int last_rank = 0;    ///< rank of the last stage
+  int tp_rank = 0;      ///< this rank's index in its stage's group, [0, tp_width)
+  int tp_width = 1;     ///< ranks of this stage
+  int prev_rank = -1;   ///< the rank of stage - 1 this rank receives its input from (-1 for stage 0)
+  std::vector<int> next_ranks;    ///< ranks of stage + 1 this rank sends its output to (may be empty)
+  int last_rank = -1;   ///< stage 0 of several: the last stage's rank that returns its tokens
+  std::vector<int> return_ranks;  ///< last stage of several: stage-0 ranks it returns tokens to
 };
+
+/// This rank's placement in a layout whose stage k runs on the ranks stage_ranks[k] (its
+/// tensor-parallel group, in group-rank order; one rank per stage without tensor parallelism).
+/// The hand-off between stages of widths a and b: receiver j of the next stage gets the whole
+/// activation from sender j % a, so no link carries more than one copy when a >= b (each
+/// receiver has its own sender; senders j >= b send nothing), and a sender carries ceil(b/a)
+/// copies when a < b: full copies rather than Megatron's scatter + all-gather, which would send
+/// 1/b per receiver and then all-gather inside the next stage, because inside a node (where a
+/// tensor-parallel group lives) the copies cost shared-memory bandwidth and no extra collective
+/// sits on the critical path. The token return (last stage -> stage 0) follows the same rule.
+/// @throws ppb::InternalError if `rank` is in no stage or in two, or a stage is empty.
+StagePlacement layout_placement(const std::vector<std::vector<int>>& stage_ranks, int rank);
 
 /// What one stage measured.
 struct StageRecord {

@@ -114,6 +114,9 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
   sc.dtype = cfg.dtype;
   sc.seed = cfg.seed;
   sc.cuda_graphs = cfg.cuda_graphs;
+  sc.tp_width = cfg.tp_width;
+  sc.tp_rank = cfg.tp_rank;
+  sc.tp = cfg.tp;
   for (int s = 0; s < sigs; ++s) {
     int unit = model.signature_example[s];
     if (progress) progress(s, sigs, model.signatures[s] + " (" + model.units[unit].name + ")");

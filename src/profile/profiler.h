@@ -33,6 +33,12 @@ struct ProfileConfig {
   /// make the profile predict the pipeline better (docs/DESIGN.md §1 step 3), so it is not the
   /// default.
   std::function<void()> align;
+  /// Tensor parallelism (issue 14): profile this rank's shard of every unit at width tp_width,
+  /// all-reducing through `tp` with the group's other ranks, which must run profile_model with
+  /// the same config at the same time (StageConfig::tp_width, tp_rank, tp).
+  int tp_width = 1;
+  int tp_rank = 0;
+  TpGroup* tp = nullptr;
 };
 
 /// Timings of one rank. Units with one signature share their values.

@@ -70,6 +70,9 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.first_unit = to_int(part.open_dataset("first_unit").read<int64_t>());
   p.last_unit = to_int(part.open_dataset("last_unit").read<int64_t>());
   p.device_rank = to_int(part.open_dataset("device_rank").read<int64_t>());
+  p.tp_width = to_int(dataset_or_empty<int64_t>(part, "tp_width"));
+  if (p.tp_width.size() != p.first_unit.size()) p.tp_width.assign(p.first_unit.size(), 1);  // older files
+  p.layout = attr_or<std::string>(part, "layout", "1");
   auto pred = part.open_dataset("predicted_stage_ms");
   p.predicted_stage_ms = pred.read<double>();
   p.predicted_bottleneck_ms = attr_or<double>(pred, "bottleneck_ms", 0.0);
@@ -252,6 +255,24 @@ void read_all(const Group& root, RunRecord& run) {
   p.unit_flops = dataset_or_empty<double>(prof, "unit_flops");
   p.unit_bytes = dataset_or_empty<double>(prof, "unit_bytes");
   p.floor_ms = dataset_or_empty<double>(prof, "floor_ms");
+  if (prof.is_group("tp")) {
+    Group tp = prof.open_group("tp");
+    const auto first = to_int(tp.open_dataset("first_rank").read<int64_t>());
+    const auto width = to_int(tp.open_dataset("width").read<int64_t>());
+    const auto lat = tp.open_dataset("latency_ms").read<double>();
+    const auto lo = dataset_or_empty<double>(tp, "latency_min_ms");
+    const auto hi = dataset_or_empty<double>(tp, "latency_max_ms");
+    const size_t n = 2 * p.unit_name.size();
+    for (size_t i = 0; i < first.size() && i < width.size() && (i + 1) * n <= lat.size(); ++i) {
+      ProfileTable::TpGroupProfile g;
+      g.first_rank = first[i];
+      g.width = width[i];
+      g.latency_ms.assign(lat.begin() + i * n, lat.begin() + (i + 1) * n);
+      if ((i + 1) * n <= lo.size()) g.latency_min_ms.assign(lo.begin() + i * n, lo.begin() + (i + 1) * n);
+      if ((i + 1) * n <= hi.size()) g.latency_max_ms.assign(hi.begin() + i * n, hi.begin() + (i + 1) * n);
+      p.tp.push_back(std::move(g));
+    }
+  }
   // Format 1 files before profile_* moved to /config/workload kept them on latency_ms only.
   w.profile_warmup = wl.has_attr("profile_warmup") ? wl.get_attr<int>("profile_warmup") : attr_or<int>(lat, "warmup", 0);
   w.profile_iters = wl.has_attr("profile_iters") ? wl.get_attr<int>("profile_iters") : attr_or<int>(lat, "iters", 0);

@@ -65,12 +65,27 @@ struct ProfileTable {
   /// [world][U][2] roofline_floor_ms of each unit with the rank's ceilings alone (the profile
   /// times units with the node's other ranks idle); empty in older files.
   std::vector<double> floor_ms;
+  /// Tensor parallelism (issue 14): each group of ranks a layout of the run needs, profiled
+  /// together (the all-reduces inside every unit's forward): the ranks first_rank ..
+  /// first_rank + width - 1, and the group's tables [U][2] (prefill, decode; rank first_rank's
+  /// timings, the group's ranks run the same forwards in lockstep). Empty without --tp > 1.
+  struct TpGroupProfile {
+    int first_rank = 0;
+    int width = 1;
+    std::vector<double> latency_ms, latency_min_ms, latency_max_ms;  ///< [U][2]
+  };
+  std::vector<TpGroupProfile> tp;
 };
 
 struct PartitionRecord {
   std::string name;      ///< "uniform", "seed", "balanced", "manual"
   std::string solver;
-  std::vector<int> first_unit, last_unit, device_rank;  ///< [S]
+  std::vector<int> first_unit, last_unit, device_rank;  ///< [S]; device_rank: the first rank of each stage
+  /// [S] tensor-parallel width of each stage (its ranks: device_rank[k] .. + tp_width[k] - 1);
+  /// all 1 without tensor parallelism (and in older files).
+  std::vector<int> tp_width;
+  /// The layout as --tp spells it: "1" (one rank per stage), "2", "2,1,1".
+  std::string layout = "1";
   std::vector<double> predicted_stage_ms;               ///< [S] objective cost
   /// [S] the same cost from each unit's fastest / slowest timed forward (latency_min_ms /
   /// latency_max_ms): the profile's own spread for the stage; empty in older files.

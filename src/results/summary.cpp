@@ -157,6 +157,31 @@ void print_slowest_boundary(std::ostream& os, const RunRecord& run, const Partit
      << " of the slowest stage's decode step\n";
 }
 
+/// Issue 14: with several layouts (--tp), the fastest measured split of each side by side:
+/// tensor parallelism shortens each token's path (TPOT, TTFT), pipeline stages raise throughput.
+void print_layouts(std::ostream& os, const RunRecord& run) {
+  std::vector<const PartitionRecord*> best;  // per layout, its partition with the most tokens/s
+  for (const auto& p : run.partitions) {
+    if (!p.measured || !p.metrics.count("tokens_per_s")) continue;
+    auto it = std::find_if(best.begin(), best.end(), [&](const PartitionRecord* b) { return b->layout == p.layout; });
+    if (it == best.end())
+      best.push_back(&p);
+    else if (p.metrics.at("tokens_per_s") > (*it)->metrics.at("tokens_per_s"))
+      *it = &p;
+  }
+  if (best.size() < 2) return;
+  auto m = [](const PartitionRecord* p, const char* k) { return p->metrics.count(k) ? p->metrics.at(k) : NAN; };
+  os << "\nlayouts side by side (each layout's fastest split; --tp W: stages of W ranks splitting each layer):\n"
+     << "  layout    partition               stages  tokens/s   decode tok/s  TTFT p50 ms  TPOT p50 ms  pred bneck ms  meas bneck ms\n";
+  for (const PartitionRecord* p : best) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "  %-9s %-22s %7zu %9.2f %14.2f %12.1f %12.1f %14.2f %14.2f\n", p->layout.c_str(),
+                  p->name.c_str(), p->first_unit.size(), m(p, "tokens_per_s"), m(p, "decode_tokens_per_s"),
+                  m(p, "ttft_p50_ms"), m(p, "tpot_p50_ms"), p->predicted_bottleneck_ms, m(p, "measured_bottleneck_ms"));
+    os << line;
+  }
+}
+
 }  // namespace
 
 bool outside_profile_spread(const PartitionRecord& p, size_t k) {
@@ -232,7 +257,8 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   }
   for (const auto& p : run.partitions) {
     const int S = static_cast<int>(p.first_unit.size());
-    os << "\npartition " << p.name << " (solver " << p.solver << ")"
+    const bool tp = std::any_of(p.tp_width.begin(), p.tp_width.end(), [](int w) { return w > 1; });
+    os << "\npartition " << p.name << " (solver " << p.solver << (tp ? ", layout --tp " + p.layout : std::string()) << ")"
        << (p.same_as.empty()                  ? ""
            : p.same_as_reason == "equivalent" ? ": its split " + p.solver_split + " is " + p.same_as +
                                                     "'s with identical devices' stages in another order (the same "
@@ -257,8 +283,11 @@ void print_summary(std::ostream& os, const RunRecord& run) {
                                                                          : p.stage_workload_ms[k];
       double err = p.measured ? meas / pred - 1.0 : NAN;
       const double floor = p.stage_floor_ms.size() == p.first_unit.size() ? p.stage_floor_ms[k] : NAN;
-      std::snprintf(line, sizeof(line), "  %5d  %4d  %-24s %3d %9.2f %9.2f %+6.1f%% %9.2f %4.0f%% %9.2f %9.2f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
-                    p.device_rank[k], unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
+      const int width = k < static_cast<int>(p.tp_width.size()) ? p.tp_width[k] : 1;
+      const std::string ranks = width == 1 ? std::to_string(p.device_rank[k])
+                                           : std::to_string(p.device_rank[k]) + "-" + std::to_string(p.device_rank[k] + width - 1);
+      std::snprintf(line, sizeof(line), "  %5d  %4s  %-24s %3d %9.2f %9.2f %+6.1f%% %9.2f %4.0f%% %9.2f %9.2f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
+                    ranks.c_str(), unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
                     p.last_unit[k] - p.first_unit[k] + 1, pred, meas, 100.0 * err, floor, 100.0 * floor / meas,
                     p.predicted_phase_ms[2 * k + 1],
                     p.measured ? p.stage_compute_ms[2 * k + 1] : NAN, p.measured ? 100.0 * p.bubble_fraction[k] : NAN,
@@ -333,6 +362,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
       os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above), so the "
             "balanced split was solved from numbers that did not hold in the pipeline\n";
   }
+  print_layouts(os, run);
   for (const auto& p : run.partitions) {
     if (p.name != "uniform_control" || (p.gain_verdict != "faster" && p.gain_verdict != "slower")) continue;
     os << "WARNING: the A/A control (the uniform split benchmarked twice) differs significantly from uniform: "

@@ -60,7 +60,15 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   }());
   part.write_dataset("first_unit", p.first_unit);
   part.write_dataset("last_unit", p.last_unit);
-  part.write_dataset("device_rank", p.device_rank);
+  part.write_dataset("device_rank", p.device_rank).set_attr("content", "the first rank of each stage");
+  {
+    std::vector<int> widths = p.tp_width;
+    if (widths.size() != S) widths.assign(S, 1);
+    auto tw = part.write_dataset("tp_width", widths);
+    tw.set_attr("content", "tensor-parallel width of each stage: stage k runs on ranks device_rank[k] .. "
+                           "device_rank[k] + tp_width[k] - 1");
+    part.set_attr("layout", p.layout);
+  }
   auto pred = part.write_dataset("predicted_stage_ms", p.predicted_stage_ms);
   pred.set_attr("units", "ms");
   pred.set_attr("solver", p.solver);
@@ -272,6 +280,29 @@ void write_profile(Group& root, const RunRecord& run) {
   auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
   cost.set_attr("units", "ms");
   cost.set_attr("objective", w.objective);
+  if (!p.tp.empty()) {  // the width axis (issue 14): groups of ranks profiled together
+    Group tp = prof.create_group("tp");
+    tp.set_attr("content", "each group of ranks a --tp layout needs, profiled together at its width (each unit "
+                           "split over the group, the all-reduces inside its forward); the group's first rank's timings");
+    const hs N = p.tp.size();
+    std::vector<int> first, width;
+    std::vector<double> lat, lo, hi;
+    for (const auto& g : p.tp) {
+      first.push_back(g.first_rank);
+      width.push_back(g.width);
+      lat.insert(lat.end(), g.latency_ms.begin(), g.latency_ms.end());
+      lo.insert(lo.end(), g.latency_min_ms.begin(), g.latency_min_ms.end());
+      hi.insert(hi.end(), g.latency_max_ms.begin(), g.latency_max_ms.end());
+    }
+    tp.write_dataset("first_rank", first);
+    tp.write_dataset("width", width);
+    for (auto [name, data] : {std::pair<const char*, const std::vector<double>*>{"latency_ms", &lat},
+                              {"latency_min_ms", &lo}, {"latency_max_ms", &hi}}) {
+      auto d = tp.write_dataset(name, *data, {N, U, 2});
+      d.set_attr("units", "ms");
+      d.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    }
+  }
 
 }
 

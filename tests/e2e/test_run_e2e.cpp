@@ -418,6 +418,71 @@ TEST(RunE2E, TinyGemma3FourRanksAllPartitions) {
   check_file(out, 4, 9, 4, 12, 5, 6, {"uniform", "seed", "balanced"});
 }
 
+/// Issue 14: layouts with tensor-parallel stages measured beside one rank per stage in one run
+/// (4 ranks: --tp 1, 2,1,1 and 2), validated; the file keeps the width axis of the profile and
+/// each partition's widths, a tensor-parallel stage's prediction is its group's profile, and the
+/// summary puts the layouts side by side.
+TEST(RunE2E, TensorParallelLayoutsBesidePipelineStages) {
+  const std::string out = temp_dir() + "/tp.h5";
+  auto r = run(mpirun(4) + "--model tests/data/tiny-llama.json -p 8 -g 3 -b 2 --iters 2 --tp 1 --tp 2,1,1 --tp 2 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  const int U = 8, M = 4, G = 3;
+  // Groups profiled together: ranks 0-1 (both layouts) and 2-3 (--tp 2), at width 2.
+  auto tp = root.open_group("profile/tp");
+  EXPECT_EQ(tp.open_dataset("first_rank").read<int64_t>(), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(tp.open_dataset("width").read<int64_t>(), (std::vector<int64_t>{2, 2}));
+  const auto tp_lat = tp.open_dataset("latency_ms").read<double>();
+  ASSERT_EQ(tp_lat.size(), 2u * U * 2);
+  for (double v : tp_lat) EXPECT_GT(v, 0.0);
+  const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>> parts = {
+      {"uniform", {1, 1, 1, 1}, "1"},          {"balanced", {1, 1, 1, 1}, "1"},
+      {"uniform_tp2-1-1", {2, 1, 1}, "2,1,1"}, {"balanced_tp2-1-1", {2, 1, 1}, "2,1,1"},
+      {"uniform_tp2", {2, 2}, "2"},            {"balanced_tp2", {2, 2}, "2"}};
+  std::vector<int32_t> tokens0;
+  for (const auto& [name, widths, layout] : parts) {
+    SCOPED_TRACE(name);
+    auto part = root.open_group("partitions/" + name);
+    EXPECT_EQ(part.open_dataset("tp_width").read<int64_t>(), widths);
+    EXPECT_EQ(part.get_attr<std::string>("layout"), layout);
+    const auto first = part.open_dataset("first_unit").read<int64_t>();
+    const auto last = part.open_dataset("last_unit").read<int64_t>();
+    const auto ranks = part.open_dataset("device_rank").read<int64_t>();
+    ASSERT_EQ(first.size(), widths.size());
+    int64_t next_rank = 0;
+    for (size_t k = 0; k < widths.size(); ++k) {  // stages on consecutive ranks in order
+      EXPECT_EQ(ranks[k], next_rank);
+      next_rank += widths[k];
+    }
+    // Stage 0 of a width-2 layout is predicted from ranks 0-1's profile at width 2.
+    if (widths[0] == 2) {
+      const auto phase = part.open_dataset("predicted_phase_ms").read<double>();
+      double pre = 0, dec = 0;
+      for (int64_t u = first[0]; u <= last[0]; ++u) {
+        pre += tp_lat[2 * u];
+        dec += tp_lat[2 * u + 1];
+      }
+      EXPECT_DOUBLE_EQ(phase[0], pre);
+      EXPECT_DOUBLE_EQ(phase[1], dec);
+    }
+    const auto same = part.get_attr<std::string>("same_as");
+    if (!same.empty()) continue;
+    auto ev = root.open_group("benchmark/" + name).open_dataset("events");
+    EXPECT_EQ(ev.dims()[3], widths.size());
+    EXPECT_EQ(ev.dims()[1], hsize_t(M));
+    EXPECT_EQ(ev.dims()[2], hsize_t(G + 1));
+    auto val = root.open_group("validation/" + name);
+    EXPECT_EQ(val.get_attr<int64_t>("tokens_match"), 1);
+    EXPECT_EQ(val.get_attr<int64_t>("checksum_match"), 1);
+    const auto tokens = val.open_dataset("tokens").read<int32_t>();
+    if (tokens0.empty()) tokens0 = tokens;
+    EXPECT_EQ(tokens, tokens0);  // the layouts generate the same tokens
+  }
+  EXPECT_NE(r.output.find("layouts side by side"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("layout --tp 2,1,1"), std::string::npos) << r.output;
+}
+
 struct BadCase {
   std::string name;
   int np;
@@ -461,6 +526,10 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       // B x (P+G) tokens) and the whole model against all ranks' memory.
       {"prompt too long for memory", 2, tiny + "-p 1048576", "profiling unit"},
       {"model larger than the ranks", 2, "--model inputs/models/llama-3.1-70b.json --memory-limit 8", "ranks hold"},
+      {"tp width does not divide the ranks", 2, tiny + "--tp 3", "do not split into stages of 3"},
+      {"tp widths do not sum to the ranks", 2, tiny + "--tp 1,2", "sum to 3 ranks"},
+      {"tp width does not split the heads", 4, tiny + "--tp 3,1", "widths that work: 1, 2, 4"},
+      {"tp width not a number", 2, tiny + "--tp two", "not a width"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

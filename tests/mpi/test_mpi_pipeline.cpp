@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <cmath>
 #include <memory>
 #include <set>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "backend/tensor_parallel.h"
 #include "balance/partition.h"
+#include "common/error.h"
 #include "model/model_spec.h"
 #include "mpi_test_main.h"
 #include "pipeline/pipeline.h"
@@ -162,12 +165,17 @@ class DeviceMemoryOnly final : public Device {
   std::shared_ptr<int> outside_ = std::make_shared<int>(0);
 };
 
-void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reversed = false) {
+/// Runs `config` pipelined on the layout `stage_ranks` (stage k on the ranks stage_ranks[k], a
+/// tensor-parallel group when there are several) and checks it against the sequential 1-rank
+/// run: tokens and checksum bitwise at width 1 everywhere; with tensor parallelism the same
+/// tokens and the checksum within 1e-4 relative (the all-reduces sum in another order, issue 14),
+/// and then the same layout serialized gives the pipelined run's bits exactly.
+void check_layout(const char* config, LaneMode mode, const std::vector<std::vector<int>>& stage_ranks, int groups = 3) {
   const auto& mpi = test::mpi();
   auto m = model::load_model_config(std::string(PPB_SOURCE_DIR) + "/tests/data/" + config);
   auto device = std::make_unique<DeviceMemoryOnly>();
   auto transport = std::make_unique<RendezvousTransport>(create_mpi_transport(mpi, {}));
-  const int S = mpi.size();
+  const int S = static_cast<int>(stage_ranks.size());
   PipelineConfig cfg;
   cfg.batch = 2;
   cfg.prompt_len = 5;
@@ -179,21 +187,28 @@ void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reve
   cfg.vocab = m.vocab;
   cfg.mode = mode;
   auto part = balance::solve_uniform(m.num_units(), S);
-  // Stage k on rank k, or (reversed, as --order auto may place them) on rank S-1-k.
-  auto rank_of = [&](int k) { return reversed ? S - 1 - k : k; };
-  const int k = reversed ? S - 1 - mpi.rank() : mpi.rank();
-  StagePlacement place{mpi.rank(), k, S, k > 0 ? rank_of(k - 1) : -1, k + 1 < S ? rank_of(k + 1) : -1, rank_of(0), rank_of(S - 1)};
+  const StagePlacement place = layout_placement(stage_ranks, mpi.rank());
+  const int k = place.stage;
+  bool tensor_parallel = false;
+  for (const auto& g : stage_ranks) tensor_parallel = tensor_parallel || g.size() > 1;
+  MpiPollConfig poll;
+  poll.spin_us = 100;
+  auto tp = create_mpi_tp_group(mpi, place.tp_width > 1 ? k : -1, place.tp_rank, poll);
   StageConfig sc{cfg.batch, cfg.prompt_len + cfg.gen_len, cfg.groups, DType::f32, cfg.seed};
+  sc.tp_width = place.tp_width;
+  sc.tp_rank = place.tp_rank;
+  sc.tp = tp.get();
   auto stage = device->create_stage(m, part.first_unit[k], part.last_unit[k], sc);
   auto rec = run_pipeline(*device, *transport, *stage, place, cfg);
   EXPECT_EQ(device->copies_outside_buffers(), 0) << "the pipeline copied from or to host memory inside a lane";
-  // The links of this stage, all connected: from the previous stage, to the next, and the
-  // token return from the last stage to the first.
+  // The links of this rank, all connected: from its sender in the previous stage, to its
+  // receivers in the next, and the token return from the last stage to the first.
   std::set<std::pair<int, int>> links;
-  if (k > 0) links.emplace(rank_of(k - 1), mpi.rank());
-  if (k + 1 < S) links.emplace(mpi.rank(), rank_of(k + 1));
-  if (S > 1 && k == 0) links.emplace(rank_of(S - 1), mpi.rank());
-  if (S > 1 && k == S - 1) links.emplace(mpi.rank(), rank_of(0));
+  if (place.prev_rank >= 0) links.emplace(place.prev_rank, mpi.rank());
+  for (int r : place.next_ranks) links.emplace(mpi.rank(), r);
+  if (S > 1 && k == 0) links.emplace(place.last_rank, mpi.rank());
+  if (S > 1 && k == S - 1)
+    for (int r : place.return_ranks) links.emplace(mpi.rank(), r);
   EXPECT_EQ(transport->connected(), links);
 
   const int steps = cfg.gen_len + 1;
@@ -204,15 +219,37 @@ void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reve
     if (!std::isnan(rec.events[i + kRecvEnd])) EXPECT_LE(rec.events[i + kRecvEnd], rec.events[i + kComputeStart] + 1e-9);
     if (!std::isnan(rec.events[i + kSendStart])) EXPECT_GE(rec.events[i + kSendStart], rec.events[i + kComputeEnd] - 1e-9);
   }
-  if (k == S - 1) {
+  StageRecord serial;
+  if (tensor_parallel) {
+    PipelineConfig vc = cfg;
+    vc.warmup = 0;
+    vc.iters = 1;
+    vc.mode = LaneMode::serialized;
+    serial = run_pipeline(*device, *transport, *stage, place, vc);
+  }
+  if (k == S - 1) {  // every rank of the last stage holds the tokens
     auto ref = sequential_run(*device, m, cfg);
     EXPECT_EQ(rec.tokens, ref.tokens);
-    EXPECT_NEAR(rec.checksum, ref.checksum, 1e-9 * std::max(1.0, std::abs(ref.checksum)));
+    if (!tensor_parallel) {
+      EXPECT_NEAR(rec.checksum, ref.checksum, 1e-9 * std::max(1.0, std::abs(ref.checksum)));
+    } else {
+      EXPECT_NEAR(rec.checksum, ref.checksum, 1e-4 * std::abs(ref.checksum));
+      EXPECT_EQ(serial.tokens, rec.tokens);
+      EXPECT_EQ(serial.checksum, rec.checksum);
+    }
     // The tokens must not be trivially constant (the model would hide ordering bugs).
     std::vector<int32_t> sorted = ref.tokens;
     std::sort(sorted.begin(), sorted.end());
     EXPECT_GT(std::unique(sorted.begin(), sorted.end()) - sorted.begin(), 3);
   }
+}
+
+/// One stage per rank: stage k on rank k, or (reversed, as --order auto may place them) on rank S-1-k.
+void check_pipeline(const char* config, LaneMode mode, int groups = 3, bool reversed = false) {
+  const int S = test::mpi().size();
+  std::vector<std::vector<int>> stage_ranks;
+  for (int k = 0; k < S; ++k) stage_ranks.push_back({reversed ? S - 1 - k : k});
+  check_layout(config, mode, stage_ranks, groups);
 }
 
 TEST(MpiPipeline, OverlapEqualsSequentialLlama) { check_pipeline("tiny-llama.json", LaneMode::overlap); }
@@ -224,6 +261,58 @@ TEST(MpiPipeline, ManyGroupsNoOverlapEqualsSequential) { check_pipeline("tiny-ll
 TEST(MpiPipeline, ManyGroupsOverlapEqualsSequential) { check_pipeline("tiny-llama.json", LaneMode::overlap, 11); }
 // Stages on the ranks in reverse order (the links then run from high to low ranks).
 TEST(MpiPipeline, ReversedRanksOverlapEqualsSequential) { check_pipeline("tiny-llama.json", LaneMode::overlap, 3, true); }
+
+// Tensor-parallel layouts (issue 14): every rank in one stage; and, on 4 ranks, stages of widths
+// 2,1,1 (hand-offs 2->1, 1->1, return 1->2), 1,2,1 (1->2, 2->1, return 1->1) and 2,2.
+std::vector<std::vector<std::vector<int>>> tp_layouts(int ranks) {
+  std::vector<int> all(ranks);
+  for (int r = 0; r < ranks; ++r) all[r] = r;
+  std::vector<std::vector<std::vector<int>>> out = {{all}};
+  if (ranks == 4) {
+    out.push_back({{0, 1}, {2}, {3}});
+    out.push_back({{0}, {1, 2}, {3}});
+    out.push_back({{0, 1}, {2, 3}});
+  }
+  return out;
+}
+TEST(MpiPipeline, TensorParallelLayoutsOverlapEqualSequentialAndSerialized) {
+  for (const auto& layout : tp_layouts(test::mpi().size())) check_layout("tiny-llama.json", LaneMode::overlap, layout);
+}
+TEST(MpiPipeline, TensorParallelLayoutsNoOverlapGemma3) {
+  for (const auto& layout : tp_layouts(test::mpi().size())) check_layout("tiny-gemma3.json", LaneMode::no_overlap, layout, 5);
+}
+
+/// Who sends to whom between stages of every pair of widths the issue names (1->2, 2->1, 2->4,
+/// 4->2, 4->1, and 2->2): each receiver has exactly one sender, which computed the whole
+/// activation, and a sender serves ceil(b / a) receivers at most (one when a >= b).
+TEST(MpiPipeline, HandOffsGiveEveryReceiverOneSender) {
+  for (auto [a, b] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 4}, {4, 2}, {4, 1}, {2, 2}}) {
+    std::vector<std::vector<int>> layout(2);
+    for (int i = 0; i < a; ++i) layout[0].push_back(i);
+    for (int i = 0; i < b; ++i) layout[1].push_back(a + i);
+    std::map<int, int> senders_of;  // receiver -> its sender
+    for (int r = 0; r < a; ++r) {
+      const StagePlacement p = layout_placement(layout, r);
+      EXPECT_EQ(p.stage, 0);
+      EXPECT_LE(static_cast<int>(p.next_ranks.size()), (b + a - 1) / a);
+      for (int to : p.next_ranks) {
+        EXPECT_EQ(senders_of.count(to), 0u) << a << "->" << b << ": rank " << to << " has two senders";
+        senders_of[to] = r;
+        EXPECT_EQ(layout_placement(layout, to).prev_rank, r);  // the receiver listens to its sender
+      }
+      EXPECT_EQ(static_cast<int>(p.return_ranks.size()), 0);  // stage 0 is not the last
+      EXPECT_GE(p.last_rank, a);                               // its tokens come from stage 1
+    }
+    EXPECT_EQ(static_cast<int>(senders_of.size()), b) << a << "->" << b;
+    // The token return, stage 1 -> stage 0: every rank of stage 0 gets the tokens once.
+    std::map<int, int> returned;
+    for (int r = a; r < a + b; ++r)
+      for (int to : layout_placement(layout, r).return_ranks) ++returned[to];
+    for (int r = 0; r < a; ++r) EXPECT_EQ(returned[r], 1) << a << "->" << b << " rank " << r;
+  }
+  EXPECT_THROW(layout_placement({{0, 1}, {1}}, 1), InternalError);
+  EXPECT_THROW(layout_placement({{0}}, 1), InternalError);
+}
 
 }  // namespace
 }  // namespace ppb

@@ -1,0 +1,48 @@
+// Layouts (issue 14): the tensor-parallel width of each pipeline stage, as `--tp` gives them,
+// and the balancer's problem of a layout, whose devices are its stages' groups of ranks.
+//
+// Pure C++ (no MPI, device or HDF5).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "balance/partition.h"
+#include "balance/problem.h"
+#include "results/run_record.h"
+
+namespace ppb::balance {
+
+/// One `--tp` value for `ranks` ranks: "W" (every stage W ranks wide: ranks / W stages) or
+/// "a,b,c" (stage k of width w_k, the widths summing to the ranks). Stage k runs on the ranks
+/// after those of stages 0..k-1 (consecutive ranks).
+/// @throws ppb::UserError naming --tp and what would be valid (a width that does not divide
+///         the ranks, widths that do not sum to them, a width < 1, not a number).
+std::vector<int> parse_layout(const std::string& text, int ranks);
+
+/// "1" | "2" | "2,1,1": the widths as --tp spells them ("W" when every stage has width W).
+std::string layout_label(const std::vector<int>& widths);
+
+/// The suffix of a layout's partition names: "" for one rank per stage (today's names),
+/// "_tp2", "_tp2-1-1" otherwise (HDF5 group names without commas).
+std::string layout_suffix(const std::vector<int>& widths);
+
+/// The groups of a layout: (first rank, width) of each stage.
+std::vector<std::pair<int, int>> layout_groups(const std::vector<int>& widths);
+
+/// The balancer's problem for `widths`: device k = stage k's group of ranks, whose cost row is
+/// the group's profile at its width (run.profile.tp; width 1: the rank's own row), whose memory
+/// is width x the smallest limit of its ranks (the weights and KV cache split about 1/width;
+/// the replicated embedding and norms make this optimistic by their size, and the run's memory
+/// check of each rank's exact shard catches what it misses), and whose link to another group is
+/// the link between the groups' first ranks. Activation bytes, messages and overlap as the run.
+/// @throws ppb::UserError when the widths do not cover run.ranks or a group of width > 1 has
+///         no profile at that width.
+BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vector<int>& widths);
+
+/// make_split on a layout problem, in the run's ranks: device_rank[k] = the first rank of stage
+/// k's group, tp_width = widths. Stages stay in rank order (r.order is ignored).
+Partition make_layout_split(const BalanceProblem& layout_problem, SplitRequest r, const std::vector<int>& widths);
+
+}  // namespace ppb::balance
