@@ -76,12 +76,18 @@ void add_offline_commands(CLI::App& app) {
   b->add_option("--link-latency", bal.link_latency_us, "microseconds per message (overrides the input)")
       ->check(kNonNegative);
   b->add_flag("--no-overlap", bal.no_overlap, "transfers on the compute lane (sum, not max)");
+  b->add_option("--tp", bal.tp, "auto: choose the tensor-parallel widths, the stages and the split together, from a "
+                                "results file profiled at several widths (`ppbench run --tp 1 --tp 2`)");
+  b->add_option("--devices", bal.devices, "with --tp auto: lay out this many devices like the file's (default: its "
+                                          "ranks) and say what they buy against the file's rank count")
+      ->check(kNonNegative);
   b->add_option("--json", bal.json_out, "write the split as JSON to this file (not the input; an existing file only with --force)");
   b->add_flag("--force", bal.force, "overwrite an existing --json file");
   b->footer(
       "A results file of R ranks gives R device rows: --stages K <= R, or any K when the R ranks ran on identical\n"
       "devices (their mean row is used). Input formats, limits and output: docs/OFFLINE.md.\n"
-      "Example: ppbench balance results/run.h5 --stages 4 --json split.json");
+      "Example: ppbench balance results/run.h5 --stages 4 --json split.json\n"
+      "         ppbench balance results/tp.h5 --tp auto --devices 3   (one more device: widen a stage, or add one?)");
   b->callback([] { run_and_exit([] { return balance_command(bal); }); });
 
   auto* s = app.add_subcommand("simulate", "predict tokens/s, TTFT, TPOT and bubbles of the pipelined loop (no MPI)");

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "balance/layout.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
 #include "balance/problem.h"
@@ -335,7 +336,138 @@ void widen_results_rows(BalanceProblem& p, const std::string& path, const std::s
 
 }  // namespace
 
+namespace {
+
+/// The groups a layout of `devices` devices like the file's may use: every run of w consecutive
+/// devices for w = 1 and each width the file profiled (/profile/tp), with the cost row of rank
+/// 0 (w = 1) or of the profiled group (w > 1), and w x rank 0's memory.
+std::vector<balance::GroupCandidate> offline_groups(const RunRecord& run, const BalanceProblem& p, balance::Objective o,
+                                                   int devices) {
+  const size_t U = run.profile.unit_name.size();
+  std::vector<balance::GroupCandidate> out;
+  std::vector<int> widths = {1};
+  for (const auto& g : run.profile.tp)
+    if (std::find(widths.begin(), widths.end(), g.width) == widths.end()) widths.push_back(g.width);
+  for (int r = 0; r < devices; ++r)
+    for (int w : widths) {
+      if (r + w > devices) continue;
+      balance::GroupCandidate c;
+      c.first = r;
+      c.width = w;
+      if (w == 1) {
+        c.cost = p.cost[p.row_of(0)];
+      } else {
+        const auto it = std::find_if(run.profile.tp.begin(), run.profile.tp.end(),
+                                     [&](const ProfileTable::TpGroupProfile& g) { return g.width == w; });
+        for (size_t u = 0; u < U; ++u)
+          c.cost.push_back(balance::objective_cost(o, it->latency_ms[2 * u],
+                                                   it->latency_ms[2 * u + 1], run.workload.gen_len));
+      }
+      if (!p.device_memory_bytes.empty()) c.memory_bytes = p.device_memory_bytes[0] * w;
+      out.push_back(std::move(c));
+    }
+  return out;
+}
+
+std::string layout_text(const balance::Partition& part) {
+  std::string s;
+  for (int k = 0; k < part.num_stages(); ++k) {
+    s += (k ? ", " : "") + std::string("stage ") + std::to_string(k) + ": " + std::to_string(part.units_in(k)) +
+         " units on " + std::to_string(part.width(k)) + (part.width(k) == 1 ? " device" : " devices");
+  }
+  return s;
+}
+
+/// `ppbench balance FILE.h5 --tp auto [--devices N]` (issue 14): the best layout (widths and
+/// split, balance::solve_layout) on N devices like the file's, the best on the file's R, and
+/// what the difference buys: the source article's question "one more device: widen the
+/// bottleneck stage, or add a stage?".
+int layout_command(const BalanceOptions& opt) {
+  if (opt.tp != "auto") throw UserError("--tp '" + opt.tp + "': `ppbench balance` takes --tp auto (choose the widths)");
+  if (!is_hdf5(opt.input))
+    throw UserError("--tp auto needs a results file with a profile at several widths (/profile/tp: `ppbench run --tp "
+                    "1 --tp 2` or --tp auto); " + opt.input + " is not one");
+  if (opt.stages > 0 || !opt.partition.empty() || opt.order != "rank" || opt.solver != "auto")
+    throw UserError("--tp auto chooses the stages, widths and split itself: drop --stages, --partition, --order and --solver");
+  check_json_out(opt.json_out, opt.input, opt.force);
+  const RunRecord run = read_run(opt.input);
+  if (run.profile.tp.empty())
+    throw UserError(opt.input + " has no profile at a tensor-parallel width (/profile/tp); profile one with "
+                    "`ppbench run --tp 1 --tp 2` (or --tp auto)");
+  const std::string objective = opt.objective.empty() ? run_objective(run) : opt.objective;
+  const balance::Objective o = balance::parse_objective(objective);
+  BalanceProblem p = balance::problem_from_run(run, o);
+  const std::vector<int> classes = balance::rank_device_classes(run.ranks);
+  if (std::any_of(classes.begin(), classes.end(), [&](int c) { return c != classes[0]; }))
+    throw UserError("--tp auto --devices N assumes N devices like the profiled ones, but " + opt.input +
+                    "'s ranks are different devices (/ranks: hostname, device, CPU quota, threads)");
+  if (opt.memory_limit_gib > 0)
+    p.device_memory_bytes.assign(p.devices(), static_cast<int64_t>(opt.memory_limit_gib * (1ull << 30)));
+  if (opt.link_bandwidth_GBps >= 0) p.link_bandwidth_GBps = opt.link_bandwidth_GBps;
+  if (opt.link_latency_us >= 0) p.link_latency_us = opt.link_latency_us;
+  if (opt.no_overlap) p.overlap = false;
+  const int R = static_cast<int>(run.ranks.size());
+  const int N = opt.devices > 0 ? opt.devices : R;
+  if (N > p.units() * 64) throw UserError("--devices " + std::to_string(N) + " is more than the model can use");
+  const balance::Partition here = balance::solve_layout(p, offline_groups(run, p, o, R), R);
+  const balance::Partition there = balance::solve_layout(p, offline_groups(run, p, o, N), N);
+  auto describe = [&](const balance::Partition& part, int devices) {
+    std::cout << devices << " device(s): --tp " << balance::layout_label(part.tp_width) << ", split "
+              << part.counts_string() << " (" << layout_text(part) << "); bottleneck " << sig(part.bottleneck_ms)
+              << " ms, spread " << sig(part.spread_ms) << " ms\n";
+  };
+  std::cout << "balance --tp auto: " << p.units() << " units, objective " << objective << ", widths profiled: 1";
+  for (const auto& g : run.profile.tp) std::cout << ", " << g.width;
+  std::cout << "; devices like rank 0 of " << opt.input << "\n";
+  describe(here, R);
+  if (N != R) {
+    describe(there, N);
+    const double gain = here.bottleneck_ms / there.bottleneck_ms;
+    std::string where;
+    if (there.bottleneck_ms >= here.bottleneck_ms) {
+      where = "nothing: no layout of " + std::to_string(N) + " devices has a smaller bottleneck";
+    } else if (there.num_stages() == here.num_stages() && N > R) {
+      for (int k = 0; k < there.num_stages(); ++k)
+        if (there.width(k) > here.width(k))
+          where += (where.empty() ? "" : "; ") + std::string("widen stage ") + std::to_string(k) + " from " +
+                   std::to_string(here.width(k)) + " to " + std::to_string(there.width(k)) + " devices";
+    } else if (there.num_stages() > here.num_stages()) {
+      where = "add " + std::to_string(there.num_stages() - here.num_stages()) + " stage(s)";
+    } else {
+      where = "re-lay the pipeline as above";
+    }
+    std::cout << "going from " << R << " to " << N << " devices: predicted gain " << sig(gain) << "x (bottleneck "
+              << sig(here.bottleneck_ms) << " -> " << sig(there.bottleneck_ms) << " ms): " << where << "\n";
+  }
+  if (!opt.json_out.empty()) {
+    auto to_json = [](const balance::Partition& part) {
+      json j;
+      j["tp_width"] = part.tp_width;
+      j["first_unit"] = part.first_unit;
+      j["last_unit"] = part.last_unit;
+      j["first_device"] = part.device_rank;
+      j["predicted_stage_ms"] = part.predicted_stage_ms;
+      j["bottleneck_ms"] = part.bottleneck_ms;
+      j["spread_ms"] = part.spread_ms;
+      return j;
+    };
+    json out;
+    out["objective"] = objective;
+    out["devices"] = N;
+    out["layout"] = to_json(there);
+    out["file_ranks"] = R;
+    out["layout_on_file_ranks"] = to_json(here);
+    out["predicted_gain"] = here.bottleneck_ms / there.bottleneck_ms;
+    write_json_file(opt.json_out, out);
+  }
+  return 0;
+}
+
+}  // namespace
+
 int balance_command(const BalanceOptions& opt) {
+  if (!opt.tp.empty()) return layout_command(opt);
+  if (opt.devices > 0) throw UserError("--devices goes with --tp auto (for --stages K, the stages are the devices)");
   check_balance_flags(opt);
   if (opt.memory_limit_gib < 0 || !(opt.memory_limit_gib <= 1048576.0))
     throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = from the input");

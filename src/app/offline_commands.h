@@ -25,6 +25,10 @@ struct BalanceOptions {
   bool no_overlap = false;          ///< transfers serialised with compute (overrides the input)
   std::string json_out;             ///< --json FILE (never the input; an existing file only with force)
   bool force = false;               ///< --force: overwrite an existing --json file
+  /// --tp auto (results files with /profile/tp): choose the tensor-parallel widths and the split
+  /// for `devices` devices like the profiled ones, and compare with the file's rank count.
+  std::string tp;
+  int devices = 0;  ///< --devices N with --tp auto; 0 = the file's ranks
 };
 
 /// Options of `ppbench simulate INPUT ...`.

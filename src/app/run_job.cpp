@@ -210,22 +210,6 @@ std::vector<std::pair<int, int>> link_pairs(int ranks) {
   return pairs;
 }
 
-/// A class per rank, equal for identical devices: the same node (hostname), device model, cgroup
-/// CPU quota and compute threads. Classes are numbered in order of first appearance.
-std::vector<int> device_classes(const std::vector<RankInfo>& ranks) {
-  std::vector<std::string> seen;
-  std::vector<int> out;
-  for (const RankInfo& r : ranks) {
-    const std::string key = r.hostname + '\n' + r.device_name + '\n' +
-                            (std::isnan(r.cpu_quota_cores) ? std::string("none") : format_fixed(r.cpu_quota_cores, 3)) +
-                            '\n' + std::to_string(r.compute_threads);
-    auto it = std::find(seen.begin(), seen.end(), key);
-    if (it == seen.end()) it = seen.insert(seen.end(), key);
-    out.push_back(static_cast<int>(it - seen.begin()));
-  }
-  return out;
-}
-
 /// Partition names requested by --partition: named solvers, or one manual split.
 std::vector<std::string> requested_partitions(const std::string& p) {
   if (p == "both") return {"uniform", "balanced"};
@@ -524,9 +508,10 @@ class RunJob {
   void parse_layouts() {
     layouts_.clear();
     for (const std::string& text : opt_.tp) {
-      if (text == "auto")
-        throw UserError("--tp auto (the balancer choosing the widths) is not built yet; give the widths: --tp W or "
-                        "--tp a,b,c (one per stage)");
+      if (text == "auto") {
+        tp_auto_ = true;
+        continue;
+      }
       std::vector<int> widths = balance::parse_layout(text, S_);
       for (int w : widths)
         if (const std::string why = tp_unsupported_reason(spec_, w); !why.empty())
@@ -536,8 +521,10 @@ class RunJob {
                         " has only " + std::to_string(spec_.num_units()) + " units");
       if (std::find(layouts_.begin(), layouts_.end(), widths) == layouts_.end()) layouts_.push_back(widths);
     }
-    if (layouts_.empty()) layouts_.push_back(std::vector<int>(S_, 1));
-    const bool pp = std::any_of(layouts_.begin(), layouts_.end(), [](const std::vector<int>& w) {
+    if (layouts_.empty() && !tp_auto_) layouts_.push_back(std::vector<int>(S_, 1));
+    for (int w = 2; tp_auto_ && w <= S_; ++w)
+      if (tp_unsupported_reason(spec_, w).empty()) auto_widths_.push_back(w);
+    const bool pp = tp_auto_ || std::any_of(layouts_.begin(), layouts_.end(), [](const std::vector<int>& w) {
       return std::all_of(w.begin(), w.end(), [](int t) { return t == 1; });
     });
     if (adaptive_ && !pp)
@@ -658,14 +645,14 @@ class RunJob {
     if (root_)
       for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
     record_conditions();
-    // Device classes: ranks with the same class are identical devices (device_classes). Decided
+    // Device classes: ranks with the same class are identical devices (rank_device_classes). Decided
     // on rank 0, which holds every rank's record, and broadcast: every rank tells the same splits
     // apart.
     // Last entry: whether the ranks span several nodes, where each boundary is charged over its
     // own link (balance::node_pair_links) and the stages' order matters.
     std::vector<int> classes;
     if (root_) {
-      classes = device_classes(run_.ranks);
+      classes = balance::rank_device_classes(run_.ranks);
       classes.push_back(std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; }));
     }
     mpi_.bcast_ints(classes);
@@ -970,6 +957,9 @@ class RunJob {
     for (const auto& widths : layouts_)
       for (const auto& g : balance::layout_groups(widths))
         if (g.second > 1 && std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+    // --tp auto: one group per width and device class (identical devices cost the same).
+    for (const auto& g : balance::auto_layout_groups(equivalence_.device_class, auto_widths_))
+      if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
     return out;
   }
 
@@ -1029,6 +1019,11 @@ class RunJob {
         pc.dtype = dtype_;
         pc.seed = opt_.seed;
         pc.cuda_graphs = !opt_.no_cuda_graphs;
+        // Cold or warm as the width-1 profile: the node holds the model's weights once in every
+        // layout (a group's ranks split what one rank would hold).
+        int64_t total = 0;
+        for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
+        pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
         pc.tp_width = tp->width();
         pc.tp_rank = tp->rank();
         pc.tp = tp.get();
@@ -1088,7 +1083,12 @@ class RunJob {
       // on the link measured at start-up, with or without overlap. A layout with tensor-parallel
       // stages solves over its stages' groups (balance::layout_problem).
       const balance::BalanceProblem prob = balance::problem_from_run(run_, objective_);
-      for (const auto& widths : layouts_) {
+      std::vector<std::vector<int>> layouts = layouts_;
+      if (tp_auto_) {
+        const std::vector<int> widths = choose_layout(prob);
+        if (std::find(layouts.begin(), layouts.end(), widths) == layouts.end()) layouts.push_back(widths);
+      }
+      for (const auto& widths : layouts) {
         const bool pp = std::all_of(widths.begin(), widths.end(), [](int t) { return t == 1; });
         const balance::BalanceProblem lp = pp ? prob : balance::layout_problem(run_, objective_, widths);
         for (const auto& name : partition_names_) {
@@ -1140,6 +1140,43 @@ class RunJob {
   }
 
   static constexpr const char* kControl = "uniform_control";
+
+  /// Rank 0, --tp auto: the widths of the layout the balancer picks over every group of
+  /// consecutive identical ranks at width 1 and at the profiled widths (balance::solve_layout:
+  /// the smallest bottleneck, then spread, then fewer stages), recorded in run_.tp_auto_layout.
+  std::vector<int> choose_layout(const balance::BalanceProblem& prob) {
+    const std::vector<int>& classes = equivalence_.device_class;
+    std::vector<balance::GroupCandidate> groups;
+    const size_t U = static_cast<size_t>(spec_.num_units());
+    std::vector<int> widths = {1};
+    widths.insert(widths.end(), auto_widths_.begin(), auto_widths_.end());
+    for (int r = 0; r < S_; ++r)
+      for (int w : widths) {
+        if (r + w > S_) continue;
+        balance::GroupCandidate g;
+        g.first = r;
+        g.width = w;
+        if (w == 1) {
+          g.cost = prob.cost[prob.row_of(r)];
+        } else {
+          const ProfileTable::TpGroupProfile* tp = balance::group_profile(run_, classes, r, w);
+          if (!tp) continue;  // mixes device classes
+          for (size_t u = 0; u < U; ++u)
+            g.cost.push_back(balance::objective_cost(objective_, tp->latency_ms[2 * u], tp->latency_ms[2 * u + 1], opt_.gen_len));
+        }
+        if (!prob.device_memory_bytes.empty()) {
+          int64_t smallest = std::numeric_limits<int64_t>::max();
+          for (int q = r; q < r + w; ++q) smallest = std::min(smallest, prob.device_memory_bytes[q]);
+          g.memory_bytes = smallest * w;
+        }
+        groups.push_back(std::move(g));
+      }
+    const balance::Partition best = balance::solve_layout(prob, groups, S_);
+    run_.tp_auto_layout = balance::layout_label(best.tp_width);
+    progress_.say("--tp auto: the balancer chose widths " + run_.tp_auto_layout + " (" + best.counts_string() +
+                  " units per stage), predicted bottleneck " + format_fixed(best.bottleneck_ms, 2) + " ms");
+    return best.tp_width;
+  }
 
   /// Whether partition i is measured by itself (not the same split as an earlier one; the A/A
   /// control always is, that is its point).
@@ -1890,6 +1927,8 @@ class RunJob {
   std::vector<std::string> partition_names_;
   /// --tp: the layouts measured, each the widths of its stages (all 1: one rank per stage).
   std::vector<std::vector<int>> layouts_;
+  bool tp_auto_ = false;         ///< --tp auto: the balancer adds the layout it picks
+  std::vector<int> auto_widths_;  ///< widths > 1 --tp auto may use (profiled; the heads allow them)
   std::vector<balance::Partition> parts_;  ///< in run order, on every rank
   /// Unit signatures and the ranks' device classes, on every rank: splits that are the same up
   /// to swapping identical devices are benchmarked once (balance::compare_splits).

@@ -41,6 +41,45 @@ std::vector<std::pair<int, int>> layout_groups(const std::vector<int>& widths);
 ///         no profile at that width.
 BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vector<int>& widths);
 
+/// A class per rank, equal for identical devices: the same node (hostname), device model, cgroup
+/// CPU quota and compute threads. Classes are numbered in order of first appearance. Ranks of
+/// one class are interchangeable (issue 13) and may form a tensor-parallel group.
+std::vector<int> rank_device_classes(const std::vector<RankInfo>& ranks);
+
+/// The profile of the group of ranks first .. first + width - 1 at its width: the group's own
+/// (run.profile.tp), else that of a profiled group of the same width whose ranks are of the same
+/// device class (identical devices cost the same); null if none, or if the group mixes classes.
+/// `classes`: rank_device_classes(run.ranks).
+const ProfileTable::TpGroupProfile* group_profile(const RunRecord& run, const std::vector<int>& classes, int first,
+                                                  int width);
+
+/// The groups `--tp auto` profiles: for every width w in [2, ranks] in `widths` and every device
+/// class, the first w consecutive ranks of that class; (first rank, width).
+std::vector<std::pair<int, int>> auto_layout_groups(const std::vector<int>& classes, const std::vector<int>& widths);
+
+/// One group of devices a stage may run on in the layout search: devices first .. first +
+/// width - 1, its cost row [U] (objective ms, compute only) and its memory (bytes; <= 0 =
+/// unlimited).
+struct GroupCandidate {
+  int first = 0, width = 1;
+  std::vector<double> cost;
+  int64_t memory_bytes = 0;
+};
+
+/// The best layout and split (issue 14, --tp auto): stages on consecutive groups of `devices`
+/// devices chosen among `groups` (every device in exactly one stage), each stage a contiguous
+/// run of units, minimising the bottleneck stage time (stage_time with the problem's default
+/// link, activation bytes, messages and overlap: `base` gives those, the unit bytes and names;
+/// its cost rows are not used), then the spread (largest - smallest stage time), then the
+/// stage count (fewer first: fewer boundaries). A stage's units must fit its group's memory.
+/// Exact: a DP over (units placed, devices used),
+///   f[v][d + w] = min over groups (d, w), u < v of max(f[u][d], time_{d,w}(u, v)),
+/// then the spread pass g = max of the smallest stage time among paths with every stage <=
+/// B*; O(U^2 x groups). The result's device_rank are the groups' first devices and tp_width
+/// their widths; solver "balanced", algorithm "layout-dp".
+/// @throws ppb::UserError when no layout covers the devices within the memory limits.
+Partition solve_layout(const BalanceProblem& base, const std::vector<GroupCandidate>& groups, int devices);
+
 /// make_split on a layout problem, in the run's ranks: device_rank[k] = the first rank of stage
 /// k's group, tp_width = widths. Stages stay in rank order (r.order is ignored).
 Partition make_layout_split(const BalanceProblem& layout_problem, SplitRequest r, const std::vector<int>& widths);

@@ -169,6 +169,7 @@ void read_all(const Group& root, RunRecord& run) {
   run.rounds = attr_or<int>(root, "benchmark_rounds", 0);
   run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
   run.adaptive_status = attr_or<std::string>(root, "adaptive_status", "");
+  run.tp_auto_layout = attr_or<std::string>(root, "tp_auto_layout", "");
 
   Group model = root.open_group("config/model");
   run.model_source = attr_or<std::string>(model, "source", "");

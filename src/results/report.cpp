@@ -82,6 +82,7 @@ std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run
     r.backend = run.backend + "/" + run.transport;
     r.partition = p.name;
     r.counts = counts_of(p);
+    r.layout = p.layout;
     r.world_size = run.world_size;
     r.batch = run.workload.batch;
     r.prompt_len = run.workload.prompt_len;
@@ -166,7 +167,7 @@ void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
   os << "file,model,backend,world_size,batch,prompt_len,gen_len,microbatches,partition,counts,tokens_per_s,"
         "decode_tokens_per_s,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,pipeline_efficiency,"
         "bottleneck_stage,max_bubble,balance_gain,validation,repetitions,balance_gain_ci_low,balance_gain_ci_high,"
-        "balance_verdict\n";
+        "balance_verdict,layout\n";
   for (const auto& r : rows) {
     os << csv_field(r.file) << ',' << csv_field(r.model) << ',' << csv_field(r.backend) << ',' << r.world_size << ','
        << r.batch << ',' << r.prompt_len << ',' << r.gen_len << ',' << r.microbatches << ',' << csv_field(r.partition)
@@ -175,7 +176,7 @@ void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
        << ',' << num(r.tpot_p99_ms, 6, "") << ',' << num(r.pipeline_efficiency, 6, "") << ',' << r.bottleneck_stage
        << ',' << num(r.max_bubble, 6, "") << ',' << num(r.balance_gain, 6, "") << ',' << csv_field(r.validation)
        << ',' << r.repetitions << ',' << num(r.balance_gain_ci_low, 6, "") << ',' << num(r.balance_gain_ci_high, 6, "")
-       << ',' << csv_field(r.balance_verdict) << '\n';
+       << ',' << csv_field(r.balance_verdict) << ',' << csv_field(r.layout) << '\n';
   }
 }
 

@@ -26,6 +26,7 @@ struct ReportRow {
   std::string balance_verdict;
   int repetitions = 0;        ///< timed repetitions (rounds) of this partition
   std::string validation;     ///< "OK", "FAILED" or "skipped" (--no-validate; the partitions agree)
+  std::string layout = "1";   ///< --tp layout of the partition ("1": one rank per stage; "2,1,1")
 };
 
 /// The rows of `run` (read from `file`): one per measured partition, in run order.
@@ -37,7 +38,7 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows);
 /// Prints `rows` as CSV (RFC 4180: header row, fields with commas or quotes quoted; NaN as an
 /// empty field) — `pandas.read_csv` loads it as is. Columns: file, model, backend, world_size,
 /// batch, prompt_len, gen_len, microbatches, partition, counts, tokens_per_s,
-/// decode_tokens_per_s, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms,
+/// decode_tokens_per_s, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms, (...), layout (last),
 /// pipeline_efficiency, bottleneck_stage, max_bubble, balance_gain, validation, repetitions,
 /// balance_gain_ci_low, balance_gain_ci_high, balance_verdict.
 void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows);

@@ -184,6 +184,8 @@ struct RunRecord {
   std::string stop_reason;
   /// --partition adaptive: how the re-solving ended ("" without it).
   std::string adaptive_status;
+  /// --tp auto: the widths the balancer chose ("2,1,1"; "" without it).
+  std::string tp_auto_layout;
 };
 
 }  // namespace ppb

@@ -373,6 +373,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   if (!run.schedule.empty())
     os << "benchmark: " << run.schedule << ", " << run.rounds << " round(s); stopped: " << run.stop_reason << "\n";
   if (!run.adaptive_status.empty()) os << "adaptive: " << run.adaptive_status << "\n";
+  if (!run.tp_auto_layout.empty()) os << "--tp auto: the balancer chose the layout --tp " << run.tp_auto_layout << "\n";
   os << "validation: "
      << (run.validation == "ok"        ? "OK"
          : run.validation == "skipped" ? "skipped (--no-validate; the partitions' tokens agree)"

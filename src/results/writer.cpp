@@ -339,6 +339,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   root.set_attr("benchmark_rounds", static_cast<int64_t>(run.rounds));
   root.set_attr("benchmark_stop_reason", run.stop_reason);
   root.set_attr("adaptive_status", run.adaptive_status);
+  if (!run.tp_auto_layout.empty()) root.set_attr("tp_auto_layout", run.tp_auto_layout);
   root.set_attr("partition_order", [&] {
     std::vector<std::string> names;  // run order: HDF5 lists groups by name
     for (const auto& part : run.partitions) names.push_back(part.name);

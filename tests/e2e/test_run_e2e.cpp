@@ -483,6 +483,22 @@ TEST(RunE2E, TensorParallelLayoutsBesidePipelineStages) {
   EXPECT_NE(r.output.find("layout --tp 2,1,1"), std::string::npos) << r.output;
 }
 
+/// --tp auto: the balancer picks the widths from the profile at widths 1 and 2 (2 ranks), the
+/// file says which, and that layout's splits are measured and validated.
+TEST(RunE2E, TensorParallelAutoPicksALayoutAndMeasuresIt) {
+  const std::string out = temp_dir() + "/tpauto.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -p 8 -g 3 -b 2 --iters 2 --tp auto -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  const std::string chosen = root.get_attr<std::string>("tp_auto_layout");
+  ASSERT_TRUE(chosen == "1" || chosen == "2") << chosen;
+  EXPECT_EQ(root.open_group("profile/tp").open_dataset("width").read<int64_t>(), (std::vector<int64_t>{2}));
+  const std::string name = chosen == "1" ? "balanced" : "balanced_tp2";
+  EXPECT_EQ(root.open_group("partitions/" + name).get_attr<std::string>("layout"), chosen);
+  EXPECT_NE(r.output.find("--tp auto: the balancer chose widths " + chosen), std::string::npos) << r.output;
+}
+
 struct BadCase {
   std::string name;
   int np;

@@ -359,6 +359,53 @@ RunRecord make_run(const std::string& dev0 = "Xeon", const std::string& dev1 = "
   return r;
 }
 
+/// `ppbench balance FILE --tp auto --devices N` (issue 14) on a 2-rank profile with widths 1
+/// and 2 (workload cost = prefill + G decode, G = 1; free link): one device costs embed 1,
+/// layer 4, layer 4, head 12; a group of two costs 1, 2.5, 2.5, 7. On 2 devices the best is
+/// 1 + 1 with the head alone (bottleneck 12; all four units on a group of two cost 13); on 3,
+/// one device for embed..layer.1 (9) and the head on a group of two (7): bottleneck 9, a gain
+/// of 12 / 9, "widen stage 1 from 1 to 2 devices".
+TEST_F(OfflineTest, TpAutoSaysWhatOneMoreDeviceBuys) {
+  RunRecord r = make_run();
+  const std::vector<double> one = {1, 0, 3, 1, 3, 1, 8, 4};
+  r.profile.latency_ms.clear();
+  for (int rank = 0; rank < 2; ++rank) r.profile.latency_ms.insert(r.profile.latency_ms.end(), one.begin(), one.end());
+  ProfileTable::TpGroupProfile g;
+  g.first_rank = 0;
+  g.width = 2;
+  g.latency_ms = {1, 0, 2, 0.5, 2, 0.5, 5, 2};
+  g.latency_min_ms = g.latency_max_ms = g.latency_ms;
+  r.profile.tp.push_back(g);
+  BalanceOptions o;
+  o.input = (dir_ / "tp.h5").string();
+  write_results(o.input, r);
+  o.tp = "auto";
+  o.devices = 3;
+  o.json_out = (dir_ / "tp.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(balance_command(o), 0);
+  const std::string text = testing::internal::GetCapturedStdout();
+  EXPECT_NE(text.find("widen stage 1 from 1 to 2 devices"), std::string::npos) << text;
+  const auto j = read(o.json_out);
+  EXPECT_EQ(j["layout"]["tp_width"], (std::vector<int>{1, 2}));
+  EXPECT_EQ(j["layout"]["first_unit"], (std::vector<int>{0, 3}));
+  EXPECT_DOUBLE_EQ(j["layout"]["bottleneck_ms"].get<double>(), 9.0);
+  EXPECT_EQ(j["layout_on_file_ranks"]["tp_width"], (std::vector<int>{1, 1}));
+  EXPECT_DOUBLE_EQ(j["layout_on_file_ranks"]["bottleneck_ms"].get<double>(), 12.0);
+  EXPECT_DOUBLE_EQ(j["predicted_gain"].get<double>(), 12.0 / 9.0);
+  // Without a width axis, or with flags --tp auto decides itself, a clear error.
+  BalanceOptions bad = o;
+  bad.json_out.clear();
+  bad.stages = 2;
+  EXPECT_NE(error_of([&] { balance_command(bad); }).find("drop --stages"), std::string::npos);
+  r.profile.tp.clear();
+  bad = o;
+  bad.json_out.clear();
+  bad.input = (dir_ / "no_tp.h5").string();
+  write_results(bad.input, r);
+  EXPECT_NE(error_of([&] { balance_command(bad); }).find("/profile/tp"), std::string::npos);
+}
+
 TEST_F(OfflineTest, SimulateListsPartitionsInRunOrder) {
   SimulateOptions o;
   o.input = (dir_ / "run.h5").string();

@@ -82,6 +82,17 @@ RunRecord make_record() {
   p.unit_flops = {0.0, 0.0, 1e6, 2e5, 1e6, 2e5, 3e5, 3e5};
   p.unit_bytes = {512, 1024, 900, 860, 900, 860, 1300, 1300};
   for (int i = 0; i < 2 * 4 * 2; ++i) p.floor_ms.push_back(0.125 * (i + 1));
+  // The width axis (issue 14): ranks 0..1 profiled together at width 2.
+  ppb::ProfileTable::TpGroupProfile tpg;
+  tpg.first_rank = 0;
+  tpg.width = 2;
+  for (int i = 0; i < 4 * 2; ++i) {
+    tpg.latency_ms.push_back(0.5 + i);
+    tpg.latency_min_ms.push_back(0.25 + i);
+    tpg.latency_max_ms.push_back(0.75 + i);
+  }
+  p.tp.push_back(tpg);
+  r.tp_auto_layout = "2";
   r.run_start_s = 0.0;  // never stored
 
   for (const char* name : {"uniform", "balanced"}) {  // run order differs from name order
@@ -92,6 +103,11 @@ RunRecord make_record() {
     pr.first_unit = {0, 2};
     pr.last_unit = {1, 3};
     pr.device_rank = {0, 1};
+    pr.tp_width = {1, 1};
+    if (std::string(name) == "uniform") {  // a layout of widths 1,2 (a third rank would hold stage 1's second shard)
+      pr.tp_width = {1, 2};
+      pr.layout = "1,2";
+    }
     pr.predicted_stage_ms = {10.0, 12.0};
     pr.predicted_phase_ms = {5.0, 2.5, 6.0, 3.0};
     pr.stage_weight_bytes = {1200, 2000};
@@ -266,6 +282,13 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   expect_same(pr.unit_flops, pw.unit_flops, "unit_flops");
   expect_same(pr.unit_bytes, pw.unit_bytes, "unit_bytes");
   expect_same(pr.floor_ms, pw.floor_ms, "floor_ms");
+  ASSERT_EQ(pr.tp.size(), 1u);
+  EXPECT_EQ(pr.tp[0].first_rank, 0);
+  EXPECT_EQ(pr.tp[0].width, 2);
+  expect_same(pr.tp[0].latency_ms, pw.tp[0].latency_ms, "tp latency_ms");
+  expect_same(pr.tp[0].latency_min_ms, pw.tp[0].latency_min_ms, "tp latency_min_ms");
+  expect_same(pr.tp[0].latency_max_ms, pw.tp[0].latency_max_ms, "tp latency_max_ms");
+  EXPECT_EQ(r.tp_auto_layout, "2");
 
   ASSERT_EQ(r.partitions.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
@@ -277,6 +300,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(y.first_unit, x.first_unit);
     EXPECT_EQ(y.last_unit, x.last_unit);
     EXPECT_EQ(y.device_rank, x.device_rank);
+    EXPECT_EQ(y.tp_width, x.tp_width);
+    EXPECT_EQ(y.layout, x.layout);
     expect_same(y.predicted_stage_ms, x.predicted_stage_ms, "predicted_stage_ms");
     expect_same(y.predicted_phase_ms, x.predicted_phase_ms, "predicted_phase_ms");
     EXPECT_EQ(y.stage_weight_bytes, x.stage_weight_bytes);
