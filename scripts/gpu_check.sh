@@ -10,6 +10,9 @@
 #   5c. a two-stage run through NCCL, where nvidia-smi lists two GPUs (issue 17, item 6)
 #   5d. decode replayed from CUDA graphs vs eager (--no-cuda-graphs): Qwen3-0.6B on one rank,
 #       decode tokens/s of each and the simulator's error against it (issue 17, item 8)
+#   5e. tensor-parallel stages (issue 14), where nvidia-smi lists two GPUs: the width-2 stage
+#       test, then mpirun -np 2 ppbench run --tp 1 --tp 2 (PP2 against TP2), validated; on one
+#       GPU it says it skipped
 #   6. the same layer in PyTorch eager, if importable
 # Every step runs under a timeout carved from one budget (PPB_GPU_CHECK_BUDGET seconds, default
 # 450), a failing step does not stop the next, and the summary table is always printed last.
@@ -81,7 +84,7 @@ summary() {
   summary_done=1
   step "summary"
   printf '%-10s %s\n' "step" "result"
-  for k in binaries tests bench mpirun longfwd nccl graphs torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
+  for k in binaries tests bench mpirun longfwd nccl graphs tp torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
   echo
   grep -E '^(ceilings|layer|head|targets)' "$LOG/bench" 2>/dev/null
   grep -E 'torch/ppbench' "$LOG/torch" 2>/dev/null
@@ -275,6 +278,28 @@ if [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && [ -x "$PPB_BIN" ] && command -v mpirun >
   if [ "$rc" = 0 ]; then RESULT[nccl]="ok (validated)"; elif [ "$rc" = 124 ]; then RESULT[nccl]="TIMED OUT"; else RESULT[nccl]="FAILED rc=$rc"; fi
 else
   RESULT[nccl]="skipped (needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0})"
+fi
+
+# ---- 5e. tensor parallelism (two GPUs) ------------------------------------------------------------
+# A stage of width 2 is one NCCL group of two GPUs: it cannot run on one (NCCL refuses two ranks
+# on one GPU), so on one GPU this step only says so.
+if [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
+  step "tensor parallelism: the width-2 stage test, then mpirun -np 2 ppbench run --tp 1 --tp 2"
+  tp_test=skipped
+  if [ -x "$TEST_BIN" ]; then
+    timeout "$(tmo 60)" "$TEST_BIN" --gtest_filter='CudaStage.TensorParallel*' >"$LOG/tp_test" 2>&1 && tp_test=ok || tp_test="FAILED rc=$?"
+    tail -5 "$LOG/tp_test"
+  fi
+  timeout "$(tmo 150)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
+    -b 4 -p 128 -g 32 --iters 3 --target-ci 0 --tp 1 --tp 2 -o "$LOG/tp.h5" --force >"$LOG/tp" 2>&1
+  rc=$?
+  grep -A4 'layouts side by side' "$LOG/tp"
+  tail -3 "$LOG/tp"
+  if [ "$rc" = 0 ]; then RESULT[tp]="test $tp_test; run ok (validated): $(grep -A3 'layouts side by side' "$LOG/tp" | tail -2 | awk '{printf "%s %s tok/s TPOT %s ms; ", $1, $4, $7}')"
+  elif [ "$rc" = 124 ]; then RESULT[tp]="test $tp_test; run TIMED OUT"
+  else RESULT[tp]="test $tp_test; run FAILED rc=$rc"; fi
+else
+  RESULT[tp]="skipped (tensor parallelism needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0})"
 fi
 
 # ---- 5d. decode from CUDA graphs vs eager ---------------------------------------------------------

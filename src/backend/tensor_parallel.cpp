@@ -17,6 +17,14 @@ std::pair<size_t, size_t> tp_range(size_t n, int t, int r) {
   return {begin, begin + base + (R < extra ? 1 : 0)};
 }
 
+void TpGroup::enqueue_allreduce_sum(void*, size_t, DType, void*) {
+  throw InternalError("a GPU stage was given a host tensor-parallel group (MPI or threads); it needs the NCCL group");
+}
+
+void TpGroup::enqueue_allgather(const void*, void*, size_t, void*) {
+  throw InternalError("a GPU stage was given a host tensor-parallel group (MPI or threads); it needs the NCCL group");
+}
+
 void tp_sum_in_rank_order(float* out, const float* const* parts, int t, size_t n) {
   if (out != parts[0])
     for (size_t i = 0; i < n; ++i) out[i] = parts[0][i];

@@ -33,6 +33,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend/dtype.h"
+
 namespace ppb::model {
 struct ModelSpec;
 }  // namespace ppb::model
@@ -53,6 +55,21 @@ class TpGroup {
   /// In place, per row i in [0, rows): the group's (value[i], id[i]) with the largest value,
   /// ties to the smallest id (MPI_MAXLOC's rule). Identical on every rank.
   virtual void allreduce_argmax(float* value, int32_t* id, int rows) = 0;
+  /// Returns once every rank of the group called it (an all-reduce of one float).
+  virtual void barrier() {
+    float x = 0.0f;
+    allreduce_sum(&x, 1);
+  }
+
+  // Device-side collectives of a GPU stage (the NCCL group, transport/nccl): enqueued on the
+  // forward's stream (`stream` is its cudaStream_t) over device memory, in the stage's dtype.
+  // A host group (MPI, threads) has none: a GPU stage given one fails with InternalError.
+
+  /// Enqueues the in-place sum over the group of n elements of `dtype` at `data`: every rank
+  /// gets the same bits (NCCL's ring and tree all-reduces reduce each chunk once and broadcast it).
+  virtual void enqueue_allreduce_sum(void* data, size_t n, DType dtype, void* stream);
+  /// Enqueues recv[r * bytes, (r + 1) * bytes) = rank r's `send` (bytes each), for every r.
+  virtual void enqueue_allgather(const void* send, void* recv, size_t bytes, void* stream);
 };
 
 /// out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... : the one reduction order of every

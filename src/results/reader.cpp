@@ -73,6 +73,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.tp_width = to_int(dataset_or_empty<int64_t>(part, "tp_width"));
   if (p.tp_width.size() != p.first_unit.size()) p.tp_width.assign(p.first_unit.size(), 1);  // older files
   p.layout = attr_or<std::string>(part, "layout", "1");
+  p.handoff_copies = to_int(dataset_or_empty<int64_t>(part, "handoff_copies"));
   auto pred = part.open_dataset("predicted_stage_ms");
   p.predicted_stage_ms = pred.read<double>();
   p.predicted_bottleneck_ms = attr_or<double>(pred, "bottleneck_ms", 0.0);
@@ -121,6 +122,8 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
     p.tokens_match = attr_or<bool>(val, "tokens_match", false);
     p.checksum_match = attr_or<bool>(val, "checksum_match", false);
     p.tokens_match_first_partition = attr_or<bool>(val, "tokens_match_first_partition", true);
+    p.tokens_differing_first_partition = attr_or<int>(val, "tokens_differing_first_partition", 0);
+    p.checksum_rel_diff_first_partition = attr_or<double>(val, "checksum_rel_diff_first_partition", 0.0);
     p.checksum = attr_or<double>(val, "checksum", 0.0);
     p.reference_checksum = attr_or<double>(val, "reference_checksum", 0.0);
     p.tokens = dataset_or_empty<int32_t>(val, "tokens");

@@ -86,6 +86,10 @@ struct PartitionRecord {
   std::vector<int> tp_width;
   /// The layout as --tp spells it: "1" (one rank per stage), "2", "2,1,1".
   std::string layout = "1";
+  /// [S] copies of each item's output that one sending rank of stage k sends (the hand-off to
+  /// stage k + 1; for the last stage, the token return to stage 0): ceil(width(k+1) / width(k))
+  /// (pipeline.h layout_placement); each link carries one copy. Empty in older files.
+  std::vector<int> handoff_copies;
   std::vector<double> predicted_stage_ms;               ///< [S] objective cost
   /// [S] the same cost from each unit's fastest / slowest timed forward (latency_min_ms /
   /// latency_max_ms): the profile's own spread for the stage; empty in older files.
@@ -139,6 +143,11 @@ struct PartitionRecord {
   bool validated = true;  ///< false with --no-validate (then tokens_match/checksum_match are 0)
   bool tokens_match = false, checksum_match = false;
   bool tokens_match_first_partition = true;  ///< same tokens as the first partition of the run
+  /// Across layouts (issue 14): how many of the M x (G+1) x B tokens differ from the first
+  /// partition's, and |checksum / first partition's checksum - 1| (the same bits across splits
+  /// of one-rank stages; a tensor-parallel layout sums in another order: within kLayoutChecksumTol).
+  int tokens_differing_first_partition = 0;
+  double checksum_rel_diff_first_partition = 0.0;
 };
 
 struct RunRecord {

@@ -157,6 +157,13 @@ void print_slowest_boundary(std::ostream& os, const RunRecord& run, const Partit
      << " of the slowest stage's decode step\n";
 }
 
+/// How partition `p` differs from the run's first partition (issue 14's "#wrong" count).
+std::string first_partition_diff(const PartitionRecord& p) {
+  return std::to_string(p.tokens_differing_first_partition) + " of " + std::to_string(p.tokens.size()) +
+         " tokens DIFFER from the first partition's, checksum " + fmt("%.2g", p.checksum_rel_diff_first_partition) +
+         " relative (at most 1e-4)";
+}
+
 /// Issue 14: with several layouts (--tp), the fastest measured split of each side by side:
 /// tensor parallelism shortens each token's path (TPOT, TTFT), pipeline stages raise throughput.
 void print_layouts(std::ostream& os, const RunRecord& run) {
@@ -337,11 +344,16 @@ void print_summary(std::ostream& os, const RunRecord& run) {
        << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
     if (!p.validated) {
       os << "  validation: skipped (--no-validate)"
-         << (p.tokens_match_first_partition ? "" : "; tokens DIFFER from the first partition -> FAILED") << "\n";
+         << (p.tokens_match_first_partition ? "" : "; " + first_partition_diff(p) + " -> FAILED") << "\n";
     } else {
       os << "  validation: tokens " << (p.tokens_match ? "match" : "MISMATCH") << ", checksum "
          << (p.checksum_match ? "match" : "MISMATCH") << " (serialized run)"
-         << (p.tokens_match_first_partition ? "" : ", tokens DIFFER from the first partition") << " -> "
+         << (p.tokens_match_first_partition && !run.partitions.empty() && p.layout != run.partitions[0].layout
+                 ? ", " + std::to_string(p.tokens_differing_first_partition) + " tokens differ from " +
+                       run.partitions[0].name + "'s (layout " + run.partitions[0].layout + "), checksum " +
+                       fmt("%.2g", p.checksum_rel_diff_first_partition) + " relative"
+                 : std::string())
+         << (p.tokens_match_first_partition ? "" : ", " + first_partition_diff(p)) << " -> "
          << (p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED") << "\n";
     }
   }

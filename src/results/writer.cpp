@@ -68,6 +68,12 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     tw.set_attr("content", "tensor-parallel width of each stage: stage k runs on ranks device_rank[k] .. "
                            "device_rank[k] + tp_width[k] - 1");
     part.set_attr("layout", p.layout);
+    if (p.handoff_copies.size() == S) {
+      auto hc = part.write_dataset("handoff_copies", p.handoff_copies);
+      hc.set_attr("content", "copies of each item's output one rank of stage k sends to stage k + 1 (the last stage: "
+                             "tokens to stage 0): receiver j gets the whole output from sender j % tp_width[k]; each "
+                             "link carries one copy of the item's bytes");
+    }
   }
   auto pred = part.write_dataset("predicted_stage_ms", p.predicted_stage_ms);
   pred.set_attr("units", "ms");
@@ -167,6 +173,8 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   val.set_attr("tokens_match", p.tokens_match);
   val.set_attr("checksum_match", p.checksum_match);
   val.set_attr("tokens_match_first_partition", p.tokens_match_first_partition);
+  val.set_attr("tokens_differing_first_partition", static_cast<int64_t>(p.tokens_differing_first_partition));
+  val.set_attr("checksum_rel_diff_first_partition", p.checksum_rel_diff_first_partition);
   val.set_attr("checksum", p.checksum);
   val.set_attr("reference_checksum", p.reference_checksum);
   val.set_attr("reference", "serialized run: one lane per stage, a barrier after every item");

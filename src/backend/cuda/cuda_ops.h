@@ -37,6 +37,17 @@ void convert_to_f32(float* dst, const void* src, DType t, size_t n, cudaStream_t
 /// the fp32 add of fill_norm). key = weight_key(seed, unit, tensor).
 void fill_uniform(void* dst, DType t, size_t n, uint64_t key, float scale, float offset, cudaStream_t stream);
 
+/// Columns [col0, col0 + cols) of every row of the tensor [rows, fan_in] (a row-parallel
+/// tensor-parallel shard): dst[r, c] = t(uniform_at(key, r * fan_in + col0 + c, scale)), dst
+/// [rows, cols]. Twin: weights.h fill_projection_cols. (A row shard is fill_uniform with its
+/// key advanced: key + first * 0x9E3779B97F4A7C15, as weights.cpp's fill_uniform does.)
+void fill_uniform_cols(void* dst, DType t, size_t rows, size_t fan_in, size_t col0, size_t cols, uint64_t key,
+                       float scale, cudaStream_t stream);
+
+/// The key of element `first` of a tensor: fill_uniform(dst, ..., weight_key_at(key, first), ...)
+/// fills elements first, first + 1, ... (weights.cpp's fill_uniform with `first`).
+inline uint64_t weight_key_at(uint64_t key, size_t first) { return key + first * 0x9E3779B97F4A7C15ULL; }
+
 // ---- elementwise / row kernels (twins in ppb::cpu) ----------------------------------------
 
 /// cpu::embedding. A token id outside [0, vocab) sets *bad_token = 1 and reads row 0 (the
@@ -94,6 +105,17 @@ void softcap_inplace(float* x, size_t n, float cap, cudaStream_t stream);
 
 /// cpu::argmax_rows on fp32 logits (lowest index wins ties; NaN never wins).
 void argmax_rows(int32_t* out, const float* logits, int rows, int n, cudaStream_t stream);
+
+/// A (value, token id) pair of the vocabulary-parallel head (tensor parallelism).
+struct ArgmaxPair {
+  float value;
+  int32_t id;
+};
+/// Per row: this shard's best (logit, id + id_offset) of logits [rows, n] (argmax_rows' order).
+void argmax_pairs(ArgmaxPair* out, const float* logits, int rows, int n, int id_offset, cudaStream_t stream);
+/// Per row i: the best of pairs[r * rows + i] over the group's r in [0, width) (the larger value,
+/// ties to the lower id: tensor_parallel.h's rule, width 1's answer) -> out[i].
+void argmax_of_pairs(int32_t* out, const ArgmaxPair* pairs, int width, int rows, cudaStream_t stream);
 
 /// The head's input: last[b, :] = x[b, tokens-1, :] and *checksum += sum of those rows (in
 /// double, in a fixed order: deterministic, so a pipelined and a serialized run agree bitwise).

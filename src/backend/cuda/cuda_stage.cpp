@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
 #include "backend/decode_graphs.h"
+#include "backend/tensor_parallel.h"
 #include "backend/weights.h"
 #include "common/error.h"
 #include "model/model_spec.h"
@@ -51,12 +52,16 @@ std::string gib(size_t bytes) {
 struct StagePlan {
   struct Layer {
     int unit = 0;
-    LayerShape shape;
-    int rope = 0;  // index into ropes
+    LayerShape shape;  // this rank's shard (tensor parallelism): its heads and MLP slice
+    LayerShape full;   // the layer's whole shape
+    TpHeads heads;     // this rank's query and KV heads
+    size_t i0 = 0;     // this rank's MLP slice starts at intermediate row i0
+    int rope = 0;      // index into ropes
   };
   std::vector<Layer> layers;
   std::vector<std::pair<model::Rope, int>> ropes;  // distinct (rope, head_dim)
   bool has_embed = false, has_head = false, head_shares_embed = false;
+  size_t vocab_begin = 0, vocab_local = 0;  // the head's tokens [vocab_begin, + vocab_local) (all at width 1)
   int rows = 0;         // token rows per layer pass
   int query_block = 0;  // prefill attention query rows per block
   size_t max_qkv = 0, max_q = 0, max_inter = 0;
@@ -99,7 +104,17 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
                     " max_context=" + std::to_string(cfg.max_context) + " groups=" + std::to_string(cfg.groups));
   }
   if (m.hidden < 1 || m.vocab < 1) throw UserError("model needs hidden_size and vocab_size >= 1");
+  if (cfg.tp_width < 1 || cfg.tp_rank < 0 || cfg.tp_rank >= cfg.tp_width)
+    throw UserError("stage config: tensor-parallel rank " + std::to_string(cfg.tp_rank) + " is outside a group of width " +
+                    std::to_string(cfg.tp_width));
+  if (const std::string why = tp_unsupported_reason(m, cfg.tp_width); !why.empty())
+    throw UserError("--tp " + std::to_string(cfg.tp_width) + ": " + why);
   StagePlan p;
+  {
+    const auto [v0, v1] = tp_range(static_cast<size_t>(m.vocab), cfg.tp_width, cfg.tp_rank);
+    p.vocab_begin = v0;
+    p.vocab_local = v1 - v0;
+  }
   const size_t dt = static_cast<size_t>(dtype_bytes(cfg.dtype));
   const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(cfg.batch),
                ctx = static_cast<size_t>(cfg.max_context), V = static_cast<size_t>(m.vocab);
@@ -113,7 +128,7 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
     } else if (unit.kind == UnitKind::head) {
       p.has_head = true;
       p.head_shares_embed = m.tie_embeddings && p.has_embed;
-      weight_elems += H + (p.head_shares_embed ? 0 : V * H);
+      weight_elems += H + (p.head_shares_embed ? 0 : p.vocab_local * H);
     } else {
       if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
         throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) + " outside [0, " +
@@ -134,7 +149,14 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
       }
       StagePlan::Layer l;
       l.unit = u;
+      l.full = s;
       l.shape = s;
+      l.heads = tp_heads(s.n_heads, s.n_kv_heads, cfg.tp_width, cfg.tp_rank);
+      const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), cfg.tp_width, cfg.tp_rank);
+      l.i0 = i0;
+      l.shape.n_heads = l.heads.q_count;
+      l.shape.n_kv_heads = l.heads.kv_count;
+      l.shape.intermediate = static_cast<int>(i1 - i0);
       auto it = std::find_if(p.ropes.begin(), p.ropes.end(),
                              [&](const auto& r) { return r.first == s.rope && r.second == s.head_dim; });
       if (it == p.ropes.end()) {
@@ -144,12 +166,13 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
         it = p.ropes.end() - 1;
       }
       l.rope = static_cast<int>(it - p.ropes.begin());
-      const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
+      const LayerShape& ls = l.shape;  // the shard from here on
+      const size_t nq = static_cast<size_t>(ls.n_heads) * ls.head_dim, nkv = static_cast<size_t>(ls.n_kv_heads) * ls.head_dim;
       p.max_qkv = std::max(p.max_qkv, nq + 2 * nkv);
       p.max_q = std::max(p.max_q, nq);
-      p.max_inter = std::max(p.max_inter, static_cast<size_t>(s.intermediate));
-      max_heads = std::max(max_heads, s.n_heads);
-      weight_elems += layer_weight_elems(s);
+      p.max_inter = std::max(p.max_inter, static_cast<size_t>(ls.intermediate));
+      max_heads = std::max(max_heads, ls.n_heads);
+      weight_elems += layer_weight_elems(ls);
       kv_elems += 2 * static_cast<size_t>(cfg.groups) * B * ctx * nkv;
       p.layers.push_back(l);
     }
@@ -172,7 +195,9 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
     scratch += R * dt * (H + p.max_qkv + 2 * p.max_q + 3 * p.max_inter);
     scratch += p.scores_elems * (sizeof(float) + dt) + p.decode_floats * sizeof(float);
   }
-  if (p.has_head) scratch += B * H * dt + B * V * sizeof(float);
+  if (p.has_head) scratch += B * H * dt + B * p.vocab_local * sizeof(float);
+  // The vocabulary-parallel head's (value, id) pairs: this rank's [B] and the group's [width][B].
+  if (p.has_head && cfg.tp_width > 1) scratch += (1 + static_cast<size_t>(cfg.tp_width)) * B * sizeof(ArgmaxPair);
   scratch += 2 * B * sizeof(int32_t) + 64;  // a decode graph's token input, token output and position
   p.bytes.weights = weight_elems * dt;
   p.bytes.kv_cache = kv_elems * dt;
@@ -191,6 +216,7 @@ size_t plan_launches(const StagePlan& plan_, const StageConfig& cfg_, int tokens
   auto layer_pass = [&](const LayerShape& s, size_t nb, size_t tc) {
     size_t n = 1 + kBlas + 1 + kBlas + 1 + kBlas + 1 + kBlas + 1;  // norm, qkv, rope, o, add+norm, gate_up, act, down, add
     if (s.sandwich_norm) n += 2;
+    if (cfg_.tp_width > 1) n += 2;  // the all-reduces after o_proj and down_proj
     if (tc == 1) {
       n += 2;
     } else {
@@ -210,6 +236,7 @@ size_t plan_launches(const StagePlan& plan_, const StageConfig& cfg_, int tokens
     }
   }
   n += plan_.has_head ? 4 + kBlas : 1;  // gather, norm, lm_head, softcap, argmax; or the output copy
+  if (plan_.has_head && cfg_.tp_width > 1) n += 2;  // the pairs' all-gather and the group's argmax
   return n;
 }
 
@@ -269,7 +296,8 @@ class CudaStage final : public StageExecutor {
  private:
   void* alloc(size_t bytes);
   void* alloc_elems(size_t n) { return alloc(n * dt_); }
-  void* proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst = nullptr);
+  /// Rows [row0, row0 + rows) of the projection [*, fan_in] (all of it: row0 = 0, rows = out).
+  void* proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst = nullptr, size_t row0 = 0);
   void* norm(size_t n, int unit, Tensor t, bool plus_one);
   /// Points the stage's cuBLAS handle at stream `st` with its fixed workspace.
   void bind_cublas(cudaStream_t st);
@@ -290,6 +318,7 @@ class CudaStage final : public StageExecutor {
   StagePlan plan_;
   size_t hidden_ = 0, dt_ = 4;
   int vocab_ = 0;
+  TpGroup* tp_ = nullptr;  // width > 1: the NCCL group of the stage's ranks
   float embed_scale_ = 1.0f, final_softcap_ = 0.0f, final_eps_ = 1e-6f;
   bool final_norm_plus_one_ = false;
 
@@ -311,6 +340,8 @@ class CudaStage final : public StageExecutor {
   float* partial_ = nullptr;
   void* last_rows_ = nullptr;
   float* logits_ = nullptr;
+  ArgmaxPair* pairs_ = nullptr;      // width > 1: this rank's best (logit, id) per row [B]
+  ArgmaxPair* all_pairs_ = nullptr;  // width > 1: the group's [width][B]
   double* checksum_dev_ = nullptr;
   int* bad_token_dev_ = nullptr;
   int* pos_dev_ = nullptr;              // a decode graph's position, set before each replay
@@ -325,11 +356,11 @@ void* CudaStage::alloc(size_t bytes) {
   return memory_.back().get();
 }
 
-void* CudaStage::proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst) {
+void* CudaStage::proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst, size_t row0) {
   void* p = dst ? dst : alloc_elems(rows * fan_in);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
-  fill_uniform(p, cfg_.dtype, rows * fan_in, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), scale, 0.0f,
-               init_stream_.get());
+  fill_uniform(p, cfg_.dtype, rows * fan_in, weight_key_at(weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), row0 * fan_in),
+               scale, 0.0f, init_stream_.get());
   return p;
 }
 
@@ -342,6 +373,10 @@ void* CudaStage::norm(size_t n, int unit, Tensor t, bool plus_one) {
 
 CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg)
     : first_(first), last_(last), cfg_(cfg), plan_(make_plan(m, first, last, cfg)) {
+  if (cfg.tp_width > 1 && (cfg.tp == nullptr || cfg.tp->width() != cfg.tp_width || cfg.tp->rank() != cfg.tp_rank))
+    throw InternalError("a CUDA stage of tensor-parallel width " + std::to_string(cfg.tp_width) +
+                        " needs its group's NCCL communicator, of that width and rank");
+  tp_ = cfg.tp_width > 1 ? cfg.tp : nullptr;
   hidden_ = static_cast<size_t>(m.hidden);
   dt_ = static_cast<size_t>(dtype_bytes(cfg.dtype));
   vocab_ = m.vocab;
@@ -370,13 +405,15 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
   }
   if (plan_.has_head) {
     final_norm_ = norm(H, last, Tensor::final_norm, m.final_norm_plus_one);
+    // This rank's vocabulary rows (all at width 1): of the shared embedding, a tied copy, or lm_head.
+    const size_t v0 = plan_.vocab_begin, Vl = plan_.vocab_local;
     if (plan_.head_shares_embed) {
-      lm_head_ = embed_;
+      lm_head_ = at(embed_, v0 * H);
     } else if (m.tie_embeddings) {
-      lm_head_ = alloc_elems(V * H);
-      fill_uniform(lm_head_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
+      lm_head_ = alloc_elems(Vl * H);
+      fill_uniform(lm_head_, cfg.dtype, Vl * H, weight_key_at(embed_key, v0 * H), 1.0f, 0.0f, init_stream_.get());
     } else {
-      lm_head_ = proj(V, H, last, Tensor::lm_head);
+      lm_head_ = proj(Vl, H, last, Tensor::lm_head, nullptr, v0);
     }
   }
   for (const auto& [rope, hd] : plan_.ropes) {
@@ -394,25 +431,32 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
     rope_sin_.push_back(ds);
   }
   for (const StagePlan::Layer& l : plan_.layers) {
-    const LayerShape& s = l.shape;
+    const LayerShape& s = l.shape;  // this rank's shard (the whole layer at width 1)
     const int u = l.unit;
     const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim,
                  I = static_cast<size_t>(s.intermediate);
+    const size_t hd = static_cast<size_t>(s.head_dim);
+    const size_t q0 = l.heads.q_begin * hd, kv0 = l.heads.kv_begin * hd;  // first rows of q / k and v
+    const size_t nq_all = static_cast<size_t>(l.full.n_heads) * hd, I_all = static_cast<size_t>(l.full.intermediate);
     LayerWeights w;
     w.plan = l;
     w.input_norm = norm(H, u, Tensor::input_layernorm, s.norm_plus_one);
+    // Column-parallel q/k/v and gate/up: rows of the whole tensors; row-parallel o/down: columns.
     w.qkv = alloc_elems((nq + 2 * nkv) * H);
-    proj(nq, H, u, Tensor::q_proj, w.qkv);
-    proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H));
-    proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H));
-    w.o = proj(H, nq, u, Tensor::o_proj);
+    proj(nq, H, u, Tensor::q_proj, w.qkv, q0);
+    proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H), kv0);
+    proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H), kv0);
+    w.o = alloc_elems(H * nq);
+    fill_uniform_cols(w.o, cfg.dtype, H, nq_all, q0, nq, weight_key(cfg.seed, u, static_cast<uint64_t>(Tensor::o_proj)),
+                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(nq_all))), init_stream_.get());
     if (s.attn_bias) {
       w.bias = alloc_elems(nq + 2 * nkv);
       const Tensor ts[3] = {Tensor::q_bias, Tensor::k_bias, Tensor::v_bias};
-      const size_t off[3] = {0, nq, nq + nkv}, len[3] = {nq, nkv, nkv};
+      const size_t off[3] = {0, nq, nq + nkv}, len[3] = {nq, nkv, nkv}, first[3] = {q0, kv0, kv0};
       for (int i = 0; i < 3; ++i)
-        fill_uniform(at(w.bias, off[i]), cfg.dtype, len[i], weight_key(cfg.seed, u, static_cast<uint64_t>(ts[i])), 0.02f,
-                     0.0f, init_stream_.get());
+        fill_uniform(at(w.bias, off[i]), cfg.dtype, len[i],
+                     weight_key_at(weight_key(cfg.seed, u, static_cast<uint64_t>(ts[i])), first[i]), 0.02f, 0.0f,
+                     init_stream_.get());
     }
     if (s.qk_norm) {
       w.q_norm = norm(s.head_dim, u, Tensor::q_norm, s.norm_plus_one);
@@ -424,9 +468,11 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
       w.post_feedforward_norm = norm(H, u, Tensor::post_feedforward_layernorm, s.norm_plus_one);
     }
     w.gate_up = alloc_elems(2 * I * H);
-    proj(I, H, u, Tensor::gate_proj, w.gate_up);
-    proj(I, H, u, Tensor::up_proj, at(w.gate_up, I * H));
-    w.down = proj(H, I, u, Tensor::down_proj);
+    proj(I, H, u, Tensor::gate_proj, w.gate_up, l.i0);
+    proj(I, H, u, Tensor::up_proj, at(w.gate_up, I * H), l.i0);
+    w.down = alloc_elems(H * I);
+    fill_uniform_cols(w.down, cfg.dtype, H, I_all, l.i0, I, weight_key(cfg.seed, u, static_cast<uint64_t>(Tensor::down_proj)),
+                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(I_all))), init_stream_.get());
     for (int g = 0; g < cfg.groups; ++g) {
       w.k_cache.push_back(alloc_elems(B * ctx * nkv));
       w.v_cache.push_back(alloc_elems(B * ctx * nkv));
@@ -451,7 +497,11 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
   }
   if (plan_.has_head) {
     last_rows_ = alloc_elems(B * H);
-    logits_ = static_cast<float*>(alloc(B * V * sizeof(float)));
+    logits_ = static_cast<float*>(alloc(B * plan_.vocab_local * sizeof(float)));
+    if (tp_) {
+      pairs_ = static_cast<ArgmaxPair*>(alloc(B * sizeof(ArgmaxPair)));
+      all_pairs_ = static_cast<ArgmaxPair*>(alloc(static_cast<size_t>(cfg.tp_width) * B * sizeof(ArgmaxPair)));
+    }
   }
   checksum_dev_ = static_cast<double*>(alloc(sizeof(double)));
   bad_token_dev_ = static_cast<int*>(alloc(sizeof(int)));
@@ -536,9 +586,17 @@ void CudaStage::head_forward(cudaStream_t st, int tokens, int32_t* out) {
   const int B = cfg_.batch, H = static_cast<int>(hidden_);
   gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, cfg_.dtype, st);
   rmsnorm(last_rows_, last_rows_, final_norm_, B, H, final_eps_, final_norm_plus_one_, cfg_.dtype, st);
-  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.dtype, B, vocab_, H);
-  if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * vocab_, final_softcap_, st);
-  argmax_rows(out, logits_, B, vocab_, st);
+  const int V = static_cast<int>(plan_.vocab_local);  // this rank's vocabulary slice (all at width 1)
+  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.dtype, B, V, H);
+  if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * V, final_softcap_, st);
+  if (!tp_) {
+    argmax_rows(out, logits_, B, V, st);
+    return;
+  }
+  // Vocabulary-parallel: this rank's best (logit, id) per row, the group's pairs, their best.
+  argmax_pairs(pairs_, logits_, B, V, static_cast<int>(plan_.vocab_begin), st);
+  tp_->enqueue_allgather(pairs_, all_pairs_, static_cast<size_t>(B) * sizeof(ArgmaxPair), st);
+  argmax_of_pairs(out, all_pairs_, tp_->width(), B, st);
 }
 
 cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
@@ -611,6 +669,7 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
     attention_prefill(hb, attn_, q_, kc, vc, as, plan_.query_block, scores_, probs_, t, st);
   }
   linear(hb, h_, cuda_type(t), attn_, w.o, t, M, H, nq);
+  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel o_proj
   if (s.sandwich_norm) rmsnorm(h_, h_, w.post_attention_norm, M, H, eps, p1, t, st);
   // x += attention output; h = pre-MLP norm(x).
   add_rmsnorm(x, h_, h_, s.sandwich_norm ? w.pre_feedforward_norm : w.post_attention_norm, M, H, eps, p1, t, st);
@@ -619,6 +678,7 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
   linear(hb, gu_, cuda_type(t), h_, w.gate_up, t, M, 2 * I, H);
   gated_activation(act_, gu_, M, I, s.act, t, st);
   linear(hb, h_, cuda_type(t), act_, w.down, t, M, H, I);
+  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel down_proj
   if (s.sandwich_norm) rmsnorm(h_, h_, w.post_feedforward_norm, M, H, eps, p1, t, st);
   add_inplace(x, h_, static_cast<size_t>(M) * H, t, st);
 }
@@ -644,23 +704,13 @@ void CudaStage::reset_checksum() {
 
 }  // namespace
 
-/// The CUDA stage is one device's whole stage: tensor parallelism (an NCCL all-reduce per layer,
-/// issue 14) is CPU-only so far.
-void require_width_one(const StageConfig& cfg) {
-  if (cfg.tp_width != 1)
-    throw UserError("--tp " + std::to_string(cfg.tp_width) +
-                    ": the CUDA backend does not run tensor-parallel stages yet (the CPU backend does); use --tp 1");
-}
-
 std::unique_ptr<StageExecutor> create_cuda_stage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
-  require_width_one(cfg);
   return std::make_unique<CudaStage>(m, first, last, cfg);
 }
 
 }  // namespace cuda
 
 StageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
-  cuda::require_width_one(cfg);
   return cuda::make_plan(m, first, last, cfg).bytes;
 }
 

@@ -81,6 +81,25 @@ void fill_uniform(void* dst, DType t, size_t n, uint64_t key, float scale, float
   CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename T>
+__global__ void fill_uniform_cols_kernel(T* dst, size_t rows, size_t fan_in, size_t col0, size_t cols, uint64_t key,
+                                         float scale) {
+  const size_t n = rows * cols;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / cols, c = i % cols;
+    dst[i] = from_f32<T>(uniform_at(key, r * fan_in + col0 + c, scale));
+  }
+}
+
+void fill_uniform_cols(void* dst, DType t, size_t rows, size_t fan_in, size_t col0, size_t cols, uint64_t key,
+                       float scale, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  PPB_DISPATCH_DTYPE(t, T, fill_uniform_cols_kernel<T><<<grid_for(rows * cols, 256), 256, 0, stream>>>(
+                               static_cast<T*>(dst), rows, fan_in, col0, cols, key, scale));
+  CUDA_CHECK(cudaGetLastError());
+}
+
 // ---- embedding ------------------------------------------------------------------------------
 
 // Napkin math: a gather, n_tokens * hidden * 2 bytes read and written (bf16): prefill of 2048
@@ -363,6 +382,69 @@ __global__ void argmax_kernel(int32_t* out, const float* logits, int n) {
 void argmax_rows(int32_t* out, const float* logits, int rows, int n, cudaStream_t stream) {
   if (rows <= 0) return;
   argmax_kernel<<<rows, 1024, 0, stream>>>(out, logits, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Tensor parallelism: this shard's row argmax as (value, global id), then the group's best of
+// the gathered pairs.
+__global__ void argmax_pairs_kernel(ArgmaxPair* out, const float* logits, int n, int id_offset) {
+  // argmax_kernel's reduction, line for line, keeping the winner's value too.
+  const float* row = logits + static_cast<size_t>(blockIdx.x) * n;
+  float bv = 0.0f;
+  int bi = -1;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    if (argmax_better(row[j], j, bv, bi)) {
+      bv = row[j];
+      bi = j;
+    }
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (i >= 0 && argmax_better(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = sv[0];
+    int idx = si[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+      if (si[w] >= 0 && argmax_better(sv[w], si[w], v, idx)) {
+        v = sv[w];
+        idx = si[w];
+      }
+    out[blockIdx.x] = ArgmaxPair{idx < 0 ? row[0] : v, (idx < 0 ? 0 : idx) + id_offset};
+  }
+}
+
+void argmax_pairs(ArgmaxPair* out, const float* logits, int rows, int n, int id_offset, cudaStream_t stream) {
+  if (rows <= 0) return;
+  argmax_pairs_kernel<<<rows, 1024, 0, stream>>>(out, logits, n, id_offset);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+__global__ void argmax_of_pairs_kernel(int32_t* out, const ArgmaxPair* pairs, int width, int rows) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= rows) return;
+  ArgmaxPair b = pairs[i];
+  for (int r = 1; r < width; ++r) {
+    const ArgmaxPair p = pairs[static_cast<size_t>(r) * rows + i];
+    if (argmax_better(p.value, p.id, b.value, b.id)) b = p;
+  }
+  out[i] = b.id;
+}
+
+void argmax_of_pairs(int32_t* out, const ArgmaxPair* pairs, int width, int rows, cudaStream_t stream) {
+  if (rows <= 0) return;
+  argmax_of_pairs_kernel<<<(rows + 127) / 128, 128, 0, stream>>>(out, pairs, width, rows);
   CUDA_CHECK(cudaGetLastError());
 }
 

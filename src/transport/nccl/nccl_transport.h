@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/transport.h"
 
@@ -35,5 +36,18 @@ std::unique_ptr<Transport> create_nccl_transport(const MpiContext& mpi, const De
 /// per lane and direction suffices: the lane runs in order, so the next copy into it starts
 /// only after the previous message left. Works for any number of ranks per GPU.
 std::unique_ptr<Transport> create_staged_mpi_transport(const MpiContext& mpi, const MpiPollConfig& poll);
+
+class TpGroup;
+/// Collective over MPI_COMM_WORLD (issue 14): splits the world into tensor-parallel groups, one
+/// per distinct `color` >= 0 (ranks ordered by `key`), and returns this rank's group as an NCCL
+/// communicator on the CUDA device `device` (null for color < 0): the CUDA stage's all-reduces
+/// (ncclAllReduce, sum, in the stage's dtype) and the head's all-gather run on the forward's
+/// stream, inside a decode graph's capture too. Each rank of a group needs its own GPU.
+/// @throws ppb::UserError if NCCL cannot initialise a group (e.g. two ranks on one GPU).
+std::unique_ptr<TpGroup> create_nccl_tp_group(const MpiContext& mpi, int color, int key, const Device& device);
+
+/// Tensor-parallel groups of one process over `devices` (ncclCommInitAll): group(i) for the
+/// thread driving devices[i]. For tests of a CUDA stage of width > 1 on one node's GPUs.
+std::vector<std::unique_ptr<TpGroup>> create_local_nccl_tp_groups(const std::vector<int>& devices);
 
 }  // namespace ppb
