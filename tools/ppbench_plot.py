@@ -74,6 +74,13 @@ ROOFLINE_DATASETS = ("ranks/read_bandwidth_GBps", "ranks/read_bandwidth_shared_G
 RESULTS_FORMAT_VERSION = 1
 
 
+
+def stage_ranks(part):
+    """'rank 3' or, for a tensor-parallel stage (tp_width > 1, issue 14), 'ranks 0-1', per stage."""
+    first = part["device_rank"][...]
+    width = part["tp_width"][...] if "tp_width" in part else np.ones_like(first)
+    return [f"rank {int(r)}" if int(w) == 1 else f"ranks {int(r)}-{int(r) + int(w) - 1}" for r, w in zip(first, width)]
+
 def text(value):
     """An HDF5 string attribute as str (h5py gives str or bytes depending on how it was written)."""
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -197,8 +204,9 @@ def plot_timeline(f, name, it, out_png):
                     ax.broken_barh([(x0, max(x1 - x0, min_w))], (s + dy - h / 2, h), facecolors=colours(g % 20),
                                    alpha=alpha, edgecolor=edge, linewidth=0.4, hatch="///" if t == 0 else None)
     ax.set_yticks(range(S))
-    ax.set_yticklabels([f"stage {s} (rank {int(r)})\n{labels[s]}\nbubble {100 * bubble[s]:.0f}%"
-                        for s, r in enumerate(f[f"partitions/{name}/device_rank"][...])], fontsize=8)
+    ranks = stage_ranks(f[f"partitions/{name}"])
+    ax.set_yticklabels([f"stage {s} ({ranks[s]})\n{labels[s]}\nbubble {100 * bubble[s]:.0f}%" for s in range(S)],
+                       fontsize=8)
     ax.set_ylim(S - 0.5, -0.5)
     for s in range(S - 1):
         ax.axhline(s + 0.5, color="grey", linewidth=0.5)
@@ -260,7 +268,8 @@ def plot_stages(f, names, out_png):
                     color="white", rotation=90)
         ymax = max(ymax, float(np.nanmax(np.concatenate([pred, meas]))))
         ax.set_xticks(x)
-        ax.set_xticklabels([f"stage {k}" for k in x], fontsize=8)
+        ranks = stage_ranks(part)
+        ax.set_xticklabels([f"stage {k}\n{ranks[k]}" for k in x], fontsize=8)
         tps = bench.attrs.get("tokens_per_s", float("nan"))
         ax.set_title(f"{name} ({part.attrs.get('counts', '')} units), {tps:.2f} tok/s", fontsize=10)
         if j == 0:
