@@ -229,6 +229,13 @@ int main(int argc, char** argv) {
       "and `simulate` offline");
   for (CLI::App* sc : {run, profile}) add_common_options(*sc, opt);
   add_benchmark_options(*run, opt, no_validate);
+  profile
+      ->add_option("--tp", opt.tp,
+                   "also profile the units split over groups of ranks at these tensor-parallel widths (W, a,b,c as "
+                   "for run, or auto: every width the heads allow), for `ppbench balance FILE --tp auto`")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->capture_default_str();
 
   ppb::ReportOptions report_opt;
   auto* report = ppb::add_report_command(app, report_opt);

@@ -497,6 +497,17 @@ TEST(RunE2E, TensorParallelAutoPicksALayoutAndMeasuresIt) {
   const std::string name = chosen == "1" ? "balanced" : "balanced_tp2";
   EXPECT_EQ(root.open_group("partitions/" + name).get_attr<std::string>("layout"), chosen);
   EXPECT_NE(r.output.find("--tp auto: the balancer chose widths " + chosen), std::string::npos) << r.output;
+  // Offline: one more device like these, from the file's widths 1 and 2.
+  auto b = run(PPBENCH_BIN " balance " + out + " --tp auto --devices 3");
+  EXPECT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(b.output.find("going from 2 to 3 devices: predicted gain"), std::string::npos) << b.output;
+  // `ppbench profile --tp 2` profiles the width axis for it too.
+  const std::string prof = temp_dir() + "/tpprof.h5";
+  auto p = run("mpirun --oversubscribe -np 2 " PPBENCH_BIN " profile --model tests/data/tiny-llama.json -p 8 -g 3 -b 2 "
+               "--tp 2 -o " + prof);
+  ASSERT_EQ(p.status, 0) << p.output;
+  EXPECT_EQ(ppb::h5::File::open(prof).root().open_group("profile/tp").open_dataset("width").read<int64_t>(),
+            (std::vector<int64_t>{2}));
 }
 
 struct BadCase {
