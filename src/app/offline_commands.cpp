@@ -387,8 +387,12 @@ int layout_command(const BalanceOptions& opt) {
   if (!is_hdf5(opt.input))
     throw UserError("--tp auto needs a results file with a profile at several widths (/profile/tp: `ppbench run --tp "
                     "1 --tp 2` or --tp auto); " + opt.input + " is not one");
-  if (opt.stages > 0 || !opt.partition.empty() || opt.order != "rank" || opt.solver != "auto")
-    throw UserError("--tp auto chooses the stages, widths and split itself: drop --stages, --partition, --order and --solver");
+  if (opt.stages > 0 || !opt.partition.empty() || opt.order != "rank" || opt.solver != "auto" ||
+      !opt.uniform_remainder.empty())
+    throw UserError("--tp auto chooses the stages, widths and split itself: drop --stages, --partition, --order, "
+                    "--solver and --uniform-remainder");
+  if (opt.memory_limit_gib < 0 || !(opt.memory_limit_gib <= 1048576.0))
+    throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = from the input");
   check_json_out(opt.json_out, opt.input, opt.force);
   const RunRecord run = read_run(opt.input);
   if (run.profile.tp.empty())
@@ -788,8 +792,10 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
             return pair_links.latency_s[pair] * 1e3 + bytes / pair_links.bandwidth_Bps[pair] * 1e3;
           return xfer(bytes);
         };
-        st[s].send_prefill_ms = last ? send(4.0 * cfg.batch) : send(act * wl.prompt_len);
-        st[s].send_decode_ms = last ? send(4.0 * cfg.batch) : send(act);
+        // A sender of a tensor-parallel stage narrower than the next sends one copy per receiver.
+        const int copies = s < static_cast<int>(pr.handoff_copies.size()) ? std::max(1, pr.handoff_copies[s]) : 1;
+        st[s].send_prefill_ms = copies * (last ? send(4.0 * cfg.batch) : send(act * wl.prompt_len));
+        st[s].send_decode_ms = copies * (last ? send(4.0 * cfg.batch) : send(act));
       }
       return st;
     };

@@ -1,6 +1,7 @@
 #include "backend/tensor_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/error.h"
@@ -42,7 +43,10 @@ void tp_argmax_in_rank_order(float* value, int32_t* id, const float* const* valu
     for (int r = 1; r < t; ++r) {
       const float v = values[r][i];
       const int32_t k = ids[r][i];
-      if (v > best || (v == best && k < best_id)) {
+      // argmax_rows' order: a NaN never wins (a NaN best loses to any number), a larger value
+      // wins, ties go to the lower id.
+      if (std::isnan(v)) continue;
+      if (std::isnan(best) || v > best || (v == best && k < best_id)) {
         best = v;
         best_id = k;
       }

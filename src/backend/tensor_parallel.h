@@ -53,7 +53,7 @@ class TpGroup {
   /// @throws ppb::InternalError on timeout or abort (naming the operation).
   virtual void allreduce_sum(float* data, size_t n) = 0;
   /// In place, per row i in [0, rows): the group's (value[i], id[i]) with the largest value,
-  /// ties to the smallest id (MPI_MAXLOC's rule). Identical on every rank.
+  /// ties to the smallest id, a NaN never winning (tp_argmax_in_rank_order). Identical on every rank.
   virtual void allreduce_argmax(float* value, int32_t* id, int rows) = 0;
   /// Returns once every rank of the group called it (an all-reduce of one float).
   virtual void barrier() {
@@ -77,8 +77,9 @@ class TpGroup {
 /// may alias none of the parts but parts[0].
 void tp_sum_in_rank_order(float* out, const float* const* parts, int t, size_t n);
 
-/// Per row, the (value, id) pair with the largest value, ties to the smallest id, over the t
-/// pairs values[r][i], ids[r][i]; into value[i], id[i] (which may be parts[0]).
+/// Per row, the (value, id) pair with the largest value, ties to the smallest id, a NaN never
+/// winning over a number (cpu::argmax_rows' order), over the t pairs values[r][i], ids[r][i];
+/// into value[i], id[i] (which may be parts[0]).
 void tp_argmax_in_rank_order(float* value, int32_t* id, const float* const* values, const int32_t* const* ids, int t,
                              int rows);
 

@@ -34,8 +34,9 @@ std::vector<std::pair<int, int>> layout_groups(const std::vector<int>& widths);
 /// The balancer's problem for `widths`: device k = stage k's group of ranks, whose cost row is
 /// the group's profile at its width (run.profile.tp; width 1: the rank's own row), whose memory
 /// is width x the smallest limit of its ranks (the weights and KV cache split about 1/width;
-/// the replicated embedding and norms make this optimistic by their size, and the run's memory
-/// check of each rank's exact shard catches what it misses), and whose link to another group is
+/// the replicated embedding and norms, and KV heads replicated where a layer has fewer than
+/// width, make this optimistic by their size, and the run's memory check of each rank's exact
+/// shard catches what it misses), and whose link to another group is
 /// the link between the groups' first ranks. Activation bytes, messages and overlap as the run.
 /// @throws ppb::UserError when the widths do not cover run.ranks or a group of width > 1 has
 ///         no profile at that width.

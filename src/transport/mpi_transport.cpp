@@ -51,7 +51,7 @@ class MpiTransport final : public Transport {
     lane.host_task([poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
-      poll_mpi_request(&req, poll, "barrier of the serialized run");
+      poll_mpi_request(&req, poll, "barrier of the serialized run", /*collective=*/true);
     });
   }
 
@@ -72,7 +72,7 @@ class MpiTransport final : public Transport {
 
 }  // namespace
 
-void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string& what) {
+void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string& what, bool collective) {
   MPI_Request& req = *static_cast<MPI_Request*>(request);
   const double start = monotonic_s();
   double sleep = cfg.min_sleep_us;
@@ -84,15 +84,19 @@ void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string
       return;
     }
     if (lane_abort_requested()) {
-      MPI_Cancel(&req);
-      MPI_Request_free(&req);
+      if (!collective) {
+        MPI_Cancel(&req);
+        MPI_Request_free(&req);
+      }
       throw InternalError(what + " abandoned: " + lane_abort_reason());
     }
     const double waited = monotonic_s() - start;
     if (waited > cfg.timeout_s) {
-      // Withdraw the request so that a late message cannot land in a buffer that is gone.
-      MPI_Cancel(&req);
-      MPI_Request_free(&req);
+      // Withdraw a message so that it cannot land late in a buffer that is gone.
+      if (!collective) {
+        MPI_Cancel(&req);
+        MPI_Request_free(&req);
+      }
       std::ostringstream os;
       os << error_context() << ": " << what << " timed out after " << waited
          << " s (--timeout); the peer is dead, stuck, or never posted the matching operation";

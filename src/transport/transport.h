@@ -64,9 +64,12 @@ struct MpiPollConfig {
 /// Polls `req` until it completes: MPI_Test, spinning for cfg.spin_us, then with an exponential
 /// sleep back-off (cfg.min_sleep_us doubling up to cfg.max_sleep_us), never blocking in MPI.
 /// `req` is an MPI_Request (a void* here so that this header needs no mpi.h).
-/// @throws ppb::InternalError on timeout (cfg.timeout_s) or a lane abort, naming `what`; the
-///         request is cancelled and freed first.
-void poll_mpi_request(void* req, const MpiPollConfig& cfg, const std::string& what);
+/// @throws ppb::InternalError on timeout (cfg.timeout_s) or a lane abort, naming `what`; a
+///         point-to-point request (`collective` false) is cancelled and freed first, so that a
+///         late message cannot land in a buffer that is gone; a nonblocking collective cannot be
+///         cancelled (MPI 4.0 §3.8.4): it is left pending, its buffers must outlive the process's
+///         abort (the job is being aborted).
+void poll_mpi_request(void* req, const MpiPollConfig& cfg, const std::string& what, bool collective = false);
 
 class TpGroup;
 /// Collective over MPI_COMM_WORLD: splits the world into tensor-parallel groups, one per
@@ -76,8 +79,9 @@ class TpGroup;
 /// ThreadTpGroups (backend/tensor_parallel.h), and the bits do not depend on which algorithm
 /// the MPI library picks for a size. Cost: each rank receives (t - 1) n floats, against
 /// 2 (t - 1) n / t for a ring all-reduce: at most 1.5x (t = 4) more bytes over shared memory
-/// for a reproducible order. The argmax is an MPI_Iallreduce of MPI_FLOAT_INT with MPI_MAXLOC
-/// (exact: no rounding, ties to the lowest id by the standard's definition). Polls with `poll`.
+/// for a reproducible order (measured: bench/tp_allreduce_bench.cpp). The argmax all-gathers
+/// every rank's (value, id) pairs and applies tp_argmax_in_rank_order (no rounding; ties to the
+/// lowest id; a NaN never wins). Polls with `poll`; a collective is never cancelled.
 std::unique_ptr<TpGroup> create_mpi_tp_group(const MpiContext& mpi, int color, int key, const MpiPollConfig& poll);
 
 /// MPI transport over MPI_COMM_WORLD with host buffers. `what` names the phase for messages.

@@ -1091,6 +1091,18 @@ TEST(TensorParallel, GroupArgmaxTakesTheLargestThenTheLowestId) {
   ppb::tp_argmax_in_rank_order(v.data(), k.data(), values, ids, 2, 3);
   EXPECT_EQ(k, (std::vector<int32_t>{20, 2, 1}));  // larger on rank 1; ties: the lower id
   EXPECT_EQ(v, (fvec{3.0f, 5.0f, 2.0f}));
+  // A shard whose logits are all NaN reports (NaN, its first id): it never wins over a number,
+  // as argmax_rows never lets a NaN win (width 1 would answer 70).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const fvec n0 = {nan, nan}, n1 = {3.0f, nan};
+  const std::vector<int32_t> i0 = {0, 0}, i1 = {70, 90};
+  const float* nv[] = {n0.data(), n1.data()};
+  const int32_t* ni[] = {i0.data(), i1.data()};
+  ppb::tp_argmax_in_rank_order(v.data(), k.data(), nv, ni, 2, 2);
+  EXPECT_EQ(k[0], 70);
+  EXPECT_EQ(v[0], 3.0f);
+  EXPECT_TRUE(std::isnan(v[1]));  // all NaN: the first rank's pair
+  EXPECT_EQ(k[1], 0);
 }
 
 /// Runs `body(r, group)` on `width` threads, one per rank of a ThreadTpGroups; failures of any

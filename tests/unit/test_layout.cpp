@@ -12,6 +12,7 @@
 #include "balance/layout.h"
 #include "balance/solver.h"
 #include "common/error.h"
+#include "results/run_record.h"
 
 namespace {
 
@@ -38,6 +39,23 @@ TEST(Layout, ParseWidths) {
   EXPECT_EQ(ppb::balance::auto_layout_groups({0, 0, 1, 1}, {2, 4}), (std::vector<std::pair<int, int>>{{0, 2}, {2, 2}}));
   EXPECT_EQ(ppb::balance::auto_layout_groups({0, 0, 0, 0}, {2, 3, 4}),
             (std::vector<std::pair<int, int>>{{0, 2}, {0, 3}, {0, 4}}));
+}
+
+/// --tp auto profiles one group per width and device class: a group of identical ranks elsewhere
+/// takes that profile (and a group mixing classes, none).
+TEST(Layout, GroupProfileFallsBackToTheSameWidthAndClass) {
+  ppb::RunRecord run;
+  ppb::ProfileTable::TpGroupProfile g;
+  g.first_rank = 0;
+  g.width = 2;
+  g.latency_ms = {1, 2};
+  run.profile.tp.push_back(g);
+  EXPECT_EQ(ppb::balance::group_profile(run, {0, 0, 0, 0}, 0, 2), &run.profile.tp[0]);
+  EXPECT_EQ(ppb::balance::group_profile(run, {0, 0, 0, 0}, 2, 2), &run.profile.tp[0]);
+  EXPECT_EQ(ppb::balance::group_profile(run, {0, 0, 1, 1}, 2, 2), nullptr);  // another kind of device
+  EXPECT_EQ(ppb::balance::group_profile(run, {0, 0, 1, 1}, 1, 2), nullptr);  // mixes kinds
+  EXPECT_EQ(ppb::balance::group_profile(run, {0, 0, 0, 0}, 0, 4), nullptr);  // width not profiled
+  EXPECT_EQ(ppb::balance::group_profile(run, {0, 0, 0, 0}, 3, 2), nullptr);  // past the ranks
 }
 
 /// Every layout of `devices` devices from `groups` and every contiguous split of the units

@@ -495,6 +495,9 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
   if (has_layer)
     scratch += max_tokens * (H + 2 * max_q + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.max_context);
   if (has_head) scratch += B * H + B * vocab_local;
+  // Width > 1: the group's all-reduce gathers every rank's part of the largest [B x T, H]
+  // (create_mpi_tp_group's buffer, one per stage's group; ThreadTpGroups' is smaller).
+  if (t > 1 && has_layer) scratch += static_cast<size_t>(t) * max_tokens * H;
   return {weights * sizeof(float), kv * sizeof(float), scratch * sizeof(float)};
 }
 

@@ -42,7 +42,8 @@ std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int f
 /// way the constructor sizes its buffers: weights (fp32, a tied lm_head shared when the stage
 /// also holds embed), KV cache (2 x groups x batch x max_context x n_kv_heads x head_dim fp32
 /// per layer), and scratch (activations for batch x max_context tokens, the attention block,
-/// RoPE tables, the head's logits). Pure arithmetic: call it before create_stage to check
+/// RoPE tables, the head's logits; at tensor-parallel width t, this rank's shard of each and the
+/// t x batch x max_context x hidden floats its group's all-reduce gathers). Pure arithmetic: call it before create_stage to check
 /// --memory-limit, including the profile's one-unit stages.
 StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
 

@@ -101,7 +101,21 @@ std::unique_ptr<TpGroup> create_nccl_tp_group(const MpiContext& mpi, int color, 
                     "); every rank of a tensor-parallel stage needs its own GPU");
   }
   if (!comm) return nullptr;
-  return std::make_unique<NcclTpGroup>(comm, width, rank, sub);
+  auto group = std::make_unique<NcclTpGroup>(comm, width, rank, sub);
+  // Connect now, not on the first all-reduce inside a timed forward while the transport's
+  // kernels may be spinning on this GPU (NcclTransport::connect's reason): one all-reduce of one
+  // float on a private stream, waited for.
+  cudaStream_t st = nullptr;
+  float* one = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
+  CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), st));
+  group->enqueue_allreduce_sum(one, 1, DType::f32, st);
+  const cudaError_t done = cudaStreamSynchronize(st);
+  cudaFree(one);
+  cudaStreamDestroy(st);
+  CUDA_CHECK(done);
+  return group;
 }
 
 std::vector<std::unique_ptr<TpGroup>> create_local_nccl_tp_groups(const std::vector<int>& devices) {
