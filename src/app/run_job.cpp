@@ -879,23 +879,30 @@ class RunJob {
 
   // ---- 2. profile on every rank, gathered on rank 0 --------------------------------------------
 
+  /// The profile's settings from the options. resident_bytes: this node's share of the model's
+  /// weights (its ranks' stages, in every layout: a tensor-parallel group's ranks split what one
+  /// rank would hold), which decides cold or warm timing.
+  ProfileConfig profile_config() const {
+    ProfileConfig pc;
+    pc.batch = opt_.batch;
+    pc.prompt_len = opt_.prompt_len;
+    pc.gen_len = opt_.gen_len;
+    pc.num_contexts = opt_.profile_contexts;
+    pc.warmup = opt_.profile_warmup;
+    pc.iters = opt_.profile_iters;
+    pc.dtype = dtype_;
+    pc.seed = opt_.seed;
+    pc.cuda_graphs = !opt_.no_cuda_graphs;
+    int64_t total = 0;
+    for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
+    pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
+    return pc;
+  }
+
   void profile() {
     ProfileResult prof;
     phase("profile", [&] {
-      ProfileConfig pc;
-      pc.batch = opt_.batch;
-      pc.prompt_len = opt_.prompt_len;
-      pc.gen_len = opt_.gen_len;
-      pc.num_contexts = opt_.profile_contexts;
-      pc.warmup = opt_.profile_warmup;
-      pc.iters = opt_.profile_iters;
-      pc.dtype = dtype_;
-      pc.seed = opt_.seed;
-      pc.cuda_graphs = !opt_.no_cuda_graphs;
-      // This node's share of the model's weights (its ranks' stages), for cold/warm timing.
-      int64_t total = 0;
-      for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
-      pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
+      ProfileConfig pc = profile_config();
       if (opt_.profile_aligned) pc.align = [this] { mpi_.barrier(); };
       const double t_start = monotonic_s();
       prof = profile_model(*device_, spec_, pc, [&](int done, int all, const std::string& what) {
@@ -1055,21 +1062,7 @@ class RunJob {
   /// the group; the group's first rank appends [U][2] latency, min and max to `mine`.
   void profile_group(TpGroup& tp, std::vector<double>& mine) {
     const int U = spec_.num_units();
-    ProfileConfig pc;
-    pc.batch = opt_.batch;
-    pc.prompt_len = opt_.prompt_len;
-    pc.gen_len = opt_.gen_len;
-    pc.num_contexts = opt_.profile_contexts;
-    pc.warmup = opt_.profile_warmup;
-    pc.iters = opt_.profile_iters;
-    pc.dtype = dtype_;
-    pc.seed = opt_.seed;
-    pc.cuda_graphs = !opt_.no_cuda_graphs;
-    // Cold or warm as the width-1 profile: the node holds the model's weights once in every
-    // layout (a group's ranks split what one rank would hold).
-    int64_t total = 0;
-    for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
-    pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
+    ProfileConfig pc = profile_config();  // cold or warm as the width-1 profile
     pc.tp_width = tp.width();
     pc.tp_rank = tp.rank();
     pc.tp = &tp;

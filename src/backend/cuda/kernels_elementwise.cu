@@ -340,12 +340,13 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
   return v > bv || (v == bv && i < bi);
 }
 
-// Napkin math: one block per row reads rows * n * 4 bytes: B=8 x 128 k = 4 MiB, ~2 µs (the
-// GEMM before it reads 1 GiB of lm_head in decode: this is noise).
-__global__ void argmax_kernel(int32_t* out, const float* logits, int n) {
+/// The block's argmax of row[0, n) in argmax_better's order: every thread returns the winner
+/// (value, index); index -1 when every value is NaN. blockDim.x a multiple of 32, <= 1024.
+__device__ void block_argmax(const float* row, int n, float* value, int* index) {
   __shared__ float sv[32];
   __shared__ int si[32];
-  const float* row = logits + static_cast<size_t>(blockIdx.x) * n;
+  __shared__ float best_v;
+  __shared__ int best_i;
   float bv = 0.0f;
   int bi = -1;
   for (int j = threadIdx.x; j < n; j += blockDim.x)
@@ -375,8 +376,21 @@ __global__ void argmax_kernel(int32_t* out, const float* logits, int n) {
         v = sv[w];
         idx = si[w];
       }
-    out[blockIdx.x] = idx < 0 ? 0 : idx;  // all NaN: index 0, as the CPU twin
+    best_v = v;
+    best_i = idx;
   }
+  __syncthreads();
+  *value = best_v;
+  *index = best_i;
+}
+
+// Napkin math: one block per row reads rows * n * 4 bytes: B=8 x 128 k = 4 MiB, ~2 µs (the
+// GEMM before it reads 1 GiB of lm_head in decode: this is noise).
+__global__ void argmax_kernel(int32_t* out, const float* logits, int n) {
+  float v;
+  int idx;
+  block_argmax(logits + static_cast<size_t>(blockIdx.x) * n, n, &v, &idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx < 0 ? 0 : idx;  // all NaN: index 0, as the CPU twin
 }
 
 void argmax_rows(int32_t* out, const float* logits, int rows, int n, cudaStream_t stream) {
@@ -388,41 +402,11 @@ void argmax_rows(int32_t* out, const float* logits, int rows, int n, cudaStream_
 // Tensor parallelism: this shard's row argmax as (value, global id), then the group's best of
 // the gathered pairs.
 __global__ void argmax_pairs_kernel(ArgmaxPair* out, const float* logits, int n, int id_offset) {
-  // argmax_kernel's reduction, line for line, keeping the winner's value too.
   const float* row = logits + static_cast<size_t>(blockIdx.x) * n;
-  float bv = 0.0f;
-  int bi = -1;
-  for (int j = threadIdx.x; j < n; j += blockDim.x)
-    if (argmax_better(row[j], j, bv, bi)) {
-      bv = row[j];
-      bi = j;
-    }
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (i >= 0 && argmax_better(v, i, bv, bi)) {
-      bv = v;
-      bi = i;
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sv[warp] = bv;
-    si[warp] = bi;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float v = sv[0];
-    int idx = si[0];
-    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
-      if (si[w] >= 0 && argmax_better(sv[w], si[w], v, idx)) {
-        v = sv[w];
-        idx = si[w];
-      }
-    out[blockIdx.x] = ArgmaxPair{idx < 0 ? row[0] : v, (idx < 0 ? 0 : idx) + id_offset};
-  }
+  float v;
+  int idx;
+  block_argmax(row, n, &v, &idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = ArgmaxPair{idx < 0 ? row[0] : v, (idx < 0 ? 0 : idx) + id_offset};
 }
 
 void argmax_pairs(ArgmaxPair* out, const float* logits, int rows, int n, int id_offset, cudaStream_t stream) {
