@@ -48,6 +48,17 @@ template <class Fn>
 void add_offline_commands(CLI::App& app) {
   // Options live as long as the process: the callbacks run inside app.parse().
   static BalanceOptions bal;
+  static DescribeOptions desc;
+
+  auto* d = app.add_subcommand("describe", "print the model's units as ppbench splits them: parameters, weight bytes, "
+                                           "KV-cache bytes and FLOPs per token (no MPI)");
+  d->add_option("--model", desc.model, "HF config.json")->required();
+  d->add_option("--dtype", desc.dtype, "bytes of a weight and a KV element: f32 | bf16 | f16")->capture_default_str();
+  d->add_option("--context", desc.context, "attended positions of the decode step whose FLOPs per token are shown")
+      ->capture_default_str();
+  d->add_option("--json", desc.json_out, "also write it as JSON to this file (an existing file only with --force)");
+  d->add_flag("--force", desc.force, "overwrite an existing --json file");
+  d->callback([] { run_and_exit([] { return describe_command(desc); }); });
   static SimulateOptions sim;
 
   auto* b = app.add_subcommand("balance", "solve the stage split offline from a results file or a latency JSON (no MPI)");

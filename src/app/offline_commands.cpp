@@ -15,12 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/dtype.h"
 #include "balance/layout.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
 #include "balance/problem.h"
 #include "balance/simulator.h"
 #include "common/error.h"
+#include "model/model_spec.h"
 #include "results/reader.h"
 #include "results/run_record.h"
 
@@ -468,6 +470,60 @@ int layout_command(const BalanceOptions& opt) {
 }
 
 }  // namespace
+
+int describe_command(const DescribeOptions& opt) {
+  const DType dtype = parse_dtype(opt.dtype);  // UserError naming --dtype
+  if (opt.context < 1 || opt.context > (1 << 24))
+    throw UserError("--context must be in [1, 16777216] attended positions, got " + std::to_string(opt.context));
+  if (!opt.json_out.empty()) check_json_out(opt.json_out, opt.model, opt.force);
+  const model::ModelSpec m = model::load_model_config(opt.model);
+  const int bytes = static_cast<int>(dtype_bytes(dtype));
+  const int U = m.num_units();
+  json units = json::array();
+  int64_t weight_total = 0, kv_total = 0;
+  std::printf("%s: %s, %d layers, hidden %d, vocab %d; %d units in %zu signatures; dtype %s; FLOPs of one token's "
+              "decode step at %d attended positions\n",
+              opt.model.c_str(), m.architecture.c_str(), m.n_layers, m.hidden, m.vocab, U, m.signatures.size(),
+              dtype_name(dtype).c_str(), opt.context);
+  std::printf("%-5s %-12s %-14s %15s %12s %14s %14s\n", "unit", "name", "signature", "params", "weights GiB",
+              "KV B/token", "GFLOP/token");
+  for (int u = 0; u < U; ++u) {
+    const model::Unit& unit = m.units[u];
+    const int64_t params = model::unit_params(m, u);
+    const int64_t weights = model::unit_resident_params(m, u) * bytes;
+    const int64_t kv = model::kv_bytes_per_token(m, u, bytes);
+    const double flops = model::unit_flops(m, u, model::Phase::decode, 1, 1, opt.context);
+    weight_total += weights;
+    kv_total += kv;
+    std::printf("%-5d %-12s %-14s %15lld %12s %14lld %14.4f\n", u, unit.name.c_str(), m.signatures[unit.signature].c_str(),
+                static_cast<long long>(params), gib(weights).c_str(), static_cast<long long>(kv), flops / 1e9);
+    units.push_back({{"name", unit.name},
+                     {"kind", unit.kind == model::UnitKind::embed ? "embed" : unit.kind == model::UnitKind::head ? "head" : "layer"},
+                     {"signature", m.signatures[unit.signature]},
+                     {"params", params},
+                     {"weight_bytes", weights},
+                     {"kv_bytes_per_token", kv},
+                     {"flops_per_token", flops}});
+  }
+  const int64_t total = model::total_params(m);
+  std::printf("total: %lld parameters (%.3f B), all active per token (dense); weights %s GiB resident over the "
+              "units (a tied head holds its own copy on its stage); KV cache %lld bytes per token and sequence\n",
+              static_cast<long long>(total), total / 1e9, gib(weight_total).c_str(), static_cast<long long>(kv_total));
+  if (!opt.json_out.empty()) {
+    json out;
+    out["model"] = opt.model;
+    out["architecture"] = m.architecture;
+    out["dtype"] = dtype_name(dtype);
+    out["context"] = opt.context;
+    out["total_params"] = total;
+    out["active_params"] = total;  // dense: every parameter acts on every token
+    out["weight_bytes"] = weight_total;
+    out["kv_bytes_per_token"] = kv_total;
+    out["units"] = units;
+    write_json_file(opt.json_out, out);
+  }
+  return 0;
+}
 
 int balance_command(const BalanceOptions& opt) {
   if (!opt.tp.empty()) return layout_command(opt);

@@ -46,6 +46,27 @@ struct SimulateOptions {
   bool force = false;               ///< --force: overwrite an existing --json file
 };
 
+/// Options of `ppbench describe --model M.json ...`.
+struct DescribeOptions {
+  std::string model;            ///< HF config.json
+  std::string dtype = "bf16";   ///< bytes per weight and KV element: f32 | bf16 | f16
+  int context = 4096;           ///< attended positions for the per-token FLOPs (a decode step at this context)
+  std::string json_out;         ///< --json FILE (an existing file only with force)
+  bool force = false;
+};
+
+/// `ppbench describe` (issue 15; no MPI, no device): the model's units as ppbench splits them,
+/// what a user checks before a run. Per unit: name, signature, parameters, resident weight
+/// bytes in `dtype`, KV-cache bytes per token and sequence, FLOPs of one token's decode step
+/// at `context` attended positions (model::unit_flops, Kaplan et al. 2020 §2.1 counts); the
+/// totals: parameters (total and active per token: equal for dense models), weight bytes and
+/// KV bytes per token. JSON: {"model", "architecture", "dtype", "context", "total_params",
+/// "active_params", "weight_bytes", "kv_bytes_per_token", "units": [{"name", "kind",
+/// "signature", "params", "weight_bytes", "kv_bytes_per_token", "flops_per_token"}]}.
+/// Returns the exit status (0). @throws ppb::UserError on an unreadable or unsupported config, a
+///         bad --dtype or --context.
+int describe_command(const DescribeOptions& opt);
+
 /// Reads a balance problem from `path`: a results file (.h5: /profile/latency_ms [world][U][2]
 /// combined by `objective` with G from /config/workload, unit names/weight/KV bytes from
 /// /profile, activation bytes B*(P+G)*hidden*dtype from the config) or a latency JSON:

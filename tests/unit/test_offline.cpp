@@ -406,6 +406,43 @@ TEST_F(OfflineTest, TpAutoSaysWhatOneMoreDeviceBuys) {
   EXPECT_NE(error_of([&] { balance_command(bad); }).find("/profile/tp"), std::string::npos);
 }
 
+/// `ppbench describe` (issue 15): the units as ppbench splits them, with the published total
+/// (Llama-3.1-8B: 8,030,261,248 parameters, its model card's 8.03 B), per-unit numbers that sum
+/// to it, and the KV bytes per token of GQA (8 KV heads x 128 x 2 x 2 bytes per layer in bf16).
+TEST_F(OfflineTest, DescribeListsUnitsWithThePublishedTotal) {
+  DescribeOptions o;
+  o.model = std::string(PPB_MODELS_DIR) + "/llama-3.1-8b.json";
+  o.json_out = (dir_ / "describe.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(describe_command(o), 0);
+  const std::string text = testing::internal::GetCapturedStdout();
+  EXPECT_NE(text.find("8030261248 parameters"), std::string::npos) << text;
+  const auto j = read(o.json_out);
+  EXPECT_EQ(j["total_params"].get<int64_t>(), 8030261248);
+  EXPECT_EQ(j["active_params"].get<int64_t>(), 8030261248);
+  ASSERT_EQ(j["units"].size(), 34u);  // embed, 32 layers, head
+  int64_t sum = 0, kv = 0;
+  for (const auto& u : j["units"]) {
+    sum += u["params"].get<int64_t>();
+    kv += u["kv_bytes_per_token"].get<int64_t>();
+  }
+  EXPECT_EQ(sum, 8030261248);
+  EXPECT_EQ(j["units"][1]["kv_bytes_per_token"].get<int64_t>(), 2 * 8 * 128 * 2);
+  EXPECT_EQ(kv, 32 * 2 * 8 * 128 * 2);
+  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), kv);
+  EXPECT_EQ(j["units"][0]["kind"], "embed");
+  EXPECT_EQ(j["units"][33]["kind"], "head");
+  // A decode step of a layer at context C: 2 x matmul params + 4 x 32 heads x 128 x C.
+  const double layer = j["units"][1]["params"].get<double>() - 2 * 4096;  // less the two norms
+  EXPECT_DOUBLE_EQ(j["units"][1]["flops_per_token"].get<double>(), 2 * layer + 4.0 * 32 * 128 * 4096);
+  o.dtype = "f8";
+  o.json_out.clear();
+  EXPECT_NE(error_of([&] { describe_command(o); }).find("f8"), std::string::npos);
+  o.dtype = "bf16";
+  o.context = 0;
+  EXPECT_NE(error_of([&] { describe_command(o); }).find("--context"), std::string::npos);
+}
+
 TEST_F(OfflineTest, SimulateListsPartitionsInRunOrder) {
   SimulateOptions o;
   o.input = (dir_ / "run.h5").string();
