@@ -641,7 +641,7 @@ TEST(RunE2E, CommandLineErrorsExitTwo) {
   // Without MPI: an unknown command and negative values of the offline tools.
   const std::string bin = PPBENCH_BIN " ";
   std::vector<BadCase> cases{
-      {"unknown command", 1, "bogus", "unknown command 'bogus'; expected one of: run, profile, report, balance, simulate"},
+      {"unknown command", 1, "bogus", "unknown command 'bogus'; expected one of: run, profile, report, describe, balance, simulate"},
       {"negative stages", 1, "balance tests/data/tiny-llama.json --stages -1", "--stages: must be a number >= 0, got '-1'"},
       {"negative bandwidth", 1, "balance tests/data/tiny-llama.json --link-bandwidth -5", "--link-bandwidth"},
       {"negative memory", 1, "balance tests/data/tiny-llama.json --memory-limit -1", "--memory-limit"},
