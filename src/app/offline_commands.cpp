@@ -342,33 +342,23 @@ namespace {
 
 /// The groups a layout of `devices` devices like the file's may use: every run of w consecutive
 /// devices for w = 1 and each width the file profiled (/profile/tp), with the cost row of rank
-/// 0 (w = 1) or of the profiled group (w > 1), and w x rank 0's memory.
+/// 0 (w = 1) or of the first profiled group of that width (w > 1), and w x rank 0's memory.
 std::vector<balance::GroupCandidate> offline_groups(const RunRecord& run, const BalanceProblem& p, balance::Objective o,
                                                    int devices) {
-  const size_t U = run.profile.unit_name.size();
-  std::vector<balance::GroupCandidate> out;
+  // `devices` copies of rank 0 (one class, its row and memory), with one profile per width.
+  BalanceProblem like = p;
+  like.device_row.assign(devices, p.row_of(0));
+  if (!p.device_memory_bytes.empty()) like.device_memory_bytes.assign(devices, p.device_memory_bytes[0]);
+  RunRecord first;  // what layout_candidates reads: the width profiles and G
+  first.workload.gen_len = run.workload.gen_len;
   std::vector<int> widths = {1};
-  for (const auto& g : run.profile.tp)
-    if (std::find(widths.begin(), widths.end(), g.width) == widths.end()) widths.push_back(g.width);
-  for (int r = 0; r < devices; ++r)
-    for (int w : widths) {
-      if (r + w > devices) continue;
-      balance::GroupCandidate c;
-      c.first = r;
-      c.width = w;
-      if (w == 1) {
-        c.cost = p.cost[p.row_of(0)];
-      } else {
-        const auto it = std::find_if(run.profile.tp.begin(), run.profile.tp.end(),
-                                     [&](const ProfileTable::TpGroupProfile& g) { return g.width == w; });
-        for (size_t u = 0; u < U; ++u)
-          c.cost.push_back(balance::objective_cost(o, it->latency_ms[2 * u],
-                                                   it->latency_ms[2 * u + 1], run.workload.gen_len));
-      }
-      if (!p.device_memory_bytes.empty()) c.memory_bytes = p.device_memory_bytes[0] * w;
-      out.push_back(std::move(c));
-    }
-  return out;
+  for (const auto& g : run.profile.tp) {
+    if (std::find(widths.begin(), widths.end(), g.width) != widths.end()) continue;
+    widths.push_back(g.width);
+    first.profile.tp.push_back(g);
+    first.profile.tp.back().first_rank = 0;
+  }
+  return balance::layout_candidates(first, like, o, std::vector<int>(devices, 0), widths);
 }
 
 std::string layout_text(const balance::Partition& part) {

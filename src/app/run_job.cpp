@@ -1174,33 +1174,10 @@ class RunJob {
   /// consecutive identical ranks at width 1 and at the profiled widths (balance::solve_layout:
   /// the smallest bottleneck, then spread, then fewer stages), recorded in run_.tp_auto_layout.
   std::vector<int> choose_layout(const balance::BalanceProblem& prob) {
-    const std::vector<int>& classes = equivalence_.device_class;
-    std::vector<balance::GroupCandidate> groups;
-    const size_t U = static_cast<size_t>(spec_.num_units());
     std::vector<int> widths = {1};
     widths.insert(widths.end(), auto_widths_.begin(), auto_widths_.end());
-    for (int r = 0; r < S_; ++r)
-      for (int w : widths) {
-        if (r + w > S_) continue;
-        balance::GroupCandidate g;
-        g.first = r;
-        g.width = w;
-        if (w == 1) {
-          g.cost = prob.cost[prob.row_of(r)];
-        } else {
-          const ProfileTable::TpGroupProfile* tp = balance::group_profile(run_, classes, r, w);
-          if (!tp) continue;  // mixes device classes
-          for (size_t u = 0; u < U; ++u)
-            g.cost.push_back(balance::objective_cost(objective_, tp->latency_ms[2 * u], tp->latency_ms[2 * u + 1], opt_.gen_len));
-        }
-        if (!prob.device_memory_bytes.empty()) {
-          int64_t smallest = std::numeric_limits<int64_t>::max();
-          for (int q = r; q < r + w; ++q) smallest = std::min(smallest, prob.device_memory_bytes[q]);
-          g.memory_bytes = smallest * w;
-        }
-        groups.push_back(std::move(g));
-      }
-    const balance::Partition best = balance::solve_layout(prob, groups, S_);
+    const balance::Partition best = balance::solve_layout(
+        prob, balance::layout_candidates(run_, prob, objective_, equivalence_.device_class, widths), S_);
     run_.tp_auto_layout = balance::layout_label(best.tp_width);
     progress_.say("--tp auto: the balancer chose widths " + run_.tp_auto_layout + " (" + best.counts_string() +
                   " units per stage), predicted bottleneck " + format_fixed(best.bottleneck_ms, 2) + " ms");

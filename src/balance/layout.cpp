@@ -124,6 +124,44 @@ std::vector<std::pair<int, int>> auto_layout_groups(const std::vector<int>& clas
   return out;
 }
 
+namespace {
+
+/// A group profile's [U] cost row in objective `o` (ms).
+std::vector<double> group_cost_row(const ProfileTable::TpGroupProfile& g, Objective o, int gen_len) {
+  std::vector<double> row(g.latency_ms.size() / 2);
+  for (size_t u = 0; u < row.size(); ++u) row[u] = objective_cost(o, g.latency_ms[2 * u], g.latency_ms[2 * u + 1], gen_len);
+  return row;
+}
+
+}  // namespace
+
+std::vector<GroupCandidate> layout_candidates(const RunRecord& run, const BalanceProblem& p, Objective o,
+                                              const std::vector<int>& classes, const std::vector<int>& widths) {
+  const int D = static_cast<int>(classes.size());
+  std::vector<GroupCandidate> out;
+  for (int d = 0; d < D; ++d)
+    for (int w : widths) {
+      if (d + w > D) continue;
+      GroupCandidate g;
+      g.first = d;
+      g.width = w;
+      if (w == 1) {
+        g.cost = p.cost[p.row_of(d)];
+      } else {
+        const ProfileTable::TpGroupProfile* tp = group_profile(run, classes, d, w);
+        if (!tp) continue;  // mixes device classes, or no profile at w
+        g.cost = group_cost_row(*tp, o, run.workload.gen_len);
+      }
+      if (!p.device_memory_bytes.empty()) {
+        int64_t smallest = std::numeric_limits<int64_t>::max();
+        for (int q = d; q < d + w; ++q) smallest = std::min(smallest, p.device_memory_bytes[q]);
+        g.memory_bytes = smallest * w;
+      }
+      out.push_back(std::move(g));
+    }
+  return out;
+}
+
 BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vector<int>& widths) {
   const BalanceProblem base = problem_from_run(run, o);
   const int R = base.devices();
@@ -153,8 +191,7 @@ BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vect
       if (it == nullptr || it->latency_ms.size() != 2 * U)
         throw UserError("layout " + layout_label(widths) + ": the ranks " + std::to_string(first) + ".." +
                         std::to_string(first + w - 1) + " were not profiled together at width " + std::to_string(w));
-      for (size_t u = 0; u < U; ++u)
-        p.cost[k][u] = objective_cost(o, it->latency_ms[2 * u], it->latency_ms[2 * u + 1], run.workload.gen_len);
+      p.cost[k] = group_cost_row(*it, o, run.workload.gen_len);
     }
     if (!base.device_memory_bytes.empty()) {
       int64_t smallest = std::numeric_limits<int64_t>::max();

@@ -58,6 +58,15 @@ const ProfileTable::TpGroupProfile* group_profile(const RunRecord& run, const st
 /// class, the first w consecutive ranks of that class; (first rank, width).
 std::vector<std::pair<int, int>> auto_layout_groups(const std::vector<int>& classes, const std::vector<int>& widths);
 
+struct GroupCandidate;
+/// The groups a layout search may place stages on: for each device d in [0, classes.size()) and
+/// each width w of `widths` with d + w devices, devices d .. d + w - 1 when they are of one
+/// class; cost row (objective `o`, ms): p's row of device d at width 1, group_profile's at w > 1
+/// (skipped where there is none); memory: w x the smallest of p.device_memory_bytes over them
+/// (one entry per device; empty = unlimited).
+std::vector<GroupCandidate> layout_candidates(const RunRecord& run, const BalanceProblem& p, Objective o,
+                                              const std::vector<int>& classes, const std::vector<int>& widths);
+
 /// One group of devices a stage may run on in the layout search: devices first .. first +
 /// width - 1, its cost row [U] (objective ms, compute only) and its memory (bytes; <= 0 =
 /// unlimited).
