@@ -96,7 +96,7 @@ std::string flag_suggestions(const CLI::App& app, const std::vector<std::string>
 /// Options of `run` and `profile`: the model, the workload the profile is shaped by, device
 /// and output.
 void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
-  sc.add_option("-m,--model", opt.model_path, "Hugging Face config.json of a dense decoder model (inputs/models/*.json)")
+  sc.add_option("-m,--model", opt.model_path, "Hugging Face config.json of a decoder model, dense or mixture-of-experts (inputs/models/*.json; `ppbench describe` lists its units)")
       ->required();
   sc.add_option("-b,--batch", opt.batch, "B: sequences per request group (micro-batch)")->capture_default_str();
   sc.add_option("-p,--prompt-len", opt.prompt_len, "P: prompt tokens per sequence (prefill)")->capture_default_str();

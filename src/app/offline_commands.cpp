@@ -475,30 +475,51 @@ int describe_command(const DescribeOptions& opt) {
               "decode step at %d attended positions\n",
               opt.model.c_str(), m.architecture.c_str(), m.n_layers, m.hidden, m.vocab, U, m.signatures.size(),
               dtype_name(dtype).c_str(), opt.context);
-  std::printf("%-5s %-12s %-14s %15s %12s %14s %14s\n", "unit", "name", "signature", "params", "weights GiB",
-              "KV B/token", "GFLOP/token");
+  std::printf("%-5s %-12s %-14s %15s %15s %12s %14s %14s\n", "unit", "name", "signature", "params", "active params",
+              "weights GiB", "KV B/token", "GFLOP/token");
   for (int u = 0; u < U; ++u) {
     const model::Unit& unit = m.units[u];
     const int64_t params = model::unit_params(m, u);
+    const int64_t active = model::unit_active_params(m, u);
     const int64_t weights = model::unit_resident_params(m, u) * bytes;
     const int64_t kv = model::kv_bytes_per_token(m, u, bytes);
     const double flops = model::unit_flops(m, u, model::Phase::decode, 1, 1, opt.context);
     weight_total += weights;
     kv_total += kv;
-    std::printf("%-5d %-12s %-14s %15lld %12s %14lld %14.4f\n", u, unit.name.c_str(), m.signatures[unit.signature].c_str(),
-                static_cast<long long>(params), gib(weights).c_str(), static_cast<long long>(kv), flops / 1e9);
+    std::printf("%-5d %-12s %-14s %15lld %15lld %12s %14lld %14.4f\n", u, unit.name.c_str(),
+                m.signatures[unit.signature].c_str(), static_cast<long long>(params), static_cast<long long>(active),
+                gib(weights).c_str(), static_cast<long long>(kv), flops / 1e9);
     units.push_back({{"name", unit.name},
                      {"kind", unit.kind == model::UnitKind::embed ? "embed" : unit.kind == model::UnitKind::head ? "head" : "layer"},
                      {"signature", m.signatures[unit.signature]},
                      {"params", params},
+                     {"active_params", active},
                      {"weight_bytes", weights},
                      {"kv_bytes_per_token", kv},
                      {"flops_per_token", flops}});
   }
-  const int64_t total = model::total_params(m);
-  std::printf("total: %lld parameters (%.3f B), all active per token (dense); weights %s GiB resident over the "
-              "units (a tied head holds its own copy on its stage); KV cache %lld bytes per token and sequence\n",
-              static_cast<long long>(total), total / 1e9, gib(weight_total).c_str(), static_cast<long long>(kv_total));
+  const int64_t total = model::total_params(m), active = model::active_params(m), mtp = model::mtp_params(m);
+  // Layers by kind, e.g. "3 dense + 58 MoE (256 experts, top 8, 1 shared)".
+  int n_moe = 0;
+  const model::LayerShape* moe_shape = nullptr;
+  for (const model::LayerShape& l : m.layers)
+    if (l.is_moe()) {
+      ++n_moe;
+      moe_shape = &l;
+    }
+  if (moe_shape != nullptr)
+    std::printf("layers: %d dense + %d mixture-of-experts (%d routed experts of width %d, top %d, %d shared)%s\n",
+                m.n_layers - n_moe, n_moe, moe_shape->moe.n_experts, moe_shape->moe.expert_intermediate,
+                moe_shape->moe.top_k, moe_shape->moe.n_shared,
+                m.layers.back().is_mla() ? "; multi-head latent attention" : "");
+  if (mtp > 0)
+    std::printf("multi-token prediction: %d module(s), %lld parameters (counted in the total; not a unit)\n",
+                m.mtp_modules, static_cast<long long>(mtp));
+  std::printf("total: %lld parameters (%.3f B); active per token %lld (%.3f B: what one token's forward multiplies "
+              "by, the embedding table aside); weights %s GiB resident over the units (a tied head holds its own "
+              "copy on its stage); KV cache %lld bytes per token and sequence\n",
+              static_cast<long long>(total), total / 1e9, static_cast<long long>(active), active / 1e9,
+              gib(weight_total).c_str(), static_cast<long long>(kv_total));
   if (!opt.json_out.empty()) {
     json out;
     out["model"] = opt.model;
@@ -506,7 +527,8 @@ int describe_command(const DescribeOptions& opt) {
     out["dtype"] = dtype_name(dtype);
     out["context"] = opt.context;
     out["total_params"] = total;
-    out["active_params"] = total;  // dense: every parameter acts on every token
+    out["active_params"] = active;  // per token, without the embedding table (model_spec.h)
+    out["mtp_params"] = mtp;
     out["weight_bytes"] = weight_total;
     out["kv_bytes_per_token"] = kv_total;
     out["units"] = units;

@@ -55,7 +55,33 @@ enum class Tensor : uint64_t {
   k_norm = 16,             ///< [hd] (qk_norm)
   final_norm = 17,         ///< model.norm [H] (head unit)
   lm_head = 18,            ///< [vocab, H] (head unit, untied only)
+  // Mixture of experts (model::MoeShape). A routed expert's tensors are expert_tensor(t, e).
+  router = 19,             ///< [E, H] (mlp.gate)
+  router_bias = 20,        ///< [E] (gpt-oss)
+  router_correction = 21,  ///< [E] DeepSeek-V3 e_score_correction_bias (the choice only), a bias
+  expert_gate = 22,        ///< [I_e, H] per expert
+  expert_up = 23,          ///< [I_e, H]
+  expert_down = 24,        ///< [H, I_e]
+  expert_gate_bias = 25,   ///< [I_e] (gpt-oss)
+  expert_up_bias = 26,     ///< [I_e]
+  expert_down_bias = 27,   ///< [H]
+  // Multi-head latent attention (model::MlaShape); o_proj is Tensor::o_proj [H, n_heads * v].
+  q_a_proj = 28,           ///< [q_lora, H]
+  q_a_norm = 29,           ///< [q_lora]
+  q_b_proj = 30,           ///< [n_heads * (qk_nope + qk_rope), q_lora] (q_lora == 0: Tensor::q_proj [., H])
+  kv_a_proj = 31,          ///< [kv_lora + qk_rope, H]
+  kv_a_norm = 32,          ///< [kv_lora]
+  kv_b_proj = 33,          ///< [n_heads * (qk_nope + v_head_dim), kv_lora]
+  // gpt-oss attention.
+  sinks = 34,              ///< [n_heads] a logit per head, uniform in [-1, 1)
+  o_bias = 35,             ///< [H]
 };
+
+/// The id of routed expert `expert`'s tensor t (t one of the expert_* ids): a distinct tensor per
+/// expert, so that each expert of a layer holds its own weights.
+inline Tensor expert_tensor(Tensor t, int expert) {
+  return static_cast<Tensor>(static_cast<uint64_t>(t) | ((static_cast<uint64_t>(expert) + 1) << 32));
+}
 
 /// splitmix64's output function (Steele, Lea, Flood 2014; the constants of java.util.SplittableRandom).
 PPB_HOST_DEVICE inline uint64_t mix64(uint64_t z) {

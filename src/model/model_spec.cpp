@@ -2,7 +2,8 @@
 //
 // Field meanings and defaults follow the transformers configuration classes of each family
 // (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig,
-// Phi3Config). Only what changes the shapes, the math or the cost of a unit is read.
+// Phi3Config, MixtralConfig, Qwen3MoeConfig, DeepseekV3Config, GptOssConfig). Only what changes
+// the shapes, the math or the cost of a unit is read.
 #include "model/model_spec.h"
 
 #include <algorithm>
@@ -29,7 +30,9 @@ constexpr int kMaxSize = 1 << 24;         ///< hidden, intermediate, vocab, head
 constexpr int kMaxLayers = 1 << 14;       ///< num_hidden_layers
 constexpr double kMaxParams = 1e15;       ///< the whole model (Llama-3.1-405B: 4.1e11)
 
-enum class Family { llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3 };
+constexpr int kMaxExperts = 1 << 16;     ///< routed experts of a layer (DeepSeek-V3: 256, Kimi-K2: 384)
+
+enum class Family { llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe, deepseek_v3, gpt_oss };
 
 struct ArchInfo {
   const char* architecture;  ///< architectures[0]
@@ -47,6 +50,10 @@ constexpr ArchInfo kArchs[] = {
     {"Gemma3ForCausalLM", "gemma3_text", Family::gemma3, false},
     {"Gemma3ForConditionalGeneration", "gemma3", Family::gemma3, true},
     {"Phi3ForCausalLM", "phi3", Family::phi3, false},
+    {"MixtralForCausalLM", "mixtral", Family::mixtral, false},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", Family::qwen3_moe, false},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", Family::deepseek_v3, false},
+    {"GptOssForCausalLM", "gpt_oss", Family::gpt_oss, false},
 };
 
 std::string supported_list() {
@@ -193,7 +200,7 @@ const ArchInfo& identify(const json& root, const std::string& source) {
     for (const auto& a : kArchs)
       if (name == a.architecture) return a;
     throw UserError("unsupported architecture '" + name + "' in " + source + "; supported: " +
-                    supported_list() + " (mixture-of-experts models are not supported yet)");
+                    supported_list());
   }
   auto type_it = root.find("model_type");
   if (type_it != root.end() && type_it->is_string()) {
@@ -201,8 +208,7 @@ const ArchInfo& identify(const json& root, const std::string& source) {
     for (const auto& a : kArchs)
       if (type == a.model_type) return a;
     throw UserError("unsupported model_type '" + type + "' (no 'architectures' field) in " + source +
-                    "; supported: " + supported_list() +
-                    " (mixture-of-experts models are not supported yet)");
+                    "; supported: " + supported_list());
   }
   throw UserError("model config " + source +
                   ": neither 'architectures' nor 'model_type' is given, so the architecture is "
@@ -302,6 +308,118 @@ Activation read_activation(const ConfigReader& r, bool gemma) {
          "' is not supported; supported: silu, swish, gelu_pytorch_tanh, gelu, gelu_new");
 }
 
+/// A list of distinct layer indices in [0, n_layers) (Qwen3-MoE mlp_only_layers).
+std::vector<bool> read_layer_set(const ConfigReader& r, const std::string& key, int n_layers) {
+  std::vector<bool> in(n_layers, false);
+  if (!r.has(key)) return in;
+  const json& v = r.at(key);
+  if (!v.is_array()) r.fail(r.field(key) + " must be a list of layer indices, got " + show(v));
+  for (const json& e : v) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= n_layers)
+      r.fail(r.field(key) + " must hold layer indices in [0, " + std::to_string(n_layers) + "), got " + show(e));
+    in[static_cast<size_t>(e.get<int64_t>())] = true;
+  }
+  return in;
+}
+
+/// The mixture-of-experts fields of a MoE family, and which layers are MoE ones (the others keep
+/// the dense MLP of intermediate_size). Defaults are the transformers configuration classes'.
+/// DeepSeek-V3's multi-token-prediction modules are read here too (their layer is a MoE one).
+void read_experts(const ConfigReader& r, Family fam, ModelSpec& m) {
+  if (fam != Family::mixtral && fam != Family::qwen3_moe && fam != Family::deepseek_v3 && fam != Family::gpt_oss)
+    return;
+  const int L = m.n_layers;
+  MoeShape moe;
+  std::vector<bool> moe_layer(L, true);
+  int shared_width = 0;
+  std::string experts_key;
+  switch (fam) {
+    case Family::mixtral:
+      experts_key = "num_local_experts";
+      moe.n_experts = r.positive_int_or(experts_key, 8, kMaxExperts);
+      moe.top_k = r.positive_int_or("num_experts_per_tok", 2, kMaxExperts);
+      moe.expert_intermediate = m.layers[0].intermediate;
+      moe.router = RouterKind::softmax;
+      moe.norm_topk = true;  // MixtralSparseMoeBlock always renormalises the top k
+      break;
+    case Family::qwen3_moe: {
+      experts_key = "num_experts";
+      moe.n_experts = r.positive_int_or(experts_key, 128, kMaxExperts);
+      moe.top_k = r.positive_int_or("num_experts_per_tok", 8, kMaxExperts);
+      moe.expert_intermediate = r.positive_int_or("moe_intermediate_size", 768, kMaxSize);
+      moe.router = RouterKind::softmax;
+      moe.norm_topk = r.bool_or("norm_topk_prob", false);
+      // Qwen3MoeDecoderLayer: MoE iff the layer is not in mlp_only_layers and
+      // (i + 1) % decoder_sparse_step == 0.
+      const int step = r.positive_int_or("decoder_sparse_step", 1);
+      const std::vector<bool> mlp_only = read_layer_set(r, "mlp_only_layers", L);
+      for (int i = 0; i < L; ++i) moe_layer[i] = !mlp_only[i] && (i + 1) % step == 0;
+      break;
+    }
+    case Family::deepseek_v3: {
+      experts_key = "n_routed_experts";
+      moe.n_experts = r.positive_int_or(experts_key, 256, kMaxExperts);
+      moe.top_k = r.positive_int_or("num_experts_per_tok", 8, kMaxExperts);
+      moe.expert_intermediate = r.positive_int_or("moe_intermediate_size", 2048, kMaxSize);
+      moe.n_shared = r.has("n_shared_experts") ? r.int_at_least("n_shared_experts", 0, "a non-negative integer", 1024) : 1;
+      shared_width = moe.n_shared * moe.expert_intermediate;
+      moe.router = RouterKind::sigmoid_grouped;
+      moe.norm_topk = r.bool_or("norm_topk_prob", true);
+      moe.n_group = r.positive_int_or("n_group", 8, kMaxExperts);
+      moe.topk_group = r.positive_int_or("topk_group", 4, kMaxExperts);
+      moe.routed_scaling = r.number_or("routed_scaling_factor", 2.5);
+      if (const std::string f = r.string_or("scoring_func", "sigmoid"); f != "sigmoid")
+        r.fail(r.field("scoring_func") + " '" + f + "' is not supported for DeepseekV3ForCausalLM; supported: sigmoid");
+      if (const std::string t = r.string_or("topk_method", "noaux_tc"); t != "noaux_tc")
+        r.fail(r.field("topk_method") + " '" + t + "' is not supported for DeepseekV3ForCausalLM; supported: noaux_tc");
+      if (moe.n_experts % moe.n_group != 0)
+        r.fail(r.field("n_group") + " (" + std::to_string(moe.n_group) + ") must divide n_routed_experts (" +
+               std::to_string(moe.n_experts) + ")");
+      if (moe.topk_group > moe.n_group)
+        r.fail(r.field("topk_group") + " (" + std::to_string(moe.topk_group) + ") must be at most n_group (" +
+               std::to_string(moe.n_group) + ")");
+      if (moe.top_k > moe.topk_group * (moe.n_experts / moe.n_group))
+        r.fail(r.field("num_experts_per_tok") + " (" + std::to_string(moe.top_k) + ") exceeds the " +
+               std::to_string(moe.topk_group * (moe.n_experts / moe.n_group)) +
+               " experts of the topk_group groups a token may use");
+      // DeepseekV3: layer i is MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0.
+      const int first_dense = r.has("first_k_dense_replace")
+                                  ? r.int_at_least("first_k_dense_replace", 0, "a non-negative integer")
+                                  : 3;
+      const int freq = r.positive_int_or("moe_layer_freq", 1);
+      for (int i = 0; i < L; ++i) moe_layer[i] = i >= first_dense && i % freq == 0;
+      m.mtp_modules = r.has("num_nextn_predict_layers")
+                          ? r.int_at_least("num_nextn_predict_layers", 0, "a non-negative integer", 64)
+                          : 0;
+      break;
+    }
+    case Family::gpt_oss:
+      experts_key = "num_local_experts";
+      moe.n_experts = r.positive_int_or(experts_key, 128, kMaxExperts);
+      moe.top_k = r.has("num_experts_per_tok") ? r.positive_int("num_experts_per_tok", kMaxExperts)
+                                                : r.positive_int_or("experts_per_token", 4, kMaxExperts);
+      moe.expert_intermediate = m.layers[0].intermediate;
+      moe.router = RouterKind::topk_softmax;
+      moe.router_bias = true;
+      moe.expert_bias = true;
+      break;
+    default:
+      return;
+  }
+  if (moe.top_k > moe.n_experts)
+    r.fail(r.field("num_experts_per_tok") + " (" + std::to_string(moe.top_k) + ") exceeds " + r.field(experts_key) +
+           " (" + std::to_string(moe.n_experts) + ")");
+  for (int i = 0; i < L; ++i) {
+    if (!moe_layer[i]) continue;
+    m.layers[i].moe = moe;
+    m.layers[i].intermediate = shared_width;
+  }
+  if (m.mtp_modules > 0) {
+    // The MTP module's layer is a full decoder layer of the model's last kind (DeepSeek-V3: MoE).
+    m.mtp_shape = m.layers[L - 1];
+  }
+}
+
 /// Names the signatures and assigns every unit its signature (see the header's contract).
 void assign_signatures(ModelSpec& m) {
   std::vector<int> shape_of(m.n_layers);  // index into `distinct`
@@ -312,12 +430,23 @@ void assign_signatures(ModelSpec& m) {
     if (k == static_cast<int>(distinct.size())) distinct.push_back(i);
     shape_of[i] = k;
   }
+  // Named by what tells the shapes apart: "dense"/"moe" where both kinds occur (DeepSeek-V3's
+  // first layers), "global"/"local" where the attention window differs; a counter for the rest.
   std::vector<std::string> names;
   if (distinct.size() == 1) {
     names.push_back("layer");
   } else {
-    for (int first : distinct)
-      names.push_back(m.layers[first].sliding_window == 0 ? "layer.global" : "layer.local");
+    bool mixed_moe = false, mixed_window = false;
+    for (int first : distinct) {
+      mixed_moe |= m.layers[first].is_moe() != m.layers[distinct[0]].is_moe();
+      mixed_window |= (m.layers[first].sliding_window == 0) != (m.layers[distinct[0]].sliding_window == 0);
+    }
+    for (int first : distinct) {
+      std::string name = "layer";
+      if (mixed_moe) name += m.layers[first].is_moe() ? ".moe" : ".dense";
+      if (mixed_window || !mixed_moe) name += m.layers[first].sliding_window == 0 ? ".global" : ".local";
+      names.push_back(name);
+    }
     std::vector<std::string> base = names;
     for (size_t k = 0; k < names.size(); ++k) {
       if (std::count(base.begin(), base.end(), base[k]) > 1) {
@@ -354,20 +483,81 @@ void check_positive(int value, const char* name) {
   if (value <= 0) throw InternalError(std::string(name) + " must be positive, got " + std::to_string(value));
 }
 
-/// Weights of the matmuls of a layer: q, k, v, o and the gated MLP (gate, up, down).
-int64_t layer_matmul_params(const LayerShape& s) {
-  int64_t h = s.hidden, q = int64_t{s.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim;
-  return h * q + 2 * h * kv + q * h + 3 * h * s.intermediate;
+/// Attention weights of a layer (projections, biases, q/k norms, sinks; MLA's low-rank
+/// projections and their norms), in T (int64_t for counts, double for the size bound).
+template <class T>
+T attention_params(const LayerShape& s) {
+  const T h = s.hidden, nh = s.n_heads;
+  if (s.is_mla()) {
+    const MlaShape& a = s.mla;
+    const T qk = T(a.qk_nope) + a.qk_rope;
+    const T q = a.q_lora_rank > 0 ? h * a.q_lora_rank + a.q_lora_rank + T(a.q_lora_rank) * nh * qk : h * nh * qk;
+    return q + h * (T(a.kv_lora_rank) + a.qk_rope) + a.kv_lora_rank +
+           T(a.kv_lora_rank) * nh * (T(a.qk_nope) + a.v_head_dim) + nh * a.v_head_dim * h;
+  }
+  const T q = nh * s.head_dim, kv = T(s.n_kv_heads) * s.head_dim;
+  T p = h * q + 2 * h * kv + q * h;
+  if (s.attn_bias) p += q + 2 * kv;
+  if (s.o_bias) p += h;
+  if (s.qk_norm) p += 2 * T(s.head_dim);
+  if (s.attn_sinks) p += nh;
+  return p;
 }
 
-/// All weights of a layer: matmuls + q/k/v biases + RMSNorm weights.
-int64_t layer_params(const LayerShape& s) {
-  int64_t q = int64_t{s.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim;
-  int64_t p = layer_matmul_params(s);
-  if (s.attn_bias) p += q + 2 * kv;
-  p += (s.sandwich_norm ? 4 : 2) * int64_t{s.hidden};
-  if (s.qk_norm) p += 2 * int64_t{s.head_dim};
+/// One routed expert's weights: gate, up, down (+ gpt-oss's biases).
+template <class T>
+T expert_params(const LayerShape& s) {
+  const T h = s.hidden, ie = s.moe.expert_intermediate;
+  return 3 * h * ie + (s.moe.expert_bias ? 2 * ie + h : T(0));
+}
+
+/// The MLP's weights with `experts` of the routed experts counted (all: the layer; top_k: what
+/// one token multiplies by): the dense MLP or shared experts, the router and its biases.
+template <class T>
+T mlp_params(const LayerShape& s, int experts) {
+  const T h = s.hidden;
+  T p = 3 * h * T(s.intermediate);
+  if (s.is_moe()) {
+    const T e = s.moe.n_experts;
+    p += e * h + (s.moe.router_bias ? e : T(0)) + (s.moe.router == RouterKind::sigmoid_grouped ? e : T(0)) +
+         T(experts) * expert_params<T>(s);
+  }
   return p;
+}
+
+/// All weights of a layer with `experts` routed experts counted: attention, MLP, RMSNorms.
+template <class T>
+T layer_params_t(const LayerShape& s, int experts) {
+  return attention_params<T>(s) + mlp_params<T>(s, experts) + (s.sandwich_norm ? 4 : 2) * T(s.hidden);
+}
+
+int64_t layer_params(const LayerShape& s) { return layer_params_t<int64_t>(s, s.moe.n_experts); }
+
+/// Weights one token's forward multiplies by (matmuls only: the FLOP count's 2 * params).
+/// MLA in its absorbed form applies W_kvb once per token too (folded into q and the output).
+double layer_matmul_params_per_token(const LayerShape& s) {
+  const double h = s.hidden, nh = s.n_heads;
+  double attn = 0.0;
+  if (s.is_mla()) {
+    const MlaShape& a = s.mla;
+    const double qk = static_cast<double>(a.qk_nope) + a.qk_rope;
+    attn = (a.q_lora_rank > 0 ? h * a.q_lora_rank + a.q_lora_rank * nh * qk : h * nh * qk) +
+           h * (a.kv_lora_rank + a.qk_rope) + a.kv_lora_rank * nh * (static_cast<double>(a.qk_nope) + a.v_head_dim) +
+           nh * a.v_head_dim * h;
+  } else {
+    const double q = nh * s.head_dim, kv = static_cast<double>(s.n_kv_heads) * s.head_dim;
+    attn = h * q + 2 * h * kv + q * h;
+  }
+  double mlp = 3 * h * s.intermediate;
+  if (s.is_moe()) mlp += s.moe.n_experts * h + s.moe.top_k * 3 * h * static_cast<double>(s.moe.expert_intermediate);
+  return attn + mlp;
+}
+
+/// FLOPs of attention per query token and attended position: QK^T and AV, 2 FLOPs per MAC.
+/// MLA (absorbed): scores over kv_lora_rank + qk_rope features, values over kv_lora_rank.
+double attention_flops_per_position(const LayerShape& s) {
+  if (s.is_mla()) return 2.0 * s.n_heads * (2.0 * s.mla.kv_lora_rank + s.mla.qk_rope);
+  return 4.0 * s.n_heads * s.head_dim;
 }
 
 /// Sum over q = a+1 .. b of min(window, q) (window 0 = no cap): the key positions attended by
@@ -439,8 +629,23 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   if (n_heads % n_kv != 0)
     r.fail(r.field("num_key_value_heads") + " (" + std::to_string(n_kv) +
            ") must divide num_attention_heads (" + std::to_string(n_heads) + ")");
+  // Multi-head latent attention (DeepseekV3Config's defaults for missing keys; q_lora_rank null:
+  // a direct q_proj, as DeepSeek-V2-Lite).
+  MlaShape mla;
+  if (fam == Family::deepseek_v3) {
+    mla.q_lora_rank = r.has("q_lora_rank") ? r.positive_int("q_lora_rank", kMaxSize) : 0;
+    if (!cfg->contains("q_lora_rank")) mla.q_lora_rank = 1536;
+    mla.kv_lora_rank = r.positive_int_or("kv_lora_rank", 512, kMaxSize);
+    mla.qk_nope = r.positive_int_or("qk_nope_head_dim", 128, kMaxSize);
+    mla.qk_rope = r.positive_int_or("qk_rope_head_dim", 64, kMaxSize);
+    mla.v_head_dim = r.positive_int_or("v_head_dim", 128, kMaxSize);
+    if (mla.qk_rope % 2 != 0)
+      r.fail(r.field("qk_rope_head_dim") + " must be even (RoPE rotates pairs), got " + std::to_string(mla.qk_rope));
+  }
   int head_dim = 0;
-  if (r.has("head_dim")) {
+  if (fam == Family::deepseek_v3) {
+    head_dim = mla.qk_nope + mla.qk_rope;  // the q.k width of every head
+  } else if (r.has("head_dim")) {
     head_dim = r.positive_int("head_dim", kMaxSize);
   } else {
     if (m.hidden % n_heads != 0)
@@ -449,19 +654,11 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
              ") and no head_dim is given");
     head_dim = m.hidden / n_heads;
   }
-  // Every size is <= 2^24, but products of three still overflow int64: bound the whole model
-  // (in double) before any count is formed. Same terms as layer_params / unit_params.
   const double q_width = static_cast<double>(n_heads) * head_dim;
-  const double kv_width = static_cast<double>(n_kv) * head_dim;
-  const double layer_bound = static_cast<double>(m.hidden) * (2.0 * q_width + 2.0 * kv_width + 3.0 * intermediate) +
-                             q_width + 2.0 * kv_width + 4.0 * m.hidden + 2.0 * head_dim;
-  const double params_bound = m.n_layers * layer_bound + 2.0 * m.vocab * static_cast<double>(m.hidden) + m.hidden;
-  if (q_width > kMaxSize || params_bound > kMaxParams) {
+  if (q_width > kMaxSize) {
     std::ostringstream os;
     os << "the sizes give " << n_heads << " x " << head_dim << " = " << q_width
-       << " query features per token (at most " << kMaxSize << ") and about " << params_bound
-       << " parameters (at most " << kMaxParams << "): hidden_size, intermediate_size, "
-       << "vocab_size, num_attention_heads, head_dim or num_hidden_layers is absurd";
+       << " query features per token (at most " << kMaxSize << "): num_attention_heads or head_dim is absurd";
     r.fail(os.str());
   }
 
@@ -487,17 +684,40 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   base.n_kv_heads = n_kv;
   base.head_dim = head_dim;
   base.intermediate = intermediate;
-  base.attn_bias = fam == Family::qwen2 || r.bool_or("attention_bias", false);  // Qwen2: q/k/v bias always
-  base.qk_norm = fam == Family::qwen3 || fam == Family::gemma3;
+  const bool gpt_oss = fam == Family::gpt_oss;
+  // Qwen2: q/k/v bias always; gpt-oss: q/k/v/o biases unless attention_bias is false.
+  base.attn_bias = fam == Family::qwen2 || r.bool_or("attention_bias", gpt_oss);
+  base.o_bias = gpt_oss && base.attn_bias;
+  base.attn_sinks = gpt_oss;
+  base.qk_norm = fam == Family::qwen3 || fam == Family::qwen3_moe || fam == Family::gemma3;
   base.sandwich_norm = gemma;
   base.norm_plus_one = gemma;
-  base.act = read_activation(r, gemma);
+  if (gpt_oss) {
+    base.act = Activation::swiglu_clamped;
+    base.swiglu_limit = r.number_or("swiglu_limit", 7.0);
+  } else {
+    base.act = read_activation(r, gemma);
+  }
   base.rms_eps = m.rms_eps;
   base.attn_scale = gemma && r.has("query_pre_attn_scalar")
                         ? 1.0 / std::sqrt(r.number_or("query_pre_attn_scalar", 0.0))
                         : 1.0 / std::sqrt(static_cast<double>(head_dim));
   base.attn_softcap = attn_softcap;
   base.rope = read_rope(r);
+  base.mla = mla;
+  if (fam == Family::deepseek_v3) {
+    // DeepseekV3Attention: 1/sqrt(qk_nope + qk_rope), times mscale^2 with YaRN's
+    // mscale = 0.1 * mscale_all_dim * ln(factor) + 1 when rope_scaling gives mscale_all_dim.
+    base.attn_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+    if (r.has("rope_scaling") && r.at("rope_scaling").is_object()) {
+      const json& rs = r.at("rope_scaling");
+      const double factor = rs.value("factor", 1.0), all_dim = rs.value("mscale_all_dim", 0.0);
+      if (all_dim > 0.0 && factor > 1.0) {
+        const double mscale = 0.1 * all_dim * std::log(factor) + 1.0;
+        base.attn_scale *= mscale * mscale;
+      }
+    }
+  }
   // Not modelled: Llama's mlp_bias and Phi-3/4's partial_rotary_factor change neither a
   // matmul shape nor the cost visibly (mlp biases are hidden + 2 * intermediate parameters).
 
@@ -508,13 +728,17 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   switch (fam) {
     case Family::llama:
       break;
+    case Family::deepseek_v3:
+      break;
     case Family::mistral:
+    case Family::mixtral:
     case Family::phi3:
       window = r.window_or("sliding_window", 0);
       sliding.assign(m.n_layers, true);
       break;
     case Family::qwen2:
     case Family::qwen3:
+    case Family::qwen3_moe:
       // HF: the window exists only with use_sliding_window; then layers i >= max_window_layers
       // use it (Qwen2Config defaults: sliding_window 4096, max_window_layers 28).
       if (r.bool_or("use_sliding_window", false)) {
@@ -527,6 +751,15 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
                         : 28;
           for (int i = 0; i < m.n_layers; ++i) sliding[i] = i >= mwl;
         }
+      }
+      break;
+    case Family::gpt_oss:
+      // GptOssConfig: even layers sliding (window 128), odd layers full, unless layer_types says.
+      window = r.window_or("sliding_window", 128);
+      if (has_layer_types) {
+        sliding = read_layer_types(r, m.n_layers);
+      } else {
+        for (int i = 0; i < m.n_layers; ++i) sliding[i] = i % 2 == 0;
       }
       break;
     case Family::gemma2:
@@ -565,6 +798,20 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
       m.layers[i].rope = local_rope;
     }
   }
+  read_experts(r, fam, m);
+
+  // Every size is <= 2^24 (experts <= 2^16), but products of them still overflow int64: bound
+  // the whole model in double, with the very terms of the counts, before any count is formed.
+  double params_bound = 2.0 * m.vocab * static_cast<double>(m.hidden) + m.hidden;
+  for (const LayerShape& l : m.layers) params_bound += layer_params_t<double>(l, l.moe.n_experts);
+  params_bound += m.mtp_modules * (layer_params_t<double>(m.mtp_shape, m.mtp_shape.moe.n_experts) +
+                                   2.0 * m.hidden * static_cast<double>(m.hidden) + 3.0 * m.hidden);
+  if (params_bound > kMaxParams) {
+    std::ostringstream os;
+    os << "the sizes give about " << params_bound << " parameters (at most " << kMaxParams
+       << "): hidden_size, intermediate_size, vocab_size, the experts or num_hidden_layers is absurd";
+    r.fail(os.str());
+  }
   assign_signatures(m);
   return m;
 }
@@ -598,10 +845,42 @@ int64_t unit_resident_params(const ModelSpec& m, int unit) {
   return unit_params(m, unit);
 }
 
+int64_t mtp_params(const ModelSpec& m) {
+  if (m.mtp_modules == 0) return 0;
+  const int64_t h = m.hidden;
+  // enorm, hnorm, eh_proj [H, 2H], the decoder layer, shared_head.norm (DeepSeek-V3 README_WEIGHTS).
+  return m.mtp_modules * (2 * h + 2 * h * h + layer_params(m.mtp_shape) + h);
+}
+
 int64_t total_params(const ModelSpec& m) {
-  int64_t sum = 0;
+  int64_t sum = mtp_params(m);
   for (int u = 0; u < m.num_units(); ++u) sum += unit_params(m, u);
   return sum;
+}
+
+int64_t unit_active_params(const ModelSpec& m, int unit) {
+  const Unit& u = unit_at(m, unit);
+  switch (u.kind) {
+    case UnitKind::embed: return 0;  // a token reads one row of the table
+    case UnitKind::layer: {
+      const LayerShape& s = m.layers[u.layer];
+      return layer_params_t<int64_t>(s, s.moe.top_k);
+    }
+    case UnitKind::head: return unit_resident_params(m, unit);  // a tied head multiplies by the table too
+  }
+  return 0;
+}
+
+int64_t active_params(const ModelSpec& m) {
+  int64_t sum = 0;
+  for (int u = 0; u < m.num_units(); ++u) sum += unit_active_params(m, u);
+  return sum;
+}
+
+double expected_distinct_experts(const LayerShape& s, double rows) {
+  if (!s.is_moe() || rows <= 0.0) return 0.0;
+  const double n = s.moe.n_experts, k = s.moe.top_k;
+  return n * (1.0 - std::pow(1.0 - k / n, rows));
 }
 
 int64_t kv_bytes_per_token(const ModelSpec& m, int unit, int dtype_bytes) {
@@ -609,6 +888,7 @@ int64_t kv_bytes_per_token(const ModelSpec& m, int unit, int dtype_bytes) {
   check_positive(dtype_bytes, "dtype_bytes");
   if (u.kind != UnitKind::layer) return 0;
   const LayerShape& s = m.layers[u.layer];
+  if (s.is_mla()) return (int64_t{s.mla.kv_lora_rank} + s.mla.qk_rope) * dtype_bytes;  // the latent and k_rope
   return 2 * int64_t{s.n_kv_heads} * s.head_dim * dtype_bytes;
 }
 
@@ -639,10 +919,10 @@ double unit_flops(const ModelSpec& m, int unit, Phase phase, int batch, int toke
     }
     case UnitKind::layer: {
       const LayerShape& s = m.layers[u.layer];
-      const double matmul = 2.0 * static_cast<double>(layer_matmul_params(s)) * t;
-      // QK^T and AV: 2 + 2 FLOPs per head dim per attended (query, key) pair.
-      const double attn = 4.0 * s.n_heads * s.head_dim *
-                          attended_positions(context - tokens, context, s.sliding_window);
+      const double matmul = 2.0 * layer_matmul_params_per_token(s) * t;
+      // QK^T and AV per attended (query, key) pair.
+      const double attn =
+          attention_flops_per_position(s) * attended_positions(context - tokens, context, s.sliding_window);
       return b * (matmul + attn);
     }
   }
@@ -677,7 +957,12 @@ double unit_bytes_moved(const ModelSpec& m, int unit, Phase phase, int batch, in
       int window = m.layers[u.layer].sliding_window;
       int64_t positions = window > 0 ? std::min<int64_t>(context, int64_t{window} + tokens - 1) : context;
       const double kv_row = static_cast<double>(kv_bytes_per_token(m, unit, dtype_bytes));
-      return static_cast<double>(unit_resident_params(m, unit)) * d +
+      const LayerShape& s = m.layers[u.layer];
+      // A MoE layer reads the experts its tokens reach, not all of them.
+      const double unread_experts = s.is_moe() ? s.moe.n_experts - expected_distinct_experts(s, rows) : 0.0;
+      const double weights = static_cast<double>(unit_resident_params(m, unit)) -
+                             unread_experts * static_cast<double>(expert_params<int64_t>(s));
+      return weights * d +
              static_cast<double>(batch) * static_cast<double>(positions) * kv_row + rows * kv_row + 2.0 * act;
     }
   }

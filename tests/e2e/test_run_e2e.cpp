@@ -418,6 +418,26 @@ TEST(RunE2E, TinyGemma3FourRanksAllPartitions) {
   check_file(out, 4, 9, 4, 12, 5, 6, {"uniform", "seed", "balanced"});
 }
 
+/// Issue 15: every mixture-of-experts and MLA architecture's tiny config runs the main job on 2
+/// ranks, validated (pipelined == serialized), with its experts' signatures in the file; the
+/// DeepSeek-V3-shaped one (3 dense layers, then MoE layers with MLA) on 4 ranks too.
+TEST(RunE2E, MixtureOfExpertsArchitecturesRunValidated) {
+  for (const char* name : {"mixtral", "qwen3-moe", "deepseek-v3", "gpt-oss"}) {
+    for (int np : {2, 4}) {
+      if (np == 4 && std::string(name) != "deepseek-v3") continue;
+      SCOPED_TRACE(std::string(name) + " on " + std::to_string(np) + " ranks");
+      const std::string out = temp_dir() + "/" + name + "-" + std::to_string(np) + ".h5";
+      auto r = run(mpirun(np) + "--model tests/data/tiny-" + name + ".json -p 8 -g 3 -b 2 --iters 2 --max-time 5 -o " + out);
+      ASSERT_EQ(r.status, 0) << r.output;
+      auto root = ppb::h5::File::open(out).root();
+      EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+      const auto sigs = root.open_group("profile").open_dataset("signature_name").read_strings();
+      if (std::string(name) == "deepseek-v3" || std::string(name) == "qwen3-moe")  // dense layers first
+        EXPECT_EQ(sigs, (std::vector<std::string>{"embed", "layer.dense", "layer.moe", "head"}));
+    }
+  }
+}
+
 /// Issue 14: layouts with tensor-parallel stages measured beside one rank per stage in one run
 /// (4 ranks: --tp 1, 2,1,1 and 2), validated; the file keeps the width axis of the profile and
 /// each partition's widths, a tensor-parallel stage's prediction is its group's profile, and the
@@ -525,6 +545,7 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
     std::ofstream(dir + "/kvheads.json") << R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":8,"vocab_size":10})";
     std::ofstream(dir + "/onelayer.json") << R"({"architectures":["LlamaForCausalLM"],"hidden_size":16,"num_hidden_layers":1,"num_attention_heads":2,"intermediate_size":8,"vocab_size":10})";
     std::ofstream(dir + "/exists.h5") << "not a result";
+    std::ofstream(dir + "/dbrx.json") << R"({"architectures":["DbrxForCausalLM"],"d_model":64})";
   }
   const std::string tiny = "--model tests/data/tiny-llama.json ";
   std::vector<BadCase> cases{
@@ -532,7 +553,9 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"malformed JSON", 2, "--model " + dir + "/malformed.json", "line 4"},
       {"missing hidden_size", 2, "--model " + dir + "/nohidden.json", "hidden_size"},
       {"heads do not divide", 2, "--model " + dir + "/kvheads.json", "num_key_value_heads"},
-      {"MoE architecture", 2, "--model inputs/models/mixtral-8x7b-v0.1.json", "supported"},
+      {"unsupported architecture", 2, "--model " + dir + "/dbrx.json", "supported"},
+      {"MoE model larger than the ranks", 2, "--model inputs/models/mixtral-8x7b-v0.1.json --memory-limit 8", "ranks hold"},
+      {"tp of MoE layers", 2, "--model tests/data/tiny-mixtral.json --tp 2", "dense layers only"},
       {"stages > units", 4, "--model " + dir + "/onelayer.json", "at most 3 ranks"},
       {"manual split wrong length", 2, tiny + "--partition 3,3,2", "3 stages"},
       {"manual split wrong sum", 2, tiny + "--partition 3,3", "8 units"},

@@ -56,10 +56,30 @@ inline double chain_bound_f32(const std::vector<int>& K) {
 /// input norm (H), QKV (H), [q/k norm (head_dim)], scores (head_dim), softmax sum (context),
 /// P·V (context), o_proj (n_heads·head_dim), [post-attention norm (H)], pre-MLP norm (H),
 /// gate/up (H), down (intermediate), [post-MLP norm (H)].
+/// MLA (absorbed, CpuStage): input norm (H), q_a (H), q_a norm and q_b (q_lora), kv_a (H),
+/// kv_a norm (kv_lora), the absorbed query (qk_nope), scores (kv_lora + qk_rope), softmax and
+/// P·V (context), the values (kv_lora), o_proj (n_heads·v_head_dim).
+/// MoE: router (H), gate/up (H), down (expert width), the weighted sum of top_k experts and the
+/// shared ones (top_k + 1); the shared experts' own down (intermediate) where there are any.
 inline std::vector<int> layer_reductions(const model::LayerShape& s, int context) {
   const int H = s.hidden, hd = s.head_dim;
-  std::vector<int> K = {H, H, hd, context, context, s.n_heads * hd, H, H, s.intermediate};
-  if (s.qk_norm) K.push_back(hd);
+  std::vector<int> K;
+  if (s.is_mla()) {
+    const model::MlaShape& a = s.mla;
+    K = {H, H, a.kv_lora_rank, a.qk_nope, a.kv_lora_rank + a.qk_rope, context, context, a.kv_lora_rank,
+         s.n_heads * a.v_head_dim};
+    if (a.q_lora_rank > 0) K.insert(K.end(), {a.q_lora_rank, a.q_lora_rank});
+  } else {
+    K = {H, H, hd, context, context, s.n_heads * hd};
+    if (s.qk_norm) K.push_back(hd);
+  }
+  K.insert(K.end(), {H, H});
+  if (s.is_moe()) {
+    K.insert(K.end(), {H, s.moe.expert_intermediate, s.moe.top_k + 1});
+    if (s.intermediate > 0) K.push_back(s.intermediate);
+  } else {
+    K.push_back(s.intermediate);
+  }
   if (s.sandwich_norm) K.insert(K.end(), {H, H});
   return K;
 }

@@ -419,7 +419,8 @@ TEST_F(OfflineTest, DescribeListsUnitsWithThePublishedTotal) {
   EXPECT_NE(text.find("8030261248 parameters"), std::string::npos) << text;
   const auto j = read(o.json_out);
   EXPECT_EQ(j["total_params"].get<int64_t>(), 8030261248);
-  EXPECT_EQ(j["active_params"].get<int64_t>(), 8030261248);
+  // Active per token: all but the embedding table (128256 x 4096), of which a token reads a row.
+  EXPECT_EQ(j["active_params"].get<int64_t>(), 8030261248 - 128256ll * 4096);
   ASSERT_EQ(j["units"].size(), 34u);  // embed, 32 layers, head
   int64_t sum = 0, kv = 0;
   for (const auto& u : j["units"]) {
@@ -438,6 +439,30 @@ TEST_F(OfflineTest, DescribeListsUnitsWithThePublishedTotal) {
   o.dtype = "f8";
   o.json_out.clear();
   EXPECT_NE(error_of([&] { describe_command(o); }).find("f8"), std::string::npos);
+}
+
+/// describe of the MoE and MLA models: DeepSeek-V3's 671 B (+ the 11.6 B MTP module), 36.6 B
+/// active per token, its dense and MoE signatures, and the MLA cache of 576 values per token.
+TEST_F(OfflineTest, DescribeMixtureOfExpertsTotalsActiveAndMtp) {
+  DescribeOptions o;
+  o.model = std::string(PPB_MODELS_DIR) + "/deepseek-v3.json";
+  o.json_out = (dir_ / "ds.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(describe_command(o), 0);
+  const std::string text = testing::internal::GetCapturedStdout();
+  EXPECT_NE(text.find("3 dense + 58 mixture-of-experts (256 routed experts of width 2048, top 8, 1 shared)"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("multi-token prediction: 1 module(s), 11610068224 parameters"), std::string::npos) << text;
+  const auto j = read(o.json_out);
+  EXPECT_EQ(j["total_params"].get<int64_t>(), 671026419200 + 11610068224);
+  EXPECT_EQ(j["mtp_params"].get<int64_t>(), 11610068224);
+  EXPECT_EQ(j["active_params"].get<int64_t>(), 36625618432);
+  int64_t active = 0;
+  for (const auto& u : j["units"]) active += u["active_params"].get<int64_t>();
+  EXPECT_EQ(active, 36625618432);
+  EXPECT_EQ(j["units"][1]["signature"], "layer.dense");
+  EXPECT_EQ(j["units"][4]["signature"], "layer.moe");
+  EXPECT_EQ(j["units"][4]["kv_bytes_per_token"].get<int64_t>(), (512 + 64) * 2);
   o.dtype = "bf16";
   o.context = 0;
   EXPECT_NE(error_of([&] { describe_command(o); }).find("--context"), std::string::npos);

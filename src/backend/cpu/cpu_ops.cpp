@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 #include <numbers>
+#include <numeric>
+#include <vector>
 #include <string>
 
 #include "backend/cpu/cpu_gemm.h"
@@ -161,16 +163,16 @@ namespace {
 
 /// One row of scores in place: -inf outside the attended keys [lo, hi] (inclusive), the optional
 /// softcap, then softmax in fp32 with max subtraction (the sum in double); 0 outside [lo, hi].
-void mask_softmax_row(float* row, int n, int lo, int hi, float softcap) {
+void mask_softmax_row(float* row, int n, int lo, int hi, float softcap, const float* sink = nullptr) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < lo; ++j) row[j] = neg_inf;
   for (int j = hi + 1; j < n; ++j) row[j] = neg_inf;
   if (softcap > 0.0f) {
     for (int j = lo; j <= hi; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
   }
-  float mx = neg_inf;
+  float mx = sink != nullptr ? *sink : neg_inf;
   for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
-  double sum = 0.0;
+  double sum = sink != nullptr ? std::exp(static_cast<double>(*sink - mx)) : 0.0;
   for (int j = lo; j <= hi; ++j) {
     row[j] = std::exp(row[j] - mx);
     sum += row[j];
@@ -211,7 +213,9 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
         const size_t q_off = static_cast<size_t>(b) * q_stride + static_cast<size_t>(g) * group * hd;
         const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
         sgemm(true, group, n, hd, s.scale, q + q_off, hd, kb + kv_off, kv_stride, 0.0f, scratch, n);
-        for (int r = 0; r < group; ++r) mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, 0, n - 1, s.softcap);
+        for (int r = 0; r < group; ++r)
+          mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, 0, n - 1, s.softcap,
+                           s.sinks != nullptr ? s.sinks + g * group + r : nullptr);
         sgemm(false, group, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, hd);
       }
       continue;
@@ -230,7 +234,8 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
         for (int r = 0; r < tq; ++r) {
           const int pr = p_first + r;
           const int lo = (s.window > 0 ? std::max(0, pr - s.window + 1) : 0) - k_begin;
-          mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, lo, pr - k_begin, s.softcap);
+          mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, lo, pr - k_begin, s.softcap,
+                           s.sinks != nullptr ? s.sinks + h : nullptr);
         }
         sgemm(false, tq, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, q_stride);
       }
@@ -240,8 +245,16 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
 
 // Napkin math: ~20 FLOPs (one exp or tanh) per element, 12 bytes moved; B*T*I elements
 // (decode Llama-3-8B B=8: 8 x 14336 = 115 k, ~0.1 ms scalar).
-void gated_activation(float* out, const float* gate, const float* up, size_t n, model::Activation act) {
-  if (act == model::Activation::silu) {
+void gated_activation(float* out, const float* gate, const float* up, size_t n, model::Activation act,
+                      float limit) {
+  if (act == model::Activation::swiglu_clamped) {
+    constexpr float kAlpha = 1.702f;  // GptOssExperts.alpha
+    for (size_t i = 0; i < n; ++i) {
+      const float g = std::min(gate[i], limit);
+      const float u = std::clamp(up[i], -limit, limit);
+      out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-kAlpha * g)));
+    }
+  } else if (act == model::Activation::silu) {
     for (size_t i = 0; i < n; ++i) {
       const float g = gate[i];
       out[i] = g / (1.0f + std::exp(-g)) * up[i];
@@ -280,6 +293,106 @@ void argmax_rows(int32_t* out, const float* logits, int rows, int n) {
       }
     }
     out[r] = best;
+  }
+}
+
+}  // namespace ppb::cpu
+
+namespace ppb::cpu {
+
+// Napkin math: per token O(E log E) compares and E exp/sigmoid: E = 256, M = 4096 prefill rows:
+// ~10 M operations, well under the expert products' 2 * M * k * 3 * H * I_e FLOPs.
+void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
+                  const float* correction) {
+  const int E = moe.n_experts, k = moe.top_k;
+  if (E < 1 || k < 1 || k > E) throw InternalError("route_tokens: need 1 <= top_k <= n_experts");
+  const bool grouped = moe.router == model::RouterKind::sigmoid_grouped;
+  const int G = grouped ? moe.n_group : 1;
+  if (G < 1 || E % G != 0 || (grouped && (moe.topk_group < 1 || moe.topk_group > G || correction == nullptr)))
+    throw InternalError("route_tokens: sigmoid_grouped needs n_group | n_experts, 1 <= topk_group <= n_group "
+                        "and the correction bias");
+  std::vector<double> score(E), choice(E);
+  std::vector<int> order(E);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  // The `count` largest of v (ties: lower index first) into order[0, count).
+  auto top = [&](const std::vector<double>& v, int count) {
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + count, order.end(),
+                      [&](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  };
+  for (int m = 0; m < M; ++m) {
+    const float* z = logits + static_cast<size_t>(m) * E;
+    int32_t* ex = experts + static_cast<size_t>(m) * k;
+    float* w = weights + static_cast<size_t>(m) * k;
+    double sum = 0.0;
+    switch (moe.router) {
+      case model::RouterKind::softmax: {
+        double mx = neg_inf;
+        for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
+        double total = 0.0;
+        for (int e = 0; e < E; ++e) total += score[e] = std::exp(static_cast<double>(z[e]) - mx);
+        for (int e = 0; e < E; ++e) score[e] /= total;
+        top(score, k);
+        for (int j = 0; j < k; ++j) sum += score[order[j]];
+        for (int j = 0; j < k; ++j) {
+          ex[j] = order[j];
+          w[j] = static_cast<float>(moe.norm_topk ? score[order[j]] / sum : score[order[j]]);
+        }
+        break;
+      }
+      case model::RouterKind::topk_softmax: {
+        for (int e = 0; e < E; ++e) score[e] = z[e];
+        top(score, k);
+        const double mx = score[order[0]];
+        for (int j = 0; j < k; ++j) sum += std::exp(score[order[j]] - mx);
+        for (int j = 0; j < k; ++j) {
+          ex[j] = order[j];
+          w[j] = static_cast<float>(std::exp(score[order[j]] - mx) / sum);
+        }
+        break;
+      }
+      case model::RouterKind::sigmoid_grouped: {
+        for (int e = 0; e < E; ++e) {
+          score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[e])));
+          choice[e] = score[e] + correction[e];
+        }
+        if (G > 1) {
+          // Each group's score: the sum of its two best biased scores (DeepSeek-V3 model.py Gate);
+          // experts outside the topk_group best groups cannot be chosen.
+          const int per = E / G;
+          std::vector<double> group_score(G);
+          std::vector<int> group_order(G);
+          for (int g = 0; g < G; ++g) {
+            double a = neg_inf, b = neg_inf;
+            for (int e = g * per; e < (g + 1) * per; ++e) {
+              if (choice[e] > a) {
+                b = a;
+                a = choice[e];
+              } else if (choice[e] > b) {
+                b = choice[e];
+              }
+            }
+            group_score[g] = per >= 2 ? a + b : a;
+          }
+          std::iota(group_order.begin(), group_order.end(), 0);
+          std::partial_sort(group_order.begin(), group_order.begin() + moe.topk_group, group_order.end(), [&](int a, int b) {
+            return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
+          });
+          std::vector<bool> keep(G, false);
+          for (int j = 0; j < moe.topk_group; ++j) keep[group_order[j]] = true;
+          for (int e = 0; e < E; ++e)
+            if (!keep[e / per]) choice[e] = neg_inf;
+        }
+        top(choice, k);
+        for (int j = 0; j < k; ++j) sum += score[order[j]];
+        for (int j = 0; j < k; ++j) {
+          ex[j] = order[j];
+          const double wj = moe.norm_topk ? score[order[j]] / (sum + 1e-20) : score[order[j]];
+          w[j] = static_cast<float>(wj * moe.routed_scaling);
+        }
+        break;
+      }
+    }
   }
 }
 

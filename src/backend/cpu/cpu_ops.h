@@ -75,6 +75,9 @@ struct AttentionShape {
   int window = 0;       ///< 0 = global; else query position p sees keys max(0, p-window+1)..p
   float scale = 1.0f;   ///< multiplier of q·k (LayerShape::attn_scale)
   float softcap = 0.0f; ///< 0 = none; else s = softcap * tanh(s / softcap) before the mask (Gemma-2)
+  /// gpt-oss attention sinks: [n_heads] logits that join every softmax's denominator (and its
+  /// max) but attend to no value; null = none.
+  const float* sinks = nullptr;
 };
 
 /// Query rows per block of attention(); the scratch holds one block of scores.
@@ -89,6 +92,9 @@ size_t attention_scratch_floats(int max_context);
 ///   S = softcap * tanh(S / softcap)          (if softcap > 0)
 ///   mask key positions outside [max(0, p - window + 1), p] (causal, sliding window)
 ///   P = softmax(S) in fp32 with max subtraction;  O = P V   (sgemm)
+/// (with sinks: P_j = e^{S_j - m} / (sum_j e^{S_j - m} + e^{sink_h - m}), m = max(max_j S_j, sink_h),
+/// as transformers' GptOssAttention concatenates the sink to the scores and drops its column).
+/// The value rows may be the key rows (k_cache == v_cache): MLA's latent cache (CpuStage).
 /// q, out [batch, tokens, n_heads, head_dim]; k_cache, v_cache [batch, max_context, n_kv_heads,
 /// head_dim] holding positions [0, pos0 + tokens) (the new ones already written);
 /// scratch >= attention_scratch_floats(max_context) floats.
@@ -99,7 +105,18 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
 /// GemmaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))).
 /// silu(g) = g / (1 + e^-g); gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
 /// (PyTorch gelu approximate="tanh", HF "gelu_pytorch_tanh"). out may alias gate or up.
-void gated_activation(float* out, const float* gate, const float* up, size_t n, model::Activation act);
+/// swiglu_clamped (gpt-oss, `limit` = swiglu_limit): g = min(gate, limit), u = clamp(up, -limit, limit),
+/// out = (u + 1) g sigmoid(1.702 g) (transformers GptOssExperts).
+void gated_activation(float* out, const float* gate, const float* up, size_t n, model::Activation act,
+                      float limit = 0.0f);
+
+/// A MoE router's choice for M tokens (model::RouterKind for the rules): logits [M, E] (the router
+/// linear's output, its bias included), correction [E] (sigmoid_grouped's e_score_correction_bias;
+/// else unused, may be null). Writes experts [M, top_k] (int32, in order of choice: best first,
+/// ties to the lower expert index, as are groups) and weights [M, top_k]. Scores in double.
+/// @throws ppb::InternalError for a shape the config parser would have refused.
+void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
+                  const float* correction);
 
 /// Residual add in place: x[i] += y[i] for n values.
 void add_inplace(float* x, const float* y, size_t n);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_aligned.h"
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/tensor_parallel.h"
 #include "backend/weights.h"
@@ -41,8 +42,24 @@ struct LayerWeights {
   const float* post_feedforward_norm = nullptr;  // sandwich only
   const float* q_norm = nullptr;                 // qk_norm only
   const float* k_norm = nullptr;
+  const float* o_bias = nullptr;                 // gpt-oss
+  const float* sinks = nullptr;                  // gpt-oss [n_heads]
+  // Multi-head latent attention (shape.is_mla()); q_b is q (Tensor::q_proj) when q_lora_rank is 0.
+  const float* q_a = nullptr;
+  const float* q_a_norm = nullptr;
+  const float* q_b = nullptr;
+  const float* kv_a = nullptr;
+  const float* kv_a_norm = nullptr;
+  const float* kv_b = nullptr;
+  // Mixture of experts (shape.is_moe()); gate/up/down above are the shared experts, if any.
+  const float* router = nullptr;
+  const float* router_bias = nullptr;
+  const float* router_correction = nullptr;
+  std::vector<const float*> expert_gate, expert_up, expert_down;                  // [E]
+  std::vector<const float*> expert_gate_bias, expert_up_bias, expert_down_bias;   // [E] (gpt-oss)
   // K and V caches of every group: [groups][batch, max_context, n_kv_heads, head_dim] (this
-  // rank's KV heads).
+  // rank's KV heads). MLA: one latent cache [batch, max_context, kv_lora_rank + qk_rope] per
+  // group, in k_cache and v_cache alike (the attention reads its values from the keys' rows).
   std::vector<float*> k_cache;
   std::vector<float*> v_cache;
 };
@@ -54,6 +71,12 @@ struct RopeTable {
   cpu::AlignedFloatVector cos;
   cpu::AlignedFloatVector sin;
 };
+
+/// KV-cache floats per token of a layer on this rank: K and V rows of its KV heads (`nkv` =
+/// n_kv_heads * head_dim of its shard), or MLA's one latent row (kv_lora_rank + qk_rope).
+size_t layer_cache_floats(const LayerShape& s, size_t nkv) {
+  return s.is_mla() ? static_cast<size_t>(s.mla.kv_lora_rank + s.mla.qk_rope) : 2 * nkv;
+}
 
 class CpuStage final : public StageExecutor {
  public:
@@ -79,6 +102,8 @@ class CpuStage final : public StageExecutor {
   float* new_weights(size_t n);
   void forward(const void* in, void* out, int group, int pos, int tokens);
   void layer_forward(const LayerWeights& w, int group, int pos, int tokens);
+  void mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out);
+  void moe_mlp(const LayerWeights& w, int rows, float* out);
   void head_forward(int32_t* out, int tokens);
 
   int first_ = 0;
@@ -111,6 +136,12 @@ class CpuStage final : public StageExecutor {
 
   // Scratch, sized once for batch * max_context tokens.
   cpu::AlignedFloatVector x_, h_, q_, k_, v_, attn_, gate_, up_, scores_, last_rows_, logits_;
+  // MLA: q's low-rank part, [c_kv, k_rope] rows, absorbed queries, RoPE staging, per-head values.
+  cpu::AlignedFloatVector mla_qa_, mla_kva_, mla_q_, mla_rope_, mla_values_;
+  // MoE: router logits, routed rows gathered, expert output, the layer's sum; the choice.
+  cpu::AlignedFloatVector moe_logits_, moe_rows_, moe_out_, moe_sum_, route_weights_;
+  std::vector<int32_t> route_experts_;
+  std::vector<int> expert_count_, expert_slots_;
   std::vector<float> best_;  // the head's [B] largest local logits (width > 1)
 
   double checksum_ = 0.0;
@@ -164,7 +195,8 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
   const size_t max_tokens = B * ctx;
 
   // ---- weights --------------------------------------------------------------------------
-  size_t max_q = 0, max_kv = 0, max_inter = 0;
+  size_t max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0, max_o_in = 0;
+  size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
   size_t kv_floats = 0;
   for (int u = first; u <= last; ++u) {
     const model::Unit& unit = m.units[u];
@@ -197,13 +229,21 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
                         " outside [0, " + std::to_string(m.layers.size()) + ")");
       }
       const LayerShape& s = m.layers[unit.layer];
-      if (s.hidden != m.hidden || s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0 ||
-          s.head_dim < 2 || s.head_dim % 2 != 0 || s.intermediate < 1) {
+      const bool attn_ok = s.is_mla() ? s.mla.qk_nope >= 1 && s.mla.qk_rope >= 2 && s.mla.qk_rope % 2 == 0 &&
+                                            s.mla.v_head_dim >= 1 && s.mla.q_lora_rank >= 0
+                                      : s.n_kv_heads >= 1 && s.n_heads % s.n_kv_heads == 0 && s.head_dim >= 2 &&
+                                            s.head_dim % 2 == 0;
+      const bool mlp_ok = s.is_moe() ? s.moe.top_k >= 1 && s.moe.top_k <= s.moe.n_experts &&
+                                           s.moe.expert_intermediate >= 1 && s.intermediate >= 0
+                                     : s.intermediate >= 1;
+      if (s.hidden != m.hidden || s.n_heads < 1 || !attn_ok || !mlp_ok) {
         throw UserError("layer " + std::to_string(unit.layer) + " has an inconsistent shape: hidden=" +
                         std::to_string(s.hidden) + " n_heads=" + std::to_string(s.n_heads) +
                         " n_kv_heads=" + std::to_string(s.n_kv_heads) + " head_dim=" +
                         std::to_string(s.head_dim) + " intermediate=" + std::to_string(s.intermediate) +
-                        " (need n_kv_heads | n_heads, an even head_dim, hidden = model hidden)");
+                        " experts=" + std::to_string(s.moe.n_experts) + " top_k=" + std::to_string(s.moe.top_k) +
+                        " (need n_kv_heads | n_heads, an even head_dim or MLA rope dim, hidden = model hidden, "
+                        "1 <= top_k <= experts)");
       }
       // This rank's shard (all of it at width 1): its heads, its slice of the MLP.
       const TpHeads th = tp_heads(s.n_heads, s.n_kv_heads, tp_width_, tp_rank_);
@@ -243,38 +283,107 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
         return p;
       };
       w.input_norm = norm(H, Tensor::input_layernorm);
-      w.q = proj_rows(q0, nq, Tensor::q_proj);
-      w.k = proj_rows(kv0, nkv, Tensor::k_proj);
-      w.v = proj_rows(kv0, nkv, Tensor::v_proj);
-      w.o = proj_cols(nq_all, q0, nq, Tensor::o_proj);
-      if (s.attn_bias) {
-        w.q_bias = bias(q0, nq, Tensor::q_bias);
-        w.k_bias = bias(kv0, nkv, Tensor::k_bias);
-        w.v_bias = bias(kv0, nkv, Tensor::v_bias);
-      }
-      if (s.qk_norm) {
-        w.q_norm = norm(s.head_dim, Tensor::q_norm);
-        w.k_norm = norm(s.head_dim, Tensor::k_norm);
+      size_t attn_width = nq, o_fan_in = nq;  // the attention output per token, o_proj's input
+      if (s.is_mla()) {
+        // Tensor parallelism refuses MLA (tp_unsupported_reason): the whole layer here.
+        const model::MlaShape& a = s.mla;
+        const size_t nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
+        const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
+        if (a.q_lora_rank > 0) {
+          const size_t ql = static_cast<size_t>(a.q_lora_rank);
+          w.q_a = proj_rows(0, ql, Tensor::q_a_proj);
+          w.q_a_norm = new_weights(ql);
+          fill_norm(const_cast<float*>(w.q_a_norm), ql, seed, u, Tensor::q_a_norm, false);
+          float* qb = new_weights(nh * qk * ql);
+          fill_projection(qb, nh * qk, ql, seed, u, Tensor::q_b_proj);
+          w.q_b = qb;
+          max_mla_qa = std::max(max_mla_qa, ql);
+        } else {
+          w.q_b = proj_rows(0, nh * qk, Tensor::q_proj);
+        }
+        w.kv_a = proj_rows(0, D, Tensor::kv_a_proj);
+        float* kan = new_weights(L);
+        fill_norm(kan, L, seed, u, Tensor::kv_a_norm, false);
+        w.kv_a_norm = kan;
+        float* kvb = new_weights(nh * (a.qk_nope + a.v_head_dim) * L);
+        fill_projection(kvb, nh * (a.qk_nope + a.v_head_dim), L, seed, u, Tensor::kv_b_proj);
+        w.kv_b = kvb;
+        o_fan_in = nh * a.v_head_dim;
+        w.o = proj_cols(o_fan_in, 0, o_fan_in, Tensor::o_proj);
+        attn_width = nh * D;
+        max_q = std::max(max_q, nh * qk);
+        max_mla_kva = std::max(max_mla_kva, D);
+        max_mla_rope = std::max(max_mla_rope, nh * a.qk_rope);
+        max_mla_values = std::max(max_mla_values, o_fan_in);
+      } else {
+        w.q = proj_rows(q0, nq, Tensor::q_proj);
+        w.k = proj_rows(kv0, nkv, Tensor::k_proj);
+        w.v = proj_rows(kv0, nkv, Tensor::v_proj);
+        w.o = proj_cols(nq_all, q0, nq, Tensor::o_proj);
+        if (s.attn_bias) {
+          w.q_bias = bias(q0, nq, Tensor::q_bias);
+          w.k_bias = bias(kv0, nkv, Tensor::k_bias);
+          w.v_bias = bias(kv0, nkv, Tensor::v_bias);
+        }
+        if (s.qk_norm) {
+          w.q_norm = norm(s.head_dim, Tensor::q_norm);
+          w.k_norm = norm(s.head_dim, Tensor::k_norm);
+        }
+        if (s.o_bias) w.o_bias = bias(0, H, Tensor::o_bias);  // TP refuses gpt-oss: the whole bias
+        if (s.attn_sinks) {
+          float* sk = new_weights(static_cast<size_t>(s.n_heads));
+          fill_uniform(sk, static_cast<size_t>(s.n_heads), seed, u, static_cast<uint64_t>(Tensor::sinks), 1.0f);
+          w.sinks = sk;
+        }
+        max_kv = std::max(max_kv, nkv);
       }
       w.post_attention_norm = norm(H, Tensor::post_attention_layernorm);
       if (s.sandwich_norm) {
         w.pre_feedforward_norm = norm(H, Tensor::pre_feedforward_layernorm);
         w.post_feedforward_norm = norm(H, Tensor::post_feedforward_layernorm);
       }
-      w.gate = proj_rows(i0, I, Tensor::gate_proj);
-      w.up = proj_rows(i0, I, Tensor::up_proj);
-      w.down = proj_cols(I_all, i0, I, Tensor::down_proj);
+      if (I > 0) {  // the dense MLP, or a MoE layer's shared experts
+        w.gate = proj_rows(i0, I, Tensor::gate_proj);
+        w.up = proj_rows(i0, I, Tensor::up_proj);
+        w.down = proj_cols(I_all, i0, I, Tensor::down_proj);
+      }
+      if (s.is_moe()) {
+        const model::MoeShape& e = s.moe;
+        const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
+        w.router = proj_rows(0, E, Tensor::router);
+        if (e.router_bias) w.router_bias = bias(0, E, Tensor::router_bias);
+        if (e.router == model::RouterKind::sigmoid_grouped) w.router_correction = bias(0, E, Tensor::router_correction);
+        for (int x = 0; x < e.n_experts; ++x) {
+          w.expert_gate.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_gate, x)));
+          w.expert_up.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_up, x)));
+          w.expert_down.push_back(proj_cols(Ie, 0, Ie, expert_tensor(Tensor::expert_down, x)));
+          if (e.expert_bias) {
+            w.expert_gate_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_gate_bias, x)));
+            w.expert_up_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_up_bias, x)));
+            w.expert_down_bias.push_back(bias(0, H, expert_tensor(Tensor::expert_down_bias, x)));
+          } else {
+            w.expert_gate_bias.push_back(nullptr);
+            w.expert_up_bias.push_back(nullptr);
+            w.expert_down_bias.push_back(nullptr);
+          }
+        }
+        max_experts = std::max(max_experts, E);
+        max_top_k = std::max(max_top_k, static_cast<size_t>(e.top_k));
+        max_inter = std::max(max_inter, Ie);
+      }
 
       // RoPE tables, one per distinct (rope, head_dim) (Gemma-3: local and global differ).
+      // MLA rotates only the qk_rope part of each head.
+      const int rotated = s.is_mla() ? s.mla.qk_rope : s.head_dim;
       auto it = std::find_if(ropes_.begin(), ropes_.end(), [&](const RopeTable& r) {
-        return r.rope == s.rope && r.head_dim == s.head_dim;
+        return r.rope == s.rope && r.head_dim == rotated;
       });
       if (it == ropes_.end()) {
         RopeTable r;
         r.rope = s.rope;
-        r.head_dim = s.head_dim;
-        const std::vector<double> inv = cpu::rope_inv_freq(s.rope, s.head_dim);
-        const int half = s.head_dim / 2;
+        r.head_dim = rotated;
+        const std::vector<double> inv = cpu::rope_inv_freq(s.rope, rotated);
+        const int half = rotated / 2;
         r.cos.resize(ctx * half);
         r.sin.resize(ctx * half);
         cpu::rope_tables(r.cos.data(), r.sin.data(), inv.data(), half, cfg.max_context);
@@ -284,9 +393,10 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
       w.rope_table = static_cast<int>(it - ropes_.begin());
 
       max_q = std::max(max_q, nq);
-      max_kv = std::max(max_kv, nkv);
+      max_attn = std::max(max_attn, attn_width);
+      max_o_in = std::max(max_o_in, o_fan_in);
       max_inter = std::max(max_inter, I);
-      kv_floats += 2 * static_cast<size_t>(cfg.groups) * max_tokens * nkv;
+      kv_floats += static_cast<size_t>(cfg.groups) * max_tokens * layer_cache_floats(s, nkv);
       layers_.push_back(std::move(w));
     }
   }
@@ -297,11 +407,12 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
     kv_store_ = cpu::make_aligned_floats(kv_floats, /*zero=*/true);  // zeros: pages touched now
     float* p = kv_store_.get();
     for (LayerWeights& w : layers_) {
-      const size_t per = max_tokens * static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
+      const size_t nkv = static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
+      const size_t per = max_tokens * layer_cache_floats(w.shape, nkv);
       for (int g = 0; g < cfg.groups; ++g) {
         w.k_cache.push_back(p);
-        p += per;
-        w.v_cache.push_back(p);
+        // MLA: one latent cache is the keys and the values; else K then V.
+        w.v_cache.push_back(w.shape.is_mla() ? p : p + per / 2);
         p += per;
       }
     }
@@ -314,10 +425,25 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
     q_.resize(max_tokens * max_q);
     k_.resize(max_tokens * max_kv);
     v_.resize(max_tokens * max_kv);
-    attn_.resize(max_tokens * max_q);
+    attn_.resize(max_tokens * max_attn);
     gate_.resize(max_tokens * max_inter);
     up_.resize(max_tokens * max_inter);
     scores_.resize(cpu::attention_scratch_floats(cfg.max_context));
+    mla_qa_.resize(max_tokens * max_mla_qa);
+    mla_kva_.resize(max_tokens * max_mla_kva);
+    mla_q_.resize(max_tokens * (max_mla_kva > 0 ? max_attn : 0));
+    mla_rope_.resize(max_tokens * max_mla_rope);
+    mla_values_.resize(max_tokens * max_mla_values);
+    if (max_experts > 0) {
+      moe_logits_.resize(max_tokens * max_experts);
+      moe_rows_.resize(max_tokens * H);
+      moe_out_.resize(max_tokens * H);
+      moe_sum_.resize(max_tokens * H);
+      route_weights_.resize(max_tokens * max_top_k);
+      route_experts_.resize(max_tokens * max_top_k);
+      expert_count_.resize(max_experts + 1);
+      expert_slots_.resize(max_tokens * max_top_k);
+    }
   }
   if (has_head_) {
     last_rows_.resize(B * H);
@@ -367,33 +493,38 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
 
   // Attention block.
   cpu::rmsnorm(h, x, w.input_norm, M, H, eps, s.norm_plus_one);
-  cpu::linear(q_.data(), h, w.q, w.q_bias, M, nq, H);
-  cpu::linear(k_.data(), h, w.k, w.k_bias, M, nkv, H);
-  cpu::linear(v_.data(), h, w.v, w.v_bias, M, nkv, H);
-  if (s.qk_norm) {
-    cpu::rmsnorm(q_.data(), q_.data(), w.q_norm, static_cast<size_t>(M) * s.n_heads, hd, eps, s.norm_plus_one);
-    cpu::rmsnorm(k_.data(), k_.data(), w.k_norm, static_cast<size_t>(M) * s.n_kv_heads, hd, eps, s.norm_plus_one);
+  if (s.is_mla()) {
+    mla_attention(w, group, pos, tokens, h);
+  } else {
+    cpu::linear(q_.data(), h, w.q, w.q_bias, M, nq, H);
+    cpu::linear(k_.data(), h, w.k, w.k_bias, M, nkv, H);
+    cpu::linear(v_.data(), h, w.v, w.v_bias, M, nkv, H);
+    if (s.qk_norm) {
+      cpu::rmsnorm(q_.data(), q_.data(), w.q_norm, static_cast<size_t>(M) * s.n_heads, hd, eps, s.norm_plus_one);
+      cpu::rmsnorm(k_.data(), k_.data(), w.k_norm, static_cast<size_t>(M) * s.n_kv_heads, hd, eps, s.norm_plus_one);
+    }
+    const RopeTable& rt = ropes_[w.rope_table];
+    cpu::rope(q_.data(), B, tokens, s.n_heads, hd, pos, rt.cos.data(), rt.sin.data());
+    cpu::rope(k_.data(), B, tokens, s.n_kv_heads, hd, pos, rt.cos.data(), rt.sin.data());
+    float* kc = w.k_cache[group];
+    float* vc = w.v_cache[group];
+    cpu::kv_cache_write(kc, k_.data(), B, tokens, pos, cfg_.max_context, nkv);
+    cpu::kv_cache_write(vc, v_.data(), B, tokens, pos, cfg_.max_context, nkv);
+    cpu::AttentionShape as;
+    as.batch = B;
+    as.tokens = tokens;
+    as.pos0 = pos;
+    as.max_context = cfg_.max_context;
+    as.n_heads = s.n_heads;
+    as.n_kv_heads = s.n_kv_heads;
+    as.head_dim = hd;
+    as.window = s.sliding_window;
+    as.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale : 1.0 / std::sqrt(static_cast<double>(hd)));
+    as.softcap = static_cast<float>(s.attn_softcap);
+    as.sinks = w.sinks;
+    cpu::attention(attn_.data(), q_.data(), kc, vc, as, scores_.data());
+    cpu::linear(h, attn_.data(), w.o, w.o_bias, M, H, nq);
   }
-  const RopeTable& rt = ropes_[w.rope_table];
-  cpu::rope(q_.data(), B, tokens, s.n_heads, hd, pos, rt.cos.data(), rt.sin.data());
-  cpu::rope(k_.data(), B, tokens, s.n_kv_heads, hd, pos, rt.cos.data(), rt.sin.data());
-  float* kc = w.k_cache[group];
-  float* vc = w.v_cache[group];
-  cpu::kv_cache_write(kc, k_.data(), B, tokens, pos, cfg_.max_context, nkv);
-  cpu::kv_cache_write(vc, v_.data(), B, tokens, pos, cfg_.max_context, nkv);
-  cpu::AttentionShape as;
-  as.batch = B;
-  as.tokens = tokens;
-  as.pos0 = pos;
-  as.max_context = cfg_.max_context;
-  as.n_heads = s.n_heads;
-  as.n_kv_heads = s.n_kv_heads;
-  as.head_dim = hd;
-  as.window = s.sliding_window;
-  as.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale : 1.0 / std::sqrt(static_cast<double>(hd)));
-  as.softcap = static_cast<float>(s.attn_softcap);
-  cpu::attention(attn_.data(), q_.data(), kc, vc, as, scores_.data());
-  cpu::linear(h, attn_.data(), w.o, nullptr, M, H, nq);
   if (tp_width_ > 1) tp_->allreduce_sum(h, MH);  // row-parallel o_proj: sum the ranks' partials
   if (s.sandwich_norm) cpu::rmsnorm(h, h, w.post_attention_norm, M, H, eps, s.norm_plus_one);
   cpu::add_inplace(x, h, MH);
@@ -401,13 +532,133 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
   // MLP block.
   const float* pre_mlp_norm = s.sandwich_norm ? w.pre_feedforward_norm : w.post_attention_norm;
   cpu::rmsnorm(h, x, pre_mlp_norm, M, H, eps, s.norm_plus_one);
-  cpu::linear(gate_.data(), h, w.gate, nullptr, M, I, H);
-  cpu::linear(up_.data(), h, w.up, nullptr, M, I, H);
-  cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(M) * I, s.act);
-  cpu::linear(h, gate_.data(), w.down, nullptr, M, H, I);
+  if (s.is_moe()) {
+    moe_mlp(w, M, h);
+  } else {
+    cpu::linear(gate_.data(), h, w.gate, nullptr, M, I, H);
+    cpu::linear(up_.data(), h, w.up, nullptr, M, I, H);
+    cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(M) * I, s.act,
+                          static_cast<float>(s.swiglu_limit));
+    cpu::linear(h, gate_.data(), w.down, nullptr, M, H, I);
+  }
   if (tp_width_ > 1) tp_->allreduce_sum(h, MH);  // row-parallel down_proj
   if (s.sandwich_norm) cpu::rmsnorm(h, h, w.post_feedforward_norm, M, H, eps, s.norm_plus_one);
   cpu::add_inplace(x, h, MH);
+}
+
+// Absorbed MLA (DeepSeek-V2 paper §2.1.2; DeepSeek-V3 inference/model.py, attn_impl "absorb"):
+// W_kvb's key half is folded into each head's query (q_lat = W_UK^T q_nope, [kv_lora]) and its
+// value half applied after the attention (v = W_UV o_lat), so the attention itself is MQA over
+// the latent cache rows [c_kv, k_rope] with keys and values in the same rows: scores
+// q_lat . c_kv + q_rope . k_rope; outputs sum_j p_j [c_kv, k_rope]_j, of which the first
+// kv_lora_rank features are o_lat. Equal, up to rounding, to expanding k_nope = W_UK c_kv and
+// v = W_UV c_kv per position (tests/unit/test_cpu_ops.cpp checks it against that form).
+void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out) {
+  const LayerShape& s = w.shape;
+  const model::MlaShape& a = s.mla;
+  const int B = cfg_.batch, M = B * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
+  const int nope = a.qk_nope, rd = a.qk_rope, qk = nope + rd, L = a.kv_lora_rank, D = L + rd, vd = a.v_head_dim;
+  const float eps = static_cast<float>(s.rms_eps);
+  const float* hn = out;  // the normed input; overwritten only by the final o_proj
+  float* q = q_.data();
+  if (a.q_lora_rank > 0) {
+    cpu::linear(mla_qa_.data(), hn, w.q_a, nullptr, M, a.q_lora_rank, H);
+    cpu::rmsnorm(mla_qa_.data(), mla_qa_.data(), w.q_a_norm, M, a.q_lora_rank, eps, false);
+    cpu::linear(q, mla_qa_.data(), w.q_b, nullptr, M, nh * qk, a.q_lora_rank);
+  } else {
+    cpu::linear(q, hn, w.q_b, nullptr, M, nh * qk, H);
+  }
+  float* kva = mla_kva_.data();
+  cpu::linear(kva, hn, w.kv_a, nullptr, M, D, H);
+  for (int m = 0; m < M; ++m) cpu::rmsnorm(kva + static_cast<size_t>(m) * D, kva + static_cast<size_t>(m) * D, w.kv_a_norm, 1, L, eps, false);
+  // RoPE on k_rope (one "head" per token) and on each head's q_rope, staged contiguously.
+  const RopeTable& rt = ropes_[w.rope_table];
+  float* r = mla_rope_.data();
+  for (int m = 0; m < M; ++m) std::memcpy(r + static_cast<size_t>(m) * rd, kva + static_cast<size_t>(m) * D + L, rd * sizeof(float));
+  cpu::rope(r, B, tokens, 1, rd, pos, rt.cos.data(), rt.sin.data());
+  for (int m = 0; m < M; ++m) std::memcpy(kva + static_cast<size_t>(m) * D + L, r + static_cast<size_t>(m) * rd, rd * sizeof(float));
+  float* cache = w.k_cache[group];
+  cpu::kv_cache_write(cache, kva, B, tokens, pos, cfg_.max_context, D);
+  // Absorbed queries [M, nh, D]: q_lat then the rotated q_rope.
+  float* qa = mla_q_.data();
+  for (int h = 0; h < nh; ++h)
+    cpu::sgemm(false, M, L, nope, 1.0f, q + static_cast<size_t>(h) * qk, nh * qk,
+               w.kv_b + static_cast<size_t>(h) * (nope + vd) * L, L, 0.0f, qa + static_cast<size_t>(h) * D, nh * D);
+  for (int m = 0; m < M; ++m)
+    for (int h = 0; h < nh; ++h)
+      std::memcpy(r + (static_cast<size_t>(m) * nh + h) * rd, q + static_cast<size_t>(m) * nh * qk + static_cast<size_t>(h) * qk + nope,
+                  rd * sizeof(float));
+  cpu::rope(r, B, tokens, nh, rd, pos, rt.cos.data(), rt.sin.data());
+  for (int m = 0; m < M; ++m)
+    for (int h = 0; h < nh; ++h)
+      std::memcpy(qa + (static_cast<size_t>(m) * nh + h) * D + L, r + (static_cast<size_t>(m) * nh + h) * rd, rd * sizeof(float));
+  cpu::AttentionShape as;
+  as.batch = B;
+  as.tokens = tokens;
+  as.pos0 = pos;
+  as.max_context = cfg_.max_context;
+  as.n_heads = nh;
+  as.n_kv_heads = 1;
+  as.head_dim = D;
+  as.scale = static_cast<float>(s.attn_scale);
+  cpu::attention(attn_.data(), qa, cache, cache, as, scores_.data());
+  // Each head's values: W_UV [v, kv_lora] times its o_lat.
+  float* values = mla_values_.data();
+  for (int h = 0; h < nh; ++h)
+    cpu::sgemm(true, M, vd, L, 1.0f, attn_.data() + static_cast<size_t>(h) * D, nh * D,
+               w.kv_b + (static_cast<size_t>(h) * (nope + vd) + nope) * L, L, 0.0f, values + static_cast<size_t>(h) * vd, nh * vd);
+  cpu::linear(out, values, w.o, nullptr, M, H, nh * vd);
+}
+
+// Routed experts over only the tokens routed to each (grouped by expert, in expert order, so the
+// sum of a token's contributions has one fixed order), then the shared experts.
+void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
+  const LayerShape& s = w.shape;
+  const model::MoeShape& e = s.moe;
+  const int E = e.n_experts, k = e.top_k, Ie = e.expert_intermediate, H = static_cast<int>(hidden_);
+  const float limit = static_cast<float>(s.swiglu_limit);
+  const float* hn = out;  // the normed input
+  cpu::linear(moe_logits_.data(), hn, w.router, w.router_bias, rows, E, H);
+  cpu::route_tokens(route_experts_.data(), route_weights_.data(), moe_logits_.data(), rows, e, w.router_correction);
+  // Counting sort of the rows * k choices by expert, keeping token order within an expert.
+  const int n_choices = rows * k;
+  std::fill(expert_count_.begin(), expert_count_.begin() + E + 1, 0);
+  for (int i = 0; i < n_choices; ++i) ++expert_count_[route_experts_[i] + 1];
+  for (int x = 0; x < E; ++x) expert_count_[x + 1] += expert_count_[x];
+  {
+    std::vector<int> next(expert_count_.begin(), expert_count_.begin() + E);
+    for (int i = 0; i < n_choices; ++i) expert_slots_[next[route_experts_[i]]++] = i;
+  }
+  float* sum = moe_sum_.data();
+  std::fill(sum, sum + static_cast<size_t>(rows) * H, 0.0f);
+  float* xr = moe_rows_.data();
+  float* y = moe_out_.data();
+  for (int x = 0; x < E; ++x) {
+    const int begin = expert_count_[x], n = expert_count_[x + 1] - begin;
+    if (n == 0) continue;  // decode reads only the experts its tokens chose
+    for (int r = 0; r < n; ++r)
+      std::memcpy(xr + static_cast<size_t>(r) * H, hn + static_cast<size_t>(expert_slots_[begin + r] / k) * H, H * sizeof(float));
+    cpu::linear(gate_.data(), xr, w.expert_gate[x], w.expert_gate_bias[x], n, Ie, H);
+    cpu::linear(up_.data(), xr, w.expert_up[x], w.expert_up_bias[x], n, Ie, H);
+    cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(n) * Ie, s.act, limit);
+    cpu::linear(y, gate_.data(), w.expert_down[x], w.expert_down_bias[x], n, H, Ie);
+    for (int r = 0; r < n; ++r) {
+      const int slot = expert_slots_[begin + r];
+      const float wt = route_weights_[slot];
+      float* dst = sum + static_cast<size_t>(slot / k) * H;
+      const float* src = y + static_cast<size_t>(r) * H;
+      for (int j = 0; j < H; ++j) dst[j] += wt * src[j];
+    }
+  }
+  if (w.intermediate > 0) {  // shared experts: every token
+    const int I = w.intermediate;
+    cpu::linear(gate_.data(), hn, w.gate, nullptr, rows, I, H);
+    cpu::linear(up_.data(), hn, w.up, nullptr, rows, I, H);
+    cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(rows) * I, s.act, limit);
+    cpu::linear(y, gate_.data(), w.down, nullptr, rows, H, I);
+    cpu::add_inplace(sum, y, static_cast<size_t>(rows) * H);
+  }
+  std::memcpy(out, sum, static_cast<size_t>(rows) * H * sizeof(float));
 }
 
 void CpuStage::head_forward(int32_t* out, int tokens) {
@@ -459,7 +710,8 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
     throw UserError("--tp " + std::to_string(t) + ": " + why);
   const auto [v0, v1] = tp_range(static_cast<size_t>(m.vocab), t, r);
   const size_t vocab_local = v1 - v0;
-  size_t weights = 0, kv = 0, max_q = 0, max_kv = 0, max_inter = 0, rope = 0;
+  size_t weights = 0, kv = 0, max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0, rope = 0;
+  size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
   bool has_embed = false, has_head = false, has_layer = false;
   std::vector<std::pair<model::Rope, int>> ropes;
   for (int u = first; u <= last; ++u) {
@@ -479,21 +731,55 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
       const size_t nq = static_cast<size_t>(th.q_count) * ls.head_dim, nkv = static_cast<size_t>(th.kv_count) * ls.head_dim;
       const size_t I = i1 - i0;
       const size_t norms = H * (ls.sandwich_norm ? 4 : 2) + (ls.qk_norm ? 2 * static_cast<size_t>(ls.head_dim) : 0);
-      weights += H * (2 * nq + 2 * nkv + 3 * I) + (ls.attn_bias ? nq + 2 * nkv : 0) + norms;
+      weights += norms + 3 * H * I;
+      size_t attn_width = nq;
+      if (ls.is_mla()) {
+        const model::MlaShape& a = ls.mla;
+        const size_t nh = static_cast<size_t>(ls.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
+        const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
+        const size_t ql = static_cast<size_t>(a.q_lora_rank);
+        weights += (ql > 0 ? H * ql + ql + ql * nh * qk : H * nh * qk) + H * D + L +
+                   nh * (a.qk_nope + a.v_head_dim) * L + H * nh * a.v_head_dim;
+        attn_width = nh * D;
+        max_q = std::max(max_q, nh * qk);
+        max_mla_qa = std::max(max_mla_qa, ql);
+        max_mla_kva = std::max(max_mla_kva, D);
+        max_mla_rope = std::max(max_mla_rope, nh * a.qk_rope);
+        max_mla_values = std::max(max_mla_values, nh * a.v_head_dim);
+      } else {
+        weights += H * (2 * nq + 2 * nkv) + (ls.attn_bias ? nq + 2 * nkv : 0) + (ls.o_bias ? H : 0) +
+                   (ls.attn_sinks ? static_cast<size_t>(ls.n_heads) : 0);
+        max_kv = std::max(max_kv, nkv);
+      }
+      if (ls.is_moe()) {
+        const model::MoeShape& e = ls.moe;
+        const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
+        weights += E * H + (e.router_bias ? E : 0) + (e.router == model::RouterKind::sigmoid_grouped ? E : 0) +
+                   E * (3 * H * Ie + (e.expert_bias ? 2 * Ie + H : 0));
+        max_experts = std::max(max_experts, E);
+        max_top_k = std::max(max_top_k, static_cast<size_t>(e.top_k));
+        max_inter = std::max(max_inter, Ie);
+      }
       max_q = std::max(max_q, nq);
-      max_kv = std::max(max_kv, nkv);
+      max_attn = std::max(max_attn, attn_width);
       max_inter = std::max(max_inter, I);
-      kv += 2 * groups * max_tokens * nkv;
-      const auto key = std::make_pair(ls.rope, ls.head_dim);
+      kv += groups * max_tokens * layer_cache_floats(ls, nkv);
+      const int rotated = ls.is_mla() ? ls.mla.qk_rope : ls.head_dim;
+      const auto key = std::make_pair(ls.rope, rotated);
       if (std::find(ropes.begin(), ropes.end(), key) == ropes.end()) {
         ropes.push_back(key);
-        rope += 2 * ctx * static_cast<size_t>(ls.head_dim / 2);
+        rope += 2 * ctx * static_cast<size_t>(rotated / 2);
       }
     }
   }
   size_t scratch = max_tokens * H + rope;
-  if (has_layer)
-    scratch += max_tokens * (H + 2 * max_q + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.max_context);
+  if (has_layer) {
+    scratch += max_tokens * (H + max_q + max_attn + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.max_context);
+    scratch += max_tokens * (max_mla_qa + max_mla_kva + (max_mla_kva > 0 ? max_attn : 0) + max_mla_rope + max_mla_values);
+    // MoE: router logits, gathered rows, expert output, the sum, the weights (and as many int32
+    // experts and slots, counted as floats: both 4 bytes).
+    if (max_experts > 0) scratch += max_tokens * (max_experts + 3 * H + 3 * max_top_k) + max_experts + 1;
+  }
   if (has_head) scratch += B * H + B * vocab_local;
   // Width > 1: the group's all-reduce gathers every rank's part of the largest [B x T, H]
   // (create_mpi_tp_group's buffer, one per stage's group; ThreadTpGroups' is smaller).

@@ -135,6 +135,11 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
                         std::to_string(m.layers.size()) + ")");
       }
       const LayerShape& s = m.layers[unit.layer];
+      if (s.is_moe() || s.is_mla() || s.attn_sinks || s.act == model::Activation::swiglu_clamped) {
+        const char* what = s.is_moe() ? "mixture-of-experts" : s.is_mla() ? "multi-head latent attention" : "gpt-oss attention";
+        throw UserError("layer " + std::to_string(unit.layer) + " of " + m.architecture + ": the CUDA backend does not run " +
+                        what + " layers yet (the CPU backend does: --device cpu)");
+      }
       if (s.hidden != m.hidden || s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0 ||
           s.head_dim < 2 || s.head_dim % 2 != 0 || s.intermediate < 1) {
         throw UserError("layer " + std::to_string(unit.layer) + " has an inconsistent shape: hidden=" +
