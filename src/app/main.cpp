@@ -117,6 +117,10 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
               "all ranks time the same forward at the same moment (a barrier before each timed forward), so "
               "that the ranks of a node share the memory bandwidth while profiled as their stages do in the "
               "pipeline; default: every rank profiles at its own pace");
+  sc.add_flag("--mtp", opt.mtp,
+              "run the model's multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers) after the "
+              "head, as speculative decoding serves with them: the head unit becomes head+mtp, profiled, placed "
+              "and timed with them (drafts are computed, not verified)");
   sc.add_flag("--no-cuda-graphs", opt.no_cuda_graphs,
               "CUDA: run each decode forward eagerly (a launch per kernel) instead of replaying it from a CUDA "
               "graph captured per request group and context bucket, as vLLM and TensorRT-LLM do; the A/B of "

@@ -347,6 +347,10 @@ std::map<std::string, double> model_numbers(const model::ModelSpec& spec) {
           {"tie_word_embeddings", spec.tie_embeddings ? 1.0 : 0.0},
           {"sliding_window_layers", local_layers},
           {"total_params", static_cast<double>(model::total_params(spec))},
+          {"active_params", static_cast<double>(model::active_params(spec))},
+          {"moe_layers", static_cast<double>(std::count_if(spec.layers.begin(), spec.layers.end(),
+                                                           [](const model::LayerShape& l) { return l.is_moe(); }))},
+          {"mtp_modules_run", spec.mtp ? spec.mtp_modules : 0},
           {"num_units", spec.num_units()},
           {"num_signatures", static_cast<double>(spec.signatures.size())}};
 }
@@ -475,6 +479,7 @@ class RunJob {
         throw UserError("--control benchmarks the uniform split twice, but --partition '" + opt_.partition +
                         "' has no uniform split; use --partition uniform, both or all");
       spec_ = model::load_model_config(opt_.model_path);
+      if (opt_.mtp) model::enable_mtp(spec_);  // UserError naming --mtp for a model without MTP
       if (S_ > spec_.num_units())
         throw UserError("the run has " + std::to_string(S_) + " ranks (one stage each) but " + opt_.model_path +
                         " has only " + std::to_string(spec_.num_units()) + " units (embed + " +

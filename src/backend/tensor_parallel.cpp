@@ -158,6 +158,7 @@ TpHeads tp_heads(int n_heads, int n_kv, int t, int r) {
 std::string tp_unsupported_reason(const model::ModelSpec& m, int t) {
   if (t < 1) return "a tensor-parallel width must be >= 1, got " + std::to_string(t);
   if (t == 1) return "";
+  if (m.mtp) return "the multi-token-prediction modules (--mtp) run on one rank only";
   if (m.vocab < t) return "the vocabulary (" + std::to_string(m.vocab) + ") has fewer tokens than ranks";
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const model::LayerShape& s = m.layers[l];

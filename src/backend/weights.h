@@ -75,6 +75,12 @@ enum class Tensor : uint64_t {
   // gpt-oss attention.
   sinks = 34,              ///< [n_heads] a logit per head, uniform in [-1, 1)
   o_bias = 35,             ///< [H]
+  // Multi-token prediction (DeepSeek-V3), keyed by the unit id num_units() + module; the module's
+  // decoder layer uses the layer ids above under the same unit id.
+  mtp_enorm = 36,          ///< [H]
+  mtp_hnorm = 37,          ///< [H]
+  mtp_eh_proj = 38,        ///< [H, 2H]
+  mtp_shared_norm = 39,    ///< [H]
 };
 
 /// The id of routed expert `expert`'s tensor t (t one of the expert_* ids): a distinct tensor per

@@ -828,32 +828,84 @@ ModelSpec load_model_config(const std::string& path) {
   return parse_model_config(text.str(), path);
 }
 
+namespace {
+
+/// KV-cache bytes per token of one layer of shape s.
+int64_t layer_kv_row_bytes(const LayerShape& s, int dtype_bytes) {
+  if (s.is_mla()) return (int64_t{s.mla.kv_lora_rank} + s.mla.qk_rope) * dtype_bytes;  // the latent and k_rope
+  return 2 * int64_t{s.n_kv_heads} * s.head_dim * dtype_bytes;
+}
+
+/// FLOPs of one layer's forward (unit_flops' contract).
+double layer_flops(const LayerShape& s, double b, int tokens, int context) {
+  const double matmul = 2.0 * layer_matmul_params_per_token(s) * tokens;
+  // QK^T and AV per attended (query, key) pair.
+  const double attn = attention_flops_per_position(s) * attended_positions(context - tokens, context, s.sliding_window);
+  return b * (matmul + attn);
+}
+
+/// Bytes one layer's forward moves (unit_bytes_moved's contract), its activations included.
+double layer_bytes(const LayerShape& s, int hidden, int batch, int tokens, int context, int dtype_bytes) {
+  // KV read: the union of the windows of the new tokens, i.e. all `context` positions, or the
+  // last window + tokens - 1 of them for a sliding-window layer. KV written: the new tokens'
+  // rows. Activations: the input read and the output written.
+  const double d = dtype_bytes, rows = static_cast<double>(batch) * tokens;
+  const int window = s.sliding_window;
+  const int64_t positions = window > 0 ? std::min<int64_t>(context, int64_t{window} + tokens - 1) : context;
+  const double kv_row = static_cast<double>(layer_kv_row_bytes(s, dtype_bytes));
+  // A MoE layer reads the experts its tokens reach, not all of them.
+  const double unread_experts = s.is_moe() ? s.moe.n_experts - expected_distinct_experts(s, rows) : 0.0;
+  const double weights = static_cast<double>(layer_params(s)) - unread_experts * static_cast<double>(expert_params<int64_t>(s));
+  return weights * d + static_cast<double>(batch) * static_cast<double>(positions) * kv_row + rows * kv_row +
+         2.0 * rows * hidden * d;
+}
+
+/// One MTP module's own parameters: enorm, hnorm, eh_proj [H, 2H], its decoder layer and
+/// shared_head.norm (DeepSeek-V3 README_WEIGHTS), the shared embedding and lm_head aside.
+int64_t mtp_module_params(const ModelSpec& m) {
+  const int64_t h = m.hidden;
+  return 2 * h + 2 * h * h + layer_params(m.mtp_shape) + h;
+}
+
+}  // namespace
+
+void enable_mtp(ModelSpec& m) {
+  if (m.mtp_modules == 0)
+    throw UserError("--mtp: " + m.source + " (" + m.architecture +
+                    ") has no multi-token-prediction module (num_nextn_predict_layers is 0 or absent)");
+  if (m.mtp) return;
+  m.mtp = true;
+  Unit& head = m.units.back();
+  if (head.kind != UnitKind::head) throw InternalError("enable_mtp: the last unit of " + m.source + " is not the head");
+  head.name = "head+mtp";
+  if (head.signature >= 0 && head.signature < static_cast<int>(m.signatures.size()))
+    m.signatures[head.signature] = "head+mtp";
+}
+
 int64_t unit_params(const ModelSpec& m, int unit) {
   const Unit& u = unit_at(m, unit);
   int64_t table = int64_t{m.vocab} * m.hidden;
   switch (u.kind) {
     case UnitKind::embed: return table;
     case UnitKind::layer: return layer_params(m.layers[u.layer]);
-    case UnitKind::head: return m.hidden + (m.tie_embeddings ? 0 : table);
+    case UnitKind::head: return m.hidden + (m.tie_embeddings ? 0 : table) + (m.mtp ? mtp_params(m) : 0);
   }
   return 0;
 }
 
 int64_t unit_resident_params(const ModelSpec& m, int unit) {
   const Unit& u = unit_at(m, unit);
-  if (u.kind == UnitKind::head) return m.hidden + int64_t{m.vocab} * m.hidden;
+  const int64_t table = int64_t{m.vocab} * m.hidden;
+  // A head holds the [vocab, hidden] matrix even when tied; with MTP also the embedding table
+  // (the draft token's embedding) and the modules.
+  if (u.kind == UnitKind::head) return m.hidden + table + (m.mtp ? table + mtp_params(m) : 0);
   return unit_params(m, unit);
 }
 
-int64_t mtp_params(const ModelSpec& m) {
-  if (m.mtp_modules == 0) return 0;
-  const int64_t h = m.hidden;
-  // enorm, hnorm, eh_proj [H, 2H], the decoder layer, shared_head.norm (DeepSeek-V3 README_WEIGHTS).
-  return m.mtp_modules * (2 * h + 2 * h * h + layer_params(m.mtp_shape) + h);
-}
+int64_t mtp_params(const ModelSpec& m) { return m.mtp_modules == 0 ? 0 : m.mtp_modules * mtp_module_params(m); }
 
 int64_t total_params(const ModelSpec& m) {
-  int64_t sum = mtp_params(m);
+  int64_t sum = m.mtp ? 0 : mtp_params(m);  // with --mtp the head unit counts them
   for (int u = 0; u < m.num_units(); ++u) sum += unit_params(m, u);
   return sum;
 }
@@ -866,7 +918,14 @@ int64_t unit_active_params(const ModelSpec& m, int unit) {
       const LayerShape& s = m.layers[u.layer];
       return layer_params_t<int64_t>(s, s.moe.top_k);
     }
-    case UnitKind::head: return unit_resident_params(m, unit);  // a tied head multiplies by the table too
+    case UnitKind::head: {
+      // A tied head multiplies by the table too; MTP modules add their active parameters.
+      int64_t p = m.hidden + int64_t{m.vocab} * m.hidden;
+      if (m.mtp)
+        p += m.mtp_modules * (mtp_module_params(m) - layer_params(m.mtp_shape) +
+                              layer_params_t<int64_t>(m.mtp_shape, m.mtp_shape.moe.top_k));
+      return p;
+    }
   }
   return 0;
 }
@@ -886,19 +945,19 @@ double expected_distinct_experts(const LayerShape& s, double rows) {
 int64_t kv_bytes_per_token(const ModelSpec& m, int unit, int dtype_bytes) {
   const Unit& u = unit_at(m, unit);
   check_positive(dtype_bytes, "dtype_bytes");
+  if (u.kind == UnitKind::head) return m.mtp ? m.mtp_modules * layer_kv_row_bytes(m.mtp_shape, dtype_bytes) : 0;
   if (u.kind != UnitKind::layer) return 0;
-  const LayerShape& s = m.layers[u.layer];
-  if (s.is_mla()) return (int64_t{s.mla.kv_lora_rank} + s.mla.qk_rope) * dtype_bytes;  // the latent and k_rope
-  return 2 * int64_t{s.n_kv_heads} * s.head_dim * dtype_bytes;
+  return layer_kv_row_bytes(m.layers[u.layer], dtype_bytes);
 }
 
 int64_t kv_cache_bytes(const ModelSpec& m, int unit, int sequences, int context, int dtype_bytes) {
   const Unit& u = unit_at(m, unit);
-  if (u.kind != UnitKind::layer) return 0;
   if (sequences < 0 || context < 0)
     throw InternalError("kv_cache_bytes: sequences and context must be >= 0");
-  int window = m.layers[u.layer].sliding_window;
-  int64_t positions = window > 0 ? std::min(window, context) : context;
+  if (u.kind == UnitKind::embed) return 0;
+  const LayerShape& s = u.kind == UnitKind::layer ? m.layers[u.layer] : m.mtp_shape;
+  const int window = s.sliding_window;
+  const int64_t positions = window > 0 ? std::min(window, context) : context;
   return kv_bytes_per_token(m, unit, dtype_bytes) * sequences * positions;
 }
 
@@ -915,16 +974,14 @@ double unit_flops(const ModelSpec& m, int unit, Phase phase, int batch, int toke
     case UnitKind::head: {
       // lm_head [vocab, hidden] matmul: prefill only needs the last token's logits.
       const double per_token = 2.0 * m.vocab * static_cast<double>(m.hidden);
-      return phase == Phase::prefill ? b * per_token : b * t * per_token;
+      const double head = phase == Phase::prefill ? b * per_token : b * t * per_token;
+      if (!m.mtp) return head;
+      // Each MTP module: eh_proj over every row, its layer, and the shared head again.
+      const double eh = 2.0 * 2.0 * m.hidden * static_cast<double>(m.hidden) * b * t;
+      return head + m.mtp_modules * (eh + layer_flops(m.mtp_shape, b, tokens, context) + head);
     }
-    case UnitKind::layer: {
-      const LayerShape& s = m.layers[u.layer];
-      const double matmul = 2.0 * layer_matmul_params_per_token(s) * t;
-      // QK^T and AV per attended (query, key) pair.
-      const double attn =
-          attention_flops_per_position(s) * attended_positions(context - tokens, context, s.sliding_window);
-      return b * (matmul + attn);
-    }
+    case UnitKind::layer:
+      return layer_flops(m.layers[u.layer], b, tokens, context);
   }
   return 0.0;
 }
@@ -947,24 +1004,17 @@ double unit_bytes_moved(const ModelSpec& m, int unit, Phase phase, int batch, in
       // The weight, the normed input of the tokens whose logits are computed (prefill: the
       // last one), and their fp32 logits written once.
       const double logit_rows = phase == Phase::prefill ? static_cast<double>(batch) : rows;
-      return static_cast<double>(unit_resident_params(m, unit)) * d + logit_rows * m.hidden * d +
-             logit_rows * m.vocab * 4.0;
+      const double head = (m.hidden + static_cast<double>(m.vocab) * m.hidden) * d + logit_rows * m.hidden * d +
+                          logit_rows * m.vocab * 4.0;
+      if (!m.mtp) return head;
+      // Each MTP module: the draft token's embedding rows, norms and eh_proj, its layer, and
+      // the shared head read again.
+      const double eh = (2.0 * m.hidden * static_cast<double>(m.hidden) + 3.0 * m.hidden) * d + 3.0 * act;
+      return head + m.mtp_modules * (rows * m.hidden * d + eh +
+                                     layer_bytes(m.mtp_shape, m.hidden, batch, tokens, context, dtype_bytes) + head);
     }
-    case UnitKind::layer: {
-      // KV read: the union of the windows of the new tokens, i.e. all `context` positions,
-      // or the last window + tokens - 1 of them for a sliding-window layer. KV written: the
-      // new tokens' rows. Activations: the input read and the output written.
-      int window = m.layers[u.layer].sliding_window;
-      int64_t positions = window > 0 ? std::min<int64_t>(context, int64_t{window} + tokens - 1) : context;
-      const double kv_row = static_cast<double>(kv_bytes_per_token(m, unit, dtype_bytes));
-      const LayerShape& s = m.layers[u.layer];
-      // A MoE layer reads the experts its tokens reach, not all of them.
-      const double unread_experts = s.is_moe() ? s.moe.n_experts - expected_distinct_experts(s, rows) : 0.0;
-      const double weights = static_cast<double>(unit_resident_params(m, unit)) -
-                             unread_experts * static_cast<double>(expert_params<int64_t>(s));
-      return weights * d +
-             static_cast<double>(batch) * static_cast<double>(positions) * kv_row + rows * kv_row + 2.0 * act;
-    }
+    case UnitKind::layer:
+      return layer_bytes(m.layers[u.layer], m.hidden, batch, tokens, context, dtype_bytes);
   }
   return 0.0;
 }

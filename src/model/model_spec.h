@@ -132,9 +132,16 @@ struct ModelSpec {
   std::vector<LayerShape> layers;        ///< [n_layers]
   /// Multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers): each an embedding
   /// norm, a hidden norm, eh_proj [H, 2H], one decoder layer of mtp_shape and a final norm,
-  /// sharing the embedding and lm_head. Counted by total_params (mtp_params); not a unit.
+  /// sharing the embedding and lm_head. Counted by total_params (mtp_params) always; run with
+  /// the head (enable_mtp) when --mtp asks for them.
   int mtp_modules = 0;
   LayerShape mtp_shape;
+  /// --mtp: the head unit ("head+mtp") also runs the MTP modules after the head, as speculative
+  /// decoding serves with them: each module drafts a token from the main model's final hidden
+  /// state and the token before it. Its parameters, weights, KV cache, FLOPs and bytes are the
+  /// head unit's. The module must share the head's stage (it reads the head's token and hidden
+  /// state and shares lm_head), so it is not a separately placeable unit.
+  bool mtp = false;
   std::vector<Unit> units;               ///< [n_layers + 2]
   std::vector<std::string> signatures;   ///< signature names, e.g. "embed", "layer.global", "layer.local", "head"
   std::vector<int> signature_example;    ///< for each signature, the index of its first unit
@@ -154,6 +161,10 @@ enum class Phase { prefill, decode };
 /// @throws ppb::UserError on malformed JSON (with line/column), a missing or non-positive size,
 ///         heads that don't divide, or an unsupported architecture (listing the supported ones).
 ModelSpec parse_model_config(const std::string& json_text, const std::string& source = "<string>");
+
+/// --mtp: makes the head unit run the model's MTP modules too (ModelSpec::mtp); renames the head
+/// unit and its signature "head+mtp". @throws ppb::UserError naming --mtp when the model has none.
+void enable_mtp(ModelSpec& m);
 
 /// Reads and parses a config.json file. @throws ppb::UserError if unreadable or invalid.
 ModelSpec load_model_config(const std::string& path);

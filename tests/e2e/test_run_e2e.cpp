@@ -419,21 +419,39 @@ TEST(RunE2E, TinyGemma3FourRanksAllPartitions) {
 }
 
 /// Issue 15: every mixture-of-experts and MLA architecture's tiny config runs the main job on 2
-/// ranks, validated (pipelined == serialized), with its experts' signatures in the file; the
-/// DeepSeek-V3-shaped one (3 dense layers, then MoE layers with MLA) on 4 ranks too.
+/// ranks, validated (pipelined == serialized), with its dense and MoE signatures in the file;
+/// the DeepSeek-V3-shaped one (3 dense layers, then MoE layers with MLA) also on 4 ranks with its
+/// MTP module after the head (--mtp), where the balancer gives the last stage fewer layers than
+/// the uniform split does (its head+mtp unit costs about two layers) and the first stage more
+/// (its dense layers and embed cost less than MoE layers).
 TEST(RunE2E, MixtureOfExpertsArchitecturesRunValidated) {
   for (const char* name : {"mixtral", "qwen3-moe", "deepseek-v3", "gpt-oss"}) {
     for (int np : {2, 4}) {
-      if (np == 4 && std::string(name) != "deepseek-v3") continue;
+      const bool deepseek4 = np == 4 && std::string(name) == "deepseek-v3";
+      if (np == 4 && !deepseek4) continue;
       SCOPED_TRACE(std::string(name) + " on " + std::to_string(np) + " ranks");
       const std::string out = temp_dir() + "/" + name + "-" + std::to_string(np) + ".h5";
-      auto r = run(mpirun(np) + "--model tests/data/tiny-" + name + ".json -p 8 -g 3 -b 2 --iters 2 --max-time 5 -o " + out);
+      auto r = run(mpirun(np) + "--model tests/data/tiny-" + name + ".json -p 8 -g 3 -b 2 --iters 2 --max-time 5 " +
+                   (deepseek4 ? "--mtp " : "") + "-o " + out);
       ASSERT_EQ(r.status, 0) << r.output;
       auto root = ppb::h5::File::open(out).root();
       EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
       const auto sigs = root.open_group("profile").open_dataset("signature_name").read_strings();
+      const std::string head = deepseek4 ? "head+mtp" : "head";
       if (std::string(name) == "deepseek-v3" || std::string(name) == "qwen3-moe")  // dense layers first
-        EXPECT_EQ(sigs, (std::vector<std::string>{"embed", "layer.dense", "layer.moe", "head"}));
+        EXPECT_EQ(sigs, (std::vector<std::string>{"embed", "layer.dense", "layer.moe", head}));
+      if (!deepseek4) continue;
+      const auto units = root.open_group("profile").open_dataset("unit_name").read_strings();
+      EXPECT_EQ(units.back(), "head+mtp");
+      auto first_units = [&](const std::string& part) {
+        return root.open_group("partitions/" + part).open_dataset("first_unit").read<int64_t>();
+      };
+      const auto uni = first_units("uniform"), bal = first_units("balanced");
+      ASSERT_EQ(uni.size(), 4u);
+      ASSERT_EQ(bal.size(), 4u);
+      const int64_t U = static_cast<int64_t>(units.size());
+      EXPECT_LT(U - bal[3], U - uni[3]) << "last stage: balanced " << U - bal[3] << " units, uniform " << U - uni[3];
+      EXPECT_GT(bal[1], uni[1]) << "first stage: balanced " << bal[1] << " units, uniform " << uni[1];
     }
   }
 }
@@ -556,6 +574,7 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"unsupported architecture", 2, "--model " + dir + "/dbrx.json", "supported"},
       {"MoE model larger than the ranks", 2, "--model inputs/models/mixtral-8x7b-v0.1.json --memory-limit 8", "ranks hold"},
       {"tp of MoE layers", 2, "--model tests/data/tiny-mixtral.json --tp 2", "dense layers only"},
+      {"mtp without a module", 2, "--model tests/data/tiny-mixtral.json --mtp", "--mtp"},
       {"stages > units", 4, "--model " + dir + "/onelayer.json", "at most 3 ranks"},
       {"manual split wrong length", 2, tiny + "--partition 3,3,2", "3 stages"},
       {"manual split wrong sum", 2, tiny + "--partition 3,3", "8 units"},

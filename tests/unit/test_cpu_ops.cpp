@@ -778,8 +778,7 @@ double g_ref_route_margin = 1e300;
 /// Naive double layer over a whole sequence from position 0: x [T, H] -> x' [T, H]. MLA in its
 /// expanded form (k_nope and v decompressed from c_kv per position, transformers'
 /// DeepseekV3Attention), so that the stage's absorbed form is checked against it.
-dvec ref_layer(const ModelSpec& m, int unit, uint64_t seed, const dvec& x, int T) {
-  const LayerShape& s = m.layers[m.units[unit].layer];
+dvec ref_layer_of(const LayerShape& s, int unit, uint64_t seed, const dvec& x, int T) {
   const int H = s.hidden, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim, I = s.intermediate;
   const bool p1 = s.norm_plus_one;
   auto P = [&](size_t r, size_t c, Tensor t) { return to_double(gen_proj(r, c, seed, unit, t)); };
@@ -912,11 +911,16 @@ dvec ref_layer(const ModelSpec& m, int unit, uint64_t seed, const dvec& x, int T
   return y;
 }
 
+dvec ref_layer(const ModelSpec& m, int unit, uint64_t seed, const dvec& x, int T) {
+  return ref_layer_of(m.layers[m.units[unit].layer], unit, seed, x, T);
+}
+
 /// What the head makes of one sequence.
 struct RefHead {
   double checksum = 0.0;  // sum of the last position's hidden state before the final norm
   double norm = 0.0;      // its 2-norm
   dvec hidden;            // the hidden state itself [H]
+  dvec all_hidden;        // every position's [T, H]
   dvec logits;
   int token = 0;
 };
@@ -936,6 +940,7 @@ RefHead ref_model(const ModelSpec& m, uint64_t seed, const std::vector<int32_t>&
   const double* last = x.data() + static_cast<size_t>(T - 1) * H;
   for (int j = 0; j < H; ++j) r.checksum += last[j];
   r.hidden.assign(last, last + H);
+  r.all_hidden = x;
   r.norm = std::sqrt(std::inner_product(r.hidden.begin(), r.hidden.end(), r.hidden.begin(), 0.0));
   const dvec hn = ref_rmsnorm(last, H, to_double(gen_norm(H, seed, head, Tensor::final_norm, m.final_norm_plus_one)),
                               m.rms_eps, m.final_norm_plus_one);
@@ -1124,6 +1129,81 @@ TEST(CpuStage, ModelPrefillAndDecodeMatchReference) {
       in.assign(B, 0);
       for (int b = 0; b < B; ++b) in[b] = seqs[b].back();
     }
+  }
+}
+
+/// A DeepSeek-like model with --mtp: the MTP module's reference over one sequence: the main
+/// model's final hidden states x [T, H] and each position's draft-token input d [T] (the head's
+/// token of the forward that held the position). Returns the sum and 2-norm of the module's
+/// last hidden state, what the stage adds to its checksum.
+std::pair<double, double> ref_mtp(const ModelSpec& m, uint64_t seed, const dvec& x, const std::vector<int32_t>& d, int T) {
+  const int H = m.hidden, mu = m.num_units();
+  fvec emb(static_cast<size_t>(m.vocab) * H);
+  ppb::fill_embedding(emb.data(), m.vocab, H, seed);
+  const dvec en = to_double(gen_norm(H, seed, mu, Tensor::mtp_enorm, false));
+  const dvec hn = to_double(gen_norm(H, seed, mu, Tensor::mtp_hnorm, false));
+  dvec cat;
+  for (int t = 0; t < T; ++t) {
+    const dvec e(emb.begin() + static_cast<long>(d[t]) * H, emb.begin() + static_cast<long>(d[t] + 1) * H);
+    const dvec a = ref_rmsnorm(e.data(), H, en, m.rms_eps, false);
+    const dvec b = ref_rmsnorm(x.data() + static_cast<size_t>(t) * H, H, hn, m.rms_eps, false);
+    cat.insert(cat.end(), a.begin(), a.end());
+    cat.insert(cat.end(), b.begin(), b.end());
+  }
+  dvec h = ref_linear(cat, to_double(gen_proj(H, 2 * H, seed, mu, Tensor::mtp_eh_proj)), nullptr, T, H, 2 * H);
+  h = ref_layer_of(m.mtp_shape, mu, seed, h, T);
+  const double* last = h.data() + static_cast<size_t>(T - 1) * H;
+  double sum = 0.0, sq = 0.0;
+  for (int j = 0; j < H; ++j) {
+    sum += last[j];
+    sq += last[j] * last[j];
+  }
+  return {sum, std::sqrt(sq)};
+}
+
+/// --mtp: the head unit runs the MTP module after the head; the pipeline's tokens stay the main
+/// model's, and the checksum adds the module's last hidden state, each against the reference
+/// (prefill, then 3 decode steps whose MTP input is that step's token).
+TEST(CpuStage, MtpModuleAfterTheHeadMatchesReference) {
+  const int B = 2, P = 5, steps = 3;
+  ModelSpec m = make_spec({deepseek_layer(false), deepseek_layer(true)});
+  m.mtp_modules = 1;
+  m.mtp_shape = deepseek_layer(true);
+  ppb::model::enable_mtp(m);
+  EXPECT_EQ(m.units.back().name, "head+mtp");
+  SyncLane lane;
+  const ppb::StageConfig cfg = config(B, P + steps);
+  auto stage = ppb::create_cpu_stage(m, 0, m.num_units() - 1, cfg);
+  const auto plan = ppb::cpu_stage_bytes(m, 0, m.num_units() - 1, cfg);
+  EXPECT_EQ(plan.weights, stage->weight_bytes());
+  EXPECT_EQ(plan.kv_cache, stage->kv_cache_bytes());
+  auto head_only = ppb::create_cpu_stage(m, m.num_units() - 1, m.num_units() - 1, cfg);  // its own embedding copy
+  EXPECT_EQ(ppb::cpu_stage_bytes(m, m.num_units() - 1, m.num_units() - 1, cfg).weights, head_only->weight_bytes());
+  std::vector<std::vector<int32_t>> seqs(B), drafts_in(B);
+  const std::vector<int32_t> pr = prompt(B, P, m.vocab, 9);
+  for (int b = 0; b < B; ++b) seqs[b].assign(pr.begin() + b * P, pr.begin() + (b + 1) * P);
+  std::vector<int32_t> in = pr;
+  for (int step = 0; step <= steps; ++step) {
+    const int pos = step == 0 ? 0 : P + step - 1;
+    const int T = step == 0 ? P : 1;
+    std::vector<int32_t> out(B);
+    stage->reset_checksum();
+    stage->enqueue_forward(lane, in.data(), out.data(), 0, pos, T);
+    const double e_main = ppb::test::model_bound_f32(m, pos + T);
+    const double e_mtp = e_main + ppb::test::chain_bound_f32({2 * m.hidden}) + ppb::test::layer_bound_f32(m.mtp_shape, pos + T);
+    double ref_sum = 0.0, bound = 0.0;
+    for (int b = 0; b < B; ++b) {
+      const RefHead r = ref_model(m, cfg.seed, seqs[b]);
+      expect_token(out[b], r);
+      for (int t = 0; t < T; ++t) drafts_in[b].push_back(r.token);  // the head's token, every position
+      const auto [mtp_sum, mtp_norm] = ref_mtp(m, cfg.seed, r.all_hidden, drafts_in[b], pos + T);
+      ref_sum += r.checksum + mtp_sum;
+      bound += std::sqrt(static_cast<double>(m.hidden)) * (e_main * r.norm + e_mtp * mtp_norm);
+      seqs[b].push_back(r.token);
+    }
+    EXPECT_NEAR(stage->checksum(), ref_sum, bound) << "step " << step;
+    in.assign(B, 0);
+    for (int b = 0; b < B; ++b) in[b] = seqs[b].back();
   }
 }
 

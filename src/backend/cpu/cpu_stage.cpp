@@ -100,10 +100,20 @@ class CpuStage final : public StageExecutor {
 
  private:
   float* new_weights(size_t n);
+  /// The largest of each scratch size over the stage's layers, and the KV-cache floats.
+  struct ScratchSizes {
+    size_t max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0, max_o_in = 0;
+    size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
+    size_t kv_floats = 0;
+  };
+  /// Builds one decoder layer of shape s, its weights keyed by unit u (layer: its index in
+  /// ModelSpec::layers, for messages), this rank's shard, with its RoPE table; grows z.
+  LayerWeights make_layer(const LayerShape& s, int u, int layer, ScratchSizes& z);
   void forward(const void* in, void* out, int group, int pos, int tokens);
   void layer_forward(const LayerWeights& w, int group, int pos, int tokens);
   void mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out);
   void moe_mlp(const LayerWeights& w, int rows, float* out);
+  void mtp_forward(const int32_t* tokens, int group, int pos, int T);
   void head_forward(int32_t* out, int tokens);
 
   int first_ = 0;
@@ -144,6 +154,20 @@ class CpuStage final : public StageExecutor {
   std::vector<int> expert_count_, expert_slots_;
   std::vector<float> best_;  // the head's [B] largest local logits (width > 1)
 
+  // --mtp (model::ModelSpec::mtp): the multi-token-prediction modules after the head.
+  struct MtpModule {
+    const float* enorm = nullptr;        // [H] the draft token's embedding norm
+    const float* hnorm = nullptr;        // [H] the hidden state's norm
+    const float* eh_proj = nullptr;      // [H, 2H]
+    const float* shared_norm = nullptr;  // [H] before the shared lm_head
+    LayerWeights layer;
+  };
+  std::vector<MtpModule> mtp_;
+  const float* mtp_embed_ = nullptr;     // the embedding table (embed_ when this stage holds it)
+  float mtp_eps_ = 1e-6f;
+  cpu::AlignedFloatVector mtp_cat_;      // [B*T, 2H]
+  std::vector<int32_t> draft_;           // [B] the token each module starts from, then its draft
+
   double checksum_ = 0.0;
 };
 
@@ -151,6 +175,183 @@ float* CpuStage::new_weights(size_t n) {
   weight_store_.push_back(cpu::make_aligned_floats(n));
   weight_bytes_ += n * sizeof(float);
   return weight_store_.back().get();
+}
+
+LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, ScratchSizes& z) {
+  const uint64_t seed = cfg_.seed;
+  const size_t H = hidden_;
+  const size_t ctx = static_cast<size_t>(cfg_.max_context);
+  const size_t max_tokens = static_cast<size_t>(cfg_.batch) * ctx;
+  const StageConfig& cfg = cfg_;
+  const bool attn_ok = s.is_mla() ? s.mla.qk_nope >= 1 && s.mla.qk_rope >= 2 && s.mla.qk_rope % 2 == 0 &&
+                                        s.mla.v_head_dim >= 1 && s.mla.q_lora_rank >= 0
+                                  : s.n_kv_heads >= 1 && s.n_heads % s.n_kv_heads == 0 && s.head_dim >= 2 &&
+                                        s.head_dim % 2 == 0;
+  const bool mlp_ok = s.is_moe() ? s.moe.top_k >= 1 && s.moe.top_k <= s.moe.n_experts &&
+                                       s.moe.expert_intermediate >= 1 && s.intermediate >= 0
+                                 : s.intermediate >= 1;
+  if (s.hidden != static_cast<int>(hidden_) || s.n_heads < 1 || !attn_ok || !mlp_ok) {
+    throw UserError("layer " + std::to_string(layer) + " has an inconsistent shape: hidden=" +
+                    std::to_string(s.hidden) + " n_heads=" + std::to_string(s.n_heads) +
+                    " n_kv_heads=" + std::to_string(s.n_kv_heads) + " head_dim=" +
+                    std::to_string(s.head_dim) + " intermediate=" + std::to_string(s.intermediate) +
+                    " experts=" + std::to_string(s.moe.n_experts) + " top_k=" + std::to_string(s.moe.top_k) +
+                    " (need n_kv_heads | n_heads, an even head_dim or MLA rope dim, hidden = model hidden, "
+                    "1 <= top_k <= experts)");
+  }
+  // This rank's shard (all of it at width 1): its heads, its slice of the MLP.
+  const TpHeads th = tp_heads(s.n_heads, s.n_kv_heads, tp_width_, tp_rank_);
+  const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), tp_width_, tp_rank_);
+  const size_t hd = static_cast<size_t>(s.head_dim);
+  const size_t nq_all = static_cast<size_t>(s.n_heads) * hd, I_all = static_cast<size_t>(s.intermediate);
+  const size_t q0 = th.q_begin * hd, kv0 = th.kv_begin * hd;
+  LayerWeights w;
+  w.unit = u;
+  w.shape = s;
+  w.shape.n_heads = th.q_count;
+  w.shape.n_kv_heads = th.kv_count;
+  w.intermediate = static_cast<int>(i1 - i0);
+  const size_t nq = static_cast<size_t>(th.q_count) * hd;
+  const size_t nkv = static_cast<size_t>(th.kv_count) * hd;
+  const size_t I = i1 - i0;
+  // Column-parallel: rows [row0, row0 + rows) of [*, H]. Row-parallel: columns
+  // [col0, col0 + cols) of [H, fan_in].
+  auto proj_rows = [&](size_t row0, size_t rows, Tensor t) {
+    float* p = new_weights(rows * H);
+    fill_projection_rows(p, row0, rows, H, seed, u, t);
+    return p;
+  };
+  auto proj_cols = [&](size_t fan_in, size_t col0, size_t cols, Tensor t) {
+    float* p = new_weights(H * cols);
+    fill_projection_cols(p, H, fan_in, col0, cols, seed, u, t);
+    return p;
+  };
+  auto norm = [&](size_t n, Tensor t) {
+    float* p = new_weights(n);
+    fill_norm(p, n, seed, u, t, s.norm_plus_one);
+    return p;
+  };
+  auto bias = [&](size_t first, size_t n, Tensor t) {
+    float* p = new_weights(n);
+    fill_bias(p, n, seed, u, t, first);
+    return p;
+  };
+  w.input_norm = norm(H, Tensor::input_layernorm);
+  size_t attn_width = nq, o_fan_in = nq;  // the attention output per token, o_proj's input
+  if (s.is_mla()) {
+    // Tensor parallelism refuses MLA (tp_unsupported_reason): the whole layer here.
+    const model::MlaShape& a = s.mla;
+    const size_t nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
+    const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
+    if (a.q_lora_rank > 0) {
+      const size_t ql = static_cast<size_t>(a.q_lora_rank);
+      w.q_a = proj_rows(0, ql, Tensor::q_a_proj);
+      w.q_a_norm = new_weights(ql);
+      fill_norm(const_cast<float*>(w.q_a_norm), ql, seed, u, Tensor::q_a_norm, false);
+      float* qb = new_weights(nh * qk * ql);
+      fill_projection(qb, nh * qk, ql, seed, u, Tensor::q_b_proj);
+      w.q_b = qb;
+      z.max_mla_qa = std::max(z.max_mla_qa, ql);
+    } else {
+      w.q_b = proj_rows(0, nh * qk, Tensor::q_proj);
+    }
+    w.kv_a = proj_rows(0, D, Tensor::kv_a_proj);
+    float* kan = new_weights(L);
+    fill_norm(kan, L, seed, u, Tensor::kv_a_norm, false);
+    w.kv_a_norm = kan;
+    float* kvb = new_weights(nh * (a.qk_nope + a.v_head_dim) * L);
+    fill_projection(kvb, nh * (a.qk_nope + a.v_head_dim), L, seed, u, Tensor::kv_b_proj);
+    w.kv_b = kvb;
+    o_fan_in = nh * a.v_head_dim;
+    w.o = proj_cols(o_fan_in, 0, o_fan_in, Tensor::o_proj);
+    attn_width = nh * D;
+    z.max_q = std::max(z.max_q, nh * qk);
+    z.max_mla_kva = std::max(z.max_mla_kva, D);
+    z.max_mla_rope = std::max(z.max_mla_rope, nh * a.qk_rope);
+    z.max_mla_values = std::max(z.max_mla_values, o_fan_in);
+  } else {
+    w.q = proj_rows(q0, nq, Tensor::q_proj);
+    w.k = proj_rows(kv0, nkv, Tensor::k_proj);
+    w.v = proj_rows(kv0, nkv, Tensor::v_proj);
+    w.o = proj_cols(nq_all, q0, nq, Tensor::o_proj);
+    if (s.attn_bias) {
+      w.q_bias = bias(q0, nq, Tensor::q_bias);
+      w.k_bias = bias(kv0, nkv, Tensor::k_bias);
+      w.v_bias = bias(kv0, nkv, Tensor::v_bias);
+    }
+    if (s.qk_norm) {
+      w.q_norm = norm(s.head_dim, Tensor::q_norm);
+      w.k_norm = norm(s.head_dim, Tensor::k_norm);
+    }
+    if (s.o_bias) w.o_bias = bias(0, H, Tensor::o_bias);  // TP refuses gpt-oss: the whole bias
+    if (s.attn_sinks) {
+      float* sk = new_weights(static_cast<size_t>(s.n_heads));
+      fill_uniform(sk, static_cast<size_t>(s.n_heads), seed, u, static_cast<uint64_t>(Tensor::sinks), 1.0f);
+      w.sinks = sk;
+    }
+    z.max_kv = std::max(z.max_kv, nkv);
+  }
+  w.post_attention_norm = norm(H, Tensor::post_attention_layernorm);
+  if (s.sandwich_norm) {
+    w.pre_feedforward_norm = norm(H, Tensor::pre_feedforward_layernorm);
+    w.post_feedforward_norm = norm(H, Tensor::post_feedforward_layernorm);
+  }
+  if (I > 0) {  // the dense MLP, or a MoE layer's shared experts
+    w.gate = proj_rows(i0, I, Tensor::gate_proj);
+    w.up = proj_rows(i0, I, Tensor::up_proj);
+    w.down = proj_cols(I_all, i0, I, Tensor::down_proj);
+  }
+  if (s.is_moe()) {
+    const model::MoeShape& e = s.moe;
+    const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
+    w.router = proj_rows(0, E, Tensor::router);
+    if (e.router_bias) w.router_bias = bias(0, E, Tensor::router_bias);
+    if (e.router == model::RouterKind::sigmoid_grouped) w.router_correction = bias(0, E, Tensor::router_correction);
+    for (int x = 0; x < e.n_experts; ++x) {
+      w.expert_gate.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_gate, x)));
+      w.expert_up.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_up, x)));
+      w.expert_down.push_back(proj_cols(Ie, 0, Ie, expert_tensor(Tensor::expert_down, x)));
+      if (e.expert_bias) {
+        w.expert_gate_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_gate_bias, x)));
+        w.expert_up_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_up_bias, x)));
+        w.expert_down_bias.push_back(bias(0, H, expert_tensor(Tensor::expert_down_bias, x)));
+      } else {
+        w.expert_gate_bias.push_back(nullptr);
+        w.expert_up_bias.push_back(nullptr);
+        w.expert_down_bias.push_back(nullptr);
+      }
+    }
+    z.max_experts = std::max(z.max_experts, E);
+    z.max_top_k = std::max(z.max_top_k, static_cast<size_t>(e.top_k));
+    z.max_inter = std::max(z.max_inter, Ie);
+  }
+
+  // RoPE tables, one per distinct (rope, head_dim) (Gemma-3: local and global differ).
+  // MLA rotates only the qk_rope part of each head.
+  const int rotated = s.is_mla() ? s.mla.qk_rope : s.head_dim;
+  auto it = std::find_if(ropes_.begin(), ropes_.end(), [&](const RopeTable& r) {
+    return r.rope == s.rope && r.head_dim == rotated;
+  });
+  if (it == ropes_.end()) {
+    RopeTable r;
+    r.rope = s.rope;
+    r.head_dim = rotated;
+    const std::vector<double> inv = cpu::rope_inv_freq(s.rope, rotated);
+    const int half = rotated / 2;
+    r.cos.resize(ctx * half);
+    r.sin.resize(ctx * half);
+    cpu::rope_tables(r.cos.data(), r.sin.data(), inv.data(), half, cfg.max_context);
+    ropes_.push_back(std::move(r));
+    it = ropes_.end() - 1;
+  }
+  w.rope_table = static_cast<int>(it - ropes_.begin());
+
+  z.max_q = std::max(z.max_q, nq);
+  z.max_attn = std::max(z.max_attn, attn_width);
+  z.max_o_in = std::max(z.max_o_in, o_fan_in);
+  z.max_inter = std::max(z.max_inter, I);
+  z.kv_floats += static_cast<size_t>(cfg.groups) * max_tokens * layer_cache_floats(s, nkv);
+  return w;
 }
 
 CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg)
@@ -195,9 +396,7 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
   const size_t max_tokens = B * ctx;
 
   // ---- weights --------------------------------------------------------------------------
-  size_t max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0, max_o_in = 0;
-  size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
-  size_t kv_floats = 0;
+  ScratchSizes z;
   for (int u = first; u <= last; ++u) {
     const model::Unit& unit = m.units[u];
     if (unit.kind == UnitKind::embed) {
@@ -223,190 +422,53 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
         }
         lm_head_ = w;
       }
+      if (m.mtp) {
+        // The MTP modules: weights keyed by the unit ids num_units() + k, which no real unit has.
+        if (embed_ != nullptr) {
+          mtp_embed_ = embed_;
+        } else {
+          float* e = new_weights(static_cast<size_t>(m.vocab) * H);
+          fill_embedding(e, m.vocab, H, seed);
+          mtp_embed_ = e;
+        }
+        mtp_eps_ = static_cast<float>(m.rms_eps);
+        for (int k = 0; k < m.mtp_modules; ++k) {
+          const int mu = m.num_units() + k;
+          MtpModule mod;
+          auto norm = [&](Tensor t) {
+            float* p = new_weights(H);
+            fill_norm(p, H, seed, mu, t, false);
+            return p;
+          };
+          mod.enorm = norm(Tensor::mtp_enorm);
+          mod.hnorm = norm(Tensor::mtp_hnorm);
+          float* eh = new_weights(2 * H * H);
+          fill_projection(eh, H, 2 * H, seed, mu, Tensor::mtp_eh_proj);
+          mod.eh_proj = eh;
+          mod.shared_norm = norm(Tensor::mtp_shared_norm);
+          mod.layer = make_layer(m.mtp_shape, mu, m.n_layers + k, z);
+          mtp_.push_back(std::move(mod));
+        }
+      }
     } else {
       if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
         throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) +
                         " outside [0, " + std::to_string(m.layers.size()) + ")");
       }
-      const LayerShape& s = m.layers[unit.layer];
-      const bool attn_ok = s.is_mla() ? s.mla.qk_nope >= 1 && s.mla.qk_rope >= 2 && s.mla.qk_rope % 2 == 0 &&
-                                            s.mla.v_head_dim >= 1 && s.mla.q_lora_rank >= 0
-                                      : s.n_kv_heads >= 1 && s.n_heads % s.n_kv_heads == 0 && s.head_dim >= 2 &&
-                                            s.head_dim % 2 == 0;
-      const bool mlp_ok = s.is_moe() ? s.moe.top_k >= 1 && s.moe.top_k <= s.moe.n_experts &&
-                                           s.moe.expert_intermediate >= 1 && s.intermediate >= 0
-                                     : s.intermediate >= 1;
-      if (s.hidden != m.hidden || s.n_heads < 1 || !attn_ok || !mlp_ok) {
-        throw UserError("layer " + std::to_string(unit.layer) + " has an inconsistent shape: hidden=" +
-                        std::to_string(s.hidden) + " n_heads=" + std::to_string(s.n_heads) +
-                        " n_kv_heads=" + std::to_string(s.n_kv_heads) + " head_dim=" +
-                        std::to_string(s.head_dim) + " intermediate=" + std::to_string(s.intermediate) +
-                        " experts=" + std::to_string(s.moe.n_experts) + " top_k=" + std::to_string(s.moe.top_k) +
-                        " (need n_kv_heads | n_heads, an even head_dim or MLA rope dim, hidden = model hidden, "
-                        "1 <= top_k <= experts)");
-      }
-      // This rank's shard (all of it at width 1): its heads, its slice of the MLP.
-      const TpHeads th = tp_heads(s.n_heads, s.n_kv_heads, tp_width_, tp_rank_);
-      const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), tp_width_, tp_rank_);
-      const size_t hd = static_cast<size_t>(s.head_dim);
-      const size_t nq_all = static_cast<size_t>(s.n_heads) * hd, I_all = static_cast<size_t>(s.intermediate);
-      const size_t q0 = th.q_begin * hd, kv0 = th.kv_begin * hd;
-      LayerWeights w;
-      w.unit = u;
-      w.shape = s;
-      w.shape.n_heads = th.q_count;
-      w.shape.n_kv_heads = th.kv_count;
-      w.intermediate = static_cast<int>(i1 - i0);
-      const size_t nq = static_cast<size_t>(th.q_count) * hd;
-      const size_t nkv = static_cast<size_t>(th.kv_count) * hd;
-      const size_t I = i1 - i0;
-      // Column-parallel: rows [row0, row0 + rows) of [*, H]. Row-parallel: columns
-      // [col0, col0 + cols) of [H, fan_in].
-      auto proj_rows = [&](size_t row0, size_t rows, Tensor t) {
-        float* p = new_weights(rows * H);
-        fill_projection_rows(p, row0, rows, H, seed, u, t);
-        return p;
-      };
-      auto proj_cols = [&](size_t fan_in, size_t col0, size_t cols, Tensor t) {
-        float* p = new_weights(H * cols);
-        fill_projection_cols(p, H, fan_in, col0, cols, seed, u, t);
-        return p;
-      };
-      auto norm = [&](size_t n, Tensor t) {
-        float* p = new_weights(n);
-        fill_norm(p, n, seed, u, t, s.norm_plus_one);
-        return p;
-      };
-      auto bias = [&](size_t first, size_t n, Tensor t) {
-        float* p = new_weights(n);
-        fill_bias(p, n, seed, u, t, first);
-        return p;
-      };
-      w.input_norm = norm(H, Tensor::input_layernorm);
-      size_t attn_width = nq, o_fan_in = nq;  // the attention output per token, o_proj's input
-      if (s.is_mla()) {
-        // Tensor parallelism refuses MLA (tp_unsupported_reason): the whole layer here.
-        const model::MlaShape& a = s.mla;
-        const size_t nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
-        const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
-        if (a.q_lora_rank > 0) {
-          const size_t ql = static_cast<size_t>(a.q_lora_rank);
-          w.q_a = proj_rows(0, ql, Tensor::q_a_proj);
-          w.q_a_norm = new_weights(ql);
-          fill_norm(const_cast<float*>(w.q_a_norm), ql, seed, u, Tensor::q_a_norm, false);
-          float* qb = new_weights(nh * qk * ql);
-          fill_projection(qb, nh * qk, ql, seed, u, Tensor::q_b_proj);
-          w.q_b = qb;
-          max_mla_qa = std::max(max_mla_qa, ql);
-        } else {
-          w.q_b = proj_rows(0, nh * qk, Tensor::q_proj);
-        }
-        w.kv_a = proj_rows(0, D, Tensor::kv_a_proj);
-        float* kan = new_weights(L);
-        fill_norm(kan, L, seed, u, Tensor::kv_a_norm, false);
-        w.kv_a_norm = kan;
-        float* kvb = new_weights(nh * (a.qk_nope + a.v_head_dim) * L);
-        fill_projection(kvb, nh * (a.qk_nope + a.v_head_dim), L, seed, u, Tensor::kv_b_proj);
-        w.kv_b = kvb;
-        o_fan_in = nh * a.v_head_dim;
-        w.o = proj_cols(o_fan_in, 0, o_fan_in, Tensor::o_proj);
-        attn_width = nh * D;
-        max_q = std::max(max_q, nh * qk);
-        max_mla_kva = std::max(max_mla_kva, D);
-        max_mla_rope = std::max(max_mla_rope, nh * a.qk_rope);
-        max_mla_values = std::max(max_mla_values, o_fan_in);
-      } else {
-        w.q = proj_rows(q0, nq, Tensor::q_proj);
-        w.k = proj_rows(kv0, nkv, Tensor::k_proj);
-        w.v = proj_rows(kv0, nkv, Tensor::v_proj);
-        w.o = proj_cols(nq_all, q0, nq, Tensor::o_proj);
-        if (s.attn_bias) {
-          w.q_bias = bias(q0, nq, Tensor::q_bias);
-          w.k_bias = bias(kv0, nkv, Tensor::k_bias);
-          w.v_bias = bias(kv0, nkv, Tensor::v_bias);
-        }
-        if (s.qk_norm) {
-          w.q_norm = norm(s.head_dim, Tensor::q_norm);
-          w.k_norm = norm(s.head_dim, Tensor::k_norm);
-        }
-        if (s.o_bias) w.o_bias = bias(0, H, Tensor::o_bias);  // TP refuses gpt-oss: the whole bias
-        if (s.attn_sinks) {
-          float* sk = new_weights(static_cast<size_t>(s.n_heads));
-          fill_uniform(sk, static_cast<size_t>(s.n_heads), seed, u, static_cast<uint64_t>(Tensor::sinks), 1.0f);
-          w.sinks = sk;
-        }
-        max_kv = std::max(max_kv, nkv);
-      }
-      w.post_attention_norm = norm(H, Tensor::post_attention_layernorm);
-      if (s.sandwich_norm) {
-        w.pre_feedforward_norm = norm(H, Tensor::pre_feedforward_layernorm);
-        w.post_feedforward_norm = norm(H, Tensor::post_feedforward_layernorm);
-      }
-      if (I > 0) {  // the dense MLP, or a MoE layer's shared experts
-        w.gate = proj_rows(i0, I, Tensor::gate_proj);
-        w.up = proj_rows(i0, I, Tensor::up_proj);
-        w.down = proj_cols(I_all, i0, I, Tensor::down_proj);
-      }
-      if (s.is_moe()) {
-        const model::MoeShape& e = s.moe;
-        const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
-        w.router = proj_rows(0, E, Tensor::router);
-        if (e.router_bias) w.router_bias = bias(0, E, Tensor::router_bias);
-        if (e.router == model::RouterKind::sigmoid_grouped) w.router_correction = bias(0, E, Tensor::router_correction);
-        for (int x = 0; x < e.n_experts; ++x) {
-          w.expert_gate.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_gate, x)));
-          w.expert_up.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_up, x)));
-          w.expert_down.push_back(proj_cols(Ie, 0, Ie, expert_tensor(Tensor::expert_down, x)));
-          if (e.expert_bias) {
-            w.expert_gate_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_gate_bias, x)));
-            w.expert_up_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_up_bias, x)));
-            w.expert_down_bias.push_back(bias(0, H, expert_tensor(Tensor::expert_down_bias, x)));
-          } else {
-            w.expert_gate_bias.push_back(nullptr);
-            w.expert_up_bias.push_back(nullptr);
-            w.expert_down_bias.push_back(nullptr);
-          }
-        }
-        max_experts = std::max(max_experts, E);
-        max_top_k = std::max(max_top_k, static_cast<size_t>(e.top_k));
-        max_inter = std::max(max_inter, Ie);
-      }
-
-      // RoPE tables, one per distinct (rope, head_dim) (Gemma-3: local and global differ).
-      // MLA rotates only the qk_rope part of each head.
-      const int rotated = s.is_mla() ? s.mla.qk_rope : s.head_dim;
-      auto it = std::find_if(ropes_.begin(), ropes_.end(), [&](const RopeTable& r) {
-        return r.rope == s.rope && r.head_dim == rotated;
-      });
-      if (it == ropes_.end()) {
-        RopeTable r;
-        r.rope = s.rope;
-        r.head_dim = rotated;
-        const std::vector<double> inv = cpu::rope_inv_freq(s.rope, rotated);
-        const int half = rotated / 2;
-        r.cos.resize(ctx * half);
-        r.sin.resize(ctx * half);
-        cpu::rope_tables(r.cos.data(), r.sin.data(), inv.data(), half, cfg.max_context);
-        ropes_.push_back(std::move(r));
-        it = ropes_.end() - 1;
-      }
-      w.rope_table = static_cast<int>(it - ropes_.begin());
-
-      max_q = std::max(max_q, nq);
-      max_attn = std::max(max_attn, attn_width);
-      max_o_in = std::max(max_o_in, o_fan_in);
-      max_inter = std::max(max_inter, I);
-      kv_floats += static_cast<size_t>(cfg.groups) * max_tokens * layer_cache_floats(s, nkv);
-      layers_.push_back(std::move(w));
+      layers_.push_back(make_layer(m.layers[unit.layer], u, unit.layer, z));
     }
   }
 
   // ---- KV caches: one zeroed block, carved per layer and group ----------------------------
-  kv_bytes_ = kv_floats * sizeof(float);
-  if (kv_floats > 0) {
-    kv_store_ = cpu::make_aligned_floats(kv_floats, /*zero=*/true);  // zeros: pages touched now
+  kv_bytes_ = z.kv_floats * sizeof(float);
+  if (z.kv_floats > 0) {
+    kv_store_ = cpu::make_aligned_floats(z.kv_floats, /*zero=*/true);  // zeros: pages touched now
     float* p = kv_store_.get();
-    for (LayerWeights& w : layers_) {
+    std::vector<LayerWeights*> cached;
+    for (LayerWeights& w : layers_) cached.push_back(&w);
+    for (MtpModule& mod : mtp_) cached.push_back(&mod.layer);
+    for (LayerWeights* wp : cached) {
+      LayerWeights& w = *wp;
       const size_t nkv = static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
       const size_t per = max_tokens * layer_cache_floats(w.shape, nkv);
       for (int g = 0; g < cfg.groups; ++g) {
@@ -420,29 +482,33 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
 
   // ---- scratch ------------------------------------------------------------------------------
   x_.resize(max_tokens * H);
-  if (!layers_.empty()) {
+  if (!mtp_.empty()) {
+    mtp_cat_.resize(max_tokens * 2 * H);
+    draft_.resize(B);
+  }
+  if (!layers_.empty() || !mtp_.empty()) {
     h_.resize(max_tokens * H);
-    q_.resize(max_tokens * max_q);
-    k_.resize(max_tokens * max_kv);
-    v_.resize(max_tokens * max_kv);
-    attn_.resize(max_tokens * max_attn);
-    gate_.resize(max_tokens * max_inter);
-    up_.resize(max_tokens * max_inter);
+    q_.resize(max_tokens * z.max_q);
+    k_.resize(max_tokens * z.max_kv);
+    v_.resize(max_tokens * z.max_kv);
+    attn_.resize(max_tokens * z.max_attn);
+    gate_.resize(max_tokens * z.max_inter);
+    up_.resize(max_tokens * z.max_inter);
     scores_.resize(cpu::attention_scratch_floats(cfg.max_context));
-    mla_qa_.resize(max_tokens * max_mla_qa);
-    mla_kva_.resize(max_tokens * max_mla_kva);
-    mla_q_.resize(max_tokens * (max_mla_kva > 0 ? max_attn : 0));
-    mla_rope_.resize(max_tokens * max_mla_rope);
-    mla_values_.resize(max_tokens * max_mla_values);
-    if (max_experts > 0) {
-      moe_logits_.resize(max_tokens * max_experts);
+    mla_qa_.resize(max_tokens * z.max_mla_qa);
+    mla_kva_.resize(max_tokens * z.max_mla_kva);
+    mla_q_.resize(max_tokens * (z.max_mla_kva > 0 ? z.max_attn : 0));
+    mla_rope_.resize(max_tokens * z.max_mla_rope);
+    mla_values_.resize(max_tokens * z.max_mla_values);
+    if (z.max_experts > 0) {
+      moe_logits_.resize(max_tokens * z.max_experts);
       moe_rows_.resize(max_tokens * H);
       moe_out_.resize(max_tokens * H);
       moe_sum_.resize(max_tokens * H);
-      route_weights_.resize(max_tokens * max_top_k);
-      route_experts_.resize(max_tokens * max_top_k);
-      expert_count_.resize(max_experts + 1);
-      expert_slots_.resize(max_tokens * max_top_k);
+      route_weights_.resize(max_tokens * z.max_top_k);
+      route_experts_.resize(max_tokens * z.max_top_k);
+      expert_count_.resize(z.max_experts + 1);
+      expert_slots_.resize(max_tokens * z.max_top_k);
     }
   }
   if (has_head_) {
@@ -472,6 +538,7 @@ void CpuStage::forward(const void* in, void* out, int group, int pos, int tokens
   for (const LayerWeights& w : layers_) layer_forward(w, group, pos, tokens);
   if (has_head_) {
     head_forward(static_cast<int32_t*>(out), tokens);
+    if (!mtp_.empty()) mtp_forward(static_cast<const int32_t*>(out), group, pos, tokens);
   } else {
     std::memcpy(out, x_.data(), rows * hidden_ * sizeof(float));
   }
@@ -661,6 +728,40 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
   std::memcpy(out, sum, static_cast<size_t>(rows) * H * sizeof(float));
 }
 
+// DeepSeek-V3's MTP module k (inference/model.py, README_WEIGHTS): h' = eh_proj([enorm(E t),
+// hnorm(h)]) then a decoder layer, then the shared head's norm and lm_head drafting the next
+// token; module k + 1 starts from module k's hidden state and draft. The token input is the
+// head's greedy token for every position of a sequence (this stage does not receive the
+// prompt's ids; the cost is the module's either way), and the drafts are not verified: the
+// pipeline's tokens stay the main model's. The modules' last hidden states join the checksum,
+// so that validation covers them.
+void CpuStage::mtp_forward(const int32_t* tokens, int group, int pos, int T) {
+  const int B = cfg_.batch, M = B * T, H = static_cast<int>(hidden_);
+  std::copy(tokens, tokens + B, draft_.begin());
+  float* cat = mtp_cat_.data();
+  for (const MtpModule& mod : mtp_) {
+    for (int m = 0; m < M; ++m) {
+      const float* e = mtp_embed_ + static_cast<size_t>(draft_[m / T]) * H;
+      cpu::rmsnorm(cat + static_cast<size_t>(m) * 2 * H, e, mod.enorm, 1, H, mtp_eps_, false);
+      cpu::rmsnorm(cat + static_cast<size_t>(m) * 2 * H + H, x_.data() + static_cast<size_t>(m) * H, mod.hnorm, 1, H,
+                   mtp_eps_, false);
+    }
+    cpu::linear(x_.data(), cat, mod.eh_proj, nullptr, M, H, 2 * H);
+    layer_forward(mod.layer, group, pos, T);
+    float* last = last_rows_.data();
+    double sum = 0.0;
+    for (int b = 0; b < B; ++b) {
+      const float* row = x_.data() + (static_cast<size_t>(b) * T + T - 1) * H;
+      std::memcpy(last + static_cast<size_t>(b) * H, row, H * sizeof(float));
+      for (int j = 0; j < H; ++j) sum += row[j];
+    }
+    checksum_ += sum;
+    cpu::rmsnorm(last, last, mod.shared_norm, B, H, mtp_eps_, false);
+    cpu::linear(logits_.data(), last, lm_head_, nullptr, B, vocab_local_, H);
+    cpu::argmax_rows(draft_.data(), logits_.data(), B, vocab_local_);
+  }
+}
+
 void CpuStage::head_forward(int32_t* out, int tokens) {
   const int B = cfg_.batch;
   const size_t H = hidden_;
@@ -714,6 +815,54 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
   size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
   bool has_embed = false, has_head = false, has_layer = false;
   std::vector<std::pair<model::Rope, int>> ropes;
+  auto add_layer = [&](const model::LayerShape& ls) {
+    has_layer = true;
+    // This rank's shard (CpuStage's constructor): its heads and MLP slice; norms whole.
+    const TpHeads th = tp_heads(ls.n_heads, ls.n_kv_heads, t, r);
+    const auto [i0, i1] = tp_range(static_cast<size_t>(ls.intermediate), t, r);
+    const size_t nq = static_cast<size_t>(th.q_count) * ls.head_dim, nkv = static_cast<size_t>(th.kv_count) * ls.head_dim;
+    const size_t I = i1 - i0;
+    const size_t norms = H * (ls.sandwich_norm ? 4 : 2) + (ls.qk_norm ? 2 * static_cast<size_t>(ls.head_dim) : 0);
+    weights += norms + 3 * H * I;
+    size_t attn_width = nq;
+    if (ls.is_mla()) {
+      const model::MlaShape& a = ls.mla;
+      const size_t nh = static_cast<size_t>(ls.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
+      const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
+      const size_t ql = static_cast<size_t>(a.q_lora_rank);
+      weights += (ql > 0 ? H * ql + ql + ql * nh * qk : H * nh * qk) + H * D + L +
+                 nh * (a.qk_nope + a.v_head_dim) * L + H * nh * a.v_head_dim;
+      attn_width = nh * D;
+      max_q = std::max(max_q, nh * qk);
+      max_mla_qa = std::max(max_mla_qa, ql);
+      max_mla_kva = std::max(max_mla_kva, D);
+      max_mla_rope = std::max(max_mla_rope, nh * a.qk_rope);
+      max_mla_values = std::max(max_mla_values, nh * a.v_head_dim);
+    } else {
+      weights += H * (2 * nq + 2 * nkv) + (ls.attn_bias ? nq + 2 * nkv : 0) + (ls.o_bias ? H : 0) +
+                 (ls.attn_sinks ? static_cast<size_t>(ls.n_heads) : 0);
+      max_kv = std::max(max_kv, nkv);
+    }
+    if (ls.is_moe()) {
+      const model::MoeShape& e = ls.moe;
+      const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
+      weights += E * H + (e.router_bias ? E : 0) + (e.router == model::RouterKind::sigmoid_grouped ? E : 0) +
+                 E * (3 * H * Ie + (e.expert_bias ? 2 * Ie + H : 0));
+      max_experts = std::max(max_experts, E);
+      max_top_k = std::max(max_top_k, static_cast<size_t>(e.top_k));
+      max_inter = std::max(max_inter, Ie);
+    }
+    max_q = std::max(max_q, nq);
+    max_attn = std::max(max_attn, attn_width);
+    max_inter = std::max(max_inter, I);
+    kv += groups * max_tokens * layer_cache_floats(ls, nkv);
+    const int rotated = ls.is_mla() ? ls.mla.qk_rope : ls.head_dim;
+    const auto key = std::make_pair(ls.rope, rotated);
+    if (std::find(ropes.begin(), ropes.end(), key) == ropes.end()) {
+      ropes.push_back(key);
+      rope += 2 * ctx * static_cast<size_t>(rotated / 2);
+    }
+  };
   for (int u = first; u <= last; ++u) {
     const model::Unit& unit = m.units[u];
     if (unit.kind == UnitKind::embed) {
@@ -722,54 +871,17 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
     } else if (unit.kind == UnitKind::head) {
       has_head = true;
       weights += H + (m.tie_embeddings && has_embed ? 0 : vocab_local * H);
+      if (m.mtp) {
+        // The MTP modules (CpuStage's constructor): the draft tokens' embedding table unless
+        // the stage holds embed, and per module its norms, eh_proj and layer.
+        weights += has_embed ? 0 : static_cast<size_t>(m.vocab) * H;
+        for (int k = 0; k < m.mtp_modules; ++k) {
+          weights += 3 * H + 2 * H * H;
+          add_layer(m.mtp_shape);
+        }
+      }
     } else {
-      has_layer = true;
-      const model::LayerShape& ls = m.layers[unit.layer];
-      // This rank's shard (CpuStage's constructor): its heads and MLP slice; norms whole.
-      const TpHeads th = tp_heads(ls.n_heads, ls.n_kv_heads, t, r);
-      const auto [i0, i1] = tp_range(static_cast<size_t>(ls.intermediate), t, r);
-      const size_t nq = static_cast<size_t>(th.q_count) * ls.head_dim, nkv = static_cast<size_t>(th.kv_count) * ls.head_dim;
-      const size_t I = i1 - i0;
-      const size_t norms = H * (ls.sandwich_norm ? 4 : 2) + (ls.qk_norm ? 2 * static_cast<size_t>(ls.head_dim) : 0);
-      weights += norms + 3 * H * I;
-      size_t attn_width = nq;
-      if (ls.is_mla()) {
-        const model::MlaShape& a = ls.mla;
-        const size_t nh = static_cast<size_t>(ls.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
-        const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
-        const size_t ql = static_cast<size_t>(a.q_lora_rank);
-        weights += (ql > 0 ? H * ql + ql + ql * nh * qk : H * nh * qk) + H * D + L +
-                   nh * (a.qk_nope + a.v_head_dim) * L + H * nh * a.v_head_dim;
-        attn_width = nh * D;
-        max_q = std::max(max_q, nh * qk);
-        max_mla_qa = std::max(max_mla_qa, ql);
-        max_mla_kva = std::max(max_mla_kva, D);
-        max_mla_rope = std::max(max_mla_rope, nh * a.qk_rope);
-        max_mla_values = std::max(max_mla_values, nh * a.v_head_dim);
-      } else {
-        weights += H * (2 * nq + 2 * nkv) + (ls.attn_bias ? nq + 2 * nkv : 0) + (ls.o_bias ? H : 0) +
-                   (ls.attn_sinks ? static_cast<size_t>(ls.n_heads) : 0);
-        max_kv = std::max(max_kv, nkv);
-      }
-      if (ls.is_moe()) {
-        const model::MoeShape& e = ls.moe;
-        const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
-        weights += E * H + (e.router_bias ? E : 0) + (e.router == model::RouterKind::sigmoid_grouped ? E : 0) +
-                   E * (3 * H * Ie + (e.expert_bias ? 2 * Ie + H : 0));
-        max_experts = std::max(max_experts, E);
-        max_top_k = std::max(max_top_k, static_cast<size_t>(e.top_k));
-        max_inter = std::max(max_inter, Ie);
-      }
-      max_q = std::max(max_q, nq);
-      max_attn = std::max(max_attn, attn_width);
-      max_inter = std::max(max_inter, I);
-      kv += groups * max_tokens * layer_cache_floats(ls, nkv);
-      const int rotated = ls.is_mla() ? ls.mla.qk_rope : ls.head_dim;
-      const auto key = std::make_pair(ls.rope, rotated);
-      if (std::find(ropes.begin(), ropes.end(), key) == ropes.end()) {
-        ropes.push_back(key);
-        rope += 2 * ctx * static_cast<size_t>(rotated / 2);
-      }
+      add_layer(m.layers[unit.layer]);
     }
   }
   size_t scratch = max_tokens * H + rope;
@@ -781,6 +893,7 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
     if (max_experts > 0) scratch += max_tokens * (max_experts + 3 * H + 3 * max_top_k) + max_experts + 1;
   }
   if (has_head) scratch += B * H + B * vocab_local;
+  if (has_head && m.mtp) scratch += max_tokens * 2 * H + B;  // MTP: [embedding, hidden] rows; draft tokens
   // Width > 1: the group's all-reduce gathers every rank's part of the largest [B x T, H]
   // (create_mpi_tp_group's buffer, one per stage's group; ThreadTpGroups' is smaller).
   if (t > 1 && has_layer) scratch += static_cast<size_t>(t) * max_tokens * H;

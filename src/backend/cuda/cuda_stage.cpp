@@ -127,6 +127,8 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
       weight_elems += V * H;
     } else if (unit.kind == UnitKind::head) {
       p.has_head = true;
+      if (m.mtp)
+        throw UserError("--mtp: the CUDA backend does not run multi-token-prediction modules yet (the CPU backend does: --device cpu)");
       p.head_shares_embed = m.tie_embeddings && p.has_embed;
       weight_elems += H + (p.head_shares_embed ? 0 : p.vocab_local * H);
     } else {
