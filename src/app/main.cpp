@@ -117,6 +117,14 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
               "all ranks time the same forward at the same moment (a barrier before each timed forward), so "
               "that the ranks of a node share the memory bandwidth while profiled as their stages do in the "
               "pipeline; default: every rank profiles at its own pace");
+  sc.add_option("--expert-skew", opt.expert_skew,
+                "MoE layers: route each token's top-k experts as a sample from a Zipf law of expert popularity "
+                "with this exponent (p ~ rank^-A; real routers: ~1.0 DeepSeek-V3, ~1.2 Qwen3-235B), "
+                "deterministic from the seed and the token, instead of the random router's near-uniform "
+                "choice; 0 = the router's own choice. Profiles and runs see the load; the file records the "
+                "tokens each expert of each layer received")
+      ->check(CLI::Range(0.0, 4.0))
+      ->capture_default_str();
   sc.add_flag("--mtp", opt.mtp,
               "run the model's multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers) after the "
               "head, as speculative decoding serves with them: the head unit becomes head+mtp, profiled, placed "

@@ -790,6 +790,7 @@ class RunJob {
     sc.dtype = dtype_;
     sc.seed = opt_.seed;
     sc.cuda_graphs = !opt_.no_cuda_graphs;
+    sc.expert_skew = opt_.expert_skew;
     return sc;
   }
 
@@ -898,6 +899,7 @@ class RunJob {
     pc.dtype = dtype_;
     pc.seed = opt_.seed;
     pc.cuda_graphs = !opt_.no_cuda_graphs;
+    pc.expert_skew = opt_.expert_skew;
     int64_t total = 0;
     for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
     pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
@@ -1364,6 +1366,7 @@ class RunJob {
     to.rep_start_s.insert(to.rep_start_s.end(), one.rep_start_s.begin(), one.rep_start_s.end());
     to.tokens = one.tokens;
     to.checksum = one.checksum;
+    to.expert_tokens = one.expert_tokens;  // the last repetition's, as the checksum
     to.compute_lane_cpu_s += one.compute_lane_cpu_s;
     to.recv_lane_cpu_s += one.recv_lane_cpu_s;
     to.send_lane_cpu_s += one.send_lane_cpu_s;
@@ -1772,6 +1775,38 @@ class RunJob {
     return events;
   }
 
+  /// Collective: the tokens each expert of each MoE layer received in partition `p`'s last timed
+  /// repetition (StageRecord::expert_tokens of the first rank of each stage), into
+  /// run_.expert_tokens on rank 0 ([layers + MTP modules][max experts]).
+  void gather_expert_tokens(const balance::Partition& p, const StageRecord& rec) {
+    std::vector<double> mine;  // per MoE layer: layer, experts, counts...
+    for (const auto& row : rec.expert_tokens) {
+      mine.push_back(static_cast<double>(row[0]));
+      mine.push_back(static_cast<double>(row.size() - 1));
+      for (size_t i = 1; i < row.size(); ++i) mine.push_back(static_cast<double>(row[i]));
+    }
+    const auto all = mpi_.gatherv_doubles(mine);
+    if (!root_) return;
+    int cols = 0;
+    for (const model::LayerShape& l : spec_.layers) cols = std::max(cols, l.moe.n_experts);
+    if (cols == 0) return;
+    const int rows = spec_.n_layers + (spec_.mtp ? spec_.mtp_modules : 0);
+    run_.expert_rows = rows;
+    run_.expert_cols = cols;
+    run_.expert_skew = opt_.expert_skew;
+    run_.expert_tokens_partition = p.solver;
+    run_.expert_tokens.assign(static_cast<size_t>(rows) * cols, 0);
+    for (int k = 0; k < p.num_stages(); ++k) {
+      const auto& v = all[p.device_rank[k]];
+      for (size_t i = 0; i + 1 < v.size();) {
+        const int layer = static_cast<int>(v[i]), n = static_cast<int>(v[i + 1]);
+        for (int e = 0; e < n && layer < rows && e < cols; ++e)
+          run_.expert_tokens[static_cast<size_t>(layer) * cols + e] = static_cast<int64_t>(v[i + 2 + e]);
+        i += 2 + static_cast<size_t>(n);
+      }
+    }
+  }
+
   /// Collective: partition `pi`'s record on rank 0 from every rank's `rec` (its repetitions so
   /// far, one per round in `rounds`) and `ref` (the serialized run). Called after every round
   /// (final = false: no validation yet, nothing printed) and once at the end (final = true).
@@ -1785,6 +1820,7 @@ class RunJob {
     const auto ref_all = mpi_.gatherv_ints(ref_mine);
     const auto sums = mpi_.gather_doubles({rec.checksum, ref.checksum, rec.compute_lane_cpu_s, rec.recv_lane_cpu_s,
                                            rec.send_lane_cpu_s, rec.timed_wall_s});
+    if (final && pi == 0) gather_expert_tokens(p, rec);
     if (!root_) return;
     PartitionRecord& pr = run_.partitions[pi];
     const int S = p.num_stages();

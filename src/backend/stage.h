@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/dtype.h"
 #include "backend/lane.h"
@@ -22,6 +23,9 @@ struct StageConfig {
   /// CUDA: capture each decode forward (per request group and context bucket,
   /// backend/decode_graphs.h) in a CUDA graph and replay it (--no-cuda-graphs: false). CPU: ignored.
   bool cuda_graphs = true;
+  /// --expert-skew A (>= 0; 0 = the router's own choice): MoE layers route to a Zipf law of
+  /// expert popularity of exponent A (cpu::expert_popularity_log_p, cpu::route_tokens).
+  double expert_skew = 0.0;
   /// Tensor parallelism (backend/tensor_parallel.h): this stage is shard `tp_rank` of a group of
   /// `tp_width` ranks that all-reduce twice per layer through `tp` (not owned; it must outlive
   /// the stage). Width 1: the whole stage, `tp` unused. stage_bytes needs only the width and
@@ -62,7 +66,12 @@ class StageExecutor {
   /// Sum (in double) of the final hidden states entering the head, over every forward since
   /// the last reset_checksum(); 0 if the stage has no head. Call after the lane synchronised.
   virtual double checksum() const = 0;
+  /// Resets the per-repetition records: the checksum and the expert counts.
   virtual void reset_checksum() = 0;
+  /// MoE layers of the stage: per layer [0] its index in ModelSpec::layers (MTP module k:
+  /// n_layers + k), then the tokens routed to each of its experts since reset_checksum()
+  /// (a token counts once per expert it reaches). Empty without MoE layers.
+  virtual std::vector<std::vector<int64_t>> expert_tokens() const { return {}; }
   /// Resident weight bytes and KV-cache bytes of the stage.
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_cache_bytes() const = 0;

@@ -81,6 +81,7 @@ enum class Tensor : uint64_t {
   mtp_hnorm = 37,          ///< [H]
   mtp_eh_proj = 38,        ///< [H, 2H]
   mtp_shared_norm = 39,    ///< [H]
+  expert_skew = 40,        ///< not a tensor: the key of a MoE layer's --expert-skew popularity order
 };
 
 /// The id of routed expert `expert`'s tensor t (t one of the expert_* ids): a distinct tensor per

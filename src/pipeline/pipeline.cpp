@@ -312,6 +312,7 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
   }
 
   rec.timed_wall_s = monotonic_s() - wall0;
+  rec.expert_tokens = stage.expert_tokens();
   rec.compute_lane_cpu_s = compute_lane->cpu_time_s() - cpu0[0];
   rec.recv_lane_cpu_s = recv_lane_owned ? recv_lane_owned->cpu_time_s() - cpu0[1] : 0.0;
   rec.send_lane_cpu_s = send_lane_owned ? send_lane_owned->cpu_time_s() - cpu0[2] : 0.0;

@@ -80,6 +80,8 @@ struct StageRecord {
   /// Last stage only: sampled tokens [M][G+1][B] of the last timed repetition.
   std::vector<int32_t> tokens;
   double checksum = 0.0;            ///< last stage only: hidden-state checksum of the last repetition
+  /// StageExecutor::expert_tokens() of the last repetition (every rank; empty without MoE).
+  std::vector<std::vector<int64_t>> expert_tokens;
   double compute_lane_cpu_s = 0.0;  ///< CPU time of each lane's thread over the timed repetitions
   double recv_lane_cpu_s = 0.0;
   double send_lane_cpu_s = 0.0;

@@ -114,6 +114,7 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
   sc.dtype = cfg.dtype;
   sc.seed = cfg.seed;
   sc.cuda_graphs = cfg.cuda_graphs;
+  sc.expert_skew = cfg.expert_skew;
   sc.tp_width = cfg.tp_width;
   sc.tp_rank = cfg.tp_rank;
   sc.tp = cfg.tp;

@@ -22,6 +22,7 @@ struct ProfileConfig {
   DType dtype = DType::f32;
   uint64_t seed = 0;
   bool cuda_graphs = true;  ///< StageConfig::cuda_graphs of the profiled stages (as the pipeline's)
+  double expert_skew = 0.0; ///< StageConfig::expert_skew of the profiled stages (as the pipeline's)
   /// Weight bytes the run keeps resident on this device's cache domain (all its ranks' stages);
   /// decides whether units are timed cold (Device::flush_caches). 0 = always warm.
   size_t resident_bytes = 0;

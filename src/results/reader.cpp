@@ -185,6 +185,19 @@ void read_all(const Group& root, RunRecord& run) {
       run.model_attrs_num[key] = model.get_attr<double>(key);
   }
 
+  if (root.exists("moe")) {
+    Group moe = root.open_group("moe");
+    run.expert_skew = attr_or<double>(moe, "expert_skew", 0.0);
+    run.expert_tokens_partition = attr_or<std::string>(moe, "partition", "");
+    auto ds = moe.open_dataset("expert_tokens");
+    const auto dims = ds.dims();
+    if (dims.size() == 2) {
+      run.expert_rows = static_cast<int>(dims[0]);
+      run.expert_cols = static_cast<int>(dims[1]);
+      run.expert_tokens = ds.read<int64_t>();
+    }
+  }
+
   Group wl = root.open_group("config/workload");
   auto& w = run.workload;
   w.batch = wl.get_attr<int>("batch");

@@ -195,6 +195,13 @@ struct RunRecord {
   std::string adaptive_status;
   /// --tp auto: the widths the balancer chose ("2,1,1"; "" without it).
   std::string tp_auto_layout;
+  /// MoE (/moe): tokens routed to each expert [layers][experts] row-major (rows: the model's
+  /// layers, then its MTP modules when run; dense layers 0) in partition expert_tokens_partition's
+  /// last timed repetition; empty without MoE layers. expert_skew: --expert-skew.
+  std::vector<int64_t> expert_tokens;
+  int expert_rows = 0, expert_cols = 0;
+  std::string expert_tokens_partition;
+  double expert_skew = 0.0;
 };
 
 }  // namespace ppb

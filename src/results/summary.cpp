@@ -1,6 +1,8 @@
 #include "results/summary.h"
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -199,6 +201,44 @@ bool outside_profile_spread(const PartitionRecord& p, size_t k) {
   return meas < p.predicted_stage_min_ms[k] || meas > p.predicted_stage_max_ms[k];
 }
 
+/// One line on the MoE layers' routing (/moe/expert_tokens): per layer the busiest expert's
+/// share of the layer's routed tokens and the share of experts no token reached; medians and
+/// ranges over the MoE layers, beside what a uniform router gives.
+void print_expert_load(std::ostream& os, const RunRecord& run) {
+  if (run.expert_tokens.empty() || run.expert_cols < 1) return;
+  std::vector<double> busiest, idle;
+  int cols_used = 0;
+  for (int l = 0; l < run.expert_rows; ++l) {
+    const int64_t* row = run.expert_tokens.data() + static_cast<size_t>(l) * run.expert_cols;
+    int64_t total = 0, mx = 0;
+    int n = 0, zero = 0;
+    for (int e = 0; e < run.expert_cols; ++e) {
+      total += row[e];
+      mx = std::max(mx, row[e]);
+    }
+    if (total == 0) continue;  // a dense layer
+    for (int e = 0; e < run.expert_cols; ++e) {
+      ++n;
+      zero += row[e] == 0;
+    }
+    cols_used = n;
+    busiest.push_back(100.0 * static_cast<double>(mx) / static_cast<double>(total));
+    idle.push_back(100.0 * zero / n);
+  }
+  if (busiest.empty()) return;
+  auto med_range = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const double med = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    std::ostringstream t;
+    t << std::fixed << std::setprecision(1) << med << "% [" << v.front() << ", " << v.back() << "]";
+    return t.str();
+  };
+  os << "experts (" << busiest.size() << " MoE layers, partition " << run.expert_tokens_partition
+     << "'s last repetition, --expert-skew " << run.expert_skew << "): the busiest expert took "
+     << med_range(busiest) << " of its layer's routed tokens (uniform: " << fmt("%.1f", 100.0 / cols_used)
+     << "%); experts no token reached: " << med_range(idle) << " (/moe/expert_tokens)\n";
+}
+
 void print_summary(std::ostream& os, const RunRecord& run) {
   const auto& w = run.workload;
   os << "\n== ppbench summary: " << run.model_source << " on " << run.world_size << " rank(s), " << run.backend
@@ -386,6 +426,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     os << "benchmark: " << run.schedule << ", " << run.rounds << " round(s); stopped: " << run.stop_reason << "\n";
   if (!run.adaptive_status.empty()) os << "adaptive: " << run.adaptive_status << "\n";
   if (!run.tp_auto_layout.empty()) os << "--tp auto: the balancer chose the layout --tp " << run.tp_auto_layout << "\n";
+  print_expert_load(os, run);
   os << "validation: "
      << (run.validation == "ok"        ? "OK"
          : run.validation == "skipped" ? "skipped (--no-validate; the partitions' tokens agree)"

@@ -363,6 +363,17 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   for (const auto& [k, v] : run.model_attrs_str) model.set_attr(k, v);
   for (const auto& [k, v] : run.model_attrs_num) model.set_attr(k, v);
   model.write_string("config_json", run.model_config_json);
+  if (!run.expert_tokens.empty()) {
+    Group moe = root.create_group("moe");
+    moe.set_attr("expert_skew", run.expert_skew);
+    moe.set_attr("partition", run.expert_tokens_partition);
+    moe.write_dataset("expert_tokens", run.expert_tokens,
+                      {static_cast<hsize_t>(run.expert_rows), static_cast<hsize_t>(run.expert_cols)})
+        .set_attr("content",
+                  "tokens routed to each expert of each layer (a token counts once per expert it reaches; rows: "
+                  "the model's layers, then its MTP modules when run; dense layers 0) in the partition's last "
+                  "timed repetition");
+  }
 
   const auto& w = run.workload;
   Group wl = root.create_group("config/workload");

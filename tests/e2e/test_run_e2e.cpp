@@ -456,6 +456,42 @@ TEST(RunE2E, MixtureOfExpertsArchitecturesRunValidated) {
   }
 }
 
+/// --expert-skew: the file records the tokens each expert of each layer received, and a Zipf
+/// exponent of 1.2 concentrates them (the busiest expert of a layer takes more of its tokens
+/// than in the router's own, near-uniform choice of the same run's config and prompts).
+TEST(RunE2E, ExpertSkewConcentratesTheLoadAndIsRecorded) {
+  auto busiest_share = [](const std::string& skew) {
+    const std::string out = temp_dir() + "/skew" + skew + ".h5";
+    auto r = run(mpirun(2) + "--model tests/data/tiny-qwen3-moe.json -p 16 -g 4 -b 4 --iters 2 --max-time 5 "
+                 "--partition uniform --expert-skew " + skew + " -o " + out);
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("experts (5 MoE layers"), std::string::npos) << r.output;
+    auto root = ppb::h5::File::open(out).root();
+    const int64_t M = root.open_group("config/workload").get_attr<int64_t>("microbatches");
+    auto moe = root.open_group("moe");
+    EXPECT_DOUBLE_EQ(moe.get_attr<double>("expert_skew"), std::stod(skew));
+    auto ds = moe.open_dataset("expert_tokens");
+    EXPECT_EQ(ds.dims(), (std::vector<hsize_t>{6, 8}));  // 6 layers (layer 0 dense), 8 experts
+    const auto t = ds.read<int64_t>();
+    double share = 0.0;
+    for (int l = 1; l < 6; ++l) {
+      int64_t total = 0, mx = 0;
+      for (int e = 0; e < 8; ++e) {
+        total += t[l * 8 + e];
+        mx = std::max(mx, t[l * 8 + e]);
+      }
+      // Every token reaches top_k = 2 experts: M groups x 4 sequences x (the prefill's 16 rows +
+      // G = 4 decode forwards).
+      EXPECT_EQ(total, 2 * M * 4 * (16 + 4)) << "layer " << l;
+      share += static_cast<double>(mx) / total / 5;
+    }
+    for (int e = 0; e < 8; ++e) EXPECT_EQ(t[e], 0);  // the dense layer 0
+    return share;
+  };
+  const double own = busiest_share("0"), skewed = busiest_share("1.2");
+  EXPECT_GT(skewed, own) << "busiest expert's share: skew 1.2 " << skewed << ", the router's own " << own;
+}
+
 /// Issue 14: layouts with tensor-parallel stages measured beside one rank per stage in one run
 /// (4 ranks: --tp 1, 2,1,1 and 2), validated; the file keeps the width axis of the profile and
 /// each partition's widths, a tensor-parallel stage's prediction is its group's profile, and the

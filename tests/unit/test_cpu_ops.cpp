@@ -17,6 +17,7 @@
 #include <numbers>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -563,6 +564,49 @@ TEST(CpuOps, RouteTokensHandComputedCases) {
     EXPECT_EQ(ex[0], 3);
     EXPECT_EQ(ex[1], 0);
   }
+}
+
+/// --expert-skew: the first choice of each token is a sample of the popularity law (Gumbel-max),
+/// so over N tokens expert e is first choice N p_e times within the multinomial's spread
+/// (|count - N p| <= 5 sqrt(N p (1 - p)), a 5-sigma band); the law is a Zipf law over a
+/// permutation drawn from the key; the choice is a function of the token's logits alone.
+TEST(CpuOps, ExpertSkewSamplesThePopularityLaw) {
+  using ppb::model::MoeShape;
+  const int E = 16, k = 4, N = 20000;
+  MoeShape e;
+  e.n_experts = E;
+  e.top_k = k;
+  e.norm_topk = true;
+  const std::vector<double> log_p = ppb::cpu::expert_popularity_log_p(E, 1.2, 77);
+  // A Zipf law of exponent 1.2 over some order of the experts.
+  std::vector<double> p(E);
+  for (int x = 0; x < E; ++x) p[x] = std::exp(log_p[x]);
+  EXPECT_NEAR(std::accumulate(p.begin(), p.end(), 0.0), 1.0, 1e-12);
+  std::vector<double> sorted = p;
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (int r = 1; r < E; ++r) EXPECT_NEAR(sorted[r] / sorted[0], std::pow(r + 1.0, -1.2), 1e-12);
+  EXPECT_NE(ppb::cpu::expert_popularity_log_p(E, 1.2, 78), log_p);  // another key, another order
+  const fvec logits = random_floats(static_cast<size_t>(N) * E, 5, -1.0f, 1.0f);
+  std::vector<int32_t> ex(static_cast<size_t>(N) * k);
+  std::vector<float> w(static_cast<size_t>(N) * k);
+  ppb::cpu::RouteSkew skew{log_p.data(), 1234};
+  ppb::cpu::route_tokens(ex.data(), w.data(), logits.data(), N, e, nullptr, &skew);
+  std::vector<int> first(E, 0);
+  for (int m = 0; m < N; ++m) {
+    ++first[ex[static_cast<size_t>(m) * k]];
+    std::set<int32_t> distinct(ex.begin() + static_cast<long>(m) * k, ex.begin() + static_cast<long>(m + 1) * k);
+    EXPECT_EQ(distinct.size(), static_cast<size_t>(k));  // without replacement
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += w[static_cast<size_t>(m) * k + j];
+    EXPECT_NEAR(sum, 1.0f, 1e-6f);  // the router's own weights, renormalised
+  }
+  for (int x = 0; x < E; ++x)
+    EXPECT_NEAR(first[x], N * p[x], 5.0 * std::sqrt(N * p[x] * (1.0 - p[x]))) << "expert " << x;
+  // The same logits give the same choice.
+  std::vector<int32_t> again(static_cast<size_t>(k));
+  std::vector<float> w2(static_cast<size_t>(k));
+  ppb::cpu::route_tokens(again.data(), w2.data(), logits.data() + 7 * E, 1, e, nullptr, &skew);
+  EXPECT_TRUE(std::equal(again.begin(), again.end(), ex.begin() + 7 * k));
 }
 
 // ---- a naive double reference of whole layers and models -------------------------------------

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_gemm.h"
+#include "backend/weights.h"
 #include "common/error.h"
 
 namespace ppb::cpu {
@@ -302,8 +303,23 @@ namespace ppb::cpu {
 
 // Napkin math: per token O(E log E) compares and E exp/sigmoid: E = 256, M = 4096 prefill rows:
 // ~10 M operations, well under the expert products' 2 * M * k * 3 * H * I_e FLOPs.
+std::vector<double> expert_popularity_log_p(int n_experts, double A, uint64_t key) {
+  if (n_experts < 1 || !(A >= 0.0)) throw InternalError("expert_popularity_log_p: need n_experts >= 1 and A >= 0");
+  std::vector<int> by_rank(n_experts);
+  std::iota(by_rank.begin(), by_rank.end(), 0);
+  std::sort(by_rank.begin(), by_rank.end(), [&](int a, int b) {
+    const uint64_t ha = mix64(key + static_cast<uint64_t>(a)), hb = mix64(key + static_cast<uint64_t>(b));
+    return ha < hb || (ha == hb && a < b);
+  });
+  double norm = 0.0;
+  for (int r = 0; r < n_experts; ++r) norm += std::pow(r + 1.0, -A);
+  std::vector<double> log_p(n_experts);
+  for (int r = 0; r < n_experts; ++r) log_p[by_rank[r]] = -A * std::log(r + 1.0) - std::log(norm);
+  return log_p;
+}
+
 void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
-                  const float* correction) {
+                  const float* correction, const RouteSkew* skew) {
   const int E = moe.n_experts, k = moe.top_k;
   if (E < 1 || k < 1 || k > E) throw InternalError("route_tokens: need 1 <= top_k <= n_experts");
   const bool grouped = moe.router == model::RouterKind::sigmoid_grouped;
@@ -325,6 +341,39 @@ void route_tokens(int32_t* experts, float* weights, const float* logits, int M, 
     int32_t* ex = experts + static_cast<size_t>(m) * k;
     float* w = weights + static_cast<size_t>(m) * k;
     double sum = 0.0;
+    if (skew != nullptr) {
+      // Gumbel-top-k from the popularity law, keyed by the token's logits (their bits).
+      uint64_t h = skew->key;
+      for (int e = 0; e < E; ++e) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, z + e, sizeof bits);
+        h = mix64(h ^ (bits + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(e + 1)));
+      }
+      for (int e = 0; e < E; ++e) {
+        const uint64_t r = mix64(h + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(e + 1));
+        const double u = (static_cast<double>(r >> 11) + 0.5) * 0x1p-53;  // in (0, 1)
+        choice[e] = skew->log_p[e] - std::log(-std::log(u));
+      }
+      top(choice, k);
+      // The router's own weights of the chosen experts.
+      if (moe.router == model::RouterKind::sigmoid_grouped) {
+        for (int j = 0; j < k; ++j) sum += score[order[j]] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[order[j]])));
+        for (int j = 0; j < k; ++j)
+          w[j] = static_cast<float>((moe.norm_topk ? score[order[j]] / (sum + 1e-20) : score[order[j]]) * moe.routed_scaling);
+      } else {
+        double mx = -std::numeric_limits<double>::infinity();
+        const bool all = moe.router == model::RouterKind::softmax;  // softmax over all, else over the k
+        for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
+        double total = 0.0;
+        if (all)
+          for (int e = 0; e < E; ++e) total += std::exp(static_cast<double>(z[e]) - mx);
+        for (int j = 0; j < k; ++j) sum += score[order[j]] = std::exp(static_cast<double>(z[order[j]]) - mx);
+        const bool renorm = !all || moe.norm_topk;
+        for (int j = 0; j < k; ++j) w[j] = static_cast<float>(score[order[j]] / (renorm ? sum : total));
+      }
+      for (int j = 0; j < k; ++j) ex[j] = order[j];
+      continue;
+    }
     switch (moe.router) {
       case model::RouterKind::softmax: {
         double mx = neg_inf;

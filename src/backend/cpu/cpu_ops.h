@@ -115,8 +115,23 @@ void gated_activation(float* out, const float* gate, const float* up, size_t n, 
 /// else unused, may be null). Writes experts [M, top_k] (int32, in order of choice: best first,
 /// ties to the lower expert index, as are groups) and weights [M, top_k]. Scores in double.
 /// @throws ppb::InternalError for a shape the config parser would have refused.
+/// `skew` (--expert-skew; null = the router's own choice): the experts are instead a sample of
+/// top_k without replacement from the popularity law log_p [E] (Gumbel-top-k: argtop-k of
+/// log_p[e] + g_e, g_e = -ln(-ln u_e), u_e a hash of `key`, the token's logits' bits and e: so
+/// deterministic, different per token, equal on every rank and run), with the router's own weights
+/// for the chosen experts (renormalised and scaled as the config says); no group limit.
+struct RouteSkew {
+  const double* log_p = nullptr;
+  uint64_t key = 0;
+};
 void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
-                  const float* correction);
+                  const float* correction, const RouteSkew* skew = nullptr);
+
+/// The popularity law --expert-skew A gives a layer's experts: expert e of popularity rank r_e
+/// (a permutation of [0, E) drawn from `key`) has log p_e = -A ln(r_e + 1) - ln sum_r (r + 1)^-A
+/// (a Zipf law, as NVIDIA aiconfigurator's study of expert loads fits them: A ~ 1.0 for
+/// DeepSeek-V3, ~ 1.2 for Qwen3-235B). A >= 0 (0: uniform). Returns [E].
+std::vector<double> expert_popularity_log_p(int n_experts, double A, uint64_t key);
 
 /// Residual add in place: x[i] += y[i] for n values.
 void add_inplace(float* x, const float* y, size_t n);

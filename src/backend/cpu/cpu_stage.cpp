@@ -23,6 +23,10 @@ using model::UnitKind;
 /// Weights of one decoder layer; null where the layer has no such tensor.
 struct LayerWeights {
   int unit = 0;
+  int layer = 0;      ///< index in ModelSpec::layers (MTP module k: n_layers + k)
+  int moe_index = -1; ///< MoE layers: row of CpuStage::expert_tokens_
+  std::vector<double> skew_log_p;  ///< --expert-skew: the layer's popularity law [E]; empty: none
+  uint64_t skew_key = 0;
   LayerShape shape;  ///< this rank's shard: n_heads and n_kv_heads are its own heads (tp_heads)
   int intermediate = 0;  ///< this rank's slice of the MLP (the whole of it at width 1)
   int rope_table = 0;  // index into CpuStage::ropes_
@@ -94,7 +98,11 @@ class CpuStage final : public StageExecutor {
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
   double checksum() const override { return checksum_; }
-  void reset_checksum() override { checksum_ = 0.0; }
+  void reset_checksum() override {
+    checksum_ = 0.0;
+    for (auto& row : expert_tokens_) std::fill(row.begin() + 1, row.end(), 0);
+  }
+  std::vector<std::vector<int64_t>> expert_tokens() const override { return expert_tokens_; }
   size_t weight_bytes() const override { return weight_bytes_; }
   size_t kv_cache_bytes() const override { return kv_bytes_; }
 
@@ -169,6 +177,9 @@ class CpuStage final : public StageExecutor {
   std::vector<int32_t> draft_;           // [B] the token each module starts from, then its draft
 
   double checksum_ = 0.0;
+  /// Per MoE layer: [0] its layer index, then the tokens routed to each expert since the last
+  /// reset_checksum().
+  std::vector<std::vector<int64_t>> expert_tokens_;
 };
 
 float* CpuStage::new_weights(size_t n) {
@@ -207,6 +218,7 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
   const size_t q0 = th.q_begin * hd, kv0 = th.kv_begin * hd;
   LayerWeights w;
   w.unit = u;
+  w.layer = layer;
   w.shape = s;
   w.shape.n_heads = th.q_count;
   w.shape.n_kv_heads = th.kv_count;
@@ -322,6 +334,13 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
       }
     }
     z.max_experts = std::max(z.max_experts, E);
+    w.moe_index = static_cast<int>(expert_tokens_.size());
+    expert_tokens_.push_back(std::vector<int64_t>(E + 1, 0));
+    expert_tokens_.back()[0] = layer;
+    if (cfg.expert_skew > 0.0) {
+      w.skew_key = weight_key(seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
+      w.skew_log_p = cpu::expert_popularity_log_p(e.n_experts, cfg.expert_skew, w.skew_key);
+    }
     z.max_top_k = std::max(z.max_top_k, static_cast<size_t>(e.top_k));
     z.max_inter = std::max(z.max_inter, Ie);
   }
@@ -686,7 +705,9 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
   const float limit = static_cast<float>(s.swiglu_limit);
   const float* hn = out;  // the normed input
   cpu::linear(moe_logits_.data(), hn, w.router, w.router_bias, rows, E, H);
-  cpu::route_tokens(route_experts_.data(), route_weights_.data(), moe_logits_.data(), rows, e, w.router_correction);
+  cpu::RouteSkew skew{w.skew_log_p.data(), w.skew_key};
+  cpu::route_tokens(route_experts_.data(), route_weights_.data(), moe_logits_.data(), rows, e, w.router_correction,
+                    w.skew_log_p.empty() ? nullptr : &skew);
   // Counting sort of the rows * k choices by expert, keeping token order within an expert.
   const int n_choices = rows * k;
   std::fill(expert_count_.begin(), expert_count_.begin() + E + 1, 0);
@@ -702,6 +723,7 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
   float* y = moe_out_.data();
   for (int x = 0; x < E; ++x) {
     const int begin = expert_count_[x], n = expert_count_[x + 1] - begin;
+    expert_tokens_[w.moe_index][x + 1] += n;
     if (n == 0) continue;  // decode reads only the experts its tokens chose
     for (int r = 0; r < n; ++r)
       std::memcpy(xr + static_cast<size_t>(r) * H, hn + static_cast<size_t>(expert_slots_[begin + r] / k) * H, H * sizeof(float));
