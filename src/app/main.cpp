@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -123,7 +124,18 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
                 "deterministic from the seed and the token, instead of the random router's near-uniform "
                 "choice; 0 = the router's own choice. Profiles and runs see the load; the file records the "
                 "tokens each expert of each layer received")
-      ->check(CLI::Range(0.0, 4.0))
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            // CLI::Range lets "nan" through (every comparison with NaN is false).
+            try {
+              size_t used = 0;
+              const double x = std::stod(v, &used);
+              if (used == v.size() && std::isfinite(x) && x >= 0.0 && x <= 4.0) return "";
+            } catch (const std::exception&) {
+            }
+            return "must be a number in [0, 4] (a Zipf exponent; 0 = the router's own choice), got '" + v + "'";
+          },
+          "NUMBER in [0, 4]"))
       ->capture_default_str();
   sc.add_flag("--mtp", opt.mtp,
               "run the model's multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers) after the "

@@ -513,8 +513,9 @@ int describe_command(const DescribeOptions& opt) {
                 moe_shape->moe.top_k, moe_shape->moe.n_shared,
                 m.layers.back().is_mla() ? "; multi-head latent attention" : "");
   if (mtp > 0)
-    std::printf("multi-token prediction: %d module(s), %lld parameters (counted in the total; not a unit)\n",
-                m.mtp_modules, static_cast<long long>(mtp));
+    std::printf("multi-token prediction: %d module(s), %lld parameters (counted in the total; the model without "
+                "them: %lld); run with the head under --mtp\n",
+                m.mtp_modules, static_cast<long long>(mtp), static_cast<long long>(total - mtp));
   std::printf("total: %lld parameters (%.3f B); active per token %lld (%.3f B: what one token's forward multiplies "
               "by, the embedding table aside); weights %s GiB resident over the units (a tied head holds its own "
               "copy on its stage); KV cache %lld bytes per token and sequence\n",

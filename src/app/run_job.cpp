@@ -480,6 +480,11 @@ class RunJob {
                         "' has no uniform split; use --partition uniform, both or all");
       spec_ = model::load_model_config(opt_.model_path);
       if (opt_.mtp) model::enable_mtp(spec_);  // UserError naming --mtp for a model without MTP
+      if (opt_.expert_skew > 0.0 &&
+          std::none_of(spec_.layers.begin(), spec_.layers.end(), [](const model::LayerShape& l) { return l.is_moe(); }))
+        throw UserError("--expert-skew " + std::to_string(opt_.expert_skew) + ": " + opt_.model_path + " (" +
+                        spec_.architecture + ") has no mixture-of-experts layer to route; drop --expert-skew");
+      spec_.expert_skew = opt_.expert_skew;
       if (S_ > spec_.num_units())
         throw UserError("the run has " + std::to_string(S_) + " ranks (one stage each) but " + opt_.model_path +
                         " has only " + std::to_string(spec_.num_units()) + " units (embed + " +
@@ -529,6 +534,9 @@ class RunJob {
     if (layouts_.empty() && !tp_auto_) layouts_.push_back(std::vector<int>(S_, 1));
     for (int w = 2; tp_auto_ && w <= S_; ++w)
       if (tp_unsupported_reason(spec_, w).empty()) auto_widths_.push_back(w);
+    if (tp_auto_ && auto_widths_.empty() && S_ >= 2)
+      throw UserError("--tp auto: no width from 2 to " + std::to_string(S_) + " splits " + opt_.model_path + " (width 2: " +
+                      tp_unsupported_reason(spec_, 2) + "); drop --tp auto, or use --tp 1");
     const bool pp = tp_auto_ || std::any_of(layouts_.begin(), layouts_.end(), [](const std::vector<int>& w) {
       return std::all_of(w.begin(), w.end(), [](int t) { return t == 1; });
     });
@@ -637,7 +645,8 @@ class RunJob {
     run_.model_attrs_num = model_numbers(spec_);
     run_.workload = {opt_.batch, opt_.prompt_len, opt_.gen_len, M_, dtype_name(dtype_), opt_.warmup, opt_.iters,
                      opt_.profile_warmup, opt_.profile_iters, !opt_.no_overlap, opt_.seed, opt_.objective,
-                     opt_.target_ci_pct, opt_.max_time_s, !opt_.no_cuda_graphs, opt_.profile_aligned};
+                     opt_.target_ci_pct, opt_.max_time_s, !opt_.no_cuda_graphs, opt_.profile_aligned,
+                     opt_.expert_skew};
 
     offsets_ = mpi_.clock_offsets();
     // Every pair's link where the ranks are few, else each neighbouring pair and the token

@@ -162,10 +162,16 @@ std::string tp_unsupported_reason(const model::ModelSpec& m, int t) {
   if (m.vocab < t) return "the vocabulary (" + std::to_string(m.vocab) + ") has fewer tokens than ranks";
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const model::LayerShape& s = m.layers[l];
-    if (s.is_moe() || s.is_mla() || s.attn_sinks)
-      return "layer " + std::to_string(l) + " of " + m.architecture + " is a " +
-             (s.is_moe() ? "mixture-of-experts" : s.is_mla() ? "multi-head latent attention" : "gpt-oss attention") +
-             " layer; tensor parallelism splits dense layers only (expert parallelism is not built)";
+    if (s.is_mla())
+      return "layer " + std::to_string(l) + " of " + m.architecture +
+             " uses multi-head latent attention, which tensor parallelism does not split yet";
+    if (s.is_moe())
+      return "layer " + std::to_string(l) + " of " + m.architecture +
+             " is a mixture-of-experts layer; tensor parallelism splits dense layers only (neither tensor nor "
+             "expert parallelism of the experts is built)";
+    if (s.attn_sinks)
+      return "layer " + std::to_string(l) + " of " + m.architecture +
+             " has attention sinks (gpt-oss), which tensor parallelism does not split yet";
     if (s.intermediate < t)
       return "layer " + std::to_string(l) + "'s MLP (intermediate " + std::to_string(s.intermediate) +
              ") is narrower than the group";

@@ -15,6 +15,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
+#include <numeric>
+#include <mutex>
+#include <map>
 
 #include "common/error.h"
 
@@ -323,7 +327,9 @@ std::vector<bool> read_layer_set(const ConfigReader& r, const std::string& key, 
 }
 
 /// The mixture-of-experts fields of a MoE family, and which layers are MoE ones (the others keep
-/// the dense MLP of intermediate_size). Defaults are the transformers configuration classes'.
+/// the dense MLP of intermediate_size). The sizes of the experts and of the routing are required
+/// (a config without them is a mistake, not a model); the rest default as in the transformers
+/// configuration classes.
 /// DeepSeek-V3's multi-token-prediction modules are read here too (their layer is a MoE one).
 void read_experts(const ConfigReader& r, Family fam, ModelSpec& m) {
   if (fam != Family::mixtral && fam != Family::qwen3_moe && fam != Family::deepseek_v3 && fam != Family::gpt_oss)
@@ -336,17 +342,17 @@ void read_experts(const ConfigReader& r, Family fam, ModelSpec& m) {
   switch (fam) {
     case Family::mixtral:
       experts_key = "num_local_experts";
-      moe.n_experts = r.positive_int_or(experts_key, 8, kMaxExperts);
-      moe.top_k = r.positive_int_or("num_experts_per_tok", 2, kMaxExperts);
+      moe.n_experts = r.positive_int(experts_key, kMaxExperts);
+      moe.top_k = r.positive_int("num_experts_per_tok", kMaxExperts);
       moe.expert_intermediate = m.layers[0].intermediate;
       moe.router = RouterKind::softmax;
       moe.norm_topk = true;  // MixtralSparseMoeBlock always renormalises the top k
       break;
     case Family::qwen3_moe: {
       experts_key = "num_experts";
-      moe.n_experts = r.positive_int_or(experts_key, 128, kMaxExperts);
-      moe.top_k = r.positive_int_or("num_experts_per_tok", 8, kMaxExperts);
-      moe.expert_intermediate = r.positive_int_or("moe_intermediate_size", 768, kMaxSize);
+      moe.n_experts = r.positive_int(experts_key, kMaxExperts);
+      moe.top_k = r.positive_int("num_experts_per_tok", kMaxExperts);
+      moe.expert_intermediate = r.positive_int("moe_intermediate_size", kMaxSize);
       moe.router = RouterKind::softmax;
       moe.norm_topk = r.bool_or("norm_topk_prob", false);
       // Qwen3MoeDecoderLayer: MoE iff the layer is not in mlp_only_layers and
@@ -358,15 +364,19 @@ void read_experts(const ConfigReader& r, Family fam, ModelSpec& m) {
     }
     case Family::deepseek_v3: {
       experts_key = "n_routed_experts";
-      moe.n_experts = r.positive_int_or(experts_key, 256, kMaxExperts);
-      moe.top_k = r.positive_int_or("num_experts_per_tok", 8, kMaxExperts);
-      moe.expert_intermediate = r.positive_int_or("moe_intermediate_size", 2048, kMaxSize);
+      moe.n_experts = r.positive_int(experts_key, kMaxExperts);
+      moe.top_k = r.positive_int("num_experts_per_tok", kMaxExperts);
+      moe.expert_intermediate = r.positive_int("moe_intermediate_size", kMaxSize);
       moe.n_shared = r.has("n_shared_experts") ? r.int_at_least("n_shared_experts", 0, "a non-negative integer", 1024) : 1;
+      if (int64_t{moe.n_shared} * moe.expert_intermediate > kMaxSize)
+        r.fail(r.field("n_shared_experts") + " x moe_intermediate_size = " +
+               std::to_string(int64_t{moe.n_shared} * moe.expert_intermediate) + " shared-expert features (at most " +
+               std::to_string(kMaxSize) + "): absurd");
       shared_width = moe.n_shared * moe.expert_intermediate;
       moe.router = RouterKind::sigmoid_grouped;
       moe.norm_topk = r.bool_or("norm_topk_prob", true);
-      moe.n_group = r.positive_int_or("n_group", 8, kMaxExperts);
-      moe.topk_group = r.positive_int_or("topk_group", 4, kMaxExperts);
+      moe.n_group = r.positive_int("n_group", kMaxExperts);
+      moe.topk_group = r.positive_int("topk_group", kMaxExperts);
       moe.routed_scaling = r.number_or("routed_scaling_factor", 2.5);
       if (const std::string f = r.string_or("scoring_func", "sigmoid"); f != "sigmoid")
         r.fail(r.field("scoring_func") + " '" + f + "' is not supported for DeepseekV3ForCausalLM; supported: sigmoid");
@@ -395,9 +405,9 @@ void read_experts(const ConfigReader& r, Family fam, ModelSpec& m) {
     }
     case Family::gpt_oss:
       experts_key = "num_local_experts";
-      moe.n_experts = r.positive_int_or(experts_key, 128, kMaxExperts);
+      moe.n_experts = r.positive_int(experts_key, kMaxExperts);
       moe.top_k = r.has("num_experts_per_tok") ? r.positive_int("num_experts_per_tok", kMaxExperts)
-                                                : r.positive_int_or("experts_per_token", 4, kMaxExperts);
+                                                : r.positive_int("experts_per_token", kMaxExperts);
       moe.expert_intermediate = m.layers[0].intermediate;
       moe.router = RouterKind::topk_softmax;
       moe.router_bias = true;
@@ -633,12 +643,14 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   // a direct q_proj, as DeepSeek-V2-Lite).
   MlaShape mla;
   if (fam == Family::deepseek_v3) {
+    if (!cfg->contains("q_lora_rank"))
+      r.fail("missing required field '" + r.field("q_lora_rank") +
+             "' (a positive integer, or null for a direct q_proj as DeepSeek-V2-Lite)");
     mla.q_lora_rank = r.has("q_lora_rank") ? r.positive_int("q_lora_rank", kMaxSize) : 0;
-    if (!cfg->contains("q_lora_rank")) mla.q_lora_rank = 1536;
-    mla.kv_lora_rank = r.positive_int_or("kv_lora_rank", 512, kMaxSize);
-    mla.qk_nope = r.positive_int_or("qk_nope_head_dim", 128, kMaxSize);
-    mla.qk_rope = r.positive_int_or("qk_rope_head_dim", 64, kMaxSize);
-    mla.v_head_dim = r.positive_int_or("v_head_dim", 128, kMaxSize);
+    mla.kv_lora_rank = r.positive_int("kv_lora_rank", kMaxSize);
+    mla.qk_nope = r.positive_int("qk_nope_head_dim", kMaxSize);
+    mla.qk_rope = r.positive_int("qk_rope_head_dim", kMaxSize);
+    mla.v_head_dim = r.positive_int("v_head_dim", kMaxSize);
     if (mla.qk_rope % 2 != 0)
       r.fail(r.field("qk_rope_head_dim") + " must be even (RoPE rotates pairs), got " + std::to_string(mla.qk_rope));
   }
@@ -711,7 +723,14 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
     base.attn_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
     if (r.has("rope_scaling") && r.at("rope_scaling").is_object()) {
       const json& rs = r.at("rope_scaling");
-      const double factor = rs.value("factor", 1.0), all_dim = rs.value("mscale_all_dim", 0.0);
+      auto number = [&](const char* key, double dflt) {  // read_rope checked the object; these two may be absent
+        auto it = rs.find(key);
+        if (it == rs.end() || it->is_null()) return dflt;
+        if (!it->is_number() || !std::isfinite(it->get<double>()))
+          r.fail(r.field("rope_scaling") + "." + key + " must be a number, got " + show(*it));
+        return it->get<double>();
+      };
+      const double factor = number("factor", 1.0), all_dim = number("mscale_all_dim", 0.0);
       if (all_dim > 0.0 && factor > 1.0) {
         const double mscale = 0.1 * all_dim * std::log(factor) + 1.0;
         base.attn_scale *= mscale * mscale;
@@ -845,7 +864,7 @@ double layer_flops(const LayerShape& s, double b, int tokens, int context) {
 }
 
 /// Bytes one layer's forward moves (unit_bytes_moved's contract), its activations included.
-double layer_bytes(const LayerShape& s, int hidden, int batch, int tokens, int context, int dtype_bytes) {
+double layer_bytes(const LayerShape& s, int hidden, int batch, int tokens, int context, int dtype_bytes, double skew) {
   // KV read: the union of the windows of the new tokens, i.e. all `context` positions, or the
   // last window + tokens - 1 of them for a sliding-window layer. KV written: the new tokens'
   // rows. Activations: the input read and the output written.
@@ -854,7 +873,7 @@ double layer_bytes(const LayerShape& s, int hidden, int batch, int tokens, int c
   const int64_t positions = window > 0 ? std::min<int64_t>(context, int64_t{window} + tokens - 1) : context;
   const double kv_row = static_cast<double>(layer_kv_row_bytes(s, dtype_bytes));
   // A MoE layer reads the experts its tokens reach, not all of them.
-  const double unread_experts = s.is_moe() ? s.moe.n_experts - expected_distinct_experts(s, rows) : 0.0;
+  const double unread_experts = s.is_moe() ? s.moe.n_experts - expected_distinct_experts(s, rows, skew) : 0.0;
   const double weights = static_cast<double>(layer_params(s)) - unread_experts * static_cast<double>(expert_params<int64_t>(s));
   return weights * d + static_cast<double>(batch) * static_cast<double>(positions) * kv_row + rows * kv_row +
          2.0 * rows * hidden * d;
@@ -936,10 +955,49 @@ int64_t active_params(const ModelSpec& m) {
   return sum;
 }
 
-double expected_distinct_experts(const LayerShape& s, double rows) {
+namespace {
+
+/// Probability that one token's top_k (a Gumbel-top-k sample of p_r ~ (r + 1)^-A) include the
+/// expert of popularity rank r, for r in [0, n): 8192 draws of a fixed splitmix64 stream,
+/// computed once per (n, k, A) and kept (a run asks for the same few many times).
+const std::vector<double>& inclusion_probabilities(int n, int k, double A) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, double>, std::vector<double>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace({n, k, A});
+  if (!fresh) return it->second;
+  constexpr int kDraws = 8192;
+  std::vector<double> incl(n, 0.0), key(n);
+  std::vector<int> order(n);
+  uint64_t state = 0x853C49E6748FEA9BULL;
+  auto next = [&state] {  // splitmix64 (Steele, Lea, Flood 2014)
+    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  };
+  for (int d = 0; d < kDraws; ++d) {
+    for (int r = 0; r < n; ++r) {
+      const double u = (static_cast<double>(next() >> 11) + 0.5) * 0x1p-53;
+      key[r] = -A * std::log(r + 1.0) - std::log(-std::log(u));
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) { return key[a] > key[b]; });
+    for (int j = 0; j < k; ++j) incl[order[j]] += 1.0 / kDraws;
+  }
+  it->second = std::move(incl);
+  return it->second;
+}
+
+}  // namespace
+
+double expected_distinct_experts(const LayerShape& s, double rows, double skew) {
   if (!s.is_moe() || rows <= 0.0) return 0.0;
   const double n = s.moe.n_experts, k = s.moe.top_k;
-  return n * (1.0 - std::pow(1.0 - k / n, rows));
+  if (!(skew > 0.0)) return n * (1.0 - std::pow(1.0 - k / n, rows));
+  double sum = 0.0;
+  for (double pi : inclusion_probabilities(s.moe.n_experts, s.moe.top_k, skew)) sum += 1.0 - std::pow(1.0 - pi, rows);
+  return sum;
 }
 
 int64_t kv_bytes_per_token(const ModelSpec& m, int unit, int dtype_bytes) {
@@ -1011,10 +1069,12 @@ double unit_bytes_moved(const ModelSpec& m, int unit, Phase phase, int batch, in
       // the shared head read again.
       const double eh = (2.0 * m.hidden * static_cast<double>(m.hidden) + 3.0 * m.hidden) * d + 3.0 * act;
       return head + m.mtp_modules * (rows * m.hidden * d + eh +
-                                     layer_bytes(m.mtp_shape, m.hidden, batch, tokens, context, dtype_bytes) + head);
+                                     layer_bytes(m.mtp_shape, m.hidden, batch, tokens, context, dtype_bytes,
+                                                 m.expert_skew) +
+                                     head);
     }
     case UnitKind::layer:
-      return layer_bytes(m.layers[u.layer], m.hidden, batch, tokens, context, dtype_bytes);
+      return layer_bytes(m.layers[u.layer], m.hidden, batch, tokens, context, dtype_bytes, m.expert_skew);
   }
   return 0.0;
 }

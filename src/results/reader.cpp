@@ -214,6 +214,7 @@ void read_all(const Group& root, RunRecord& run) {
   w.max_time_s = attr_or<double>(wl, "max_time_s", 0.0);
   w.cuda_graphs = attr_or<bool>(wl, "cuda_graphs", false);  // older files: decode ran eagerly
   w.profile_aligned = attr_or<bool>(wl, "profile_aligned", false);
+  w.expert_skew = attr_or<double>(wl, "expert_skew", 0.0);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");
     for (const auto& key : env.attr_names()) run.environment[key] = env.get_attr<std::string>(key);

@@ -83,6 +83,9 @@ std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run
     r.partition = p.name;
     r.counts = counts_of(p);
     r.layout = p.layout;
+    r.expert_skew = run.workload.expert_skew;
+    if (const auto it = run.model_attrs_num.find("mtp_modules_run"); it != run.model_attrs_num.end())
+      r.mtp_modules = static_cast<int>(it->second);
     r.world_size = run.world_size;
     r.batch = run.workload.batch;
     r.prompt_len = run.workload.prompt_len;
@@ -128,7 +131,14 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows) {
     return static_cast<int>(w);
   };
   const int w_run = static_cast<int>(std::max<size_t>(3, std::to_string(files.size() - 1).size() + 2));
-  const int w_model = width("model", [](const ReportRow& r) { return r.model; });
+  // Runs of one model that differ in how it runs are told apart in the model column.
+  auto model_label = [](const ReportRow& r) {
+    std::string m = r.model;
+    if (r.expert_skew > 0) m += " skew " + num(r.expert_skew, 2, "");
+    if (r.mtp_modules > 0) m += " +mtp";
+    return m;
+  };
+  const int w_model = width("model", model_label);
   const int w_part = width("partition", [](const ReportRow& r) { return r.partition; });
   const int w_counts = width("units/stage", [](const ReportRow& r) { return r.counts; });
   std::string line;
@@ -153,7 +163,7 @@ void print_report_table(std::ostream& os, const std::vector<ReportRow>& rows) {
                                ? "-"
                                : num(r.balance_gain_ci_low, 3, "-") + ".." + num(r.balance_gain_ci_high, 3, "-");
     print("%-*s %-*s %5d %-*s %-*s %4d %10s %10s %17s %17s %5d %6s%% %5sx %13s %6s%% %s\n", w_run, run.c_str(),
-          w_model, r.model.c_str(), r.world_size, w_part, r.partition.c_str(), w_counts, r.counts.c_str(),
+          w_model, model_label(r).c_str(), r.world_size, w_part, r.partition.c_str(), w_counts, r.counts.c_str(),
           r.repetitions, num(r.tokens_per_s, 2, "-").c_str(), num(r.decode_tokens_per_s, 2, "-").c_str(), ttft.c_str(),
           tpot.c_str(), r.bottleneck_stage, num(100.0 * r.max_bubble, 1, "-").c_str(), num(r.balance_gain, 3, "-").c_str(),
           ci.c_str(), num(100.0 * r.pipeline_efficiency, 1, "-").c_str(), r.validation.c_str());
@@ -167,7 +177,7 @@ void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
   os << "file,model,backend,world_size,batch,prompt_len,gen_len,microbatches,partition,counts,tokens_per_s,"
         "decode_tokens_per_s,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,pipeline_efficiency,"
         "bottleneck_stage,max_bubble,balance_gain,validation,repetitions,balance_gain_ci_low,balance_gain_ci_high,"
-        "balance_verdict,layout\n";
+        "balance_verdict,layout,expert_skew,mtp_modules\n";
   for (const auto& r : rows) {
     os << csv_field(r.file) << ',' << csv_field(r.model) << ',' << csv_field(r.backend) << ',' << r.world_size << ','
        << r.batch << ',' << r.prompt_len << ',' << r.gen_len << ',' << r.microbatches << ',' << csv_field(r.partition)
@@ -176,7 +186,8 @@ void print_report_csv(std::ostream& os, const std::vector<ReportRow>& rows) {
        << ',' << num(r.tpot_p99_ms, 6, "") << ',' << num(r.pipeline_efficiency, 6, "") << ',' << r.bottleneck_stage
        << ',' << num(r.max_bubble, 6, "") << ',' << num(r.balance_gain, 6, "") << ',' << csv_field(r.validation)
        << ',' << r.repetitions << ',' << num(r.balance_gain_ci_low, 6, "") << ',' << num(r.balance_gain_ci_high, 6, "")
-       << ',' << csv_field(r.balance_verdict) << ',' << csv_field(r.layout) << '\n';
+       << ',' << csv_field(r.balance_verdict) << ',' << csv_field(r.layout) << ',' << num(r.expert_skew, 6, "") << ','
+       << r.mtp_modules << '\n';
   }
 }
 

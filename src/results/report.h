@@ -24,6 +24,8 @@ struct ReportRow {
   /// than kMinPairsForCI rounds, older files) and its verdict ("" if none).
   double balance_gain_ci_low = 0, balance_gain_ci_high = 0;
   std::string balance_verdict;
+  double expert_skew = 0;  ///< --expert-skew of the run (MoE routing)
+  int mtp_modules = 0;     ///< MTP modules run with the head (--mtp), else 0
   int repetitions = 0;        ///< timed repetitions (rounds) of this partition
   std::string validation;     ///< "OK", "FAILED" or "skipped" (--no-validate; the partitions agree)
   std::string layout = "1";   ///< --tp layout of the partition ("1": one rank per stage; "2,1,1")

@@ -45,6 +45,7 @@ struct WorkloadInfo {
   double target_ci_pct = 0.0, max_time_s = 0.0;  ///< --target-ci, --max-time (0: older files)
   bool cuda_graphs = true;       ///< CUDA decode replayed from graphs (--no-cuda-graphs: false; CPU: unused)
   bool profile_aligned = false;  ///< --profile-aligned
+  double expert_skew = 0.0;      ///< --expert-skew (MoE routing; 0 = the router's own choice)
 };
 
 struct ProfileTable {

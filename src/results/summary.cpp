@@ -407,7 +407,8 @@ void print_summary(std::ostream& os, const RunRecord& run) {
          << verdict_text(run.decode_balance_verdict, "balanced") << "\n";
     int wrong = 0;
     for (const auto& p : run.partitions) {
-      if (p.name != "balanced" && p.name != "uniform") continue;
+      // A split that shares another's measurement (same_as) has no stages of its own to count.
+      if ((p.name != "balanced" && p.name != "uniform") || !p.same_as.empty()) continue;
       for (size_t k = 0; k < p.first_unit.size(); ++k) wrong += outside_profile_spread(p, k) ? 1 : 0;
     }
     if (wrong > 0)

@@ -393,6 +393,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   wl.set_attr("max_time_s", w.max_time_s);
   wl.set_attr("cuda_graphs", w.cuda_graphs);
   wl.set_attr("profile_aligned", w.profile_aligned);
+  wl.set_attr("expert_skew", w.expert_skew);
   Group env = root.create_group("config/environment");
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);
 

@@ -44,8 +44,15 @@ void check_structure(const ModelSpec& m) {
     if (unit.kind == UnitKind::layer) {
       expect(unit.layer == u - 1, "layer index != unit - 1");
       const LayerShape& s = m.layer_of(u);
-      expect(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.intermediate > 0,
+      // A MoE layer's intermediate is its shared experts' width (0: none).
+      expect(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && (s.intermediate > 0 || (s.is_moe() && s.intermediate == 0)),
              "non-positive layer size accepted");
+      if (s.is_moe())
+        expect(s.moe.top_k >= 1 && s.moe.top_k <= s.moe.n_experts && s.moe.expert_intermediate > 0,
+               "inconsistent experts accepted");
+      if (s.is_mla())
+        expect(s.mla.qk_rope > 0 && s.mla.qk_rope % 2 == 0 && s.mla.v_head_dim > 0 && s.mla.q_lora_rank >= 0,
+               "inconsistent MLA accepted");
       expect(s.n_heads % s.n_kv_heads == 0, "kv heads do not divide heads");
       expect(s.sliding_window >= 0, "negative sliding window");
       expect(std::isfinite(s.attn_scale) && s.attn_scale > 0.0, "attention scale not positive");
@@ -82,7 +89,10 @@ void check_counts(const ModelSpec& m) {
       }
     }
   }
-  expect(total_params(m) == sum, "total_params != sum of unit_params");
+  expect(total_params(m) == sum + mtp_params(m), "total_params != sum of unit_params + mtp_params");
+  int64_t active = 0;
+  for (int u = 0; u < m.num_units(); ++u) active += unit_active_params(m, u);
+  expect(active == active_params(m) && active <= sum, "active_params");
 }
 
 }  // namespace

@@ -602,6 +602,30 @@ TEST(CpuOps, ExpertSkewSamplesThePopularityLaw) {
   }
   for (int x = 0; x < E; ++x)
     EXPECT_NEAR(first[x], N * p[x], 5.0 * std::sqrt(N * p[x] * (1.0 - p[x]))) << "expert " << x;
+  // The floors' expected distinct experts of two tokens (model::expected_distinct_experts with the
+  // skew) against the mean over the N / 2 pairs of tokens routed here, within 5 standard errors
+  // of the two estimates: the pairs' (sample std / sqrt(N/2)) and the model's (its 8192 draws: a
+  // binomial error sqrt(pi (1 - pi) / 8192) per inclusion probability, times d/dpi of
+  // 1 - (1 - pi)^2 = 2 (1 - pi), summed in quadrature over the experts).
+  {
+    LayerShape ls;  // only its experts matter here
+    ls.moe = e;
+    double mean = 0.0, sq = 0.0;
+    for (int m = 0; m + 1 < N; m += 2) {
+      std::set<int32_t> reached(ex.begin() + static_cast<long>(m) * k, ex.begin() + static_cast<long>(m + 2) * k);
+      mean += reached.size();
+      sq += static_cast<double>(reached.size()) * reached.size();
+    }
+    const double pairs = N / 2;
+    mean /= pairs;
+    const double se_measured = std::sqrt((sq / pairs - mean * mean) / pairs);
+    // Per expert (2 (1 - pi))^2 pi (1 - pi) / 8192 <= 4 max_pi pi (1 - pi)^3 / 8192 = 4 (27/256) / 8192.
+    const double var_model = E * 4.0 * (27.0 / 256.0) / 8192;
+    const double model = ppb::model::expected_distinct_experts(ls, 2, 1.2);
+    EXPECT_NEAR(model, mean, 5.0 * std::sqrt(se_measured * se_measured + var_model));
+    EXPECT_LT(model, ppb::model::expected_distinct_experts(ls, 2));  // skew: fewer experts reached
+    EXPECT_NEAR(ppb::model::expected_distinct_experts(ls, 1, 1.2), k, 1e-9);  // one token: exactly k
+  }
   // The same logits give the same choice.
   std::vector<int32_t> again(static_cast<size_t>(k));
   std::vector<float> w2(static_cast<size_t>(k));

@@ -158,6 +158,39 @@ TEST(ModelConfigsMoe, Qwen3MoeTotalAndActive) {
   EXPECT_EQ(m.signatures, (std::vector<std::string>{"embed", "layer.dense", "layer.moe", "head"}));
 }
 
+TEST(ModelConfigsMoe, MissingOrInconsistentRoutingFieldsAreRefusedByName) {
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> qwen = {
+      {"num_experts", [](json& j) { j.erase("num_experts"); }},
+      {"moe_intermediate_size", [](json& j) { j.erase("moe_intermediate_size"); }},
+      {"num_experts_per_tok", [](json& j) { j["num_experts_per_tok"] = 129; }},
+      {"mlp_only_layers", [](json& j) { j["mlp_only_layers"] = {48}; }},
+  };
+  for (const auto& [field, edit] : qwen) {
+    json j = read_json("qwen3-30b-a3b.json");
+    edit(j);
+    const std::string msg = user_error_of([&] { parse_model_config(j.dump(), "q.json"); });
+    EXPECT_NE(msg.find(field), std::string::npos) << msg;
+  }
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> ds = {
+      {"n_routed_experts", [](json& j) { j.erase("n_routed_experts"); }},
+      {"kv_lora_rank", [](json& j) { j.erase("kv_lora_rank"); }},
+      {"q_lora_rank", [](json& j) { j.erase("q_lora_rank"); }},
+      {"n_group", [](json& j) { j["n_group"] = 7; }},
+      {"topk_group", [](json& j) { j["topk_group"] = 9; }},
+      {"scoring_func", [](json& j) { j["scoring_func"] = "softmax"; }},
+      {"qk_rope_head_dim", [](json& j) { j["qk_rope_head_dim"] = 63; }},
+  };
+  for (const auto& [field, edit] : ds) {
+    json j = read_json("deepseek-v3.json");
+    edit(j);
+    const std::string msg = user_error_of([&] { parse_model_config(j.dump(), "d.json"); });
+    EXPECT_NE(msg.find(field), std::string::npos) << msg;
+  }
+  json j = read_json("deepseek-v3.json");
+  j["q_lora_rank"] = nullptr;  // DeepSeek-V2-Lite: a direct q_proj
+  EXPECT_EQ(parse_model_config(j.dump()).layers[0].mla.q_lora_rank, 0);
+}
+
 TEST(ModelConfigsMoe, DeepSeekV3TotalActiveAndMtp) {
   // MLA per layer: q_a 7168*1536 + norm 1536 + q_b 1536*128*192 + kv_a 7168*576 + norm 512 +
   // kv_b 512*128*256 + o 128*128*7168 = 187,107,328. Dense layer (3): + norms 14,336 + MLP

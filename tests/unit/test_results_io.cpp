@@ -374,6 +374,7 @@ TEST_F(ResultsIoTest, StageOutsideTheProfilesSpreadIsSaid) {
     p.predicted_stage_min_ms = {9.0, 11.0};
     p.predicted_stage_max_ms = {11.0, 13.0};
     p.measured_stage_ms = {10.5, p.name == "balanced" ? 14.3 : 12.9};  // balanced stage 1: above 13
+    p.same_as.clear();  // two splits, each measured (make_record's balanced shares uniform's)
   }
   EXPECT_FALSE(ppb::outside_profile_spread(w.partitions[0], 1));
   EXPECT_TRUE(ppb::outside_profile_spread(w.partitions[1], 1));
@@ -396,6 +397,13 @@ TEST_F(ResultsIoTest, StageOutsideTheProfilesSpreadIsSaid) {
       << text;
   EXPECT_EQ(text.find("profile did not hold for stage 0"), std::string::npos) << text;
   EXPECT_NE(text.find("qualified: 1 stage(s)"), std::string::npos) << text;
+  // A balanced split that shares uniform's measurement (same_as) is counted once, not twice.
+  RunRecord same = w;
+  for (auto& p : same.partitions) p.measured_stage_ms = {10.5, 14.3};  // both above the spread
+  same.partitions[1].same_as = "uniform";
+  std::ostringstream out2;
+  ppb::print_summary(out2, same);
+  EXPECT_NE(out2.str().find("qualified: 1 stage(s)"), std::string::npos) << out2.str();
 }
 
 TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {

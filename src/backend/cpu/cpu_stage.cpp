@@ -110,7 +110,7 @@ class CpuStage final : public StageExecutor {
   float* new_weights(size_t n);
   /// The largest of each scratch size over the stage's layers, and the KV-cache floats.
   struct ScratchSizes {
-    size_t max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0, max_o_in = 0;
+    size_t max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0;
     size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
     size_t kv_floats = 0;
   };
@@ -258,8 +258,9 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
     if (a.q_lora_rank > 0) {
       const size_t ql = static_cast<size_t>(a.q_lora_rank);
       w.q_a = proj_rows(0, ql, Tensor::q_a_proj);
-      w.q_a_norm = new_weights(ql);
-      fill_norm(const_cast<float*>(w.q_a_norm), ql, seed, u, Tensor::q_a_norm, false);
+      float* qan = new_weights(ql);
+      fill_norm(qan, ql, seed, u, Tensor::q_a_norm, false);
+      w.q_a_norm = qan;
       float* qb = new_weights(nh * qk * ql);
       fill_projection(qb, nh * qk, ql, seed, u, Tensor::q_b_proj);
       w.q_b = qb;
@@ -367,7 +368,6 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
 
   z.max_q = std::max(z.max_q, nq);
   z.max_attn = std::max(z.max_attn, attn_width);
-  z.max_o_in = std::max(z.max_o_in, o_fan_in);
   z.max_inter = std::max(z.max_inter, I);
   z.kv_floats += static_cast<size_t>(cfg.groups) * max_tokens * layer_cache_floats(s, nkv);
   return w;
