@@ -122,8 +122,8 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
                 "MoE layers: route each token's top-k experts as a sample from a Zipf law of expert popularity "
                 "with this exponent (p ~ rank^-A; real routers: ~1.0 DeepSeek-V3, ~1.2 Qwen3-235B), "
                 "deterministic from the seed and the token, instead of the random router's near-uniform "
-                "choice; 0 = the router's own choice. Profiles and runs see the load; the file records the "
-                "tokens each expert of each layer received")
+                "choice; 0 = the router's own choice. Profiles and runs see the load; a run's file records the "
+                "tokens each expert of each layer received (/moe/expert_tokens)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             // CLI::Range lets "nan" through (every comparison with NaN is false).
