@@ -312,6 +312,23 @@ Activation read_activation(const ConfigReader& r, bool gemma) {
          "' is not supported; supported: silu, swish, gelu_pytorch_tanh, gelu, gelu_new");
 }
 
+/// Multi-head latent attention's sizes (DeepseekV3ForCausalLM), all required: q_lora_rank may be
+/// null (a direct q_proj, as DeepSeek-V2-Lite) but not absent. `cfg` is the object `r` reads.
+MlaShape read_mla(const ConfigReader& r, const json& cfg) {
+  if (!cfg.contains("q_lora_rank"))
+    r.fail("missing required field '" + r.field("q_lora_rank") +
+           "' (a positive integer, or null for a direct q_proj as DeepSeek-V2-Lite)");
+  MlaShape mla;
+  mla.q_lora_rank = r.has("q_lora_rank") ? r.positive_int("q_lora_rank", kMaxSize) : 0;
+  mla.kv_lora_rank = r.positive_int("kv_lora_rank", kMaxSize);
+  mla.qk_nope = r.positive_int("qk_nope_head_dim", kMaxSize);
+  mla.qk_rope = r.positive_int("qk_rope_head_dim", kMaxSize);
+  mla.v_head_dim = r.positive_int("v_head_dim", kMaxSize);
+  if (mla.qk_rope % 2 != 0)
+    r.fail(r.field("qk_rope_head_dim") + " must be even (RoPE rotates pairs), got " + std::to_string(mla.qk_rope));
+  return mla;
+}
+
 /// A list of distinct layer indices in [0, n_layers) (Qwen3-MoE mlp_only_layers).
 std::vector<bool> read_layer_set(const ConfigReader& r, const std::string& key, int n_layers) {
   std::vector<bool> in(n_layers, false);
@@ -639,21 +656,7 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   if (n_heads % n_kv != 0)
     r.fail(r.field("num_key_value_heads") + " (" + std::to_string(n_kv) +
            ") must divide num_attention_heads (" + std::to_string(n_heads) + ")");
-  // Multi-head latent attention (DeepseekV3Config's defaults for missing keys; q_lora_rank null:
-  // a direct q_proj, as DeepSeek-V2-Lite).
-  MlaShape mla;
-  if (fam == Family::deepseek_v3) {
-    if (!cfg->contains("q_lora_rank"))
-      r.fail("missing required field '" + r.field("q_lora_rank") +
-             "' (a positive integer, or null for a direct q_proj as DeepSeek-V2-Lite)");
-    mla.q_lora_rank = r.has("q_lora_rank") ? r.positive_int("q_lora_rank", kMaxSize) : 0;
-    mla.kv_lora_rank = r.positive_int("kv_lora_rank", kMaxSize);
-    mla.qk_nope = r.positive_int("qk_nope_head_dim", kMaxSize);
-    mla.qk_rope = r.positive_int("qk_rope_head_dim", kMaxSize);
-    mla.v_head_dim = r.positive_int("v_head_dim", kMaxSize);
-    if (mla.qk_rope % 2 != 0)
-      r.fail(r.field("qk_rope_head_dim") + " must be even (RoPE rotates pairs), got " + std::to_string(mla.qk_rope));
-  }
+  const MlaShape mla = fam == Family::deepseek_v3 ? read_mla(r, *cfg) : MlaShape{};
   int head_dim = 0;
   if (fam == Family::deepseek_v3) {
     head_dim = mla.qk_nope + mla.qk_rope;  // the q.k width of every head
@@ -773,17 +776,10 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
       }
       break;
     case Family::gpt_oss:
-      // GptOssConfig: even layers sliding (window 128), odd layers full, unless layer_types says.
-      window = r.window_or("sliding_window", 128);
-      if (has_layer_types) {
-        sliding = read_layer_types(r, m.n_layers);
-      } else {
-        for (int i = 0; i < m.n_layers; ++i) sliding[i] = i % 2 == 0;
-      }
-      break;
     case Family::gemma2:
-      // Gemma-2: even layers local, odd layers global (Gemma2Config default window 4096).
-      window = r.window_or("sliding_window", 4096);
+      // Gemma-2 and gpt-oss: even layers local, odd layers global, unless layer_types says
+      // (default windows: Gemma2Config 4096, GptOssConfig 128).
+      window = r.window_or("sliding_window", fam == Family::gpt_oss ? 128 : 4096);
       if (has_layer_types) {
         sliding = read_layer_types(r, m.n_layers);
       } else {

@@ -340,7 +340,24 @@ void route_tokens(int32_t* experts, float* weights, const float* logits, int M, 
     const float* z = logits + static_cast<size_t>(m) * E;
     int32_t* ex = experts + static_cast<size_t>(m) * k;
     float* w = weights + static_cast<size_t>(m) * k;
-    double sum = 0.0;
+    // 1. The router's scores: softmax probabilities, sigmoid scores, or the logits themselves.
+    switch (moe.router) {
+      case model::RouterKind::softmax: {
+        double mx = neg_inf;
+        for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
+        double total = 0.0;
+        for (int e = 0; e < E; ++e) total += score[e] = std::exp(static_cast<double>(z[e]) - mx);
+        for (int e = 0; e < E; ++e) score[e] /= total;
+        break;
+      }
+      case model::RouterKind::topk_softmax:
+        for (int e = 0; e < E; ++e) score[e] = z[e];
+        break;
+      case model::RouterKind::sigmoid_grouped:
+        for (int e = 0; e < E; ++e) score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[e])));
+        break;
+    }
+    // 2. The choice: the skew's sample, or the router's own ranking.
     if (skew != nullptr) {
       // Gumbel-top-k from the popularity law, keyed by the token's logits (their bits).
       uint64_t h = skew->key;
@@ -354,93 +371,60 @@ void route_tokens(int32_t* experts, float* weights, const float* logits, int M, 
         const double u = (static_cast<double>(r >> 11) + 0.5) * 0x1p-53;  // in (0, 1)
         choice[e] = skew->log_p[e] - std::log(-std::log(u));
       }
-      top(choice, k);
-      // The router's own weights of the chosen experts.
-      if (moe.router == model::RouterKind::sigmoid_grouped) {
-        for (int j = 0; j < k; ++j) sum += score[order[j]] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[order[j]])));
-        for (int j = 0; j < k; ++j)
-          w[j] = static_cast<float>((moe.norm_topk ? score[order[j]] / (sum + 1e-20) : score[order[j]]) * moe.routed_scaling);
-      } else {
-        double mx = -std::numeric_limits<double>::infinity();
-        const bool all = moe.router == model::RouterKind::softmax;  // softmax over all, else over the k
-        for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
-        double total = 0.0;
-        if (all)
-          for (int e = 0; e < E; ++e) total += std::exp(static_cast<double>(z[e]) - mx);
-        for (int j = 0; j < k; ++j) sum += score[order[j]] = std::exp(static_cast<double>(z[order[j]]) - mx);
-        const bool renorm = !all || moe.norm_topk;
-        for (int j = 0; j < k; ++j) w[j] = static_cast<float>(score[order[j]] / (renorm ? sum : total));
-      }
-      for (int j = 0; j < k; ++j) ex[j] = order[j];
-      continue;
-    }
-    switch (moe.router) {
-      case model::RouterKind::softmax: {
-        double mx = neg_inf;
-        for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
-        double total = 0.0;
-        for (int e = 0; e < E; ++e) total += score[e] = std::exp(static_cast<double>(z[e]) - mx);
-        for (int e = 0; e < E; ++e) score[e] /= total;
-        top(score, k);
-        for (int j = 0; j < k; ++j) sum += score[order[j]];
-        for (int j = 0; j < k; ++j) {
-          ex[j] = order[j];
-          w[j] = static_cast<float>(moe.norm_topk ? score[order[j]] / sum : score[order[j]]);
+    } else if (grouped) {
+      for (int e = 0; e < E; ++e) choice[e] = score[e] + correction[e];
+      if (G > 1) {
+        // Each group's score: the sum of its two best biased scores (DeepSeek-V3 model.py Gate);
+        // experts outside the topk_group best groups cannot be chosen.
+        const int per = E / G;
+        std::vector<double> group_score(G);
+        std::vector<int> group_order(G);
+        for (int g = 0; g < G; ++g) {
+          double a = neg_inf, b = neg_inf;
+          for (int e = g * per; e < (g + 1) * per; ++e) {
+            if (choice[e] > a) {
+              b = a;
+              a = choice[e];
+            } else if (choice[e] > b) {
+              b = choice[e];
+            }
+          }
+          group_score[g] = per >= 2 ? a + b : a;
         }
-        break;
+        std::iota(group_order.begin(), group_order.end(), 0);
+        std::partial_sort(group_order.begin(), group_order.begin() + moe.topk_group, group_order.end(), [&](int a, int b) {
+          return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
+        });
+        std::vector<bool> keep(G, false);
+        for (int j = 0; j < moe.topk_group; ++j) keep[group_order[j]] = true;
+        for (int e = 0; e < E; ++e)
+          if (!keep[e / per]) choice[e] = neg_inf;
       }
+    } else {
+      choice = score;
+    }
+    top(choice, k);
+    // 3. The chosen experts' weights, by the router's rule.
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j) ex[j] = order[j];
+    switch (moe.router) {
+      case model::RouterKind::softmax:
+        for (int j = 0; j < k; ++j) sum += score[order[j]];
+        for (int j = 0; j < k; ++j) w[j] = static_cast<float>(moe.norm_topk ? score[order[j]] / sum : score[order[j]]);
+        break;
       case model::RouterKind::topk_softmax: {
-        for (int e = 0; e < E; ++e) score[e] = z[e];
-        top(score, k);
         const double mx = score[order[0]];
         for (int j = 0; j < k; ++j) sum += std::exp(score[order[j]] - mx);
-        for (int j = 0; j < k; ++j) {
-          ex[j] = order[j];
-          w[j] = static_cast<float>(std::exp(score[order[j]] - mx) / sum);
-        }
+        for (int j = 0; j < k; ++j) w[j] = static_cast<float>(std::exp(score[order[j]] - mx) / sum);
         break;
       }
-      case model::RouterKind::sigmoid_grouped: {
-        for (int e = 0; e < E; ++e) {
-          score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[e])));
-          choice[e] = score[e] + correction[e];
-        }
-        if (G > 1) {
-          // Each group's score: the sum of its two best biased scores (DeepSeek-V3 model.py Gate);
-          // experts outside the topk_group best groups cannot be chosen.
-          const int per = E / G;
-          std::vector<double> group_score(G);
-          std::vector<int> group_order(G);
-          for (int g = 0; g < G; ++g) {
-            double a = neg_inf, b = neg_inf;
-            for (int e = g * per; e < (g + 1) * per; ++e) {
-              if (choice[e] > a) {
-                b = a;
-                a = choice[e];
-              } else if (choice[e] > b) {
-                b = choice[e];
-              }
-            }
-            group_score[g] = per >= 2 ? a + b : a;
-          }
-          std::iota(group_order.begin(), group_order.end(), 0);
-          std::partial_sort(group_order.begin(), group_order.begin() + moe.topk_group, group_order.end(), [&](int a, int b) {
-            return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
-          });
-          std::vector<bool> keep(G, false);
-          for (int j = 0; j < moe.topk_group; ++j) keep[group_order[j]] = true;
-          for (int e = 0; e < E; ++e)
-            if (!keep[e / per]) choice[e] = neg_inf;
-        }
-        top(choice, k);
+      case model::RouterKind::sigmoid_grouped:
         for (int j = 0; j < k; ++j) sum += score[order[j]];
         for (int j = 0; j < k; ++j) {
-          ex[j] = order[j];
           const double wj = moe.norm_topk ? score[order[j]] / (sum + 1e-20) : score[order[j]];
           w[j] = static_cast<float>(wj * moe.routed_scaling);
         }
         break;
-      }
     }
   }
 }

@@ -117,10 +117,29 @@ class CpuStage final : public StageExecutor {
   /// Builds one decoder layer of shape s, its weights keyed by unit u (layer: its index in
   /// ModelSpec::layers, for messages), this rank's shard, with its RoPE table; grows z.
   LayerWeights make_layer(const LayerShape& s, int u, int layer, ScratchSizes& z);
+  /// The whole tensor [rows, fan_in] (fill_projection), a plain RMSNorm weight, a bias, of unit u.
+  float* projection(size_t rows, size_t fan_in, int u, Tensor t);
+  float* plain_norm(size_t n, int u, Tensor t);
+  float* bias_weights(size_t n, int u, Tensor t);
+  /// make_layer's MLA attention weights; returns the attention output's width per token.
+  size_t add_mla_weights(LayerWeights& w, const LayerShape& s, int u, ScratchSizes& z);
+  /// make_layer's router and routed experts, and the layer's row of expert_tokens_.
+  void add_expert_weights(LayerWeights& w, const LayerShape& s, int u, int layer, ScratchSizes& z);
+  /// --mtp: the MTP modules after the head (their norms, eh_proj, layer; the draft tokens'
+  /// embedding table unless this stage holds embed's).
+  void add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z);
   void forward(const void* in, void* out, int group, int pos, int tokens);
   void layer_forward(const LayerWeights& w, int group, int pos, int tokens);
   void mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out);
   void moe_mlp(const LayerWeights& w, int rows, float* out);
+  /// One gated MLP's weights [I, H], [I, H], [H, I] and optional biases [I], [I], [H].
+  struct MlpWeights {
+    const float *gate = nullptr, *up = nullptr, *down = nullptr;
+    const float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
+  };
+  /// out[rows, H] = down(act(gate(in)) * up(in)) with the layer's activation (HF LlamaMLP; gpt-oss
+  /// experts with biases and the clamp); out may alias in. Scratch: gate_, up_ [rows, I].
+  void gated_mlp(float* out, const float* in, int rows, int I, const MlpWeights& w, const LayerShape& s);
   void mtp_forward(const int32_t* tokens, int group, int pos, int T);
   void head_forward(int32_t* out, int tokens);
 
@@ -188,6 +207,100 @@ float* CpuStage::new_weights(size_t n) {
   return weight_store_.back().get();
 }
 
+float* CpuStage::projection(size_t rows, size_t fan_in, int u, Tensor t) {
+  float* p = new_weights(rows * fan_in);
+  fill_projection(p, rows, fan_in, cfg_.seed, u, t);
+  return p;
+}
+
+float* CpuStage::plain_norm(size_t n, int u, Tensor t) {
+  float* p = new_weights(n);
+  fill_norm(p, n, cfg_.seed, u, t, false);
+  return p;
+}
+
+float* CpuStage::bias_weights(size_t n, int u, Tensor t) {
+  float* p = new_weights(n);
+  fill_bias(p, n, cfg_.seed, u, t);
+  return p;
+}
+
+size_t CpuStage::add_mla_weights(LayerWeights& w, const LayerShape& s, int u, ScratchSizes& z) {
+  // Tensor parallelism refuses MLA (tp_unsupported_reason): the whole layer here.
+  const model::MlaShape& a = s.mla;
+  const size_t H = hidden_, nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
+  const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
+  if (a.q_lora_rank > 0) {
+    const size_t ql = static_cast<size_t>(a.q_lora_rank);
+    w.q_a = projection(ql, H, u, Tensor::q_a_proj);
+    w.q_a_norm = plain_norm(ql, u, Tensor::q_a_norm);
+    w.q_b = projection(nh * qk, ql, u, Tensor::q_b_proj);
+    z.max_mla_qa = std::max(z.max_mla_qa, ql);
+  } else {
+    w.q_b = projection(nh * qk, H, u, Tensor::q_proj);
+  }
+  w.kv_a = projection(D, H, u, Tensor::kv_a_proj);
+  w.kv_a_norm = plain_norm(L, u, Tensor::kv_a_norm);
+  w.kv_b = projection(nh * (a.qk_nope + a.v_head_dim), L, u, Tensor::kv_b_proj);
+  const size_t o_fan_in = nh * a.v_head_dim;
+  w.o = projection(H, o_fan_in, u, Tensor::o_proj);
+  z.max_q = std::max(z.max_q, nh * qk);
+  z.max_mla_kva = std::max(z.max_mla_kva, D);
+  z.max_mla_rope = std::max(z.max_mla_rope, nh * a.qk_rope);
+  z.max_mla_values = std::max(z.max_mla_values, o_fan_in);
+  return nh * D;
+}
+
+void CpuStage::add_expert_weights(LayerWeights& w, const LayerShape& s, int u, int layer, ScratchSizes& z) {
+  // Tensor parallelism refuses MoE layers: every expert whole.
+  const model::MoeShape& e = s.moe;
+  const size_t H = hidden_, E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
+  w.router = projection(E, H, u, Tensor::router);
+  if (e.router_bias) w.router_bias = bias_weights(E, u, Tensor::router_bias);
+  if (e.router == model::RouterKind::sigmoid_grouped) w.router_correction = bias_weights(E, u, Tensor::router_correction);
+  for (int x = 0; x < e.n_experts; ++x) {
+    w.expert_gate.push_back(projection(Ie, H, u, expert_tensor(Tensor::expert_gate, x)));
+    w.expert_up.push_back(projection(Ie, H, u, expert_tensor(Tensor::expert_up, x)));
+    w.expert_down.push_back(projection(H, Ie, u, expert_tensor(Tensor::expert_down, x)));
+    const bool b = e.expert_bias;
+    w.expert_gate_bias.push_back(b ? bias_weights(Ie, u, expert_tensor(Tensor::expert_gate_bias, x)) : nullptr);
+    w.expert_up_bias.push_back(b ? bias_weights(Ie, u, expert_tensor(Tensor::expert_up_bias, x)) : nullptr);
+    w.expert_down_bias.push_back(b ? bias_weights(H, u, expert_tensor(Tensor::expert_down_bias, x)) : nullptr);
+  }
+  w.moe_index = static_cast<int>(expert_tokens_.size());
+  expert_tokens_.push_back(std::vector<int64_t>(E + 1, 0));
+  expert_tokens_.back()[0] = layer;
+  if (cfg_.expert_skew > 0.0) {
+    w.skew_key = weight_key(cfg_.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
+    w.skew_log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
+  }
+  z.max_experts = std::max(z.max_experts, E);
+  z.max_top_k = std::max(z.max_top_k, static_cast<size_t>(e.top_k));
+  z.max_inter = std::max(z.max_inter, Ie);
+}
+
+void CpuStage::add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z) {
+  // Weights keyed by the unit ids num_units() + k, which no real unit has.
+  if (embed_ != nullptr) {
+    mtp_embed_ = embed_;
+  } else {
+    float* e = new_weights(static_cast<size_t>(m.vocab) * hidden_);
+    fill_embedding(e, m.vocab, hidden_, cfg_.seed);
+    mtp_embed_ = e;
+  }
+  mtp_eps_ = static_cast<float>(m.rms_eps);
+  for (int k = 0; k < m.mtp_modules; ++k) {
+    const int mu = m.num_units() + k;
+    MtpModule mod;
+    mod.enorm = plain_norm(hidden_, mu, Tensor::mtp_enorm);
+    mod.hnorm = plain_norm(hidden_, mu, Tensor::mtp_hnorm);
+    mod.eh_proj = projection(hidden_, 2 * hidden_, mu, Tensor::mtp_eh_proj);
+    mod.shared_norm = plain_norm(hidden_, mu, Tensor::mtp_shared_norm);
+    mod.layer = make_layer(m.mtp_shape, mu, m.n_layers + k, z);
+    mtp_.push_back(std::move(mod));
+  }
+}
+
 LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, ScratchSizes& z) {
   const uint64_t seed = cfg_.seed;
   const size_t H = hidden_;
@@ -249,39 +362,9 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
     return p;
   };
   w.input_norm = norm(H, Tensor::input_layernorm);
-  size_t attn_width = nq, o_fan_in = nq;  // the attention output per token, o_proj's input
+  size_t attn_width = nq;  // the attention output per token
   if (s.is_mla()) {
-    // Tensor parallelism refuses MLA (tp_unsupported_reason): the whole layer here.
-    const model::MlaShape& a = s.mla;
-    const size_t nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
-    const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
-    if (a.q_lora_rank > 0) {
-      const size_t ql = static_cast<size_t>(a.q_lora_rank);
-      w.q_a = proj_rows(0, ql, Tensor::q_a_proj);
-      float* qan = new_weights(ql);
-      fill_norm(qan, ql, seed, u, Tensor::q_a_norm, false);
-      w.q_a_norm = qan;
-      float* qb = new_weights(nh * qk * ql);
-      fill_projection(qb, nh * qk, ql, seed, u, Tensor::q_b_proj);
-      w.q_b = qb;
-      z.max_mla_qa = std::max(z.max_mla_qa, ql);
-    } else {
-      w.q_b = proj_rows(0, nh * qk, Tensor::q_proj);
-    }
-    w.kv_a = proj_rows(0, D, Tensor::kv_a_proj);
-    float* kan = new_weights(L);
-    fill_norm(kan, L, seed, u, Tensor::kv_a_norm, false);
-    w.kv_a_norm = kan;
-    float* kvb = new_weights(nh * (a.qk_nope + a.v_head_dim) * L);
-    fill_projection(kvb, nh * (a.qk_nope + a.v_head_dim), L, seed, u, Tensor::kv_b_proj);
-    w.kv_b = kvb;
-    o_fan_in = nh * a.v_head_dim;
-    w.o = proj_cols(o_fan_in, 0, o_fan_in, Tensor::o_proj);
-    attn_width = nh * D;
-    z.max_q = std::max(z.max_q, nh * qk);
-    z.max_mla_kva = std::max(z.max_mla_kva, D);
-    z.max_mla_rope = std::max(z.max_mla_rope, nh * a.qk_rope);
-    z.max_mla_values = std::max(z.max_mla_values, o_fan_in);
+    attn_width = add_mla_weights(w, s, u, z);
   } else {
     w.q = proj_rows(q0, nq, Tensor::q_proj);
     w.k = proj_rows(kv0, nkv, Tensor::k_proj);
@@ -314,37 +397,7 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
     w.up = proj_rows(i0, I, Tensor::up_proj);
     w.down = proj_cols(I_all, i0, I, Tensor::down_proj);
   }
-  if (s.is_moe()) {
-    const model::MoeShape& e = s.moe;
-    const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
-    w.router = proj_rows(0, E, Tensor::router);
-    if (e.router_bias) w.router_bias = bias(0, E, Tensor::router_bias);
-    if (e.router == model::RouterKind::sigmoid_grouped) w.router_correction = bias(0, E, Tensor::router_correction);
-    for (int x = 0; x < e.n_experts; ++x) {
-      w.expert_gate.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_gate, x)));
-      w.expert_up.push_back(proj_rows(0, Ie, expert_tensor(Tensor::expert_up, x)));
-      w.expert_down.push_back(proj_cols(Ie, 0, Ie, expert_tensor(Tensor::expert_down, x)));
-      if (e.expert_bias) {
-        w.expert_gate_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_gate_bias, x)));
-        w.expert_up_bias.push_back(bias(0, Ie, expert_tensor(Tensor::expert_up_bias, x)));
-        w.expert_down_bias.push_back(bias(0, H, expert_tensor(Tensor::expert_down_bias, x)));
-      } else {
-        w.expert_gate_bias.push_back(nullptr);
-        w.expert_up_bias.push_back(nullptr);
-        w.expert_down_bias.push_back(nullptr);
-      }
-    }
-    z.max_experts = std::max(z.max_experts, E);
-    w.moe_index = static_cast<int>(expert_tokens_.size());
-    expert_tokens_.push_back(std::vector<int64_t>(E + 1, 0));
-    expert_tokens_.back()[0] = layer;
-    if (cfg.expert_skew > 0.0) {
-      w.skew_key = weight_key(seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
-      w.skew_log_p = cpu::expert_popularity_log_p(e.n_experts, cfg.expert_skew, w.skew_key);
-    }
-    z.max_top_k = std::max(z.max_top_k, static_cast<size_t>(e.top_k));
-    z.max_inter = std::max(z.max_inter, Ie);
-  }
+  if (s.is_moe()) add_expert_weights(w, s, u, layer, z);
 
   // RoPE tables, one per distinct (rope, head_dim) (Gemma-3: local and global differ).
   // MLA rotates only the qk_rope part of each head.
@@ -441,34 +494,7 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
         }
         lm_head_ = w;
       }
-      if (m.mtp) {
-        // The MTP modules: weights keyed by the unit ids num_units() + k, which no real unit has.
-        if (embed_ != nullptr) {
-          mtp_embed_ = embed_;
-        } else {
-          float* e = new_weights(static_cast<size_t>(m.vocab) * H);
-          fill_embedding(e, m.vocab, H, seed);
-          mtp_embed_ = e;
-        }
-        mtp_eps_ = static_cast<float>(m.rms_eps);
-        for (int k = 0; k < m.mtp_modules; ++k) {
-          const int mu = m.num_units() + k;
-          MtpModule mod;
-          auto norm = [&](Tensor t) {
-            float* p = new_weights(H);
-            fill_norm(p, H, seed, mu, t, false);
-            return p;
-          };
-          mod.enorm = norm(Tensor::mtp_enorm);
-          mod.hnorm = norm(Tensor::mtp_hnorm);
-          float* eh = new_weights(2 * H * H);
-          fill_projection(eh, H, 2 * H, seed, mu, Tensor::mtp_eh_proj);
-          mod.eh_proj = eh;
-          mod.shared_norm = norm(Tensor::mtp_shared_norm);
-          mod.layer = make_layer(m.mtp_shape, mu, m.n_layers + k, z);
-          mtp_.push_back(std::move(mod));
-        }
-      }
+      if (m.mtp) add_mtp_modules(m, z);
     } else {
       if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
         throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) +
@@ -621,11 +647,7 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
   if (s.is_moe()) {
     moe_mlp(w, M, h);
   } else {
-    cpu::linear(gate_.data(), h, w.gate, nullptr, M, I, H);
-    cpu::linear(up_.data(), h, w.up, nullptr, M, I, H);
-    cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(M) * I, s.act,
-                          static_cast<float>(s.swiglu_limit));
-    cpu::linear(h, gate_.data(), w.down, nullptr, M, H, I);
+    gated_mlp(h, h, M, I, {w.gate, w.up, w.down}, s);
   }
   if (tp_width_ > 1) tp_->allreduce_sum(h, MH);  // row-parallel down_proj
   if (s.sandwich_norm) cpu::rmsnorm(h, h, w.post_feedforward_norm, M, H, eps, s.norm_plus_one);
@@ -696,13 +718,21 @@ void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int toke
   cpu::linear(out, values, w.o, nullptr, M, H, nh * vd);
 }
 
+void CpuStage::gated_mlp(float* out, const float* in, int rows, int I, const MlpWeights& w, const LayerShape& s) {
+  const int H = static_cast<int>(hidden_);
+  cpu::linear(gate_.data(), in, w.gate, w.gate_bias, rows, I, H);
+  cpu::linear(up_.data(), in, w.up, w.up_bias, rows, I, H);
+  cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(rows) * I, s.act,
+                        static_cast<float>(s.swiglu_limit));
+  cpu::linear(out, gate_.data(), w.down, w.down_bias, rows, H, I);
+}
+
 // Routed experts over only the tokens routed to each (grouped by expert, in expert order, so the
 // sum of a token's contributions has one fixed order), then the shared experts.
 void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
   const LayerShape& s = w.shape;
   const model::MoeShape& e = s.moe;
   const int E = e.n_experts, k = e.top_k, Ie = e.expert_intermediate, H = static_cast<int>(hidden_);
-  const float limit = static_cast<float>(s.swiglu_limit);
   const float* hn = out;  // the normed input
   cpu::linear(moe_logits_.data(), hn, w.router, w.router_bias, rows, E, H);
   cpu::RouteSkew skew{w.skew_log_p.data(), w.skew_key};
@@ -727,10 +757,10 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
     if (n == 0) continue;  // decode reads only the experts its tokens chose
     for (int r = 0; r < n; ++r)
       std::memcpy(xr + static_cast<size_t>(r) * H, hn + static_cast<size_t>(expert_slots_[begin + r] / k) * H, H * sizeof(float));
-    cpu::linear(gate_.data(), xr, w.expert_gate[x], w.expert_gate_bias[x], n, Ie, H);
-    cpu::linear(up_.data(), xr, w.expert_up[x], w.expert_up_bias[x], n, Ie, H);
-    cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(n) * Ie, s.act, limit);
-    cpu::linear(y, gate_.data(), w.expert_down[x], w.expert_down_bias[x], n, H, Ie);
+    gated_mlp(y, xr, n, Ie,
+              {w.expert_gate[x], w.expert_up[x], w.expert_down[x], w.expert_gate_bias[x], w.expert_up_bias[x],
+               w.expert_down_bias[x]},
+              s);
     for (int r = 0; r < n; ++r) {
       const int slot = expert_slots_[begin + r];
       const float wt = route_weights_[slot];
@@ -740,11 +770,7 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
     }
   }
   if (w.intermediate > 0) {  // shared experts: every token
-    const int I = w.intermediate;
-    cpu::linear(gate_.data(), hn, w.gate, nullptr, rows, I, H);
-    cpu::linear(up_.data(), hn, w.up, nullptr, rows, I, H);
-    cpu::gated_activation(gate_.data(), gate_.data(), up_.data(), static_cast<size_t>(rows) * I, s.act, limit);
-    cpu::linear(y, gate_.data(), w.down, nullptr, rows, H, I);
+    gated_mlp(y, hn, rows, w.intermediate, {w.gate, w.up, w.down}, s);
     cpu::add_inplace(sum, y, static_cast<size_t>(rows) * H);
   }
   std::memcpy(out, sum, static_cast<size_t>(rows) * H * sizeof(float));
