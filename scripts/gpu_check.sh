@@ -10,6 +10,7 @@
 #   5c. a two-stage run through NCCL, where nvidia-smi lists two GPUs (issue 17, item 6)
 #   5d. decode replayed from CUDA graphs vs eager (--no-cuda-graphs): Qwen3-0.6B on one rank,
 #       decode tokens/s of each and the simulator's error against it (issue 17, item 8)
+#   5f. MoE and MLA (issue 15): tiny DeepSeek-V3 --mtp and gpt-oss runs, a Qwen3-30B-A3B profile
 #   5e. tensor-parallel stages (issue 14), where nvidia-smi lists two GPUs: the width-2 stage
 #       test, then mpirun -np 2 ppbench run --tp 1 --tp 2 (PP2 against TP2), validated; on one
 #       GPU it says it skipped
@@ -37,10 +38,11 @@ if [ "${1:-}" = "--pack" ]; then
   set -e
   BUILD=${2:-build-gpu}
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
-  cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels ppb_gpu_bench ppbench
+  cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla ppb_gpu_bench ppbench
   st=$(mktemp -d)
   mkdir -p "$st/bin" "$st/lib" "$st/ompi/usr/bin" "$st/ompi/usr/lib/x86_64-linux-gnu" "$st/ompi/usr/share"
-  cp "$BUILD/tests/test_cuda_kernels" "$BUILD/src/backend/cuda/ppb_gpu_bench" "$BUILD/ppbench" "$st/bin/"
+  cp "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cuda_moe" "$BUILD/tests/test_cuda_mla" \
+    "$BUILD/src/backend/cuda/ppb_gpu_bench" "$BUILD/ppbench" "$st/bin/"
   # Open MPI as Debian lays it out (prefix /usr; OPAL_PREFIX moves every path under it).
   ompi_lib=/usr/lib/x86_64-linux-gnu/openmpi
   cp -a "$ompi_lib" "$st/ompi/usr/lib/x86_64-linux-gnu/"
@@ -66,7 +68,7 @@ fi
 
 BUILD=${1:-build-gpu}
 LOG=$(mktemp -d)
-TEST_BIN= BENCH_BIN= PPB_BIN= LANES_HANG=0
+TEST_BIN= BENCH_BIN= PPB_BIN= LANES_HANG=0 MOE_TEST_BINS=
 declare -A RESULT
 t0=$(date +%s)
 BUDGET=${PPB_GPU_CHECK_BUDGET:-450}
@@ -84,7 +86,7 @@ summary() {
   summary_done=1
   step "summary"
   printf '%-10s %s\n' "step" "result"
-  for k in binaries tests bench mpirun longfwd nccl graphs tp torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
+  for k in binaries tests bench mpirun longfwd moe nccl graphs tp torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
   echo
   grep -E '^(ceilings|layer|head|targets)' "$LOG/bench" 2>/dev/null
   grep -E 'torch/ppbench' "$LOG/torch" 2>/dev/null
@@ -115,6 +117,7 @@ if [ -f "$BUILD/$BUNDLE_NAME" ]; then
   if tar -C "$B" -xJf "$BUILD/$BUNDLE_NAME" 2>/dev/null ||
      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUILD/$BUNDLE_NAME" "$B"; then
     TEST_BIN=$B/bin/test_cuda_kernels BENCH_BIN=$B/bin/ppb_gpu_bench PPB_BIN=$B/bin/ppbench
+    MOE_TEST_BINS="$B/bin/test_cuda_moe $B/bin/test_cuda_mla"
     # cuBLAS and NCCL from this machine: the CUDA toolkit, else PyTorch's pip wheels (-H:
     # /usr/local/cuda and its lib64 are usually symbolic links).
     libdirs=$B/lib
@@ -136,8 +139,9 @@ if [ -f "$BUILD/$BUNDLE_NAME" ]; then
 else
   step "binaries: build ($BUILD, sm_$ARCH)"
   TEST_BIN=$BUILD/tests/test_cuda_kernels BENCH_BIN=$BUILD/src/backend/cuda/ppb_gpu_bench PPB_BIN=$BUILD/ppbench
+  MOE_TEST_BINS="$BUILD/tests/test_cuda_moe $BUILD/tests/test_cuda_mla"
   if timeout "$(tmo 300)" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$LOG/cfg" 2>&1 &&
-     timeout "$(tmo 300)" cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels ppb_gpu_bench ppbench >"$LOG/build" 2>&1; then
+     timeout "$(tmo 300)" cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla ppb_gpu_bench ppbench >"$LOG/build" 2>&1; then
     RESULT[binaries]="ok (built in $(( $(date +%s) - t0 )) s)"
   else
     tail -30 "$LOG/cfg" "$LOG/build" 2>/dev/null
@@ -189,6 +193,16 @@ if [ -x "$TEST_BIN" ]; then
     RESULT[tests]="${RESULT[tests]}; lanes rc=$lrc"
   fi
   [ "$lrc" != 0 ] && rc=$lrc
+  # Issue 15's kernels (router, dispatch, grouped expert GEMMs, combine; MLA, sinks, MTP input).
+  for tb in $MOE_TEST_BINS; do
+    [ -x "$tb" ] || { RESULT[tests]="${RESULT[tests]}; $(basename "$tb") not built"; continue; }
+    timeout "$(tmo 60)" "$tb" --gtest_brief=1 >"$LOG/$(basename "$tb")" 2>&1
+    mrc=$?
+    tail -15 "$LOG/$(basename "$tb")"
+    msum=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$LOG/$(basename "$tb")" | tr -s ' \n' ' ')
+    RESULT[tests]="${RESULT[tests]}; $(basename "$tb") rc=$mrc ${msum:-no gtest summary}"
+    [ "$mrc" != 0 ] && rc=$mrc
+  done
   # A failing kernel usually shows only as a wrong result or a later "illegal address": rerun
   # the failed tests (all CUDA kernel tests after a crash) under compute-sanitizer, which names
   # the kernel and the bad access (it runs on Firecracker machines, not on gVisor ones).
@@ -266,6 +280,33 @@ if [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
   else RESULT[longfwd]="FAILED rc=$rc"; fi
 else
   RESULT[longfwd]="skipped (no ppbench binary or no mpirun)"
+fi
+
+# ---- 5f. mixture of experts and MLA (issue 15) --------------------------------------------------
+# The tiny DeepSeek-V3 (MLA, grouped sigmoid router, shared experts, MTP module) and gpt-oss
+# (sinks, biased experts) on 2 ranks sharing the GPU, validated; then a profile of Qwen3-30B-A3B
+# (48 MoE layers of 128 experts, top-8), whose decode reads only the experts its tokens reach.
+step "mixture of experts on the GPU: tiny DeepSeek-V3 --mtp and gpt-oss runs, Qwen3-30B-A3B profile"
+if [ "$LANES_HANG" = 1 ]; then
+  RESULT[moe]="skipped: lane host tasks hang with either stream wait (see the lane tests)"
+elif [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
+  moe=""
+  for cfg in "tests/data/tiny-deepseek-v3.json --mtp" tests/data/tiny-gpt-oss.json; do
+    name=$(basename "${cfg%% *}" .json)
+    # shellcheck disable=SC2086  # cfg carries the flag
+    timeout "$(tmo 60)" mpirun --oversubscribe -np 2 "$PPB_BIN" run --model $cfg --device cuda --transport mpi \
+      --dtype bf16 -b 4 -p 64 -g 16 --iters 2 --target-ci 0 -o "$LOG/$name.h5" --force >"$LOG/$name" 2>&1
+    mrc=$?
+    grep -E 'experts|validation' "$LOG/$name" | head -4
+    moe="$moe$name rc=$mrc; "
+  done
+  timeout "$(tmo 90)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/qwen3-30b-a3b.json --device cuda \
+    --dtype bf16 -b 8 -p 512 -g 4 --profile-warmup 1 --profile-iters 3 -o "$LOG/moe_profile.h5" --force >"$LOG/moe_profile" 2>&1
+  mrc=$?
+  tail -8 "$LOG/moe_profile"
+  RESULT[moe]="${moe}qwen3-30b-a3b profile rc=$mrc"
+else
+  RESULT[moe]="skipped (no ppbench binary or no mpirun)"
 fi
 
 # ---- 5c. two stages through NCCL (two GPUs) -------------------------------------------------------

@@ -69,9 +69,14 @@ void add_rmsnorm(void* x, const void* y, void* out, const void* w, size_t rows, 
 void add_inplace(void* x, const void* y, size_t n, DType t, cudaStream_t stream);
 
 /// cpu::gated_activation over the fused gate|up GEMM output: gate_up [rows, 2*inter]
-/// (gate = columns [0, inter), up = [inter, 2*inter)) -> out [rows, inter].
+/// (gate = columns [0, inter), up = [inter, 2*inter)) -> out [rows, inter]. `limit`: gpt-oss's
+/// swiglu_limit for Activation::swiglu_clamped (else unused).
 void gated_activation(void* out, const void* gate_up, size_t rows, int inter, model::Activation act, DType t,
-                      cudaStream_t stream);
+                      cudaStream_t stream, float limit = 0.0f);
+
+/// y[r, c] += bias[c] for r < rows, c < n (cpu::linear's bias): y in `t`, or in fp32 where
+/// y_f32 (router logits); bias [n] in `t`.
+void add_bias_rows(void* y, bool y_f32, const void* bias, size_t rows, int n, DType t, cudaStream_t stream);
 
 /// Shape of the fused q/k/v post-processing.
 struct QkvShape {
@@ -132,6 +137,10 @@ void linear(cublasHandle_t handle, void* y, cudaDataType_t y_type, const void* x
 
 // ---- attention (twin: cpu::attention) ---------------------------------------------------------
 
+/// gpt-oss attention sinks (both attention kernels): s.sinks, where non-null, is a device fp32
+/// array [n_heads] (this call's heads) whose logit joins every row's softmax max and denominator
+/// and attends to no value (cpu::attention's rule).
+///
 /// Decode attention (flash-decoding): the attended keys of each query row are split into
 /// chunks, one block per (chunk, KV head, row) computes a partial softmax for the whole GQA
 /// group (K/V rows read once per group), a second kernel merges the chunks. Any tokens/pos0;
@@ -161,6 +170,144 @@ void attention_prefill(cublasHandle_t handle, void* out, const void* q, const vo
                        cudaStream_t stream);
 /// Elements of `scores` (and of `probs`) attention_prefill needs.
 size_t attention_prefill_scratch_elems(const cpu::AttentionShape& s, int query_block);
+
+// ---- mixture of experts (twins: cpu::route_tokens, CpuStage::moe_mlp) ------------------------
+//
+// A MoE layer on the GPU, without a host round trip (so that it runs inside a held lane and a
+// decode graph): router logits (linear, fp32 out) -> route_tokens -> moe_dispatch (the choices
+// sorted by expert, a tile map) -> moe_grouped_linear (gate|up) -> gated_activation ->
+// moe_grouped_linear (down) -> moe_combine; the shared experts are a dense MLP added after.
+
+/// Token rows per tile of moe_grouped_linear: each tile holds rows of one expert.
+constexpr int kMoeTileRows = 32;
+/// The CUDA MoE kernels' limits (route_tokens: a choice per lane of a warp, an expert per bit of
+/// a lane's 64-bit mask; moe_dispatch: the experts' counters in one block's shared memory). The
+/// stage refuses larger configs by name; the largest published (Kimi-K2 384 experts, top-8) fit.
+constexpr int kMoeMaxTopK = 32;
+constexpr int kMoeMaxExperts = 2048;
+
+/// The upper bound of moe_dispatch's tiles for `choices` = rows x top_k routed rows over
+/// `n_experts` experts: every expert with rows adds at most one partial tile.
+inline int moe_max_tiles(int choices, int n_experts) {
+  return (choices + kMoeTileRows - 1) / kMoeTileRows + (choices < n_experts ? choices : n_experts);
+}
+
+/// cpu::route_tokens on the GPU (same rules: softmax, topk_softmax or sigmoid_grouped with the
+/// correction bias and group-limited top-k; ties to the lower expert and group index; scores in
+/// double; the weights renormalised and scaled as the config says). logits fp32 [M, E] (the
+/// router bias already added); correction fp32 [E] (sigmoid_grouped) or null. skew_log_p: the
+/// layer's --expert-skew popularity law, double [E] (cpu::expert_popularity_log_p), or null
+/// for the router's own choice; skew_key its key (cpu::RouteSkew: the same hash of the token's
+/// logits' bits, so a GPU and a CPU stage fed the same logits choose the same experts).
+/// Writes experts int32 [M, top_k] (best first) and weights fp32 [M, top_k].
+/// @throws ppb::InternalError for a shape cpu::route_tokens refuses (checked on the host).
+void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
+                  const float* correction, const double* skew_log_p, uint64_t skew_key, cudaStream_t stream);
+
+/// The routed rows of one MoE layer, sorted by expert (device buffers; sizes for `choices` =
+/// M x top_k and E experts; moe_dispatch_bytes gives the total).
+struct MoeDispatch {
+  int32_t* counts = nullptr;     ///< [E] rows routed to each expert
+  int32_t* offsets = nullptr;    ///< [E + 1] first sorted row of each expert (exclusive scan)
+  int32_t* sorted_row = nullptr; ///< [choices] choice i = m * top_k + j -> its row in expert order
+  int32_t* row_token = nullptr;  ///< [choices] sorted row -> its token m
+  int32_t* tile_expert = nullptr;  ///< [moe_max_tiles] the expert of each tile
+  int32_t* tile_row0 = nullptr;    ///< [moe_max_tiles] the tile's first sorted row
+  int32_t* tile_rows = nullptr;    ///< [moe_max_tiles] its rows, 1 .. kMoeTileRows
+  int32_t* n_tiles = nullptr;      ///< [1] tiles in use
+};
+/// Bytes of a MoeDispatch for `choices` routed rows over `n_experts` experts.
+size_t moe_dispatch_bytes(int choices, int n_experts);
+/// Carves a MoeDispatch out of `base` (moe_dispatch_bytes(choices, n_experts) bytes, 16-aligned).
+MoeDispatch moe_dispatch_at(void* base, int choices, int n_experts);
+
+/// Sorts the M x top_k choices of `experts` [M, top_k] by expert (CpuStage::moe_mlp's counting
+/// sort; the order of rows within an expert is free: every row's result is its own) and builds
+/// the tile map of kMoeTileRows-row tiles, one expert per tile, in expert order. Adds each
+/// expert's rows to expert_tokens int64 [E] where non-null (the run's /moe/expert_tokens).
+void moe_dispatch(const MoeDispatch& d, const int32_t* experts, int M, int top_k, int n_experts,
+                  int64_t* expert_tokens, cudaStream_t stream);
+
+/// The grouped expert GEMM: for every tile of `d` (blocks past *d.n_tiles return before reading
+/// a weight, so decode reads only the experts its tokens chose), rows r of expert e:
+///   y[r, :] = x[src(r), :] . W_e^T (+ bias_e),  W_e = w + e N K ([N, K] row-major),
+///   bias_e = bias + e N (null: none), src(r) = d.row_token[r] if gather else r.
+/// x rows of K values, y [choices, N], all in `t`; fp32 accumulation (a tiled SIMT GEMM: no
+/// tensor cores, so prefill's expert GEMMs are slower than a cuBLAS grouped GEMM would be).
+/// max_tiles: moe_max_tiles(choices, E) (the grid).
+void moe_grouped_linear(void* y, const void* x, bool gather, const void* w, const void* bias, const MoeDispatch& d,
+                        int N, int K, int max_tiles, DType t, cudaStream_t stream);
+
+/// out[m, :] = sum over m's top_k choices, in ascending expert order (CpuStage::moe_mlp's
+/// order), of weights[m, j] * y[d.sorted_row[m top_k + j], :], in fp32 then rounded to `t`.
+/// y [choices, H]; out [M, H] (may not alias y).
+void moe_combine(void* out, const void* y, const float* weights, const int32_t* experts, const MoeDispatch& d, int M,
+                 int top_k, int H, DType t, cudaStream_t stream);
+
+// ---- multi-head latent attention (twin: CpuStage::mla_attention, absorbed form) --------------
+//
+// DeepSeek-V3's MLA with W_UK absorbed into the query and W_UV applied after attention: the
+// cache holds one latent row per token, [c_kv (kv_lora_rank = L) | k_rope (qk_rope = R)], D = L + R
+// values, shared by every head (MQA over D-dimensional keys whose first L values are the values).
+
+/// Shapes of one MLA call. Positions as QkvShape (pos0_dev: a decode graph's position).
+struct MlaCallShape {
+  int batch = 1;
+  int tokens = 1;
+  int pos0 = 0;
+  int max_context = 0;
+  int n_heads = 0;
+  int qk_nope = 0;    ///< per head: the query's non-rotated part
+  int qk_rope = 0;    ///< R
+  int v_head_dim = 0;
+  int kv_lora_rank = 0;  ///< L
+  float eps = 1e-6f;     ///< kv_a_layernorm's epsilon
+  float scale = 1.0f;    ///< softmax scale (LayerShape::attn_scale: YaRN's mscale^2 included)
+  const int* pos0_dev = nullptr;
+};
+
+/// The new tokens' latent rows into the cache: per row m = (b, t) of kva [batch*tokens, D] (the
+/// kv_a GEMM output, c_kv | k_rope): RMSNorm of c_kv with kv_norm [L] (plain), RoPE of k_rope
+/// at position pos0 + t (cos/sin fp32 [>= pos0 + tokens, R/2], cpu::rope's pairing), written to
+/// cache [batch, max_context, D] at (b, pos0 + t). Twins: cpu::rmsnorm, cpu::rope, cpu::kv_cache_write.
+void mla_kv_cache_write(void* cache, const void* kva, const void* kv_norm, const float* cos_table,
+                        const float* sin_table, const MlaCallShape& s, DType t, cudaStream_t stream);
+
+/// The absorbed queries qa [batch*tokens, n_heads, D]: qa[m, h, :L] = q_nope[m, h] . W_UK_h
+/// (one strided-batched GEMM over heads; W_UK_h = rows [h (nope + v), h (nope + v) + nope) of
+/// kv_b [n_heads (nope + v), L]) and qa[m, h, L:] = RoPE(q_rope[m, h]) at position pos0 + t.
+/// q [batch*tokens, n_heads, nope + R] (the q_b GEMM output).
+void mla_absorb_queries(cublasHandle_t handle, void* qa, const void* q, const void* kv_b, const float* cos_table,
+                        const float* sin_table, const MlaCallShape& s, DType t, cudaStream_t stream);
+
+/// Causal attention of the absorbed queries over the latent cache, every sequence of the batch
+/// at once (strided-batched GEMMs): per query block of `query_block` tokens,
+/// S = scale qa . K^T (fp32), the row softmax (keys <= the query's position), O = P . V with
+/// V = the cache rows' first L values. o_lat [batch*tokens, n_heads, L].
+/// plan_keys > 0: the GEMMs span that many keys (a decode graph's context bucket, >= the call's
+/// attended keys, <= max_context) and the softmax masks keys past the position read from
+/// s.pos0_dev (the latent cache is zeroed at allocation: masked keys are finite).
+/// scores: mla_attention_scratch_elems floats; probs: as many `t` values.
+/// @throws ppb::InternalError if plan_keys is below the attended keys or above the cache.
+void mla_attention(cublasHandle_t handle, void* o_lat, const void* qa, const void* cache, const MlaCallShape& s,
+                   int query_block, float* scores, void* probs, DType t, cudaStream_t stream, int plan_keys = 0);
+/// Elements of mla_attention's `scores` (and `probs`) for shape s (its batch, heads, the cache's
+/// max_context keys) and `query_block` query tokens per block.
+size_t mla_attention_scratch_elems(const MlaCallShape& s, int query_block);
+
+/// Each head's values: values[m, h v : (h + 1) v] = o_lat[m, h, :] . W_UV_h^T (W_UV_h = rows
+/// [h (nope + v) + nope, (h + 1)(nope + v)) of kv_b), one strided-batched GEMM over heads.
+/// values [batch*tokens, n_heads v].
+void mla_values(cublasHandle_t handle, void* values, const void* o_lat, const void* kv_b, const MlaCallShape& s, DType t,
+                cudaStream_t stream);
+
+// ---- multi-token prediction (twin: CpuStage::mtp_forward) --------------------------------------
+
+/// The MTP module's input rows: cat[m, :H] = RMSNorm(embed[draft[m / tokens]], enorm) and
+/// cat[m, H:] = RMSNorm(x[m], hnorm) (plain norms), m < batch * tokens. cat [batch*tokens, 2H];
+/// embed [vocab, H]; draft int32 [batch] device; x [batch*tokens, H].
+void mtp_concat(void* cat, const int32_t* draft, const void* embed, const void* x, const void* enorm,
+                const void* hnorm, int batch, int tokens, int hidden, float eps, DType t, cudaStream_t stream);
 
 /// *dst = value, one thread: sets a CUDA graph's device-side parameter (the decode position)
 /// in stream order before the graph is launched.

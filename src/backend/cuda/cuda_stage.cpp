@@ -51,7 +51,8 @@ std::string gib(size_t bytes) {
 /// Everything about a stage that is decided before allocating: validated shapes and sizes.
 struct StagePlan {
   struct Layer {
-    int unit = 0;
+    int unit = 0;      // weights' unit id (an MTP module's: num_units() + k)
+    int layer = 0;     // index in ModelSpec::layers (MTP module k: n_layers + k)
     LayerShape shape;  // this rank's shard (tensor parallelism): its heads and MLP slice
     LayerShape full;   // the layer's whole shape
     TpHeads heads;     // this rank's query and KV heads
@@ -59,24 +60,75 @@ struct StagePlan {
     int rope = 0;      // index into ropes
   };
   std::vector<Layer> layers;
-  std::vector<std::pair<model::Rope, int>> ropes;  // distinct (rope, head_dim)
+  std::vector<Layer> mtp_layers;  // --mtp: each MTP module's decoder layer (head stage)
+  std::vector<std::pair<model::Rope, int>> ropes;  // distinct (rope, rotated dimensions)
   bool has_embed = false, has_head = false, head_shares_embed = false;
+  bool mtp_own_embed = false;  // --mtp without the embedding on this stage: the draft tokens' table
   size_t vocab_begin = 0, vocab_local = 0;  // the head's tokens [vocab_begin, + vocab_local) (all at width 1)
   int rows = 0;         // token rows per layer pass
   int query_block = 0;  // prefill attention query rows per block
+  int mla_query_block = 0;  // MLA: query tokens per block (every sequence and head at once)
   size_t max_qkv = 0, max_q = 0, max_inter = 0;
+  // MLA: q_a rows, latent rows (D), absorbed queries (heads x D), latent outputs (heads x L).
+  size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_qabs = 0, max_mla_olat = 0;
+  // MoE: experts, top_k and expert width of the widest layer.
+  size_t max_experts = 0, max_top_k = 0, max_expert_inter = 0;
+  int moe_layers = 0;
   size_t scores_elems = 0, decode_floats = 0;
   StageBytes bytes;
 };
 
-size_t layer_weight_elems(const LayerShape& s) {
-  const size_t H = s.hidden, nq = static_cast<size_t>(s.n_heads) * s.head_dim,
-               nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim, I = s.intermediate;
-  size_t n = (nq + 2 * nkv) * H + H * nq + 2 * I * H + H * I + 2 * H;
+/// Weights of a layer shard in the stage's dtype (`elems`) and in fp32 (`f32`: gpt-oss's sinks,
+/// DeepSeek's router correction bias, which the kernels read in fp32).
+struct LayerWeightCount {
+  size_t elems = 0, f32 = 0;
+};
+
+LayerWeightCount layer_weight_count(const LayerShape& s) {
+  const size_t H = s.hidden, I = s.intermediate;
+  LayerWeightCount c;
+  size_t& n = c.elems;
+  n = 3 * I * H + 2 * H;  // the dense MLP (a MoE layer's shared experts; I = 0: none), two norms
   if (s.sandwich_norm) n += 2 * H;
-  if (s.qk_norm) n += 2 * static_cast<size_t>(s.head_dim);
-  if (s.attn_bias) n += nq + 2 * nkv;
-  return n;
+  if (s.is_mla()) {
+    const model::MlaShape& a = s.mla;
+    const size_t nh = s.n_heads, qk = a.qk_nope + a.qk_rope, L = a.kv_lora_rank, D = L + a.qk_rope,
+                 ql = a.q_lora_rank;
+    n += (ql > 0 ? ql * H + ql + nh * qk * ql : nh * qk * H) + D * H + L + nh * (a.qk_nope + a.v_head_dim) * L +
+         H * nh * a.v_head_dim;
+  } else {
+    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
+    n += (nq + 2 * nkv) * H + H * nq;
+    if (s.qk_norm) n += 2 * static_cast<size_t>(s.head_dim);
+    if (s.attn_bias) n += nq + 2 * nkv;
+    if (s.o_bias) n += H;
+    if (s.attn_sinks) c.f32 += s.n_heads;
+  }
+  if (s.is_moe()) {
+    const model::MoeShape& e = s.moe;
+    const size_t E = e.n_experts, Ie = e.expert_intermediate;
+    n += E * H + (e.router_bias ? E : 0) + E * 3 * Ie * H + (e.expert_bias ? E * (2 * Ie + H) : 0);
+    if (e.router == model::RouterKind::sigmoid_grouped) c.f32 += E;
+  }
+  return c;
+}
+
+/// The shape of a layer's MLA calls for `batch` sequences of `tokens` tokens at pos0.
+MlaCallShape mla_call_shape(const LayerShape& s, int batch, int tokens, int pos0, int max_context) {
+  MlaCallShape c;
+  c.batch = batch;
+  c.tokens = tokens;
+  c.pos0 = pos0;
+  c.max_context = max_context;
+  c.n_heads = s.n_heads;
+  c.qk_nope = s.mla.qk_nope;
+  c.qk_rope = s.mla.qk_rope;
+  c.v_head_dim = s.mla.v_head_dim;
+  c.kv_lora_rank = s.mla.kv_lora_rank;
+  c.eps = static_cast<float>(s.rms_eps);
+  c.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale
+                                                  : 1.0 / std::sqrt(static_cast<double>(s.mla.qk_nope + s.mla.qk_rope)));
+  return c;
 }
 
 cpu::AttentionShape attention_shape(const LayerShape& s, int batch, int tokens, int pos0, int max_context) {
@@ -118,8 +170,88 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
   const size_t dt = static_cast<size_t>(dtype_bytes(cfg.dtype));
   const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(cfg.batch),
                ctx = static_cast<size_t>(cfg.max_context), V = static_cast<size_t>(m.vocab);
-  size_t weight_elems = 0, kv_elems = 0, rope_bytes = 0;
+  size_t weight_elems = 0, kv_elems = 0, rope_bytes = 0, scratch_fixed = 0;
   int max_heads = 0;
+  size_t weight_f32 = 0;
+  // One decoder layer (a main layer, or an MTP module's: unit id num_units() + k) into the plan.
+  auto add_layer = [&](const LayerShape& s, int u, int layer, std::vector<StagePlan::Layer>& into) {
+    const bool attn_ok = s.is_mla() ? s.mla.qk_nope >= 1 && s.mla.qk_rope >= 2 && s.mla.qk_rope % 2 == 0 &&
+                                          s.mla.v_head_dim >= 1 && s.mla.q_lora_rank >= 0
+                                    : s.n_kv_heads >= 1 && s.n_heads % s.n_kv_heads == 0 && s.head_dim >= 2 &&
+                                          s.head_dim % 2 == 0;
+    const bool mlp_ok = s.is_moe() ? s.moe.top_k >= 1 && s.moe.top_k <= s.moe.n_experts &&
+                                         s.moe.expert_intermediate >= 1 && s.intermediate >= 0
+                                   : s.intermediate >= 1;
+    if (s.hidden != m.hidden || s.n_heads < 1 || !attn_ok || !mlp_ok) {
+      throw UserError("layer " + std::to_string(layer) + " has an inconsistent shape: hidden=" +
+                      std::to_string(s.hidden) + " n_heads=" + std::to_string(s.n_heads) + " n_kv_heads=" +
+                      std::to_string(s.n_kv_heads) + " head_dim=" + std::to_string(s.head_dim) + " intermediate=" +
+                      std::to_string(s.intermediate) + " experts=" + std::to_string(s.moe.n_experts) +
+                      " top_k=" + std::to_string(s.moe.top_k) +
+                      " (need n_kv_heads | n_heads, an even head_dim or MLA rope dim, hidden = model hidden, "
+                      "1 <= top_k <= experts)");
+    }
+    if (s.is_moe() && (s.moe.top_k > kMoeMaxTopK || s.moe.n_experts > kMoeMaxExperts)) {
+      throw UserError("layer " + std::to_string(layer) + ": the CUDA backend routes at most " +
+                      std::to_string(kMoeMaxTopK) + " experts per token of at most " + std::to_string(kMoeMaxExperts) +
+                      ", got top_k=" + std::to_string(s.moe.top_k) + " of " + std::to_string(s.moe.n_experts));
+    }
+    if (!s.is_mla() && s.head_dim > 256) {
+      throw UserError("layer " + std::to_string(layer) + ": the CUDA backend supports head_dim <= 256, got " +
+                      std::to_string(s.head_dim));
+    }
+    StagePlan::Layer l;
+    l.unit = u;
+    l.layer = layer;
+    l.full = s;
+    l.shape = s;
+    l.heads = tp_heads(s.n_heads, s.n_kv_heads, cfg.tp_width, cfg.tp_rank);
+    const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), cfg.tp_width, cfg.tp_rank);
+    l.i0 = i0;
+    l.shape.n_heads = l.heads.q_count;
+    l.shape.n_kv_heads = l.heads.kv_count;
+    l.shape.intermediate = static_cast<int>(i1 - i0);
+    const int rotated = s.is_mla() ? s.mla.qk_rope : s.head_dim;  // MLA rotates only q_rope and k_rope
+    auto it = std::find_if(p.ropes.begin(), p.ropes.end(),
+                           [&](const auto& r) { return r.first == s.rope && r.second == rotated; });
+    if (it == p.ropes.end()) {
+      cpu::rope_inv_freq(s.rope, rotated);  // validates the scaling type (UserError)
+      p.ropes.emplace_back(s.rope, rotated);
+      rope_bytes += 2 * ctx * static_cast<size_t>(rotated / 2) * sizeof(float);
+      it = p.ropes.end() - 1;
+    }
+    l.rope = static_cast<int>(it - p.ropes.begin());
+    const LayerShape& ls = l.shape;  // the shard from here on (MoE and MLA layers refuse --tp: whole)
+    const LayerWeightCount wc = layer_weight_count(ls);
+    weight_elems += wc.elems;
+    weight_f32 += wc.f32;
+    max_heads = std::max(max_heads, ls.n_heads);
+    if (ls.is_mla()) {
+      const model::MlaShape& a = ls.mla;
+      const size_t nh = static_cast<size_t>(ls.n_heads), D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope);
+      p.max_q = std::max({p.max_q, nh * (a.qk_nope + a.qk_rope), nh * a.v_head_dim});  // q_, then the values in attn_
+      p.max_mla_qa = std::max(p.max_mla_qa, static_cast<size_t>(a.q_lora_rank));
+      p.max_mla_kva = std::max(p.max_mla_kva, D);
+      p.max_mla_qabs = std::max(p.max_mla_qabs, nh * D);
+      p.max_mla_olat = std::max(p.max_mla_olat, nh * a.kv_lora_rank);
+      kv_elems += static_cast<size_t>(cfg.groups) * B * ctx * D;  // one latent row per token: keys and values
+    } else {
+      const size_t nq = static_cast<size_t>(ls.n_heads) * ls.head_dim, nkv = static_cast<size_t>(ls.n_kv_heads) * ls.head_dim;
+      p.max_qkv = std::max(p.max_qkv, nq + 2 * nkv);
+      p.max_q = std::max(p.max_q, nq);
+      kv_elems += 2 * static_cast<size_t>(cfg.groups) * B * ctx * nkv;
+    }
+    p.max_inter = std::max(p.max_inter, static_cast<size_t>(ls.intermediate));
+    if (ls.is_moe()) {
+      ++p.moe_layers;
+      p.max_experts = std::max(p.max_experts, static_cast<size_t>(ls.moe.n_experts));
+      p.max_top_k = std::max(p.max_top_k, static_cast<size_t>(ls.moe.top_k));
+      p.max_expert_inter = std::max(p.max_expert_inter, static_cast<size_t>(ls.moe.expert_intermediate));
+      // The layer's expert counters (int64) and, with --expert-skew, its popularity law (double).
+      scratch_fixed += static_cast<size_t>(ls.moe.n_experts) * (sizeof(int64_t) + (cfg.expert_skew > 0.0 ? sizeof(double) : 0));
+    }
+    into.push_back(l);
+  };
   for (int u = first; u <= last; ++u) {
     const model::Unit& unit = m.units[u];
     if (unit.kind == UnitKind::embed) {
@@ -127,86 +259,75 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
       weight_elems += V * H;
     } else if (unit.kind == UnitKind::head) {
       p.has_head = true;
-      if (m.mtp)
-        throw UserError("--mtp: the CUDA backend does not run multi-token-prediction modules yet (the CPU backend does: --device cpu)");
       p.head_shares_embed = m.tie_embeddings && p.has_embed;
       weight_elems += H + (p.head_shares_embed ? 0 : p.vocab_local * H);
+      if (m.mtp) {
+        // The MTP modules (CpuStage's): the draft tokens' embedding table unless this stage holds
+        // embed's, and per module its norms, eh_proj and decoder layer.
+        p.mtp_own_embed = !p.has_embed;
+        if (p.mtp_own_embed) weight_elems += V * H;
+        for (int k = 0; k < m.mtp_modules; ++k) {
+          weight_elems += 3 * H + 2 * H * H;
+          add_layer(m.mtp_shape, m.num_units() + k, m.n_layers + k, p.mtp_layers);
+        }
+      }
     } else {
       if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
         throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) + " outside [0, " +
                         std::to_string(m.layers.size()) + ")");
       }
-      const LayerShape& s = m.layers[unit.layer];
-      if (s.is_moe() || s.is_mla() || s.attn_sinks || s.act == model::Activation::swiglu_clamped) {
-        const char* what = s.is_moe() ? "mixture-of-experts" : s.is_mla() ? "multi-head latent attention" : "gpt-oss attention";
-        throw UserError("layer " + std::to_string(unit.layer) + " of " + m.architecture + ": the CUDA backend does not run " +
-                        what + " layers yet (the CPU backend does: --device cpu)");
-      }
-      if (s.hidden != m.hidden || s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0 ||
-          s.head_dim < 2 || s.head_dim % 2 != 0 || s.intermediate < 1) {
-        throw UserError("layer " + std::to_string(unit.layer) + " has an inconsistent shape: hidden=" +
-                        std::to_string(s.hidden) + " n_heads=" + std::to_string(s.n_heads) + " n_kv_heads=" +
-                        std::to_string(s.n_kv_heads) + " head_dim=" + std::to_string(s.head_dim) + " intermediate=" +
-                        std::to_string(s.intermediate) +
-                        " (need n_kv_heads | n_heads, an even head_dim, hidden = model hidden)");
-      }
-      if (s.head_dim > 256) {
-        throw UserError("layer " + std::to_string(unit.layer) + ": the CUDA backend supports head_dim <= 256, got " +
-                        std::to_string(s.head_dim));
-      }
-      StagePlan::Layer l;
-      l.unit = u;
-      l.full = s;
-      l.shape = s;
-      l.heads = tp_heads(s.n_heads, s.n_kv_heads, cfg.tp_width, cfg.tp_rank);
-      const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), cfg.tp_width, cfg.tp_rank);
-      l.i0 = i0;
-      l.shape.n_heads = l.heads.q_count;
-      l.shape.n_kv_heads = l.heads.kv_count;
-      l.shape.intermediate = static_cast<int>(i1 - i0);
-      auto it = std::find_if(p.ropes.begin(), p.ropes.end(),
-                             [&](const auto& r) { return r.first == s.rope && r.second == s.head_dim; });
-      if (it == p.ropes.end()) {
-        cpu::rope_inv_freq(s.rope, s.head_dim);  // validates the scaling type (UserError)
-        p.ropes.emplace_back(s.rope, s.head_dim);
-        rope_bytes += 2 * ctx * static_cast<size_t>(s.head_dim / 2) * sizeof(float);
-        it = p.ropes.end() - 1;
-      }
-      l.rope = static_cast<int>(it - p.ropes.begin());
-      const LayerShape& ls = l.shape;  // the shard from here on
-      const size_t nq = static_cast<size_t>(ls.n_heads) * ls.head_dim, nkv = static_cast<size_t>(ls.n_kv_heads) * ls.head_dim;
-      p.max_qkv = std::max(p.max_qkv, nq + 2 * nkv);
-      p.max_q = std::max(p.max_q, nq);
-      p.max_inter = std::max(p.max_inter, static_cast<size_t>(ls.intermediate));
-      max_heads = std::max(max_heads, ls.n_heads);
-      weight_elems += layer_weight_elems(ls);
-      kv_elems += 2 * static_cast<size_t>(cfg.groups) * B * ctx * nkv;
-      p.layers.push_back(l);
+      add_layer(m.layers[unit.layer], u, unit.layer, p.layers);
     }
   }
   p.rows = static_cast<int>(std::min<size_t>(B * ctx, std::max<size_t>(B, kMaxChunkRows)));
-  size_t scratch = B * ctx * H * dt + kCublasWorkspaceBytes + rope_bytes + 64;
-  if (!p.layers.empty()) {
+  size_t scratch = B * ctx * H * dt + kCublasWorkspaceBytes + rope_bytes + scratch_fixed + 64;
+  if (!p.layers.empty() || !p.mtp_layers.empty()) {
+    std::vector<const StagePlan::Layer*> all;
+    for (const auto* v : {&p.layers, &p.mtp_layers})
+      for (const StagePlan::Layer& l : *v) all.push_back(&l);
     const int per_seq = std::min(cfg.max_context, p.rows);
-    const size_t per_row = static_cast<size_t>(max_heads) * round_up(cfg.max_context, 8) * (sizeof(float) + dt);
-    int qb = static_cast<int>(std::max<size_t>(16, kScoresBudgetBytes / std::max<size_t>(per_row, 1)));
-    qb = std::min(qb, per_seq);
-    if (qb > 64) qb = qb / 64 * 64;
-    p.query_block = std::max(qb, 1);
-    for (const StagePlan::Layer& l : p.layers) {
-      const cpu::AttentionShape a = attention_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
-      p.scores_elems = std::max(p.scores_elems, attention_prefill_scratch_elems(a, p.query_block));
-      p.decode_floats = std::max(p.decode_floats, attention_decode_scratch_floats(a));
+    const size_t keys = static_cast<size_t>(round_up(cfg.max_context, 8));
+    // Prefill attention's scores and probabilities within kScoresBudgetBytes: query rows per
+    // block of one sequence's heads (GQA), or MLA's query tokens of every sequence and head.
+    // (MLA's block holds every sequence and head: it may fall to one query token, decode's size.)
+    auto block_rows = [&](size_t per_row, size_t floor_rows) {
+      int qb = static_cast<int>(std::max<size_t>(floor_rows, kScoresBudgetBytes / std::max<size_t>(per_row, 1)));
+      qb = std::min(qb, per_seq);
+      if (qb > 64) qb = qb / 64 * 64;
+      return std::max(qb, 1);
+    };
+    p.query_block = block_rows(static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 16);
+    p.mla_query_block = block_rows(B * static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 1);
+    for (const StagePlan::Layer* l : all) {
+      if (l->shape.is_mla()) {
+        const MlaCallShape ms = mla_call_shape(l->shape, cfg.batch, 1, 0, cfg.max_context);
+        p.scores_elems = std::max(p.scores_elems, mla_attention_scratch_elems(ms, p.mla_query_block));
+      } else {
+        const cpu::AttentionShape a = attention_shape(l->shape, cfg.batch, 1, 0, cfg.max_context);
+        p.scores_elems = std::max(p.scores_elems, attention_prefill_scratch_elems(a, p.query_block));
+        p.decode_floats = std::max(p.decode_floats, attention_decode_scratch_floats(a));
+      }
     }
     const size_t R = static_cast<size_t>(p.rows);
     scratch += R * dt * (H + p.max_qkv + 2 * p.max_q + 3 * p.max_inter);
+    scratch += R * dt * (p.max_mla_qa + p.max_mla_kva + p.max_mla_qabs + p.max_mla_olat);
     scratch += p.scores_elems * (sizeof(float) + dt) + p.decode_floats * sizeof(float);
+    if (p.max_experts > 0) {
+      // Router logits (fp32), the choices (experts, weights), the dispatch, the routed rows'
+      // gate|up, activation and output, the routed sum.
+      const size_t choices = R * p.max_top_k;
+      scratch += R * p.max_experts * sizeof(float) + choices * (sizeof(int32_t) + sizeof(float)) +
+                 moe_dispatch_bytes(static_cast<int>(choices), static_cast<int>(p.max_experts)) + 256;
+      scratch += choices * dt * (3 * p.max_expert_inter + H) + R * H * dt;
+    }
   }
   if (p.has_head) scratch += B * H * dt + B * p.vocab_local * sizeof(float);
+  // --mtp: the modules' input rows [B x context, 2H] and the draft tokens [B].
+  if (!p.mtp_layers.empty()) scratch += B * ctx * 2 * H * dt + B * sizeof(int32_t);
   // The vocabulary-parallel head's (value, id) pairs: this rank's [B] and the group's [width][B].
   if (p.has_head && cfg.tp_width > 1) scratch += (1 + static_cast<size_t>(cfg.tp_width)) * B * sizeof(ArgmaxPair);
   scratch += 2 * B * sizeof(int32_t) + 64;  // a decode graph's token input, token output and position
-  p.bytes.weights = weight_elems * dt;
+  p.bytes.weights = weight_elems * dt + weight_f32 * sizeof(float);
   p.bytes.kv_cache = kv_elems * dt;
   p.bytes.scratch = scratch;
   return p;
@@ -221,47 +342,90 @@ size_t plan_launches(const StagePlan& plan_, const StageConfig& cfg_, int tokens
   if (tokens == 1 && cfg_.cuda_graphs) return kGraphDecodeLaunches;
   const size_t B = static_cast<size_t>(cfg_.batch), T = static_cast<size_t>(std::max(tokens, 1));
   auto layer_pass = [&](const LayerShape& s, size_t nb, size_t tc) {
-    size_t n = 1 + kBlas + 1 + kBlas + 1 + kBlas + 1 + kBlas + 1;  // norm, qkv, rope, o, add+norm, gate_up, act, down, add
+    size_t n = 1 + kBlas + 1 + 1;  // input norm, o_proj, add+norm, the final add
     if (s.sandwich_norm) n += 2;
     if (cfg_.tp_width > 1) n += 2;  // the all-reduces after o_proj and down_proj
-    if (tc == 1) {
-      n += 2;
+    if (s.is_mla()) {
+      // (q_a, its norm,) q_b, kv_a, the cache write, the absorbed queries (GEMM + RoPE), the
+      // values; attention: per query block S, softmax, PV (every sequence at once).
+      n += (s.mla.q_lora_rank > 0 ? kBlas + 1 : 0) + kBlas + kBlas + 1 + kBlas + 1 + kBlas;
+      const size_t qb = static_cast<size_t>(std::max(plan_.mla_query_block, 1));
+      n += ((tc + qb - 1) / qb) * (2 * kBlas + 1);
     } else {
-      const size_t group = static_cast<size_t>(s.n_heads / std::max(s.n_kv_heads, 1));
-      const size_t qb = static_cast<size_t>(std::max(plan_.query_block, 1));
-      n += nb * ((tc + qb - 1) / qb) * (2 * group * kBlas + 1);
+      n += kBlas + 1;  // qkv, rope + cache
+      if (s.o_bias) n += 1;
+      if (tc == 1) {
+        n += 2;
+      } else {
+        const size_t group = static_cast<size_t>(s.n_heads / std::max(s.n_kv_heads, 1));
+        const size_t qb = static_cast<size_t>(std::max(plan_.query_block, 1));
+        n += nb * ((tc + qb - 1) / qb) * (2 * group * kBlas + 1);
+      }
+    }
+    if (s.intermediate > 0) n += kBlas + 1 + kBlas;  // gate_up, act, down (dense, or shared experts)
+    // Router GEMM, its bias, route, dispatch, the two grouped GEMMs, act, combine, the shared add.
+    if (s.is_moe()) n += kBlas + 1 + 1 + 1 + 2 + 1 + 1 + 1;
+    return n;
+  };
+  const size_t rows_per_pass = static_cast<size_t>(std::max(plan_.rows, 1));
+  auto layers = [&](const std::vector<StagePlan::Layer>& ls) {
+    size_t n = 0;
+    for (const auto& l : ls) {
+      if (B * T <= rows_per_pass) {
+        n += layer_pass(l.shape, B, T);
+      } else {  // chunked prefill, sequence by sequence
+        for (size_t t0 = 0; t0 < T; t0 += rows_per_pass) n += B * layer_pass(l.shape, 1, std::min(rows_per_pass, T - t0));
+      }
     }
     return n;
   };
   size_t n = 1;  // embedding or the input copy
-  const size_t rows_per_pass = static_cast<size_t>(std::max(plan_.rows, 1));
-  for (const auto& l : plan_.layers) {
-    if (B * T <= rows_per_pass) {
-      n += layer_pass(l.shape, B, T);
-    } else {  // chunked prefill, sequence by sequence
-      for (size_t t0 = 0; t0 < T; t0 += rows_per_pass) n += B * layer_pass(l.shape, 1, std::min(rows_per_pass, T - t0));
-    }
-  }
+  n += layers(plan_.layers);
   n += plan_.has_head ? 4 + kBlas : 1;  // gather, norm, lm_head, softcap, argmax; or the output copy
   if (plan_.has_head && cfg_.tp_width > 1) n += 2;  // the pairs' all-gather and the group's argmax
+  // --mtp: the draft copy; per module its input rows, eh_proj, layer, gather, norm, lm_head, argmax.
+  if (!plan_.mtp_layers.empty()) n += 1 + plan_.mtp_layers.size() * (1 + kBlas + 3 + kBlas) + layers(plan_.mtp_layers);
   return n;
 }
 
-/// Device pointers of one decoder layer's weights and caches.
+/// Device pointers of one decoder layer's weights and caches; null where the layer has no such
+/// tensor.
 struct LayerWeights {
   StagePlan::Layer plan;
   void* qkv = nullptr;       // [nq + 2 nkv, H]: q_proj | k_proj | v_proj
-  void* o = nullptr;         // [H, nq]
-  void* gate_up = nullptr;   // [2 I, H]: gate_proj | up_proj
+  void* o = nullptr;         // [H, nq] (MLA: [H, n_heads v])
+  void* gate_up = nullptr;   // [2 I, H]: gate_proj | up_proj (a MoE layer's shared experts)
   void* down = nullptr;      // [H, I]
   void* bias = nullptr;      // [nq + 2 nkv] or null
+  void* o_bias = nullptr;    // [H] (gpt-oss)
+  float* sinks = nullptr;    // [n_heads] fp32 (gpt-oss)
   void* input_norm = nullptr;
   void* post_attention_norm = nullptr;
   void* pre_feedforward_norm = nullptr;
   void* post_feedforward_norm = nullptr;
   void* q_norm = nullptr;
   void* k_norm = nullptr;
-  std::vector<void*> k_cache, v_cache;  // [groups] -> [batch, max_context, n_kv, hd]
+  // Multi-head latent attention; q_b is Tensor::q_proj [n_heads (nope + R), H] when q_lora_rank is 0.
+  void* q_a = nullptr;        // [q_lora, H]
+  void* q_a_norm = nullptr;   // [q_lora]
+  void* q_b = nullptr;        // [n_heads (nope + R), q_lora]
+  void* kv_a = nullptr;       // [L + R, H]
+  void* kv_a_norm = nullptr;  // [L]
+  void* kv_b = nullptr;       // [n_heads (nope + v), L]
+  // Mixture of experts.
+  void* router = nullptr;           // [E, H]
+  void* router_bias = nullptr;      // [E] (gpt-oss)
+  float* correction = nullptr;      // [E] fp32 (DeepSeek-V3's e_score_correction_bias)
+  void* expert_gate_up = nullptr;   // [E, 2 I_e, H]: per expert gate | up
+  void* expert_down = nullptr;      // [E, H, I_e]
+  void* expert_gate_up_bias = nullptr;  // [E, 2 I_e] (gpt-oss)
+  void* expert_down_bias = nullptr;     // [E, H]
+  double* skew_log_p = nullptr;     // [E] --expert-skew's popularity law; null: the router's choice
+  uint64_t skew_key = 0;
+  int64_t* expert_tokens = nullptr; // [E] tokens routed to each expert since reset_checksum()
+  // [groups] -> [batch, max_context, n_kv, hd]; MLA: one latent cache [batch, max_context, L + R]
+  // per group, in k_cache and v_cache alike.
+  std::vector<void*> k_cache, v_cache;
 };
 
 /// A stage on one GPU. Not thread-safe: its forwards are enqueued from one thread, on one lane
@@ -295,6 +459,7 @@ class CudaStage final : public StageExecutor {
     return plan_launches(plan_, cfg_, tokens);
   }
   size_t decode_graphs() const override { return graphs_.size(); }
+  std::vector<std::vector<int64_t>> expert_tokens() const override;
   void prepare_forward(int group, int pos, int tokens) override {
     if (tokens == 1 && cfg_.cuda_graphs && group >= 0 && group < cfg_.groups && pos >= 0 && pos < cfg_.max_context)
       (void)decode_graph(group, pos);
@@ -313,6 +478,29 @@ class CudaStage final : public StageExecutor {
   /// position there (a graph's replay), `pos` being a position of the bucket.
   void layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens, int group,
                      int bucket = 0, const int* pos_dev = nullptr);
+  /// The layers `ls` over x_ [B, tokens, H]: in one pass per layer, or (a prefill longer than
+  /// plan_.rows rows) chunk by chunk, sequence by sequence. Decode plans attention for `bucket`.
+  void run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, int pos, int tokens, int group, int bucket = 0,
+                  const int* pos_dev = nullptr);
+  /// Attention sub-blocks of layer_forward over rows [b0, b0 + nb): the normed input in h_, the
+  /// output (before any all-reduce) into h_.
+  void gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group, int bucket,
+                     const int* pos_dev);
+  void mla_attention_block(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group,
+                           int bucket, const int* pos_dev);
+  /// The MoE MLP of M rows: the normed input in h_, the output into h_ (routed sum + shared experts).
+  void moe_mlp(const LayerWeights& w, cudaStream_t st, int M);
+  /// The gated MLP of `w` (dense, or a MoE layer's shared experts) over M rows of h_, into h_.
+  void dense_mlp(const LayerWeights& w, cudaStream_t st, int M);
+  /// --mtp: the MTP modules after the head (CpuStage::mtp_forward): from the head's tokens
+  /// `head_tokens` [B] (device), each module drafts the next token; their last hidden rows join
+  /// the checksum.
+  void mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos, int tokens, int group, int bucket = 0,
+                   const int* pos_dev = nullptr);
+  /// One decoder layer's weights and caches (a main layer or an MTP module's).
+  LayerWeights make_layer(const StagePlan::Layer& l);
+  void* bias_weights(size_t n, int unit, Tensor t, void* dst = nullptr, size_t first = 0);
+  float* f32_weights(size_t n, int unit, Tensor t, float scale);
   /// The head over x_ [B, tokens, H]: last rows, final norm, lm_head, softcap, argmax -> out [B].
   void head_forward(cudaStream_t st, int tokens, int32_t* out);
   /// The instantiated decode graph of (group, the bucket of pos), captured on first use; null
@@ -338,12 +526,32 @@ class CudaStage final : public StageExecutor {
   void* final_norm_ = nullptr;
   void* lm_head_ = nullptr;
   std::vector<LayerWeights> layers_;
+  /// --mtp: the MTP modules after the head.
+  struct MtpModule {
+    void* enorm = nullptr;        // [H]
+    void* hnorm = nullptr;        // [H]
+    void* eh_proj = nullptr;      // [H, 2H]
+    void* shared_norm = nullptr;  // [H]
+  };
+  std::vector<MtpModule> mtp_;
+  std::vector<LayerWeights> mtp_layers_;  // module k's decoder layer
+  void* mtp_embed_ = nullptr;   // the draft tokens' embedding table (embed_ where this stage has it)
+  void* mtp_cat_ = nullptr;     // [B x context, 2H]
+  int32_t* draft_ = nullptr;    // [B]
   std::vector<float*> rope_cos_, rope_sin_;
   // Scratch.
   void* x_ = nullptr;
   void *h_ = nullptr, *qkv_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *gu_ = nullptr, *act_ = nullptr;
   float* scores_ = nullptr;
   void* probs_ = nullptr;
+  // MLA scratch: q_a rows, latent rows, absorbed queries, latent outputs.
+  void *mla_qa_ = nullptr, *mla_kva_ = nullptr, *mla_qabs_ = nullptr, *mla_olat_ = nullptr;
+  // MoE scratch.
+  float* moe_logits_ = nullptr;     // [rows, E] fp32
+  int32_t* route_experts_ = nullptr;  // [rows, top_k]
+  float* route_weights_ = nullptr;    // [rows, top_k]
+  MoeDispatch dispatch_;
+  void *moe_gu_ = nullptr, *moe_act_ = nullptr, *moe_y_ = nullptr, *moe_sum_ = nullptr;
   float* partial_ = nullptr;
   void* last_rows_ = nullptr;
   float* logits_ = nullptr;
@@ -376,6 +584,137 @@ void* CudaStage::norm(size_t n, int unit, Tensor t, bool plus_one) {
   fill_uniform(p, cfg_.dtype, n, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), 0.1f, plus_one ? 0.0f : 1.0f,
                init_stream_.get());
   return p;
+}
+
+void* CudaStage::bias_weights(size_t n, int unit, Tensor t, void* dst, size_t first) {
+  void* p = dst ? dst : alloc_elems(n);
+  fill_uniform(p, cfg_.dtype, n, weight_key_at(weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), first), 0.02f, 0.0f,
+               init_stream_.get());
+  return p;
+}
+
+float* CudaStage::f32_weights(size_t n, int unit, Tensor t, float scale) {
+  auto* p = static_cast<float*>(alloc(n * sizeof(float)));
+  fill_uniform(p, DType::f32, n, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), scale, 0.0f, init_stream_.get());
+  return p;
+}
+
+LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
+  const LayerShape& s = l.shape;  // this rank's shard (the whole layer at width 1)
+  const int u = l.unit;
+  const size_t H = hidden_, B = static_cast<size_t>(cfg_.batch), ctx = static_cast<size_t>(cfg_.max_context);
+  const size_t I = static_cast<size_t>(s.intermediate);
+  LayerWeights w;
+  w.plan = l;
+  w.input_norm = norm(H, u, Tensor::input_layernorm, s.norm_plus_one);
+  if (s.is_mla()) {
+    // MoE and MLA layers refuse tensor parallelism (tp_unsupported_reason): the whole layer.
+    const model::MlaShape& a = s.mla;
+    const size_t nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
+    const size_t L = static_cast<size_t>(a.kv_lora_rank), D = L + static_cast<size_t>(a.qk_rope);
+    if (a.q_lora_rank > 0) {
+      const size_t ql = static_cast<size_t>(a.q_lora_rank);
+      w.q_a = proj(ql, H, u, Tensor::q_a_proj);
+      w.q_a_norm = norm(ql, u, Tensor::q_a_norm, false);
+      w.q_b = proj(nh * qk, ql, u, Tensor::q_b_proj);
+    } else {
+      w.q_b = proj(nh * qk, H, u, Tensor::q_proj);
+    }
+    w.kv_a = proj(D, H, u, Tensor::kv_a_proj);
+    w.kv_a_norm = norm(L, u, Tensor::kv_a_norm, false);
+    w.kv_b = proj(nh * (a.qk_nope + a.v_head_dim), L, u, Tensor::kv_b_proj);
+    w.o = proj(H, nh * a.v_head_dim, u, Tensor::o_proj);
+    for (int g = 0; g < cfg_.groups; ++g) {
+      // Zeroed: a decode graph's attention spans its whole context bucket and masks the keys past
+      // the position, which must then be finite (0 x NaN would reach the output).
+      void* c = alloc_elems(B * ctx * D);
+      CUDA_CHECK(cudaMemsetAsync(c, 0, B * ctx * D * dt_, init_stream_.get()));
+      w.k_cache.push_back(c);
+      w.v_cache.push_back(c);
+    }
+  } else {
+    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
+    const size_t hd = static_cast<size_t>(s.head_dim);
+    const size_t q0 = l.heads.q_begin * hd, kv0 = l.heads.kv_begin * hd;  // first rows of q / k and v
+    const size_t nq_all = static_cast<size_t>(l.full.n_heads) * hd;
+    // Column-parallel q/k/v: rows of the whole tensors; row-parallel o: columns.
+    w.qkv = alloc_elems((nq + 2 * nkv) * H);
+    proj(nq, H, u, Tensor::q_proj, w.qkv, q0);
+    proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H), kv0);
+    proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H), kv0);
+    w.o = alloc_elems(H * nq);
+    fill_uniform_cols(w.o, cfg_.dtype, H, nq_all, q0, nq, weight_key(cfg_.seed, u, static_cast<uint64_t>(Tensor::o_proj)),
+                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(nq_all))), init_stream_.get());
+    if (s.attn_bias) {
+      w.bias = alloc_elems(nq + 2 * nkv);
+      bias_weights(nq, u, Tensor::q_bias, w.bias, q0);
+      bias_weights(nkv, u, Tensor::k_bias, at(w.bias, nq), kv0);
+      bias_weights(nkv, u, Tensor::v_bias, at(w.bias, nq + nkv), kv0);
+    }
+    if (s.qk_norm) {
+      w.q_norm = norm(s.head_dim, u, Tensor::q_norm, s.norm_plus_one);
+      w.k_norm = norm(s.head_dim, u, Tensor::k_norm, s.norm_plus_one);
+    }
+    if (s.o_bias) w.o_bias = bias_weights(H, u, Tensor::o_bias);  // gpt-oss refuses --tp: the whole bias
+    if (s.attn_sinks) w.sinks = f32_weights(static_cast<size_t>(s.n_heads), u, Tensor::sinks, 1.0f);
+    for (int g = 0; g < cfg_.groups; ++g) {
+      w.k_cache.push_back(alloc_elems(B * ctx * nkv));
+      w.v_cache.push_back(alloc_elems(B * ctx * nkv));
+    }
+  }
+  w.post_attention_norm = norm(H, u, Tensor::post_attention_layernorm, s.norm_plus_one);
+  if (s.sandwich_norm) {
+    w.pre_feedforward_norm = norm(H, u, Tensor::pre_feedforward_layernorm, s.norm_plus_one);
+    w.post_feedforward_norm = norm(H, u, Tensor::post_feedforward_layernorm, s.norm_plus_one);
+  }
+  if (I > 0) {  // the dense MLP, or a MoE layer's shared experts: column-parallel gate/up, row-parallel down
+    const size_t I_all = static_cast<size_t>(l.full.intermediate);
+    w.gate_up = alloc_elems(2 * I * H);
+    proj(I, H, u, Tensor::gate_proj, w.gate_up, l.i0);
+    proj(I, H, u, Tensor::up_proj, at(w.gate_up, I * H), l.i0);
+    w.down = alloc_elems(H * I);
+    fill_uniform_cols(w.down, cfg_.dtype, H, I_all, l.i0, I,
+                      weight_key(cfg_.seed, u, static_cast<uint64_t>(Tensor::down_proj)),
+                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(I_all))), init_stream_.get());
+  }
+  if (s.is_moe()) {
+    const model::MoeShape& e = s.moe;
+    const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
+    w.router = proj(E, H, u, Tensor::router);
+    if (e.router_bias) w.router_bias = bias_weights(E, u, Tensor::router_bias);
+    if (e.router == model::RouterKind::sigmoid_grouped) w.correction = f32_weights(E, u, Tensor::router_correction, 0.02f);
+    // Expert x's tensors in one block per kind, expert-major (the grouped GEMM's layout), each
+    // filled from its own key (CpuStage::add_expert_weights): the same values as the CPU's.
+    w.expert_gate_up = alloc_elems(E * 2 * Ie * H);
+    w.expert_down = alloc_elems(E * H * Ie);
+    if (e.expert_bias) {
+      w.expert_gate_up_bias = alloc_elems(E * 2 * Ie);
+      w.expert_down_bias = alloc_elems(E * H);
+    }
+    for (int x = 0; x < e.n_experts; ++x) {
+      const size_t xi = static_cast<size_t>(x);
+      proj(Ie, H, u, expert_tensor(Tensor::expert_gate, x), at(w.expert_gate_up, xi * 2 * Ie * H));
+      proj(Ie, H, u, expert_tensor(Tensor::expert_up, x), at(w.expert_gate_up, (xi * 2 + 1) * Ie * H));
+      proj(H, Ie, u, expert_tensor(Tensor::expert_down, x), at(w.expert_down, xi * H * Ie));
+      if (e.expert_bias) {
+        bias_weights(Ie, u, expert_tensor(Tensor::expert_gate_bias, x), at(w.expert_gate_up_bias, xi * 2 * Ie));
+        bias_weights(Ie, u, expert_tensor(Tensor::expert_up_bias, x), at(w.expert_gate_up_bias, (xi * 2 + 1) * Ie));
+        bias_weights(H, u, expert_tensor(Tensor::expert_down_bias, x), at(w.expert_down_bias, xi * H));
+      }
+    }
+    w.expert_tokens = static_cast<int64_t*>(alloc(E * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemsetAsync(w.expert_tokens, 0, E * sizeof(int64_t), init_stream_.get()));
+    if (cfg_.expert_skew > 0.0) {
+      w.skew_key = weight_key(cfg_.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
+      const std::vector<double> log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
+      w.skew_log_p = static_cast<double*>(alloc(E * sizeof(double)));
+      // From pageable memory the call returns once the bytes are staged (CUDA's API sync
+      // behaviour), so log_p may go; the constructor's final synchronisation covers the DMA.
+      CUDA_CHECK(cudaMemcpyAsync(w.skew_log_p, log_p.data(), E * sizeof(double), cudaMemcpyHostToDevice,
+                                 init_stream_.get()));
+    }
+  }
+  return w;
 }
 
 CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg)
@@ -437,60 +776,32 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
     rope_cos_.push_back(dc);
     rope_sin_.push_back(ds);
   }
-  for (const StagePlan::Layer& l : plan_.layers) {
-    const LayerShape& s = l.shape;  // this rank's shard (the whole layer at width 1)
-    const int u = l.unit;
-    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim,
-                 I = static_cast<size_t>(s.intermediate);
-    const size_t hd = static_cast<size_t>(s.head_dim);
-    const size_t q0 = l.heads.q_begin * hd, kv0 = l.heads.kv_begin * hd;  // first rows of q / k and v
-    const size_t nq_all = static_cast<size_t>(l.full.n_heads) * hd, I_all = static_cast<size_t>(l.full.intermediate);
-    LayerWeights w;
-    w.plan = l;
-    w.input_norm = norm(H, u, Tensor::input_layernorm, s.norm_plus_one);
-    // Column-parallel q/k/v and gate/up: rows of the whole tensors; row-parallel o/down: columns.
-    w.qkv = alloc_elems((nq + 2 * nkv) * H);
-    proj(nq, H, u, Tensor::q_proj, w.qkv, q0);
-    proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H), kv0);
-    proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H), kv0);
-    w.o = alloc_elems(H * nq);
-    fill_uniform_cols(w.o, cfg.dtype, H, nq_all, q0, nq, weight_key(cfg.seed, u, static_cast<uint64_t>(Tensor::o_proj)),
-                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(nq_all))), init_stream_.get());
-    if (s.attn_bias) {
-      w.bias = alloc_elems(nq + 2 * nkv);
-      const Tensor ts[3] = {Tensor::q_bias, Tensor::k_bias, Tensor::v_bias};
-      const size_t off[3] = {0, nq, nq + nkv}, len[3] = {nq, nkv, nkv}, first[3] = {q0, kv0, kv0};
-      for (int i = 0; i < 3; ++i)
-        fill_uniform(at(w.bias, off[i]), cfg.dtype, len[i],
-                     weight_key_at(weight_key(cfg.seed, u, static_cast<uint64_t>(ts[i])), first[i]), 0.02f, 0.0f,
-                     init_stream_.get());
+  for (const StagePlan::Layer& l : plan_.layers) layers_.push_back(make_layer(l));
+  if (!plan_.mtp_layers.empty()) {
+    // Keyed by the unit ids num_units() + k, which no real unit has (CpuStage::add_mtp_modules).
+    if (plan_.mtp_own_embed) {
+      mtp_embed_ = alloc_elems(V * H);
+      fill_uniform(mtp_embed_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
+    } else {
+      mtp_embed_ = embed_;
     }
-    if (s.qk_norm) {
-      w.q_norm = norm(s.head_dim, u, Tensor::q_norm, s.norm_plus_one);
-      w.k_norm = norm(s.head_dim, u, Tensor::k_norm, s.norm_plus_one);
+    for (const StagePlan::Layer& l : plan_.mtp_layers) {
+      MtpModule mod;
+      mod.enorm = norm(H, l.unit, Tensor::mtp_enorm, false);
+      mod.hnorm = norm(H, l.unit, Tensor::mtp_hnorm, false);
+      mod.eh_proj = proj(H, 2 * H, l.unit, Tensor::mtp_eh_proj);
+      mod.shared_norm = norm(H, l.unit, Tensor::mtp_shared_norm, false);
+      mtp_.push_back(mod);
+      mtp_layers_.push_back(make_layer(l));
     }
-    w.post_attention_norm = norm(H, u, Tensor::post_attention_layernorm, s.norm_plus_one);
-    if (s.sandwich_norm) {
-      w.pre_feedforward_norm = norm(H, u, Tensor::pre_feedforward_layernorm, s.norm_plus_one);
-      w.post_feedforward_norm = norm(H, u, Tensor::post_feedforward_layernorm, s.norm_plus_one);
-    }
-    w.gate_up = alloc_elems(2 * I * H);
-    proj(I, H, u, Tensor::gate_proj, w.gate_up, l.i0);
-    proj(I, H, u, Tensor::up_proj, at(w.gate_up, I * H), l.i0);
-    w.down = alloc_elems(H * I);
-    fill_uniform_cols(w.down, cfg.dtype, H, I_all, l.i0, I, weight_key(cfg.seed, u, static_cast<uint64_t>(Tensor::down_proj)),
-                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(I_all))), init_stream_.get());
-    for (int g = 0; g < cfg.groups; ++g) {
-      w.k_cache.push_back(alloc_elems(B * ctx * nkv));
-      w.v_cache.push_back(alloc_elems(B * ctx * nkv));
-    }
-    layers_.push_back(std::move(w));
+    mtp_cat_ = alloc_elems(B * ctx * 2 * H);
+    draft_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
   }
 
   // Scratch.
   workspace_ = alloc(kCublasWorkspaceBytes);
   x_ = alloc_elems(B * ctx * H);
-  if (!layers_.empty()) {
+  if (!layers_.empty() || !mtp_layers_.empty()) {
     const size_t R = static_cast<size_t>(plan_.rows);
     h_ = alloc_elems(R * H);
     qkv_ = alloc_elems(R * plan_.max_qkv);
@@ -501,6 +812,24 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
     scores_ = static_cast<float*>(alloc(plan_.scores_elems * sizeof(float)));
     probs_ = alloc_elems(plan_.scores_elems);
     partial_ = static_cast<float*>(alloc(plan_.decode_floats * sizeof(float)));
+    if (plan_.max_mla_kva > 0) {
+      if (plan_.max_mla_qa > 0) mla_qa_ = alloc_elems(R * plan_.max_mla_qa);
+      mla_kva_ = alloc_elems(R * plan_.max_mla_kva);
+      mla_qabs_ = alloc_elems(R * plan_.max_mla_qabs);
+      mla_olat_ = alloc_elems(R * plan_.max_mla_olat);
+    }
+    if (plan_.max_experts > 0) {
+      const size_t choices = R * plan_.max_top_k, E = plan_.max_experts, Ie = plan_.max_expert_inter;
+      moe_logits_ = static_cast<float*>(alloc(R * E * sizeof(float)));
+      route_experts_ = static_cast<int32_t*>(alloc(choices * sizeof(int32_t)));
+      route_weights_ = static_cast<float*>(alloc(choices * sizeof(float)));
+      dispatch_ = moe_dispatch_at(alloc(moe_dispatch_bytes(static_cast<int>(choices), static_cast<int>(E)) + 256),
+                                  static_cast<int>(choices), static_cast<int>(E));
+      moe_gu_ = alloc_elems(choices * 2 * Ie);
+      moe_act_ = alloc_elems(choices * Ie);
+      moe_y_ = alloc_elems(choices * H);
+      moe_sum_ = alloc_elems(R * H);
+    }
   }
   if (plan_.has_head) {
     last_rows_ = alloc_elems(B * H);
@@ -564,28 +893,52 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
   } else {
     CUDA_CHECK(cudaMemcpyAsync(x_, in, rows * H * dt_, cudaMemcpyDefault, st));
   }
-  if (!layers_.empty()) {
-    if (rows <= static_cast<size_t>(plan_.rows)) {
-      // Decode is planned per context bucket, as its graph would be: the same bits either way.
-      const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.max_context) : 0;
-      for (const LayerWeights& w : layers_)
-        layer_forward(w, st, static_cast<char*>(x_), 0, B, pos, tokens, group, bucket);
-    } else {
-      // Chunked prefill, sequence by sequence: chunk c of a sequence runs every layer after
-      // chunk c-1 wrote its keys and values into the cache.
-      for (int b = 0; b < B; ++b) {
-        for (int t0 = 0; t0 < tokens; t0 += plan_.rows) {
-          const int tc = std::min(plan_.rows, tokens - t0);
-          char* xb = at(x_, (static_cast<size_t>(b) * tokens + t0) * H);
-          for (const LayerWeights& w : layers_) layer_forward(w, st, xb, b, 1, pos + t0, tc, group);
-        }
-      }
-    }
-  }
+  // Decode is planned per context bucket, as its graph would be: the same bits either way.
+  const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.max_context) : 0;
+  run_layers(layers_.data(), layers_.size(), st, pos, tokens, group, bucket);
   if (plan_.has_head) {
     head_forward(st, tokens, static_cast<int32_t*>(out));
+    if (!mtp_.empty()) mtp_forward(st, static_cast<const int32_t*>(out), pos, tokens, group, bucket);
   } else {
     CUDA_CHECK(cudaMemcpyAsync(out, x_, rows * H * dt_, cudaMemcpyDefault, st));
+  }
+}
+
+void CudaStage::run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, int pos, int tokens, int group,
+                           int bucket, const int* pos_dev) {
+  if (n == 0) return;
+  const int B = cfg_.batch;
+  if (static_cast<size_t>(B) * tokens <= static_cast<size_t>(plan_.rows)) {
+    for (size_t i = 0; i < n; ++i)
+      layer_forward(ls[i], st, static_cast<char*>(x_), 0, B, pos, tokens, group, bucket, pos_dev);
+    return;
+  }
+  // Chunked prefill, sequence by sequence: chunk c of a sequence runs every layer after chunk
+  // c-1 wrote its keys and values into the cache.
+  for (int b = 0; b < B; ++b) {
+    for (int t0 = 0; t0 < tokens; t0 += plan_.rows) {
+      const int tc = std::min(plan_.rows, tokens - t0);
+      char* xb = at(x_, (static_cast<size_t>(b) * tokens + t0) * hidden_);
+      for (size_t i = 0; i < n; ++i) layer_forward(ls[i], st, xb, b, 1, pos + t0, tc, group);
+    }
+  }
+}
+
+void CudaStage::mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos, int tokens, int group, int bucket,
+                            const int* pos_dev) {
+  const int B = cfg_.batch, H = static_cast<int>(hidden_), V = static_cast<int>(plan_.vocab_local);
+  const DType t = cfg_.dtype;
+  const float eps = final_eps_;  // the model's rms_norm_eps (CpuStage's mtp_eps_)
+  CUDA_CHECK(cudaMemcpyAsync(draft_, head_tokens, static_cast<size_t>(B) * sizeof(int32_t), cudaMemcpyDefault, st));
+  for (size_t k = 0; k < mtp_.size(); ++k) {
+    const MtpModule& mod = mtp_[k];
+    mtp_concat(mtp_cat_, draft_, mtp_embed_, x_, mod.enorm, mod.hnorm, B, tokens, H, eps, t, st);
+    linear(cublas_.get(), x_, cuda_type(t), mtp_cat_, mod.eh_proj, t, B * tokens, H, 2 * H);
+    run_layers(&mtp_layers_[k], 1, st, pos, tokens, group, bucket, pos_dev);
+    gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, t, st);
+    rmsnorm(last_rows_, last_rows_, mod.shared_norm, B, H, eps, false, t, st);
+    linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, t, B, V, H);
+    argmax_rows(draft_, logits_, B, V, st);
   }
 }
 
@@ -621,9 +974,11 @@ cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
       embedding(x_, graph_tokens_, static_cast<size_t>(cfg_.batch), embed_, vocab_, static_cast<int>(hidden_),
                 embed_scale_, bad_token_dev_, cfg_.dtype, cs);
     }
-    for (const LayerWeights& w : layers_)
-      layer_forward(w, cs, static_cast<char*>(x_), 0, cfg_.batch, pos, 1, group, bucket, pos_dev_);
-    if (plan_.has_head) head_forward(cs, 1, graph_out_);
+    run_layers(layers_.data(), layers_.size(), cs, pos, 1, group, bucket, pos_dev_);
+    if (plan_.has_head) {
+      head_forward(cs, 1, graph_out_);
+      if (!mtp_.empty()) mtp_forward(cs, graph_out_, pos, 1, group, bucket, pos_dev_);
+    }
   } catch (...) {
     cudaGraph_t partial = nullptr;
     (void)cudaStreamEndCapture(cs, &partial);
@@ -643,17 +998,43 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
                               int group, int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
   const DType t = cfg_.dtype;
-  cublasHandle_t hb = cublas_.get();
-  const int M = nb * tokens, H = static_cast<int>(hidden_), hd = s.head_dim, I = s.intermediate;
-  const int nq = s.n_heads * hd, nkv = s.n_kv_heads * hd;
+  const int M = nb * tokens, H = static_cast<int>(hidden_);
   const float eps = static_cast<float>(s.rms_eps);
   const bool p1 = s.norm_plus_one;
-  const size_t cache_off = static_cast<size_t>(b0) * cfg_.max_context * nkv;
-  void* kc = at(w.k_cache[group], cache_off);
-  void* vc = at(w.v_cache[group], cache_off);
 
   // Attention block.
   rmsnorm(h_, x, w.input_norm, M, H, eps, p1, t, st);
+  if (s.is_mla()) {
+    mla_attention_block(w, st, b0, nb, pos, tokens, group, bucket, pos_dev);
+  } else {
+    gqa_attention(w, st, b0, nb, pos, tokens, group, bucket, pos_dev);
+  }
+  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel o_proj
+  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_attention_norm, M, H, eps, p1, t, st);
+  // x += attention output; h = pre-MLP norm(x).
+  add_rmsnorm(x, h_, h_, s.sandwich_norm ? w.pre_feedforward_norm : w.post_attention_norm, M, H, eps, p1, t, st);
+
+  // MLP block.
+  if (s.is_moe()) {
+    moe_mlp(w, st, M);
+  } else {
+    dense_mlp(w, st, M);
+  }
+  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel down_proj
+  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_feedforward_norm, M, H, eps, p1, t, st);
+  add_inplace(x, h_, static_cast<size_t>(M) * H, t, st);
+}
+
+void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group,
+                              int bucket, const int* pos_dev) {
+  const LayerShape& s = w.plan.shape;
+  const DType t = cfg_.dtype;
+  cublasHandle_t hb = cublas_.get();
+  const int M = nb * tokens, H = static_cast<int>(hidden_), hd = s.head_dim;
+  const int nq = s.n_heads * hd, nkv = s.n_kv_heads * hd;
+  const size_t cache_off = static_cast<size_t>(b0) * cfg_.max_context * nkv;
+  void* kc = at(w.k_cache[group], cache_off);
+  void* vc = at(w.v_cache[group], cache_off);
   linear(hb, qkv_, cuda_type(t), h_, w.qkv, t, M, nq + 2 * nkv, H);
   QkvShape qs;
   qs.batch = nb;
@@ -664,11 +1045,12 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
   qs.n_kv_heads = s.n_kv_heads;
   qs.head_dim = hd;
   qs.qk_norm = s.qk_norm;
-  qs.plus_one = p1;
-  qs.eps = eps;
+  qs.plus_one = s.norm_plus_one;
+  qs.eps = static_cast<float>(s.rms_eps);
   qs.pos0_dev = pos_dev;
   qkv_rope_cache(q_, kc, vc, qkv_, w.bias, w.q_norm, w.k_norm, rope_cos_[w.plan.rope], rope_sin_[w.plan.rope], qs, t, st);
-  const cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.max_context);
+  cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.max_context);
+  as.sinks = w.sinks;
   if (tokens == 1) {
     attention_decode(attn_, q_, kc, vc, as, partial_, t, st, bucket > 0 ? decode_plan_keys(bucket, s.sliding_window) : 0,
                      pos_dev);
@@ -676,18 +1058,94 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
     attention_prefill(hb, attn_, q_, kc, vc, as, plan_.query_block, scores_, probs_, t, st);
   }
   linear(hb, h_, cuda_type(t), attn_, w.o, t, M, H, nq);
-  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel o_proj
-  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_attention_norm, M, H, eps, p1, t, st);
-  // x += attention output; h = pre-MLP norm(x).
-  add_rmsnorm(x, h_, h_, s.sandwich_norm ? w.pre_feedforward_norm : w.post_attention_norm, M, H, eps, p1, t, st);
+  if (w.o_bias) add_bias_rows(h_, false, w.o_bias, static_cast<size_t>(M), H, t, st);
+}
 
-  // MLP block.
+// Absorbed MLA (CpuStage::mla_attention): q (through q_a and its norm where q_lora_rank > 0),
+// the latent rows into the cache, the absorbed queries, MQA over the latent cache, each head's
+// values through W_UV, o_proj.
+void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens,
+                                    int group, int bucket, const int* pos_dev) {
+  const LayerShape& s = w.plan.shape;
+  const model::MlaShape& a = s.mla;
+  const DType t = cfg_.dtype;
+  cublasHandle_t hb = cublas_.get();
+  const int M = nb * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
+  const int qk = a.qk_nope + a.qk_rope, D = a.kv_lora_rank + a.qk_rope;
+  const float eps = static_cast<float>(s.rms_eps);
+  if (a.q_lora_rank > 0) {
+    linear(hb, mla_qa_, cuda_type(t), h_, w.q_a, t, M, a.q_lora_rank, H);
+    rmsnorm(mla_qa_, mla_qa_, w.q_a_norm, M, a.q_lora_rank, eps, false, t, st);
+    linear(hb, q_, cuda_type(t), mla_qa_, w.q_b, t, M, nh * qk, a.q_lora_rank);
+  } else {
+    linear(hb, q_, cuda_type(t), h_, w.q_b, t, M, nh * qk, H);
+  }
+  linear(hb, mla_kva_, cuda_type(t), h_, w.kv_a, t, M, D, H);
+  MlaCallShape ms = mla_call_shape(s, nb, tokens, pos, cfg_.max_context);
+  ms.pos0_dev = pos_dev;
+  void* cache = at(w.k_cache[group], static_cast<size_t>(b0) * cfg_.max_context * D);
+  const float* cos_t = rope_cos_[w.plan.rope];
+  const float* sin_t = rope_sin_[w.plan.rope];
+  mla_kv_cache_write(cache, mla_kva_, w.kv_a_norm, cos_t, sin_t, ms, t, st);
+  mla_absorb_queries(hb, mla_qabs_, q_, w.kv_b, cos_t, sin_t, ms, t, st);
+  mla_attention(hb, mla_olat_, mla_qabs_, cache, ms, plan_.mla_query_block, scores_, probs_, t, st,
+                tokens == 1 && bucket > 0 ? decode_plan_keys(bucket, 0) : 0);
+  mla_values(hb, attn_, mla_olat_, w.kv_b, ms, t, st);
+  linear(hb, h_, cuda_type(t), attn_, w.o, t, M, H, nh * a.v_head_dim);
+}
+
+void CudaStage::dense_mlp(const LayerWeights& w, cudaStream_t st, int M) {
+  const LayerShape& s = w.plan.shape;
+  const DType t = cfg_.dtype;
+  cublasHandle_t hb = cublas_.get();
+  const int H = static_cast<int>(hidden_), I = s.intermediate;
   linear(hb, gu_, cuda_type(t), h_, w.gate_up, t, M, 2 * I, H);
-  gated_activation(act_, gu_, M, I, s.act, t, st);
+  gated_activation(act_, gu_, M, I, s.act, t, st, static_cast<float>(s.swiglu_limit));
   linear(hb, h_, cuda_type(t), act_, w.down, t, M, H, I);
-  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel down_proj
-  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_feedforward_norm, M, H, eps, p1, t, st);
-  add_inplace(x, h_, static_cast<size_t>(M) * H, t, st);
+}
+
+// Routed experts over only the rows routed to each (CpuStage::moe_mlp), without a host round
+// trip: the router, the choice, the rows sorted by expert, two grouped GEMMs around the
+// activation, each token's weighted sum in expert order; then the shared experts added.
+void CudaStage::moe_mlp(const LayerWeights& w, cudaStream_t st, int M) {
+  const LayerShape& s = w.plan.shape;
+  const model::MoeShape& e = s.moe;
+  const DType t = cfg_.dtype;
+  const int H = static_cast<int>(hidden_), E = e.n_experts, k = e.top_k, Ie = e.expert_intermediate;
+  const int choices = M * k, tiles = moe_max_tiles(choices, E);
+  linear(cublas_.get(), moe_logits_, CUDA_R_32F, h_, w.router, t, M, E, H);
+  if (w.router_bias) add_bias_rows(moe_logits_, true, w.router_bias, static_cast<size_t>(M), E, t, st);
+  route_tokens(route_experts_, route_weights_, moe_logits_, M, e, w.correction, w.skew_log_p, w.skew_key, st);
+  moe_dispatch(dispatch_, route_experts_, M, k, E, w.expert_tokens, st);
+  moe_grouped_linear(moe_gu_, h_, /*gather=*/true, w.expert_gate_up, w.expert_gate_up_bias, dispatch_, 2 * Ie, H, tiles,
+                     t, st);
+  gated_activation(moe_act_, moe_gu_, static_cast<size_t>(choices), Ie, s.act, t, st, static_cast<float>(s.swiglu_limit));
+  moe_grouped_linear(moe_y_, moe_act_, /*gather=*/false, w.expert_down, w.expert_down_bias, dispatch_, H, Ie, tiles, t,
+                     st);
+  if (s.intermediate > 0) {  // shared experts: every token, then the routed sum added
+    moe_combine(moe_sum_, moe_y_, route_weights_, route_experts_, dispatch_, M, k, H, t, st);
+    dense_mlp(w, st, M);
+    add_inplace(h_, moe_sum_, static_cast<size_t>(M) * H, t, st);
+  } else {
+    moe_combine(h_, moe_y_, route_weights_, route_experts_, dispatch_, M, k, H, t, st);
+  }
+}
+
+std::vector<std::vector<int64_t>> CudaStage::expert_tokens() const {
+  std::vector<std::vector<int64_t>> rows;
+  for (const auto* ls : {&layers_, &mtp_layers_}) {
+    for (const LayerWeights& w : *ls) {
+      if (!w.expert_tokens) continue;
+      const size_t E = static_cast<size_t>(w.plan.shape.moe.n_experts);
+      std::vector<int64_t> row(E + 1);
+      row[0] = w.plan.layer;
+      CUDA_CHECK(cudaMemcpyAsync(row.data() + 1, w.expert_tokens, E * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                                 init_stream_.get()));
+      CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
 }
 
 double CudaStage::checksum() const {
@@ -706,6 +1164,11 @@ double CudaStage::checksum() const {
 
 void CudaStage::reset_checksum() {
   CUDA_CHECK(cudaMemsetAsync(checksum_dev_, 0, sizeof(double), init_stream_.get()));
+  for (const auto* ls : {&layers_, &mtp_layers_})
+    for (const LayerWeights& w : *ls)
+      if (w.expert_tokens)
+        CUDA_CHECK(cudaMemsetAsync(w.expert_tokens, 0, static_cast<size_t>(w.plan.shape.moe.n_experts) * sizeof(int64_t),
+                                   init_stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
 }
 

@@ -155,18 +155,23 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(float*
 
 // Napkin math: reads n_splits x (head_dim + 2) floats per (row, head): B=8 x 32 heads x 8
 // splits x 130 x 4 B = 1 MiB, ~1 µs: negligible beside the 67 MB the partials came from.
+// sinks (gpt-oss; null = none): the head's sink logit joins the max and the denominator once,
+// here, and attends to no value.
 template <typename T>
 __global__ void attention_combine_kernel(T* out, const float* o_part, const float* m_part, const float* l_part,
-                                         int head_dim, int n_splits) {
+                                         int head_dim, int n_splits, const float* sinks, int n_heads) {
   const size_t rh = blockIdx.x;  // row * n_heads + head
   const float* m = m_part + rh * n_splits;
   const float* l = l_part + rh * n_splits;
   float mx = -INFINITY;
   for (int s = 0; s < n_splits; ++s)
     if (l[s] > 0.0f) mx = fmaxf(mx, m[s]);
+  const float sink = sinks ? sinks[rh % n_heads] : 0.0f;
+  if (sinks) mx = fmaxf(mx, sink);
   float denom = 0.0f;
   for (int s = 0; s < n_splits; ++s)
     if (l[s] > 0.0f) denom += l[s] * __expf(m[s] - mx);
+  if (sinks) denom += __expf(sink - mx);
   const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float acc = 0.0f;
@@ -223,7 +228,7 @@ void attention_decode(void* out, const void* q, const void* k_cache, const void*
                                                                       static_cast<const T*>(v_cache), p);
     CUDA_CHECK(cudaGetLastError());
     attention_combine_kernel<T><<<static_cast<unsigned>(rows * s.n_heads), 128, 0, stream>>>(
-        static_cast<T*>(out), o_part, m_part, l_part, s.head_dim, p.n_splits);
+        static_cast<T*>(out), o_part, m_part, l_part, s.head_dim, p.n_splits, s.sinks, s.n_heads);
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -235,9 +240,10 @@ void attention_decode(void* out, const void* q, const void* k_cache, const void*
 // tokens in blocks of 512 averages 32 x 512 x 1280 x 10 B = 210 MB per block, 4 blocks
 // ~0.17 ms at 4.8 TB/s, beside 4 x 2 x 2048^2/2 x 128 x 32 = 69 GFLOP of tensor-core GEMMs
 // (~0.1 ms). A fused flash-attention kernel would save the score traffic (~10% of the layer).
+// sinks (gpt-oss; null = none): the row's head's sink logit joins the max and the sum.
 template <typename T>
 __global__ void prefill_softmax_kernel(T* probs, float* scores, int rows_per_head, int n, int ld, int p_first,
-                                       int k_begin, int window, float softcap) {
+                                       int k_begin, int window, float softcap, const float* sinks) {
   __shared__ float red[32];
   const size_t row = blockIdx.x;  // head * rows_per_head + r
   const int r = static_cast<int>(row % rows_per_head);
@@ -261,9 +267,12 @@ __global__ void prefill_softmax_kernel(T* probs, float* scores, int rows_per_hea
   __syncthreads();
   m = (threadIdx.x & 31) < static_cast<int>(blockDim.x >> 5) ? red[threadIdx.x & 31] : -INFINITY;
   m = warp_max(m);
+  const float sink = sinks ? sinks[row / rows_per_head] : 0.0f;
+  if (sinks) m = fmaxf(m, sink);
   float sum = 0.0f;
   for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) sum += __expf(s[j] - m);
   sum = block_sum(sum, red);
+  if (sinks) sum += __expf(sink - m);
   const float inv = 1.0f / sum;
   for (int j = threadIdx.x; j < ld; j += blockDim.x)
     out[j] = from_f32<T>(j >= lo && j <= hi ? __expf(s[j] - m) * inv : 0.0f);
@@ -310,7 +319,7 @@ void attention_prefill(cublasHandle_t handle, void* out, const void* q, const vo
       }
       PPB_DISPATCH_DTYPE(t, Tp,
                          prefill_softmax_kernel<Tp><<<static_cast<unsigned>(nh * tq), 256, 0, stream>>>(
-                             static_cast<Tp*>(probs), scores, tq, n, ld, p_first, k_begin, s.window, s.softcap));
+                             static_cast<Tp*>(probs), scores, tq, n, ld, p_first, k_begin, s.window, s.softcap, s.sinks));
       CUDA_CHECK(cudaGetLastError());
       for (int j = 0; j < group; ++j) {
         // out[h] (tq x hd, ld nh*hd) = P_h V_g; column-major: O' (hd x tq) = V_g' P_h'.

@@ -216,9 +216,14 @@ void add_inplace(void* x, const void* y, size_t n, DType t, cudaStream_t stream)
 // ---- gated MLP activation -------------------------------------------------------------------
 
 // Napkin math: 4 bytes read + 2 written per output (bf16), one exp or tanh: prefill 2048 x
-// 14336 = 29 M outputs, 176 MiB moved, ~40 µs (~1.5% of the layer's GEMM time).
+// 14336 = 29 M outputs, 176 MiB moved, ~40 µs (~1.5% of the layer's GEMM time). gpt-oss's
+// clamped SwiGLU adds two compares and an add per output: the same floor.
+namespace {
+enum class GatedAct : int { silu = 0, gelu_tanh = 1, swiglu_clamped = 2 };
+}  // namespace
+
 template <typename T>
-__global__ void gated_activation_kernel(T* out, const T* gate_up, size_t rows, int inter, bool gelu) {
+__global__ void gated_activation_kernel(T* out, const T* gate_up, size_t rows, int inter, GatedAct act, float limit) {
   const size_t n = rows * static_cast<size_t>(inter);
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -226,19 +231,30 @@ __global__ void gated_activation_kernel(T* out, const T* gate_up, size_t rows, i
     const size_t r = i / inter, c = i % inter;
     const float g = to_f32(gate_up[r * 2 * inter + c]);
     const float u = to_f32(gate_up[r * 2 * inter + inter + c]);
-    const float a = gelu ? 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) : g / (1.0f + expf(-g));
-    out[i] = from_f32<T>(a * u);
+    if (act == GatedAct::swiglu_clamped) {
+      // cpu::gated_activation's rule, its std::min / std::clamp comparisons included.
+      constexpr float kAlpha = 1.702f;  // GptOssExperts.alpha
+      const float gc = limit < g ? limit : g;
+      const float uc = u < -limit ? -limit : (limit < u ? limit : u);
+      out[i] = from_f32<T>((uc + 1.0f) * (gc / (1.0f + expf(-kAlpha * gc))));
+    } else {
+      const float a = act == GatedAct::gelu_tanh ? 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)))
+                                                 : g / (1.0f + expf(-g));
+      out[i] = from_f32<T>(a * u);
+    }
   }
 }
 
 void gated_activation(void* out, const void* gate_up, size_t rows, int inter, model::Activation act, DType t,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, float limit) {
   const size_t n = rows * static_cast<size_t>(inter);
   if (n == 0) return;
-  const bool gelu = act == model::Activation::gelu_tanh;
+  const GatedAct a = act == model::Activation::gelu_tanh        ? GatedAct::gelu_tanh
+                     : act == model::Activation::swiglu_clamped ? GatedAct::swiglu_clamped
+                                                                : GatedAct::silu;
   PPB_DISPATCH_DTYPE(t, T,
                      gated_activation_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(
-                         static_cast<T*>(out), static_cast<const T*>(gate_up), rows, inter, gelu));
+                         static_cast<T*>(out), static_cast<const T*>(gate_up), rows, inter, a, limit));
   CUDA_CHECK(cudaGetLastError());
 }
 
