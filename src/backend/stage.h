@@ -8,6 +8,7 @@
 
 #include "backend/dtype.h"
 #include "backend/lane.h"
+#include "model/model_spec.h"
 
 namespace ppb {
 
@@ -89,5 +90,12 @@ class StageExecutor {
   /// Decode forwards captured in CUDA graphs so far (0 on the CPU, or with cuda_graphs off).
   virtual size_t decode_graphs() const { return 0; }
 };
+
+/// Checks that a stage can build decoder layer `layer` of shape s in a model of hidden size
+/// `hidden` (every backend's rule): attention heads that group (n_kv_heads | n_heads, an even
+/// head_dim; MLA: qk_nope, v_head_dim >= 1, an even qk_rope >= 2), an MLP (intermediate >= 1; MoE:
+/// 1 <= top_k <= experts, expert_intermediate >= 1), hidden = the model's.
+/// @throws ppb::UserError naming the layer and every size.
+void check_stage_layer(const model::LayerShape& s, int hidden, int layer);
 
 }  // namespace ppb

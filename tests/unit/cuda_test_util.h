@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
@@ -108,5 +110,40 @@ class DBuf {
 inline fvec rounded(const fvec& v, DType t) { return DBuf::from(v, t).host(); }
 
 inline void sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
+/// An attention call's shape: GQA heads over a cache of ctx positions, T new tokens at pos0.
+struct AttnCase {
+  const char* name;
+  int batch, tokens, pos0, ctx, nh, nkv, hd, window;
+  float softcap;
+};
+
+/// The cpu::AttentionShape of a case (scale 1/sqrt(head_dim), no sinks).
+inline ppb::cpu::AttentionShape attention_shape_of(const AttnCase& c) {
+  ppb::cpu::AttentionShape s;
+  s.batch = c.batch;
+  s.tokens = c.tokens;
+  s.pos0 = c.pos0;
+  s.max_context = c.ctx;
+  s.n_heads = c.nh;
+  s.n_kv_heads = c.nkv;
+  s.head_dim = c.hd;
+  s.window = c.window;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  s.softcap = c.softcap;
+  return s;
+}
+
+/// The gate and up halves [rows, inter] of a fused gate|up GEMM output [rows, 2 inter] (the
+/// CUDA gated_activation's input; the CPU twin takes them apart).
+inline std::pair<fvec, fvec> split_gate_up(const fvec& gu, size_t rows, int inter) {
+  fvec gate(rows * inter), up(rows * inter);
+  for (size_t r = 0; r < rows; ++r)
+    for (int i = 0; i < inter; ++i) {
+      gate[r * inter + i] = gu[r * 2 * inter + i];
+      up[r * inter + i] = gu[r * 2 * inter + inter + i];
+    }
+  return {gate, up};
+}
 
 }  // namespace ppb_cuda_test

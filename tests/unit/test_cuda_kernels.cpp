@@ -146,12 +146,7 @@ TEST(CudaKernels, AddAndGatedActivation) {
     EXPECT_LT(rel_err(da.host(), ref), tol(t, 1e-7));
 
     const fvec gu = rounded(random_floats(rows * 2 * I, 7, -5, 5), t);
-    fvec gate(rows * I), up(rows * I);
-    for (size_t r = 0; r < rows; ++r)
-      for (int i = 0; i < I; ++i) {
-        gate[r * I + i] = gu[r * 2 * I + i];
-        up[r * I + i] = gu[r * 2 * I + I + i];
-      }
+    const auto [gate, up] = split_gate_up(gu, rows, I);
     DBuf dgu = DBuf::from(gu, t), dout(rows * I, t);
     for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
       cu::gated_activation(dout.get(), dgu.get(), rows, I, act, t, nullptr);
@@ -244,29 +239,13 @@ TEST(CudaKernels, LinearMatchesSgemm) {
   }
 }
 
-struct AttnCase {
-  const char* name;
-  int batch, tokens, pos0, ctx, nh, nkv, hd, window;
-  float softcap;
-};
-
 /// Runs attention_decode (tokens small) or attention_prefill on a random cache and compares
 /// with cpu::attention. Decode: plan_keys > 0 plans the grid for that many keys (a context
 /// bucket's); host_pos0 >= 0 puts c.pos0 in device memory for the kernel and tells the host
 /// host_pos0 instead, as a CUDA graph replayed at another position of its bucket does.
 void check_attention(const AttnCase& c, DType t, bool prefill, int query_block, int plan_keys = 0,
                      int host_pos0 = -1) {
-  cpu::AttentionShape s;
-  s.batch = c.batch;
-  s.tokens = c.tokens;
-  s.pos0 = c.pos0;
-  s.max_context = c.ctx;
-  s.n_heads = c.nh;
-  s.n_kv_heads = c.nkv;
-  s.head_dim = c.hd;
-  s.window = c.window;
-  s.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-  s.softcap = c.softcap;
+  const cpu::AttentionShape s = attention_shape_of(c);
   const size_t nq = static_cast<size_t>(c.nh) * c.hd, nk = static_cast<size_t>(c.nkv) * c.hd;
   const fvec q = rounded(random_floats(static_cast<size_t>(c.batch) * c.tokens * nq, 30, -2, 2), t);
   fvec kc = rounded(random_floats(static_cast<size_t>(c.batch) * c.ctx * nk, 31, -2, 2), t);

@@ -244,25 +244,11 @@ TEST(CudaMla, BlockMatchesCpuTwinPrefillThenDecode) {
 
 // ---- attention sinks (gpt-oss) --------------------------------------------------------------------
 
-struct SinkCase {
-  const char* name;
-  int batch, tokens, pos0, ctx, nh, nkv, hd, window;
-};
-
 /// attention_decode (prefill = false) or attention_prefill with s.sinks against cpu::attention
 /// with the same sinks. Tolerance: the existing attention tests' (tol(t, 2e-5)): the sink adds
 /// one exp to each row's denominator and nothing to its rounding chain.
-void check_sinks(const SinkCase& c, DType t, bool prefill) {
-  cpu::AttentionShape s;
-  s.batch = c.batch;
-  s.tokens = c.tokens;
-  s.pos0 = c.pos0;
-  s.max_context = c.ctx;
-  s.n_heads = c.nh;
-  s.n_kv_heads = c.nkv;
-  s.head_dim = c.hd;
-  s.window = c.window;
-  s.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+void check_sinks(const AttnCase& c, DType t, bool prefill) {
+  const cpu::AttentionShape s = attention_shape_of(c);
   const size_t nq = static_cast<size_t>(c.nh) * c.hd, nk = static_cast<size_t>(c.nkv) * c.hd;
   const fvec q = rounded(random_floats(static_cast<size_t>(c.batch) * c.tokens * nq, 70, -2, 2), t);
   const fvec kc = rounded(random_floats(static_cast<size_t>(c.batch) * c.ctx * nk, 71, -2, 2), t);
@@ -304,25 +290,25 @@ void check_sinks(const SinkCase& c, DType t, bool prefill) {
 
 TEST(CudaAttentionSinks, DecodeMatchesCpu) {
   REQUIRE_GPU();
-  const SinkCase cases[] = {
-      {"gqa_short", 3, 1, 6, 16, 8, 2, 64, 0},
-      {"gqa_long_splits", 2, 1, 1500, 1600, 8, 2, 64, 0},  // several chunks: the sink joins once
-      {"window", 2, 1, 900, 1000, 8, 2, 64, 128},
-      {"two_tokens_window", 2, 2, 50, 64, 4, 2, 32, 7},
+  const AttnCase cases[] = {
+      {"gqa_short", 3, 1, 6, 16, 8, 2, 64, 0, 0.0f},
+      {"gqa_long_splits", 2, 1, 1500, 1600, 8, 2, 64, 0, 0.0f},  // several chunks: the sink joins once
+      {"window", 2, 1, 900, 1000, 8, 2, 64, 128, 0.0f},
+      {"two_tokens_window", 2, 2, 50, 64, 4, 2, 32, 7, 0.0f},
   };
   for (DType t : kDTypes)
-    for (const SinkCase& c : cases) check_sinks(c, t, /*prefill=*/false);
+    for (const AttnCase& c : cases) check_sinks(c, t, /*prefill=*/false);
 }
 
 TEST(CudaAttentionSinks, PrefillMatchesCpu) {
   REQUIRE_GPU();
-  const SinkCase cases[] = {
-      {"gqa_from_zero", 2, 37, 0, 40, 8, 2, 64, 0},
-      {"gqa_after_cache", 2, 20, 13, 40, 8, 2, 64, 0},
-      {"window", 2, 60, 3, 64, 8, 2, 32, 9},
+  const AttnCase cases[] = {
+      {"gqa_from_zero", 2, 37, 0, 40, 8, 2, 64, 0, 0.0f},
+      {"gqa_after_cache", 2, 20, 13, 40, 8, 2, 64, 0, 0.0f},
+      {"window", 2, 60, 3, 64, 8, 2, 32, 9, 0.0f},
   };
   for (DType t : kDTypes)
-    for (const SinkCase& c : cases) check_sinks(c, t, /*prefill=*/true);
+    for (const AttnCase& c : cases) check_sinks(c, t, /*prefill=*/true);
 }
 
 // ---- MTP input --------------------------------------------------------------------------------

@@ -460,12 +460,7 @@ TEST(CudaMoe, GatedActivationSwigluClamped) {
   const float limit = 0.7f;  // inputs in [-2, 2]: both clamps active
   for (DType t : kDTypes) {
     const fvec gu = rounded(random_floats(rows * 2 * I, 8, -2.0f, 2.0f), t);
-    fvec gate(rows * I), up(rows * I);
-    for (size_t r = 0; r < rows; ++r)
-      for (int i = 0; i < I; ++i) {
-        gate[r * I + i] = gu[r * 2 * I + i];
-        up[r * I + i] = gu[r * 2 * I + I + i];
-      }
+    const auto [gate, up] = split_gate_up(gu, rows, I);
     DBuf dgu = DBuf::from(gu, t), dout(rows * I, t);
     cu::gated_activation(dout.get(), dgu.get(), rows, I, Activation::swiglu_clamped, t, nullptr, limit);
     ppb_cuda_test::sync();

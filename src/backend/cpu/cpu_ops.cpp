@@ -318,15 +318,22 @@ std::vector<double> expert_popularity_log_p(int n_experts, double A, uint64_t ke
   return log_p;
 }
 
-void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
-                  const float* correction, const RouteSkew* skew) {
+void check_route_shape(const model::MoeShape& moe, bool has_correction) {
   const int E = moe.n_experts, k = moe.top_k;
   if (E < 1 || k < 1 || k > E) throw InternalError("route_tokens: need 1 <= top_k <= n_experts");
   const bool grouped = moe.router == model::RouterKind::sigmoid_grouped;
   const int G = grouped ? moe.n_group : 1;
-  if (G < 1 || E % G != 0 || (grouped && (moe.topk_group < 1 || moe.topk_group > G || correction == nullptr)))
+  if (G < 1 || E % G != 0 || (grouped && (moe.topk_group < 1 || moe.topk_group > G || !has_correction)))
     throw InternalError("route_tokens: sigmoid_grouped needs n_group | n_experts, 1 <= topk_group <= n_group "
                         "and the correction bias");
+}
+
+void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
+                  const float* correction, const RouteSkew* skew) {
+  check_route_shape(moe, correction != nullptr);
+  const int E = moe.n_experts, k = moe.top_k;
+  const bool grouped = moe.router == model::RouterKind::sigmoid_grouped;
+  const int G = grouped ? moe.n_group : 1;
   std::vector<double> score(E), choice(E);
   std::vector<int> order(E);
   const double neg_inf = -std::numeric_limits<double>::infinity();

@@ -120,6 +120,10 @@ void gated_activation(float* out, const float* gate, const float* up, size_t n, 
 /// log_p[e] + g_e, g_e = -ln(-ln u_e), u_e a hash of `key`, the token's logits' bits and e: so
 /// deterministic, different per token, equal on every rank and run), with the router's own weights
 /// for the chosen experts (renormalised and scaled as the config says); no group limit.
+/// The shape checks of route_tokens (every backend's router): 1 <= top_k <= n_experts; for
+/// sigmoid_grouped n_group | n_experts, 1 <= topk_group <= n_group and a correction bias.
+/// @throws ppb::InternalError (a shape the config parser would have refused).
+void check_route_shape(const model::MoeShape& moe, bool has_correction);
 struct RouteSkew {
   const double* log_p = nullptr;
   uint64_t key = 0;

@@ -405,14 +405,11 @@ void check_dispatch_shape(int choices, int n_experts, const char* who) {
 
 void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
                   const float* correction, const double* skew_log_p, uint64_t skew_key, cudaStream_t stream) {
-  const int E = moe.n_experts, k = moe.top_k;
   // cpu::route_tokens' checks, then this kernel's own limits.
-  if (E < 1 || k < 1 || k > E) throw InternalError("route_tokens: need 1 <= top_k <= n_experts");
+  cpu::check_route_shape(moe, correction != nullptr);
+  const int E = moe.n_experts, k = moe.top_k;
   const bool grouped = moe.router == model::RouterKind::sigmoid_grouped;
   const int G = grouped ? moe.n_group : 1;
-  if (G < 1 || E % G != 0 || (grouped && (moe.topk_group < 1 || moe.topk_group > G || correction == nullptr)))
-    throw InternalError("route_tokens: sigmoid_grouped needs n_group | n_experts, 1 <= topk_group <= n_group "
-                        "and the correction bias");
   if (k > kMaxTopK || E > kRouteMaxExperts)
     throw InternalError("route_tokens: the CUDA router supports top_k <= " + std::to_string(kMaxTopK) +
                         " and n_experts <= " + std::to_string(kRouteMaxExperts) + " (got " + std::to_string(k) +
