@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "scratch_dir.h"
 #include "results/h5.h"
 
 namespace {
@@ -21,11 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-std::string temp_dir() {
-  fs::path d = fs::temp_directory_path() / ("ppbench_faults_" + std::to_string(getpid()));
-  fs::create_directories(d);
-  return d.string();
-}
+std::string temp_dir() { return ppb_test::scratch_dir("ppbench_faults_"); }
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

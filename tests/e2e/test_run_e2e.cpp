@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 
+#include "scratch_dir.h"
 #include "common/host_conditions.h"
 #include "common/stats.h"
 #include "results/h5.h"
@@ -49,11 +50,7 @@ std::string mpirun(int np) {
   return "mpirun --oversubscribe -np " + std::to_string(np) + " " PPBENCH_BIN " run --target-ci 0 ";
 }
 
-std::string temp_dir() {
-  fs::path d = fs::temp_directory_path() / ("ppbench_e2e_" + std::to_string(getpid()));
-  fs::create_directories(d);
-  return d.string();
-}
+std::string temp_dir() { return ppb_test::scratch_dir("ppbench_e2e_"); }
 
 /// Checks the DESIGN.md §4 layout and the values that must hold in any valid run.
 void check_file(const std::string& path, int world, int units, int B, int P, int G, int M,
