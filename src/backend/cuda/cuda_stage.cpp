@@ -610,10 +610,10 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
     w.kv_b = proj(nh * (a.qk_nope + a.v_head_dim), L, u, Tensor::kv_b_proj);
     w.o = proj(H, nh * a.v_head_dim, u, Tensor::o_proj);
     for (int g = 0; g < cfg_.groups; ++g) {
-      // Zeroed: a decode graph's attention spans its whole context bucket and masks the keys past
-      // the position, which must then be finite (0 x NaN would reach the output).
+      // Zeroed at allocation (DeviceMemory), as it must be: a decode graph's attention spans its
+      // whole context bucket and masks the keys past the position, which must then be finite
+      // (0 x NaN would reach the output).
       void* c = alloc_elems(B * ctx * D);
-      CUDA_CHECK(cudaMemsetAsync(c, 0, B * ctx * D * dt_, init_stream_.get()));
       w.k_cache.push_back(c);
       w.v_cache.push_back(c);
     }
@@ -687,8 +687,7 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
         bias_weights(H, u, expert_tensor(Tensor::expert_down_bias, x), at(w.expert_down_bias, xi * H));
       }
     }
-    w.expert_tokens = static_cast<int64_t*>(alloc(E * sizeof(int64_t)));
-    CUDA_CHECK(cudaMemsetAsync(w.expert_tokens, 0, E * sizeof(int64_t), init_stream_.get()));
+    w.expert_tokens = static_cast<int64_t*>(alloc(E * sizeof(int64_t)));  // zeroed (DeviceMemory)
     if (cfg_.expert_skew > 0.0) {
       w.skew_key = weight_key(cfg_.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
       const std::vector<double> log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
