@@ -852,14 +852,11 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
         const bool last = s == S - 1;
         if (S == 1) continue;  // one stage: no transfer at all (the token stays on its device)
         // The run's own links on several nodes: each boundary's (balance::node_pair_links).
-        const size_t R = run.ranks.size();
-        const size_t pair = s < static_cast<int>(pr.device_rank.size()) && R > 0
-                                ? static_cast<size_t>(pr.device_rank[s]) * R + pr.device_rank[(s + 1) % S]
-                                : SIZE_MAX;
+        const auto pair = s < static_cast<int>(pr.device_rank.size()) && run_link
+                              ? pair_links.measured(pr.device_rank[s], pr.device_rank[(s + 1) % S], run.ranks.size())
+                              : std::nullopt;
         auto send = [&](double bytes) {
-          if (run_link && pair < pair_links.latency_s.size() && !std::isnan(pair_links.latency_s[pair]))
-            return pair_links.latency_s[pair] * 1e3 + bytes / pair_links.bandwidth_Bps[pair] * 1e3;
-          return xfer(bytes);
+          return pair ? balance::link_transfer_ms(pair->first, pair->second, bytes) : xfer(bytes);
         };
         // A sender of a tensor-parallel stage narrower than the next sends one copy per receiver.
         const int copies = s < static_cast<int>(pr.handoff_copies.size()) ? std::max(1, pr.handoff_copies[s]) : 1;

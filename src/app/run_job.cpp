@@ -665,8 +665,10 @@ class RunJob {
     const auto names = mpi_.gather_strings(device_->name());
     const auto buses = mpi_.gather_strings(device_->bus_id());
     const auto local = mpi_.gatherv_ints({mpi_.local_rank()});
-    if (root_)
+    if (root_) {
       for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
+      pair_links_ = balance::node_pair_links(run_);  // the simulator's, once (the links do not change)
+    }
     record_conditions();
     // Device classes: ranks with the same class are identical devices (rank_device_classes). Decided
     // on rank 0, which holds every rank's record, and broadcast: every rank tells the same splits
@@ -1912,8 +1914,6 @@ class RunJob {
   void add_simulated_metrics(const balance::Partition& p, PartitionRecord& pr, double measured_decode_tok_s) const {
     const int S = p.num_stages();
     std::vector<balance::SimStage> st(S);
-    // On several nodes each boundary's own link (the balancer's: balance::node_pair_links).
-    const balance::PairLinks links = balance::node_pair_links(run_);
     for (int k = 0; k < S; ++k) {
       st[k].prefill_ms = pr.predicted_phase_ms[2 * k];
       st[k].decode_ms = pr.predicted_phase_ms[2 * k + 1];
@@ -1927,13 +1927,10 @@ class RunJob {
         const double bytes = last_stage ? 4.0 * opt_.batch
                                         : double(model::boundary_bytes(spec_, p.last_unit[k], opt_.batch, tokens,
                                                                        dtype_bytes(dtype_)));
-        double lat = link_latency_s_, bw = link_bandwidth_Bps_;
-        const size_t pair = static_cast<size_t>(p.device_rank[k]) * S_ + p.device_rank[next];
-        if (pair < links.latency_s.size() && !std::isnan(links.latency_s[pair])) {
-          lat = links.latency_s[pair];
-          bw = links.bandwidth_Bps[pair];
-        }
-        return copies * 1e3 * (lat + (bw > 0 ? bytes / bw : 0.0));
+        // On several nodes each boundary's own link (the balancer's), else the run's one link.
+        const auto [lat, bw] = pair_links_.measured(p.device_rank[k], p.device_rank[next], static_cast<size_t>(S_))
+                                   .value_or(std::make_pair(link_latency_s_, link_bandwidth_Bps_));
+        return copies * balance::link_transfer_ms(lat, bw, bytes);
       };
       st[k].send_prefill_ms = xfer_ms(opt_.prompt_len);
       st[k].send_decode_ms = xfer_ms(1);
@@ -2018,6 +2015,7 @@ class RunJob {
   std::vector<double> memory_limits_;  ///< [R] every rank's, gathered
   std::vector<double> offsets_;        ///< [R] clock offsets to rank 0, s
   double link_latency_s_ = 0.0, link_bandwidth_Bps_ = 0.0;
+  balance::PairLinks pair_links_;  ///< rank 0: each pair's link on several nodes (empty on one)
   Watchdog watchdog_;  ///< last: see the constructor
 };
 

@@ -94,6 +94,17 @@ PairLinks node_pair_links(const RunRecord& run) {
   return out;
 }
 
+std::optional<std::pair<double, double>> PairLinks::measured(int from, int to, size_t ranks) const {
+  if (from < 0 || to < 0 || static_cast<size_t>(from) >= ranks || static_cast<size_t>(to) >= ranks) return std::nullopt;
+  const size_t pair = static_cast<size_t>(from) * ranks + static_cast<size_t>(to);
+  if (pair >= latency_s.size() || pair >= bandwidth_Bps.size() || std::isnan(latency_s[pair])) return std::nullopt;
+  return std::make_pair(latency_s[pair], bandwidth_Bps[pair]);
+}
+
+double link_transfer_ms(double latency_s, double bandwidth_Bps, double bytes) {
+  return 1e3 * (latency_s + (bandwidth_Bps > 0 ? bytes / bandwidth_Bps : 0.0));
+}
+
 BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   const ProfileTable& t = run.profile;
   const WorkloadInfo& w = run.workload;

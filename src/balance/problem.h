@@ -6,7 +6,9 @@
 // Pure C++ (no MPI, device or HDF5): depends on model-free data only.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "balance/solver.h"
 #include "results/run_record.h"
@@ -54,8 +56,16 @@ int dtype_size(const std::string& dtype);
 /// every boundary, as before the matrix.
 struct PairLinks {
   std::vector<double> latency_s, bandwidth_Bps;
+  /// The link from rank `from` to rank `to` of `ranks` ranks, {latency s, bandwidth B/s}, where
+  /// measured; nullopt where not (NaN, a rank out of range, or no matrix: one node), and the
+  /// caller's one link serves. The one lookup of the run's and the offline simulators.
+  std::optional<std::pair<double, double>> measured(int from, int to, size_t ranks) const;
 };
 PairLinks node_pair_links(const RunRecord& run);
+
+/// ms to send `bytes` as one message over a link of `latency_s` and `bandwidth_Bps` (<= 0:
+/// latency only): 1e3 (latency + bytes / bandwidth), the simulators' transfer model.
+double link_transfer_ms(double latency_s, double bandwidth_Bps, double bytes);
 
 /// The balancer's problem of `run` for objective `o`:
 ///  - cost [R][U] = objective_cost of each rank's own profile row (/profile/latency_ms);

@@ -948,6 +948,17 @@ TEST_F(OfflineTest, PairLinksArePerPairOfNodes) {
       EXPECT_DOUBLE_EQ(links.bandwidth_Bps[a * 4 + b], 1.15e8) << a << " " << b;  // median of the four
       EXPECT_DOUBLE_EQ(links.latency_s[b * 4 + a], 5.5e-5) << a << " " << b;
     }
+  // The simulators' lookup: a measured pair's link, nothing where the matrix has none (a rank
+  // with itself, a rank out of range), and the transfer over it.
+  const auto l12 = links.measured(1, 2, 4);
+  ASSERT_TRUE(l12.has_value());
+  EXPECT_DOUBLE_EQ(l12->second, 1.15e8);
+  EXPECT_DOUBLE_EQ(l12->first, links.latency_s[1 * 4 + 2]);
+  EXPECT_FALSE(links.measured(2, 2, 4).has_value());
+  EXPECT_FALSE(links.measured(0, 4, 4).has_value());
+  EXPECT_FALSE(balance::PairLinks{}.measured(0, 1, 2).has_value());
+  EXPECT_DOUBLE_EQ(balance::link_transfer_ms(l12->first, l12->second, 1.15e6), 1e3 * l12->first + 10.0);
+  EXPECT_DOUBLE_EQ(balance::link_transfer_ms(2e-6, 0.0, 1e9), 2e-3);  // no bandwidth: latency only
   const balance::BalanceProblem p = balance::problem_from_run(run, o);
   ASSERT_EQ(p.pair_bandwidth_GBps.size(), 16u);
   EXPECT_DOUBLE_EQ(p.pair_bandwidth_GBps[1 * 4 + 2], 0.115);
