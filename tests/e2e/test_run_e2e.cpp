@@ -419,8 +419,10 @@ TEST(RunE2E, TinyGemma3FourRanksAllPartitions) {
 /// and 4 ranks, validated (pipelined == serialized), with its dense and MoE signatures in the
 /// file; the DeepSeek-V3-shaped one (3 dense layers, then MoE layers with MLA) on 4 ranks with its
 /// MTP module after the head (--mtp), where the balancer gives the last stage fewer layers than
-/// the uniform split does (its head+mtp unit costs about two layers) and the first stage more
-/// (its dense layers and embed cost less than MoE layers).
+/// the uniform split does (its head+mtp unit costs about two layers), never fewer to the first
+/// (its dense layers and embed cost less than MoE layers: usually more, but on a busy 2-core
+/// machine the profiled gap can fall within a unit's noise, and one fresh-clone CI run got 4 and
+/// 4), and a predicted bottleneck no worse than uniform's on the run's own profile.
 TEST(RunE2E, MixtureOfExpertsArchitecturesRunValidated) {
   for (const char* name : {"mixtral", "qwen3-moe", "deepseek-v3", "gpt-oss"}) {
     for (int np : {2, 4}) {
@@ -447,7 +449,12 @@ TEST(RunE2E, MixtureOfExpertsArchitecturesRunValidated) {
       ASSERT_EQ(bal.size(), 4u);
       const int64_t U = static_cast<int64_t>(units.size());
       EXPECT_LT(U - bal[3], U - uni[3]) << "last stage: balanced " << U - bal[3] << " units, uniform " << U - uni[3];
-      EXPECT_GT(bal[1], uni[1]) << "first stage: balanced " << bal[1] << " units, uniform " << uni[1];
+      EXPECT_GE(bal[1], uni[1]) << "first stage: balanced " << bal[1] << " units, uniform " << uni[1];
+      auto predicted_bottleneck = [&](const std::string& part) {
+        const auto ms = root.open_group("partitions/" + part).open_dataset("predicted_stage_ms").read<double>();
+        return *std::max_element(ms.begin(), ms.end());
+      };
+      EXPECT_LE(predicted_bottleneck("balanced"), predicted_bottleneck("uniform"));
     }
   }
 }

@@ -6,7 +6,8 @@
 // enqueues on `stream`, checks the launch (CUDA_CHECK(cudaGetLastError())) and returns at once.
 // Layouts are the CPU twins' (row-major; a token row of heads is [n_heads, head_dim]).
 //
-// tests/unit/test_cuda_kernels.cpp runs each launcher against its twin on random data.
+// tests/unit/test_cuda_kernels.cpp, test_cuda_moe.cpp and test_cuda_mla.cpp run each launcher against
+// its twin on random data.
 #pragma once
 
 #include <cublas_v2.h>
