@@ -75,6 +75,27 @@ __device__ V block_sum(V v, V* shared) {
   return warp_sum(total);
 }
 
+/// dst[j] = src[j] / rms(src) * w[j] (w[j] + 1 where plus_one) for j < dim: cpu::rmsnorm of one
+/// row by one block (blockDim.x a multiple of 32), the sum of squares in fp32 (block_sum's fixed
+/// order). dst may be src. `shared` holds >= 32 floats. Every thread of the block must call it.
+template <typename T>
+__device__ void rmsnorm_row(T* dst, const T* src, const T* w, int dim, float eps, bool plus_one, float* shared) {
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+    const float v = to_f32(src[j]);
+    ss += v * v;
+  }
+  ss = block_sum(ss, shared);  // every thread has read its values before any writes (in place)
+  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+    const float g = plus_one ? 1.0f + to_f32(w[j]) : to_f32(w[j]);
+    dst[j] = from_f32<T>(to_f32(src[j]) * inv * g);
+  }
+}
+
+/// Threads per block of a row kernel (RMSNorm and its fusions) over rows of `dim` values.
+inline int norm_block(int dim) { return dim >= 2048 ? 512 : (dim >= 512 ? 256 : 128); }
+
 /// Grid size for a grid-stride loop over n elements.
 inline unsigned grid_for(size_t n, int block, unsigned cap = 65535u * 8u) {
   const size_t g = (n + static_cast<size_t>(block) - 1) / static_cast<size_t>(block);

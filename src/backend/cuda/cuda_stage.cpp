@@ -146,6 +146,53 @@ cpu::AttentionShape attention_shape(const LayerShape& s, int batch, int tokens, 
   return a;
 }
 
+/// The scratch of the stage's layer passes (make_plan's layers and MTP layers, their sizes in
+/// p): activations of plan rows, prefill attention's scores within kScoresBudgetBytes, decode
+/// attention's partials, MLA's and MoE's buffers. Sets p.query_block, p.mla_query_block,
+/// p.scores_elems and p.decode_floats. Bytes; 0 for a stage without layers.
+size_t layer_scratch_bytes(StagePlan& p, const StageConfig& cfg, size_t H, size_t dt, int max_heads) {
+  if (p.layers.empty() && p.mtp_layers.empty()) return 0;
+  const size_t B = static_cast<size_t>(cfg.batch);
+  const int per_seq = std::min(cfg.max_context, p.rows);
+  const size_t keys = static_cast<size_t>(round_up(cfg.max_context, 8));
+  // Prefill attention's scores and probabilities within kScoresBudgetBytes: query rows per
+  // block of one sequence's heads (GQA), or MLA's query tokens of every sequence and head.
+  // (MLA's block holds every sequence and head: it may fall to one query token, decode's size.)
+  auto block_rows = [&](size_t per_row, size_t floor_rows) {
+    int qb = static_cast<int>(std::max<size_t>(floor_rows, kScoresBudgetBytes / std::max<size_t>(per_row, 1)));
+    qb = std::min(qb, per_seq);
+    if (qb > 64) qb = qb / 64 * 64;
+    return std::max(qb, 1);
+  };
+  p.query_block = block_rows(static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 16);
+  p.mla_query_block = block_rows(B * static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 1);
+  for (const auto* layers : {&p.layers, &p.mtp_layers}) {
+    for (const StagePlan::Layer& l : *layers) {
+      if (l.shape.is_mla()) {
+        const MlaCallShape ms = mla_call_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
+        p.scores_elems = std::max(p.scores_elems, mla_attention_scratch_elems(ms, p.mla_query_block));
+      } else {
+        const cpu::AttentionShape a = attention_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
+        p.scores_elems = std::max(p.scores_elems, attention_prefill_scratch_elems(a, p.query_block));
+        p.decode_floats = std::max(p.decode_floats, attention_decode_scratch_floats(a));
+      }
+    }
+  }
+  const size_t R = static_cast<size_t>(p.rows);
+  size_t scratch = R * dt * (H + p.max_qkv + 2 * p.max_q + 3 * p.max_inter);
+  scratch += R * dt * (p.max_mla_qa + p.max_mla_kva + p.max_mla_qabs + p.max_mla_olat);
+  scratch += p.scores_elems * (sizeof(float) + dt) + p.decode_floats * sizeof(float);
+  if (p.max_experts > 0) {
+    // Router logits (fp32), the choices (experts, weights), the dispatch, the routed rows'
+    // gate|up, activation and output, the routed sum.
+    const size_t choices = R * p.max_top_k;
+    scratch += R * p.max_experts * sizeof(float) + choices * (sizeof(int32_t) + sizeof(float)) +
+               moe_dispatch_bytes(static_cast<int>(choices), static_cast<int>(p.max_experts)) + 256;
+    scratch += choices * dt * (3 * p.max_expert_inter + H) + R * H * dt;
+  }
+  return scratch;
+}
+
 StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
   if (first < 0 || last < first || last >= m.num_units()) {
     throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
@@ -266,46 +313,7 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
   }
   p.rows = static_cast<int>(std::min<size_t>(B * ctx, std::max<size_t>(B, kMaxChunkRows)));
   size_t scratch = B * ctx * H * dt + kCublasWorkspaceBytes + rope_bytes + scratch_fixed + 64;
-  if (!p.layers.empty() || !p.mtp_layers.empty()) {
-    std::vector<const StagePlan::Layer*> all;
-    for (const auto* v : {&p.layers, &p.mtp_layers})
-      for (const StagePlan::Layer& l : *v) all.push_back(&l);
-    const int per_seq = std::min(cfg.max_context, p.rows);
-    const size_t keys = static_cast<size_t>(round_up(cfg.max_context, 8));
-    // Prefill attention's scores and probabilities within kScoresBudgetBytes: query rows per
-    // block of one sequence's heads (GQA), or MLA's query tokens of every sequence and head.
-    // (MLA's block holds every sequence and head: it may fall to one query token, decode's size.)
-    auto block_rows = [&](size_t per_row, size_t floor_rows) {
-      int qb = static_cast<int>(std::max<size_t>(floor_rows, kScoresBudgetBytes / std::max<size_t>(per_row, 1)));
-      qb = std::min(qb, per_seq);
-      if (qb > 64) qb = qb / 64 * 64;
-      return std::max(qb, 1);
-    };
-    p.query_block = block_rows(static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 16);
-    p.mla_query_block = block_rows(B * static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 1);
-    for (const StagePlan::Layer* l : all) {
-      if (l->shape.is_mla()) {
-        const MlaCallShape ms = mla_call_shape(l->shape, cfg.batch, 1, 0, cfg.max_context);
-        p.scores_elems = std::max(p.scores_elems, mla_attention_scratch_elems(ms, p.mla_query_block));
-      } else {
-        const cpu::AttentionShape a = attention_shape(l->shape, cfg.batch, 1, 0, cfg.max_context);
-        p.scores_elems = std::max(p.scores_elems, attention_prefill_scratch_elems(a, p.query_block));
-        p.decode_floats = std::max(p.decode_floats, attention_decode_scratch_floats(a));
-      }
-    }
-    const size_t R = static_cast<size_t>(p.rows);
-    scratch += R * dt * (H + p.max_qkv + 2 * p.max_q + 3 * p.max_inter);
-    scratch += R * dt * (p.max_mla_qa + p.max_mla_kva + p.max_mla_qabs + p.max_mla_olat);
-    scratch += p.scores_elems * (sizeof(float) + dt) + p.decode_floats * sizeof(float);
-    if (p.max_experts > 0) {
-      // Router logits (fp32), the choices (experts, weights), the dispatch, the routed rows'
-      // gate|up, activation and output, the routed sum.
-      const size_t choices = R * p.max_top_k;
-      scratch += R * p.max_experts * sizeof(float) + choices * (sizeof(int32_t) + sizeof(float)) +
-                 moe_dispatch_bytes(static_cast<int>(choices), static_cast<int>(p.max_experts)) + 256;
-      scratch += choices * dt * (3 * p.max_expert_inter + H) + R * H * dt;
-    }
-  }
+  scratch += layer_scratch_bytes(p, cfg, H, dt, max_heads);
   if (p.has_head) scratch += B * H * dt + B * p.vocab_local * sizeof(float);
   // --mtp: the modules' input rows [B x context, 2H] and the draft tokens [B].
   if (!p.mtp_layers.empty()) scratch += B * ctx * 2 * H * dt + B * sizeof(int32_t);

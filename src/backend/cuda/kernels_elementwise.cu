@@ -137,25 +137,13 @@ template <typename T>
 __global__ void rmsnorm_kernel(T* out, const T* x, const T* w, int dim, float eps, bool plus_one) {
   __shared__ float red[32];
   const size_t r = blockIdx.x;
-  const T* xr = x + r * dim;
-  T* yr = out + r * dim;
-  float ss = 0.0f;
-  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-    const float v = to_f32(xr[j]);
-    ss += v * v;
-  }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
-  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-    const float g = plus_one ? 1.0f + to_f32(w[j]) : to_f32(w[j]);
-    yr[j] = from_f32<T>(to_f32(xr[j]) * inv * g);
-  }
+  rmsnorm_row(out + r * dim, x + r * dim, w, dim, eps, plus_one, red);
 }
 
 void rmsnorm(void* out, const void* x, const void* w, size_t rows, int dim, float eps, bool plus_one, DType t,
              cudaStream_t stream) {
   if (rows == 0) return;
-  const int block = dim >= 2048 ? 512 : (dim >= 512 ? 256 : 128);
+  const int block = norm_block(dim);
   PPB_DISPATCH_DTYPE(t, T,
                      rmsnorm_kernel<T><<<static_cast<unsigned>(rows), block, 0, stream>>>(
                          static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(w), dim, eps, plus_one));
@@ -189,7 +177,7 @@ __global__ void add_rmsnorm_kernel(T* x, const T* y, T* out, const T* w, int dim
 void add_rmsnorm(void* x, const void* y, void* out, const void* w, size_t rows, int dim, float eps, bool plus_one,
                  DType t, cudaStream_t stream) {
   if (rows == 0) return;
-  const int block = dim >= 2048 ? 512 : (dim >= 512 ? 256 : 128);
+  const int block = norm_block(dim);
   PPB_DISPATCH_DTYPE(t, T,
                      add_rmsnorm_kernel<T><<<static_cast<unsigned>(rows), block, 0, stream>>>(
                          static_cast<T*>(x), static_cast<const T*>(y), static_cast<T*>(out),

@@ -32,8 +32,6 @@ __device__ float block_max(float v, float* shared) {
   return warp_max(m);
 }
 
-int norm_block(int dim) { return dim >= 2048 ? 512 : (dim >= 512 ? 256 : 128); }
-
 }  // namespace
 
 // ---- latent KV cache write --------------------------------------------------------------------
@@ -52,14 +50,7 @@ __global__ void mla_kv_cache_write_kernel(T* cache, const T* kva, const T* w, co
   const int p = (s.pos0_dev ? *s.pos0_dev : s.pos0) + t;
   const T* x = kva + row * D;
   T* dst = cache + (static_cast<size_t>(b) * s.max_context + p) * D;
-  float ss = 0.0f;
-  for (int j = threadIdx.x; j < L; j += blockDim.x) {
-    const float v = to_f32(x[j]);
-    ss += v * v;
-  }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / static_cast<float>(L) + s.eps);
-  for (int j = threadIdx.x; j < L; j += blockDim.x) dst[j] = from_f32<T>(to_f32(x[j]) * inv * to_f32(w[j]));
+  rmsnorm_row(dst, x, w, L, s.eps, /*plus_one=*/false, red);
   // RoPE of k_rope (qkv_rope_cache_kernel's / cpu::rope's pairing: i with i + R/2; tables [pos, R/2]).
   const float* c = cos_t + static_cast<size_t>(p) * half;
   const float* sn = sin_t + static_cast<size_t>(p) * half;
@@ -266,14 +257,7 @@ __global__ void mtp_concat_kernel(T* cat, const int32_t* draft, const T* embed, 
   const T* src = second ? x + m * hidden : embed + static_cast<size_t>(draft[m / tokens]) * hidden;
   const T* w = second ? hnorm : enorm;
   T* dst = cat + m * 2 * hidden + (second ? hidden : 0);
-  float ss = 0.0f;
-  for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
-    const float v = to_f32(src[j]);
-    ss += v * v;
-  }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / static_cast<float>(hidden) + eps);
-  for (int j = threadIdx.x; j < hidden; j += blockDim.x) dst[j] = from_f32<T>(to_f32(src[j]) * inv * to_f32(w[j]));
+  rmsnorm_row(dst, src, w, hidden, eps, /*plus_one=*/false, red);
 }
 
 void mtp_concat(void* cat, const int32_t* draft, const void* embed, const void* x, const void* enorm,
