@@ -114,10 +114,14 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
       ->capture_default_str();
   sc.add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
       ->capture_default_str();
-  sc.add_flag("--profile-aligned", opt.profile_aligned,
-              "all ranks time the same forward at the same moment (a barrier before each timed forward), so "
-              "that the ranks of a node share the memory bandwidth while profiled as their stages do in the "
-              "pipeline; default: every rank profiles at its own pace");
+  sc.add_option("--contention", opt.contention,
+                "auto | off. auto: where the ranks of a node compute from one memory (CPU ranks; not GPUs), "
+                "profile every unit twice, alone (the node's other ranks wait) and together (all ranks time "
+                "it at the same moment, streaming their weights at once as the stages do in the pipeline); "
+                "the balancer solves on the together times, and each partition's prediction interpolates "
+                "between the two by how much of each stage's compute another stage of its node overlaps in "
+                "the simulated pipeline. off: one profile, every rank at its own pace, used as it is")
+      ->capture_default_str();
   sc.add_option("--expert-skew", opt.expert_skew,
                 "MoE layers: route each token's top-k experts as a sample from a Zipf law of expert popularity "
                 "with this exponent (p ~ rank^-A; real routers: ~1.0 DeepSeek-V3, ~1.2 Qwen3-235B), "

@@ -22,6 +22,7 @@
 #include "backend/device.h"
 #include "backend/tensor_parallel.h"
 #include "balance/calibrate.h"
+#include "balance/contention.h"
 #include "balance/layout.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
@@ -181,6 +182,9 @@ void validate_options(const RunOptions& o) {
   balance::parse_objective(o.objective);  // UserError naming --objective
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     throw UserError("--device '" + o.device + "' is unknown; valid: auto, cpu, cuda");
+  if (o.contention != "auto" && o.contention != "off")
+    throw UserError("--contention '" + o.contention + "' is unknown; valid: auto (profile alone and together where a "
+                    "node's ranks share memory), off (one profile at each rank's own pace)");
   if (o.transport != "auto" && o.transport != "mpi" && o.transport != "nccl")
     throw UserError("--transport '" + o.transport + "' is unknown; valid: auto, mpi, nccl");
 }
@@ -645,7 +649,7 @@ class RunJob {
     run_.model_attrs_num = model_numbers(spec_);
     run_.workload = {opt_.batch, opt_.prompt_len, opt_.gen_len, M_, dtype_name(dtype_), opt_.warmup, opt_.iters,
                      opt_.profile_warmup, opt_.profile_iters, !opt_.no_overlap, opt_.seed, opt_.objective,
-                     opt_.target_ci_pct, opt_.max_time_s, !opt_.no_cuda_graphs, opt_.profile_aligned,
+                     opt_.target_ci_pct, opt_.max_time_s, !opt_.no_cuda_graphs, "own pace",
                      opt_.expert_skew};
 
     offsets_ = mpi_.clock_offsets();
@@ -917,23 +921,70 @@ class RunJob {
     return pc;
   }
 
+  /// One profile pass of this rank, with progress lines prefixed by `what`.
+  ProfileResult profile_pass(const ProfileConfig& pc, const std::string& what) {
+    const double t_start = monotonic_s();
+    return profile_model(*device_, spec_, pc, [&](int done, int all, const std::string& unit) {
+      if (done >= all) return;
+      std::string eta;
+      if (done > 0) {
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), " (~%.0f s left)", (monotonic_s() - t_start) / done * (all - done));
+        eta = buf;
+      }
+      progress_.say(what + "signature " + std::to_string(done + 1) + "/" + std::to_string(all) + ": " + unit + eta);
+    });
+  }
+
+  /// Elementwise min (fastest) or max (slowest) of two equally long tables.
+  static std::vector<double> elementwise(const std::vector<double>& a, const std::vector<double>& b, bool take_min) {
+    std::vector<double> out(a.size());
+    for (size_t i = 0; i < a.size(); ++i) out[i] = take_min ? std::min(a[i], b[i]) : std::max(a[i], b[i]);
+    return out;
+  }
+
+  /// The profile. Where the ranks of a node share memory (CPU ranks, --contention auto), two
+  /// passes (balance/contention.h): alone, the ranks of each node taking turns while the others
+  /// wait without spinning (quiet_barrier); then together, a barrier of all ranks before every
+  /// timed forward so that a node's ranks stream their weights at the same moment. The together
+  /// pass is the profile the balancer solves on (latency_ms); the alone medians are kept for the
+  /// contention model; min/max span both passes. Elsewhere one pass, every rank at its own pace.
   void profile() {
-    ProfileResult prof;
+    ProfileResult prof, alone;
+    const bool two_passes =
+        opt_.contention == "auto" && mpi_.agree(device_->node_ranks_share_memory() && mpi_.local_size() > 1 ? 1 : 0) != 0;
     phase("profile", [&] {
       ProfileConfig pc = profile_config();
-      if (opt_.profile_aligned) pc.align = [this] { mpi_.barrier(); };
-      const double t_start = monotonic_s();
-      prof = profile_model(*device_, spec_, pc, [&](int done, int all, const std::string& what) {
-        if (done >= all) return;
-        std::string eta;
-        if (done > 0) {
-          char buf[64];
-          std::snprintf(buf, sizeof(buf), " (~%.0f s left)", (monotonic_s() - t_start) / done * (all - done));
-          eta = buf;
+      if (!two_passes) {
+        prof = profile_pass(pc, "profile: ");
+        return;
+      }
+      const int turns = mpi_.agree(mpi_.local_size());
+      std::exception_ptr failed;  // rethrown after the turns: no rank may leave them early
+      for (int turn = 0; turn < turns; ++turn) {
+        mpi_.quiet_barrier();
+        progress_.say("profile pass 1/2 (alone): local rank " + std::to_string(turn) + " of each node; the others wait");
+        if (mpi_.local_rank() == turn && !failed) {
+          try {
+            alone = profile_pass(pc, "profile alone: ");
+          } catch (...) {
+            failed = std::current_exception();
+          }
         }
-        progress_.say("profile: signature " + std::to_string(done + 1) + "/" + std::to_string(all) + ": " + what + eta);
-      });
+      }
+      mpi_.quiet_barrier();
+      if (failed) std::rethrow_exception(failed);
+      progress_.say("profile pass 2/2 (together): every rank times each unit at the same moment");
+      pc.align = [this] { mpi_.barrier(); };
+      prof = profile_pass(pc, "profile together: ");
     });
+    if (two_passes) {
+      prof.prefill_min_ms = elementwise(prof.prefill_min_ms, alone.prefill_min_ms, true);
+      prof.decode_min_ms = elementwise(prof.decode_min_ms, alone.decode_min_ms, true);
+      prof.prefill_max_ms = elementwise(prof.prefill_max_ms, alone.prefill_max_ms, false);
+      prof.decode_max_ms = elementwise(prof.decode_max_ms, alone.decode_max_ms, false);
+      run_.workload.profile_passes = "alone+together";
+    }
     const int U = spec_.num_units();
     std::vector<double> cost_mine(U);
     for (int u = 0; u < U; ++u)
@@ -951,6 +1002,8 @@ class RunJob {
     const auto lat_max = mpi_.gather_doubles(pack(prof.prefill_max_ms, prof.decode_max_ms));
     const auto ctx = mpi_.gather_doubles(prof.decode_context_ms);
     const auto cost_all = mpi_.gather_doubles(cost_mine);
+    std::vector<double> lat_alone;
+    if (two_passes) lat_alone = mpi_.gather_doubles(pack(alone.prefill_ms, alone.decode_ms));
     // The profile table goes into the file before the balancer runs: a split that cannot be
     // found (memory) still leaves what was measured.
     if (!root_) return;
@@ -979,6 +1032,7 @@ class RunJob {
     t.latency_ms = lat;
     t.latency_min_ms = lat_min;
     t.latency_max_ms = lat_max;
+    t.latency_alone_ms = lat_alone;
     t.decode_contexts = prof.decode_contexts;
     t.decode_context_ms = ctx;
     t.cost_ms = cost_all;
@@ -1282,14 +1336,24 @@ class RunJob {
       const int next = (k + 1) % p.num_stages();
       pr.handoff_copies.push_back(p.num_stages() == 1 ? 0 : (p.width(next) + p.width(k) - 1) / p.width(k));
     }
-    pr.predicted_stage_ms = p.predicted_stage_ms;
-    pr.predicted_bottleneck_ms = p.bottleneck_ms;
     const int S = p.num_stages();
+    pr.predicted_phase_ms = predicted_phases(p, prof);
+    pr.predicted_stage_ms = p.predicted_stage_ms;
+    for (int k = 0; k < S; ++k) {
+      // The solver's stage time is its compute's objective cost on the together profile, with
+      // the boundary transfers (their max with overlap, their sum without); the modelled
+      // compute takes the together compute's place in it.
+      const auto [pre, dec] = stage_profile_sums(prof, p, k, Stat::median);
+      const double together = balance::objective_cost(objective_, pre, dec, opt_.gen_len);
+      const double modelled =
+          balance::objective_cost(objective_, pr.predicted_phase_ms[2 * k], pr.predicted_phase_ms[2 * k + 1], opt_.gen_len);
+      double& stage = pr.predicted_stage_ms[k];
+      const bool transfer_bound = stage > together * (1 + 1e-9);  // the prefix sums round differently
+      stage = opt_.no_overlap ? modelled + (stage - together) : transfer_bound ? std::max(modelled, stage) : modelled;
+    }
+    pr.predicted_bottleneck_ms = *std::max_element(pr.predicted_stage_ms.begin(), pr.predicted_stage_ms.end());
     for (int k = 0; k < S; ++k) {
       const int r = p.device_rank[k], w = p.width(k);
-      const auto [pre, dec] = stage_profile_sums(prof, p, k, Stat::median);
-      pr.predicted_phase_ms.push_back(pre);
-      pr.predicted_phase_ms.push_back(dec);
       const auto [pre_lo, dec_lo] = stage_profile_sums(prof, p, k, Stat::min);
       const auto [pre_hi, dec_hi] = stage_profile_sums(prof, p, k, Stat::max);
       pr.predicted_stage_min_ms.push_back(balance::objective_cost(objective_, pre_lo, dec_lo, opt_.gen_len));
@@ -1320,7 +1384,10 @@ class RunJob {
     }
     progress_.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +
                   (p.tensor_parallel() ? " on stages of widths " + pr.layout : "") + ", predicted bottleneck " +
-                  format_fixed(p.bottleneck_ms, 2) + " ms (" + opt_.objective + ")");
+                  format_fixed(pr.predicted_bottleneck_ms, 2) + " ms (" + opt_.objective +
+                  (prof.latency_alone_ms.empty() ? ")"
+                                                 : "; solved on the together profile " + format_fixed(p.bottleneck_ms, 2) +
+                                                       " ms, shared-bandwidth model)"));
     return pr;
   }
 
@@ -1645,6 +1712,7 @@ class RunJob {
       const balance::Partition& p = parts_[benches[j].pi];
       if (p.tensor_parallel()) continue;  // calibrates the ranks' own rows: one rank per stage only
       from.push_back(p.solver);
+      const std::vector<double> predicted = predicted_phases(p, run_.profile);
       const EventShape sh{static_cast<int>(benches[j].rounds.size()), M_, opt_.gen_len + 1, S_};
       for (int k = 0; k < S_; ++k) {
         double pre = 0, dec = 0;
@@ -1661,9 +1729,10 @@ class RunJob {
         balance::StageMeasurement m;
         m.rank = p.device_rank[k];
         // Against the profile as measured (an adaptive split's own predictions are from an
-        // earlier calibrated table): the factors scale that table.
-        std::tie(m.predicted_prefill_ms, m.predicted_decode_ms) =
-            stage_phase_sums(run_.profile.latency_ms, m.rank, p.first_unit[k], p.last_unit[k]);
+        // earlier calibrated table), through the contention model where the profile has two
+        // passes: the factors scale both passes of that table.
+        m.predicted_prefill_ms = predicted[2 * k];
+        m.predicted_decode_ms = predicted[2 * k + 1];
         m.measured_prefill_ms = npre ? pre / npre : 0.0;
         m.measured_decode_ms = ndec ? dec / ndec : 0.0;
         stages.push_back(m);
@@ -1702,7 +1771,7 @@ class RunJob {
                            p.counts_string() + " from the profile calibrated by " + fs.str() +
                            (adaptive_done_ ? " (the most solves)" : "");
     progress_.say("adaptive: calibrated by the pipeline (prefill/decode factors: " + fs.str() + "): split " +
-                  p.counts_string() + ", predicted bottleneck " + format_fixed(p.bottleneck_ms, 2) + " ms");
+                  p.counts_string() + ", predicted bottleneck " + format_fixed(pr.predicted_bottleneck_ms, 2) + " ms");
     std::vector<int> flat;
     for (int k = 0; k < S_; ++k) flat.push_back(p.first_unit[k]);
     for (int k = 0; k < S_; ++k) flat.push_back(p.device_rank[k]);
@@ -1912,11 +1981,35 @@ class RunJob {
   /// The simulator's prediction from the profile (predicted step times + the measured link),
   /// stored beside the measurement; a failing prediction never costs the measurement.
   void add_simulated_metrics(const balance::Partition& p, PartitionRecord& pr, double measured_decode_tok_s) const {
+    try {
+      const auto sim = balance::simulate_pipeline(sim_stages(p, pr.predicted_phase_ms), sim_config()).metrics;
+      pr.metrics["simulated_tokens_per_s"] = sim.tokens_per_s;
+      pr.metrics["simulated_decode_tokens_per_s"] = sim.decode_tokens_per_s;
+      pr.metrics["simulated_decode_error"] =
+          measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+    } catch (const std::exception& e) {
+      std::cerr << "ppbench: warning: the simulator failed for partition " << p.solver << ": " << e.what() << std::endl;
+    }
+  }
+
+  /// The simulator's pipeline: this run's M, G, B and overlap.
+  balance::SimConfig sim_config() const {
+    balance::SimConfig simc;
+    simc.groups = M_;
+    simc.gen_len = opt_.gen_len;
+    simc.batch = opt_.batch;
+    simc.overlap = !opt_.no_overlap;
+    return simc;
+  }
+
+  /// Rank 0: the simulator's stages of partition `p`: compute step times from `phase_ms`
+  /// ([S][2] prefill, decode ms) and each boundary's transfer over its measured link.
+  std::vector<balance::SimStage> sim_stages(const balance::Partition& p, const std::vector<double>& phase_ms) const {
     const int S = p.num_stages();
     std::vector<balance::SimStage> st(S);
     for (int k = 0; k < S; ++k) {
-      st[k].prefill_ms = pr.predicted_phase_ms[2 * k];
-      st[k].decode_ms = pr.predicted_phase_ms[2 * k + 1];
+      st[k].prefill_ms = phase_ms[2 * k];
+      st[k].decode_ms = phase_ms[2 * k + 1];
       const bool last_stage = k == S - 1;
       // A sender of a stage narrower than the next sends a copy to each of its receivers
       // (pipeline.h layout_placement), one after the other.
@@ -1935,19 +2028,47 @@ class RunJob {
       st[k].send_prefill_ms = xfer_ms(opt_.prompt_len);
       st[k].send_decode_ms = xfer_ms(1);
     }
-    balance::SimConfig simc;
-    simc.groups = M_;
-    simc.gen_len = opt_.gen_len;
-    simc.batch = opt_.batch;
-    simc.overlap = !opt_.no_overlap;
+    return st;
+  }
+
+  /// Rank 0: partition `p`'s predicted compute per stage, [S][2] (prefill step, decode step;
+  /// ms), from profile table `prof` (the run's, or a calibrated copy). A profile of one pass: its
+  /// sums as they are. A profile of two passes (latency_alone_ms): the contention model of
+  /// balance/contention.h between each stage's alone and together sums, with the stages' nodes
+  /// and the measured links; a tensor-parallel stage, profiled as a group only, counts as
+  /// together in both. The model failing (it should not) falls back to the together sums.
+  std::vector<double> predicted_phases(const balance::Partition& p, const ProfileTable& prof) const {
+    const int S = p.num_stages();
+    std::vector<double> together, alone;
+    for (int k = 0; k < S; ++k) {
+      const auto [pre, dec] = stage_profile_sums(prof, p, k, Stat::median);
+      together.insert(together.end(), {pre, dec});
+      if (prof.latency_alone_ms.empty() || p.width(k) != 1) {
+        alone.insert(alone.end(), {pre, dec});
+      } else {
+        const auto [apre, adec] = stage_phase_sums(prof.latency_alone_ms, p.device_rank[k], p.first_unit[k], p.last_unit[k]);
+        alone.insert(alone.end(), {apre, adec});
+      }
+    }
+    if (prof.latency_alone_ms.empty() || S < 2) return together;
+    std::vector<int> node(S);  // the first stage on the same host's index
+    for (int k = 0; k < S; ++k) {
+      node[k] = k;
+      for (int j = 0; j < k; ++j)
+        if (run_.ranks[p.device_rank[j]].hostname == run_.ranks[p.device_rank[k]].hostname) {
+          node[k] = node[j];
+          break;
+        }
+    }
     try {
-      const auto sim = balance::simulate_pipeline(st, simc).metrics;
-      pr.metrics["simulated_tokens_per_s"] = sim.tokens_per_s;
-      pr.metrics["simulated_decode_tokens_per_s"] = sim.decode_tokens_per_s;
-      pr.metrics["simulated_decode_error"] =
-          measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+      const auto m = balance::contended_step_times(sim_stages(p, alone), sim_stages(p, together), node, sim_config());
+      std::vector<double> out;
+      for (const auto& s : m.stages) out.insert(out.end(), {s.prefill_ms, s.decode_ms});
+      return out;
     } catch (const std::exception& e) {
-      std::cerr << "ppbench: warning: the simulator failed for partition " << p.solver << ": " << e.what() << std::endl;
+      std::cerr << "ppbench: warning: the contention model failed for partition " << p.solver << " (" << e.what()
+                << "); its predictions are the profile's together times" << std::endl;
+      return together;
     }
   }
 

@@ -45,6 +45,11 @@ class Device {
   /// ranks sharing it); when they fit in the cache, stages run warm and nothing is flushed.
   /// Default: no-op.
   virtual void flush_caches(Lane& lane, size_t resident_bytes) {}
+  /// Whether the ranks of one node compute from one memory (the CPU backend: every rank streams
+  /// its weights through the node's memory controllers), so that a stage runs slower while
+  /// another stage of its node computes (balance/contention.h). GPUs: false, each has its own
+  /// HBM. Decides whether the profile also times every unit alone (ppbench run's two passes).
+  virtual bool node_ranks_share_memory() const { return false; }
   /// Streaming read bandwidth of this device in GB/s (1e9 B/s): the memory ceiling of the units'
   /// floors (model::unit_bytes_moved / bandwidth). CPU: cpu::stream_read_GBps over twice the
   /// last-level cache (64..512 MiB) with the rank's threads, i.e. the decode kernel's rate;

@@ -37,6 +37,7 @@ ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>
         c.latency_ms[at] *= factors[2 * r + ph];
         if (at < c.latency_min_ms.size()) c.latency_min_ms[at] *= factors[2 * r + ph];
         if (at < c.latency_max_ms.size()) c.latency_max_ms[at] *= factors[2 * r + ph];
+        if (at < c.latency_alone_ms.size()) c.latency_alone_ms[at] *= factors[2 * r + ph];
       }
       if (!c.cost_ms.empty())
         c.cost_ms[r * U + u] = objective_cost(o, c.latency_ms[(r * U + u) * 2], c.latency_ms[(r * U + u) * 2 + 1], gen_len);

@@ -32,7 +32,7 @@ struct StageMeasurement {
 /// is not finite and > 0.
 std::vector<double> calibration_factors(const std::vector<StageMeasurement>& stages, int ranks);
 
-/// A copy of profile table `t` (R ranks, U units) with every rank's latency_ms, latency_min_ms,
+/// A copy of profile table `t` (R ranks, U units) with every rank's latency_ms, latency_alone_ms, latency_min_ms,
 /// latency_max_ms and decode_context_ms scaled by its factors (`factors` as
 /// calibration_factors returns) and cost_ms recomputed for objective `o` with G = `gen_len`.
 /// @throws ppb::InternalError if the factors do not have 2 entries per rank of `t`.

@@ -13,7 +13,8 @@
 //   - a transfer of stage s's output of item i to its consumer: rendezvous (starts when both the
 //     send and the matching recv are posted, both end together; NCCL, and MPI above its eager
 //     limit) or eager (the send ends after its own time whether or not the recv is posted).
-// Not modelled: contention between lanes for cores or memory bandwidth, jitter.
+// Not modelled here: contention between lanes for cores, jitter; between stages of one node
+// for memory bandwidth, balance/contention.h wraps this simulator in a fixed point.
 //
 // Pure C++: no MPI, CUDA or HDF5 here (DESIGN.md §5).
 #pragma once

@@ -26,13 +26,11 @@ struct ProfileConfig {
   /// Weight bytes the run keeps resident on this device's cache domain (all its ranks' stages);
   /// decides whether units are timed cold (Device::flush_caches). 0 = always warm.
   size_t resident_bytes = 0;
-  /// Called before each timed forward, after its cache flush (null: not called). With
-  /// --profile-aligned, `ppbench run` passes a barrier of all ranks: every rank then times the
-  /// same forward at the same moment, as the stages run in the pipeline, where the ranks of a
-  /// node stream their weights at once and share the memory bandwidth. Every rank must make
-  /// the same calls (same model and config). Measured here (2 ranks, 2 runs each), it did not
-  /// make the profile predict the pipeline better (docs/DESIGN.md §1 step 3), so it is not the
-  /// default.
+  /// Called before each timed forward, after its cache flush (null: not called). For the
+  /// profile's together pass (balance/contention.h), `ppbench run` passes a barrier of all
+  /// ranks: every rank then times the same forward at the same moment, as the stages run in the
+  /// pipeline, where the ranks of a node stream their weights at once and share the memory
+  /// bandwidth. Every rank must make the same calls (same model and config).
   std::function<void()> align;
   /// Tensor parallelism (issue 14): profile this rank's shard of every unit at width tp_width,
   /// all-reducing through `tp` with the group's other ranks, which must run profile_model with

@@ -213,7 +213,7 @@ void read_all(const Group& root, RunRecord& run) {
   w.target_ci_pct = attr_or<double>(wl, "target_ci_pct", 0.0);
   w.max_time_s = attr_or<double>(wl, "max_time_s", 0.0);
   w.cuda_graphs = attr_or<bool>(wl, "cuda_graphs", false);  // older files: decode ran eagerly
-  w.profile_aligned = attr_or<bool>(wl, "profile_aligned", false);
+  w.profile_passes = attr_or<std::string>(wl, "profile_passes", "own pace");
   w.expert_skew = attr_or<double>(wl, "expert_skew", 0.0);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");
@@ -267,6 +267,7 @@ void read_all(const Group& root, RunRecord& run) {
   p.latency_ms = lat.read<double>();
   p.latency_min_ms = dataset_or_empty<double>(prof, "latency_min_ms");
   p.latency_max_ms = dataset_or_empty<double>(prof, "latency_max_ms");
+  p.latency_alone_ms = dataset_or_empty<double>(prof, "latency_alone_ms");
   p.decode_contexts = to_int(dataset_or_empty<int64_t>(prof, "decode_contexts"));
   p.decode_context_ms = dataset_or_empty<double>(prof, "decode_context_ms");
   p.cost_ms = dataset_or_empty<double>(prof, "cost_ms");

@@ -44,7 +44,11 @@ struct WorkloadInfo {
   std::string objective;
   double target_ci_pct = 0.0, max_time_s = 0.0;  ///< --target-ci, --max-time (0: older files)
   bool cuda_graphs = true;       ///< CUDA decode replayed from graphs (--no-cuda-graphs: false; CPU: unused)
-  bool profile_aligned = false;  ///< --profile-aligned
+  /// How the profile was taken: "alone+together" (each unit timed with the node's other ranks
+  /// waiting, then with all ranks timing it at the same moment: --contention auto where a node's
+  /// ranks share memory, balance/contention.h) or "own pace" (one pass, every rank at its own
+  /// pace: GPUs, one rank per node, --contention off, and older files).
+  std::string profile_passes = "own pace";
   double expert_skew = 0.0;      ///< --expert-skew (MoE routing; 0 = the router's own choice)
 };
 
@@ -55,6 +59,11 @@ struct ProfileTable {
   std::vector<double> latency_ms;           ///< [world][U][2] median, phases prefill, decode
   std::vector<double> latency_min_ms;       ///< [world][U][2]
   std::vector<double> latency_max_ms;       ///< [world][U][2]
+  /// [world][U][2] median with the node's other ranks waiting (the profile's first pass where a
+  /// node's ranks share memory, balance/contention.h); latency_ms is then the second pass, every
+  /// rank timing each unit at the same moment, and min/max span both passes. Empty for a profile
+  /// of one pass (workload profile_passes "own pace") and in older files.
+  std::vector<double> latency_alone_ms;
   std::vector<int> decode_contexts;         ///< [C]
   std::vector<double> decode_context_ms;    ///< [world][U][C]
   std::vector<double> cost_ms;              ///< [world][U] the balancer's objective per unit

@@ -65,6 +65,29 @@ void print_ceilings(std::ostream& os, const RunRecord& run) {
   os << "\n";
 }
 
+/// With a two-pass profile (latency_alone_ms): each rank's together / alone ratio of its units'
+/// summed prefill and decode times, what sharing the node's memory bandwidth costs a unit.
+void print_profile_passes(std::ostream& os, const RunRecord& run) {
+  const auto& t = run.profile;
+  const size_t U = t.unit_name.size();
+  if (t.latency_alone_ms.empty() || U == 0 || t.latency_alone_ms.size() != t.latency_ms.size()) return;
+  const size_t R = t.latency_ms.size() / (2 * U);
+  os << "profile: alone and together (the node's ranks at once), together/alone prefill, decode:";
+  for (size_t r = 0; r < R && r < 4; ++r) {
+    double sum[2][2] = {{0, 0}, {0, 0}};  // [together, alone][phase]
+    for (size_t u = 0; u < U; ++u)
+      for (size_t ph = 0; ph < 2; ++ph) {
+        sum[0][ph] += t.latency_ms[(r * U + u) * 2 + ph];
+        sum[1][ph] += t.latency_alone_ms[(r * U + u) * 2 + ph];
+      }
+    os << (r ? ";" : "") << " rank " << r << " x" << fmt("%.2f", sum[0][0] / sum[1][0]) << ", x"
+       << fmt("%.2f", sum[0][1] / sum[1][1]);
+  }
+  if (R > 4) os << "; ...";
+  os << "\n  predictions: alone + (together - alone) x the share of each stage's compute another stage of its node\n"
+        "  overlaps in the simulated pipeline (balance/contention.h); the balancer solves on the together times\n";
+}
+
 /// One line per node: ranks, compute threads, the CPUs they may use; CPU quotas and governors
 /// where set; a warning when a node is oversubscribed. Nothing for files before conditions.
 void print_conditions(std::ostream& os, const RunRecord& run) {
@@ -254,6 +277,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
        << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
   print_ceilings(os, run);
+  print_profile_passes(os, run);
   print_conditions(os, run);
   print_links(os, run);
   if (run.partitions.empty() && !run.profile.unit_name.empty()) {

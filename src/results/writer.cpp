@@ -283,6 +283,14 @@ void write_profile(Group& root, const RunRecord& run) {
     auto e = prof.write_dataset("efficiency", eff, {R, U, 2});
     e.set_attr("formula", "floor_ms / latency_ms (1 = at the hardware's floor)");
   }
+  if (!p.latency_alone_ms.empty()) {
+    auto a = prof.write_dataset("latency_alone_ms", p.latency_alone_ms, {R, U, 2});
+    a.set_attr("units", "ms");
+    a.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    a.set_attr("stat", "median");
+    a.set_attr("content", "each unit timed with its node's other ranks waiting (pass 1 of 2); latency_ms is pass 2, "
+                          "every rank timing the unit at the same moment; decode: mean over decode_contexts");
+  }
   prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
   prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
   auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
@@ -392,7 +400,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   wl.set_attr("target_ci_pct", w.target_ci_pct);
   wl.set_attr("max_time_s", w.max_time_s);
   wl.set_attr("cuda_graphs", w.cuda_graphs);
-  wl.set_attr("profile_aligned", w.profile_aligned);
+  wl.set_attr("profile_passes", w.profile_passes);
   wl.set_attr("expert_skew", w.expert_skew);
   Group env = root.create_group("config/environment");
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);

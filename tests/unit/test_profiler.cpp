@@ -94,7 +94,7 @@ TEST(Profiler, HoldsOnlyForwardsThatFitTheLaunchQueue) {
   }
 }
 
-/// --profile-aligned: the align callback runs once before every timed forward (not the
+/// The together pass: the align callback runs once before every timed forward (not the
 /// warm-ups), after that forward's cache flush finished and before its start event.
 TEST(Profiler, AlignRunsBeforeEachTimedForward) {
   auto dev = create_cpu_device(1);

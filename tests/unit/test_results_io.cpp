@@ -47,7 +47,7 @@ RunRecord make_record() {
   r.model_config_json = "{\"model_type\": \"qwen3\"}";
   r.model_attrs_str = {{"architecture", "Qwen3ForCausalLM"}, {"model_type", "qwen3"}};
   r.model_attrs_num = {{"hidden_size", 1024}, {"num_hidden_layers", 2}, {"total_params", 6e8}};
-  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload", 5.0, 120.0, true, true};
+  r.workload = {1, 4, 1, 2, "f32", 1, 2, 0, 3, true, 7, "workload", 5.0, 120.0, true, "alone+together"};
   r.ranks = {{"node01", "Xeon", "", 0, 0.0}, {"node02", "Xeon", "0000:3b:00.0", 1, 1.5e-6}};
   const double nan = std::numeric_limits<double>::quiet_NaN();
   r.link_latency_matrix_s = {nan, 6e-6, 6e-6, nan};
@@ -72,6 +72,7 @@ RunRecord make_record() {
     p.latency_ms.push_back(1.0 + i);
     p.latency_min_ms.push_back(0.5 + i);
     p.latency_max_ms.push_back(2.0 + i);
+    p.latency_alone_ms.push_back(0.9 + i);
   }
   p.decode_contexts = {4, 5};
   for (int i = 0; i < 2 * 4 * 2; ++i) p.decode_context_ms.push_back(0.25 * i);
@@ -238,7 +239,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(b.target_ci_pct, a.target_ci_pct);
   EXPECT_EQ(b.max_time_s, a.max_time_s);
   EXPECT_EQ(b.cuda_graphs, a.cuda_graphs);  // written true: not the reader's default (older files)
-  EXPECT_EQ(b.profile_aligned, a.profile_aligned);
+  EXPECT_EQ(b.profile_passes, a.profile_passes);
 
   ASSERT_EQ(r.ranks.size(), w.ranks.size());
   for (size_t i = 0; i < w.ranks.size(); ++i) {
@@ -273,6 +274,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   expect_same(pr.latency_ms, pw.latency_ms, "latency_ms");
   expect_same(pr.latency_min_ms, pw.latency_min_ms, "latency_min_ms");
   expect_same(pr.latency_max_ms, pw.latency_max_ms, "latency_max_ms");
+  expect_same(pr.latency_alone_ms, pw.latency_alone_ms, "latency_alone_ms");
   EXPECT_EQ(pr.decode_contexts, pw.decode_contexts);
   expect_same(pr.decode_context_ms, pw.decode_context_ms, "decode_context_ms");
   expect_same(pr.cost_ms, pw.cost_ms, "cost_ms");

@@ -204,6 +204,7 @@ class CpuDevice final : public Device {
       for (size_t i = 0; i < n; i += 64) p[i] = static_cast<unsigned char>(p[i] + 1);
     });
   }
+  bool node_ranks_share_memory() const override { return true; }
   double measure_read_bandwidth_GBps() override {
     return cpu::stream_read_GBps(std::clamp<size_t>(2 * cpu_last_level_cache_bytes(), size_t(64) << 20, size_t(512) << 20));
   }
