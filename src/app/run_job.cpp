@@ -960,9 +960,12 @@ class RunJob {
         return;
       }
       const int turns = mpi_.agree(mpi_.local_size());
-      std::exception_ptr failed;  // rethrown after the turns: no rank may leave them early
+      // A failure is kept until every turn is over and agreed on before the together pass: no
+      // rank may leave the turns early, nor enter the together pass's barriers alone. A rank
+      // that waits for others' turns (a whole profile each) beats the watchdog's heartbeat.
+      std::exception_ptr failed;
       for (int turn = 0; turn < turns; ++turn) {
-        mpi_.quiet_barrier();
+        mpi_.quiet_barrier(1e-3, [] { heartbeat(); });
         progress_.say("profile pass 1/2 (alone): local rank " + std::to_string(turn) + " of each node; the others wait");
         if (mpi_.local_rank() == turn && !failed) {
           try {
@@ -972,11 +975,20 @@ class RunJob {
           }
         }
       }
-      mpi_.quiet_barrier();
-      if (failed) std::rethrow_exception(failed);
+      mpi_.quiet_barrier(1e-3, [] { heartbeat(); });
+      if (mpi_.agree(failed ? 1 : 0) != 0) {
+        if (failed) std::rethrow_exception(failed);
+        return;  // a peer failed: run_phase's agreement ends the phase on every rank
+      }
       progress_.say("profile pass 2/2 (together): every rank times each unit at the same moment");
       pc.align = [this] { mpi_.barrier(); };
-      prof = profile_pass(pc, "profile together: ");
+      try {
+        prof = profile_pass(pc, "profile together: ");
+      } catch (const UserError& e) {
+        // The alone pass ran the same forwards, so this is not bad input; and the peers are in
+        // the pass's barriers, where no agreement can reach them: end the job.
+        throw InternalError(std::string("the together profile pass failed after the alone pass succeeded: ") + e.what());
+      }
     });
     if (two_passes) {
       prof.prefill_min_ms = elementwise(prof.prefill_min_ms, alone.prefill_min_ms, true);
@@ -1107,7 +1119,7 @@ class RunJob {
             failed = std::current_exception();
           }
         }
-        mpi_.quiet_barrier();
+        mpi_.quiet_barrier(1e-3, [] { heartbeat(); });
         if (failed) std::rethrow_exception(failed);
       });
       std::vector<std::vector<double>> all;
@@ -1339,17 +1351,23 @@ class RunJob {
     const int S = p.num_stages();
     pr.predicted_phase_ms = predicted_phases(p, prof);
     pr.predicted_stage_ms = p.predicted_stage_ms;
-    for (int k = 0; k < S; ++k) {
-      // The solver's stage time is its compute's objective cost on the together profile, with
-      // the boundary transfers (their max with overlap, their sum without); the modelled
-      // compute takes the together compute's place in it.
-      const auto [pre, dec] = stage_profile_sums(prof, p, k, Stat::median);
-      const double together = balance::objective_cost(objective_, pre, dec, opt_.gen_len);
-      const double modelled =
-          balance::objective_cost(objective_, pr.predicted_phase_ms[2 * k], pr.predicted_phase_ms[2 * k + 1], opt_.gen_len);
-      double& stage = pr.predicted_stage_ms[k];
-      const bool transfer_bound = stage > together * (1 + 1e-9);  // the prefix sums round differently
-      stage = opt_.no_overlap ? modelled + (stage - together) : transfer_bound ? std::max(modelled, stage) : modelled;
+    if (!prof.latency_alone_ms.empty()) {
+      // The solver's stage time is stage_time(compute on the together table, t_in, t_out); the
+      // modelled compute takes the together compute's place. The transfers as the solver counts
+      // them: the same evaluation on a problem whose units cost nothing (max(t_in, t_out) with
+      // overlap, t_in + t_out without). A tensor-parallel stage keeps the solver's value (its
+      // group profile is not modelled).
+      balance::BalanceProblem links_only = balance::problem_from_run(run_, objective_);
+      for (auto& row : links_only.cost) std::fill(row.begin(), row.end(), 0.0);
+      balance::Partition transfers = p;
+      balance::evaluate(links_only, transfers);
+      for (int k = 0; k < S; ++k) {
+        if (p.width(k) != 1) continue;
+        const double modelled = balance::objective_cost(objective_, pr.predicted_phase_ms[2 * k],
+                                                        pr.predicted_phase_ms[2 * k + 1], opt_.gen_len);
+        const double t = transfers.predicted_stage_ms[k];
+        pr.predicted_stage_ms[k] = opt_.no_overlap ? modelled + t : std::max(modelled, t);
+      }
     }
     pr.predicted_bottleneck_ms = *std::max_element(pr.predicted_stage_ms.begin(), pr.predicted_stage_ms.end());
     for (int k = 0; k < S; ++k) {
@@ -2035,8 +2053,10 @@ class RunJob {
   /// ms), from profile table `prof` (the run's, or a calibrated copy). A profile of one pass: its
   /// sums as they are. A profile of two passes (latency_alone_ms): the contention model of
   /// balance/contention.h between each stage's alone and together sums, with the stages' nodes
-  /// and the measured links; a tensor-parallel stage, profiled as a group only, counts as
-  /// together in both. The model failing (it should not) falls back to the together sums.
+  /// and the measured links. A tensor-parallel stage has one profile, its group's (timed while
+  /// the node's other ranks wait): it is used as both, so the model never slows that stage for
+  /// its neighbours (it still slows them). The model failing (it should not) falls back to the
+  /// together sums; not settling is warned about.
   std::vector<double> predicted_phases(const balance::Partition& p, const ProfileTable& prof) const {
     const int S = p.num_stages();
     std::vector<double> together, alone;
@@ -2050,7 +2070,7 @@ class RunJob {
         alone.insert(alone.end(), {apre, adec});
       }
     }
-    if (prof.latency_alone_ms.empty() || S < 2) return together;
+    if (prof.latency_alone_ms.empty()) return together;
     std::vector<int> node(S);  // the first stage on the same host's index
     for (int k = 0; k < S; ++k) {
       node[k] = k;
@@ -2062,6 +2082,9 @@ class RunJob {
     }
     try {
       const auto m = balance::contended_step_times(sim_stages(p, alone), sim_stages(p, together), node, sim_config());
+      if (!m.converged)
+        std::cerr << "ppbench: warning: the contention model did not settle for partition " << p.solver << " in "
+                  << m.iterations << " simulations; its predictions are the last iterate's" << std::endl;
       std::vector<double> out;
       for (const auto& s : m.stages) out.insert(out.end(), {s.prefill_ms, s.decode_ms});
       return out;

@@ -100,7 +100,7 @@ ContentionResult contended_step_times(const std::vector<SimStage>& alone, const 
       auto step = [&](double& x, double a, double t, double f) {
         const double target = a + (t - a) * f;
         const double next = 0.5 * (x + target);
-        if (x > 0) moved = std::max(moved, std::abs(next - x) / x);
+        moved = std::max(moved, std::abs(next - x) / std::max({x, next, 1e-12}));
         x = next;
       };
       step(res.stages[k].prefill_ms, alone[k].prefill_ms, together[k].prefill_ms, res.overlap_prefill[k]);

@@ -55,7 +55,7 @@ int MpiContext::agree(int local_status) const {
 
 void MpiContext::barrier() const { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
 
-void MpiContext::quiet_barrier(double poll_s) const {
+void MpiContext::quiet_barrier(double poll_s, const std::function<void()>& on_poll) const {
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
   int done = 0;
@@ -63,6 +63,7 @@ void MpiContext::quiet_barrier(double poll_s) const {
   while (true) {
     MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
+    if (on_poll) on_poll();
     std::this_thread::sleep_for(pause);
   }
 }

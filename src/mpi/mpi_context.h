@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +38,9 @@ class MpiContext {
   /// Collective: a barrier that waits without spinning a core (MPI_Ibarrier polled every
   /// `poll_s` seconds with a sleep between), for ranks that wait while another rank of their
   /// node measures something alone: a spinning MPI_Barrier would take that rank's core.
-  void quiet_barrier(double poll_s = 1e-3) const;
+  /// `on_poll`, when set, runs at every poll (e.g. the watchdog's heartbeat of a rank that waits
+  /// for another's long measurement).
+  void quiet_barrier(double poll_s = 1e-3, const std::function<void()>& on_poll = {}) const;
   /// Collective: MPI_Barrier (spins while it waits: for aligning short timed work across ranks).
   void barrier() const;
 

@@ -213,7 +213,10 @@ void read_all(const Group& root, RunRecord& run) {
   w.target_ci_pct = attr_or<double>(wl, "target_ci_pct", 0.0);
   w.max_time_s = attr_or<double>(wl, "max_time_s", 0.0);
   w.cuda_graphs = attr_or<bool>(wl, "cuda_graphs", false);  // older files: decode ran eagerly
-  w.profile_passes = attr_or<std::string>(wl, "profile_passes", "own pace");
+  // Files before profile_passes: "aligned" with --profile-aligned (a barrier before every timed
+  // forward, one pass), else "own pace".
+  w.profile_passes = attr_or<std::string>(wl, "profile_passes",
+                                          attr_or<bool>(wl, "profile_aligned", false) ? "aligned" : "own pace");
   w.expert_skew = attr_or<double>(wl, "expert_skew", 0.0);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");

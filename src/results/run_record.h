@@ -47,7 +47,8 @@ struct WorkloadInfo {
   /// How the profile was taken: "alone+together" (each unit timed with the node's other ranks
   /// waiting, then with all ranks timing it at the same moment: --contention auto where a node's
   /// ranks share memory, balance/contention.h) or "own pace" (one pass, every rank at its own
-  /// pace: GPUs, one rank per node, --contention off, and older files).
+  /// pace: GPUs, one rank per node, --contention off, and older files; "aligned" for older
+  /// files made with --profile-aligned).
   std::string profile_passes = "own pace";
   double expert_skew = 0.0;      ///< --expert-skew (MoE routing; 0 = the router's own choice)
 };

@@ -80,8 +80,8 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
         sum[0][ph] += t.latency_ms[(r * U + u) * 2 + ph];
         sum[1][ph] += t.latency_alone_ms[(r * U + u) * 2 + ph];
       }
-    os << (r ? ";" : "") << " rank " << r << " x" << fmt("%.2f", sum[0][0] / sum[1][0]) << ", x"
-       << fmt("%.2f", sum[0][1] / sum[1][1]);
+    auto ratio = [](double a, double b) { return b > 0 ? fmt("x%.2f", a / b) : std::string("-"); };
+    os << (r ? ";" : "") << " rank " << r << " " << ratio(sum[0][0], sum[1][0]) << ", " << ratio(sum[0][1], sum[1][1]);
   }
   if (R > 4) os << "; ...";
   os << "\n  predictions: alone + (together - alone) x the share of each stage's compute another stage of its node\n"

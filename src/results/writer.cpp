@@ -278,10 +278,14 @@ void write_profile(Group& root, const RunRecord& run) {
     fl.set_attr("units", "ms");
     fl.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     fl.set_attr("formula", "max(unit_bytes / read_bandwidth_GBps, unit_flops / peak_gflops) of rank r (/ranks)");
+    // The floors use each rank's ceilings alone: against the alone pass where there are two.
+    const bool alone = p.latency_alone_ms.size() == p.floor_ms.size();
+    const auto& timed = alone ? p.latency_alone_ms : p.latency_ms;
     std::vector<double> eff(p.floor_ms.size());
-    for (size_t i = 0; i < eff.size(); ++i) eff[i] = p.floor_ms[i] / p.latency_ms[i];
+    for (size_t i = 0; i < eff.size(); ++i) eff[i] = p.floor_ms[i] / timed[i];
     auto e = prof.write_dataset("efficiency", eff, {R, U, 2});
-    e.set_attr("formula", "floor_ms / latency_ms (1 = at the hardware's floor)");
+    e.set_attr("formula", alone ? "floor_ms / latency_alone_ms (1 = at the hardware's floor)"
+                                : "floor_ms / latency_ms (1 = at the hardware's floor)");
   }
   if (!p.latency_alone_ms.empty()) {
     auto a = prof.write_dataset("latency_alone_ms", p.latency_alone_ms, {R, U, 2});

@@ -39,6 +39,7 @@ ProfileTable two_rank_table(int U) {
       t.latency_ms.insert(t.latency_ms.end(), {10.0, 1.0});  // every unit alike on both ranks
       t.latency_min_ms.insert(t.latency_min_ms.end(), {9.0, 0.9});
       t.latency_max_ms.insert(t.latency_max_ms.end(), {11.0, 1.1});
+      t.latency_alone_ms.insert(t.latency_alone_ms.end(), {9.5, 0.8});  // the profile's alone pass
       t.cost_ms.push_back(10.0 + 4 * 1.0);
     }
   t.decode_contexts = {8, 9};
@@ -53,6 +54,8 @@ TEST(Calibrate, ScalesEachRanksRowAndItsCost) {
     EXPECT_DOUBLE_EQ(c.latency_ms[u * 2], 10.0);       // rank 0 prefill x1
     EXPECT_DOUBLE_EQ(c.latency_ms[u * 2 + 1], 2.0);    // rank 0 decode x2
     EXPECT_DOUBLE_EQ(c.latency_max_ms[u * 2 + 1], 2.2);
+    EXPECT_DOUBLE_EQ(c.latency_alone_ms[u * 2 + 1], 1.6);  // both passes scaled alike
+    EXPECT_DOUBLE_EQ(c.latency_alone_ms[(4 + u) * 2], 4.75);
     EXPECT_DOUBLE_EQ(c.cost_ms[u], 10.0 + 4 * 2.0);    // workload = prefill + G x decode
     EXPECT_DOUBLE_EQ(c.latency_ms[(4 + u) * 2], 5.0);  // rank 1 prefill x0.5
     EXPECT_DOUBLE_EQ(c.latency_min_ms[(4 + u) * 2], 4.5);

@@ -67,6 +67,8 @@ void expect_fixed_point(const ContentionResult& r, const std::vector<SimStage>& 
     EXPECT_NEAR(r.stages[k].decode_ms, dec, 1e-3 * dec) << "stage " << k;
     EXPECT_GE(r.stages[k].decode_ms, alone[k].decode_ms * (1 - 1e-9));
     EXPECT_LE(r.stages[k].decode_ms, together[k].decode_ms * (1 + 1e-9));
+    EXPECT_GE(r.stages[k].prefill_ms, alone[k].prefill_ms * (1 - 1e-9));
+    EXPECT_LE(r.stages[k].prefill_ms, together[k].prefill_ms * (1 + 1e-9));
   }
 }
 

@@ -342,7 +342,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   }
 }
 
-/// The file's efficiency is floor / latency element by element, and the summary's floor and eff
+/// The file's efficiency is floor / latency element by element (the alone pass's latency: the
+/// record has two passes, and the floors use the ceilings alone), and the summary's floor and eff
 /// columns are the partition's stage_floor_ms and stage_floor_ms / measured (here the
 /// stage_workload_ms fallback: 4.0 / 8.1 = 49%, 5.0 / 10.0 = 50%), and the ceilings line
 /// repeats /ranks.
@@ -353,7 +354,8 @@ TEST_F(ResultsIoTest, FloorsEfficiencyAndSummaryAgree) {
     auto f = ppb::h5::File::open(path_);
     const auto eff = f.root().open_group("profile").open_dataset("efficiency").read<double>();
     ASSERT_EQ(eff.size(), w.profile.floor_ms.size());
-    for (size_t i = 0; i < eff.size(); ++i) EXPECT_DOUBLE_EQ(eff[i], w.profile.floor_ms[i] / w.profile.latency_ms[i]);
+    ASSERT_EQ(w.profile.latency_alone_ms.size(), eff.size());
+    for (size_t i = 0; i < eff.size(); ++i) EXPECT_DOUBLE_EQ(eff[i], w.profile.floor_ms[i] / w.profile.latency_alone_ms[i]);
   }
   std::ostringstream out;
   ppb::print_summary(out, ppb::read_results(path_));
