@@ -683,6 +683,7 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"dtype on cpu", 2, tiny + "--dtype bf16", "f32"},
       {"unknown dtype", 2, tiny + "--dtype f8", "--dtype"},
       {"unknown transport", 2, tiny + "--transport carrier-pigeon", "--transport"},
+      {"unknown contention mode", 2, tiny + "--contention sometimes", "--contention"},
       {"unwritable output", 2, tiny + "-o /proc/ppbench/x.h5", "cannot be written"},
       {"existing output", 2, tiny + "-o " + dir + "/exists.h5", "--force"},
       {"memory limit", 2, tiny + "--memory-limit 0.000001", "needs"},
