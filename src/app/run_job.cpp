@@ -1353,20 +1353,14 @@ class RunJob {
     pr.predicted_stage_ms = p.predicted_stage_ms;
     if (!prof.latency_alone_ms.empty()) {
       // The solver's stage time is stage_time(compute on the together table, t_in, t_out); the
-      // modelled compute takes the together compute's place. The transfers as the solver counts
-      // them: the same evaluation on a problem whose units cost nothing (max(t_in, t_out) with
-      // overlap, t_in + t_out without). A tensor-parallel stage keeps the solver's value (its
-      // group profile is not modelled).
-      balance::BalanceProblem links_only = balance::problem_from_run(run_, objective_);
-      for (auto& row : links_only.cost) std::fill(row.begin(), row.end(), 0.0);
-      balance::Partition transfers = p;
-      balance::evaluate(links_only, transfers);
+      // modelled compute takes the together compute's place, with the solver's own transfers. A
+      // tensor-parallel stage keeps the solver's value (its group profile is not modelled).
+      const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
       for (int k = 0; k < S; ++k) {
         if (p.width(k) != 1) continue;
         const double modelled = balance::objective_cost(objective_, pr.predicted_phase_ms[2 * k],
                                                         pr.predicted_phase_ms[2 * k + 1], opt_.gen_len);
-        const double t = transfers.predicted_stage_ms[k];
-        pr.predicted_stage_ms[k] = opt_.no_overlap ? modelled + t : std::max(modelled, t);
+        pr.predicted_stage_ms[k] = balance::with_transfers(modelled, transfers[k], !opt_.no_overlap);
       }
     }
     pr.predicted_bottleneck_ms = *std::max_element(pr.predicted_stage_ms.begin(), pr.predicted_stage_ms.end());

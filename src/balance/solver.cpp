@@ -290,6 +290,14 @@ void evaluate(const BalanceProblem& problem, Partition& p) {
   p.spread_ms = *hi - *lo;
 }
 
+std::vector<double> stage_transfer_ms(const BalanceProblem& problem, const Partition& p) {
+  BalanceProblem links_only = problem;
+  for (auto& row : links_only.cost) std::fill(row.begin(), row.end(), 0.0);
+  Partition q = p;
+  evaluate(links_only, q);
+  return q.predicted_stage_ms;
+}
+
 std::vector<int64_t> stage_memory_bytes(const BalanceProblem& problem, const Partition& p) {
   std::vector<int64_t> m;
   for (int k = 0; k < p.num_stages(); ++k) {

@@ -100,6 +100,19 @@ bool uniform_transfers(const BalanceProblem& p);
 /// p.bottleneck_ms and p.spread_ms. @throws ppb::InternalError on a malformed partition.
 void evaluate(const BalanceProblem& problem, Partition& p);
 
+/// [S] ms: each stage's boundary transfers as evaluate() counts them, without its compute:
+/// stage_time(0, t_in, t_out, overlap), i.e. max(t_in, t_out) with overlap, t_in + t_out
+/// without. evaluate()'s stage time is then with_transfers(compute, this, overlap): a modelled
+/// compute (balance/contention.h) takes the profile's place in it.
+/// @throws ppb::InternalError on a malformed partition (as evaluate).
+std::vector<double> stage_transfer_ms(const BalanceProblem& problem, const Partition& p);
+
+/// A stage's time from its compute and its stage_transfer_ms entry (ms): max with overlap,
+/// sum without; equal to stage_time(compute, t_in, t_out, overlap).
+inline double with_transfers(double compute, double transfers, bool overlap) {
+  return overlap ? (compute > transfers ? compute : transfers) : compute + transfers;
+}
+
 /// [S] bytes (weights + KV cache) of each stage of `p`.
 std::vector<int64_t> stage_memory_bytes(const BalanceProblem& problem, const Partition& p);
 

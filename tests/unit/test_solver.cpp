@@ -219,6 +219,25 @@ TEST(BalanceSolver, ALinkPerBoundaryMatchesBruteForce) {
       EXPECT_NEAR(dp.predicted_stage_ms[k], brute_stage_time(p, order, k, dp.first_unit[k], dp.last_unit[k]),
                   1e-9 * std::max(1.0, o.bottleneck))
           << what << " stage " << k;
+    // A stage's time decomposes into its compute and its transfers (stage_transfer_ms), with and
+    // without overlap: how a run puts a modelled compute in the profile's place
+    // (balance/contention.h).
+    for (const bool overlap : {true, false}) {
+      BalanceProblem q = p;
+      q.overlap = overlap;
+      Partition e = dp;
+      evaluate(q, e);
+      const std::vector<double> xfer = stage_transfer_ms(q, e);
+      ASSERT_EQ(xfer.size(), static_cast<size_t>(S));
+      for (int k = 0; k < S; ++k) {
+        double compute = 0.0;
+        for (int u = e.first_unit[k]; u <= e.last_unit[k]; ++u) compute += q.cost[q.row_of(e.device_rank[k])][u];
+        EXPECT_GE(xfer[k], 0.0);
+        EXPECT_NEAR(with_transfers(compute, xfer[k], overlap), e.predicted_stage_ms[k],
+                    1e-9 * std::max(1.0, e.predicted_stage_ms[k]))
+            << what << " stage " << k << " overlap " << overlap;
+      }
+    }
     if (!uniform_transfers(p)) EXPECT_THROW(solve_fast(p, order), UserError) << what;
     // The order search: the best of every permutation.
     double best = kInf;
