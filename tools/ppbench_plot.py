@@ -21,7 +21,8 @@ Writes PNG files next to the results file (or into --outdir):
   <stem>_roofline.png  one log-log panel per rank (more than 4 ranks: rank 0 and the rank of
       the lowest peak_gflops): each unit signature's prefill (circle) and decode (triangle)
       forward at its arithmetic intensity (unit_flops / unit_bytes, FLOP/byte) and achieved
-      rate (unit_flops / latency_ms, GFLOP/s), labelled with the signature's name and its
+      rate (unit_flops / latency_ms, GFLOP/s; latency_alone_ms where the profile had two
+      passes, the pass the floors and the efficiency are of), labelled with the signature's name and its
       efficiency (/profile/efficiency: the roofline's floor / the measured time), under the
       rank's roofs: memory (AI x read_bandwidth_GBps, solid; read_bandwidth_shared_GBps,
       dashed) and compute (peak_gflops). Signatures of 0 FLOP (embed) are not drawn. Drawn
@@ -374,7 +375,10 @@ def plot_roofline(f, out_png):
     peak = f["ranks/peak_gflops"][...]
     devices = f["ranks/device_name"].asstr()[...]
     flops, nbytes = f["profile/unit_flops"][...], f["profile/unit_bytes"][...]  # [U, 2]: prefill, decode
-    lat, eff = f["profile/latency_ms"][...], f["profile/efficiency"][...]      # [R, U, 2]
+    # [R, U, 2]; the alone pass where the profile has two: the floors (ceilings alone) and so the
+    # efficiency are of that pass (results/README.md)
+    lat = f["profile/latency_alone_ms" if "latency_alone_ms" in f["profile"] else "profile/latency_ms"][...]
+    eff = f["profile/efficiency"][...]
     sig_names = f["profile/signature_name"].asstr()[...]
     first = {}  # signature -> its first unit (units of one signature have the same shapes)
     for u, sig in enumerate(f["profile/unit_signature"][...]):
