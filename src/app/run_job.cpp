@@ -1292,7 +1292,8 @@ class RunJob {
 
   void describe_partitions() {
     if (!root_) return;
-    for (const auto& p : parts_) run_.partitions.push_back(describe_partition(p, run_.profile));
+    const balance::BalanceProblem prob = balance::problem_from_run(run_, objective_);
+    for (const auto& p : parts_) run_.partitions.push_back(describe_partition(p, run_.profile, prob));
   }
 
   /// Sums over units [first, last] of rank r's prefill and decode entries of a [R][U][2] profile
@@ -1333,8 +1334,10 @@ class RunJob {
   }
 
   /// Rank 0: partition `p`'s record (split, predictions from profile table `prof`, floors, stage
-  /// bytes), its memory report and its progress line.
-  PartitionRecord describe_partition(const balance::Partition& p, const ProfileTable& prof) {
+  /// bytes), its memory report and its progress line. `prob`: the balancer's problem of `prof`,
+  /// built once by the caller (its links give each stage's transfers).
+  PartitionRecord describe_partition(const balance::Partition& p, const ProfileTable& prof,
+                                     const balance::BalanceProblem& prob) {
     PartitionRecord pr;
     pr.name = p.solver;
     pr.solver = p.solver;
@@ -1355,7 +1358,7 @@ class RunJob {
       // The solver's stage time is stage_time(compute on the together table, t_in, t_out); the
       // modelled compute takes the together compute's place, with the solver's own transfers. A
       // tensor-parallel stage keeps the solver's value (its group profile is not modelled).
-      const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
+      const std::vector<double> transfers = balance::stage_transfer_ms(prob, p);
       for (int k = 0; k < S; ++k) {
         if (p.width(k) != 1) continue;
         const double modelled = balance::objective_cost(objective_, pr.predicted_phase_ms[2 * k],
@@ -1761,7 +1764,8 @@ class RunJob {
     req.method = balance::Method::balanced;
     req.stages = S_;
     req.order = opt_.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
-    balance::Partition p = balance::make_split(balance::problem_from_run(calibrated, objective_), req);
+    const balance::BalanceProblem prob = balance::problem_from_run(calibrated, objective_);
+    balance::Partition p = balance::make_split(prob, req);
     for (const balance::Partition& q : parts_) {
       if (balance::compare_splits(q, p, equivalence_) != balance::Sameness::different) {
         adaptive_done_ = true;
@@ -1774,7 +1778,7 @@ class RunJob {
     }
     if (adaptive_solves_ >= kMaxAdaptiveSolves) adaptive_done_ = true;  // this one is the last
     p.solver = next_adaptive_name();
-    PartitionRecord pr = describe_partition(p, calibrated.profile);
+    PartitionRecord pr = describe_partition(p, calibrated.profile, prob);
     pr.calibration_factor = factors;
     pr.calibrated_from = from;
     pr.solved_after_round = static_cast<int>(benches.front().rounds.size());
