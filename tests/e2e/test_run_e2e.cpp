@@ -52,18 +52,26 @@ std::string mpirun(int np) {
 
 std::string temp_dir() { return ppb_test::scratch_dir("ppbench_e2e_"); }
 
+/// Partition `part`'s split as the file stores it: [S] first units, last units, device ranks.
+struct StoredSplit {
+  std::vector<int64_t> first, last, dev;
+};
+StoredSplit stored_split(ppb::h5::Group& root, const std::string& part) {
+  auto g = root.open_group("partitions/" + part);
+  return {g.open_dataset("first_unit").read<int64_t>(), g.open_dataset("last_unit").read<int64_t>(),
+          g.open_dataset("device_rank").read<int64_t>()};
+}
+
 /// [S][2] sums of /profile table `table` ([R][U][2]) over each stage's units on its rank, for
 /// partition `part` of a run with one rank per stage.
 std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, const std::string& table) {
-  auto g = root.open_group("partitions/" + part);
-  const auto first = g.open_dataset("first_unit").read<int64_t>(), last = g.open_dataset("last_unit").read<int64_t>();
-  const auto dev = g.open_dataset("device_rank").read<int64_t>();
+  const StoredSplit sp = stored_split(root, part);
   const auto lat = root.open_group("profile").open_dataset(table).read<double>();
   const size_t U = root.open_group("profile").open_dataset("unit_name").read_strings().size();
-  std::vector<double> out(2 * first.size(), 0.0);
-  for (size_t k = 0; k < first.size(); ++k)
-    for (int64_t u = first[k]; u <= last[k]; ++u)
-      for (size_t ph = 0; ph < 2; ++ph) out[2 * k + ph] += lat[(static_cast<size_t>(dev[k]) * U + u) * 2 + ph];
+  std::vector<double> out(2 * sp.first.size(), 0.0);
+  for (size_t k = 0; k < sp.first.size(); ++k)
+    for (int64_t u = sp.first[k]; u <= sp.last[k]; ++u)
+      for (size_t ph = 0; ph < 2; ++ph) out[2 * k + ph] += lat[(static_cast<size_t>(sp.dev[k]) * U + u) * 2 + ph];
   return out;
 }
 
@@ -71,15 +79,13 @@ std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, co
 /// objective's cost of each unit on its rank, from the table it solved on). Transfers are left
 /// out: on one node they are the same at every boundary of a dense model.
 double solver_bottleneck(ppb::h5::Group& root, const std::string& part) {
-  auto g = root.open_group("partitions/" + part);
-  const auto first = g.open_dataset("first_unit").read<int64_t>(), last = g.open_dataset("last_unit").read<int64_t>();
-  const auto dev = g.open_dataset("device_rank").read<int64_t>();
+  const StoredSplit sp = stored_split(root, part);
   const auto cost = root.open_group("profile").open_dataset("cost_ms").read<double>();
-  const size_t U = cost.size() / root.open_group("ranks").open_dataset("hostname").read_strings().size();
+  const size_t U = root.open_group("profile").open_dataset("unit_name").read_strings().size();
   double worst = 0.0;
-  for (size_t k = 0; k < first.size(); ++k) {
+  for (size_t k = 0; k < sp.first.size(); ++k) {
     double sum = 0.0;
-    for (int64_t u = first[k]; u <= last[k]; ++u) sum += cost[static_cast<size_t>(dev[k]) * U + u];
+    for (int64_t u = sp.first[k]; u <= sp.last[k]; ++u) sum += cost[static_cast<size_t>(sp.dev[k]) * U + u];
     worst = std::max(worst, sum);
   }
   return worst;
