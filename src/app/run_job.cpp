@@ -184,7 +184,7 @@ void validate_options(const RunOptions& o) {
     throw UserError("--device '" + o.device + "' is unknown; valid: auto, cpu, cuda");
   if (o.contention != "auto" && o.contention != "off")
     throw UserError("--contention '" + o.contention + "' is unknown; valid: auto (profile alone and together where a "
-                    "node's ranks share memory), off (one profile at each rank's own pace)");
+                    "machine's ranks share memory), off (one profile at each rank's own pace)");
   if (o.transport != "auto" && o.transport != "mpi" && o.transport != "nccl")
     throw UserError("--transport '" + o.transport + "' is unknown; valid: auto, mpi, nccl");
 }
@@ -593,8 +593,9 @@ class RunJob {
       const int onednn = mpi_.agree(cpu::gemm_library() == cpu::GemmLibrary::onednn ? 1 : 0);
       cpu::set_gemm_library(onednn ? cpu::GemmLibrary::onednn : cpu::GemmLibrary::openblas);
     }
-    // Ranks sharing a device share its free memory (CPU: the node's; GPU: the GPU's).
-    const int sharing = ranks_sharing(mpi_, mpi_.hostname() + "/" + device_->bus_id());
+    // Ranks sharing a device share its free memory (CPU: the machine's, containers or
+    // namespaces of one machine included; GPU: the GPU's).
+    const int sharing = ranks_sharing(mpi_, mpi_.machine_id() + "/" + device_->bus_id());
     memory_limit_ = opt_.memory_limit_gib > 0 ? static_cast<size_t>(opt_.memory_limit_gib * (1ull << 30))
                                               : static_cast<size_t>(0.9 * device_->free_memory() / sharing);
   }
@@ -669,8 +670,12 @@ class RunJob {
     const auto names = mpi_.gather_strings(device_->name());
     const auto buses = mpi_.gather_strings(device_->bus_id());
     const auto local = mpi_.gatherv_ints({mpi_.local_rank()});
+    const auto machines = mpi_.gather_strings(mpi_.machine_id());
     if (root_) {
-      for (int r = 0; r < S_; ++r) run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
+      for (int r = 0; r < S_; ++r) {
+        run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
+        run_.ranks.back().machine_id = machines[r];
+      }
       pair_links_ = balance::node_pair_links(run_);  // the simulator's, once (the links do not change)
     }
     record_conditions();
@@ -739,9 +744,10 @@ class RunJob {
   // ---- ceilings ---------------------------------------------------------------------------------
 
   /// The hardware's ceilings on every rank (issue 12's floors): read bandwidth and GEMM rate
-  /// with the node's other ranks idle (local ranks take turns; the waiting ones sleep in a
+  /// with the machine's other ranks idle (MpiContext::machine_rank: the ranks under one kernel,
+  /// a node's or several namespaces'; they take turns, the waiting ones sleep in a
   /// quiet barrier, so they leave the cores alone), then the read bandwidth with every rank of
-  /// the node reading at once. Gathered into /ranks.
+  /// the machine reading at once. Gathered into /ranks.
   /// A ceiling, or NaN with a warning when measuring it fails (an allocation, say): the phase's
   /// collectives must not be left by one rank (that would hang the others), and a run without
   /// floors is still a run.
@@ -760,10 +766,10 @@ class RunJob {
     std::vector<double> mine(3, std::numeric_limits<double>::quiet_NaN());
     phase("ceilings", [&] {
       if (root_) progress_.say("ceilings: read bandwidth and GEMM rate of each rank, alone, then all at once");
-      const int turns = mpi_.agree(mpi_.local_size());
+      const int turns = mpi_.agree(mpi_.machine_size());
       for (int turn = 0; turn < turns; ++turn) {
         mpi_.quiet_barrier();
-        if (mpi_.local_rank() == turn) {
+        if (mpi_.machine_rank() == turn) {
           mine[0] = ceiling_or_nan("read bandwidth", [&] { return device_->measure_read_bandwidth_GBps(); });
           mine[2] = ceiling_or_nan("GEMM rate", [&] { return device_->measure_gemm_gflops(dtype_); });
         }
@@ -900,7 +906,7 @@ class RunJob {
 
   // ---- 2. profile on every rank, gathered on rank 0 --------------------------------------------
 
-  /// The profile's settings from the options. resident_bytes: this node's share of the model's
+  /// The profile's settings from the options. resident_bytes: this machine's share of the model's
   /// weights (its ranks' stages, in every layout: a tensor-parallel group's ranks split what one
   /// rank would hold), which decides cold or warm timing.
   ProfileConfig profile_config() const {
@@ -917,7 +923,7 @@ class RunJob {
     pc.expert_skew = opt_.expert_skew;
     int64_t total = 0;
     for (int u = 0; u < spec_.num_units(); ++u) total += model::unit_resident_params(spec_, u) * dtype_bytes(dtype_);
-    pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.local_size());
+    pc.resident_bytes = static_cast<size_t>(total / S_ * mpi_.machine_size());
     return pc;
   }
 
@@ -943,31 +949,33 @@ class RunJob {
     return out;
   }
 
-  /// The profile. Where the ranks of a node share memory (CPU ranks, --contention auto), two
-  /// passes (balance/contention.h): alone, the ranks of each node taking turns while the others
+  /// The profile. Where the ranks of a machine share memory (CPU ranks, --contention auto;
+  /// MpiContext::machine_id: one kernel, so also ranks on different MPI nodes that are containers
+  /// or namespaces of one machine), two passes (balance/contention.h): alone, the ranks of each
+  /// machine taking turns while the others
   /// wait without spinning (quiet_barrier); then together, a barrier of all ranks before every
-  /// timed forward so that a node's ranks stream their weights at the same moment. The together
+  /// timed forward so that a machine's ranks stream their weights at the same moment. The together
   /// pass is the profile the balancer solves on (latency_ms); the alone medians are kept for the
   /// contention model; min/max span both passes. Elsewhere one pass, every rank at its own pace.
   void profile() {
     ProfileResult prof, alone;
     const bool two_passes =
-        opt_.contention == "auto" && mpi_.agree(device_->node_ranks_share_memory() && mpi_.local_size() > 1 ? 1 : 0) != 0;
+        opt_.contention == "auto" && mpi_.agree(device_->node_ranks_share_memory() && mpi_.machine_size() > 1 ? 1 : 0) != 0;
     phase("profile", [&] {
       ProfileConfig pc = profile_config();
       if (!two_passes) {
         prof = profile_pass(pc, "profile: ");
         return;
       }
-      const int turns = mpi_.agree(mpi_.local_size());
+      const int turns = mpi_.agree(mpi_.machine_size());
       // A failure is kept until every turn is over and agreed on before the together pass: no
       // rank may leave the turns early, nor enter the together pass's barriers alone. A rank
       // that waits for others' turns (a whole profile each) beats the watchdog's heartbeat.
       std::exception_ptr failed;
       for (int turn = 0; turn < turns; ++turn) {
         mpi_.quiet_barrier(1e-3, [] { heartbeat(); });
-        progress_.say("profile pass 1/2 (alone): local rank " + std::to_string(turn) + " of each node; the others wait");
-        if (mpi_.local_rank() == turn && !failed) {
+        progress_.say("profile pass 1/2 (alone): rank " + std::to_string(turn) + " of each machine; the others wait");
+        if (mpi_.machine_rank() == turn && !failed) {
           try {
             alone = profile_pass(pc, "profile alone: ");
           } catch (...) {
@@ -2050,8 +2058,9 @@ class RunJob {
   /// Rank 0: partition `p`'s predicted compute per stage, [S][2] (prefill step, decode step;
   /// ms), from profile table `prof` (the run's, or a calibrated copy). A profile of one pass: its
   /// sums as they are. A profile of two passes (latency_alone_ms): the contention model of
-  /// balance/contention.h between each stage's alone and together sums, with the stages' nodes
-  /// and the measured links. A tensor-parallel stage has one profile, its group's (timed while
+  /// balance/contention.h between each stage's alone and together sums, with the stages' machines
+  /// (rank_machine: stages on one machine slow each other, even on different MPI nodes) and the
+  /// measured links. A tensor-parallel stage has one profile, its group's (timed while
   /// the node's other ranks wait): it is used as both, so the model never slows that stage for
   /// its neighbours (it still slows them). The model failing (it should not) falls back to the
   /// together sums; not settling is warned about.
@@ -2069,11 +2078,11 @@ class RunJob {
       }
     }
     if (prof.latency_alone_ms.empty()) return together;
-    std::vector<int> node(S);  // the first stage on the same host's index
+    std::vector<int> node(S);  // the first stage on the same machine's index
     for (int k = 0; k < S; ++k) {
       node[k] = k;
       for (int j = 0; j < k; ++j)
-        if (run_.ranks[p.device_rank[j]].hostname == run_.ranks[p.device_rank[k]].hostname) {
+        if (rank_machine(run_.ranks[p.device_rank[j]]) == rank_machine(run_.ranks[p.device_rank[k]])) {
           node[k] = node[j];
           break;
         }

@@ -1,19 +1,22 @@
-// Stages that share a node's memory bandwidth (issue 13): a unit profiled with its node's other
-// ranks idle runs slower in the pipeline whenever another stage of its node computes at the
-// same moment. On this project's 2-core CPU machines a Qwen3-0.6B layer's decode step took
+// Stages that share a machine's memory bandwidth (issue 13): a unit profiled with its machine's
+// other ranks idle runs slower in the pipeline whenever another stage of its machine computes at
+// the same moment. On this project's 2-core CPU machines a Qwen3-0.6B layer's decode step took
 // 2.9 ms alone, 3.5 ms with the other rank timing the same unit at the same moment, and
 // 3.8-4.0 ms inside the pipeline: a profile of units timed alone predicted every stage 12-37%
 // too fast, and more so for the balanced split, whose stages are busy at the same moments more
 // often than the uniform one's.
 //
-// The model: each unit is profiled twice, alone (the node's other ranks wait) and together (all
-// ranks of the node time the same unit at the same moment). A stage's step time in a phase is
+// The model: each unit is profiled twice, alone (the machine's other ranks wait) and together (all
+// ranks time the same unit at the same moment). A machine is the ranks under one kernel
+// (MpiContext::machine_id): a node's ranks, and also ranks on different MPI nodes that are
+// containers or network namespaces of one machine (issue 16's two-node test). A stage's step
+// time in a phase is
 //     t = t_alone + (t_together - t_alone) * f,
-// f = the share of the stage's compute time in that phase during which another stage of its node
+// f = the share of the stage's compute time in that phase during which another stage of its machine
 // computes too, read from the pipeline simulator's timeline (balance/simulator.h) of the step
 // times themselves: a fixed point, found by damped iteration. Linear in f: the memory traffic of
 // a memory-bound step is spread evenly over it, so a step overlapped for a share f of its time
-// pays the together rate for that share. With more than two ranks per node, "together" is all of
+// pays the together rate for that share. With more than two ranks per machine, "together" is all of
 // them at once and f counts any other stage's compute: an upper estimate where only some of them
 // overlap. GPUs have their own memory each: their profile has one pass and the model is not
 // applied (together == alone).
@@ -37,9 +40,9 @@ struct ContentionResult {
 
 /// Step times of the stages of one partition under the shared-bandwidth model above.
 /// alone, together: [S] step times from the profile's two passes (the transfer fields of
-/// `alone` are used, those of `together` ignored); node: [S] an id of the node each stage's
-/// ranks are on (stages on different nodes do not slow each other); cfg: the pipeline.
-/// A stage alone on its node gets its alone times. Iterates x <- (x + model(sim(x))) / 2 from
+/// `alone` are used, those of `together` ignored); node: [S] an id of the machine each stage's
+/// ranks are on (stages on different machines do not slow each other); cfg: the pipeline.
+/// A stage alone on its machine gets its alone times. Iterates x <- (x + model(sim(x))) / 2 from
 /// the together times, at most 60 simulations; the result after the last is returned either way
 /// (`converged` says whether it settled).
 /// A together time below its alone time (profile noise) is used as measured: the model then

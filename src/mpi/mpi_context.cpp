@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <fstream>
 #include <chrono>
 #include <limits>
 #include <thread>
@@ -41,6 +43,39 @@ MpiContext::MpiContext(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
   MPI_CHECK(MPI_Comm_size(local, &local_size_));
   MPI_Comm_free(&local);
+  split_by_machine();
+}
+
+std::string MpiContext::read_machine_id(const std::string& boot_id_path, const std::string& hostname) {
+  std::ifstream in(boot_id_path);
+  std::string id;
+  if (in && std::getline(in, id)) {
+    while (!id.empty() && std::isspace(static_cast<unsigned char>(id.back()))) id.pop_back();
+  }
+  if (id.empty()) return "host:" + hostname;
+  return id;
+}
+
+void MpiContext::split_by_machine() {
+  machine_id_ = read_machine_id("/proc/sys/kernel/random/boot_id", hostname_);
+  // Every rank's id, fixed width (a boot id is 36 characters, a hostname at most 64 + "host:"):
+  // the ranks of a machine are those with an equal id, colour = the first such rank.
+  constexpr int kWidth = 128;
+  std::vector<char> mine(kWidth, '\0'), all(static_cast<size_t>(kWidth) * size_, '\0');
+  std::copy_n(machine_id_.begin(), std::min<size_t>(machine_id_.size(), kWidth - 1), mine.begin());
+  MPI_CHECK(MPI_Allgather(mine.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD));
+  int colour = rank_;
+  for (int r = 0; r < size_; ++r) {
+    if (std::equal(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(r) * kWidth)) {
+      colour = r;
+      break;
+    }
+  }
+  MPI_Comm machine;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, colour, rank_, &machine));
+  MPI_CHECK(MPI_Comm_rank(machine, &machine_rank_));
+  MPI_CHECK(MPI_Comm_size(machine, &machine_size_));
+  MPI_Comm_free(&machine);
 }
 
 MpiContext::~MpiContext() {

@@ -27,6 +27,16 @@ class MpiContext {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   const std::string& hostname() const { return hostname_; }
+  /// The machine this rank runs on: the running kernel's boot id
+  /// (/proc/sys/kernel/random/boot_id, a random UUID drawn at every boot), or "host:<hostname>"
+  /// where it cannot be read. Ranks in containers or network/UTS namespaces of one machine are
+  /// different MPI nodes (different hostnames, no shared-memory transport) yet share this id,
+  /// and with it the machine's memory bandwidth, caches and free memory.
+  const std::string& machine_id() const { return machine_id_; }
+  /// Rank among the ranks with this rank's machine_id, and their count: the ranks whose memory
+  /// traffic contends (a superset of the node's, local_rank/local_size).
+  int machine_rank() const { return machine_rank_; }
+  int machine_size() const { return machine_size_; }
   MPI_Comm comm() const { return MPI_COMM_WORLD; }
   bool is_root() const { return rank_ == 0; }
 
@@ -85,12 +95,22 @@ class MpiContext {
   /// "Open MPI v4.1.4, ..." (MPI_Get_library_version, first line).
   static std::string library_version();
 
+  /// machine_id's value from a boot id file (first line, trailing space dropped), or
+  /// "host:<hostname>" where the file is missing or empty. Pure: tested without MPI.
+  static std::string read_machine_id(const std::string& boot_id_path, const std::string& hostname);
+
  private:
+  /// Collective (constructor): machine_id, machine_rank, machine_size.
+  void split_by_machine();
+
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
   std::string hostname_;
+  std::string machine_id_;
+  int machine_rank_ = 0;
+  int machine_size_ = 1;
   bool finalize_ = false;
 };
 

@@ -243,6 +243,8 @@ void read_all(const Group& root, RunRecord& run) {
                                                : std::vector<std::string>();
   auto governor = ranks.exists("cpu_governor") ? ranks.open_dataset("cpu_governor").read_strings()
                                                : std::vector<std::string>();
+  auto machine = ranks.exists("machine_id") ? ranks.open_dataset("machine_id").read_strings()
+                                            : std::vector<std::string>();  // files before it: ""
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (size_t r = 0; r < host.size(); ++r) {
     RankInfo info{host[r], r < dev.size() ? dev[r] : "", r < bus.size() ? bus[r] : "",
@@ -255,6 +257,7 @@ void read_all(const Group& root, RunRecord& run) {
     info.compute_threads = r < threads.size() ? static_cast<int>(threads[r]) : 0;
     info.cpu_affinity = r < affinity.size() ? affinity[r] : "";
     info.cpu_governor = r < governor.size() ? governor[r] : "";
+    info.machine_id = r < machine.size() ? machine[r] : "";
     run.ranks.push_back(info);
   }
 

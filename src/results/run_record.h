@@ -33,7 +33,15 @@ struct RankInfo {
   double cpu_quota_cores = std::numeric_limits<double>::quiet_NaN();
   std::string cpu_governor{};
   int compute_threads = 0;
+  /// The machine (MpiContext::machine_id: the kernel's boot id, or "host:<hostname>"); "" in
+  /// files before it. Ranks of one machine share its memory bandwidth even on different MPI
+  /// nodes (containers, network namespaces); see rank_machine.
+  std::string machine_id{};
 };
+
+/// The machine a rank's memory traffic contends on: its machine_id, or for files before it
+/// "host:<hostname>" (one machine per node, as MpiContext falls back to).
+inline std::string rank_machine(const RankInfo& r) { return r.machine_id.empty() ? "host:" + r.hostname : r.machine_id; }
 
 struct WorkloadInfo {
   int batch = 0, prompt_len = 0, gen_len = 0, microbatches = 0;

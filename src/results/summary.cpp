@@ -66,13 +66,13 @@ void print_ceilings(std::ostream& os, const RunRecord& run) {
 }
 
 /// With a two-pass profile (latency_alone_ms): each rank's together / alone ratio of its units'
-/// summed prefill and decode times, what sharing the node's memory bandwidth costs a unit.
+/// summed prefill and decode times, what sharing the machine's memory bandwidth costs a unit.
 void print_profile_passes(std::ostream& os, const RunRecord& run) {
   const auto& t = run.profile;
   const size_t U = t.unit_name.size();
   if (t.latency_alone_ms.empty() || U == 0 || t.latency_alone_ms.size() != t.latency_ms.size()) return;
   const size_t R = t.latency_ms.size() / (2 * U);
-  os << "profile: alone and together (the node's ranks at once), together/alone prefill, decode:";
+  os << "profile: alone and together (the machine's ranks at once), together/alone prefill, decode:";
   for (size_t r = 0; r < R && r < 4; ++r) {
     double sum[2][2] = {{0, 0}, {0, 0}};  // [together, alone][phase]
     for (size_t u = 0; u < U; ++u)
@@ -84,7 +84,7 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
     os << (r ? ";" : "") << " rank " << r << " " << ratio(sum[0][0], sum[1][0]) << ", " << ratio(sum[0][1], sum[1][1]);
   }
   if (R > 4) os << "; ...";
-  os << "\n  predictions: alone + (together - alone) x the share of each stage's compute another stage of its node\n"
+  os << "\n  predictions: alone + (together - alone) x the share of each stage's compute another stage of its machine\n"
         "  overlaps in the simulated pipeline (balance/contention.h); the balancer solves on the together times\n";
 }
 

@@ -199,6 +199,10 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
   ranks.write_strings("device_name", column(rs, &RankInfo::device_name));
   ranks.write_strings("bus_id", column(rs, &RankInfo::bus_id));
   ranks.write_dataset("local_rank", column(rs, &RankInfo::local_rank));
+  ranks.write_strings("machine_id", column(rs, &RankInfo::machine_id))
+      .set_attr("content", "the machine: the kernel's boot id (/proc/sys/kernel/random/boot_id), or "
+                           "\"host:<hostname>\" where unreadable; ranks with equal ids share memory bandwidth, "
+                           "even on different nodes (containers, namespaces)");
   ranks.write_dataset("clock_offset_s", column(rs, &RankInfo::clock_offset_s)).set_attr("units", "s");
   ranks.write_dataset("memory_limit_bytes", column(rs, &RankInfo::memory_limit_bytes)).set_attr("units", "bytes");
   ranks.write_dataset("stage_scratch_bytes", column(rs, &RankInfo::stage_scratch_bytes)).set_attr("units", "bytes");

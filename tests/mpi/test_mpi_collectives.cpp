@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <vector>
 
 #include "backend/tensor_parallel.h"
@@ -70,6 +72,40 @@ TEST(MpiCollectives, AgreeReturnsTheWorstStatus) {
   const auto& mpi = test::mpi();
   EXPECT_EQ(mpi.agree(0), 0);
   EXPECT_EQ(mpi.agree(mpi.rank() == mpi.size() - 1 ? 2 : 0), 2);
+}
+
+/// The machine (issue 16's namespaces share one): read from the kernel's boot id, so on the one
+/// machine ctest runs on every rank has the same id, that file's first line, and the machine's
+/// ranks are the node's; without the file, the hostname stands in.
+TEST(MpiCollectives, RanksOfOneMachineShareItsIdAndRankTheNodesWay) {
+  const auto& mpi = test::mpi();
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (boot && std::getline(boot, id) && !id.empty()) {
+    EXPECT_EQ(mpi.machine_id(), id);
+  } else {
+    EXPECT_EQ(mpi.machine_id(), "host:" + mpi.hostname());
+  }
+  const auto ids = mpi.gather_strings(mpi.machine_id());
+  if (mpi.is_root()) {
+    for (const auto& other : ids) EXPECT_EQ(other, ids[0]);
+  }
+  EXPECT_EQ(mpi.machine_size(), mpi.size());
+  EXPECT_EQ(mpi.machine_size(), mpi.local_size());
+  EXPECT_EQ(mpi.machine_rank(), mpi.local_rank());
+
+  const std::string path = "/tmp/ppb_boot_id_" + std::to_string(mpi.rank());
+  {
+    std::ofstream out(path);
+    out << "3f1c2d9e-0000-4000-8000-00000000abcd  \n second line\n";
+  }
+  EXPECT_EQ(MpiContext::read_machine_id(path, "n1"), "3f1c2d9e-0000-4000-8000-00000000abcd");
+  {
+    std::ofstream out(path);  // empty
+  }
+  EXPECT_EQ(MpiContext::read_machine_id(path, "n1"), "host:n1");
+  std::remove(path.c_str());
+  EXPECT_EQ(MpiContext::read_machine_id(path, "n1"), "host:n1");  // missing
 }
 
 /// The link matrix (issue 16): the measured pairs on every rank, symmetric, NaN elsewhere;

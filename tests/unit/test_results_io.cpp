@@ -64,6 +64,8 @@ RunRecord make_record() {
   r.ranks[1].cpu_affinity = "0";
   r.ranks[1].cpu_quota_cores = 0.5;
   r.ranks[1].compute_threads = 1;
+  r.ranks[0].machine_id = "3f1c2d9e-0000-4000-8000-00000000abcd";
+  r.ranks[1].machine_id = "host:gpu-node-7";
   auto& p = r.profile;
   p.unit_name = {"embed", "layer.0", "layer.1", "head"};
   p.unit_signature = {0, 1, 1, 2};
@@ -260,6 +262,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(r.ranks[i].cpu_affinity, w.ranks[i].cpu_affinity);
     EXPECT_EQ(r.ranks[i].cpu_governor, w.ranks[i].cpu_governor);
     EXPECT_EQ(r.ranks[i].compute_threads, w.ranks[i].compute_threads);
+    EXPECT_EQ(r.ranks[i].machine_id, w.ranks[i].machine_id);
+    EXPECT_EQ(rank_machine(r.ranks[i]), w.ranks[i].machine_id);
     if (std::isnan(w.ranks[i].cpu_quota_cores)) {
       EXPECT_TRUE(std::isnan(r.ranks[i].cpu_quota_cores));
     } else {
@@ -347,6 +351,18 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
 /// columns are the partition's stage_floor_ms and stage_floor_ms / measured (here the
 /// stage_workload_ms fallback: 4.0 / 8.1 = 49%, 5.0 / 10.0 = 50%), and the ceilings line
 /// repeats /ranks.
+/// Files before /ranks/machine_id: one machine per hostname, the id MpiContext falls back to.
+TEST(RankMachine, FilesWithoutAMachineIdTakeOneMachinePerHostname) {
+  ppb::RankInfo a, b;
+  a.hostname = b.hostname = "node3";
+  EXPECT_EQ(ppb::rank_machine(a), "host:node3");
+  EXPECT_EQ(ppb::rank_machine(a), ppb::rank_machine(b));
+  b.hostname = "node4";
+  EXPECT_NE(ppb::rank_machine(a), ppb::rank_machine(b));
+  a.machine_id = b.machine_id = "0b5e";  // two namespaces of one kernel
+  EXPECT_EQ(ppb::rank_machine(a), ppb::rank_machine(b));
+}
+
 TEST_F(ResultsIoTest, FloorsEfficiencyAndSummaryAgree) {
   const RunRecord w = make_record();
   ppb::write_results(path_, w);
