@@ -132,7 +132,8 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   return p;
 }
 
-void read_all(const Group& root, RunRecord& run) {
+/// The root attributes: versions, Slurm, status, the link, the gains and their verdicts.
+void read_root_attrs(const Group& root, RunRecord& run) {
   run.ppbench_version = root.get_attr<std::string>("ppbench_version");
   run.created_utc = attr_or<std::string>(root, "created_utc", "");
   run.command_line = attr_or<std::string>(root, "command_line", "");
@@ -173,7 +174,10 @@ void read_all(const Group& root, RunRecord& run) {
   run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
   run.adaptive_status = attr_or<std::string>(root, "adaptive_status", "");
   run.tp_auto_layout = attr_or<std::string>(root, "tp_auto_layout", "");
+}
 
+/// /config/model: the config's source and text, and its attributes (strings and numbers).
+void read_model(const Group& root, RunRecord& run) {
   Group model = root.open_group("config/model");
   run.model_source = attr_or<std::string>(model, "source", "");
   if (model.exists("config_json")) run.model_config_json = model.open_dataset("config_json").read_string();
@@ -184,20 +188,26 @@ void read_all(const Group& root, RunRecord& run) {
     else
       run.model_attrs_num[key] = model.get_attr<double>(key);
   }
+}
 
-  if (root.exists("moe")) {
-    Group moe = root.open_group("moe");
-    run.expert_skew = attr_or<double>(moe, "expert_skew", 0.0);
-    run.expert_tokens_partition = attr_or<std::string>(moe, "partition", "");
-    auto ds = moe.open_dataset("expert_tokens");
-    const auto dims = ds.dims();
-    if (dims.size() == 2) {
-      run.expert_rows = static_cast<int>(dims[0]);
-      run.expert_cols = static_cast<int>(dims[1]);
-      run.expert_tokens = ds.read<int64_t>();
-    }
+/// /moe, where the run had a mixture-of-experts model.
+void read_moe(const Group& root, RunRecord& run) {
+  if (!root.exists("moe")) return;
+  Group moe = root.open_group("moe");
+  run.expert_skew = attr_or<double>(moe, "expert_skew", 0.0);
+  run.expert_tokens_partition = attr_or<std::string>(moe, "partition", "");
+  auto ds = moe.open_dataset("expert_tokens");
+  const auto dims = ds.dims();
+  if (dims.size() == 2) {
+    run.expert_rows = static_cast<int>(dims[0]);
+    run.expert_cols = static_cast<int>(dims[1]);
+    run.expert_tokens = ds.read<int64_t>();
   }
+}
 
+/// /config/workload and /config/environment. Format 1 files kept the profile's warm-up and
+/// iterations on /profile/latency_ms only.
+void read_workload(const Group& root, RunRecord& run) {
   Group wl = root.open_group("config/workload");
   auto& w = run.workload;
   w.batch = wl.get_attr<int>("batch");
@@ -222,7 +232,15 @@ void read_all(const Group& root, RunRecord& run) {
     Group env = root.open_group("config/environment");
     for (const auto& key : env.attr_names()) run.environment[key] = env.get_attr<std::string>(key);
   }
+  const auto lat = root.open_group("profile").open_dataset("latency_ms");
+  // Format 1 files before profile_* moved to /config/workload kept them on latency_ms only.
+  w.profile_warmup = wl.has_attr("profile_warmup") ? wl.get_attr<int>("profile_warmup") : attr_or<int>(lat, "warmup", 0);
+  w.profile_iters = wl.has_attr("profile_iters") ? wl.get_attr<int>("profile_iters") : attr_or<int>(lat, "iters", 0);
+}
 
+/// /ranks: one RankInfo per rank, with the defaults of files before each dataset; the link
+/// matrices.
+void read_ranks(const Group& root, RunRecord& run) {
   Group ranks = root.open_group("ranks");
   run.link_latency_matrix_s = dataset_or_empty<double>(ranks, "link_latency_s");  // files before issue 16: none
   run.link_bandwidth_matrix_Bps = dataset_or_empty<double>(ranks, "link_bandwidth_Bps");
@@ -260,7 +278,10 @@ void read_all(const Group& root, RunRecord& run) {
     info.machine_id = r < machine.size() ? machine[r] : "";
     run.ranks.push_back(info);
   }
+}
 
+/// /profile, with /profile/tp's groups.
+void read_profile(const Group& root, RunRecord& run) {
   Group prof = root.open_group("profile");
   auto& p = run.profile;
   p.unit_name = prof.open_dataset("unit_name").read_strings();
@@ -298,10 +319,16 @@ void read_all(const Group& root, RunRecord& run) {
       p.tp.push_back(std::move(g));
     }
   }
-  // Format 1 files before profile_* moved to /config/workload kept them on latency_ms only.
-  w.profile_warmup = wl.has_attr("profile_warmup") ? wl.get_attr<int>("profile_warmup") : attr_or<int>(lat, "warmup", 0);
-  w.profile_iters = wl.has_attr("profile_iters") ? wl.get_attr<int>("profile_iters") : attr_or<int>(lat, "iters", 0);
+}
 
+/// The whole file into `run`, section by section (results/README.md's layout).
+void read_all(const Group& root, RunRecord& run) {
+  read_root_attrs(root, run);
+  read_model(root, run);
+  read_moe(root, run);
+  read_workload(root, run);
+  read_ranks(root, run);
+  read_profile(root, run);
   for (const auto& name : partition_names(root)) run.partitions.push_back(read_partition(root, name));
 }
 

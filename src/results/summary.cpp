@@ -262,7 +262,10 @@ void print_expert_load(std::ostream& os, const RunRecord& run) {
      << "%); experts no token reached: " << med_range(idle) << " (/moe/expert_tokens)\n";
 }
 
-void print_summary(std::ostream& os, const RunRecord& run) {
+namespace {
+
+/// The title line: model, ranks, backend, workload, objective.
+void print_title(std::ostream& os, const RunRecord& run) {
   const auto& w = run.workload;
   os << "\n== ppbench summary: " << run.model_source << " on " << run.world_size << " rank(s), " << run.backend
      << "/" << run.transport << ", B=" << w.batch << " P=" << w.prompt_len << " G=" << w.gen_len
@@ -276,169 +279,197 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   if (run.link_bandwidth_Bps > 0)
     os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
        << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
+}
+
+/// A profile-only file (`ppbench profile`): one row per signature, min..max over the ranks.
+void print_profile_only(std::ostream& os, const RunRecord& run) {
+  if (!run.partitions.empty() || run.profile.unit_name.empty()) return;
+  const auto& w = run.workload;
+  const auto& t = run.profile;
+  const size_t U = t.unit_name.size(), R = t.latency_ms.size() / (2 * std::max<size_t>(U, 1));
+  os << "\nprofile (median ms per forward of B=" << w.batch << " sequences; min..max over " << R << " rank(s))\n";
+  os << "  signature              units  example        prefill P=" << w.prompt_len << "          decode\n";
+  std::vector<bool> seen(t.signature_name.size() + U, false);
+  for (size_t u = 0; u < U; ++u) {
+    const size_t sig = static_cast<size_t>(t.unit_signature[u]);
+    if (sig >= seen.size() || seen[sig]) continue;
+    seen[sig] = true;
+    int count = 0;
+    for (size_t v = 0; v < U; ++v) count += t.unit_signature[v] == t.unit_signature[u];
+    double pmin = 1e300, pmax = 0, dmin = 1e300, dmax = 0;
+    for (size_t r = 0; r < R; ++r) {
+      const double pre = t.latency_ms[(r * U + u) * 2], dec = t.latency_ms[(r * U + u) * 2 + 1];
+      pmin = std::min(pmin, pre), pmax = std::max(pmax, pre), dmin = std::min(dmin, dec), dmax = std::max(dmax, dec);
+    }
+    const std::string name = sig < t.signature_name.size() ? t.signature_name[sig] : std::to_string(sig);
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-22s %5d  %-12s %9.4g..%-9.4g %9.4g..%.4g\n", name.c_str(), count,
+                  t.unit_name[u].c_str(), pmin, pmax, dmin, dmax);
+    os << line;
+  }
+
+}
+
+/// What the partition tables' columns and figures mean.
+void print_column_legend(std::ostream& os, const RunRecord& run) {
+  if (run.partitions.empty()) return;
+  const auto& w = run.workload;
+  const std::string cost = w.objective == "decode"    ? "one decode step"
+                           : w.objective == "prefill" ? "one prefill step"
+                                                      : "prefill + G decode steps of one group";
+  os << "\ncolumns: units, n        the stage's units and their count\n"
+        "         pred/meas ms    the stage's cost in the objective ("
+     << cost
+     << "),\n"
+        "                         predicted from the profile / measured in the pipelined run\n"
+        "         err             meas/pred - 1\n"
+        "         floor ms, eff   the stage's floor in the objective (its units' bytes at the rank's read\n"
+        "                         bandwidth with all ranks reading, or FLOPs at its GEMM rate, whichever\n"
+        "                         is longer; /ranks) and efficiency = floor / meas (100% = at the floor)\n"
+        "         pred/meas dec   ms of one decode step's compute (measured: median)\n"
+        "         bubble          share of a repetition's wall time the compute lane was idle (median)\n"
+        "         lane CPU s      CPU seconds of the compute / recv / send lanes over the timed repetitions\n"
+        "then: tokens/s = M x B x G generated tokens / a repetition's wall time (median); decode = the\n"
+        "  decode steady state's tokens/s; bound = what the slowest stage's mean decode step allows;\n"
+        "  efficiency = decode / bound; TTFT = time to a group's first token, TPOT = time per output token\n"
+        "  (p50/p99 over groups and repetitions: few samples, so p99 is close to the worst one)\n";
+
+}
+
+/// One partition: its stages predicted against measured, where the profile did not hold, its
+/// figures, simulator, gain against uniform and validation.
+void print_partition(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
+  const int S = static_cast<int>(p.first_unit.size());
+  const bool tp = std::any_of(p.tp_width.begin(), p.tp_width.end(), [](int w) { return w > 1; });
+  os << "\npartition " << p.name << " (solver " << p.solver << (tp ? ", layout --tp " + p.layout : std::string()) << ")"
+     << (p.same_as.empty()                  ? ""
+         : p.same_as_reason == "equivalent" ? ": its split " + p.solver_split + " is " + p.same_as +
+                                                  "'s with identical devices' stages in another order (the same "
+                                                  "stages), measured once as " + p.same_as + " (its figures below)"
+                                            : ": the same split as " + p.same_as + ", measured once (its figures below)")
+     << "\n";
+  if (!p.calibration_factor.empty()) {
+    os << "  solved after " << p.solved_after_round << " rounds from the profile calibrated by the measured stages of";
+    for (size_t i = 0; i < p.calibrated_from.size(); ++i) os << (i ? ", " : " ") << p.calibrated_from[i];
+    os << " (prefill/decode factors:";
+    for (size_t r = 0; r + 1 < p.calibration_factor.size(); r += 2)
+      os << (r ? "," : "") << " rank " << r / 2 << " x" << fmt("%.2f", p.calibration_factor[r]) << "/x"
+         << fmt("%.2f", p.calibration_factor[r + 1]);
+    os << "); pred ms below are from that table\n";
+  }
+  os << "  stage  rank  units                      n   pred ms   meas ms    err  floor ms   eff  pred dec  meas dec  bubble  lane CPU s c/r/s\n";
+  for (int k = 0; k < S; ++k) {
+    char line[512];
+    double pred = p.predicted_stage_ms[k];
+    double meas = !p.measured ? NAN
+                   : p.measured_stage_ms.size() == p.first_unit.size() ? p.measured_stage_ms[k]
+                                                                       : p.stage_workload_ms[k];
+    double err = p.measured ? meas / pred - 1.0 : NAN;
+    const double floor = p.stage_floor_ms.size() == p.first_unit.size() ? p.stage_floor_ms[k] : NAN;
+    const int width = k < static_cast<int>(p.tp_width.size()) ? p.tp_width[k] : 1;
+    const std::string ranks = width == 1 ? std::to_string(p.device_rank[k])
+                                         : std::to_string(p.device_rank[k]) + "-" + std::to_string(p.device_rank[k] + width - 1);
+    std::snprintf(line, sizeof(line), "  %5d  %4s  %-24s %3d %9.2f %9.2f %+6.1f%% %9.2f %4.0f%% %9.2f %9.2f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
+                  ranks.c_str(), unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
+                  p.last_unit[k] - p.first_unit[k] + 1, pred, meas, 100.0 * err, floor, 100.0 * floor / meas,
+                  p.predicted_phase_ms[2 * k + 1],
+                  p.measured ? p.stage_compute_ms[2 * k + 1] : NAN, p.measured ? 100.0 * p.bubble_fraction[k] : NAN,
+                  p.measured ? p.lane_cpu_s[3 * k] : NAN, p.measured ? p.lane_cpu_s[3 * k + 1] : NAN,
+                  p.measured ? p.lane_cpu_s[3 * k + 2] : NAN, k == p.bottleneck_stage && p.measured ? "  <- bottleneck" : "");
+    os << line;
+  }
+  if (!p.measured) return;
+  for (int k = 0; k < S; ++k) {
+    if (!outside_profile_spread(p, static_cast<size_t>(k))) continue;
+    os << "  profile did not hold for stage " << k << ": measured " << fmt("%.2f", p.measured_stage_ms[k])
+       << " ms, outside the spread " << fmt("%.2f", p.predicted_stage_min_ms[k]) << ".."
+       << fmt("%.2f", p.predicted_stage_max_ms[k])
+       << " ms of its units' fastest and slowest profiled forwards (compute only)\n";
+  }
+  auto m = [&](const char* k) { return p.metrics.count(k) ? p.metrics.at(k) : NAN; };
+  if (p.timed_wall_s > 0 && p.lane_cpu_s.size() == 3 * static_cast<size_t>(S)) {
+    // Waiting lanes must leave the core to compute: their CPU share of the wall time.
+    double worst = 0;
+    int worst_stage = 0;
+    for (int k = 0; k < S; ++k) {
+      double comm = p.lane_cpu_s[3 * k + 1] + p.lane_cpu_s[3 * k + 2];
+      if (comm > worst) {
+        worst = comm;
+        worst_stage = k;
+      }
+    }
+    os << "  communication lanes: at most " << fmt("%.1f%%", 100.0 * worst / p.timed_wall_s)
+       << " of one core (stage " << worst_stage << ", recv+send CPU over " << fmt("%.1f", p.timed_wall_s)
+       << " s of timed wall)\n";
+  }
+  os << "  tokens/s " << fmt("%.2f", m("tokens_per_s")) << " (decode " << fmt("%.2f", m("decode_tokens_per_s"))
+     << ", bound " << fmt("%.2f", m("bottleneck_bound_tok_s")) << ", efficiency "
+     << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << fmt("%.1f", m("ttft_p50_ms")) << "/"
+     << fmt("%.1f", m("ttft_p99_ms")) << " ms  TPOT p50/p99 " << fmt("%.1f", m("tpot_p50_ms")) << "/"
+     << fmt("%.1f", m("tpot_p99_ms")) << " ms\n";
+  print_slowest_boundary(os, run, p);
+  if (p.metrics.count("simulated_decode_tokens_per_s"))
+    os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
+       << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
+       << " vs measured)\n";
+  if (p.gain.n > 0 && p.name != "uniform")
+    os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
+       << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "
+       << gain_text(p.decode_gain.ratio, p.decode_gain) << " " << verdict_text(p.decode_gain_verdict, p.name) << "\n";
+  os << "  predicted bottleneck " << fmt("%.2f", p.predicted_bottleneck_ms) << " ms, measured "
+     << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
+  if (!p.validated) {
+    os << "  validation: skipped (--no-validate)"
+       << (p.tokens_match_first_partition ? "" : "; " + first_partition_diff(p) + " -> FAILED") << "\n";
+  } else {
+    os << "  validation: tokens " << (p.tokens_match ? "match" : "MISMATCH") << ", checksum "
+       << (p.checksum_match ? "match" : "MISMATCH") << " (serialized run)"
+       << (p.tokens_match_first_partition && !run.partitions.empty() && p.layout != run.partitions[0].layout
+               ? ", " + std::to_string(p.tokens_differing_first_partition) + " tokens differ from " +
+                     run.partitions[0].name + "'s (layout " + run.partitions[0].layout + "), checksum " +
+                     fmt("%.2g", p.checksum_rel_diff_first_partition) + " relative"
+               : std::string())
+       << (p.tokens_match_first_partition ? "" : ", " + first_partition_diff(p)) << " -> "
+       << (p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED") << "\n";
+  }
+
+}
+
+/// The balanced split against uniform, with its CIs and verdicts, qualified where a stage of
+/// either ran outside its profile's spread.
+void print_balance_gain(std::ostream& os, const RunRecord& run) {
+  if (run.balance_gain <= 0) return;
+  os << "\nbalance gain (balanced / uniform";
+  if (run.balance_cmp.n > 0) os << ", " << run.balance_cmp.n << " paired rounds, 95% CI";
+  os << "): tokens/s " << gain_text(run.balance_gain, run.balance_cmp) << ", decode tokens/s "
+     << gain_text(run.decode_balance_gain, run.decode_balance_cmp) << "\n";
+  if (!run.balance_verdict.empty())
+    os << "  verdict: tokens/s " << verdict_text(run.balance_verdict, "balanced") << "; decode tokens/s "
+       << verdict_text(run.decode_balance_verdict, "balanced") << "\n";
+  int wrong = 0;
+  for (const auto& p : run.partitions) {
+    // A split that shares another's measurement (same_as) has no stages of its own to count.
+    if ((p.name != "balanced" && p.name != "uniform") || !p.same_as.empty()) continue;
+    for (size_t k = 0; k < p.first_unit.size(); ++k) wrong += outside_profile_spread(p, k) ? 1 : 0;
+  }
+  if (wrong > 0)
+    os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above), so the "
+          "balanced split was solved from numbers that did not hold in the pipeline\n";
+
+}
+
+}  // namespace
+
+void print_summary(std::ostream& os, const RunRecord& run) {
+  print_title(os, run);
   print_ceilings(os, run);
   print_profile_passes(os, run);
   print_conditions(os, run);
   print_links(os, run);
-  if (run.partitions.empty() && !run.profile.unit_name.empty()) {
-    // A profile-only file (`ppbench profile`): one row per signature, over the ranks.
-    const auto& t = run.profile;
-    const size_t U = t.unit_name.size(), R = t.latency_ms.size() / (2 * std::max<size_t>(U, 1));
-    os << "\nprofile (median ms per forward of B=" << w.batch << " sequences; min..max over " << R << " rank(s))\n";
-    os << "  signature              units  example        prefill P=" << w.prompt_len << "          decode\n";
-    std::vector<bool> seen(t.signature_name.size() + U, false);
-    for (size_t u = 0; u < U; ++u) {
-      const size_t sig = static_cast<size_t>(t.unit_signature[u]);
-      if (sig >= seen.size() || seen[sig]) continue;
-      seen[sig] = true;
-      int count = 0;
-      for (size_t v = 0; v < U; ++v) count += t.unit_signature[v] == t.unit_signature[u];
-      double pmin = 1e300, pmax = 0, dmin = 1e300, dmax = 0;
-      for (size_t r = 0; r < R; ++r) {
-        const double pre = t.latency_ms[(r * U + u) * 2], dec = t.latency_ms[(r * U + u) * 2 + 1];
-        pmin = std::min(pmin, pre), pmax = std::max(pmax, pre), dmin = std::min(dmin, dec), dmax = std::max(dmax, dec);
-      }
-      const std::string name = sig < t.signature_name.size() ? t.signature_name[sig] : std::to_string(sig);
-      char line[256];
-      std::snprintf(line, sizeof line, "  %-22s %5d  %-12s %9.4g..%-9.4g %9.4g..%.4g\n", name.c_str(), count,
-                    t.unit_name[u].c_str(), pmin, pmax, dmin, dmax);
-      os << line;
-    }
-  }
-  if (!run.partitions.empty()) {
-    const std::string cost = w.objective == "decode"    ? "one decode step"
-                             : w.objective == "prefill" ? "one prefill step"
-                                                        : "prefill + G decode steps of one group";
-    os << "\ncolumns: units, n        the stage's units and their count\n"
-          "         pred/meas ms    the stage's cost in the objective ("
-       << cost
-       << "),\n"
-          "                         predicted from the profile / measured in the pipelined run\n"
-          "         err             meas/pred - 1\n"
-          "         floor ms, eff   the stage's floor in the objective (its units' bytes at the rank's read\n"
-          "                         bandwidth with all ranks reading, or FLOPs at its GEMM rate, whichever\n"
-          "                         is longer; /ranks) and efficiency = floor / meas (100% = at the floor)\n"
-          "         pred/meas dec   ms of one decode step's compute (measured: median)\n"
-          "         bubble          share of a repetition's wall time the compute lane was idle (median)\n"
-          "         lane CPU s      CPU seconds of the compute / recv / send lanes over the timed repetitions\n"
-          "then: tokens/s = M x B x G generated tokens / a repetition's wall time (median); decode = the\n"
-          "  decode steady state's tokens/s; bound = what the slowest stage's mean decode step allows;\n"
-          "  efficiency = decode / bound; TTFT = time to a group's first token, TPOT = time per output token\n"
-          "  (p50/p99 over groups and repetitions: few samples, so p99 is close to the worst one)\n";
-  }
-  for (const auto& p : run.partitions) {
-    const int S = static_cast<int>(p.first_unit.size());
-    const bool tp = std::any_of(p.tp_width.begin(), p.tp_width.end(), [](int w) { return w > 1; });
-    os << "\npartition " << p.name << " (solver " << p.solver << (tp ? ", layout --tp " + p.layout : std::string()) << ")"
-       << (p.same_as.empty()                  ? ""
-           : p.same_as_reason == "equivalent" ? ": its split " + p.solver_split + " is " + p.same_as +
-                                                    "'s with identical devices' stages in another order (the same "
-                                                    "stages), measured once as " + p.same_as + " (its figures below)"
-                                              : ": the same split as " + p.same_as + ", measured once (its figures below)")
-       << "\n";
-    if (!p.calibration_factor.empty()) {
-      os << "  solved after " << p.solved_after_round << " rounds from the profile calibrated by the measured stages of";
-      for (size_t i = 0; i < p.calibrated_from.size(); ++i) os << (i ? ", " : " ") << p.calibrated_from[i];
-      os << " (prefill/decode factors:";
-      for (size_t r = 0; r + 1 < p.calibration_factor.size(); r += 2)
-        os << (r ? "," : "") << " rank " << r / 2 << " x" << fmt("%.2f", p.calibration_factor[r]) << "/x"
-           << fmt("%.2f", p.calibration_factor[r + 1]);
-      os << "); pred ms below are from that table\n";
-    }
-    os << "  stage  rank  units                      n   pred ms   meas ms    err  floor ms   eff  pred dec  meas dec  bubble  lane CPU s c/r/s\n";
-    for (int k = 0; k < S; ++k) {
-      char line[512];
-      double pred = p.predicted_stage_ms[k];
-      double meas = !p.measured ? NAN
-                     : p.measured_stage_ms.size() == p.first_unit.size() ? p.measured_stage_ms[k]
-                                                                         : p.stage_workload_ms[k];
-      double err = p.measured ? meas / pred - 1.0 : NAN;
-      const double floor = p.stage_floor_ms.size() == p.first_unit.size() ? p.stage_floor_ms[k] : NAN;
-      const int width = k < static_cast<int>(p.tp_width.size()) ? p.tp_width[k] : 1;
-      const std::string ranks = width == 1 ? std::to_string(p.device_rank[k])
-                                           : std::to_string(p.device_rank[k]) + "-" + std::to_string(p.device_rank[k] + width - 1);
-      std::snprintf(line, sizeof(line), "  %5d  %4s  %-24s %3d %9.2f %9.2f %+6.1f%% %9.2f %4.0f%% %9.2f %9.2f %6.1f%%  %.2f/%.2f/%.2f%s\n", k,
-                    ranks.c_str(), unit_range(run, p.first_unit[k], p.last_unit[k]).c_str(),
-                    p.last_unit[k] - p.first_unit[k] + 1, pred, meas, 100.0 * err, floor, 100.0 * floor / meas,
-                    p.predicted_phase_ms[2 * k + 1],
-                    p.measured ? p.stage_compute_ms[2 * k + 1] : NAN, p.measured ? 100.0 * p.bubble_fraction[k] : NAN,
-                    p.measured ? p.lane_cpu_s[3 * k] : NAN, p.measured ? p.lane_cpu_s[3 * k + 1] : NAN,
-                    p.measured ? p.lane_cpu_s[3 * k + 2] : NAN, k == p.bottleneck_stage && p.measured ? "  <- bottleneck" : "");
-      os << line;
-    }
-    if (!p.measured) continue;
-    for (int k = 0; k < S; ++k) {
-      if (!outside_profile_spread(p, static_cast<size_t>(k))) continue;
-      os << "  profile did not hold for stage " << k << ": measured " << fmt("%.2f", p.measured_stage_ms[k])
-         << " ms, outside the spread " << fmt("%.2f", p.predicted_stage_min_ms[k]) << ".."
-         << fmt("%.2f", p.predicted_stage_max_ms[k])
-         << " ms of its units' fastest and slowest profiled forwards (compute only)\n";
-    }
-    auto m = [&](const char* k) { return p.metrics.count(k) ? p.metrics.at(k) : NAN; };
-    if (p.timed_wall_s > 0 && p.lane_cpu_s.size() == 3 * static_cast<size_t>(S)) {
-      // Waiting lanes must leave the core to compute: their CPU share of the wall time.
-      double worst = 0;
-      int worst_stage = 0;
-      for (int k = 0; k < S; ++k) {
-        double comm = p.lane_cpu_s[3 * k + 1] + p.lane_cpu_s[3 * k + 2];
-        if (comm > worst) {
-          worst = comm;
-          worst_stage = k;
-        }
-      }
-      os << "  communication lanes: at most " << fmt("%.1f%%", 100.0 * worst / p.timed_wall_s)
-         << " of one core (stage " << worst_stage << ", recv+send CPU over " << fmt("%.1f", p.timed_wall_s)
-         << " s of timed wall)\n";
-    }
-    os << "  tokens/s " << fmt("%.2f", m("tokens_per_s")) << " (decode " << fmt("%.2f", m("decode_tokens_per_s"))
-       << ", bound " << fmt("%.2f", m("bottleneck_bound_tok_s")) << ", efficiency "
-       << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << fmt("%.1f", m("ttft_p50_ms")) << "/"
-       << fmt("%.1f", m("ttft_p99_ms")) << " ms  TPOT p50/p99 " << fmt("%.1f", m("tpot_p50_ms")) << "/"
-       << fmt("%.1f", m("tpot_p99_ms")) << " ms\n";
-    print_slowest_boundary(os, run, p);
-    if (p.metrics.count("simulated_decode_tokens_per_s"))
-      os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
-         << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
-         << " vs measured)\n";
-    if (p.gain.n > 0 && p.name != "uniform")
-      os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
-         << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "
-         << gain_text(p.decode_gain.ratio, p.decode_gain) << " " << verdict_text(p.decode_gain_verdict, p.name) << "\n";
-    os << "  predicted bottleneck " << fmt("%.2f", p.predicted_bottleneck_ms) << " ms, measured "
-       << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
-    if (!p.validated) {
-      os << "  validation: skipped (--no-validate)"
-         << (p.tokens_match_first_partition ? "" : "; " + first_partition_diff(p) + " -> FAILED") << "\n";
-    } else {
-      os << "  validation: tokens " << (p.tokens_match ? "match" : "MISMATCH") << ", checksum "
-         << (p.checksum_match ? "match" : "MISMATCH") << " (serialized run)"
-         << (p.tokens_match_first_partition && !run.partitions.empty() && p.layout != run.partitions[0].layout
-                 ? ", " + std::to_string(p.tokens_differing_first_partition) + " tokens differ from " +
-                       run.partitions[0].name + "'s (layout " + run.partitions[0].layout + "), checksum " +
-                       fmt("%.2g", p.checksum_rel_diff_first_partition) + " relative"
-                 : std::string())
-         << (p.tokens_match_first_partition ? "" : ", " + first_partition_diff(p)) << " -> "
-         << (p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED") << "\n";
-    }
-  }
-  if (run.balance_gain > 0) {
-    os << "\nbalance gain (balanced / uniform";
-    if (run.balance_cmp.n > 0) os << ", " << run.balance_cmp.n << " paired rounds, 95% CI";
-    os << "): tokens/s " << gain_text(run.balance_gain, run.balance_cmp) << ", decode tokens/s "
-       << gain_text(run.decode_balance_gain, run.decode_balance_cmp) << "\n";
-    if (!run.balance_verdict.empty())
-      os << "  verdict: tokens/s " << verdict_text(run.balance_verdict, "balanced") << "; decode tokens/s "
-         << verdict_text(run.decode_balance_verdict, "balanced") << "\n";
-    int wrong = 0;
-    for (const auto& p : run.partitions) {
-      // A split that shares another's measurement (same_as) has no stages of its own to count.
-      if ((p.name != "balanced" && p.name != "uniform") || !p.same_as.empty()) continue;
-      for (size_t k = 0; k < p.first_unit.size(); ++k) wrong += outside_profile_spread(p, k) ? 1 : 0;
-    }
-    if (wrong > 0)
-      os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above), so the "
-            "balanced split was solved from numbers that did not hold in the pipeline\n";
-  }
+  print_profile_only(os, run);
+  print_column_legend(os, run);
+  for (const auto& p : run.partitions) print_partition(os, run, p);
+  print_balance_gain(os, run);
   print_layouts(os, run);
   for (const auto& p : run.partitions) {
     if (p.name != "uniform_control" || (p.gain_verdict != "faster" && p.gain_verdict != "slower")) continue;
