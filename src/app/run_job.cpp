@@ -714,8 +714,8 @@ class RunJob {
   }
 
   /// Every rank's CPU affinity, cgroup CPU quota, governor and compute threads into /ranks;
-  /// a node with more compute threads than CPUs is said loudly (its timings measure ranks
-  /// waiting for a core).
+  /// a node, or a machine of several nodes, with more compute threads than CPUs is said loudly
+  /// (its timings measure ranks waiting for a core).
   void record_conditions() {
     const std::vector<int> cpus = cpu_affinity();
     const auto affinity = mpi_.gather_strings(format_cpu_list(cpus));
@@ -735,6 +735,14 @@ class RunJob {
       if (!h.oversubscribed()) continue;
       std::cerr << "ppbench: WARNING: node " << h.hostname << " runs " << h.threads << " compute threads ("
                 << h.ranks << " ranks) on " << h.cpus << " CPUs (" << h.cpu_list
+                << "): ranks share cores, so stage times include waiting for a core; fine for trying ppbench, "
+                   "not for timings to publish"
+                << std::endl;
+    }
+    for (const HostLoad& m : machine_loads(run_.ranks)) {
+      if (m.nodes < 2 || !m.oversubscribed()) continue;
+      std::cerr << "ppbench: WARNING: nodes " << m.hostname << " are one machine (one kernel) and run " << m.threads
+                << " compute threads (" << m.ranks << " ranks) on its " << m.cpus << " CPUs (" << m.cpu_list
                 << "): ranks share cores, so stage times include waiting for a core; fine for trying ppbench, "
                    "not for timings to publish"
                 << std::endl;

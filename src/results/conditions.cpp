@@ -2,25 +2,42 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
 
 #include "common/host_conditions.h"
 
 namespace ppb {
 
-std::vector<HostLoad> host_loads(const std::vector<RankInfo>& ranks) {
+namespace {
+
+/// The loads of the ranks grouped by key(rank), in order of first rank; each entry's hostname
+/// lists its ranks' hostnames (", "), in order of first rank.
+template <typename Key>
+std::vector<HostLoad> loads_by(const std::vector<RankInfo>& ranks, Key key) {
   std::vector<HostLoad> loads;
+  std::vector<std::string> keys;
   std::vector<std::set<int>> cpus;
   std::vector<bool> known;
   for (const RankInfo& r : ranks) {
-    auto it = std::find_if(loads.begin(), loads.end(), [&](const HostLoad& h) { return h.hostname == r.hostname; });
-    size_t i = static_cast<size_t>(it - loads.begin());
-    if (it == loads.end()) {
-      loads.push_back({r.hostname, 0, 0, 0, ""});
+    const std::string k = key(r);
+    auto it = std::find(keys.begin(), keys.end(), k);
+    const size_t i = static_cast<size_t>(it - keys.begin());
+    if (it == keys.end()) {
+      keys.push_back(k);
+      loads.push_back({r.hostname, 0, 0, 0, "", 0});
       cpus.emplace_back();
       known.push_back(true);
     }
-    loads[i].ranks += 1;
-    loads[i].threads += std::max(1, r.compute_threads);
+    HostLoad& h = loads[i];
+    const std::string listed = ", " + h.hostname + ", ";
+    if (h.nodes == 0) {
+      h.nodes = 1;
+    } else if (listed.find(", " + r.hostname + ", ") == std::string::npos) {
+      h.hostname += ", " + r.hostname;
+      h.nodes += 1;
+    }
+    h.ranks += 1;
+    h.threads += std::max(1, r.compute_threads);
     const auto list = parse_cpu_list(r.cpu_affinity);
     if (r.cpu_affinity.empty() || !list) {
       known[i] = false;
@@ -36,8 +53,20 @@ std::vector<HostLoad> host_loads(const std::vector<RankInfo>& ranks) {
   return loads;
 }
 
+}  // namespace
+
+std::vector<HostLoad> host_loads(const std::vector<RankInfo>& ranks) {
+  return loads_by(ranks, [](const RankInfo& r) { return r.hostname; });
+}
+
+std::vector<HostLoad> machine_loads(const std::vector<RankInfo>& ranks) {
+  return loads_by(ranks, [](const RankInfo& r) { return rank_machine(r); });
+}
+
 bool any_oversubscribed(const std::vector<RankInfo>& ranks) {
   for (const auto& h : host_loads(ranks))
+    if (h.oversubscribed()) return true;
+  for (const auto& h : machine_loads(ranks))
     if (h.oversubscribed()) return true;
   return false;
 }

@@ -89,7 +89,8 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
 }
 
 /// One line per node: ranks, compute threads, the CPUs they may use; CPU quotas and governors
-/// where set; a warning when a node is oversubscribed. Nothing for files before conditions.
+/// where set; a warning when a node is oversubscribed. Then one line per machine that holds
+/// several nodes (machine_loads), with its own warning. Nothing for files before conditions.
 void print_conditions(std::ostream& os, const RunRecord& run) {
   if (run.ranks.empty() || run.ranks[0].compute_threads == 0) return;
   for (const HostLoad& h : host_loads(run.ranks)) {
@@ -108,6 +109,17 @@ void print_conditions(std::ostream& os, const RunRecord& run) {
     if (h.oversubscribed())
       os << "  WARNING: oversubscribed: " << h.threads << " compute threads on " << h.cpus
          << " CPUs; ranks share cores, so stage times include waiting for a core (not timings to publish)\n";
+  }
+  // Nodes that are containers or namespaces of one machine share its CPUs.
+  for (const HostLoad& m : machine_loads(run.ranks)) {
+    if (m.nodes < 2) continue;
+    os << "conditions: machine of nodes " << m.hostname << " (one kernel, /ranks/machine_id): " << m.ranks
+       << " rank(s), " << m.threads << " compute thread(s) on "
+       << (m.cpus > 0 ? std::to_string(m.cpus) + " CPU(s) (" + m.cpu_list + ")" : std::string("unknown CPUs")) << "\n";
+    if (m.oversubscribed())
+      os << "  WARNING: oversubscribed: " << m.threads << " compute threads on " << m.cpus
+         << " CPUs of one machine; ranks share cores, so stage times include waiting for a core (not timings to "
+            "publish)\n";
   }
 }
 

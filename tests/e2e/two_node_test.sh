@@ -131,15 +131,19 @@ rc=$?
 grep -E '^(link|conditions|validation|profile)' "$TMP/two.log" || true
 [ $rc -eq 0 ] || { tail -30 "$TMP/two.log"; fail "run 1 exited $rc"; }
 check_run "run 1" "$TMP/two.log" 1 1
+grep -q 'oversubscribed' "$TMP/two.log" && fail "run 1: one rank per core, yet called oversubscribed"
 
 # ---- 2. two ranks per node, jobs/gpu_multinode_mpirun.sbatch's launch line in its CPU form -------
 say "run 2: 4 ranks, two per node (--map-by ppr:2:node:PE=1 --bind-to core)"
 cluster_mpirun -np 4 --map-by ppr:2:node:PE=1 --bind-to core --report-bindings "$PPBENCH" run --model "$MODEL" \
   -b 2 -p 64 -g 4 --iters 2 --target-ci 0 -o "$TMP/four.h5" --force >"$TMP/four.log" 2>&1
 rc=$?
-grep -E '^(link|conditions|validation|profile)|slowest link' "$TMP/four.log" || true
+grep -E '^(link|conditions|validation|profile)|slowest link|WARNING: oversub' "$TMP/four.log" || true
 [ $rc -eq 0 ] || { tail -30 "$TMP/four.log"; fail "run 2 exited $rc"; }
 check_run "run 2" "$TMP/four.log" 2 0
+# Both nodes bind their two ranks to the same two cores: each node is full, the machine is not.
+grep -q 'oversubscribed: 4 compute threads on 2 CPUs of one machine' "$TMP/four.log" ||
+  fail "run 2: the nodes share one machine's 2 cores with 4 ranks, yet the summary did not call it oversubscribed"
 read -r wlo whi <<<"$(link_range "within a node" "$TMP/four.log")"
 read -r blo bhi <<<"$(link_range "between nodes" "$TMP/four.log")"
 [ -n "${wlo:-}" ] || fail "run 2: no within-node links in the summary"

@@ -109,6 +109,49 @@ TEST(HostLoads, OversubscribedWhenThreadsExceedTheUnionOfCpus) {
   EXPECT_FALSE(ppb::any_oversubscribed({rank("a", "", 1), rank("a", "", 1), rank("a", "0", 1)}));
 }
 
+/// Nodes that are namespaces of one machine (issue 16's two-node test): each node alone is
+/// within its CPUs, the machine is not.
+TEST(HostLoads, NodesOfOneMachineShareItsCpus) {
+  std::vector<ppb::RankInfo> ranks{rank("node0", "0-1", 1), rank("node0", "0-1", 1), rank("node1", "0-1", 1),
+                                   rank("node1", "0-1", 1)};
+  for (auto& r : ranks) r.machine_id = "boot-1";
+  for (const auto& h : ppb::host_loads(ranks)) EXPECT_FALSE(h.oversubscribed()) << h.hostname;
+  const auto machines = ppb::machine_loads(ranks);
+  ASSERT_EQ(machines.size(), 1u);
+  EXPECT_EQ(machines[0].hostname, "node0, node1");
+  EXPECT_EQ(machines[0].nodes, 2);
+  EXPECT_EQ(machines[0].ranks, 4);
+  EXPECT_EQ(machines[0].threads, 4);
+  EXPECT_EQ(machines[0].cpus, 2);
+  EXPECT_TRUE(machines[0].oversubscribed());
+  EXPECT_TRUE(ppb::any_oversubscribed(ranks));
+
+  ppb::RunRecord run;
+  run.world_size = 4;
+  run.ranks = ranks;
+  std::ostringstream os;
+  ppb::print_summary(os, run);
+  EXPECT_NE(os.str().find("conditions: machine of nodes node0, node1 (one kernel, /ranks/machine_id): 4 rank(s), 4 "
+                          "compute thread(s) on 2 CPU(s) (0-1)\n  WARNING: oversubscribed: 4 compute threads on 2 "
+                          "CPUs of one machine"),
+            std::string::npos)
+      << os.str();
+
+  // One rank per node, each on a core of its own (the test's pinned run): the machine is full,
+  // not oversubscribed. Different machines (boot ids) are never summed.
+  ranks = {rank("node0", "0", 1), rank("node1", "1", 1)};
+  for (auto& r : ranks) r.machine_id = "boot-1";
+  EXPECT_FALSE(ppb::any_oversubscribed(ranks));
+  ranks = {rank("n0", "0-1", 2), rank("n1", "0-1", 2)};
+  ranks[0].machine_id = "boot-1";
+  ranks[1].machine_id = "boot-2";
+  EXPECT_EQ(ppb::machine_loads(ranks).size(), 2u);
+  EXPECT_FALSE(ppb::any_oversubscribed(ranks));
+  // Files before machine_id: one machine per hostname, as before.
+  ranks = {rank("n0", "0-1", 2), rank("n1", "0-1", 2)};
+  EXPECT_EQ(ppb::machine_loads(ranks).size(), 2u);
+}
+
 TEST(HostLoads, SummaryWarnsAndNamesQuotas) {
   ppb::RunRecord run;
   run.world_size = 3;
