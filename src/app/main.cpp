@@ -115,11 +115,12 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
   sc.add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
       ->capture_default_str();
   sc.add_option("--contention", opt.contention,
-                "auto | off. auto: where the ranks of a node compute from one memory (CPU ranks; not GPUs), "
-                "profile every unit twice, alone (the node's other ranks wait) and together (all ranks time "
+                "auto | off. auto: where the ranks of a machine (one kernel: a node, or nodes that are "
+                "containers or namespaces of one machine) compute from one memory (CPU ranks; not GPUs), "
+                "profile every unit twice, alone (the machine's other ranks wait) and together (all ranks time "
                 "it at the same moment, streaming their weights at once as the stages do in the pipeline); "
                 "the balancer solves on the together times, and each partition's prediction interpolates "
-                "between the two by how much of each stage's compute another stage of its node overlaps in "
+                "between the two by how much of each stage's compute another stage of its machine overlaps in "
                 "the simulated pipeline. off: one profile, every rank at its own pace, used as it is")
       ->capture_default_str();
   sc.add_option("--expert-skew", opt.expert_skew,

@@ -593,9 +593,11 @@ class RunJob {
       const int onednn = mpi_.agree(cpu::gemm_library() == cpu::GemmLibrary::onednn ? 1 : 0);
       cpu::set_gemm_library(onednn ? cpu::GemmLibrary::onednn : cpu::GemmLibrary::openblas);
     }
-    // Ranks sharing a device share its free memory (CPU: the machine's, containers or
-    // namespaces of one machine included; GPU: the GPU's).
-    const int sharing = ranks_sharing(mpi_, mpi_.machine_id() + "/" + device_->bus_id());
+    // Ranks sharing a device share its free memory (CPU: the node's; GPU: the GPU's). By node,
+    // not machine: a container's free memory is its own cgroup's headroom, which its ranks
+    // alone share (cpu_free_memory); nodes that are namespaces of one machine without memory
+    // limits each count the whole machine's MemAvailable.
+    const int sharing = ranks_sharing(mpi_, mpi_.hostname() + "/" + device_->bus_id());
     memory_limit_ = opt_.memory_limit_gib > 0 ? static_cast<size_t>(opt_.memory_limit_gib * (1ull << 30))
                                               : static_cast<size_t>(0.9 * device_->free_memory() / sharing);
   }
@@ -2069,7 +2071,7 @@ class RunJob {
   /// balance/contention.h between each stage's alone and together sums, with the stages' machines
   /// (rank_machine: stages on one machine slow each other, even on different MPI nodes) and the
   /// measured links. A tensor-parallel stage has one profile, its group's (timed while
-  /// the node's other ranks wait): it is used as both, so the model never slows that stage for
+  /// the machine's other ranks wait): it is used as both, so the model never slows that stage for
   /// its neighbours (it still slows them). The model failing (it should not) falls back to the
   /// together sums; not settling is warned about.
   std::vector<double> predicted_phases(const balance::Partition& p, const ProfileTable& prof) const {

@@ -26,7 +26,7 @@ struct RunOptions {
   double target_ci_pct = 5;  ///< repeat rounds until every gain's 95% CI half-width <= this % (0 = off)
   double max_time_s = 120;   ///< ... or until the benchmark's rounds have taken this many seconds
   bool control = false;      ///< also benchmark uniform a second time as "uniform_control" (A/A)
-  /// auto: where a node's ranks share memory, profile alone and together and predict each
+  /// auto: where a machine's ranks share memory, profile alone and together and predict each
   /// partition with balance/contention.h; off: one profile at every rank's own pace, as is.
   std::string contention = "auto";
   double expert_skew = 0.0;     ///< --expert-skew: Zipf exponent of MoE expert popularity (0 = the router's own)

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <chrono>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -56,23 +56,24 @@ std::string MpiContext::read_machine_id(const std::string& boot_id_path, const s
   return id;
 }
 
+std::vector<int> MpiContext::machine_colours(const std::vector<std::string>& ids) {
+  std::vector<int> colours(ids.size());
+  for (size_t r = 0; r < ids.size(); ++r)
+    colours[r] = static_cast<int>(std::find(ids.begin(), ids.end(), ids[r]) - ids.begin());
+  return colours;
+}
+
 void MpiContext::split_by_machine() {
   machine_id_ = read_machine_id("/proc/sys/kernel/random/boot_id", hostname_);
-  // Every rank's id, fixed width (a boot id is 36 characters, a hostname at most 64 + "host:"):
-  // the ranks of a machine are those with an equal id, colour = the first such rank.
+  // Every rank's id, fixed width (a boot id is 36 characters, a hostname at most 64 + "host:").
   constexpr int kWidth = 128;
   std::vector<char> mine(kWidth, '\0'), all(static_cast<size_t>(kWidth) * size_, '\0');
   std::copy_n(machine_id_.begin(), std::min<size_t>(machine_id_.size(), kWidth - 1), mine.begin());
   MPI_CHECK(MPI_Allgather(mine.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD));
-  int colour = rank_;
-  for (int r = 0; r < size_; ++r) {
-    if (std::equal(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(r) * kWidth)) {
-      colour = r;
-      break;
-    }
-  }
+  std::vector<std::string> ids;
+  for (int r = 0; r < size_; ++r) ids.emplace_back(all.data() + static_cast<size_t>(r) * kWidth);
   MPI_Comm machine;
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, colour, rank_, &machine));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, machine_colours(ids)[rank_], rank_, &machine));
   MPI_CHECK(MPI_Comm_rank(machine, &machine_rank_));
   MPI_CHECK(MPI_Comm_size(machine, &machine_size_));
   MPI_Comm_free(&machine);

@@ -31,7 +31,8 @@ class MpiContext {
   /// (/proc/sys/kernel/random/boot_id, a random UUID drawn at every boot), or "host:<hostname>"
   /// where it cannot be read. Ranks in containers or network/UTS namespaces of one machine are
   /// different MPI nodes (different hostnames, no shared-memory transport) yet share this id,
-  /// and with it the machine's memory bandwidth, caches and free memory.
+  /// and with it the machine's memory bandwidth, caches and free memory. (A VM cloned from a
+  /// running snapshot keeps its source's boot id: such clones would count as one machine.)
   const std::string& machine_id() const { return machine_id_; }
   /// Rank among the ranks with this rank's machine_id, and their count: the ranks whose memory
   /// traffic contends (a superset of the node's, local_rank/local_size).
@@ -98,6 +99,9 @@ class MpiContext {
   /// machine_id's value from a boot id file (first line, trailing space dropped), or
   /// "host:<hostname>" where the file is missing or empty. Pure: tested without MPI.
   static std::string read_machine_id(const std::string& boot_id_path, const std::string& hostname);
+  /// The MPI_Comm_split colour of each rank from every rank's machine id ([size]): the first
+  /// rank with an equal id, so the ranks of one machine share a colour and others differ. Pure.
+  static std::vector<int> machine_colours(const std::vector<std::string>& ids);
 
  private:
   /// Collective (constructor): machine_id, machine_rank, machine_size.

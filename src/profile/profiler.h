@@ -29,7 +29,7 @@ struct ProfileConfig {
   /// Called before each timed forward, after its cache flush (null: not called). For the
   /// profile's together pass (balance/contention.h), `ppbench run` passes a barrier of all
   /// ranks: every rank then times the same forward at the same moment, as the stages run in the
-  /// pipeline, where the ranks of a node stream their weights at once and share the memory
+  /// pipeline, where the ranks of a machine stream their weights at once and share the memory
   /// bandwidth. Every rank must make the same calls (same model and config).
   std::function<void()> align;
   /// Tensor parallelism (issue 14): profile this rank's shard of every unit at width tp_width,

@@ -233,7 +233,6 @@ void read_workload(const Group& root, RunRecord& run) {
     for (const auto& key : env.attr_names()) run.environment[key] = env.get_attr<std::string>(key);
   }
   const auto lat = root.open_group("profile").open_dataset("latency_ms");
-  // Format 1 files before profile_* moved to /config/workload kept them on latency_ms only.
   w.profile_warmup = wl.has_attr("profile_warmup") ? wl.get_attr<int>("profile_warmup") : attr_or<int>(lat, "warmup", 0);
   w.profile_iters = wl.has_attr("profile_iters") ? wl.get_attr<int>("profile_iters") : attr_or<int>(lat, "iters", 0);
 }

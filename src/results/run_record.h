@@ -21,7 +21,7 @@ struct RankInfo {
   /// scratch: the balancer keeps it free out of memory_limit_bytes (0 = unknown, older files).
   int64_t stage_scratch_bytes = 0;
   /// Ceilings measured at start-up (Device::measure_*; NaN = not measured, older files):
-  /// streaming read GB/s with the node's other ranks idle, and with all of them reading at
+  /// streaming read GB/s with the machine's other ranks idle, and with every rank reading at
   /// once (what holds while every stage runs); GEMM GFLOP/s in the run's dtype.
   double read_bandwidth_GBps = std::numeric_limits<double>::quiet_NaN();
   double read_bandwidth_shared_GBps = std::numeric_limits<double>::quiet_NaN();
@@ -52,10 +52,10 @@ struct WorkloadInfo {
   std::string objective;
   double target_ci_pct = 0.0, max_time_s = 0.0;  ///< --target-ci, --max-time (0: older files)
   bool cuda_graphs = true;       ///< CUDA decode replayed from graphs (--no-cuda-graphs: false; CPU: unused)
-  /// How the profile was taken: "alone+together" (each unit timed with the node's other ranks
-  /// waiting, then with all ranks timing it at the same moment: --contention auto where a node's
+  /// How the profile was taken: "alone+together" (each unit timed with the machine's other ranks
+  /// waiting, then with all ranks timing it at the same moment: --contention auto where a machine's
   /// ranks share memory, balance/contention.h) or "own pace" (one pass, every rank at its own
-  /// pace: GPUs, one rank per node, --contention off, and older files; "aligned" for older
+  /// pace: GPUs, one rank per machine, --contention off, and older files; "aligned" for older
   /// files made with --profile-aligned).
   std::string profile_passes = "own pace";
   double expert_skew = 0.0;      ///< --expert-skew (MoE routing; 0 = the router's own choice)
@@ -68,8 +68,8 @@ struct ProfileTable {
   std::vector<double> latency_ms;           ///< [world][U][2] median, phases prefill, decode
   std::vector<double> latency_min_ms;       ///< [world][U][2]
   std::vector<double> latency_max_ms;       ///< [world][U][2]
-  /// [world][U][2] median with the node's other ranks waiting (the profile's first pass where a
-  /// node's ranks share memory, balance/contention.h); latency_ms is then the second pass, every
+  /// [world][U][2] median with the machine's other ranks waiting (the profile's first pass where a
+  /// machine's ranks share memory, balance/contention.h); latency_ms is then the second pass, every
   /// rank timing each unit at the same moment, and min/max span both passes. Empty for a profile
   /// of one pass (workload profile_passes "own pace") and in older files.
   std::vector<double> latency_alone_ms;
@@ -82,7 +82,7 @@ struct ProfileTable {
   std::vector<double> unit_flops;           ///< [U][2] FLOP of one forward (model::unit_work)
   std::vector<double> unit_bytes;           ///< [U][2] bytes one forward moves (model::unit_work)
   /// [world][U][2] roofline_floor_ms of each unit with the rank's ceilings alone (the profile
-  /// times units with the node's other ranks idle); empty in older files.
+  /// times units with the machine's other ranks idle); empty in older files.
   std::vector<double> floor_ms;
   /// Tensor parallelism (issue 14): each group of ranks a layout of the run needs, profiled
   /// together (the all-reduces inside every unit's forward): the ranks first_rank ..

@@ -319,7 +319,6 @@ void print_profile_only(std::ostream& os, const RunRecord& run) {
                   t.unit_name[u].c_str(), pmin, pmax, dmin, dmax);
     os << line;
   }
-
 }
 
 /// What the partition tables' columns and figures mean.
@@ -345,7 +344,6 @@ void print_column_legend(std::ostream& os, const RunRecord& run) {
         "  decode steady state's tokens/s; bound = what the slowest stage's mean decode step allows;\n"
         "  efficiency = decode / bound; TTFT = time to a group's first token, TPOT = time per output token\n"
         "  (p50/p99 over groups and repetitions: few samples, so p99 is close to the worst one)\n";
-
 }
 
 /// One partition: its stages predicted against measured, where the profile did not hold, its
@@ -444,7 +442,6 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
        << (p.tokens_match_first_partition ? "" : ", " + first_partition_diff(p)) << " -> "
        << (p.tokens_match && p.checksum_match && p.tokens_match_first_partition ? "OK" : "FAILED") << "\n";
   }
-
 }
 
 /// The balanced split against uniform, with its CIs and verdicts, qualified where a stage of
@@ -467,7 +464,6 @@ void print_balance_gain(std::ostream& os, const RunRecord& run) {
   if (wrong > 0)
     os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above), so the "
           "balanced split was solved from numbers that did not hold in the pipeline\n";
-
 }
 
 }  // namespace

@@ -208,10 +208,10 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
   ranks.write_dataset("stage_scratch_bytes", column(rs, &RankInfo::stage_scratch_bytes)).set_attr("units", "bytes");
   auto bw = ranks.write_dataset("read_bandwidth_GBps", column(rs, &RankInfo::read_bandwidth_GBps));
   bw.set_attr("units", "GB/s (1e9 B/s)");
-  bw.set_attr("measured", "streaming read with the node's other ranks idle (Device::measure_read_bandwidth_GBps)");
+  bw.set_attr("measured", "streaming read with the machine's other ranks idle (Device::measure_read_bandwidth_GBps)");
   auto bws = ranks.write_dataset("read_bandwidth_shared_GBps", column(rs, &RankInfo::read_bandwidth_shared_GBps));
   bws.set_attr("units", "GB/s (1e9 B/s)");
-  bws.set_attr("measured", "streaming read with every rank of the node reading at once");
+  bws.set_attr("measured", "streaming read with every rank reading at once");
   ranks.write_strings("cpu_affinity", column(rs, &RankInfo::cpu_affinity))
       .set_attr("content", "CPUs the rank may run on (sched_getaffinity), Linux cpulist format; \"\" = not recorded");
   ranks.write_dataset("cpu_quota_cores", column(rs, &RankInfo::cpu_quota_cores))
@@ -296,7 +296,7 @@ void write_profile(Group& root, const RunRecord& run) {
     a.set_attr("units", "ms");
     a.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     a.set_attr("stat", "median");
-    a.set_attr("content", "each unit timed with its node's other ranks waiting (pass 1 of 2); latency_ms is pass 2, "
+    a.set_attr("content", "each unit timed with its machine's other ranks waiting (pass 1 of 2); latency_ms is pass 2, "
                           "every rank timing the unit at the same moment; decode: mean over decode_contexts");
   }
   prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");

@@ -1,5 +1,6 @@
 // Gather of the profile table and broadcast of the assignment, as run_job does them.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -94,7 +95,11 @@ TEST(MpiCollectives, RanksOfOneMachineShareItsIdAndRankTheNodesWay) {
   EXPECT_EQ(mpi.machine_size(), mpi.local_size());
   EXPECT_EQ(mpi.machine_rank(), mpi.local_rank());
 
-  const std::string path = "/tmp/ppb_boot_id_" + std::to_string(mpi.rank());
+  char tmpl[] = "/tmp/ppb_boot_id_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string path = tmpl;
   {
     std::ofstream out(path);
     out << "3f1c2d9e-0000-4000-8000-00000000abcd  \n second line\n";
@@ -106,6 +111,12 @@ TEST(MpiCollectives, RanksOfOneMachineShareItsIdAndRankTheNodesWay) {
   EXPECT_EQ(MpiContext::read_machine_id(path, "n1"), "host:n1");
   std::remove(path.c_str());
   EXPECT_EQ(MpiContext::read_machine_id(path, "n1"), "host:n1");  // missing
+
+  // Several machines: each rank's colour is the first rank of its machine.
+  EXPECT_EQ(MpiContext::machine_colours({"b1", "b2", "b1", "host:n3", "b2", "b2"}),
+            (std::vector<int>{0, 1, 0, 3, 1, 1}));
+  EXPECT_EQ(MpiContext::machine_colours({"x"}), (std::vector<int>{0}));
+  EXPECT_TRUE(MpiContext::machine_colours({}).empty());
 }
 
 /// The link matrix (issue 16): the measured pairs on every rank, symmetric, NaN elsewhere;

@@ -2,6 +2,7 @@
 // field for field; files that are not HDF5, not ppbench or incomplete are refused with a
 // UserError naming the path; the comparison table and its CSV have the documented columns.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -346,11 +347,6 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   }
 }
 
-/// The file's efficiency is floor / latency element by element (the alone pass's latency: the
-/// record has two passes, and the floors use the ceilings alone), and the summary's floor and eff
-/// columns are the partition's stage_floor_ms and stage_floor_ms / measured (here the
-/// stage_workload_ms fallback: 4.0 / 8.1 = 49%, 5.0 / 10.0 = 50%), and the ceilings line
-/// repeats /ranks.
 /// Files before /ranks/machine_id: one machine per hostname, the id MpiContext falls back to.
 TEST(RankMachine, FilesWithoutAMachineIdTakeOneMachinePerHostname) {
   ppb::RankInfo a, b;
@@ -363,6 +359,29 @@ TEST(RankMachine, FilesWithoutAMachineIdTakeOneMachinePerHostname) {
   EXPECT_EQ(ppb::rank_machine(a), ppb::rank_machine(b));
 }
 
+/// The reader of a file without /ranks/machine_id (files before it): empty ids, so that
+/// rank_machine takes the hostname.
+TEST_F(ResultsIoTest, FileWithoutMachineIdReadsEmptyIds) {
+  ppb::write_results(path_, make_record());
+  {
+    const hid_t f = H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    ASSERT_GE(H5Ldelete(f, "/ranks/machine_id", H5P_DEFAULT), 0);
+    H5Fclose(f);
+  }
+  const RunRecord r = ppb::read_results(path_);
+  ASSERT_FALSE(r.ranks.empty());
+  for (const auto& rank : r.ranks) {
+    EXPECT_EQ(rank.machine_id, "");
+    EXPECT_EQ(ppb::rank_machine(rank), "host:" + rank.hostname);
+  }
+}
+
+/// The file's efficiency is floor / latency element by element (the alone pass's latency: the
+/// record has two passes, and the floors use the ceilings alone), and the summary's floor and eff
+/// columns are the partition's stage_floor_ms and stage_floor_ms / measured (here the
+/// stage_workload_ms fallback: 4.0 / 8.1 = 49%, 5.0 / 10.0 = 50%), and the ceilings line
+/// repeats /ranks.
 TEST_F(ResultsIoTest, FloorsEfficiencyAndSummaryAgree) {
   const RunRecord w = make_record();
   ppb::write_results(path_, w);
