@@ -7,6 +7,7 @@
 #include <chrono>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "common/check.h"
@@ -57,9 +58,9 @@ std::string MpiContext::read_machine_id(const std::string& boot_id_path, const s
 }
 
 std::vector<int> MpiContext::machine_colours(const std::vector<std::string>& ids) {
+  std::map<std::string, int> first;  // O(R log R): start-up of jobs of many thousand ranks
   std::vector<int> colours(ids.size());
-  for (size_t r = 0; r < ids.size(); ++r)
-    colours[r] = static_cast<int>(std::find(ids.begin(), ids.end(), ids[r]) - ids.begin());
+  for (size_t r = 0; r < ids.size(); ++r) colours[r] = first.emplace(ids[r], static_cast<int>(r)).first->second;
   return colours;
 }
 
