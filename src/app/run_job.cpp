@@ -672,11 +672,10 @@ class RunJob {
     const auto names = mpi_.gather_strings(device_->name());
     const auto buses = mpi_.gather_strings(device_->bus_id());
     const auto local = mpi_.gatherv_ints({mpi_.local_rank()});
-    const auto machines = mpi_.gather_strings(mpi_.machine_id());
     if (root_) {
       for (int r = 0; r < S_; ++r) {
         run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
-        run_.ranks.back().machine_id = machines[r];
+        run_.ranks.back().machine_id = mpi_.machine_ids()[r];  // gathered at start-up
       }
       pair_links_ = balance::node_pair_links(run_);  // the simulator's, once (the links do not change)
     }
@@ -733,22 +732,10 @@ class RunJob {
       info.cpu_quota_cores = nums[2 * r];
       info.compute_threads = static_cast<int>(nums[2 * r + 1]);
     }
-    for (const HostLoad& h : host_loads(run_.ranks)) {
-      if (!h.oversubscribed()) continue;
-      std::cerr << "ppbench: WARNING: node " << h.hostname << " runs " << h.threads << " compute threads ("
-                << h.ranks << " ranks) on " << h.cpus << " CPUs (" << h.cpu_list
-                << "): ranks share cores, so stage times include waiting for a core; fine for trying ppbench, "
-                   "not for timings to publish"
-                << std::endl;
-    }
-    for (const HostLoad& m : machine_loads(run_.ranks)) {
-      if (m.nodes < 2 || !m.oversubscribed()) continue;
-      std::cerr << "ppbench: WARNING: nodes " << m.hostname << " are one machine (one kernel) and run " << m.threads
-                << " compute threads (" << m.ranks << " ranks) on its " << m.cpus << " CPUs (" << m.cpu_list
-                << "): ranks share cores, so stage times include waiting for a core; fine for trying ppbench, "
-                   "not for timings to publish"
-                << std::endl;
-    }
+    for (const HostLoad& h : host_loads(run_.ranks))
+      if (h.oversubscribed()) std::cerr << oversubscription_warning(h) << std::endl;
+    for (const HostLoad& m : machine_loads(run_.ranks))  // nodes that are one machine
+      if (m.nodes > 1 && m.oversubscribed()) std::cerr << oversubscription_warning(m) << std::endl;
   }
 
   // ---- ceilings ---------------------------------------------------------------------------------

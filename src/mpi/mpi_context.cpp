@@ -71,10 +71,10 @@ void MpiContext::split_by_machine() {
   std::vector<char> mine(kWidth, '\0'), all(static_cast<size_t>(kWidth) * size_, '\0');
   std::copy_n(machine_id_.begin(), std::min<size_t>(machine_id_.size(), kWidth - 1), mine.begin());
   MPI_CHECK(MPI_Allgather(mine.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD));
-  std::vector<std::string> ids;
-  for (int r = 0; r < size_; ++r) ids.emplace_back(all.data() + static_cast<size_t>(r) * kWidth);
+  machine_ids_.clear();
+  for (int r = 0; r < size_; ++r) machine_ids_.emplace_back(all.data() + static_cast<size_t>(r) * kWidth);
   MPI_Comm machine;
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, machine_colours(ids)[rank_], rank_, &machine));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, machine_colours(machine_ids_)[rank_], rank_, &machine));
   MPI_CHECK(MPI_Comm_rank(machine, &machine_rank_));
   MPI_CHECK(MPI_Comm_size(machine, &machine_size_));
   MPI_Comm_free(&machine);

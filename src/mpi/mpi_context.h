@@ -34,6 +34,9 @@ class MpiContext {
   /// and with it the machine's memory bandwidth, caches and free memory. (A VM cloned from a
   /// running snapshot keeps its source's boot id: such clones would count as one machine.)
   const std::string& machine_id() const { return machine_id_; }
+  /// Every rank's machine_id ([size], index = rank; at most 127 characters each), gathered once
+  /// at start-up. Valid on every rank.
+  const std::vector<std::string>& machine_ids() const { return machine_ids_; }
   /// Rank among the ranks with this rank's machine_id, and their count: the ranks whose memory
   /// traffic contends (a superset of the node's, local_rank/local_size).
   int machine_rank() const { return machine_rank_; }
@@ -113,6 +116,7 @@ class MpiContext {
   int local_size_ = 1;
   std::string hostname_;
   std::string machine_id_;
+  std::vector<std::string> machine_ids_;
   int machine_rank_ = 0;
   int machine_size_ = 1;
   bool finalize_ = false;

@@ -16,6 +16,7 @@ template <typename Key>
 std::vector<HostLoad> loads_by(const std::vector<RankInfo>& ranks, Key key) {
   std::vector<HostLoad> loads;
   std::vector<std::string> keys;
+  std::vector<std::vector<std::string>> hosts;  // [entry] its nodes, in order of first rank
   std::vector<std::set<int>> cpus;
   std::vector<bool> known;
   for (const RankInfo& r : ranks) {
@@ -24,26 +25,24 @@ std::vector<HostLoad> loads_by(const std::vector<RankInfo>& ranks, Key key) {
     const size_t i = static_cast<size_t>(it - keys.begin());
     if (it == keys.end()) {
       keys.push_back(k);
-      loads.push_back({r.hostname, 0, 0, 0, "", 0});
+      loads.emplace_back();
+      hosts.emplace_back();
       cpus.emplace_back();
       known.push_back(true);
     }
-    HostLoad& h = loads[i];
-    const std::string listed = ", " + h.hostname + ", ";
-    if (h.nodes == 0) {
-      h.nodes = 1;
-    } else if (listed.find(", " + r.hostname + ", ") == std::string::npos) {
-      h.hostname += ", " + r.hostname;
-      h.nodes += 1;
-    }
-    h.ranks += 1;
-    h.threads += std::max(1, r.compute_threads);
+    if (std::find(hosts[i].begin(), hosts[i].end(), r.hostname) == hosts[i].end()) hosts[i].push_back(r.hostname);
+    loads[i].ranks += 1;
+    loads[i].threads += std::max(1, r.compute_threads);
     const auto list = parse_cpu_list(r.cpu_affinity);
     if (r.cpu_affinity.empty() || !list) {
       known[i] = false;
     } else {
       cpus[i].insert(list->begin(), list->end());
     }
+  }
+  for (size_t i = 0; i < loads.size(); ++i) {
+    loads[i].nodes = static_cast<int>(hosts[i].size());
+    for (size_t n = 0; n < hosts[i].size(); ++n) loads[i].hostname += (n ? ", " : "") + hosts[i][n];
   }
   for (size_t i = 0; i < loads.size(); ++i) {
     if (!known[i]) continue;
@@ -61,6 +60,15 @@ std::vector<HostLoad> host_loads(const std::vector<RankInfo>& ranks) {
 
 std::vector<HostLoad> machine_loads(const std::vector<RankInfo>& ranks) {
   return loads_by(ranks, [](const RankInfo& r) { return rank_machine(r); });
+}
+
+std::string oversubscription_warning(const HostLoad& h) {
+  const std::string who = h.nodes > 1 ? "nodes " + h.hostname + " are one machine (one kernel) and run "
+                                      : "node " + h.hostname + " runs ";
+  return "ppbench: WARNING: " + who + std::to_string(h.threads) + " compute threads (" + std::to_string(h.ranks) +
+         " ranks) on " + (h.nodes > 1 ? "its " : "") + std::to_string(h.cpus) + " CPUs (" + h.cpu_list +
+         "): ranks share cores, so stage times include waiting for a core; fine for trying ppbench, not for timings "
+         "to publish";
 }
 
 bool any_oversubscribed(const std::vector<RankInfo>& ranks) {

@@ -29,6 +29,10 @@ std::vector<HostLoad> host_loads(const std::vector<RankInfo>& ranks);
 /// whose ranks then share its CPUs even where each node alone is not oversubscribed.
 std::vector<HostLoad> machine_loads(const std::vector<RankInfo>& ranks);
 
+/// The start-up warning for an oversubscribed entry of host_loads or machine_loads (a node, or
+/// a machine of several nodes), one line without its newline.
+std::string oversubscription_warning(const HostLoad& h);
+
 /// Whether any node or machine is oversubscribed (host_loads, machine_loads).
 bool any_oversubscribed(const std::vector<RankInfo>& ranks);
 

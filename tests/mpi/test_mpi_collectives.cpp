@@ -90,6 +90,7 @@ TEST(MpiCollectives, RanksOfOneMachineShareItsIdAndRankTheNodesWay) {
   const auto ids = mpi.gather_strings(mpi.machine_id());
   if (mpi.is_root()) {
     for (const auto& other : ids) EXPECT_EQ(other, ids[0]);
+    EXPECT_EQ(mpi.machine_ids(), ids);  // every rank's, as gathered at start-up
   }
   EXPECT_EQ(mpi.machine_size(), mpi.size());
   EXPECT_EQ(mpi.machine_size(), mpi.local_size());

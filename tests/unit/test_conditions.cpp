@@ -101,6 +101,9 @@ TEST(HostLoads, OversubscribedWhenThreadsExceedTheUnionOfCpus) {
   EXPECT_EQ(loads[0].cpus, 2);
   EXPECT_EQ(loads[0].cpu_list, "0-1");
   EXPECT_TRUE(loads[0].oversubscribed());
+  EXPECT_EQ(ppb::oversubscription_warning(loads[0]),
+            "ppbench: WARNING: node a runs 4 compute threads (4 ranks) on 2 CPUs (0-1): ranks share cores, so stage "
+            "times include waiting for a core; fine for trying ppbench, not for timings to publish");
   EXPECT_EQ(loads[1].threads, 4);
   EXPECT_EQ(loads[1].cpus, 4);
   EXPECT_FALSE(loads[1].oversubscribed());
@@ -125,6 +128,11 @@ TEST(HostLoads, NodesOfOneMachineShareItsCpus) {
   EXPECT_EQ(machines[0].cpus, 2);
   EXPECT_TRUE(machines[0].oversubscribed());
   EXPECT_TRUE(ppb::any_oversubscribed(ranks));
+  EXPECT_EQ(ppb::oversubscription_warning(machines[0]),
+            "ppbench: WARNING: nodes node0, node1 are one machine (one kernel) and run 4 compute threads (4 ranks) on "
+            "its 2 CPUs (0-1): ranks share cores, so stage times include waiting for a core; fine for trying "
+            "ppbench, not for timings to publish");
+  EXPECT_EQ(ppb::host_loads(ranks)[0].nodes, 1);
 
   ppb::RunRecord run;
   run.world_size = 4;
