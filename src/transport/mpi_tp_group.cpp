@@ -33,7 +33,8 @@ class MpiTpGroup final : public TpGroup {
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(data, static_cast<int>(n), MPI_FLOAT, gathered_.data(), static_cast<int>(n), MPI_FLOAT,
                              comm_, &req));
-    poll_mpi_request(&req, poll_, "tensor-parallel all-reduce of " + std::to_string(n) + " floats", /*collective=*/true);
+    poll_mpi_request(&req, poll_, "tensor-parallel all-reduce of " + std::to_string(n) + " floats",
+                     MpiRequestKind::collective);
     parts_.resize(width_);
     for (int r = 0; r < width_; ++r) parts_[r] = gathered_.data() + static_cast<size_t>(r) * n;
     tp_sum_in_rank_order(data, parts_.data(), width_, n);
@@ -50,7 +51,8 @@ class MpiTpGroup final : public TpGroup {
     pairs_.resize(mine_.size() * width_);
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(mine_.data(), 2 * rows, MPI_INT32_T, pairs_.data(), 2 * rows, MPI_INT32_T, comm_, &req));
-    poll_mpi_request(&req, poll_, "tensor-parallel argmax of " + std::to_string(rows) + " rows", /*collective=*/true);
+    poll_mpi_request(&req, poll_, "tensor-parallel argmax of " + std::to_string(rows) + " rows",
+                     MpiRequestKind::collective);
     values_.assign(static_cast<size_t>(rows) * width_, 0.0f);
     ids_.assign(static_cast<size_t>(rows) * width_, 0);
     std::vector<const float*> vp(width_);

@@ -34,7 +34,7 @@ class MpiTransport final : public Transport {
     lane.host_task([buf, bytes, peer, tag, poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
-      poll_mpi_request(&req, poll, describe("send", bytes, peer, tag));
+      poll_mpi_request(&req, poll, describe("send", bytes, peer, tag), MpiRequestKind::send);
     });
   }
 
@@ -43,7 +43,7 @@ class MpiTransport final : public Transport {
     lane.host_task([buf, bytes, peer, tag, poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
-      poll_mpi_request(&req, poll, describe("recv", bytes, peer, tag));
+      poll_mpi_request(&req, poll, describe("recv", bytes, peer, tag), MpiRequestKind::recv);
     });
   }
 
@@ -51,7 +51,7 @@ class MpiTransport final : public Transport {
     lane.host_task([poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
-      poll_mpi_request(&req, poll, "barrier of the serialized run", /*collective=*/true);
+      poll_mpi_request(&req, poll, "barrier of the serialized run", MpiRequestKind::collective);
     });
   }
 
@@ -70,9 +70,24 @@ class MpiTransport final : public Transport {
   MpiPollConfig poll_;
 };
 
+/// Withdraws a pending point-to-point request. A receive is cancelled and then completed with
+/// MPI_Wait, which MPI 4.0 §3.8.4 makes local once a request is marked for cancellation, so the
+/// process never reaches MPI_Finalize holding a freed receive whose cancellation may still be in
+/// flight (Open MPI has hung in finalize on cancelled receives: open-mpi/ompi#1175). A send cannot
+/// be cancelled reliably (deprecated in MPI 4.1; MPI_Wait on a cancelled send has hung in Open MPI
+/// until the peer matched it: open-mpi/ompi#9626), so it is cancelled and freed: MPI completes it,
+/// or the job is being aborted.
+void withdraw(MPI_Request& req, MpiRequestKind kind) {
+  MPI_Cancel(&req);
+  if (kind == MpiRequestKind::recv)
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  else
+    MPI_Request_free(&req);
+}
+
 }  // namespace
 
-void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string& what, bool collective) {
+void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string& what, MpiRequestKind kind) {
   MPI_Request& req = *static_cast<MPI_Request*>(request);
   const double start = monotonic_s();
   double sleep = cfg.min_sleep_us;
@@ -84,19 +99,13 @@ void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string
       return;
     }
     if (lane_abort_requested()) {
-      if (!collective) {
-        MPI_Cancel(&req);
-        MPI_Request_free(&req);
-      }
+      if (kind != MpiRequestKind::collective) withdraw(req, kind);
       throw InternalError(what + " abandoned: " + lane_abort_reason());
     }
     const double waited = monotonic_s() - start;
     if (waited > cfg.timeout_s) {
       // Withdraw a message so that it cannot land late in a buffer that is gone.
-      if (!collective) {
-        MPI_Cancel(&req);
-        MPI_Request_free(&req);
-      }
+      if (kind != MpiRequestKind::collective) withdraw(req, kind);
       std::ostringstream os;
       os << error_context() << ": " << what << " timed out after " << waited
          << " s (--timeout); the peer is dead, stuck, or never posted the matching operation";

@@ -61,15 +61,19 @@ struct MpiPollConfig {
   double spin_us = 0.0;
 };
 
+/// What an MPI request is, for withdrawing it when a wait is given up.
+enum class MpiRequestKind { send, recv, collective };
+
 /// Polls `req` until it completes: MPI_Test, spinning for cfg.spin_us, then with an exponential
 /// sleep back-off (cfg.min_sleep_us doubling up to cfg.max_sleep_us), never blocking in MPI.
 /// `req` is an MPI_Request (a void* here so that this header needs no mpi.h).
 /// @throws ppb::InternalError on timeout (cfg.timeout_s) or a lane abort, naming `what`; a
-///         point-to-point request (`collective` false) is cancelled and freed first, so that a
-///         late message cannot land in a buffer that is gone; a nonblocking collective cannot be
-///         cancelled (MPI 4.0 §3.8.4): it is left pending, its buffers must outlive the process's
-///         abort (the job is being aborted).
-void poll_mpi_request(void* req, const MpiPollConfig& cfg, const std::string& what, bool collective = false);
+///         receive is cancelled and completed first (MPI_Cancel, then MPI_Wait, local once
+///         cancelled), so that a late message cannot land in a buffer that is gone; a send is
+///         cancelled and freed (send cancellation is unreliable: MPI 4.1 deprecates it); a
+///         nonblocking collective cannot be cancelled (MPI 4.0 §3.8.4): it is left pending, its
+///         buffers must outlive the process's abort (the job is being aborted).
+void poll_mpi_request(void* req, const MpiPollConfig& cfg, const std::string& what, MpiRequestKind kind);
 
 class TpGroup;
 /// Collective over MPI_COMM_WORLD: splits the world into tensor-parallel groups, one per
