@@ -168,7 +168,8 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
   sc.add_option("--transport", opt.transport, "auto | mpi | nccl")->capture_default_str();
   sc.add_option("--memory-limit", opt.memory_limit_gib,
                  "GiB of weights + KV cache + scratch allowed per rank (0 = 90% of its share of the free memory: "
-                 "the GPU's, or on CPU the smaller of MemAvailable and the job's cgroup limit)")
+                 "the GPU's over the ranks on it, or on CPU the smaller of MemAvailable over the machine's ranks "
+                 "and the job's cgroup headroom over the ranks in that cgroup)")
       ->capture_default_str();
   sc.add_option("--timeout", opt.timeout_s, "seconds any single transfer may wait before the run fails")
       ->capture_default_str();

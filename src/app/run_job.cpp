@@ -284,12 +284,27 @@ int visible_gpus() {
 #endif
 }
 
-/// Collective: how many ranks have the same `key` (host + device bus id) as this one.
-int ranks_sharing(const MpiContext& mpi, const std::string& key) {
-  unsigned long long mine = std::hash<std::string>{}(key);
-  std::vector<unsigned long long> all(mpi.size());
-  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, mpi.comm()));
-  return static_cast<int>(std::count(all.begin(), all.end(), mine));
+/// Collective: this rank's share of its device's free memory in bytes (memory_share): each of
+/// `pools` divided among the ranks of this machine that draw on it (count_pool_sharers over every
+/// rank's pool keys, prefixed with its machine id and exchanged as 64-bit hashes in one
+/// MPI_Allgather of kSlots per rank, so that ranks with different pool counts still make the same
+/// call). Throws InternalError if a device lists more than kSlots pools.
+size_t shared_free_memory(const MpiContext& mpi, const std::vector<MemoryPool>& pools) {
+  constexpr size_t kSlots = 4;
+  if (pools.size() > kSlots) throw InternalError("a device lists " + std::to_string(pools.size()) + " memory pools");
+  std::vector<unsigned long long> mine(kSlots, 0), all(kSlots * mpi.size(), 0);
+  std::vector<std::string> my_keys;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    mine[i] = std::max<unsigned long long>(1, std::hash<std::string>{}(mpi.machine_id() + "/" + pools[i].key));
+    my_keys.push_back(std::to_string(mine[i]));
+  }
+  MPI_CHECK(MPI_Allgather(mine.data(), kSlots, MPI_UNSIGNED_LONG_LONG, all.data(), kSlots, MPI_UNSIGNED_LONG_LONG,
+                          mpi.comm()));
+  std::vector<std::vector<std::string>> keys(mpi.size());
+  for (int r = 0; r < mpi.size(); ++r)
+    for (size_t i = 0; i < kSlots; ++i)
+      if (all[r * kSlots + i] != 0) keys[r].push_back(std::to_string(all[r * kSlots + i]));
+  return memory_share(pools, count_pool_sharers(my_keys, keys));
 }
 
 class Progress {
@@ -593,13 +608,13 @@ class RunJob {
       const int onednn = mpi_.agree(cpu::gemm_library() == cpu::GemmLibrary::onednn ? 1 : 0);
       cpu::set_gemm_library(onednn ? cpu::GemmLibrary::onednn : cpu::GemmLibrary::openblas);
     }
-    // Ranks sharing a device share its free memory (CPU: the node's; GPU: the GPU's). By node,
-    // not machine: a container's free memory is its own cgroup's headroom, which its ranks
-    // alone share (cpu_free_memory); nodes that are namespaces of one machine without memory
-    // limits each count the whole machine's MemAvailable.
-    const int sharing = ranks_sharing(mpi_, mpi_.hostname() + "/" + device_->bus_id());
+    // Ranks drawing on the same memory share it: a GPU's by the ranks on that GPU; on CPU the
+    // kernel's MemAvailable by every rank of the machine (nodes that are containers or
+    // namespaces of one machine included), and a memory cgroup's headroom by the ranks in that
+    // cgroup (a container's or a Slurm step's own), each rank taking the smaller share.
+    const size_t share = shared_free_memory(mpi_, device_->memory_pools());
     memory_limit_ = opt_.memory_limit_gib > 0 ? static_cast<size_t>(opt_.memory_limit_gib * (1ull << 30))
-                                              : static_cast<size_t>(0.9 * device_->free_memory() / sharing);
+                                              : static_cast<size_t>(0.9 * static_cast<double>(share));
   }
 
   void open_transport() {

@@ -8,6 +8,7 @@
 //   lane.h        Event, Lane, Buffer
 //   stage.h       StageConfig, StageBytes, StageExecutor
 //   lane_abort.h  request_lane_abort, lane_abort_reason, lane_abort_requested
+//   memory_pool.h MemoryPool, count_pool_sharers, memory_share
 // clock.h and lane_abort.h are not needed by Device; they stay included for the code outside
 // backend/ that reaches them through this header. New code includes the narrowest header.
 #pragma once
@@ -17,10 +18,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/dtype.h"
 #include "backend/lane.h"
 #include "backend/lane_abort.h"
+#include "backend/memory_pool.h"
 #include "backend/stage.h"
 #include "common/clock.h"
 
@@ -38,6 +41,13 @@ class Device {
   virtual std::string name() const = 0;     ///< e.g. "Intel Xeon ... (1 BLAS thread)", "NVIDIA H200"
   virtual std::string bus_id() const = 0;   ///< PCI bus id, "" on CPU
   virtual size_t free_memory() const = 0;   ///< bytes available for weights + KV cache
+  /// The pools this rank's weights + KV cache are allocated from, each with what it has free and
+  /// a key naming it within one machine (ranks of a machine whose pools have equal keys draw on
+  /// the same memory): memory_share() divides each among its ranks. CPU: the kernel's
+  /// MemAvailable ("kernel") and, where a memory cgroup limits the process, its headroom
+  /// ("cgroup:<dev>:<inode>" of the limiting directory). Default: free_memory() keyed by the bus id
+  /// (a GPU's memory, shared by the ranks on that GPU).
+  virtual std::vector<MemoryPool> memory_pools() const { return {{free_memory(), "device:" + bus_id()}}; }
   /// Enqueues work on `lane` that evicts the weights of the last forward from the caches, so
   /// that a profiled unit is timed cold, as it runs inside a stage whose weights exceed the
   /// cache (a 63 MB layer profiled alone would otherwise stay in a 480 MB L3).

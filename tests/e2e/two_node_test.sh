@@ -164,6 +164,19 @@ awk -v w="$whi" -v b="$bhi" 'BEGIN { exit !(w >= 10 * b) }' ||
   fail "run 2: the fastest within-node link (${whi} GB/s) is not >= 10x the fastest between nodes (${bhi} GB/s)"
 say "run 2: within a node ${wlo}..${whi} GB/s, between nodes ${blo}..${bhi} GB/s"
 "$PPBENCH" report "$TMP/four.h5" >/dev/null || fail "ppbench report cannot read run 2's file"
+# The nodes' four ranks draw on one kernel's memory (no cgroup limits here): each rank's default
+# limit is at most 90% of MemTotal over the machine's 4 ranks (over a node's 2 ranks, each
+# namespace counted the whole machine's MemAvailable for its own: twice the share).
+if command -v h5dump >/dev/null; then
+  total=$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024 }' /proc/meminfo)
+  limits=$(h5dump -d /ranks/memory_limit_bytes -y -w 0 "$TMP/four.h5" | awk '/DATA \{/ { getline; gsub(/,/, " "); print; exit }')
+  [ "$(wc -w <<<"$limits")" = 4 ] || fail "run 2: /ranks/memory_limit_bytes is not 4 values: $limits"
+  for l in $limits; do
+    awk -v l="$l" -v t="$total" 'BEGIN { exit !(l > 0 && l <= 0.9 * t / 4) }' ||
+      fail "run 2: a rank's memory limit of $l bytes exceeds 90% of the machine's $total bytes over its 4 ranks"
+  done
+  say "run 2: memory limits $(echo $limits) bytes, each within 90% of MemTotal ($total) over the machine's 4 ranks"
+fi
 
 # ---- 3. (opt-in) the simulator on the shaped link ------------------------------------------------
 if [ "${PPBENCH_TWO_NODE_MEASURE:-0}" = 1 ]; then

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_memory.h"
 #include "backend/device.h"
@@ -155,6 +157,62 @@ TEST_F(CpuMemory, FreeMemoryWithOnlyOneSourceOrNone) {
   EXPECT_EQ(cpu_free_memory(proc(), cg()), 0u);  // neither
   meminfo(1024);
   EXPECT_EQ(cpu_free_memory(proc(), cg()), 1 * kMiB);  // meminfo only
+}
+
+TEST_F(CpuMemory, PoolsAreTheKernelAndTheCgroupThatLimits) {
+  meminfo(16 * 1024 * 1024);
+  write(proc() / "self" / "cgroup", "0::/job/step_0/task_1\n");
+  v2("job", std::to_string(6 * kGiB), 2 * kGiB);  // 4 GiB of headroom: the tightest
+  v2("job/step_0", std::to_string(20 * kGiB), 1 * kGiB);
+  auto pools = ppb::cpu_memory_pools(proc(), cg());
+  ASSERT_EQ(pools.size(), 2u);
+  EXPECT_EQ(pools[0].free_bytes, 16 * kGiB);
+  EXPECT_EQ(pools[0].key, "kernel");
+  EXPECT_EQ(pools[1].free_bytes, 4 * kGiB);
+  // Named by the limiting directory's inode, not its path: a process in another container (or
+  // cgroup namespace) sees its own cgroup as "/" but the kernel's inode of the same directory.
+  const std::string job = pools[1].key;
+  EXPECT_EQ(job.rfind("cgroup:", 0), 0u) << job;
+  EXPECT_EQ(job.find("job"), std::string::npos) << job;
+  // A sibling task of the same step draws on the same cgroup: the same key.
+  write(proc() / "self" / "cgroup", "0::/job/step_0/task_2\n");
+  EXPECT_EQ(ppb::cpu_memory_pools(proc(), cg())[1].key, job);
+  // Another job's cgroup is another pool.
+  v2("job_b", std::to_string(6 * kGiB), 2 * kGiB);
+  write(proc() / "self" / "cgroup", "0::/job_b\n");
+  pools = ppb::cpu_memory_pools(proc(), cg());
+  ASSERT_EQ(pools.size(), 2u);
+  EXPECT_NE(pools[1].key, job);
+  // No limit: the kernel's pool alone; nothing readable: none.
+  write(proc() / "self" / "cgroup", "0::/user.slice\n");
+  EXPECT_EQ(ppb::cpu_memory_pools(proc(), cg()).size(), 1u);
+  fs::remove(proc() / "meminfo");
+  EXPECT_TRUE(ppb::cpu_memory_pools(proc(), cg()).empty());
+}
+
+TEST(MemoryShare, EachPoolDividedByItsRanksTheSmallestShareWins) {
+  using ppb::MemoryPool;
+  // Two namespace nodes of one machine (m), no cgroup limits: 4 ranks draw on the kernel's
+  // 16 GiB, 4 GiB each (dividing by the node's 2 ranks gave 8 GiB each: twice the machine).
+  const std::vector<std::vector<std::string>> four{{"m/kernel"}, {"m/kernel"}, {"m/kernel"}, {"m/kernel"}};
+  auto sharers = ppb::count_pool_sharers({"m/kernel"}, four);
+  EXPECT_EQ(sharers, std::vector<int>{4});
+  EXPECT_EQ(ppb::memory_share({MemoryPool{16 * kGiB, "kernel"}}, sharers), 4 * kGiB);
+  // Two containers of one machine, each limited to 6 GiB and holding 2 ranks: the cgroup's
+  // headroom is shared by its 2 ranks (3 GiB), the kernel's 16 GiB by all 4 (4 GiB): 3 GiB.
+  const std::vector<std::vector<std::string>> containers{
+      {"m/kernel", "m/cgroup:a"}, {"m/kernel", "m/cgroup:a"}, {"m/kernel", "m/cgroup:b"}, {"m/kernel", "m/cgroup:b"}};
+  sharers = ppb::count_pool_sharers({"m/kernel", "m/cgroup:a"}, containers);
+  EXPECT_EQ(sharers, (std::vector<int>{4, 2}));
+  EXPECT_EQ(ppb::memory_share({{16 * kGiB, "kernel"}, {6 * kGiB, "cgroup:a"}}, sharers), 3 * kGiB);
+  // Large limits: the kernel's share is the smaller one.
+  EXPECT_EQ(ppb::memory_share({{16 * kGiB, "kernel"}, {60 * kGiB, "cgroup:a"}}, sharers), 4 * kGiB);
+  // Another machine's kernel is another pool; a key listed twice counts its rank once.
+  sharers = ppb::count_pool_sharers({"n/kernel"}, {{"m/kernel"}, {"n/kernel", "n/kernel"}, {"n/kernel"}});
+  EXPECT_EQ(sharers, std::vector<int>{2});
+  EXPECT_EQ(ppb::memory_share({}, {}), 0u);
+  EXPECT_THROW(ppb::memory_share({{kGiB, "kernel"}}, {}), std::invalid_argument);
+  EXPECT_THROW(ppb::memory_share({{kGiB, "kernel"}}, {0}), std::invalid_argument);
 }
 
 TEST(CpuMemoryHost, DeviceFreeMemoryIsPositiveAndAtMostMemAvailable) {

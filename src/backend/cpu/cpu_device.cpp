@@ -1,5 +1,6 @@
 // The CPU device: host buffers, worker-thread lanes, and the BLAS stage executor.
 #include <cblas.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,13 +99,20 @@ std::optional<uint64_t> keyed_value(std::string_view text, std::string_view key)
   return std::nullopt;
 }
 
-/// Headroom of the cgroup directories from root/rel up to root (the smallest; nullopt if none
-/// has a limit). limit_file: the limit ("max" or a value >= 2^62 = unlimited); usage_file: the
-/// charged bytes; inactive_key: the reclaimable page cache in memory.stat.
-std::optional<size_t> hierarchy_headroom(const std::filesystem::path& root, std::string_view rel,
-                                         const char* limit_file, const char* usage_file,
-                                         const char* inactive_key) {
-  std::optional<size_t> best;
+/// A cgroup's headroom and the directory that sets it.
+struct Headroom {
+  size_t bytes = 0;
+  std::filesystem::path dir;
+};
+
+/// Headroom of the cgroup directories from root/rel up to root (the smallest, with its
+/// directory; nullopt if none has a limit). limit_file: the limit ("max" or a value >= 2^62 =
+/// unlimited); usage_file: the charged bytes; inactive_key: the reclaimable page cache in
+/// memory.stat.
+std::optional<Headroom> hierarchy_headroom(const std::filesystem::path& root, std::string_view rel,
+                                           const char* limit_file, const char* usage_file,
+                                           const char* inactive_key) {
+  std::optional<Headroom> best;
   for (const std::filesystem::path& dir : cgroup_dirs_up(root, rel)) {
     const auto limit = parse_u64(read_text(dir / limit_file));  // "max" does not parse: no limit
     if (!limit || *limit >= (uint64_t(1) << 62)) continue;
@@ -113,18 +121,16 @@ std::optional<size_t> hierarchy_headroom(const std::filesystem::path& root, std:
     const uint64_t inactive = keyed_value(read_text(dir / "memory.stat"), inactive_key).value_or(0);
     const uint64_t used = *usage > inactive ? *usage - inactive : 0;
     const size_t headroom = *limit > used ? static_cast<size_t>(*limit - used) : 0;
-    best = best ? std::min(*best, headroom) : headroom;
+    if (!best || headroom < best->bytes) best = Headroom{headroom, dir};
   }
   return best;
 }
 
-}  // namespace
-
-std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
-                                             const std::filesystem::path& cgroup_root) {
-  std::optional<size_t> best;
-  auto take = [&best](std::optional<size_t> h) {
-    if (h) best = best ? std::min(*best, *h) : *h;
+/// The tightest headroom of every memory hierarchy the process belongs to (v1 and v2).
+std::optional<Headroom> tightest_headroom(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
+  std::optional<Headroom> best;
+  auto take = [&best](std::optional<Headroom> h) {
+    if (h && (!best || h->bytes < best->bytes)) best = std::move(h);
   };
   for (const CgroupMembership& m : cgroup_memberships(self_cgroup)) {
     if (m.v2) {
@@ -135,6 +141,33 @@ std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
     }
   }
   return best;
+}
+
+/// The identity of a directory within one kernel: "<device>:<inode>" (a cgroup directory's
+/// inode is the kernel's, the same seen from any container or cgroup namespace, where the path
+/// is not: every container sees its own cgroup as "/"), or the path where stat fails.
+std::string directory_identity(const std::filesystem::path& dir) {
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) return dir.string();
+  return std::to_string(static_cast<uint64_t>(st.st_dev)) + ":" + std::to_string(static_cast<uint64_t>(st.st_ino));
+}
+
+}  // namespace
+
+std::optional<size_t> cgroup_memory_headroom(std::string_view self_cgroup,
+                                             const std::filesystem::path& cgroup_root) {
+  const auto h = tightest_headroom(self_cgroup, cgroup_root);
+  return h ? std::optional<size_t>(h->bytes) : std::nullopt;
+}
+
+std::vector<MemoryPool> cpu_memory_pools(const std::filesystem::path& proc_root,
+                                         const std::filesystem::path& cgroup_root) {
+  std::vector<MemoryPool> pools;
+  if (const auto available = keyed_value(read_text(proc_root / "meminfo"), "MemAvailable:"))
+    pools.push_back({static_cast<size_t>(*available), "kernel"});
+  if (const auto h = tightest_headroom(read_text(proc_root / "self" / "cgroup"), cgroup_root))
+    pools.push_back({h->bytes, "cgroup:" + directory_identity(h->dir)});
+  return pools;
 }
 
 size_t cpu_free_memory(const std::filesystem::path& proc_root, const std::filesystem::path& cgroup_root) {
@@ -188,6 +221,9 @@ class CpuDevice final : public Device {
   /// MemAvailable of the node, capped by the memory cgroup limit of this process (Slurm's
   /// --mem/--mem-per-cpu under cgroup enforcement, a container's limit): cpu_free_memory().
   size_t free_memory() const override { return cpu_free_memory(); }
+  /// MemAvailable, shared by the machine's ranks, and the memory cgroup's headroom, shared by
+  /// the ranks in that cgroup: cpu_memory_pools().
+  std::vector<MemoryPool> memory_pools() const override { return cpu_memory_pools(); }
   void flush_caches(Lane& lane, size_t resident_bytes) override {
     // Weights that fit in half the last-level cache stay there during the pipeline too.
     if (resident_bytes <= cpu_last_level_cache_bytes() / 2) return;

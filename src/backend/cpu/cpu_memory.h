@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <optional>
 #include <string_view>
+#include <vector>
+
+#include "backend/memory_pool.h"
 
 namespace ppb {
 
@@ -33,5 +36,14 @@ size_t cpu_last_level_cache_bytes();
 /// one is; 0 when neither is.
 size_t cpu_free_memory(const std::filesystem::path& proc_root = "/proc",
                        const std::filesystem::path& cgroup_root = "/sys/fs/cgroup");
+
+/// The pools this process's memory comes from, for dividing among the ranks drawing on each
+/// (memory_share): MemAvailable of <proc_root>/meminfo keyed "kernel" (every rank of the
+/// machine draws on it), and, where a memory cgroup limits the process, the tightest
+/// cgroup_memory_headroom keyed "cgroup:<dev>:<inode>" of the directory that sets it (the ranks
+/// in that cgroup, e.g. one Slurm job step's on a node, or one container's, draw on it).
+/// Either is left out when unknown.
+std::vector<MemoryPool> cpu_memory_pools(const std::filesystem::path& proc_root = "/proc",
+                                         const std::filesystem::path& cgroup_root = "/sys/fs/cgroup");
 
 }  // namespace ppb

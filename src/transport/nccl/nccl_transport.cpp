@@ -247,7 +247,7 @@ class StagedMpiTransport final : public Transport {
 }  // namespace
 
 bool every_rank_has_own_gpu(const MpiContext& mpi, const std::string& bus_id) {
-  const std::vector<std::string> all = mpi.gather_strings(mpi.hostname() + "/" + bus_id);
+  const std::vector<std::string> all = mpi.gather_strings(mpi.machine_id() + "/" + bus_id);
   std::vector<int> ok{1};
   if (mpi.is_root()) {
     std::set<std::string> seen(all.begin(), all.end());

@@ -12,7 +12,8 @@ namespace ppb {
 
 class MpiContext;
 
-/// Collective: true on every rank iff no two ranks use the same GPU (same host and PCI bus id).
+/// Collective: true on every rank iff no two ranks use the same GPU (same machine, i.e. kernel,
+/// and PCI bus id: containers of one machine that see the same GPU are different nodes).
 /// `bus_id` is this rank's Device::bus_id(). NCCL needs this; with --transport auto, false
 /// means falling back to create_staged_mpi_transport (and saying so).
 bool every_rank_has_own_gpu(const MpiContext& mpi, const std::string& bus_id);
