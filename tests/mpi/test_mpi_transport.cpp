@@ -1,5 +1,6 @@
 // MPI transport on CPU lanes: round trips, ordering, and that a waiting lane sleeps.
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <numeric>
 #include <vector>
@@ -88,6 +89,22 @@ TEST(MpiTransport, RecvTimesOutNamingThePeer) {
     EXPECT_NE(msg.find("rank " + std::to_string(peer)), std::string::npos) << msg;
     EXPECT_NE(msg.find("tag 12345"), std::string::npos) << msg;
   }
+  // The withdrawn receive matches nothing any more: once every rank has given up, each sends its
+  // rank to the one that waited on it, late, with the same tag, and a new receive gets it. Plain
+  // MPI: the process's lanes stay aborted after the failure (backend/lane_abort.h).
+  mpi.barrier();
+  const int32_t mine = 1000 + mpi.rank();
+  int32_t late = -1;
+  const int waiter = (mpi.rank() + mpi.size() - 1) % mpi.size();
+  MPI_Request reqs[2];
+  MPI_Irecv(&late, 1, MPI_INT32_T, peer, 12345, MPI_COMM_WORLD, &reqs[0]);
+  MPI_Isend(&mine, 1, MPI_INT32_T, waiter, 12345, MPI_COMM_WORLD, &reqs[1]);
+  int done = 0;
+  for (const double t0 = monotonic_s(); !done && monotonic_s() - t0 < 10.0;)
+    MPI_Testall(2, reqs, &done, MPI_STATUSES_IGNORE);
+  ASSERT_TRUE(done) << "the late message did not reach a new receive within 10 s";
+  EXPECT_EQ(late, 1000 + peer);
+  EXPECT_EQ(value, 0) << "the withdrawn receive's buffer was written";
 }
 
 }  // namespace
