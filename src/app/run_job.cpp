@@ -293,18 +293,15 @@ size_t shared_free_memory(const MpiContext& mpi, const std::vector<MemoryPool>& 
   constexpr size_t kSlots = 4;
   if (pools.size() > kSlots) throw InternalError("a device lists " + std::to_string(pools.size()) + " memory pools");
   std::vector<unsigned long long> mine(kSlots, 0), all(kSlots * mpi.size(), 0);
-  std::vector<std::string> my_keys;
-  for (size_t i = 0; i < pools.size(); ++i) {
+  for (size_t i = 0; i < pools.size(); ++i)  // 0 marks an empty slot
     mine[i] = std::max<unsigned long long>(1, std::hash<std::string>{}(mpi.machine_id() + "/" + pools[i].key));
-    my_keys.push_back(std::to_string(mine[i]));
-  }
   MPI_CHECK(MPI_Allgather(mine.data(), kSlots, MPI_UNSIGNED_LONG_LONG, all.data(), kSlots, MPI_UNSIGNED_LONG_LONG,
                           mpi.comm()));
   std::vector<std::vector<std::string>> keys(mpi.size());
   for (int r = 0; r < mpi.size(); ++r)
     for (size_t i = 0; i < kSlots; ++i)
       if (all[r * kSlots + i] != 0) keys[r].push_back(std::to_string(all[r * kSlots + i]));
-  return memory_share(pools, count_pool_sharers(my_keys, keys));
+  return memory_share(pools, count_pool_sharers(keys[mpi.rank()], keys));  // keys[rank]: pools' order
 }
 
 class Progress {

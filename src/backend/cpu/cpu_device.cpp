@@ -171,11 +171,8 @@ std::vector<MemoryPool> cpu_memory_pools(const std::filesystem::path& proc_root,
 }
 
 size_t cpu_free_memory(const std::filesystem::path& proc_root, const std::filesystem::path& cgroup_root) {
-  const auto available = keyed_value(read_text(proc_root / "meminfo"), "MemAvailable:");
-  const auto headroom = cgroup_memory_headroom(read_text(proc_root / "self" / "cgroup"), cgroup_root);
-  if (available && headroom) return std::min(static_cast<size_t>(*available), *headroom);
-  if (available) return static_cast<size_t>(*available);
-  return headroom.value_or(0);
+  const std::vector<MemoryPool> pools = cpu_memory_pools(proc_root, cgroup_root);
+  return memory_share(pools, std::vector<int>(pools.size(), 1));  // the smallest pool; 0 if none
 }
 
 size_t cpu_last_level_cache_bytes() {
