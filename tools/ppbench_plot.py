@@ -216,7 +216,7 @@ def plot_timeline(f, name, it, out_png):
     tps = bench.attrs.get("tokens_per_s", float("nan"))
     counts = f[f"partitions/{name}"].attrs.get("counts", "")
     ax.set_title(f"{run_title(f)}\npartition {name} ({counts} units per stage): timed repetition {it + 1}/{iters} (after the warm-up), "
-                 f"{tps:.2f} tokens/s (median over repetitions)", fontsize=10)
+                 f"{tps:.2f} tokens/s (over all timed repetitions)", fontsize=10)
     ax.legend(handles=legend_handles(M, colours), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="x", linestyle=":", linewidth=0.5)
     fig.tight_layout()

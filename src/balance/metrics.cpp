@@ -13,7 +13,7 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
   PartitionMetrics m;
   const int S = sh.stages, M = sh.groups, steps = sh.steps;
   const int last = S - 1;
-  std::vector<double> ttft, tpot, decode_rate, rep_bound, rep_efficiency;
+  std::vector<double> ttft, tpot, decode_rate, rep_bound;
   std::vector<std::vector<double>> prefill(S), decode(S), bubble(S), recv_wait(S);
   for (int r = 0; r < sh.iters; ++r) {
     double start = std::numeric_limits<double>::infinity(), end = -start;
@@ -72,9 +72,6 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
       }
       const double cycle_s = std::max(M * max_d, sum_d);
       rep_bound.push_back(cycle_s > 0 ? M * batch / cycle_s : nan);
-      rep_efficiency.push_back(cycle_s > 0 && !decode_rate.empty() && !std::isnan(m.rep_decode_tokens_per_s.back())
-                                   ? m.rep_decode_tokens_per_s.back() / rep_bound.back()
-                                   : nan);
     }
     m.rep_ttft_p50_ms.push_back(median(std::vector<double>(ttft.begin() + ttft_from, ttft.end())));
     m.rep_tpot_p50_ms.push_back(tpot.size() > tpot_from ? median(std::vector<double>(tpot.begin() + tpot_from, tpot.end())) : nan);
@@ -92,8 +89,10 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
       bubble[s].push_back(1.0 - busy / wall);
     }
   }
-  m.tokens_per_s = median(m.rep_tokens_per_s);
-  m.decode_tokens_per_s = decode_rate.empty() ? 0.0 : median(decode_rate);
+  // Every repetition generates the same tokens: the harmonic mean of its rates is the total
+  // tokens over the total time (common/stats.h harmonic_mean).
+  m.tokens_per_s = harmonic_mean(m.rep_tokens_per_s);
+  m.decode_tokens_per_s = decode_rate.empty() ? 0.0 : harmonic_mean(decode_rate);
   m.ttft_p50_ms = percentile(ttft, 50);
   m.ttft_p99_ms = percentile(ttft, 99);
   m.tpot_p50_ms = tpot.empty() ? 0.0 : percentile(tpot, 50);
@@ -110,14 +109,24 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
       m.bottleneck_stage = s;
     }
   }
-  // Medians over the repetitions of each one's own bound and rate/bound: a repetition slowed by
-  // the machine lowers its rate and its bound together instead of the pooled bound of all.
-  auto finite_median = [](std::vector<double> v) {
-    v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
-    return v.empty() ? 0.0 : median(v);
-  };
-  m.bottleneck_bound_tok_s = finite_median(rep_bound);
-  m.pipeline_efficiency = finite_median(rep_efficiency);
+  // Each repetition against its own bound: a repetition slowed by the machine lowers its rate
+  // and its bound together, unlike a bound pooled over all. Summed as the rates are (harmonic
+  // means over the repetitions that have both), so that efficiency = decode rate / bound over
+  // the same repetitions: the bound's total time over the measured total time.
+  std::vector<double> rates, bounds;
+  for (size_t r = 0; r < rep_bound.size(); ++r) {
+    if (std::isfinite(rep_bound[r]) && std::isfinite(m.rep_decode_tokens_per_s[r])) {
+      rates.push_back(m.rep_decode_tokens_per_s[r]);
+      bounds.push_back(rep_bound[r]);
+    }
+  }
+  if (!bounds.empty()) {
+    m.bottleneck_bound_tok_s = harmonic_mean(bounds);
+    m.pipeline_efficiency = harmonic_mean(rates) / m.bottleneck_bound_tok_s;
+  } else {  // no decode rate (fewer than two decode steps): the bound alone, efficiency 0
+    const double bound = harmonic_mean(rep_bound);
+    m.bottleneck_bound_tok_s = std::isnan(bound) ? 0.0 : bound;
+  }
   return m;
 }
 

@@ -5,6 +5,9 @@
 #include <limits>
 #include <random>
 
+#include <boost/math/distributions/normal.hpp>
+#include <boost/math/distributions/students_t.hpp>
+
 #include "common/error.h"
 
 namespace ppb {
@@ -32,6 +35,24 @@ double mean(const std::vector<double>& v) {
   return n ? sum / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
 }
 
+double harmonic_mean(const std::vector<double>& v) {
+  double inverse_sum = 0.0;
+  size_t n = 0;
+  for (double x : v) {
+    if (std::isfinite(x) && x > 0) {
+      inverse_sum += 1.0 / x;
+      ++n;
+    }
+  }
+  return n ? static_cast<double>(n) / inverse_sum : std::numeric_limits<double>::quiet_NaN();
+}
+
+double expanded_tail(int n, double tail) {
+  if (n < 2 || !(tail > 0.0 && tail < 0.5)) throw InternalError("expanded_tail: need n >= 2 and tail in (0, 0.5)");
+  const double t = boost::math::quantile(boost::math::students_t(n - 1), tail);  // < 0
+  return boost::math::cdf(boost::math::normal(), std::sqrt(static_cast<double>(n) / (n - 1)) * t);
+}
+
 PairedComparison compare_paired(const std::vector<double>& a, const std::vector<double>& b, double level,
                                 int resamples, uint64_t seed) {
   if (a.size() != b.size()) throw InternalError("compare_paired: a and b differ in length");
@@ -46,7 +67,7 @@ PairedComparison compare_paired(const std::vector<double>& a, const std::vector<
   PairedComparison c;
   c.n = static_cast<int>(x.size());
   if (c.n == 0) return c;
-  c.ratio = median(y) / median(x);
+  c.ratio = harmonic_mean(y) / harmonic_mean(x);
   if (c.n < kMinPairsForCI || resamples < 1) return c;
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<size_t> pick(0, x.size() - 1);
@@ -57,9 +78,9 @@ PairedComparison compare_paired(const std::vector<double>& a, const std::vector<
       xs[i] = x[j];
       ys[i] = y[j];
     }
-    r = median(ys) / median(xs);
+    r = harmonic_mean(ys) / harmonic_mean(xs);
   }
-  const double tail = 100.0 * (1.0 - level) / 2.0;
+  const double tail = 100.0 * expanded_tail(c.n, (1.0 - level) / 2.0);
   c.ci_low = percentile(ratios, tail);
   c.ci_high = percentile(ratios, 100.0 - tail);
   return c;

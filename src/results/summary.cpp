@@ -340,9 +340,9 @@ void print_column_legend(std::ostream& os, const RunRecord& run) {
         "         pred/meas dec   ms of one decode step's compute (measured: median)\n"
         "         bubble          share of a repetition's wall time the compute lane was idle (median)\n"
         "         lane CPU s      CPU seconds of the compute / recv / send lanes over the timed repetitions\n"
-        "then: tokens/s = M x B x G generated tokens / a repetition's wall time (median); decode = the\n"
-        "  decode steady state's tokens/s; bound = what the slowest stage's mean decode step allows;\n"
-        "  efficiency = decode / bound; TTFT = time to a group's first token, TPOT = time per output token\n"
+        "then: tokens/s = M x B x G generated tokens per repetition / wall time, over all timed\n"
+        "  repetitions; decode = the decode steady state's tokens/s, likewise; bound = what the slowest\n"
+        "  stage's mean decode step allows; efficiency = decode / bound; TTFT = time to a group's first token, TPOT = time per output token\n"
         "  (p50/p99 over groups and repetitions: few samples, so p99 is close to the worst one)\n";
 }
 

@@ -149,6 +149,7 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     bench.write_dataset("rep_tpot_p50_ms", p.rep_tpot_p50_ms).set_attr("units", "ms");
   }
   bench.set_attr("repetitions", static_cast<int64_t>(p.rep_tokens_per_s.size()));
+  bench.set_attr("rates_over_repetitions", "harmonic mean (total tokens / total time)");
   if (p.rep_round.size() == p.rep_tokens_per_s.size())
     bench.write_dataset("rep_round", p.rep_round).set_attr("content", "the benchmark round of each repetition (0-based)");
   auto lane = bench.write_dataset("lane_cpu_s", p.lane_cpu_s, {S, 3});
