@@ -114,6 +114,12 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
       ->capture_default_str();
   sc.add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
       ->capture_default_str();
+  sc.add_option("--profile-repeats", opt.profile_repeats,
+                "cycles of the whole profile, each unit's medians averaged over them, so that the profile samples "
+                "the machine at several moments as the benchmark's rounds do (CPU ranks sharing a machine's memory "
+                "ran a unit up to 1.6x apart from one few-second window to the next); 0 = auto: where the profile "
+                "has two passes (--contention), repeat until it has taken 15 s, at most 4 cycles; elsewhere 1")
+      ->capture_default_str();
   sc.add_option("--contention", opt.contention,
                 "auto | off. auto: where the ranks of a machine (one kernel: a node, or nodes that are "
                 "containers or namespaces of one machine) compute from one memory (CPU ranks; not GPUs), "

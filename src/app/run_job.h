@@ -35,6 +35,10 @@ struct RunOptions {
   int profile_warmup = 2;
   int profile_iters = 5;
   int profile_contexts = 3;
+  /// --profile-repeats: cycles of the whole profile (alone turns and together pass, or the one
+  /// pass), their medians averaged; 0 = auto (RunJob::profile: where the profile has two passes,
+  /// repeat until it has taken kProfileSpanS, at most kAutoProfileRepeats cycles; else 1)
+  int profile_repeats = 0;
   bool no_overlap = false;
   bool validate = true;
   uint64_t seed = 1234;

@@ -227,6 +227,7 @@ void read_workload(const Group& root, RunRecord& run) {
   // forward, one pass), else "own pace".
   w.profile_passes = attr_or<std::string>(wl, "profile_passes",
                                           attr_or<bool>(wl, "profile_aligned", false) ? "aligned" : "own pace");
+  w.profile_repeats = static_cast<int>(attr_or<int64_t>(wl, "profile_repeats", 1));
   w.expert_skew = attr_or<double>(wl, "expert_skew", 0.0);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");
@@ -294,6 +295,8 @@ void read_profile(const Group& root, RunRecord& run) {
   p.latency_min_ms = dataset_or_empty<double>(prof, "latency_min_ms");
   p.latency_max_ms = dataset_or_empty<double>(prof, "latency_max_ms");
   p.latency_alone_ms = dataset_or_empty<double>(prof, "latency_alone_ms");
+  p.latency_cycles_ms = dataset_or_empty<double>(prof, "latency_cycles_ms");
+  p.latency_alone_cycles_ms = dataset_or_empty<double>(prof, "latency_alone_cycles_ms");
   p.decode_contexts = to_int(dataset_or_empty<int64_t>(prof, "decode_contexts"));
   p.decode_context_ms = dataset_or_empty<double>(prof, "decode_context_ms");
   p.cost_ms = dataset_or_empty<double>(prof, "cost_ms");

@@ -58,6 +58,9 @@ struct WorkloadInfo {
   /// pace: GPUs, one rank per machine, --contention off, and older files; "aligned" for older
   /// files made with --profile-aligned).
   std::string profile_passes = "own pace";
+  /// Cycles of the whole profile whose medians latency_ms (and latency_alone_ms) average
+  /// (--profile-repeats; 1 in older files).
+  int profile_repeats = 1;
   double expert_skew = 0.0;      ///< --expert-skew (MoE routing; 0 = the router's own choice)
 };
 
@@ -73,6 +76,9 @@ struct ProfileTable {
   /// rank timing each unit at the same moment, and min/max span both passes. Empty for a profile
   /// of one pass (workload profile_passes "own pace") and in older files.
   std::vector<double> latency_alone_ms;
+  /// [K][world][U][2] each profile cycle's medians (K = workload profile_repeats): latency_ms is
+  /// their mean; latency_alone_cycles_ms the same of latency_alone_ms. Empty in older files.
+  std::vector<double> latency_cycles_ms, latency_alone_cycles_ms;
   std::vector<int> decode_contexts;         ///< [C]
   std::vector<double> decode_context_ms;    ///< [world][U][C]
   std::vector<double> cost_ms;              ///< [world][U] the balancer's objective per unit

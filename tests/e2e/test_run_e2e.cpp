@@ -76,6 +76,33 @@ std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, co
   return out;
 }
 
+/// /profile/latency_cycles_ms (and latency_alone_cycles_ms where there are two passes): K cycles
+/// of [R][U][2] medians whose mean is latency_ms (latency_alone_ms), each within the fastest and
+/// slowest forward of latency_min_ms / latency_max_ms.
+void check_profile_cycles(ppb::h5::Group& root, int64_t K) {
+  auto prof = root.open_group("profile");
+  const auto lo = prof.open_dataset("latency_min_ms").read<double>(), hi = prof.open_dataset("latency_max_ms").read<double>();
+  for (const char* name : {"latency_cycles_ms", "latency_alone_cycles_ms"}) {
+    const std::string table = std::string(name) == "latency_cycles_ms" ? "latency_ms" : "latency_alone_ms";
+    if (!prof.exists(table)) continue;
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(prof.exists(name));
+    const auto cycles = prof.open_dataset(name).read<double>();
+    const auto pooled = prof.open_dataset(table).read<double>();
+    ASSERT_EQ(cycles.size(), static_cast<size_t>(K) * pooled.size());
+    for (size_t i = 0; i < pooled.size(); ++i) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double c = cycles[static_cast<size_t>(k) * pooled.size() + i];
+        sum += c;
+        EXPECT_GE(c, lo[i] * (1 - 1e-12)) << i;
+        EXPECT_LE(c, hi[i] * (1 + 1e-12)) << i;
+      }
+      EXPECT_NEAR(pooled[i], sum / static_cast<double>(K), 1e-12 * pooled[i]) << i;
+    }
+  }
+}
+
 /// The bottleneck the solver saw: the max over stages of the sum of /profile/cost_ms (the
 /// objective's cost of each unit on its rank, from the table it solved on). Transfers are left
 /// out: on one node they are the same at every boundary of a dense model.
@@ -291,6 +318,12 @@ TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
     if (alone[3] < 0.95 * together[3]) EXPECT_LT(phase[3], together[3] - 0.1 * (together[3] - alone[3]));
   }
   EXPECT_NE(r.output.find("profile: alone and together"), std::string::npos) << r.output;
+  // The passes were cycled (--profile-repeats auto: until 15 s, at most 4 cycles), and each table
+  // is the mean of its cycles' medians, which lie within the fastest and slowest forwards.
+  const int64_t K = root.open_group("config/workload").get_attr<int64_t>("profile_repeats");
+  EXPECT_GE(K, 1);
+  EXPECT_LE(K, 4);
+  check_profile_cycles(root, K);
 }
 
 TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
@@ -727,6 +760,7 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"unknown dtype", 2, tiny + "--dtype f8", "--dtype"},
       {"unknown transport", 2, tiny + "--transport carrier-pigeon", "--transport"},
       {"unknown contention mode", 2, tiny + "--contention sometimes", "--contention"},
+      {"negative profile repeats", 2, tiny + "--profile-repeats -1", "--profile-repeats"},
       {"unwritable output", 2, tiny + "-o /proc/ppbench/x.h5", "cannot be written"},
       {"existing output", 2, tiny + "-o " + dir + "/exists.h5", "--force"},
       {"memory limit", 2, tiny + "--memory-limit 0.000001", "needs"},
@@ -806,11 +840,13 @@ TEST(RunE2E, ProfileOnlyFileFeedsTheOfflineBalancer) {
 TEST(RunE2E, NoValidateIsReportedSkipped) {
   const std::string h5 = temp_dir() + "/novalidate.h5";
   auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -b 2 -p 8 -g 4 --iters 2 --warmup 1 "
-               "--profile-iters 2 --no-validate --contention off -q -o " + h5);
+               "--profile-iters 2 --no-validate --contention off --profile-repeats 3 -q -o " + h5);
   ASSERT_EQ(r.status, 0) << r.output;
   {  // --contention off: one profile pass, and each stage predicted from its units' sums as is
     auto root = ppb::h5::File::open(h5).root();
     EXPECT_EQ(root.open_group("config/workload").get_attr<std::string>("profile_passes"), "own pace");
+    EXPECT_EQ(root.open_group("config/workload").get_attr<int64_t>("profile_repeats"), 3);  // as asked
+    check_profile_cycles(root, 3);
     EXPECT_FALSE(root.open_group("profile").exists("latency_alone_ms"));
     const auto phase = root.open_group("partitions/balanced").open_dataset("predicted_phase_ms").read<double>();
     const auto sums = stage_sums(root, "balanced", "latency_ms");

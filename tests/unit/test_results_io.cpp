@@ -77,6 +77,12 @@ RunRecord make_record() {
     p.latency_max_ms.push_back(2.0 + i);
     p.latency_alone_ms.push_back(0.9 + i);
   }
+  r.workload.profile_repeats = 2;  // two cycles around each table
+  for (int k = 0; k < 2; ++k)
+    for (int i = 0; i < 2 * 4 * 2; ++i) {
+      p.latency_cycles_ms.push_back(1.0 + i + (k ? 0.1 : -0.1));
+      p.latency_alone_cycles_ms.push_back(0.9 + i + (k ? 0.2 : -0.2));
+    }
   p.decode_contexts = {4, 5};
   for (int i = 0; i < 2 * 4 * 2; ++i) p.decode_context_ms.push_back(0.25 * i);
   for (int i = 0; i < 2 * 4; ++i) p.cost_ms.push_back(3.0 * i);
@@ -243,6 +249,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(b.max_time_s, a.max_time_s);
   EXPECT_EQ(b.cuda_graphs, a.cuda_graphs);  // written true: not the reader's default (older files)
   EXPECT_EQ(b.profile_passes, a.profile_passes);
+  EXPECT_EQ(b.profile_repeats, a.profile_repeats);
 
   ASSERT_EQ(r.ranks.size(), w.ranks.size());
   for (size_t i = 0; i < w.ranks.size(); ++i) {
@@ -280,6 +287,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   expect_same(pr.latency_min_ms, pw.latency_min_ms, "latency_min_ms");
   expect_same(pr.latency_max_ms, pw.latency_max_ms, "latency_max_ms");
   expect_same(pr.latency_alone_ms, pw.latency_alone_ms, "latency_alone_ms");
+  expect_same(pr.latency_cycles_ms, pw.latency_cycles_ms, "latency_cycles_ms");
+  expect_same(pr.latency_alone_cycles_ms, pw.latency_alone_cycles_ms, "latency_alone_cycles_ms");
   EXPECT_EQ(pr.decode_contexts, pw.decode_contexts);
   expect_same(pr.decode_context_ms, pw.decode_context_ms, "decode_context_ms");
   expect_same(pr.cost_ms, pw.cost_ms, "cost_ms");
