@@ -45,8 +45,8 @@ struct PartitionMetrics {
 /// bottleneck_bound_tok_s = M*B / max(M * max_s d_s, sum_s d_s) per repetition, d_s = stage s's
 /// mean decode step in that repetition over the steps decode_tokens_per_s's window spans (all
 /// but the stage's first decode step: M*G - 1 intervals between tokens out are M*G - 1
-/// services); stored as the harmonic mean over repetitions, as the rates are. The mean, not the median of stage_decode_ms:
-/// a stage's throughput is limited by its mean service time. A decode step of a group must
+/// services); stored as the harmonic mean over repetitions, as the rates are. The mean, not the
+/// median of stage_decode_ms: a stage's throughput is limited by its mean service time. A decode step of a group must
 /// cross every stage (sum_s d_s) and each stage serves the M groups one at a time
 /// (M * max_s d_s); no schedule beats the larger of the two. It equals B / max_s d_s when
 /// M >= S and the stages are balanced (DESIGN.md §3's M*B / stage time per step, with the stage
