@@ -212,7 +212,7 @@ void add_benchmark_options(CLI::App& run, ppb::RunOptions& opt, bool& no_validat
       ->capture_default_str();
   run.add_option("--target-ci", opt.target_ci_pct,
                  "after --iters rounds, add rounds until the 95% confidence interval of every gain against "
-                 "uniform (tokens/s and decode tokens/s) is within +-PCT % (0 = exactly --iters rounds)")
+                 "uniform (tokens/s and decode tokens/s) is within +-PCT % of the gain (0 = exactly --iters rounds)")
       ->capture_default_str();
   run.add_option("--max-time", opt.max_time_s,
                  "seconds the benchmark's rounds may take in all: no round starts that would end after it "
