@@ -298,7 +298,7 @@ void write_profile(Group& root, const RunRecord& run) {
     auto a = prof.write_dataset("latency_alone_ms", p.latency_alone_ms, {R, U, 2});
     a.set_attr("units", "ms");
     a.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    a.set_attr("stat", "median");
+    a.set_attr("stat", w.profile_repeats > 1 ? "mean over latency_alone_cycles_ms of each profile cycle's median" : "median");
     a.set_attr("content", "each unit timed with its machine's other ranks waiting (pass 1 of 2); latency_ms is pass 2, "
                           "every rank timing the unit at the same moment; decode: mean over decode_contexts");
   }
