@@ -218,6 +218,14 @@ void add_benchmark_options(CLI::App& run, ppb::RunOptions& opt, bool& no_validat
                  "seconds the benchmark's rounds may take in all: no round starts that would end after it "
                  "(--iters rounds always run)")
       ->capture_default_str();
+  run.add_option("--round-profile", opt.round_profile,
+                "auto | off. auto: where the profile has two passes (--contention), time every unit again "
+                "between the benchmark's rounds (a together cycle, on units built once, while the cycles take "
+                "at most 20% of the rounds' time) and, after the rounds, predict every stage and the simulator's "
+                "tokens/s again from them: the pipeline against the units as the same minutes saw them (the "
+                "machine drifts between the profile and the rounds). The split is still solved from the profile "
+                "taken before. off: none")
+      ->capture_default_str();
   run.add_flag("--control", opt.control,
                "A/A control: benchmark the uniform split a second time, built separately, as partition "
                "uniform_control; its gain against uniform shows what this machine's noise alone makes of two "

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <sstream>
@@ -186,6 +187,9 @@ void validate_options(const RunOptions& o) {
   if (o.contention != "auto" && o.contention != "off")
     throw UserError("--contention '" + o.contention + "' is unknown; valid: auto (profile alone and together where a "
                     "machine's ranks share memory), off (one profile at each rank's own pace)");
+  if (o.round_profile != "auto" && o.round_profile != "off")
+    throw UserError("--round-profile '" + o.round_profile + "' is unknown; valid: auto (profile cycles between the "
+                    "benchmark's rounds where the profile has two passes), off");
   if (o.transport != "auto" && o.transport != "mpi" && o.transport != "nccl")
     throw UserError("--transport '" + o.transport + "' is unknown; valid: auto, mpi, nccl");
 }
@@ -953,6 +957,16 @@ class RunJob {
     });
   }
 
+  /// [U][2] (prefill, decode) from a ProfileResult's two [U] columns: a row of the profile tables.
+  static std::vector<double> pack_phases(const std::vector<double>& prefill, const std::vector<double>& decode) {
+    std::vector<double> v;
+    for (size_t u = 0; u < prefill.size() && u < decode.size(); ++u) {
+      v.push_back(prefill[u]);
+      v.push_back(decode[u]);
+    }
+    return v;
+  }
+
   /// Elementwise min (fastest) or max (slowest) of two equally long tables.
   static std::vector<double> elementwise(const std::vector<double>& a, const std::vector<double>& b, bool take_min) {
     std::vector<double> out(a.size());
@@ -1061,6 +1075,7 @@ class RunJob {
       }
     });
     if (profs.empty()) return;  // the phase ended on a peer's failure (run_phase rethrows)
+    two_passes_ = two_passes;
     prof = pool_cycles(profs);
     run_.workload.profile_repeats = static_cast<int>(profs.size());
     if (two_passes) {
@@ -1075,14 +1090,7 @@ class RunJob {
     std::vector<double> cost_mine(U);
     for (int u = 0; u < U; ++u)
       cost_mine[u] = balance::objective_cost(objective_, prof.prefill_ms[u], prof.decode_ms[u], opt_.gen_len);
-    auto pack = [&](const std::vector<double>& a, const std::vector<double>& b) {
-      std::vector<double> v;
-      for (int u = 0; u < U; ++u) {
-        v.push_back(a[u]);
-        v.push_back(b[u]);
-      }
-      return v;
-    };
+    const auto pack = pack_phases;
     const auto lat = mpi_.gather_doubles(pack(prof.prefill_ms, prof.decode_ms));
     const auto lat_min = mpi_.gather_doubles(pack(prof.prefill_min_ms, prof.decode_min_ms));
     const auto lat_max = mpi_.gather_doubles(pack(prof.prefill_max_ms, prof.decode_max_ms));
@@ -1616,6 +1624,8 @@ class RunJob {
                          ? "all stages built side by side"
                          : "each stage rebuilt (and warmed up) on every turn: memory holds one partition's stages "
                            "at a time, so rounds take longer"));
+    std::unique_ptr<ResidentProfiler> round_profiler = round_profiler_for(benches.size());
+    double turns_s = 0, profile_s = 0;  // rank 0: the rounds' turns and the cycles between them so far
     const double t0 = monotonic_s();
     int rounds = 0;
     std::string stop;
@@ -1623,6 +1633,8 @@ class RunJob {
       const double round_start = monotonic_s();
       for (size_t j = 0; j < benches.size(); ++j) take_turn(benches[(j + rounds) % benches.size()], rounds);
       ++rounds;
+      turns_s += monotonic_s() - round_start;
+      if (round_profiler) profile_s += profile_between_rounds(*round_profiler, rounds, turns_s, profile_s);
       std::vector<std::vector<double>> events;  // rank 0: each partition's timeline so far
       phase("gather of round " + std::to_string(rounds), [&] {
         for (const Bench& b : benches) {
@@ -1673,6 +1685,7 @@ class RunJob {
     run_.rounds = rounds;
     run_.stop_reason = stop;
     progress_.say("benchmark: " + std::to_string(rounds) + " round(s), " + stop);
+    round_profiler.reset();  // its units' memory, before validation builds stages again
     if (opt_.validate) {
       for (Bench& b : benches) {
         const balance::Partition& p = parts_[b.pi];
@@ -1695,6 +1708,70 @@ class RunJob {
         share_measurement(i, static_cast<size_t>(balance::same_split_as(parts_, i, equivalence_)));
     if (root_) compare_partitions();
     phase("write after the benchmark", [&] { snapshot("write"); });
+  }
+
+  /// Share of the rounds' time the profile cycles between rounds may take (20%: the gains' CIs
+  /// widen by ~10% for the rounds they take).
+  static constexpr double kRoundProfileShare = 0.2;
+
+  /// Collective: the units the profile cycles between rounds time (--round-profile auto: where
+  /// the profile had two passes, CPU ranks sharing a machine's memory, whose speed drifts over
+  /// seconds to minutes; issue 13), built once beside the partitions' stages; null where off,
+  /// or where they would not fit some rank's free memory (said so).
+  std::unique_ptr<ResidentProfiler> round_profiler_for(size_t partitions) {
+    std::unique_ptr<ResidentProfiler> rp;
+    if (opt_.round_profile == "off" || !two_passes_ || partitions == 0) return rp;
+    const ProfileConfig pc = profile_config();
+    const bool fits = ResidentProfiler::bytes(*device_, spec_, pc) <= device_->free_memory();
+    if (mpi_.agree(fits ? 0 : 1) != 0) {
+      run_.round_profile_status = "none: one unit of every signature would not fit beside the stages on some rank";
+      progress_.say("benchmark: no profile between rounds (" + run_.round_profile_status + ")");
+      return rp;
+    }
+    phase("units of the profile between rounds", [&] { rp = std::make_unique<ResidentProfiler>(*device_, spec_, pc); });
+    run_.round_profile_status = "together cycles between rounds, at most " +
+                                format_fixed(100 * kRoundProfileShare, 0) + "% of the rounds' time";
+    progress_.say("benchmark: profile cycles (together) between rounds, at most " +
+                  format_fixed(100 * kRoundProfileShare, 0) +
+                  "% of the rounds' time; every prediction is made again from them after the rounds");
+    return rp;
+  }
+
+  /// Collective, after round `rounds`: one together cycle of `rp` (every rank times each unit at
+  /// the same moment, as the profile's pass 2) when the cycles so far (`profile_s`) have taken at
+  /// most kRoundProfileShare of the rounds' turns (`turns_s`; rank 0 decides), gathered into
+  /// /profile/latency_rounds_ms. Returns the seconds it took (0 when not due).
+  double profile_between_rounds(ResidentProfiler& rp, int rounds, double turns_s, double profile_s) {
+    std::vector<int> due{root_ && profile_s <= kRoundProfileShare * turns_s ? 1 : 0};
+    mpi_.bcast_ints(due);
+    if (due.empty() || due[0] == 0) return 0.0;
+    const double start = monotonic_s();
+    ProfileResult r;
+    phase("profile after round " + std::to_string(rounds), [&] {
+      ProfileConfig pc = profile_config();
+      pc.align = [this] { mpi_.barrier(); };
+      r = rp.profile(pc);
+    });
+    const auto all = mpi_.gather_doubles(pack_phases(r.prefill_ms, r.decode_ms));
+    if (root_) {
+      ProfileTable& t = run_.profile;
+      t.latency_rounds_ms.insert(t.latency_rounds_ms.end(), all.begin(), all.end());
+      t.latency_rounds_after.push_back(rounds);
+    }
+    return monotonic_s() - start;
+  }
+
+  /// Rank 0: the profile as the rounds saw the units (balance::profile_as_rounds_saw_it of the
+  /// mean of the cycles between rounds); nullopt without such cycles.
+  std::optional<ProfileTable> rounds_profile() const {
+    const ProfileTable& t = run_.profile;
+    const size_t n = t.latency_ms.size();
+    if (n == 0 || t.latency_rounds_ms.empty() || t.latency_rounds_ms.size() % n != 0) return std::nullopt;
+    const size_t K = t.latency_rounds_ms.size() / n;
+    std::vector<double> mean(n, 0.0);
+    for (size_t k = 0; k < K; ++k)
+      for (size_t i = 0; i < n; ++i) mean[i] += t.latency_rounds_ms[k * n + i] / static_cast<double>(K);
+    return balance::profile_as_rounds_saw_it(t, mean, objective_, opt_.gen_len);
   }
 
   /// Index in `benches` of the partition the others are compared with: uniform if measured,
@@ -2082,6 +2159,7 @@ class RunJob {
   /// The simulator's prediction from the profile (predicted step times + the measured link),
   /// stored beside the measurement; a failing prediction never costs the measurement.
   void add_simulated_metrics(const balance::Partition& p, PartitionRecord& pr, double measured_decode_tok_s) const {
+    // (and, with profile cycles between rounds, its predictions again from them: rounds_profile)
     try {
       const auto sim = balance::simulate_pipeline(sim_stages(p, pr.predicted_phase_ms), sim_config()).metrics;
       pr.metrics["simulated_tokens_per_s"] = sim.tokens_per_s;
@@ -2090,6 +2168,27 @@ class RunJob {
           measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
     } catch (const std::exception& e) {
       std::cerr << "ppbench: warning: the simulator failed for partition " << p.solver << ": " << e.what() << std::endl;
+    }
+    // The same predictions from the profile as the rounds saw the units (single-rank stages).
+    const auto seen = p.tensor_parallel() ? std::nullopt : rounds_profile();
+    if (!seen) return;
+    try {
+      const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
+      pr.predicted_phase_rounds_ms = predicted_phases(p, *seen);
+      pr.predicted_stage_rounds_ms.clear();
+      for (int k = 0; k < p.num_stages(); ++k)
+        pr.predicted_stage_rounds_ms.push_back(balance::with_transfers(
+            balance::objective_cost(objective_, pr.predicted_phase_rounds_ms[2 * k], pr.predicted_phase_rounds_ms[2 * k + 1],
+                                    opt_.gen_len),
+            transfers[k], !opt_.no_overlap));
+      const auto sim = balance::simulate_pipeline(sim_stages(p, pr.predicted_phase_rounds_ms), sim_config()).metrics;
+      pr.metrics["simulated_rounds_tokens_per_s"] = sim.tokens_per_s;
+      pr.metrics["simulated_rounds_decode_tokens_per_s"] = sim.decode_tokens_per_s;
+      pr.metrics["simulated_rounds_decode_error"] =
+          measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+    } catch (const std::exception& e) {
+      std::cerr << "ppbench: warning: the prediction from the profile between rounds failed for partition " << p.solver
+                << ": " << e.what() << std::endl;
     }
   }
 
@@ -2236,6 +2335,7 @@ class RunJob {
   balance::Objective objective_ = balance::Objective::workload;
   bool use_cuda_ = false;
   bool adaptive_ = false;       ///< --partition adaptive: calibrate and re-solve during the rounds
+  bool two_passes_ = false;     ///< the profile had an alone and a together pass (ranks sharing memory)
   bool adaptive_done_ = false;  ///< the adaptive split converged (or reached the most solves)
   int adaptive_solves_ = 0;
   int M_ = 0;                         ///< request groups in flight

@@ -39,6 +39,9 @@ struct RunOptions {
   /// pass), their medians averaged; 0 = auto (RunJob::profile: where the profile has two passes,
   /// repeat until it has taken kProfileSpanS, at most kAutoProfileRepeats cycles; else 1)
   int profile_repeats = 0;
+  /// --round-profile: "auto" (profile cycles between the benchmark's rounds where the profile has
+  /// two passes, and every prediction made again from them after the rounds) or "off"
+  std::string round_profile = "auto";
   bool no_overlap = false;
   bool validate = true;
   uint64_t seed = 1234;

@@ -48,4 +48,32 @@ ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>
   return c;
 }
 
+ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<double>& rounds, Objective o,
+                                      int gen_len) {
+  const size_t U = t.unit_name.size();
+  if (U == 0 || t.latency_ms.size() % (2 * U) != 0 || rounds.size() != t.latency_ms.size())
+    throw InternalError("profile_as_rounds_saw_it: the rounds' table is not shaped as the profile's");
+  const size_t R = t.latency_ms.size() / (2 * U), C = t.decode_contexts.size();
+  ProfileTable c = t;
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t u = 0; u < U; ++u) {
+      for (size_t ph = 0; ph < 2; ++ph) {
+        const size_t at = (r * U + u) * 2 + ph;
+        const double f = rounds[at] / t.latency_ms[at];
+        c.latency_ms[at] = rounds[at];
+        if (!(std::isfinite(f) && f > 0)) continue;
+        if (at < c.latency_min_ms.size()) c.latency_min_ms[at] *= f;
+        if (at < c.latency_max_ms.size()) c.latency_max_ms[at] *= f;
+        if (at < c.latency_alone_ms.size()) c.latency_alone_ms[at] *= f;
+        if (ph == 1)
+          for (size_t i = (r * U + u) * C; i < (r * U + u + 1) * C && i < c.decode_context_ms.size(); ++i)
+            c.decode_context_ms[i] *= f;
+      }
+      if (!c.cost_ms.empty())
+        c.cost_ms[r * U + u] = objective_cost(o, c.latency_ms[(r * U + u) * 2], c.latency_ms[(r * U + u) * 2 + 1], gen_len);
+    }
+  }
+  return c;
+}
+
 }  // namespace ppb::balance

@@ -39,4 +39,16 @@ std::vector<double> calibration_factors(const std::vector<StageMeasurement>& sta
 ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>& factors, Objective o,
                                 int gen_len);
 
+/// The profile table as the benchmark's rounds saw the units (issue 13): a copy of `t` whose
+/// latency_ms is `rounds` ([R][U][2] ms: the mean of the profile cycles ppbench run takes between
+/// rounds, every rank timing each unit at the same moment as in t's together pass) and whose
+/// latency_alone_ms, where present, is scaled elementwise by rounds / t.latency_ms (the alone
+/// pass is not repeated between rounds; what the machine's drift did to a unit timed together
+/// it is taken to do to it timed alone). latency_min_ms / latency_max_ms and decode_context_ms
+/// are scaled likewise; cost_ms is recomputed for objective `o` with G = `gen_len`. An entry of t
+/// that is not finite and > 0 keeps its alone time unscaled.
+/// @throws ppb::InternalError if `rounds` is not shaped as t.latency_ms.
+ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<double>& rounds, Objective o,
+                                      int gen_len);
+
 }  // namespace ppb::balance

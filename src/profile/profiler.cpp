@@ -90,23 +90,20 @@ void fill_input(Buffer& buf, const model::ModelSpec& m, int unit, size_t bytes, 
 
 }  // namespace
 
-ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
-                            const ProgressFn& progress) {
-  const int units = model.num_units();
-  const int sigs = static_cast<int>(model.signatures.size());
-  ProfileResult r;
-  // Decode contexts: evenly spaced KV-cache lengths in [P, P+G-1] (the positions decode steps
-  // write), so the mean over them is the mean decode cost of a generation.
-  int c_count = std::max(1, std::min(cfg.num_contexts, cfg.gen_len));
-  for (int i = 0; i < c_count; ++i) {
-    int c = cfg.prompt_len + (c_count == 1 ? 0 : (cfg.gen_len - 1) * i / (c_count - 1));
-    r.decode_contexts.push_back(c);
-  }
-  const int C = static_cast<int>(r.decode_contexts.size());
-  std::vector<double> sig_prefill(sigs), sig_pmin(sigs), sig_pmax(sigs), sig_decode(sigs), sig_dmin(sigs),
-      sig_dmax(sigs), sig_ctx(static_cast<size_t>(sigs) * C);
+namespace {
 
-  auto lane = device.create_lane("profile");
+/// Decode contexts: evenly spaced KV-cache lengths in [P, P+G-1] (the positions decode steps
+/// write), so the mean over them is the mean decode cost of a generation.
+std::vector<int> decode_contexts_of(const ProfileConfig& cfg) {
+  std::vector<int> out;
+  const int c_count = std::max(1, std::min(cfg.num_contexts, cfg.gen_len));
+  for (int i = 0; i < c_count; ++i)
+    out.push_back(cfg.prompt_len + (c_count == 1 ? 0 : (cfg.gen_len - 1) * i / (c_count - 1)));
+  return out;
+}
+
+/// The profiled stages' config.
+StageConfig stage_config_of(const ProfileConfig& cfg) {
   StageConfig sc;
   sc.batch = cfg.batch;
   sc.max_context = cfg.prompt_len + cfg.gen_len;
@@ -118,57 +115,114 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
   sc.tp_width = cfg.tp_width;
   sc.tp_rank = cfg.tp_rank;
   sc.tp = cfg.tp;
-  for (int s = 0; s < sigs; ++s) {
-    int unit = model.signature_example[s];
-    if (progress) progress(s, sigs, model.signatures[s] + " (" + model.units[unit].name + ")");
-    auto stage = device.create_stage(model, unit, unit, sc);
-    size_t in_bytes = stage->input_bytes(cfg.prompt_len);
-    auto in = device.allocate(in_bytes);
-    auto out = device.allocate(std::max(stage->output_bytes(cfg.prompt_len), stage->output_bytes(1)));
-    fill_input(*in, model, unit, in_bytes, cfg.seed, cfg.dtype);
+  return sc;
+}
 
-    auto p = time_forwards(device, *lane, *stage, in->data(), out->data(), 0, cfg.prompt_len,
-                           cfg.warmup, cfg.iters, cfg.resident_bytes, cfg.align);
-    sig_prefill[s] = median(p);
-    sig_pmin[s] = *std::min_element(p.begin(), p.end());
-    sig_pmax[s] = *std::max_element(p.begin(), p.end());
+/// One signature's timings: prefill median/min/max, decode mean over contexts of the medians,
+/// min/max over all contexts, and each context's median.
+struct SignatureTimes {
+  double prefill = 0, pmin = 0, pmax = 0, decode = 0, dmin = 0, dmax = 0;
+  std::vector<double> ctx;
+};
 
-    double dsum = 0.0, dmin = 1e300, dmax = 0.0;
-    for (int c = 0; c < C; ++c) {
-      auto d = time_forwards(device, *lane, *stage, in->data(), out->data(), r.decode_contexts[c], 1,
-                             cfg.warmup, cfg.iters, cfg.resident_bytes, cfg.align);
-      double med = median(d);
-      sig_ctx[static_cast<size_t>(s) * C + c] = med;
-      dsum += med;
-      dmin = std::min(dmin, *std::min_element(d.begin(), d.end()));
-      dmax = std::max(dmax, *std::max_element(d.begin(), d.end()));
-    }
-    sig_decode[s] = dsum / C;
-    sig_dmin[s] = dmin;
-    sig_dmax[s] = dmax;
+/// Times one built unit: its prefill series, then one decode series per context.
+SignatureTimes time_signature(Device& device, Lane& lane, StageExecutor& stage, Buffer& in, Buffer& out,
+                              const ProfileConfig& cfg, const std::vector<int>& contexts) {
+  SignatureTimes t;
+  const auto p = time_forwards(device, lane, stage, in.data(), out.data(), 0, cfg.prompt_len, cfg.warmup, cfg.iters,
+                               cfg.resident_bytes, cfg.align);
+  t.prefill = median(p);
+  t.pmin = *std::min_element(p.begin(), p.end());
+  t.pmax = *std::max_element(p.begin(), p.end());
+  double dsum = 0.0;
+  t.dmin = 1e300;
+  for (int c : contexts) {
+    auto d = time_forwards(device, lane, stage, in.data(), out.data(), c, 1, cfg.warmup, cfg.iters, cfg.resident_bytes,
+                           cfg.align);
+    const double med = median(d);
+    t.ctx.push_back(med);
+    dsum += med;
+    t.dmin = std::min(t.dmin, *std::min_element(d.begin(), d.end()));
+    t.dmax = std::max(t.dmax, *std::max_element(d.begin(), d.end()));
   }
-  if (progress) progress(sigs, sigs, "done");
+  t.decode = dsum / static_cast<double>(contexts.size());
+  return t;
+}
 
-  r.prefill_ms.resize(units);
-  r.prefill_min_ms.resize(units);
-  r.prefill_max_ms.resize(units);
-  r.decode_ms.resize(units);
-  r.decode_min_ms.resize(units);
-  r.decode_max_ms.resize(units);
-  r.decode_context_ms.resize(static_cast<size_t>(units) * C);
+/// The per-unit result from the per-signature timings (units of one signature share them).
+ProfileResult expand_to_units(const model::ModelSpec& model, const std::vector<int>& contexts,
+                              const std::vector<SignatureTimes>& sig) {
+  ProfileResult r;
+  r.decode_contexts = contexts;
+  const int units = model.num_units();
+  const size_t C = contexts.size();
   for (int u = 0; u < units; ++u) {
-    int s = model.units[u].signature;
-    r.prefill_ms[u] = sig_prefill[s];
-    r.prefill_min_ms[u] = sig_pmin[s];
-    r.prefill_max_ms[u] = sig_pmax[s];
-    r.decode_ms[u] = sig_decode[s];
-    r.decode_min_ms[u] = sig_dmin[s];
-    r.decode_max_ms[u] = sig_dmax[s];
-    for (int c = 0; c < C; ++c)
-      r.decode_context_ms[static_cast<size_t>(u) * C + c] = sig_ctx[static_cast<size_t>(s) * C + c];
+    const SignatureTimes& t = sig[static_cast<size_t>(model.units[u].signature)];
+    r.prefill_ms.push_back(t.prefill);
+    r.prefill_min_ms.push_back(t.pmin);
+    r.prefill_max_ms.push_back(t.pmax);
+    r.decode_ms.push_back(t.decode);
+    r.decode_min_ms.push_back(t.dmin);
+    r.decode_max_ms.push_back(t.dmax);
+    for (size_t c = 0; c < C; ++c) r.decode_context_ms.push_back(t.ctx[c]);
   }
   return r;
 }
 
+}  // namespace
+
+ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
+                            const ProgressFn& progress) {
+  const int sigs = static_cast<int>(model.signatures.size());
+  const std::vector<int> contexts = decode_contexts_of(cfg);
+  const StageConfig sc = stage_config_of(cfg);
+  auto lane = device.create_lane("profile");
+  std::vector<SignatureTimes> times;
+  for (int s = 0; s < sigs; ++s) {
+    const int unit = model.signature_example[s];
+    if (progress) progress(s, sigs, model.signatures[s] + " (" + model.units[unit].name + ")");
+    auto stage = device.create_stage(model, unit, unit, sc);
+    const size_t in_bytes = stage->input_bytes(cfg.prompt_len);
+    auto in = device.allocate(in_bytes);
+    auto out = device.allocate(std::max(stage->output_bytes(cfg.prompt_len), stage->output_bytes(1)));
+    fill_input(*in, model, unit, in_bytes, cfg.seed, cfg.dtype);
+    times.push_back(time_signature(device, *lane, *stage, *in, *out, cfg, contexts));
+  }
+  if (progress) progress(sigs, sigs, "done");
+  return expand_to_units(model, contexts, times);
+}
+
+ResidentProfiler::ResidentProfiler(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg)
+    : device_(device), model_(model), contexts_(decode_contexts_of(cfg)), lane_(device.create_lane("profile")) {
+  const StageConfig sc = stage_config_of(cfg);
+  for (size_t s = 0; s < model.signatures.size(); ++s) {
+    const int unit = model.signature_example[s];
+    Unit u;
+    u.stage = device.create_stage(model, unit, unit, sc);
+    const size_t in_bytes = u.stage->input_bytes(cfg.prompt_len);
+    u.in = device.allocate(in_bytes);
+    u.out = device.allocate(std::max(u.stage->output_bytes(cfg.prompt_len), u.stage->output_bytes(1)));
+    fill_input(*u.in, model, unit, in_bytes, cfg.seed, cfg.dtype);
+    units_.push_back(std::move(u));
+  }
+}
+
+size_t ResidentProfiler::bytes(const Device& device, const model::ModelSpec& model, const ProfileConfig& cfg) {
+  const StageConfig sc = stage_config_of(cfg);
+  size_t total = 0;
+  for (size_t s = 0; s < model.signatures.size(); ++s) {
+    const int unit = model.signature_example[s];
+    total += device.stage_bytes(model, unit, unit, sc).total();
+  }
+  return total;
+}
+
+ProfileResult ResidentProfiler::profile(const ProfileConfig& cfg) {
+  if (decode_contexts_of(cfg) != contexts_)
+    throw InternalError("ResidentProfiler::profile: the config's decode contexts differ from the built units'");
+  std::vector<SignatureTimes> times;
+  for (Unit& u : units_) times.push_back(time_signature(device_, *lane_, *u.stage, *u.in, *u.out, cfg, contexts_));
+  return expand_to_units(model_, contexts_, times);
+}
 
 }  // namespace ppb

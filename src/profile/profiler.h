@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,5 +67,33 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
 /// Profiles every signature of `model` on `device`. @throws UserError if a unit does not fit.
 ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
                             const ProgressFn& progress = {});
+
+/// One unit of every signature of a model, built once and profiled again and again: the profile
+/// cycles ppbench run takes between benchmark rounds (issue 13), where building the units anew
+/// each time would cost more than timing them (a small model's embedding and head). Holds
+/// bytes() of device memory for its lifetime. Not copyable (it owns stages).
+class ResidentProfiler {
+ public:
+  /// Builds the units for `cfg`'s shapes (batch, P, G, contexts, dtype, seed, tensor parallelism).
+  /// @throws UserError if a unit does not fit the device.
+  ResidentProfiler(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg);
+  /// Device memory the units take (Device::stage_bytes of each), bytes.
+  static size_t bytes(const Device& device, const model::ModelSpec& model, const ProfileConfig& cfg);
+  /// One profile of every signature, exactly as profile_model times it (warm-up, cfg.iters
+  /// timed forwards, cfg.align before each), per unit. cfg must have the constructor's shapes
+  /// (@throws InternalError where its decode contexts differ).
+  ProfileResult profile(const ProfileConfig& cfg);
+
+ private:
+  struct Unit {
+    std::unique_ptr<StageExecutor> stage;
+    std::unique_ptr<Buffer> in, out;
+  };
+  Device& device_;
+  const model::ModelSpec& model_;
+  std::vector<int> contexts_;
+  std::unique_ptr<Lane> lane_;
+  std::vector<Unit> units_;
+};
 
 }  // namespace ppb

@@ -78,6 +78,8 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.predicted_stage_ms = pred.read<double>();
   p.predicted_bottleneck_ms = attr_or<double>(pred, "bottleneck_ms", 0.0);
   p.predicted_phase_ms = dataset_or_empty<double>(part, "predicted_phase_ms");
+  p.predicted_stage_rounds_ms = dataset_or_empty<double>(part, "predicted_stage_rounds_ms");
+  p.predicted_phase_rounds_ms = dataset_or_empty<double>(part, "predicted_phase_rounds_ms");
   p.stage_weight_bytes = dataset_or_empty<int64_t>(part, "stage_weight_bytes");
   p.stage_kv_bytes = dataset_or_empty<int64_t>(part, "stage_kv_bytes");
   p.stage_floor_ms = dataset_or_empty<double>(part, "stage_floor_ms");
@@ -173,6 +175,7 @@ void read_root_attrs(const Group& root, RunRecord& run) {
   run.rounds = attr_or<int>(root, "benchmark_rounds", 0);
   run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
   run.adaptive_status = attr_or<std::string>(root, "adaptive_status", "");
+  run.round_profile_status = attr_or<std::string>(root, "round_profile", "");
   run.tp_auto_layout = attr_or<std::string>(root, "tp_auto_layout", "");
 }
 
@@ -297,6 +300,8 @@ void read_profile(const Group& root, RunRecord& run) {
   p.latency_alone_ms = dataset_or_empty<double>(prof, "latency_alone_ms");
   p.latency_cycles_ms = dataset_or_empty<double>(prof, "latency_cycles_ms");
   p.latency_alone_cycles_ms = dataset_or_empty<double>(prof, "latency_alone_cycles_ms");
+  p.latency_rounds_ms = dataset_or_empty<double>(prof, "latency_rounds_ms");
+  p.latency_rounds_after = to_int(dataset_or_empty<int64_t>(prof, "latency_rounds_after"));
   p.decode_contexts = to_int(dataset_or_empty<int64_t>(prof, "decode_contexts"));
   p.decode_context_ms = dataset_or_empty<double>(prof, "decode_context_ms");
   p.cost_ms = dataset_or_empty<double>(prof, "cost_ms");

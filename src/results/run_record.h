@@ -79,6 +79,12 @@ struct ProfileTable {
   /// [K][world][U][2] each profile cycle's medians (K = workload profile_repeats): latency_ms is
   /// their mean; latency_alone_cycles_ms the same of latency_alone_ms. Empty in older files.
   std::vector<double> latency_cycles_ms, latency_alone_cycles_ms;
+  /// [K][world][U][2] profile cycles taken between the benchmark's rounds (issue 13; ppbench run
+  /// --round-profile), every rank timing each unit at the same moment as in the together pass;
+  /// latency_rounds_after[k]: the rounds done before cycle k. Empty without them (and in older
+  /// files).
+  std::vector<double> latency_rounds_ms;
+  std::vector<int> latency_rounds_after;
   std::vector<int> decode_contexts;         ///< [C]
   std::vector<double> decode_context_ms;    ///< [world][U][C]
   std::vector<double> cost_ms;              ///< [world][U] the balancer's objective per unit
@@ -120,6 +126,10 @@ struct PartitionRecord {
   /// latency_max_ms): the profile's own spread for the stage; empty in older files.
   std::vector<double> predicted_stage_min_ms, predicted_stage_max_ms;
   std::vector<double> predicted_phase_ms;               ///< [S][2] prefill, decode per step
+  /// [S] and [S][2]: predicted_stage_ms and predicted_phase_ms again, from the profile as the
+  /// rounds saw the units (balance::profile_as_rounds_saw_it of ProfileTable::latency_rounds_ms);
+  /// empty without profile cycles between rounds.
+  std::vector<double> predicted_stage_rounds_ms, predicted_phase_rounds_ms;
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]
   /// [S] the stage's floor in the objective (sum of its units' roofline floors with the rank's
   /// shared read bandwidth: all stages run at once); efficiency = stage_floor_ms / measured.
@@ -217,6 +227,10 @@ struct RunRecord {
   int rounds = 0;
   std::string stop_reason;
   /// --partition adaptive: how the re-solving ended ("" without it).
+  /// The profile cycles between rounds (ppbench run --round-profile): what they were ("together
+  /// cycles between rounds, ..."), why there were none ("none: ..."), or "" (off, one pass, or an
+  /// older file).
+  std::string round_profile_status;
   std::string adaptive_status;
   /// --tp auto: the widths the balancer chose ("2,1,1"; "" without it).
   std::string tp_auto_layout;

@@ -86,6 +86,28 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
   if (R > 4) os << "; ...";
   os << "\n  predictions: alone + (together - alone) x the share of each stage's compute another stage of its machine\n"
         "  overlaps in the simulated pipeline (balance/contention.h); the balancer solves on the together times\n";
+  const size_t n = t.latency_ms.size();
+  if (!t.latency_rounds_ms.empty() && t.latency_rounds_ms.size() % n == 0) {
+    // Each rank's summed unit times in the cycles between rounds against the profile's together pass.
+    const size_t K = t.latency_rounds_ms.size() / n;
+    os << "profile between rounds: " << K << " together cycle(s), after rounds";
+    for (size_t k = 0; k < t.latency_rounds_after.size() && k < 6; ++k) os << (k ? "," : " ") << t.latency_rounds_after[k];
+    if (t.latency_rounds_after.size() > 6) os << ",...";
+    os << "; their mean / the profile's together, prefill, decode:";
+    for (size_t r = 0; r < R && r < 4; ++r) {
+      double sum[2][2] = {{0, 0}, {0, 0}};  // [rounds, profile][phase]
+      for (size_t u = 0; u < U; ++u)
+        for (size_t ph = 0; ph < 2; ++ph) {
+          for (size_t k = 0; k < K; ++k) sum[0][ph] += t.latency_rounds_ms[k * n + (r * U + u) * 2 + ph] / K;
+          sum[1][ph] += t.latency_ms[(r * U + u) * 2 + ph];
+        }
+      os << (r ? ";" : "") << " rank " << r << " " << fmt("x%.2f", sum[0][0] / sum[1][0]) << ", "
+         << fmt("x%.2f", sum[0][1] / sum[1][1]);
+    }
+    if (R > 4) os << "; ...";
+    os << "\n  (the machine's drift between the profile and the rounds; each partition's predictions are made again\n"
+          "  from these cycles below, \"from the profile between rounds\")\n";
+  }
 }
 
 /// One line per node: ranks, compute threads, the CPUs they may use; CPU quotas and governors
@@ -422,6 +444,19 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
     os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
        << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
        << " vs measured)\n";
+  if (p.predicted_stage_rounds_ms.size() == static_cast<size_t>(S) && p.measured_stage_ms.size() == static_cast<size_t>(S)) {
+    os << "  from the profile between rounds: pred ms";
+    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", p.predicted_stage_rounds_ms[k]);
+    os << " (err";
+    for (int k = 0; k < S; ++k)
+      os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (p.measured_stage_ms[k] / p.predicted_stage_rounds_ms[k] - 1.0));
+    os << ")";
+    if (p.metrics.count("simulated_rounds_decode_tokens_per_s"))
+      os << "; simulator tokens/s " << fmt("%.2f", m("simulated_rounds_tokens_per_s")) << ", decode "
+         << fmt("%.2f", m("simulated_rounds_decode_tokens_per_s")) << " ("
+         << fmt("%+.1f%%", 100.0 * m("simulated_rounds_decode_error")) << " vs measured)";
+    os << "\n";
+  }
   if (p.gain.n > 0 && p.name != "uniform")
     os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
        << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "

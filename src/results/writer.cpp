@@ -88,6 +88,17 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     hi.set_attr("units", "ms");
     hi.set_attr("content", "predicted_stage_ms from each unit's slowest timed forward (/profile/latency_max_ms)");
   }
+  if (p.predicted_stage_rounds_ms.size() == S && p.predicted_phase_rounds_ms.size() == 2 * S) {
+    const char* what = "from the profile as the benchmark's rounds saw the units (/profile/latency_rounds_ms; "
+                       "the alone times scaled by each unit's rounds / together ratio)";
+    auto sr = part.write_dataset("predicted_stage_rounds_ms", p.predicted_stage_rounds_ms);
+    sr.set_attr("units", "ms");
+    sr.set_attr("content", std::string("predicted_stage_ms ") + what);
+    auto pr = part.write_dataset("predicted_phase_rounds_ms", p.predicted_phase_rounds_ms, {S, 2});
+    pr.set_attr("units", "ms");
+    pr.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    pr.set_attr("content", std::string("predicted_phase_ms ") + what);
+  }
   auto phase = part.write_dataset("predicted_phase_ms", p.predicted_phase_ms, {S, 2});
   phase.set_attr("units", "ms");
   phase.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
@@ -133,6 +144,12 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     for (hs k = 0; k < S; ++k) e.push_back(meas[k] / p.predicted_stage_ms[k] - 1.0);
     return e;
   }()).set_attr("units", "1");
+  if (p.predicted_stage_rounds_ms.size() == S && p.measured_stage_ms.size() == S) {
+    std::vector<double> e;
+    for (hs k = 0; k < S; ++k) e.push_back(p.measured_stage_ms[k] / p.predicted_stage_rounds_ms[k] - 1.0);
+    bench.write_dataset("prediction_error_rounds", e)
+        .set_attr("content", "measured_stage_ms / /partitions/<name>/predicted_stage_rounds_ms - 1");
+  }
   if (p.predicted_stage_min_ms.size() == S && p.measured_stage_ms.size() == S) {
     std::vector<int> outside;
     for (hs k = 0; k < S; ++k) outside.push_back(outside_profile_spread(p, k) ? 1 : 0);
@@ -312,6 +329,16 @@ void write_profile(Group& root, const RunRecord& run) {
                               (std::string(name) == "latency_cycles_ms" ? "latency_ms" : "latency_alone_ms") +
                               " is their mean");
   }
+  if (!p.latency_rounds_ms.empty() && p.latency_rounds_ms.size() % (R * U * 2) == 0 &&
+      p.latency_rounds_after.size() == p.latency_rounds_ms.size() / (R * U * 2)) {
+    auto c = prof.write_dataset("latency_rounds_ms", p.latency_rounds_ms, {p.latency_rounds_after.size(), R, U, 2});
+    c.set_attr("units", "ms");
+    c.set_attr("dims", std::vector<std::string>{"cycle", "rank", "unit", "phase"});
+    c.set_attr("content", "profile cycles taken between the benchmark's rounds (--round-profile), every rank timing "
+                          "each unit at the same moment (as latency_ms); each cycle's medians");
+    prof.write_dataset("latency_rounds_after", p.latency_rounds_after)
+        .set_attr("content", "the benchmark rounds done before each cycle of latency_rounds_ms");
+  }
   prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
   prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
   auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
@@ -376,6 +403,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   root.set_attr("benchmark_rounds", static_cast<int64_t>(run.rounds));
   root.set_attr("benchmark_stop_reason", run.stop_reason);
   root.set_attr("adaptive_status", run.adaptive_status);
+  root.set_attr("round_profile", run.round_profile_status);
   if (!run.tp_auto_layout.empty()) root.set_attr("tp_auto_layout", run.tp_auto_layout);
   root.set_attr("partition_order", [&] {
     std::vector<std::string> names;  // run order: HDF5 lists groups by name

@@ -76,6 +76,63 @@ std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, co
   return out;
 }
 
+/// The profile cycles between rounds (--round-profile auto, a profile of two passes): K >= 1
+/// cycles [K][R][U][2] > 0, the first after round 1, then after later rounds; every partition
+/// predicted again from their mean: each stage's step between its units' alone times scaled by
+/// each unit's rounds / together ratio and their rounds times (the contention model's range, as
+/// for the profile's own predictions), and its prediction error against that.
+void check_profile_between_rounds(ppb::h5::Group& root, const std::vector<std::string>& parts) {
+  EXPECT_EQ(root.get_attr<std::string>("round_profile").rfind("together cycles between rounds", 0), 0u);
+  auto prof = root.open_group("profile");
+  ASSERT_TRUE(prof.exists("latency_rounds_ms"));
+  const auto lat = prof.open_dataset("latency_ms").read<double>(), alone = prof.open_dataset("latency_alone_ms").read<double>();
+  const auto cyc = prof.open_dataset("latency_rounds_ms").read<double>();
+  const auto after = prof.open_dataset("latency_rounds_after").read<int64_t>();
+  const auto dims = prof.open_dataset("latency_rounds_ms").dims();
+  ASSERT_EQ(dims.size(), 4u);
+  const size_t K = dims[0], n = lat.size();
+  ASSERT_GE(K, 1u);
+  ASSERT_EQ(cyc.size(), K * n);
+  ASSERT_EQ(after.size(), K);
+  EXPECT_EQ(after[0], 1);
+  for (size_t k = 1; k < K; ++k) EXPECT_GT(after[k], after[k - 1]);
+  EXPECT_LE(after.back(), root.get_attr<int64_t>("benchmark_rounds"));
+  for (double x : cyc) EXPECT_GT(x, 0.0);
+  std::vector<double> together(n, 0.0), scaled(n);
+  for (size_t k = 0; k < K; ++k)
+    for (size_t i = 0; i < n; ++i) together[i] += cyc[k * n + i] / static_cast<double>(K);
+  for (size_t i = 0; i < n; ++i) scaled[i] = alone[i] * together[i] / lat[i];
+  const size_t U = prof.open_dataset("unit_name").read_strings().size();
+  for (const auto& part : parts) {
+    SCOPED_TRACE(part);
+    if (!root.open_group("partitions/" + part).get_attr<std::string>("same_as").empty()) continue;
+    const StoredSplit sp = stored_split(root, part);
+    auto sums = [&](const std::vector<double>& t) {
+      std::vector<double> out(2 * sp.first.size(), 0.0);
+      for (size_t k = 0; k < sp.first.size(); ++k)
+        for (int64_t u = sp.first[k]; u <= sp.last[k]; ++u)
+          for (size_t ph = 0; ph < 2; ++ph) out[2 * k + ph] += t[(static_cast<size_t>(sp.dev[k]) * U + u) * 2 + ph];
+      return out;
+    };
+    const auto lo = sums(scaled), hi = sums(together);
+    auto g = root.open_group("partitions/" + part);
+    const auto phase = g.open_dataset("predicted_phase_rounds_ms").read<double>();
+    ASSERT_EQ(phase.size(), lo.size());
+    for (size_t i = 0; i < phase.size(); ++i) {
+      EXPECT_GE(phase[i], std::min(lo[i], hi[i]) * (1 - 1e-3)) << i;
+      EXPECT_LE(phase[i], std::max(lo[i], hi[i]) * (1 + 1e-3)) << i;
+    }
+    const auto pred = g.open_dataset("predicted_stage_rounds_ms").read<double>();
+    auto b = root.open_group("benchmark/" + part);
+    const auto meas = b.open_dataset("measured_stage_ms").read<double>();
+    const auto err = b.open_dataset("prediction_error_rounds").read<double>();
+    ASSERT_EQ(pred.size(), sp.first.size());
+    ASSERT_EQ(err.size(), pred.size());
+    for (size_t k = 0; k < pred.size(); ++k) EXPECT_DOUBLE_EQ(err[k], meas[k] / pred[k] - 1.0);
+    EXPECT_GT(b.get_attr<double>("simulated_rounds_decode_tokens_per_s"), 0.0);
+  }
+}
+
 /// /profile/latency_cycles_ms (and latency_alone_cycles_ms where there are two passes): K cycles
 /// of [R][U][2] medians whose mean is latency_ms (latency_alone_ms), each within the fastest and
 /// slowest forward of latency_min_ms / latency_max_ms.
@@ -324,6 +381,9 @@ TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
   EXPECT_GE(K, 1);
   EXPECT_LE(K, 4);
   check_profile_cycles(root, K);
+  check_profile_between_rounds(root, {"uniform", "seed", "balanced"});
+  EXPECT_NE(r.output.find("profile between rounds: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("from the profile between rounds: pred ms"), std::string::npos) << r.output;
 }
 
 TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
@@ -383,8 +443,14 @@ TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
   }
   // A target no machine meets within 3 s: --iters rounds, then the time limit.
   const std::string tight = temp_dir() + "/tight.h5";
-  r = run(bin + wl + "--iters 2 --target-ci 0.001 --max-time 3 -o " + tight);
+  r = run(bin + wl + "--iters 2 --target-ci 0.001 --max-time 3 --round-profile off -o " + tight);
   ASSERT_EQ(r.status, 0) << r.output;
+  {
+    auto root = ppb::h5::File::open(tight).root();  // --round-profile off: no cycles between rounds
+    EXPECT_FALSE(root.open_group("profile").exists("latency_rounds_ms"));
+    EXPECT_EQ(root.get_attr<std::string>("round_profile"), "");
+    EXPECT_FALSE(root.open_group("partitions/uniform").exists("predicted_stage_rounds_ms"));
+  }
   {
     const auto [rounds, why, uni, bal, lo, hi] = rounds_file(tight);
     EXPECT_GE(rounds, 2);

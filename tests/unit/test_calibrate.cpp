@@ -66,6 +66,31 @@ TEST(Calibrate, ScalesEachRanksRowAndItsCost) {
   EXPECT_THROW(calibrated_profile(t, {1.0, 1.0}, Objective::workload, 4), InternalError);
 }
 
+/// The rounds' table replaces the together table; each unit's alone time, spread and decode
+/// contexts move by that unit's own rounds / profile ratio; the cost follows the new table.
+TEST(Calibrate, ProfileAsTheRoundsSawItScalesEachUnitByItsOwnDrift) {
+  const ProfileTable t = two_rank_table(3);
+  std::vector<double> rounds = t.latency_ms;
+  rounds[1] = 1.5;                 // rank 0 unit 0 decode: x1.5
+  rounds[(3 + 2) * 2] = 8.0;       // rank 1 unit 2 prefill: x0.8
+  const ProfileTable c = profile_as_rounds_saw_it(t, rounds, Objective::workload, 4);
+  EXPECT_EQ(c.latency_ms, rounds);
+  EXPECT_DOUBLE_EQ(c.latency_alone_ms[1], 0.8 * 1.5);
+  EXPECT_DOUBLE_EQ(c.latency_alone_ms[0], 9.5);  // its prefill did not move
+  EXPECT_DOUBLE_EQ(c.latency_max_ms[1], 1.1 * 1.5);
+  EXPECT_DOUBLE_EQ(c.decode_context_ms[0], 1.5);  // rank 0 unit 0's two contexts
+  EXPECT_DOUBLE_EQ(c.decode_context_ms[1], 1.5);
+  EXPECT_DOUBLE_EQ(c.decode_context_ms[2], 1.0);  // unit 1's did not move
+  EXPECT_DOUBLE_EQ(c.latency_alone_ms[(3 + 2) * 2], 9.5 * 0.8);
+  EXPECT_DOUBLE_EQ(c.latency_min_ms[(3 + 2) * 2], 9.0 * 0.8);
+  EXPECT_DOUBLE_EQ(c.decode_context_ms[(3 + 2) * 2], 1.0);  // a prefill drift leaves decode alone
+  EXPECT_DOUBLE_EQ(c.cost_ms[0], 10.0 + 4 * 1.5);
+  EXPECT_DOUBLE_EQ(c.cost_ms[3 + 2], 8.0 + 4 * 1.0);
+  EXPECT_DOUBLE_EQ(c.cost_ms[1], 14.0);
+  rounds.pop_back();
+  EXPECT_THROW(profile_as_rounds_saw_it(t, rounds, Objective::workload, 4), InternalError);
+}
+
 TEST(Calibrate, TheSplitSolvedFromTheCalibratedTableUnloadsTheSlowRank) {
   // Twelve equal units on two equal ranks: the balanced split is 6,6. The pipeline measured
   // rank 0's stage 1.5x slower than predicted (decode and prefill): solved again, rank 0 gets

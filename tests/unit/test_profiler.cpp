@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "backend/device.h"
+#include "common/error.h"
 #include "backend/lane_hold.h"
 #include "model/model_spec.h"
 #include "profile/profiler.h"
@@ -145,6 +146,52 @@ TEST(Profiler, ProfilesEveryUnitOfTinyLlama) {
   for (size_t a = 0; a < U; ++a)
     for (size_t b = a + 1; b < U; ++b)
       if (m.units[a].signature == m.units[b].signature) EXPECT_EQ(r.prefill_ms[a], r.prefill_ms[b]);
+}
+
+/// The units built once and profiled twice: each profile shaped as profile_model's (the same
+/// contexts, a value per unit, units of one signature sharing theirs), fastest <= median <=
+/// slowest; the memory it holds is its signatures' stage bytes; a config of other decode
+/// contexts is refused rather than timed at the wrong KV-cache lengths.
+TEST(Profiler, ResidentProfilerProfilesItsUnitsAgain) {
+  const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
+  auto dev = create_cpu_device(1);
+  ProfileConfig cfg;
+  cfg.batch = 2;
+  cfg.prompt_len = 8;
+  cfg.gen_len = 5;
+  cfg.num_contexts = 3;
+  cfg.warmup = 1;
+  cfg.iters = 3;
+  const ProfileResult once = profile_model(*dev, m, cfg);
+  size_t bytes = 0;
+  StageConfig sc;
+  sc.batch = cfg.batch;
+  sc.max_context = cfg.prompt_len + cfg.gen_len;
+  sc.groups = 1;
+  for (int example : m.signature_example) bytes += dev->stage_bytes(m, example, example, sc).total();
+  EXPECT_EQ(ResidentProfiler::bytes(*dev, m, cfg), bytes);
+  ResidentProfiler resident(*dev, m, cfg);
+  const size_t U = static_cast<size_t>(m.num_units());
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    SCOPED_TRACE(cycle);
+    const ProfileResult r = resident.profile(cfg);
+    EXPECT_EQ(r.decode_contexts, once.decode_contexts);
+    ASSERT_EQ(r.prefill_ms.size(), U);
+    ASSERT_EQ(r.decode_ms.size(), U);
+    ASSERT_EQ(r.decode_context_ms.size(), once.decode_context_ms.size());
+    for (size_t u = 0; u < U; ++u) {
+      EXPECT_GT(r.prefill_min_ms[u], 0.0);
+      EXPECT_LE(r.prefill_min_ms[u], r.prefill_ms[u]);
+      EXPECT_LE(r.prefill_ms[u], r.prefill_max_ms[u]);
+      EXPECT_LE(r.decode_min_ms[u], r.decode_ms[u]);
+      EXPECT_LE(r.decode_ms[u], r.decode_max_ms[u]);
+      for (size_t v = 0; v < U; ++v)
+        if (m.units[u].signature == m.units[v].signature) EXPECT_EQ(r.decode_ms[u], r.decode_ms[v]);
+    }
+  }
+  ProfileConfig other = cfg;
+  other.gen_len = 9;  // contexts 8, 12, 16
+  EXPECT_THROW(resident.profile(other), InternalError);
 }
 
 }  // namespace

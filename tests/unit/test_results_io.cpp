@@ -83,6 +83,9 @@ RunRecord make_record() {
       p.latency_cycles_ms.push_back(1.0 + i + (k ? 0.1 : -0.1));
       p.latency_alone_cycles_ms.push_back(0.9 + i + (k ? 0.2 : -0.2));
     }
+  for (int k = 0; k < 3; ++k)  // three cycles between rounds, after rounds 2, 4 and 7
+    for (int i = 0; i < 2 * 4 * 2; ++i) p.latency_rounds_ms.push_back(1.05 + i + 0.01 * k);
+  p.latency_rounds_after = {2, 4, 7};
   p.decode_contexts = {4, 5};
   for (int i = 0; i < 2 * 4 * 2; ++i) p.decode_context_ms.push_back(0.25 * i);
   for (int i = 0; i < 2 * 4; ++i) p.cost_ms.push_back(3.0 * i);
@@ -120,6 +123,8 @@ RunRecord make_record() {
     }
     pr.predicted_stage_ms = {10.0, 12.0};
     pr.predicted_phase_ms = {5.0, 2.5, 6.0, 3.0};
+    pr.predicted_stage_rounds_ms = {10.5, 12.25};
+    pr.predicted_phase_rounds_ms = {5.25, 2.625, 6.125, 3.0625};
     pr.stage_weight_bytes = {1200, 2000};
     pr.stage_kv_bytes = {64, 64};
     pr.stage_floor_ms = {4.0, 5.0};
@@ -289,6 +294,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   expect_same(pr.latency_alone_ms, pw.latency_alone_ms, "latency_alone_ms");
   expect_same(pr.latency_cycles_ms, pw.latency_cycles_ms, "latency_cycles_ms");
   expect_same(pr.latency_alone_cycles_ms, pw.latency_alone_cycles_ms, "latency_alone_cycles_ms");
+  expect_same(pr.latency_rounds_ms, pw.latency_rounds_ms, "latency_rounds_ms");
+  EXPECT_EQ(pr.latency_rounds_after, pw.latency_rounds_after);
   EXPECT_EQ(pr.decode_contexts, pw.decode_contexts);
   expect_same(pr.decode_context_ms, pw.decode_context_ms, "decode_context_ms");
   expect_same(pr.cost_ms, pw.cost_ms, "cost_ms");
@@ -320,6 +327,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(y.layout, x.layout);
     expect_same(y.predicted_stage_ms, x.predicted_stage_ms, "predicted_stage_ms");
     expect_same(y.predicted_phase_ms, x.predicted_phase_ms, "predicted_phase_ms");
+    expect_same(y.predicted_stage_rounds_ms, x.predicted_stage_rounds_ms, "predicted_stage_rounds_ms");
+    expect_same(y.predicted_phase_rounds_ms, x.predicted_phase_rounds_ms, "predicted_phase_rounds_ms");
     EXPECT_EQ(y.stage_weight_bytes, x.stage_weight_bytes);
     EXPECT_EQ(y.stage_kv_bytes, x.stage_kv_bytes);
     expect_same(y.stage_floor_ms, x.stage_floor_ms, "stage_floor_ms");
