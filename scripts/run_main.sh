@@ -10,7 +10,7 @@
 # once, and stays correlated for only ~1-2 s. A repetition of P=8 G=4 takes ~1 s, so the two
 # partitions' repetitions of a round see nearly the same machine and their ratio cancels it;
 # ppbench's defaults (P=32 G=16, ~3.3 s) left the balanced/uniform gain's 95% CI at +-5..16%
-# after 120 s, against +-1.1..1.6% here in 23-59 rounds.
+# after 120 s, against +-1.1..1.6% (tokens/s) and +-2.0..2.3% (decode) here after 23-59 rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
