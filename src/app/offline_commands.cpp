@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -871,9 +872,19 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
     const bool run_one_step = static_cast<long long>(wl.microbatches) * wl.gen_len == 1;
     print_metrics("predicted (profile)", pred.metrics, one_step);
     json entry{{"predicted", metrics_json(pred.metrics, one_step)}};
+    std::optional<PartitionMetrics> cross;
+    if (pr.predicted_phase_cross_ms.size() == phase.size()) {
+      cross = balance::simulate_pipeline(stages_from(pr.predicted_phase_cross_ms), cfg).metrics;
+      print_metrics("cross-calibrated", *cross, one_step);
+      entry["cross_calibrated"] = metrics_json(*cross, one_step);
+      entry["cross_calibrated_by"] = pr.cross_calibrated_by;
+    }
     if (pr.measured && !pr.stage_compute_ms.empty()) {
-      const auto replay = balance::simulate_pipeline(stages_from(pr.stage_compute_ms), cfg);
-      print_metrics("replayed (measured steps)", replay.metrics, one_step);
+      // The mean steps where the file has them: a rate follows the mean step, not the median.
+      const bool means = pr.stage_compute_mean_ms.size() == pr.stage_compute_ms.size();
+      const auto replay = balance::simulate_pipeline(stages_from(means ? pr.stage_compute_mean_ms : pr.stage_compute_ms), cfg);
+      print_metrics(means ? "replayed (mean steps)" : "replayed (median steps)", replay.metrics, one_step);
+      entry["replayed_steps"] = means ? "mean" : "median";
       auto metric = [&](const char* key) {
         const auto it = pr.metrics.find(key);
         if (it == pr.metrics.end())
@@ -896,8 +907,13 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
       } else if (same_workload) {
         print_metrics("measured", meas, run_one_step);
         const double err = pred.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
-        std::printf("  decode tokens/s: predicted / measured - 1 = %+.1f%%  (replayed: %+.1f%%)\n", 100 * err,
-                    100 * (replay.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0));
+        std::printf("  decode tokens/s: predicted / measured - 1 = %+.1f%%  (", 100 * err);
+        if (cross) {
+          const double cross_err = cross->decode_tokens_per_s / meas.decode_tokens_per_s - 1.0;
+          std::printf("cross-calibrated by %s: %+.1f%%; ", pr.cross_calibrated_by.c_str(), 100 * cross_err);
+          entry["cross_calibrated_decode_tokens_per_s_error"] = cross_err;
+        }
+        std::printf("replayed: %+.1f%%)\n", 100 * (replay.metrics.decode_tokens_per_s / meas.decode_tokens_per_s - 1.0));
         entry["decode_tokens_per_s_error"] = err;
       } else {
         print_metrics(std::string("measured (") + run_workload + ")", meas, run_one_step);

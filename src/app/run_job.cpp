@@ -1634,7 +1634,10 @@ class RunJob {
       for (size_t j = 0; j < benches.size(); ++j) take_turn(benches[(j + rounds) % benches.size()], rounds);
       ++rounds;
       turns_s += monotonic_s() - round_start;
-      if (round_profiler) profile_s += profile_between_rounds(*round_profiler, rounds, turns_s, profile_s);
+      if (round_profiler) {
+        profile_s += profile_between_rounds(*round_profiler, rounds, turns_s, profile_s);
+        run_.round_profile_s = profile_s;
+      }
       std::vector<std::vector<double>> events;  // rank 0: each partition's timeline so far
       phase("gather of round " + std::to_string(rounds), [&] {
         for (const Bench& b : benches) {
@@ -1707,6 +1710,7 @@ class RunJob {
       if (!measured_alone(i))
         share_measurement(i, static_cast<size_t>(balance::same_split_as(parts_, i, equivalence_)));
     if (root_) compare_partitions();
+    if (root_) cross_calibrate_partitions();
     phase("write after the benchmark", [&] { snapshot("write"); });
   }
 
@@ -1720,6 +1724,8 @@ class RunJob {
   /// or where they would not fit some rank's free memory (said so).
   std::unique_ptr<ResidentProfiler> round_profiler_for(size_t partitions) {
     std::unique_ptr<ResidentProfiler> rp;
+    if (opt_.round_profile == "off") run_.round_profile_status = "off: --round-profile off";
+    else if (!two_passes_) run_.round_profile_status = "none: the profile has one pass (no ranks sharing a machine's memory)";
     if (opt_.round_profile == "off" || !two_passes_ || partitions == 0) return rp;
     const ProfileConfig pc = profile_config();
     const bool fits = ResidentProfiler::bytes(*device_, spec_, pc) <= device_->free_memory();
@@ -1831,6 +1837,10 @@ class RunJob {
       }
       if (!std::isnan(g.ci_low))
         os << " [" << format_fixed(g.ci_low, 3) << ", " << format_fixed(g.ci_high, 3) << "]";
+      if (d.n > 0) {  // --target-ci waits for the decode gain's CI too: show it
+        os << ", decode " << format_fixed(d.ratio, 3) << "x";
+        if (!std::isnan(d.ci_low)) os << " [" << format_fixed(d.ci_low, 3) << ", " << format_fixed(d.ci_high, 3) << "]";
+      }
     }
     const double left = opt_.max_time_s - elapsed_s;
     os << " (" << format_fixed(elapsed_s, 0) << " s of --max-time " << format_fixed(opt_.max_time_s, 0) << ")";
@@ -1982,6 +1992,73 @@ class RunJob {
     }
   }
 
+  /// Rank 0, after the benchmark: every measured partition of one rank per stage predicted again,
+  /// cross-calibrated (balance::cross_calibrated_phases): its prediction from the profile,
+  /// scaled per rank and phase by measured / predicted over the *other* measured partitions'
+  /// stages, which ran in alternating repetitions of the same rounds (issue 13). Predictions are
+  /// all from the run's profile as measured (an adaptive split's own record is from a calibrated
+  /// table), measurements are mean steps. A partition sharing another's measurement is no other
+  /// partition to it (that would be its own measurement) and takes that one's cross prediction.
+  /// Fills predicted_{phase,stage}_cross_ms, cross_calibrated_by and the simulated_cross_*
+  /// metrics; a failure costs only these predictions (warned).
+  void cross_calibrate_partitions() {
+    auto alone = [&](size_t i) {
+      const PartitionRecord& pr = run_.partitions[i];
+      return pr.measured && pr.same_as.empty() && !parts_[i].tensor_parallel() &&
+             pr.stage_compute_mean_ms.size() == 2 * static_cast<size_t>(parts_[i].num_stages());
+    };
+    try {
+      std::vector<std::vector<double>> predicted(parts_.size());
+      for (size_t i = 0; i < parts_.size(); ++i)
+        if (alone(i)) predicted[i] = predicted_phases(parts_[i], run_.profile);
+      for (size_t i = 0; i < parts_.size(); ++i) {
+        if (!alone(i)) continue;
+        std::vector<balance::StageMeasurement> others;
+        std::string by;
+        for (size_t j = 0; j < parts_.size(); ++j) {
+          if (j == i || !alone(j)) continue;
+          const PartitionRecord& o = run_.partitions[j];
+          for (int k = 0; k < parts_[j].num_stages(); ++k)
+            others.push_back({parts_[j].device_rank[k], predicted[j][2 * k], predicted[j][2 * k + 1],
+                              o.stage_compute_mean_ms[2 * k], o.stage_compute_mean_ms[2 * k + 1]});
+          by += (by.empty() ? "" : ",") + o.name;
+        }
+        const balance::Partition& p = parts_[i];
+        PartitionRecord& pr = run_.partitions[i];
+        pr.predicted_phase_cross_ms = balance::cross_calibrated_phases(predicted[i], p.device_rank, others, S_);
+        pr.predicted_stage_cross_ms.clear();
+        if (pr.predicted_phase_cross_ms.empty()) continue;
+        pr.cross_calibrated_by = by;
+        const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
+        for (int k = 0; k < p.num_stages(); ++k)
+          pr.predicted_stage_cross_ms.push_back(balance::with_transfers(
+              balance::objective_cost(objective_, pr.predicted_phase_cross_ms[2 * k], pr.predicted_phase_cross_ms[2 * k + 1],
+                                      opt_.gen_len),
+              transfers[k], !opt_.no_overlap));
+        const auto sim = balance::simulate_pipeline(sim_stages(p, pr.predicted_phase_cross_ms), sim_config()).metrics;
+        const double measured = pr.metrics.count("decode_tokens_per_s") ? pr.metrics.at("decode_tokens_per_s") : 0.0;
+        pr.metrics["simulated_cross_tokens_per_s"] = sim.tokens_per_s;
+        pr.metrics["simulated_cross_decode_tokens_per_s"] = sim.decode_tokens_per_s;
+        pr.metrics["simulated_cross_decode_error"] = measured > 0 ? sim.decode_tokens_per_s / measured - 1.0 : 0.0;
+      }
+      for (size_t i = 0; i < parts_.size(); ++i) {  // a shared measurement: its partition's cross prediction
+        PartitionRecord& pr = run_.partitions[i];
+        if (!pr.measured || pr.same_as.empty()) continue;
+        for (const PartitionRecord& o : run_.partitions)
+          if (o.name == pr.same_as && o.same_as.empty()) {
+            pr.predicted_phase_cross_ms = o.predicted_phase_cross_ms;
+            pr.predicted_stage_cross_ms = o.predicted_stage_cross_ms;
+            pr.cross_calibrated_by = o.cross_calibrated_by;
+            for (const char* k : {"simulated_cross_tokens_per_s", "simulated_cross_decode_tokens_per_s",
+                                  "simulated_cross_decode_error"})
+              if (o.metrics.count(k)) pr.metrics[k] = o.metrics.at(k);
+          }
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "ppbench: warning: the cross-calibrated predictions failed: " << e.what() << std::endl;
+    }
+  }
+
   /// Partition `pi` is the same split as the earlier partition `of`, identical or equivalent
   /// (the same stages on identical devices in another order: balance::compare_splits): it shares
   /// that measurement (and so a gain of exactly 1) instead of being benchmarked again, which
@@ -2087,6 +2164,8 @@ class RunJob {
     pr.lane_cpu_s.clear();
     pr.stage_compute_ms.clear();
     pr.measured_stage_ms.clear();
+    pr.stage_compute_mean_ms.clear();
+    pr.measured_stage_mean_ms.clear();
     for (int k = 0; k < S; ++k) {
       const int r = p.device_rank[k];
       pr.lane_cpu_s.push_back(sums[r * 6 + 2]);
@@ -2130,6 +2209,12 @@ class RunJob {
       pr.measured_stage_ms.push_back(objective_ == balance::Objective::decode    ? m.stage_decode_ms[k]
                                      : objective_ == balance::Objective::prefill ? m.stage_prefill_ms[k]
                                                                                  : m.stage_workload_ms[k]);
+    for (int k = 0; k < S; ++k) {
+      pr.stage_compute_mean_ms.push_back(m.stage_prefill_mean_ms[k]);
+      pr.stage_compute_mean_ms.push_back(m.stage_decode_mean_ms[k]);
+      pr.measured_stage_mean_ms.push_back(
+          balance::objective_cost(objective_, m.stage_prefill_mean_ms[k], m.stage_decode_mean_ms[k], opt_.gen_len));
+    }
     pr.bubble_fraction = m.bubble_fraction;
     pr.recv_wait_ms = m.recv_wait_ms;
     pr.rep_wall_s = m.rep_wall_s;

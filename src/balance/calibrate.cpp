@@ -1,5 +1,6 @@
 #include "balance/calibrate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -74,6 +75,32 @@ ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<d
     }
   }
   return c;
+}
+
+std::vector<double> cross_calibrated_phases(const std::vector<double>& predicted_phase_ms,
+                                            const std::vector<int>& stage_rank,
+                                            const std::vector<StageMeasurement>& others, int ranks) {
+  if (predicted_phase_ms.size() != 2 * stage_rank.size())
+    throw InternalError("cross_calibrated_phases: need a prefill and a decode step per stage");
+  std::vector<double> meas(2 * static_cast<size_t>(std::max(ranks, 0)), 0.0), pred(meas.size(), 0.0);
+  for (const StageMeasurement& s : others) {
+    if (s.rank < 0 || s.rank >= ranks) continue;
+    meas[2 * s.rank] += s.measured_prefill_ms;
+    meas[2 * s.rank + 1] += s.measured_decode_ms;
+    pred[2 * s.rank] += s.predicted_prefill_ms;
+    pred[2 * s.rank + 1] += s.predicted_decode_ms;
+  }
+  std::vector<double> out(predicted_phase_ms.size());
+  for (size_t k = 0; k < stage_rank.size(); ++k) {
+    const int r = stage_rank[k];
+    if (r < 0 || r >= ranks) return {};
+    for (size_t ph = 0; ph < 2; ++ph) {
+      const double m = meas[2 * r + ph], p = pred[2 * r + ph];
+      if (!(std::isfinite(m) && std::isfinite(p) && m > 0 && p > 0)) return {};
+      out[2 * k + ph] = predicted_phase_ms[2 * k + ph] * m / p;
+    }
+  }
+  return out;
 }
 
 }  // namespace ppb::balance

@@ -51,4 +51,26 @@ ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>
 ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<double>& rounds, Objective o,
                                       int gen_len);
 
+/// Leave-one-out calibration (issue 13): partition X's step times predicted from the profile,
+/// each stage's scaled per phase by its rank's factor (calibration_factors) measured on the
+/// *other* partitions' stages only, never on X's own. The partitions of a run are measured in
+/// alternating repetitions of the same rounds (ABBA), so the other partitions' stages saw the
+/// same moments of the machine as X's: the factors carry the machine's state during the rounds
+/// (on a shared VM, a drift of +-20% over seconds that no profile taken at other moments can
+/// sample), while the profile still carries what differs between the splits (which units land
+/// on which rank). How far X's measurement departs from this prediction is the error of the
+/// profile's relative unit costs, the part of it the balancer's choice rests on.
+/// @param predicted_phase_ms [S][2] X's prefill and decode step per stage from the profile (ms).
+/// @param stage_rank [S] the rank each of X's stages ran on.
+/// @param others the stages of the other partitions: their ranks, their predictions from the
+///        same profile and their measured mean steps (ms).
+/// @param ranks R, the number of ranks.
+/// @return [S][2] ms; empty when a stage of X ran on a rank that no stage of `others` ran on, or
+///         a sum is not finite and > 0 there (such a stage has no calibration: no prediction is
+///         better than an uncalibrated one passed off as calibrated).
+/// @throws ppb::InternalError if predicted_phase_ms is not [S][2] of stage_rank's S.
+std::vector<double> cross_calibrated_phases(const std::vector<double>& predicted_phase_ms,
+                                            const std::vector<int>& stage_rank,
+                                            const std::vector<StageMeasurement>& others, int ranks);
+
 }  // namespace ppb::balance

@@ -9,6 +9,22 @@
 
 namespace ppb {
 
+namespace {
+
+/// The mean of the finite values of `v` (a step without both compute events is NaN); NaN if none.
+double finite_mean(const std::vector<double>& v) {
+  double sum = 0.0;
+  size_t n = 0;
+  for (double x : v)
+    if (std::isfinite(x)) {
+      sum += x;
+      ++n;
+    }
+  return n ? sum / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace
+
 PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape& sh, int batch, int gen_len) {
   PartitionMetrics m;
   const int S = sh.stages, M = sh.groups, steps = sh.steps;
@@ -101,6 +117,8 @@ PartitionMetrics compute_metrics(const std::vector<double>& ev, const EventShape
   for (int s = 0; s < S; ++s) {
     m.stage_prefill_ms.push_back(median(prefill[s]));
     m.stage_decode_ms.push_back(decode[s].empty() ? 0.0 : median(decode[s]));
+    m.stage_prefill_mean_ms.push_back(finite_mean(prefill[s]));
+    m.stage_decode_mean_ms.push_back(decode[s].empty() ? 0.0 : finite_mean(decode[s]));
     m.stage_workload_ms.push_back(m.stage_prefill_ms[s] + gen_len * m.stage_decode_ms[s]);
     m.bubble_fraction.push_back(median(bubble[s]));
     m.recv_wait_ms.push_back(recv_wait[s].empty() ? 0.0 : median(recv_wait[s]));

@@ -80,6 +80,10 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.predicted_phase_ms = dataset_or_empty<double>(part, "predicted_phase_ms");
   p.predicted_stage_rounds_ms = dataset_or_empty<double>(part, "predicted_stage_rounds_ms");
   p.predicted_phase_rounds_ms = dataset_or_empty<double>(part, "predicted_phase_rounds_ms");
+  p.predicted_stage_cross_ms = dataset_or_empty<double>(part, "predicted_stage_cross_ms");
+  p.predicted_phase_cross_ms = dataset_or_empty<double>(part, "predicted_phase_cross_ms");
+  if (part.exists("predicted_stage_cross_ms"))
+    p.cross_calibrated_by = attr_or<std::string>(part.open_dataset("predicted_stage_cross_ms"), "calibrated_by", "");
   p.stage_weight_bytes = dataset_or_empty<int64_t>(part, "stage_weight_bytes");
   p.stage_kv_bytes = dataset_or_empty<int64_t>(part, "stage_kv_bytes");
   p.stage_floor_ms = dataset_or_empty<double>(part, "stage_floor_ms");
@@ -95,6 +99,8 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.stage_compute_ms = bench.open_dataset("stage_compute_ms").read<double>();
   p.stage_workload_ms = dataset_or_empty<double>(bench, "stage_workload_ms");
   p.measured_stage_ms = dataset_or_empty<double>(bench, "measured_stage_ms");
+  p.stage_compute_mean_ms = dataset_or_empty<double>(bench, "stage_compute_mean_ms");
+  p.measured_stage_mean_ms = dataset_or_empty<double>(bench, "measured_stage_mean_ms");
   p.bubble_fraction = dataset_or_empty<double>(bench, "bubble_fraction");
   p.recv_wait_ms = dataset_or_empty<double>(bench, "recv_wait_ms");
   p.rep_wall_s = dataset_or_empty<double>(bench, "rep_wall_s");
@@ -176,6 +182,7 @@ void read_root_attrs(const Group& root, RunRecord& run) {
   run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
   run.adaptive_status = attr_or<std::string>(root, "adaptive_status", "");
   run.round_profile_status = attr_or<std::string>(root, "round_profile", "");
+  run.round_profile_s = attr_or<double>(root, "round_profile_s", 0.0);
   run.tp_auto_layout = attr_or<std::string>(root, "tp_auto_layout", "");
 }
 

@@ -130,6 +130,13 @@ struct PartitionRecord {
   /// rounds saw the units (balance::profile_as_rounds_saw_it of ProfileTable::latency_rounds_ms);
   /// empty without profile cycles between rounds.
   std::vector<double> predicted_stage_rounds_ms, predicted_phase_rounds_ms;
+  /// [S] and [S][2]: predicted_stage_ms and predicted_phase_ms cross-calibrated (issue 13):
+  /// each rank's prediction scaled by measured / predicted over the *other* partitions' stages
+  /// on that rank, measured in the same rounds (balance::cross_calibrated_phases); empty where
+  /// no other partition was measured on every rank this one uses, or for tensor-parallel
+  /// partitions. cross_calibrated_by: the partitions the factors came from, comma-separated.
+  std::vector<double> predicted_stage_cross_ms, predicted_phase_cross_ms;
+  std::string cross_calibrated_by;
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]
   /// [S] the stage's floor in the objective (sum of its units' roofline floors with the rank's
   /// shared read bandwidth: all stages run at once); efficiency = stage_floor_ms / measured.
@@ -148,6 +155,10 @@ struct PartitionRecord {
   bool measured = false;
   std::vector<double> events;            ///< [reps][M][G+1][S][6] seconds since run start (rank 0 clock); one rep per round
   std::vector<double> stage_compute_ms;  ///< [S][2] median prefill, decode compute per step
+  /// [S][2] mean prefill, decode compute per step (what the rates follow); empty in older files
+  std::vector<double> stage_compute_mean_ms;
+  /// [S] measured_stage_ms from the mean steps (vs predicted_stage_cross_ms); empty in older files
+  std::vector<double> measured_stage_mean_ms;
   std::vector<double> stage_workload_ms; ///< [S] prefill + G * decode, measured
   std::vector<double> measured_stage_ms; ///< [S] measured cost in the objective's terms (vs predicted_stage_ms)
   std::vector<double> bubble_fraction;   ///< [S]
@@ -228,9 +239,11 @@ struct RunRecord {
   std::string stop_reason;
   /// --partition adaptive: how the re-solving ended ("" without it).
   /// The profile cycles between rounds (ppbench run --round-profile): what they were ("together
-  /// cycles between rounds, ..."), why there were none ("none: ..."), or "" (off, one pass, or an
-  /// older file).
+  /// cycles between rounds, ..."), why there were none ("none: ..."; "off: ..." with
+  /// --round-profile off), or "" (an older file). round_profile_s: the seconds the cycles took
+  /// on rank 0 (they count toward --max-time; 0 without cycles).
   std::string round_profile_status;
+  double round_profile_s = 0.0;
   std::string adaptive_status;
   /// --tp auto: the widths the balancer chose ("2,1,1"; "" without it).
   std::string tp_auto_layout;

@@ -90,7 +90,9 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
   if (!t.latency_rounds_ms.empty() && t.latency_rounds_ms.size() % n == 0) {
     // Each rank's summed unit times in the cycles between rounds against the profile's together pass.
     const size_t K = t.latency_rounds_ms.size() / n;
-    os << "profile between rounds: " << K << " together cycle(s), after rounds";
+    os << "profile between rounds: " << K << " together cycle(s)";
+    if (run.round_profile_s > 0) os << " (" << fmt("%.1f", run.round_profile_s) << " s)";
+    os << ", after rounds";
     for (size_t k = 0; k < t.latency_rounds_after.size() && k < 6; ++k) os << (k ? "," : " ") << t.latency_rounds_after[k];
     if (t.latency_rounds_after.size() > 6) os << ",...";
     os << "; their mean / the profile's together, prefill, decode:";
@@ -457,6 +459,19 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
          << fmt("%+.1f%%", 100.0 * m("simulated_rounds_decode_error")) << " vs measured)";
     os << "\n";
   }
+  if (p.predicted_stage_cross_ms.size() == static_cast<size_t>(S) && p.measured_stage_mean_ms.size() == static_cast<size_t>(S)) {
+    os << "  cross-calibrated by " << p.cross_calibrated_by << " (the same rounds): pred ms";
+    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", p.predicted_stage_cross_ms[k]);
+    os << " (err";
+    for (int k = 0; k < S; ++k)
+      os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (p.measured_stage_mean_ms[k] / p.predicted_stage_cross_ms[k] - 1.0));
+    os << " vs mean steps)";
+    if (p.metrics.count("simulated_cross_decode_tokens_per_s"))
+      os << "; simulator tokens/s " << fmt("%.2f", m("simulated_cross_tokens_per_s")) << ", decode "
+         << fmt("%.2f", m("simulated_cross_decode_tokens_per_s")) << " ("
+         << fmt("%+.1f%%", 100.0 * m("simulated_cross_decode_error")) << " vs measured)";
+    os << "\n";
+  }
   if (p.gain.n > 0 && p.name != "uniform")
     os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
        << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "
@@ -496,9 +511,43 @@ void print_balance_gain(std::ostream& os, const RunRecord& run) {
     if ((p.name != "balanced" && p.name != "uniform") || !p.same_as.empty()) continue;
     for (size_t k = 0; k < p.first_unit.size(); ++k) wrong += outside_profile_spread(p, k) ? 1 : 0;
   }
+  // The relative costs the split rests on: each split predicted from the other's measured
+  // stages in the same rounds (cross-calibrated), against its mean steps and its decode rate.
+  double lo = INFINITY, hi = -INFINITY, slo = INFINITY, shi = -INFINITY;
+  int crossed = 0;
+  for (const auto& p : run.partitions) {
+    // balanced may share seed's measurement (and its cross prediction); not uniform's: no gain then.
+    if ((p.name != "balanced" && p.name != "uniform") || p.same_as == "uniform") continue;
+    if (p.predicted_stage_cross_ms.size() != p.first_unit.size() || p.measured_stage_mean_ms.size() != p.first_unit.size())
+      continue;
+    ++crossed;
+    for (size_t k = 0; k < p.first_unit.size(); ++k) {
+      const double e = p.measured_stage_mean_ms[k] / p.predicted_stage_cross_ms[k] - 1.0;
+      lo = std::min(lo, e);
+      hi = std::max(hi, e);
+    }
+    if (p.metrics.count("simulated_cross_decode_error")) {
+      slo = std::min(slo, p.metrics.at("simulated_cross_decode_error"));
+      shi = std::max(shi, p.metrics.at("simulated_cross_decode_error"));
+    }
+  }
+  constexpr double kHeld = 0.05;  // issue 13's +-5%
+  const bool relative = crossed == 2;
+  const bool held = relative && std::max(-lo, hi) <= kHeld && (!(slo <= shi) || std::max(-slo, shi) <= kHeld);
+  if (relative) {
+    os << "  relative costs (each split predicted from the other's stages measured in the same rounds): stage errors "
+       << fmt("%+.1f", 100 * lo) << ".." << fmt("%+.1f%%", 100 * hi);
+    if (slo <= shi) os << ", simulator decode " << fmt("%+.1f", 100 * slo) << ".." << fmt("%+.1f%%", 100 * shi);
+    os << (held ? ": held within +-5%\n" : ": did not hold within +-5%\n");
+  }
   if (wrong > 0)
-    os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above), so the "
-          "balanced split was solved from numbers that did not hold in the pipeline\n";
+    os << "  qualified: " << wrong << " stage(s) of these splits ran outside the profile's spread (above): "
+       << (held ? "the profile's absolute times did not hold in the pipeline, its relative costs did (the machine's "
+                  "state moved both splits alike)\n"
+                : "the balanced split was solved from numbers that did not hold in the pipeline\n");
+  else if (relative && !held)
+    os << "  qualified: the profile's relative costs did not hold in the pipeline, so the balanced split may not be "
+          "the best one\n";
 }
 
 }  // namespace

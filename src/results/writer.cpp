@@ -99,6 +99,20 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     pr.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     pr.set_attr("content", std::string("predicted_phase_ms ") + what);
   }
+  if (p.predicted_stage_cross_ms.size() == S && p.predicted_phase_cross_ms.size() == 2 * S) {
+    const std::string what = "cross-calibrated: each stage's prediction scaled, per phase, by its rank's measured / "
+                             "predicted mean step over the other partitions' stages on that rank, measured in the "
+                             "same rounds (never this partition's own measurement)";
+    auto sc = part.write_dataset("predicted_stage_cross_ms", p.predicted_stage_cross_ms);
+    sc.set_attr("units", "ms");
+    sc.set_attr("content", "predicted_stage_ms " + what);
+    sc.set_attr("calibrated_by", p.cross_calibrated_by);
+    auto pc = part.write_dataset("predicted_phase_cross_ms", p.predicted_phase_cross_ms, {S, 2});
+    pc.set_attr("units", "ms");
+    pc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    pc.set_attr("content", "predicted_phase_ms " + what);
+    pc.set_attr("calibrated_by", p.cross_calibrated_by);
+  }
   auto phase = part.write_dataset("predicted_phase_ms", p.predicted_phase_ms, {S, 2});
   phase.set_attr("units", "ms");
   phase.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
@@ -132,6 +146,12 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   sc.set_attr("units", "ms");
   sc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
   sc.set_attr("stat", "median");
+  if (p.stage_compute_mean_ms.size() == 2 * S) {
+    auto sm = bench.write_dataset("stage_compute_mean_ms", p.stage_compute_mean_ms, {S, 2});
+    sm.set_attr("units", "ms");
+    sm.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    sm.set_attr("stat", "mean");
+  }
   bench.write_dataset("stage_workload_ms", p.stage_workload_ms).set_attr("units", "ms");
   if (p.measured_stage_ms.size() == S) {
     auto ms = bench.write_dataset("measured_stage_ms", p.measured_stage_ms);
@@ -149,6 +169,19 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     for (hs k = 0; k < S; ++k) e.push_back(p.measured_stage_ms[k] / p.predicted_stage_rounds_ms[k] - 1.0);
     bench.write_dataset("prediction_error_rounds", e)
         .set_attr("content", "measured_stage_ms / /partitions/<name>/predicted_stage_rounds_ms - 1");
+  }
+  if (p.measured_stage_mean_ms.size() == S) {
+    auto mm = bench.write_dataset("measured_stage_mean_ms", p.measured_stage_mean_ms);
+    mm.set_attr("units", "ms");
+    mm.set_attr("objective", run.workload.objective);
+    mm.set_attr("content", "measured_stage_ms from the mean steps (stage_compute_mean_ms)");
+  }
+  if (p.predicted_stage_cross_ms.size() == S && p.measured_stage_mean_ms.size() == S) {
+    std::vector<double> e;
+    for (hs k = 0; k < S; ++k) e.push_back(p.measured_stage_mean_ms[k] / p.predicted_stage_cross_ms[k] - 1.0);
+    auto pe = bench.write_dataset("prediction_error_cross", e);
+    pe.set_attr("content", "measured_stage_mean_ms / /partitions/<name>/predicted_stage_cross_ms - 1");
+    pe.set_attr("calibrated_by", p.cross_calibrated_by);
   }
   if (p.predicted_stage_min_ms.size() == S && p.measured_stage_ms.size() == S) {
     std::vector<int> outside;
@@ -404,6 +437,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   root.set_attr("benchmark_stop_reason", run.stop_reason);
   root.set_attr("adaptive_status", run.adaptive_status);
   root.set_attr("round_profile", run.round_profile_status);
+  root.set_attr("round_profile_s", run.round_profile_s);
   if (!run.tp_auto_layout.empty()) root.set_attr("tp_auto_layout", run.tp_auto_layout);
   root.set_attr("partition_order", [&] {
     std::vector<std::string> names;  // run order: HDF5 lists groups by name

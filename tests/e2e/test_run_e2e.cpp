@@ -83,6 +83,7 @@ std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, co
 /// for the profile's own predictions), and its prediction error against that.
 void check_profile_between_rounds(ppb::h5::Group& root, const std::vector<std::string>& parts) {
   EXPECT_EQ(root.get_attr<std::string>("round_profile").rfind("together cycles between rounds", 0), 0u);
+  EXPECT_GT(root.get_attr<double>("round_profile_s"), 0.0);  // the cycles' seconds, within --max-time
   auto prof = root.open_group("profile");
   ASSERT_TRUE(prof.exists("latency_rounds_ms"));
   const auto lat = prof.open_dataset("latency_ms").read<double>(), alone = prof.open_dataset("latency_alone_ms").read<double>();
@@ -130,6 +131,77 @@ void check_profile_between_rounds(ppb::h5::Group& root, const std::vector<std::s
     ASSERT_EQ(err.size(), pred.size());
     for (size_t k = 0; k < pred.size(); ++k) EXPECT_DOUBLE_EQ(err[k], meas[k] / pred[k] - 1.0);
     EXPECT_GT(b.get_attr<double>("simulated_rounds_decode_tokens_per_s"), 0.0);
+  }
+}
+
+/// The cross-calibrated predictions (issue 13), recomputed from the file: each partition measured
+/// on its own gets its predicted_phase_ms scaled per rank and phase by the other such partitions'
+/// mean steps over their predictions on that rank (never by its own), each stage's mean steps
+/// are the mean of its events' compute durations, and the stored error is measured / predicted.
+void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string>& parts, int64_t ranks) {
+  std::vector<std::string> alone;
+  for (const auto& part : parts)
+    if (root.open_group("partitions/" + part).get_attr<std::string>("same_as").empty()) alone.push_back(part);
+  for (const auto& part : alone) {  // the mean steps against the events
+    SCOPED_TRACE(part);
+    auto b = root.open_group("benchmark/" + part);
+    const auto ev = b.open_dataset("events").read<double>();
+    const auto dims = b.open_dataset("events").dims();  // [I][M][G+1][S][6]
+    const auto mean = b.open_dataset("stage_compute_mean_ms").read<double>();
+    const size_t steps = dims[2], S = dims[3];
+    ASSERT_EQ(mean.size(), 2 * S);
+    std::vector<double> sum(2 * S, 0.0), n(2 * S, 0.0);
+    for (size_t row = 0; row < ev.size() / (S * 6); ++row)  // row: [I][M][G+1] flattened
+      for (size_t k = 0; k < S; ++k) {
+        const size_t phase = row % steps == 0 ? 0 : 1;
+        const double d = 1e3 * (ev[(row * S + k) * 6 + 3] - ev[(row * S + k) * 6 + 2]);
+        if (!std::isfinite(d)) continue;
+        sum[2 * k + phase] += d;
+        n[2 * k + phase] += 1;
+      }
+    for (size_t i = 0; i < mean.size(); ++i) EXPECT_NEAR(mean[i], sum[i] / n[i], 1e-9 * sum[i] / n[i]) << i;
+  }
+  for (const auto& part : alone) {
+    SCOPED_TRACE(part);
+    if (alone.size() < 2) {  // no other partition: no cross prediction
+      EXPECT_FALSE(root.open_group("partitions/" + part).exists("predicted_phase_cross_ms"));
+      continue;
+    }
+    std::vector<double> meas(2 * static_cast<size_t>(ranks), 0.0), pred(meas.size(), 0.0);
+    std::string by;
+    for (const auto& o : alone) {
+      if (o == part) continue;
+      by += (by.empty() ? "" : ",") + o;
+      const StoredSplit sp = stored_split(root, o);
+      const auto p = root.open_group("partitions/" + o).open_dataset("predicted_phase_ms").read<double>();
+      const auto m = root.open_group("benchmark/" + o).open_dataset("stage_compute_mean_ms").read<double>();
+      for (size_t k = 0; k < sp.dev.size(); ++k)
+        for (size_t ph = 0; ph < 2; ++ph) {
+          meas[2 * sp.dev[k] + ph] += m[2 * k + ph];
+          pred[2 * sp.dev[k] + ph] += p[2 * k + ph];
+        }
+    }
+    auto g = root.open_group("partitions/" + part);
+    const StoredSplit sp = stored_split(root, part);
+    const auto p = g.open_dataset("predicted_phase_ms").read<double>();
+    const auto cross = g.open_dataset("predicted_phase_cross_ms").read<double>();
+    EXPECT_EQ(g.open_dataset("predicted_stage_cross_ms").get_attr<std::string>("calibrated_by"), by);
+    ASSERT_EQ(cross.size(), p.size());
+    for (size_t k = 0; k < sp.dev.size(); ++k)
+      for (size_t ph = 0; ph < 2; ++ph) {
+        const double want = p[2 * k + ph] * meas[2 * sp.dev[k] + ph] / pred[2 * sp.dev[k] + ph];
+        EXPECT_NEAR(cross[2 * k + ph], want, 1e-9 * want) << k << " " << ph;
+      }
+    const auto stage = g.open_dataset("predicted_stage_cross_ms").read<double>();
+    auto b = root.open_group("benchmark/" + part);
+    const auto mm = b.open_dataset("measured_stage_mean_ms").read<double>();
+    const auto err = b.open_dataset("prediction_error_cross").read<double>();
+    ASSERT_EQ(stage.size(), sp.dev.size());
+    ASSERT_EQ(err.size(), stage.size());
+    for (size_t k = 0; k < stage.size(); ++k) EXPECT_DOUBLE_EQ(err[k], mm[k] / stage[k] - 1.0);
+    EXPECT_GT(b.get_attr<double>("simulated_cross_decode_tokens_per_s"), 0.0);
+    EXPECT_DOUBLE_EQ(b.get_attr<double>("simulated_cross_decode_error"),
+                     b.get_attr<double>("simulated_cross_decode_tokens_per_s") / b.get_attr<double>("decode_tokens_per_s") - 1.0);
   }
 }
 
@@ -384,6 +456,11 @@ TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
   check_profile_between_rounds(root, {"uniform", "seed", "balanced"});
   EXPECT_NE(r.output.find("profile between rounds: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("from the profile between rounds: pred ms"), std::string::npos) << r.output;
+  check_cross_calibration(root, {"uniform", "seed", "balanced"}, 2);
+  // Progress after each round shows both gains --target-ci waits for (G = 3: a decode rate).
+  EXPECT_NE(r.output.find("/uniform so far "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("x, decode "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cross-calibrated by "), std::string::npos) << r.output;
 }
 
 TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
@@ -448,7 +525,8 @@ TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
   {
     auto root = ppb::h5::File::open(tight).root();  // --round-profile off: no cycles between rounds
     EXPECT_FALSE(root.open_group("profile").exists("latency_rounds_ms"));
-    EXPECT_EQ(root.get_attr<std::string>("round_profile"), "");
+    EXPECT_EQ(root.get_attr<std::string>("round_profile"), "off: --round-profile off");
+    EXPECT_EQ(root.get_attr<double>("round_profile_s"), 0.0);
     EXPECT_FALSE(root.open_group("partitions/uniform").exists("predicted_stage_rounds_ms"));
   }
   {

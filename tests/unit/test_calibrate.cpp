@@ -119,5 +119,55 @@ TEST(Calibrate, TheSplitSolvedFromTheCalibratedTableUnloadsTheSlowRank) {
   EXPECT_EQ(n0, 5) << after.counts_string();  // 5 x 21 = 105 vs 7 x 14 = 98 beats 4 x 21 = 84 vs 8 x 14 = 112
 }
 
+TEST(Calibrate, CrossCalibrationPredictsOnePartitionFromTheOthersMeasurement) {
+  // A machine whose true unit costs are the profile's times a state the profile never saw: rank
+  // 0 runs prefill x1.1 and decode x1.3, rank 1 x0.9 and x1.2. Units: embed (pre 2, dec 0.5),
+  // layers (pre 10, dec 1), head (pre 30, dec 4) on both ranks; 6 layers.
+  const double truth[2][2] = {{1.1, 1.3}, {0.9, 1.2}};
+  auto stage = [](int layers, bool embed, bool head, int ph) {
+    const double u[2][3] = {{2, 10, 30}, {0.5, 1, 4}};
+    return (embed ? u[ph][0] : 0.0) + layers * u[ph][1] + (head ? u[ph][2] : 0.0);
+  };
+  // Partition A (uniform): 3 | 3+head. Partition B: 4 | 2+head.
+  const std::vector<double> pred_a{stage(3, true, false, 0), stage(3, true, false, 1), stage(3, false, true, 0),
+                                   stage(3, false, true, 1)};
+  const std::vector<double> pred_b{stage(4, true, false, 0), stage(4, true, false, 1), stage(2, false, true, 0),
+                                   stage(2, false, true, 1)};
+  auto measured = [&](const std::vector<double>& pred) {
+    std::vector<StageMeasurement> st;
+    for (int k = 0; k < 2; ++k)
+      st.push_back({k, pred[2 * k], pred[2 * k + 1], pred[2 * k] * truth[k][0], pred[2 * k + 1] * truth[k][1]});
+    return st;
+  };
+  // B from A's measurement alone: exactly B's measured steps, as the state is per rank and phase.
+  const std::vector<double> b = cross_calibrated_phases(pred_b, {0, 1}, measured(pred_a), 2);
+  ASSERT_EQ(b.size(), 4u);
+  for (int k = 0; k < 2; ++k)
+    for (int ph = 0; ph < 2; ++ph) EXPECT_NEAR(b[2 * k + ph], pred_b[2 * k + ph] * truth[k][ph], 1e-12);
+  // Where the profile got the relative costs wrong (the head really costs 36, not 30, prefill),
+  // the cross-calibrated prediction misses by exactly that: A's rank-1 factor is
+  // (3*10 + 36) / (3*10 + 30) * 0.9, so B's stage 1 prefill is predicted (2*10 + 30) * 66/60 * 0.9
+  // and measured (2*10 + 36) * 0.9.
+  std::vector<StageMeasurement> a = measured(pred_a);
+  a[1].measured_prefill_ms = (3 * 10 + 36) * 0.9;
+  const std::vector<double> b2 = cross_calibrated_phases(pred_b, {0, 1}, a, 2);
+  ASSERT_EQ(b2.size(), 4u);
+  EXPECT_NEAR(b2[2], 50.0 * 66.0 / 60.0 * 0.9, 1e-12);
+  EXPECT_NEAR((2 * 10 + 36) * 0.9 / b2[2] - 1.0, 56.0 / 55.0 - 1.0, 1e-12);  // the error: -> +1.8%
+  // Stages swapped between ranks: each stage takes the factor of the rank it ran on.
+  const std::vector<double> sw = cross_calibrated_phases(pred_b, {1, 0}, measured(pred_a), 2);
+  ASSERT_EQ(sw.size(), 4u);
+  EXPECT_NEAR(sw[0], pred_b[0] * truth[1][0], 1e-12);
+  EXPECT_NEAR(sw[3], pred_b[3] * truth[0][1], 1e-12);
+  // No other partition ran on rank 1, or it measured no decode there: no prediction.
+  EXPECT_TRUE(cross_calibrated_phases(pred_b, {0, 1}, {measured(pred_a)[0]}, 2).empty());
+  std::vector<StageMeasurement> no_decode = measured(pred_a);
+  no_decode[1].measured_decode_ms = 0.0;
+  EXPECT_TRUE(cross_calibrated_phases(pred_b, {0, 1}, no_decode, 2).empty());
+  EXPECT_TRUE(cross_calibrated_phases(pred_b, {0, 2}, measured(pred_a), 2).empty());
+  EXPECT_THROW(cross_calibrated_phases({1.0, 2.0, 3.0}, {0, 1}, measured(pred_a), 2), InternalError);
+}
+
+
 }  // namespace
 }  // namespace ppb::balance

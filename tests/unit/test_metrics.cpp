@@ -45,6 +45,8 @@ TEST(Metrics, OneStageByDefinition) {
   EXPECT_NEAR(m.decode_tokens_per_s, (G - 1) * B / (1e-3 * (sum - d[0])), 1e-6);
   EXPECT_NEAR(m.stage_prefill_ms[0], 5.0, 1e-9);
   EXPECT_NEAR(m.stage_decode_ms[0], 1.0, 1e-9);  // the median step
+  EXPECT_NEAR(m.stage_prefill_mean_ms[0], 5.0, 1e-9);
+  EXPECT_NEAR(m.stage_decode_mean_ms[0], sum / G, 1e-9);  // the mean step: 0.7 ms, what the rate follows
   EXPECT_NEAR(m.stage_workload_ms[0], 5.0 + G * 1.0, 1e-9);
   EXPECT_NEAR(m.bubble_fraction[0], 0.0, 1e-9);
   EXPECT_EQ(m.bottleneck_stage, 0);

@@ -484,6 +484,54 @@ TEST_F(OfflineTest, SimulateListsPartitionsInRunOrder) {
   EXPECT_NE(out.find("predicted / measured - 1"), std::string::npos) << out;
 }
 
+/// The replay plays the measured mean steps where the file has them (a rate follows the mean
+/// step), the medians in older files; the cross-calibrated row plays predicted_phase_cross_ms.
+/// Rows fed the same step times through the same link and simulator agree exactly.
+TEST_F(OfflineTest, SimulateReplaysTheMeanStepsAndTheCrossCalibratedPrediction) {
+  SimulateOptions o;
+  o.input = (dir_ / "run.h5").string();
+  o.json_out = (dir_ / "sim.json").string();
+  o.force = true;
+  RunRecord run = make_run();
+  for (auto& pr : run.partitions) {
+    pr.stage_compute_mean_ms = {6.0, 3.0, 7.0, 4.5};  // above the medians {5.5, 2.6, 6.5, 3.5}
+    pr.measured_stage_mean_ms = {9.0, 11.5};
+    pr.predicted_phase_cross_ms = pr.stage_compute_mean_ms;
+    pr.predicted_stage_cross_ms = {9.0, 11.5};
+    pr.cross_calibrated_by = pr.name == "uniform" ? "balanced" : "uniform";
+  }
+  write_results(o.input, run);
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(o), 0);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("replayed (mean steps)"), std::string::npos) << out;
+  EXPECT_NE(out.find("cross-calibrated by balanced: "), std::string::npos) << out;
+  auto j = read(o.json_out);
+  for (const char* name : {"uniform", "balanced"}) {
+    const auto& p = j["partitions"][name];
+    EXPECT_EQ(p["replayed_steps"], "mean");
+    EXPECT_EQ(p["cross_calibrated_by"], std::string(name) == "uniform" ? "balanced" : "uniform");
+    EXPECT_DOUBLE_EQ(p["cross_calibrated"]["decode_tokens_per_s"].get<double>(),
+                     p["replayed"]["decode_tokens_per_s"].get<double>());
+    EXPECT_DOUBLE_EQ(p["cross_calibrated_decode_tokens_per_s_error"].get<double>(),
+                     p["cross_calibrated"]["decode_tokens_per_s"].get<double>() /
+                             p["measured"]["decode_tokens_per_s"].get<double>() - 1.0);
+  }
+  const double mean_replay = j["partitions"]["uniform"]["replayed"]["decode_tokens_per_s"].get<double>();
+  // An older file: medians replayed (faster steps, a higher rate), no cross-calibrated row.
+  RunRecord older = make_run();
+  write_results(o.input, older);
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(simulate_command(o), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("replayed (median steps)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("cross-calibrated"), std::string::npos) << out;
+  j = read(o.json_out);
+  EXPECT_EQ(j["partitions"]["uniform"]["replayed_steps"], "median");
+  EXPECT_FALSE(j["partitions"]["uniform"].contains("cross_calibrated"));
+  EXPECT_GT(j["partitions"]["uniform"]["replayed"]["decode_tokens_per_s"].get<double>(), mean_replay);
+}
+
 TEST_F(OfflineTest, SimulateOfAnotherWorkloadDoesNotCompare) {
   SimulateOptions o;
   o.input = (dir_ / "run.h5").string();

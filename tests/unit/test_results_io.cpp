@@ -125,6 +125,9 @@ RunRecord make_record() {
     pr.predicted_phase_ms = {5.0, 2.5, 6.0, 3.0};
     pr.predicted_stage_rounds_ms = {10.5, 12.25};
     pr.predicted_phase_rounds_ms = {5.25, 2.625, 6.125, 3.0625};
+    pr.predicted_stage_cross_ms = {10.25, 12.5};
+    pr.predicted_phase_cross_ms = {5.125, 2.5625, 6.25, 3.125};
+    pr.cross_calibrated_by = std::string(name) == "uniform" ? "balanced" : "uniform";
     pr.stage_weight_bytes = {1200, 2000};
     pr.stage_kv_bytes = {64, 64};
     pr.stage_floor_ms = {4.0, 5.0};
@@ -133,6 +136,8 @@ RunRecord make_record() {
     pr.measured = true;
     for (int i = 0; i < 2 * 2 * 2 * 2 * 6; ++i) pr.events.push_back(i == 0 ? NAN : 0.001 * i);
     pr.stage_compute_ms = {5.5, 2.6, 6.5, 3.5};
+    pr.stage_compute_mean_ms = {5.75, 2.8, 6.625, 3.75};
+    pr.measured_stage_mean_ms = {11.35, 13.375};
     pr.stage_workload_ms = {8.1, 10.0};
     pr.bubble_fraction = {0.4, std::string(name) == "uniform" ? 0.1 : 0.2};
     pr.recv_wait_ms = {0.0, 1.0};
@@ -329,6 +334,9 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     expect_same(y.predicted_phase_ms, x.predicted_phase_ms, "predicted_phase_ms");
     expect_same(y.predicted_stage_rounds_ms, x.predicted_stage_rounds_ms, "predicted_stage_rounds_ms");
     expect_same(y.predicted_phase_rounds_ms, x.predicted_phase_rounds_ms, "predicted_phase_rounds_ms");
+    expect_same(y.predicted_stage_cross_ms, x.predicted_stage_cross_ms, "predicted_stage_cross_ms");
+    expect_same(y.predicted_phase_cross_ms, x.predicted_phase_cross_ms, "predicted_phase_cross_ms");
+    EXPECT_EQ(y.cross_calibrated_by, x.cross_calibrated_by);
     EXPECT_EQ(y.stage_weight_bytes, x.stage_weight_bytes);
     EXPECT_EQ(y.stage_kv_bytes, x.stage_kv_bytes);
     expect_same(y.stage_floor_ms, x.stage_floor_ms, "stage_floor_ms");
@@ -337,6 +345,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(y.measured, x.measured);
     expect_same(y.events, x.events, "events");
     expect_same(y.stage_compute_ms, x.stage_compute_ms, "stage_compute_ms");
+    expect_same(y.stage_compute_mean_ms, x.stage_compute_mean_ms, "stage_compute_mean_ms");
+    expect_same(y.measured_stage_mean_ms, x.measured_stage_mean_ms, "measured_stage_mean_ms");
     expect_same(y.stage_workload_ms, x.stage_workload_ms, "stage_workload_ms");
     expect_same(y.bubble_fraction, x.bubble_fraction, "bubble_fraction");
     expect_same(y.recv_wait_ms, x.recv_wait_ms, "recv_wait_ms");
@@ -461,6 +471,57 @@ TEST_F(ResultsIoTest, StageOutsideTheProfilesSpreadIsSaid) {
   std::ostringstream out2;
   ppb::print_summary(out2, same);
   EXPECT_NE(out2.str().find("qualified: 1 stage(s)"), std::string::npos) << out2.str();
+}
+
+/// Under the balance gain, the summary says whether the profile's relative costs held: each
+/// split's cross-calibrated stages (predicted from the other's measurement) against its mean
+/// steps, and its simulator against its decode rate, within +-5%; a stage outside the profile's
+/// spread then qualifies the verdict as the machine's state, not the split's choice.
+TEST_F(ResultsIoTest, SummarySaysWhetherTheRelativeCostsHeld) {
+  RunRecord w = make_record();
+  w.balance_gain = 1.1;
+  w.decode_balance_gain = 1.05;
+  for (auto& p : w.partitions) {
+    p.same_as.clear();
+    p.predicted_stage_min_ms = {9.0, 11.0};
+    p.predicted_stage_max_ms = {11.0, 13.0};
+    p.measured_stage_ms = {10.5, p.name == "balanced" ? 14.3 : 12.9};  // balanced stage 1: above its spread
+    p.predicted_stage_cross_ms = {10.0, 12.0};
+    p.measured_stage_mean_ms = {10.3, p.name == "balanced" ? 11.6 : 12.48};  // +3.0%; -3.3% / +4.0%
+    p.metrics["simulated_cross_decode_error"] = p.name == "balanced" ? -0.021 : 0.012;
+  }
+  auto summary = [&](const RunRecord& run) {
+    ppb::write_results(path_, run);
+    std::ostringstream out;
+    ppb::print_summary(out, ppb::read_results(path_));
+    return out.str();
+  };
+  std::string text = summary(w);
+  EXPECT_NE(text.find("relative costs (each split predicted from the other's stages measured in the same rounds): "
+                      "stage errors -3.3..+4.0%, simulator decode -2.1..+1.2%: held within +-5%"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("qualified: 1 stage(s) of these splits ran outside the profile's spread (above): the profile's "
+                      "absolute times did not hold in the pipeline, its relative costs did"),
+            std::string::npos)
+      << text;
+  // Balanced's stage 1 runs 8% above its cross-calibrated prediction: the relative costs did not hold.
+  w.partitions[1].measured_stage_mean_ms = {10.3, 12.96};
+  text = summary(w);
+  EXPECT_NE(text.find("stage errors +3.0..+8.0%, simulator decode -2.1..+1.2%: did not hold within +-5%"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("the balanced split was solved from numbers that did not hold in the pipeline"), std::string::npos)
+      << text;
+  // Inside the profile's spread too: the relative costs alone qualify the verdict.
+  for (auto& p : w.partitions) p.measured_stage_ms = {10.5, 12.5};
+  text = summary(w);
+  EXPECT_NE(text.find("qualified: the profile's relative costs did not hold in the pipeline"), std::string::npos) << text;
+  // A file without cross predictions (one split measured, or older): no such line.
+  for (auto& p : w.partitions) p.predicted_stage_cross_ms.clear();
+  text = summary(w);
+  EXPECT_EQ(text.find("relative costs"), std::string::npos) << text;
+  EXPECT_EQ(text.find("qualified"), std::string::npos) << text;
 }
 
 TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {
