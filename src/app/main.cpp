@@ -219,12 +219,14 @@ void add_benchmark_options(CLI::App& run, ppb::RunOptions& opt, bool& no_validat
                  "(--iters rounds always run)")
       ->capture_default_str();
   run.add_option("--round-profile", opt.round_profile,
-                "auto | off. auto: where the profile has two passes (--contention), time every unit again "
+                "auto | on | off. on: where the profile has two passes (--contention), time every unit again "
                 "between the benchmark's rounds (a together cycle, on units built once, while the cycles take "
-                "at most 20% of the rounds' time) and, after the rounds, predict every stage and the simulator's "
-                "tokens/s again from them: the pipeline against the units as the same minutes saw them (the "
-                "machine drifts between the profile and the rounds). The split is still solved from the profile "
-                "taken before. off: none")
+                "at most 20% of the rounds' time, counted in --max-time) and, after the rounds, predict every "
+                "stage and the simulator's tokens/s again from them: the pipeline against the units as the same "
+                "minutes saw them (the machine drifts between the profile and the rounds). The split is still "
+                "solved from the profile taken before. auto: as on, unless two or more splits of one rank per "
+                "stage are measured, which cross-calibrate each other after the rounds at no cost (each "
+                "predicted from the others' stages measured in the same rounds). off: none")
       ->capture_default_str();
   run.add_flag("--control", opt.control,
                "A/A control: benchmark the uniform split a second time, built separately, as partition "

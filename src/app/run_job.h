@@ -39,8 +39,10 @@ struct RunOptions {
   /// pass), their medians averaged; 0 = auto (RunJob::profile: where the profile has two passes,
   /// repeat until it has taken kProfileSpanS, at most kAutoProfileRepeats cycles; else 1)
   int profile_repeats = 0;
-  /// --round-profile: "auto" (profile cycles between the benchmark's rounds where the profile has
-  /// two passes, and every prediction made again from them after the rounds) or "off"
+  /// --round-profile: "on" (profile cycles between the benchmark's rounds where the profile has
+  /// two passes, and every prediction made again from them after the rounds), "auto" (as on,
+  /// unless two or more splits of one rank per stage are measured: they cross-calibrate each
+  /// other) or "off"
   std::string round_profile = "auto";
   bool no_overlap = false;
   bool validate = true;

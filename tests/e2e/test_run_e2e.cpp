@@ -410,7 +410,7 @@ void check_file(const std::string& path, int world, int units, int B, int P, int
 TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
   std::string out = temp_dir() + "/qwen3.h5";
   auto r = run(mpirun(2) + "--model inputs/models/qwen3-0.6b.json -p 8 -g 3 -b 2 --iters 2 --warmup 1 "
-               "--profile-iters 3 --profile-warmup 1 --partition all -o " + out);
+               "--profile-iters 3 --profile-warmup 1 --partition all --round-profile on -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("ppbench summary"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("validation: OK"), std::string::npos) << r.output;
@@ -481,9 +481,20 @@ TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
   ASSERT_EQ(r.status, 0) << r.output;
   if (ppb::h5::File::open(loose).root().open_group("partitions/balanced").get_attr<std::string>("same_as") == "uniform") {
     // A profile far off the usual (the head costs ~9 layers here) can return uniform's split:
-    // then there is one split, no gain to narrow, and the rounds stop at --iters.
+    // then there is one split, no gain to narrow, and the rounds stop at --iters. --round-profile
+    // auto: one split measured, nothing to cross-calibrate it, so the cycles between rounds run.
     EXPECT_NE(std::get<1>(rounds_file(loose)).find("one split"), std::string::npos);
+    EXPECT_EQ(ppb::h5::File::open(loose).root().get_attr<std::string>("round_profile").rfind("together cycles", 0), 0u);
     return;
+  }
+  {  // --round-profile auto with two splits measured: no cycles, the two cross-calibrate each other
+    auto root = ppb::h5::File::open(loose).root();
+    EXPECT_EQ(root.get_attr<std::string>("round_profile").rfind("none: two or more splits of one rank per stage", 0), 0u)
+        << root.get_attr<std::string>("round_profile");
+    EXPECT_FALSE(root.open_group("profile").exists("latency_rounds_ms"));
+    EXPECT_EQ(root.get_attr<double>("round_profile_s"), 0.0);
+    EXPECT_TRUE(root.open_group("partitions/balanced").exists("predicted_stage_cross_ms"));
+    EXPECT_TRUE(root.open_group("benchmark/uniform").exists("prediction_error_cross"));
   }
   {
     const auto [rounds, why, uni, bal, lo, hi] = rounds_file(loose);
