@@ -4,8 +4,10 @@
 # (one rank per core of this 2-core machine, one BLAS thread each), printing the summary and
 # writing results/ppbench_qwen3-0.6b_2r_<UTC time>.h5. Extra arguments go to `ppbench run`;
 # one of -p/--prompt-len, -g/--gen-len, --target-ci, --max-time among them replaces this job's value.
-# --max-time 150: on a noisy day (issue 13: five runs on 2026-12-03) 120 s of rounds left the
-# tokens/s gain's CI at +-1.9..2.4%, one of five touching 1; the job stays near 3 minutes.
+# --max-time 150: on a noisy day (issue 13, 2026-12-03, five runs each) 120 s of rounds with
+# profile cycles between them left the tokens/s gain's CI at +-1.7..2.3% (decode +-2.8..3.7%,
+# 40-45 rounds), 150 s without cycles at +-1.6..2.2% (decode +-2.3..3.0%, 63-68 rounds); one
+# run of each five had its tokens/s CI touch 1. The job stays near 3 minutes (177-209 s).
 #
 # Why this workload (docs/DESIGN.md §1 step 5, "Repetition length"): on the 2-core VMs this
 # project runs on, the machine's speed moves by ~18% (sd over 0.25 s windows), both cores at
