@@ -465,7 +465,9 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
     os << " (err";
     for (int k = 0; k < S; ++k)
       os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (p.measured_stage_mean_ms[k] / p.predicted_stage_cross_ms[k] - 1.0));
-    os << " vs mean steps)";
+    os << " vs the mean steps' ms";  // meas ms above is the median steps'
+    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", p.measured_stage_mean_ms[k]);
+    os << ")";
     if (p.metrics.count("simulated_cross_decode_tokens_per_s"))
       os << "; simulator tokens/s " << fmt("%.2f", m("simulated_cross_tokens_per_s")) << ", decode "
          << fmt("%.2f", m("simulated_cross_decode_tokens_per_s")) << " ("
@@ -536,8 +538,9 @@ void print_balance_gain(std::ostream& os, const RunRecord& run) {
   const bool held = relative && std::max(-lo, hi) <= kHeld && (!(slo <= shi) || std::max(-slo, shi) <= kHeld);
   if (relative) {
     os << "  relative costs (each split predicted from the other's stages measured in the same rounds): stage errors "
-       << fmt("%+.1f", 100 * lo) << ".." << fmt("%+.1f%%", 100 * hi);
-    if (slo <= shi) os << ", simulator decode " << fmt("%+.1f", 100 * slo) << ".." << fmt("%+.1f%%", 100 * shi);
+       << "(measured / predicted - 1) " << fmt("%+.1f", 100 * lo) << ".." << fmt("%+.1f%%", 100 * hi);
+    if (slo <= shi)
+      os << ", simulator decode (predicted / measured - 1) " << fmt("%+.1f", 100 * slo) << ".." << fmt("%+.1f%%", 100 * shi);
     os << (held ? ": held within +-5%\n" : ": did not hold within +-5%\n");
   }
   if (wrong > 0)

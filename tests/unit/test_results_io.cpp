@@ -498,7 +498,8 @@ TEST_F(ResultsIoTest, SummarySaysWhetherTheRelativeCostsHeld) {
   };
   std::string text = summary(w);
   EXPECT_NE(text.find("relative costs (each split predicted from the other's stages measured in the same rounds): "
-                      "stage errors -3.3..+4.0%, simulator decode -2.1..+1.2%: held within +-5%"),
+                      "stage errors (measured / predicted - 1) -3.3..+4.0%, simulator decode (predicted / measured - 1) "
+                      "-2.1..+1.2%: held within +-5%"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("qualified: 1 stage(s) of these splits ran outside the profile's spread (above): the profile's "
@@ -508,7 +509,7 @@ TEST_F(ResultsIoTest, SummarySaysWhetherTheRelativeCostsHeld) {
   // Balanced's stage 1 runs 8% above its cross-calibrated prediction: the relative costs did not hold.
   w.partitions[1].measured_stage_mean_ms = {10.3, 12.96};
   text = summary(w);
-  EXPECT_NE(text.find("stage errors +3.0..+8.0%, simulator decode -2.1..+1.2%: did not hold within +-5%"),
+  EXPECT_NE(text.find("+3.0..+8.0%, simulator decode (predicted / measured - 1) -2.1..+1.2%: did not hold within +-5%"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("the balanced split was solved from numbers that did not hold in the pipeline"), std::string::npos)
