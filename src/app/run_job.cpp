@@ -1614,8 +1614,14 @@ class RunJob {
   /// the serialized validation runs and rank 0 gathers each partition's record.
   void benchmark_partitions() {
     std::vector<Bench> benches;
+    size_t to_measure = 0;
+    for (size_t i = 0; i < parts_.size(); ++i) to_measure += measured_alone(i) ? 1 : 0;
     for (size_t i = 0; i < parts_.size(); ++i)
-      if (measured_alone(i)) add_bench(benches, i);
+      if (measured_alone(i)) {
+        progress_.say("benchmark: building partition " + parts_[i].solver + "'s stages (" + parts_[i].counts_string() +
+                      ")" + (to_measure > 1 ? ", side by side with the others' where memory allows" : ""));
+        add_bench(benches, i);
+      }
     const auto resident_count = [&] {
       return std::count_if(benches.begin(), benches.end(), [](const Bench& b) { return b.resident; });
     };
