@@ -2045,17 +2045,9 @@ class RunJob {
         pr.predicted_stage_cross_ms.clear();
         if (pr.predicted_phase_cross_ms.empty()) continue;
         pr.cross_calibrated_by = by;
-        const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
-        for (int k = 0; k < p.num_stages(); ++k)
-          pr.predicted_stage_cross_ms.push_back(balance::with_transfers(
-              balance::objective_cost(objective_, pr.predicted_phase_cross_ms[2 * k], pr.predicted_phase_cross_ms[2 * k + 1],
-                                      opt_.gen_len),
-              transfers[k], !opt_.no_overlap));
-        const auto sim = balance::simulate_pipeline(sim_stages(p, pr.predicted_phase_cross_ms), sim_config()).metrics;
         const double measured = pr.metrics.count("decode_tokens_per_s") ? pr.metrics.at("decode_tokens_per_s") : 0.0;
-        pr.metrics["simulated_cross_tokens_per_s"] = sim.tokens_per_s;
-        pr.metrics["simulated_cross_decode_tokens_per_s"] = sim.decode_tokens_per_s;
-        pr.metrics["simulated_cross_decode_error"] = measured > 0 ? sim.decode_tokens_per_s / measured - 1.0 : 0.0;
+        pr.predicted_stage_cross_ms =
+            predict_again(p, pr.predicted_phase_cross_ms, "simulated_cross_", measured, pr.metrics);
       }
       for (size_t i = 0; i < parts_.size(); ++i) {  // a shared measurement: its partition's cross prediction
         PartitionRecord& pr = run_.partitions[i];
@@ -2274,23 +2266,37 @@ class RunJob {
     const auto seen = p.tensor_parallel() ? std::nullopt : rounds_profile();
     if (!seen) return;
     try {
-      const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
       pr.predicted_phase_rounds_ms = predicted_phases(p, *seen);
       pr.predicted_stage_rounds_ms.clear();
-      for (int k = 0; k < p.num_stages(); ++k)
-        pr.predicted_stage_rounds_ms.push_back(balance::with_transfers(
-            balance::objective_cost(objective_, pr.predicted_phase_rounds_ms[2 * k], pr.predicted_phase_rounds_ms[2 * k + 1],
-                                    opt_.gen_len),
-            transfers[k], !opt_.no_overlap));
-      const auto sim = balance::simulate_pipeline(sim_stages(p, pr.predicted_phase_rounds_ms), sim_config()).metrics;
-      pr.metrics["simulated_rounds_tokens_per_s"] = sim.tokens_per_s;
-      pr.metrics["simulated_rounds_decode_tokens_per_s"] = sim.decode_tokens_per_s;
-      pr.metrics["simulated_rounds_decode_error"] =
-          measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+      pr.predicted_stage_rounds_ms =
+          predict_again(p, pr.predicted_phase_rounds_ms, "simulated_rounds_", measured_decode_tok_s, pr.metrics);
     } catch (const std::exception& e) {
       std::cerr << "ppbench: warning: the prediction from the profile between rounds failed for partition " << p.solver
                 << ": " << e.what() << std::endl;
     }
+  }
+
+  /// Rank 0: a partition's predictions again from other step times `phase_ms` ([S][2] prefill,
+  /// decode ms; e.g. the profile between rounds, or cross-calibrated): returns each stage's cost
+  /// in the objective with its transfers as predicted_stage_ms counts them ([S] ms), and stores
+  /// the simulator's <prefix>tokens_per_s, <prefix>decode_tokens_per_s and <prefix>decode_error
+  /// (against `measured_decode_tok_s`; 0 where that is not > 0) in `metrics`.
+  /// @throws what balance::stage_transfer_ms and balance::simulate_pipeline throw.
+  std::vector<double> predict_again(const balance::Partition& p, const std::vector<double>& phase_ms,
+                                    const std::string& prefix, double measured_decode_tok_s,
+                                    std::map<std::string, double>& metrics) const {
+    const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
+    std::vector<double> cost;
+    for (int k = 0; k < p.num_stages(); ++k)
+      cost.push_back(balance::with_transfers(
+          balance::objective_cost(objective_, phase_ms[2 * k], phase_ms[2 * k + 1], opt_.gen_len), transfers[k],
+          !opt_.no_overlap));
+    const auto sim = balance::simulate_pipeline(sim_stages(p, phase_ms), sim_config()).metrics;
+    metrics[prefix + "tokens_per_s"] = sim.tokens_per_s;
+    metrics[prefix + "decode_tokens_per_s"] = sim.decode_tokens_per_s;
+    metrics[prefix + "decode_error"] =
+        measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+    return cost;
   }
 
   /// The simulator's pipeline: this run's M, G, B and overlap.

@@ -2,13 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "common/error.h"
 
 namespace ppb::balance {
 
-std::vector<double> calibration_factors(const std::vector<StageMeasurement>& stages, int ranks) {
-  std::vector<double> meas(2 * static_cast<size_t>(ranks), 0.0), pred(2 * static_cast<size_t>(ranks), 0.0);
+namespace {
+
+/// [R][2] sums over `stages` of the measured and of the predicted step per rank and phase (0
+/// prefill, 1 decode); a stage on a rank outside 0..ranks-1 is left out.
+std::pair<std::vector<double>, std::vector<double>> rank_sums(const std::vector<StageMeasurement>& stages, int ranks) {
+  std::vector<double> meas(2 * static_cast<size_t>(std::max(ranks, 0)), 0.0), pred(meas.size(), 0.0);
   for (const StageMeasurement& s : stages) {
     if (s.rank < 0 || s.rank >= ranks) continue;
     meas[2 * s.rank] += s.measured_prefill_ms;
@@ -16,6 +21,13 @@ std::vector<double> calibration_factors(const std::vector<StageMeasurement>& sta
     pred[2 * s.rank] += s.predicted_prefill_ms;
     pred[2 * s.rank + 1] += s.predicted_decode_ms;
   }
+  return {meas, pred};
+}
+
+}  // namespace
+
+std::vector<double> calibration_factors(const std::vector<StageMeasurement>& stages, int ranks) {
+  const auto [meas, pred] = rank_sums(stages, ranks);
   std::vector<double> f(meas.size(), 1.0);
   for (size_t i = 0; i < f.size(); ++i) {
     const double x = meas[i] / pred[i];
@@ -82,14 +94,7 @@ std::vector<double> cross_calibrated_phases(const std::vector<double>& predicted
                                             const std::vector<StageMeasurement>& others, int ranks) {
   if (predicted_phase_ms.size() != 2 * stage_rank.size())
     throw InternalError("cross_calibrated_phases: need a prefill and a decode step per stage");
-  std::vector<double> meas(2 * static_cast<size_t>(std::max(ranks, 0)), 0.0), pred(meas.size(), 0.0);
-  for (const StageMeasurement& s : others) {
-    if (s.rank < 0 || s.rank >= ranks) continue;
-    meas[2 * s.rank] += s.measured_prefill_ms;
-    meas[2 * s.rank + 1] += s.measured_decode_ms;
-    pred[2 * s.rank] += s.predicted_prefill_ms;
-    pred[2 * s.rank + 1] += s.predicted_decode_ms;
-  }
+  const auto [meas, pred] = rank_sums(others, ranks);
   std::vector<double> out(predicted_phase_ms.size());
   for (size_t k = 0; k < stage_rank.size(); ++k) {
     const int r = stage_rank[k];

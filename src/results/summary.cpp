@@ -446,34 +446,27 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
     os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
        << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
        << " vs measured)\n";
-  if (p.predicted_stage_rounds_ms.size() == static_cast<size_t>(S) && p.measured_stage_ms.size() == static_cast<size_t>(S)) {
-    os << "  from the profile between rounds: pred ms";
-    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", p.predicted_stage_rounds_ms[k]);
+  // A prediction made again after the rounds: its stage costs against `meas`, and its simulator.
+  auto again = [&](const std::string& label, const std::vector<double>& pred, const std::vector<double>& meas,
+                   const std::string& vs, const std::string& prefix) {
+    if (pred.size() != static_cast<size_t>(S) || meas.size() != static_cast<size_t>(S)) return;
+    os << "  " << label << ": pred ms";
+    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", pred[k]);
     os << " (err";
-    for (int k = 0; k < S; ++k)
-      os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (p.measured_stage_ms[k] / p.predicted_stage_rounds_ms[k] - 1.0));
-    os << ")";
-    if (p.metrics.count("simulated_rounds_decode_tokens_per_s"))
-      os << "; simulator tokens/s " << fmt("%.2f", m("simulated_rounds_tokens_per_s")) << ", decode "
-         << fmt("%.2f", m("simulated_rounds_decode_tokens_per_s")) << " ("
-         << fmt("%+.1f%%", 100.0 * m("simulated_rounds_decode_error")) << " vs measured)";
+    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (meas[k] / pred[k] - 1.0));
+    os << vs << ")";
+    if (p.metrics.count(prefix + "decode_tokens_per_s"))
+      os << "; simulator tokens/s " << fmt("%.2f", m((prefix + "tokens_per_s").c_str())) << ", decode "
+         << fmt("%.2f", m((prefix + "decode_tokens_per_s").c_str())) << " ("
+         << fmt("%+.1f%%", 100.0 * m((prefix + "decode_error").c_str())) << " vs measured)";
     os << "\n";
-  }
-  if (p.predicted_stage_cross_ms.size() == static_cast<size_t>(S) && p.measured_stage_mean_ms.size() == static_cast<size_t>(S)) {
-    os << "  cross-calibrated by " << p.cross_calibrated_by << " (the same rounds): pred ms";
-    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", p.predicted_stage_cross_ms[k]);
-    os << " (err";
-    for (int k = 0; k < S; ++k)
-      os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (p.measured_stage_mean_ms[k] / p.predicted_stage_cross_ms[k] - 1.0));
-    os << " vs the mean steps' ms";  // meas ms above is the median steps'
-    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", p.measured_stage_mean_ms[k]);
-    os << ")";
-    if (p.metrics.count("simulated_cross_decode_tokens_per_s"))
-      os << "; simulator tokens/s " << fmt("%.2f", m("simulated_cross_tokens_per_s")) << ", decode "
-         << fmt("%.2f", m("simulated_cross_decode_tokens_per_s")) << " ("
-         << fmt("%+.1f%%", 100.0 * m("simulated_cross_decode_error")) << " vs measured)";
-    os << "\n";
-  }
+  };
+  again("from the profile between rounds", p.predicted_stage_rounds_ms, p.measured_stage_ms, "", "simulated_rounds_");
+  std::string mean_steps = " vs the mean steps' ms";  // meas ms above is the median steps'
+  for (size_t k = 0; k < p.measured_stage_mean_ms.size(); ++k)
+    mean_steps += (k ? ", " : " ") + fmt("%.2f", p.measured_stage_mean_ms[k]);
+  again("cross-calibrated by " + p.cross_calibrated_by + " (the same rounds)", p.predicted_stage_cross_ms,
+        p.measured_stage_mean_ms, mean_steps, "simulated_cross_");
   if (p.gain.n > 0 && p.name != "uniform")
     os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
        << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "
