@@ -2009,41 +2009,84 @@ class RunJob {
   }
 
   /// Rank 0, after the benchmark: every measured partition of one rank per stage predicted again,
-  /// cross-calibrated (balance::cross_calibrated_phases): its prediction from the profile,
-  /// scaled per rank and phase by measured / predicted over the *other* measured partitions'
-  /// stages, which ran in alternating repetitions of the same rounds (issue 13). Predictions are
-  /// all from the run's profile as measured (an adaptive split's own record is from a calibrated
-  /// table), measurements are mean steps. A partition sharing another's measurement is no other
-  /// partition to it (that would be its own measurement) and takes that one's cross prediction.
-  /// Fills predicted_{phase,stage}_cross_ms, cross_calibrated_by and the simulated_cross_*
-  /// metrics; a failure costs only these predictions (warned).
+  /// cross-calibrated (issue 13): the profile's alone and together sums of its stages scaled per
+  /// rank and phase by the level and contention factors balance::contention_calibration fits on
+  /// the *other* measured partitions' compute steps (which ran in alternating repetitions of the
+  /// same rounds: the machine's state), each step with the share of it another stage of its
+  /// machine overlapped (balance::step_overlap), then through the contention model, which finds
+  /// this split's own overlap. Predictions are all from the run's profile as measured (an
+  /// adaptive split's own record is from a calibrated table), measurements are mean steps. A
+  /// partition sharing another's measurement is no other partition to it (that would be its own
+  /// measurement) and takes that one's cross prediction. Fills predicted_{phase,stage}_cross_ms,
+  /// predicted_overlap_cross, cross_level / cross_contention / cross_fit, stage_overlap,
+  /// cross_calibrated_by and the simulated_cross_* metrics; a failure costs only these
+  /// predictions (warned).
   void cross_calibrate_partitions() {
     auto alone = [&](size_t i) {
       const PartitionRecord& pr = run_.partitions[i];
       return pr.measured && pr.same_as.empty() && !parts_[i].tensor_parallel() &&
-             pr.stage_compute_mean_ms.size() == 2 * static_cast<size_t>(parts_[i].num_stages());
+             pr.stage_compute_mean_ms.size() == 2 * static_cast<size_t>(parts_[i].num_stages()) && !pr.events.empty();
     };
     try {
-      std::vector<std::vector<double>> predicted(parts_.size());
-      for (size_t i = 0; i < parts_.size(); ++i)
-        if (alone(i)) predicted[i] = predicted_phases(parts_[i], run_.profile);
+      const bool two_passes = !run_.profile.latency_alone_ms.empty();
+      // Every measured compute step of each such partition as a calibration sample (its
+      // profile's sums, the share of it another stage of its machine overlapped, its time).
+      std::vector<std::vector<balance::StepSample>> steps(parts_.size());
+      std::vector<std::pair<std::vector<double>, std::vector<double>>> sums(parts_.size());
       for (size_t i = 0; i < parts_.size(); ++i) {
         if (!alone(i)) continue;
-        std::vector<balance::StageMeasurement> others;
+        const balance::Partition& p = parts_[i];
+        PartitionRecord& pr = run_.partitions[i];
+        const int S = p.num_stages();
+        sums[i] = pass_sums(p, run_.profile);
+        const auto& [a, t] = sums[i];
+        const size_t rep = static_cast<size_t>(M_) * (opt_.gen_len + 1) * S * kNumEvents;
+        const EventShape sh{static_cast<int>(pr.events.size() / rep), M_, opt_.gen_len + 1, S};
+        const std::vector<int> node = stage_machines(p);
+        const std::vector<double> share = balance::step_overlap(pr.events, sh, node);
+        const auto [over_pre, over_dec] = balance::compute_overlap(pr.events, sh, node);
+        pr.stage_overlap.clear();
+        for (int k = 0; k < S; ++k) pr.stage_overlap.insert(pr.stage_overlap.end(), {over_pre[k], over_dec[k]});
+        for (size_t row = 0; row * S < share.size(); ++row)  // row: [reps][M][G+1] flattened
+          for (int k = 0; k < S; ++k) {
+            if (!std::isfinite(share[row * S + k])) continue;
+            const int ph = row % sh.steps == 0 ? 0 : 1;
+            const size_t e = (row * S + k) * kNumEvents;
+            steps[i].push_back({p.device_rank[k], ph, a[2 * k + ph], t[2 * k + ph] - a[2 * k + ph], share[row * S + k],
+                                1e3 * (pr.events[e + kComputeEnd] - pr.events[e + kComputeStart])});
+          }
+      }
+      for (size_t i = 0; i < parts_.size(); ++i) {
+        if (!alone(i)) continue;
+        std::vector<balance::StepSample> others;
         std::string by;
         for (size_t j = 0; j < parts_.size(); ++j) {
           if (j == i || !alone(j)) continue;
-          const PartitionRecord& o = run_.partitions[j];
-          for (int k = 0; k < parts_[j].num_stages(); ++k)
-            others.push_back({parts_[j].device_rank[k], predicted[j][2 * k], predicted[j][2 * k + 1],
-                              o.stage_compute_mean_ms[2 * k], o.stage_compute_mean_ms[2 * k + 1]});
-          by += (by.empty() ? "" : ",") + o.name;
+          others.insert(others.end(), steps[j].begin(), steps[j].end());
+          by += (by.empty() ? "" : ",") + run_.partitions[j].name;
         }
         const balance::Partition& p = parts_[i];
         PartitionRecord& pr = run_.partitions[i];
-        pr.predicted_phase_cross_ms = balance::cross_calibrated_phases(predicted[i], p.device_rank, others, S_);
+        pr.predicted_phase_cross_ms.clear();
         pr.predicted_stage_cross_ms.clear();
-        if (pr.predicted_phase_cross_ms.empty()) continue;
+        const balance::ContentionCalibration cal = balance::contention_calibration(others, S_);
+        const auto& [a, t] = sums[i];
+        std::vector<double> ca(a.size()), ct(t.size());  // the calibrated alone and together sums
+        bool covered = true;
+        for (int k = 0; k < p.num_stages(); ++k)
+          for (size_t ph = 0; ph < 2; ++ph) {
+            const size_t f = 2 * static_cast<size_t>(p.device_rank[k]) + ph, at = 2 * static_cast<size_t>(k) + ph;
+            covered = covered && cal.fit[f] != balance::CalibrationFit::none;
+            ca[at] = cal.level[f] * a[at];
+            ct[at] = ca[at] + cal.contention[f] * (t[at] - a[at]);
+          }
+        if (!covered) continue;  // a rank no other partition measured: no calibration there
+        pr.cross_level = cal.level;
+        pr.cross_contention = cal.contention;
+        pr.cross_fit.clear();
+        for (const auto f : cal.fit) pr.cross_fit.push_back(static_cast<int>(f));
+        pr.predicted_phase_cross_ms = two_passes ? contended_phases(p, ca, ct, &pr.predicted_overlap_cross) : ct;
+        if (!two_passes) pr.predicted_overlap_cross.clear();
         pr.cross_calibrated_by = by;
         const double measured = pr.metrics.count("decode_tokens_per_s") ? pr.metrics.at("decode_tokens_per_s") : 0.0;
         pr.predicted_stage_cross_ms =
@@ -2056,6 +2099,11 @@ class RunJob {
           if (o.name == pr.same_as && o.same_as.empty()) {
             pr.predicted_phase_cross_ms = o.predicted_phase_cross_ms;
             pr.predicted_stage_cross_ms = o.predicted_stage_cross_ms;
+            pr.predicted_overlap_cross = o.predicted_overlap_cross;
+            pr.cross_level = o.cross_level;
+            pr.cross_contention = o.cross_contention;
+            pr.cross_fit = o.cross_fit;
+            pr.stage_overlap = o.stage_overlap;
             pr.cross_calibrated_by = o.cross_calibrated_by;
             for (const char* k : {"simulated_cross_tokens_per_s", "simulated_cross_decode_tokens_per_s",
                                   "simulated_cross_decode_error"})
@@ -2348,9 +2396,18 @@ class RunJob {
   /// its neighbours (it still slows them). The model failing (it should not) falls back to the
   /// together sums; not settling is warned about.
   std::vector<double> predicted_phases(const balance::Partition& p, const ProfileTable& prof) const {
-    const int S = p.num_stages();
+    const auto [alone, together] = pass_sums(p, prof);
+    if (prof.latency_alone_ms.empty()) return together;
+    return contended_phases(p, alone, together);
+  }
+
+  /// Rank 0: partition `p`'s profile sums per stage from table `prof`, {alone, together}, each
+  /// [S][2] (prefill step, decode step; ms; the median's table, as predicted_phases). A profile of
+  /// one pass, and a tensor-parallel stage (see predicted_phases), has alone = together.
+  std::pair<std::vector<double>, std::vector<double>> pass_sums(const balance::Partition& p,
+                                                                const ProfileTable& prof) const {
     std::vector<double> together, alone;
-    for (int k = 0; k < S; ++k) {
+    for (int k = 0; k < p.num_stages(); ++k) {
       const auto [pre, dec] = stage_profile_sums(prof, p, k, Stat::median);
       together.insert(together.end(), {pre, dec});
       if (prof.latency_alone_ms.empty() || p.width(k) != 1) {
@@ -2360,8 +2417,14 @@ class RunJob {
         alone.insert(alone.end(), {apre, adec});
       }
     }
-    if (prof.latency_alone_ms.empty()) return together;
-    std::vector<int> node(S);  // the first stage on the same machine's index
+    return {alone, together};
+  }
+
+  /// Rank 0: [S] for each stage of `p`, the index of the first stage on the same machine
+  /// (rank_machine: stages on one machine slow each other, even on different MPI nodes).
+  std::vector<int> stage_machines(const balance::Partition& p) const {
+    const int S = p.num_stages();
+    std::vector<int> node(S);
     for (int k = 0; k < S; ++k) {
       node[k] = k;
       for (int j = 0; j < k; ++j)
@@ -2370,17 +2433,33 @@ class RunJob {
           break;
         }
     }
+    return node;
+  }
+
+  /// Rank 0: partition `p`'s compute per stage, [S][2] ms, from its stages' alone and together
+  /// sums ([S][2] each) through the contention model of balance/contention.h, with the measured
+  /// links. `overlap`, where given, receives the model's share of each stage's steps overlapped,
+  /// [S][2] (prefill, decode). The model failing (it should not) falls back to the together
+  /// sums (overlap 1); not settling is warned about.
+  std::vector<double> contended_phases(const balance::Partition& p, const std::vector<double>& alone,
+                                       const std::vector<double>& together,
+                                       std::vector<double>* overlap = nullptr) const {
     try {
-      const auto m = balance::contended_step_times(sim_stages(p, alone), sim_stages(p, together), node, sim_config());
+      const auto m = balance::contended_step_times(sim_stages(p, alone), sim_stages(p, together), stage_machines(p), sim_config());
       if (!m.converged)
         std::cerr << "ppbench: warning: the contention model did not settle for partition " << p.solver << " in "
                   << m.iterations << " simulations; its predictions are the last iterate's" << std::endl;
       std::vector<double> out;
       for (const auto& s : m.stages) out.insert(out.end(), {s.prefill_ms, s.decode_ms});
+      if (overlap) {
+        overlap->clear();
+        for (size_t k = 0; k < m.stages.size(); ++k) overlap->insert(overlap->end(), {m.overlap_prefill[k], m.overlap_decode[k]});
+      }
       return out;
     } catch (const std::exception& e) {
       std::cerr << "ppbench: warning: the contention model failed for partition " << p.solver << " (" << e.what()
                 << "); its predictions are the profile's together times" << std::endl;
+      if (overlap) overlap->assign(together.size(), 1.0);
       return together;
     }
   }

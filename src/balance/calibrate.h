@@ -8,6 +8,12 @@
 // every stage streams weights, its core's neighbours), and it differs between memory-bound decode
 // and compute-bound prefill; the units' relative costs on one rank hold far better than their
 // absolute times.
+//
+// And the cross-calibration of every measured split after the rounds (issue 13,
+// contention_calibration): the profile's two passes (alone, together: balance/contention.h)
+// calibrated separately per rank and phase on the other splits' measured steps, since the
+// contention the pipeline adds depends on how much of a stage's steps another stage overlaps,
+// which differs between splits.
 #pragma once
 
 #include <vector>
@@ -51,26 +57,53 @@ ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>
 ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<double>& rounds, Objective o,
                                       int gen_len);
 
-/// Leave-one-out calibration (issue 13): partition X's step times predicted from the profile,
-/// each stage's scaled per phase by its rank's factor (calibration_factors) measured on the
-/// *other* partitions' stages only, never on X's own. The partitions of a run are measured in
-/// alternating repetitions of the same rounds (ABBA), so the other partitions' stages saw the
-/// same moments of the machine as X's: the factors carry the machine's state during the rounds
-/// (on a shared VM, a drift of +-20% over seconds that no profile taken at other moments can
-/// sample), while the profile still carries what differs between the splits (which units land
-/// on which rank). How far X's measurement departs from this prediction is the error of the
-/// profile's relative unit costs, the part of it the balancer's choice rests on.
-/// @param predicted_phase_ms [S][2] X's prefill and decode step per stage from the profile (ms).
-/// @param stage_rank [S] the rank each of X's stages ran on.
-/// @param others the stages of the other partitions: their ranks, their predictions from the
-///        same profile and their measured mean steps (ms).
-/// @param ranks R, the number of ranks.
-/// @return [S][2] ms; empty when a stage of X ran on a rank that no stage of `others` ran on, or
-///         a sum is not finite and > 0 there (such a stage has no calibration: no prediction is
-///         better than an uncalibrated one passed off as calibrated).
-/// @throws ppb::InternalError if predicted_phase_ms is not [S][2] of stage_rank's S.
-std::vector<double> cross_calibrated_phases(const std::vector<double>& predicted_phase_ms,
-                                            const std::vector<int>& stage_rank,
-                                            const std::vector<StageMeasurement>& others, int ranks);
+/// One compute step of a measured stage, for contention_calibration: the rank it ran on, its
+/// phase (0 prefill, 1 decode), the profile's sums of the stage's units for that phase timed
+/// alone (ms) and together minus alone (the contention the profile saw at full overlap, ms;
+/// balance/contention.h), the share of the step during which another stage of its machine
+/// computed (step_overlap, in [0, 1]) and its measured compute time (ms).
+struct StepSample {
+  int rank = 0, phase = 0;
+  double alone_ms = 0, excess_ms = 0, share = 0, measured_ms = 0;
+};
+
+/// How contention_calibration calibrated a rank and phase.
+enum class CalibrationFit : int {
+  none = 0,        ///< no steps there: no calibration
+  level = 1,       ///< one factor on alone and together alike (level = contention)
+  contention = 2,  ///< level and contention fitted separately
+};
+
+/// Per rank and phase ([R][2] row-major, phase 0 prefill, 1 decode): the factors of the
+/// two-parameter model  measured step = level * alone + contention * excess * share  (the
+/// contention model of balance/contention.h with the profile's alone time scaled by `level` and
+/// its together - alone excess by `contention`), and how each was found.
+struct ContentionCalibration {
+  std::vector<double> level, contention;
+  std::vector<CalibrationFit> fit;
+};
+
+/// The least-squares share of a rank and phase's variation that the second regressor adds:
+/// contention_calibration fits two parameters only where det(X'X) / (S_aa * S_xx) is at least this
+/// (X = [alone, excess * share] per step). With one stage of constant sums it is var(share) /
+/// mean(share^2): 0.1 asks the share's sd to be a third of its root mean square, which the
+/// pipeline's fill and drain steps (share 0) beside its steady steps (share ~1) give.
+inline constexpr double kMinShareSpread = 0.1;
+
+/// Calibrates the profile's two passes per rank and phase from measured compute steps (issue 13):
+/// the profile's level and the contention the pipeline adds differ from the profile's in ways
+/// that differ between splits (a stage overlapped for 60% of its decode steps in one split is
+/// overlapped 80% in another), so one factor per rank carries the level but not the contention.
+/// Least squares over the rank and phase's steps of  m = level * a + contention * (e * s), no
+/// intercept (a, e, s, m: StepSample's alone_ms, excess_ms, share, measured_ms); with one stage
+/// of constant a and e it is the line of m against s: intercept level * a, slope contention * e.
+/// Fitted (CalibrationFit::contention) where every excess is > 0, the steps' spread in share is
+/// at least kMinShareSpread and the fit gives level > 0 and contention >= 0; otherwise one factor,
+/// sum m / sum (a + e * s), for both (CalibrationFit::level; the profile's own balance between
+/// alone and together kept); 1 and CalibrationFit::none where the rank and phase have no steps
+/// or their sums are not finite and > 0.
+/// @param steps the measured steps (ranks outside 0..ranks-1 are left out).
+/// @param ranks R.
+ContentionCalibration contention_calibration(const std::vector<StepSample>& steps, int ranks);
 
 }  // namespace ppb::balance

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -39,39 +40,51 @@ double covered(const Interval& x, const std::vector<Interval>& u) {
 
 }  // namespace
 
+std::vector<double> step_overlap(const std::vector<double>& events, const EventShape& shape,
+                                 const std::vector<int>& node) {
+  const int S = shape.stages;
+  if (static_cast<int>(node.size()) != S)
+    throw InternalError("step_overlap: node has " + std::to_string(node.size()) + " entries for " +
+                        std::to_string(S) + " stages");
+  const size_t steps = static_cast<size_t>(shape.iters) * shape.groups * shape.steps;
+  auto interval = [&](size_t row, int s) -> std::optional<Interval> {  // row: [iters][M][G+1] flattened
+    const double a = events[(row * S + s) * 6 + kComputeStart], b = events[(row * S + s) * 6 + kComputeEnd];
+    if (std::isfinite(a) && std::isfinite(b) && b > a) return Interval{a, b};
+    return std::nullopt;
+  };
+  std::vector<double> share(steps * S, std::nan(""));
+  for (int s = 0; s < S; ++s) {
+    std::vector<Interval> others;  // every compute step of the other stages of s's node
+    for (int o = 0; o < S; ++o)
+      if (o != s && node[o] == node[s])
+        for (size_t row = 0; row < steps; ++row)
+          if (const auto x = interval(row, o)) others.push_back(*x);
+    const std::vector<Interval> u = merged(std::move(others));
+    for (size_t row = 0; row < steps; ++row)
+      if (const auto x = interval(row, s)) share[row * S + s] = std::clamp(covered(*x, u) / (x->hi - x->lo), 0.0, 1.0);
+  }
+  return share;
+}
+
 std::pair<std::vector<double>, std::vector<double>> compute_overlap(const std::vector<double>& events,
                                                                     const EventShape& shape,
                                                                     const std::vector<int>& node) {
   const int S = shape.stages;
-  if (static_cast<int>(node.size()) != S)
-    throw InternalError("compute_overlap: node has " + std::to_string(node.size()) + " entries for " +
-                        std::to_string(S) + " stages");
-  // [stage][phase] compute intervals of every repetition.
-  std::vector<std::vector<Interval>> own(2 * static_cast<size_t>(S));
-  for (int r = 0; r < shape.iters; ++r)
-    for (int g = 0; g < shape.groups; ++g)
-      for (int t = 0; t < shape.steps; ++t)
-        for (int s = 0; s < S; ++s) {
-          const double a = events[shape.index(r, g, t, s, kComputeStart)];
-          const double b = events[shape.index(r, g, t, s, kComputeEnd)];
-          if (std::isfinite(a) && std::isfinite(b) && b > a) own[2 * s + (t == 0 ? 0 : 1)].push_back({a, b});
-        }
+  const std::vector<double> share = step_overlap(events, shape, node);
+  // Time-weighted: the share of the stage's whole compute time in the phase.
+  std::vector<double> total(2 * static_cast<size_t>(S), 0.0), over(total.size(), 0.0);
+  for (size_t row = 0; row * S < share.size(); ++row)
+    for (int s = 0; s < S; ++s) {
+      if (!std::isfinite(share[row * S + s])) continue;
+      const double d = events[(row * S + s) * 6 + kComputeEnd] - events[(row * S + s) * 6 + kComputeStart];
+      const size_t at = 2 * static_cast<size_t>(s) + (row % shape.steps == 0 ? 0 : 1);
+      total[at] += d;
+      over[at] += share[row * S + s] * d;
+    }
   std::vector<double> pre(S, 0.0), dec(S, 0.0);
   for (int s = 0; s < S; ++s) {
-    std::vector<Interval> others;
-    for (int o = 0; o < S; ++o)
-      if (o != s && node[o] == node[s])
-        for (int ph = 0; ph < 2; ++ph) others.insert(others.end(), own[2 * o + ph].begin(), own[2 * o + ph].end());
-    if (others.empty()) continue;
-    const std::vector<Interval> u = merged(std::move(others));
-    for (int ph = 0; ph < 2; ++ph) {
-      double total = 0.0, over = 0.0;
-      for (const Interval& x : own[2 * s + ph]) {
-        total += x.hi - x.lo;
-        over += covered(x, u);
-      }
-      (ph == 0 ? pre : dec)[s] = total > 0 ? std::clamp(over / total, 0.0, 1.0) : 0.0;
-    }
+    pre[s] = total[2 * s] > 0 ? std::clamp(over[2 * s] / total[2 * s], 0.0, 1.0) : 0.0;
+    dec[s] = total[2 * s + 1] > 0 ? std::clamp(over[2 * s + 1] / total[2 * s + 1], 0.0, 1.0) : 0.0;
   }
   return {pre, dec};
 }

@@ -60,4 +60,12 @@ std::pair<std::vector<double>, std::vector<double>> compute_overlap(const std::v
                                                                     const EventShape& shape,
                                                                     const std::vector<int>& node);
 
+/// The per-step form of compute_overlap: for every compute step of `events` ([iters][M][G+1][S][6]
+/// as SimResult::events, measured or simulated), the share of it during which another stage of
+/// its node computes. Returns [iters][M][G+1][S] shares in [0, 1]; NaN where the step did not run
+/// (a NaN start or end, or no time between them). node: [S] as above.
+/// @throws ppb::InternalError if node does not have one entry per stage.
+std::vector<double> step_overlap(const std::vector<double>& events, const EventShape& shape,
+                                 const std::vector<int>& node);
+
 }  // namespace ppb::balance

@@ -82,6 +82,10 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.predicted_phase_rounds_ms = dataset_or_empty<double>(part, "predicted_phase_rounds_ms");
   p.predicted_stage_cross_ms = dataset_or_empty<double>(part, "predicted_stage_cross_ms");
   p.predicted_phase_cross_ms = dataset_or_empty<double>(part, "predicted_phase_cross_ms");
+  p.predicted_overlap_cross = dataset_or_empty<double>(part, "predicted_overlap_cross");
+  p.cross_level = dataset_or_empty<double>(part, "cross_level");
+  p.cross_contention = dataset_or_empty<double>(part, "cross_contention");
+  p.cross_fit = to_int(dataset_or_empty<int64_t>(part, "cross_fit"));
   if (part.exists("predicted_stage_cross_ms"))
     p.cross_calibrated_by = attr_or<std::string>(part.open_dataset("predicted_stage_cross_ms"), "calibrated_by", "");
   p.stage_weight_bytes = dataset_or_empty<int64_t>(part, "stage_weight_bytes");
@@ -100,6 +104,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.stage_workload_ms = dataset_or_empty<double>(bench, "stage_workload_ms");
   p.measured_stage_ms = dataset_or_empty<double>(bench, "measured_stage_ms");
   p.stage_compute_mean_ms = dataset_or_empty<double>(bench, "stage_compute_mean_ms");
+  p.stage_overlap = dataset_or_empty<double>(bench, "stage_overlap");
   p.measured_stage_mean_ms = dataset_or_empty<double>(bench, "measured_stage_mean_ms");
   p.bubble_fraction = dataset_or_empty<double>(bench, "bubble_fraction");
   p.recv_wait_ms = dataset_or_empty<double>(bench, "recv_wait_ms");

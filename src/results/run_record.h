@@ -131,12 +131,22 @@ struct PartitionRecord {
   /// empty without profile cycles between rounds.
   std::vector<double> predicted_stage_rounds_ms, predicted_phase_rounds_ms;
   /// [S] and [S][2]: predicted_stage_ms and predicted_phase_ms cross-calibrated (issue 13):
-  /// each rank's prediction scaled by measured / predicted over the *other* partitions' stages
-  /// on that rank, measured in the same rounds (balance::cross_calibrated_phases); empty where
+  /// the profile's alone and together sums scaled per rank and phase by factors fitted on the
+  /// *other* partitions' steps on that rank, measured in the same rounds
+  /// (balance::contention_calibration), through the contention model; empty where
   /// no other partition was measured on every rank this one uses, or for tensor-parallel
   /// partitions. cross_calibrated_by: the partitions the factors came from, comma-separated.
   std::vector<double> predicted_stage_cross_ms, predicted_phase_cross_ms;
   std::string cross_calibrated_by;
+  /// [S][2] the contention model's share of each stage's prefill and decode steps overlapped by
+  /// another stage of its machine, in the cross-calibrated prediction (vs stage_overlap); empty
+  /// with a profile of one pass.
+  std::vector<double> predicted_overlap_cross;
+  /// [R][2] the cross-calibration's factors per rank and phase (balance::ContentionCalibration):
+  /// the profile's alone time scaled by cross_level, its together - alone excess by
+  /// cross_contention; cross_fit: 2 both fitted, 1 one factor for both, 0 none (no steps there).
+  std::vector<double> cross_level, cross_contention;
+  std::vector<int> cross_fit;
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]
   /// [S] the stage's floor in the objective (sum of its units' roofline floors with the rank's
   /// shared read bandwidth: all stages run at once); efficiency = stage_floor_ms / measured.
@@ -159,6 +169,10 @@ struct PartitionRecord {
   std::vector<double> stage_compute_mean_ms;
   /// [S] measured_stage_ms from the mean steps (vs predicted_stage_cross_ms); empty in older files
   std::vector<double> measured_stage_mean_ms;
+  /// [S][2] the measured share of each stage's prefill and decode compute time during which
+  /// another stage of its machine computed (balance::compute_overlap of events); empty where
+  /// the partition was not cross-calibrated, and in older files
+  std::vector<double> stage_overlap;
   std::vector<double> stage_workload_ms; ///< [S] prefill + G * decode, measured
   std::vector<double> measured_stage_ms; ///< [S] measured cost in the objective's terms (vs predicted_stage_ms)
   std::vector<double> bubble_fraction;   ///< [S]

@@ -467,6 +467,16 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
     mean_steps += (k ? ", " : " ") + fmt("%.2f", p.measured_stage_mean_ms[k]);
   again("cross-calibrated by " + p.cross_calibrated_by + " (the same rounds)", p.predicted_stage_cross_ms,
         p.measured_stage_mean_ms, mean_steps, "simulated_cross_");
+  if (p.stage_overlap.size() == 2 * static_cast<size_t>(S) && p.predicted_overlap_cross.size() == p.stage_overlap.size()) {
+    // The contention the cross-calibration predicts rests on these shares (balance/contention.h).
+    auto shares = [&](const std::vector<double>& v) {
+      std::string t;
+      for (int k = 0; k < S; ++k) t += (k ? ", " : " ") + fmt("%.2f", v[2 * k]) + "/" + fmt("%.2f", v[2 * k + 1]);
+      return t;
+    };
+    os << "  overlapped share of each stage's steps (prefill/decode): measured" << shares(p.stage_overlap)
+       << "; cross-calibrated prediction" << shares(p.predicted_overlap_cross) << "\n";
+  }
   if (p.gain.n > 0 && p.name != "uniform")
     os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
        << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "

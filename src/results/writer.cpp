@@ -100,9 +100,10 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     pr.set_attr("content", std::string("predicted_phase_ms ") + what);
   }
   if (p.predicted_stage_cross_ms.size() == S && p.predicted_phase_cross_ms.size() == 2 * S) {
-    const std::string what = "cross-calibrated: each stage's prediction scaled, per phase, by its rank's measured / "
-                             "predicted mean step over the other partitions' stages on that rank, measured in the "
-                             "same rounds (never this partition's own measurement)";
+    const std::string what = "cross-calibrated: the profile's alone and together sums of each stage scaled, per "
+                             "phase, by its rank's cross_level and cross_contention, fitted on the other partitions' "
+                             "compute steps on that rank, measured in the same rounds (never this partition's own "
+                             "measurement), through the contention model";
     auto sc = part.write_dataset("predicted_stage_cross_ms", p.predicted_stage_cross_ms);
     sc.set_attr("units", "ms");
     sc.set_attr("content", "predicted_stage_ms " + what);
@@ -112,6 +113,27 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     pc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     pc.set_attr("content", "predicted_phase_ms " + what);
     pc.set_attr("calibrated_by", p.cross_calibrated_by);
+    const hs R = p.cross_level.size() / 2;
+    if (R > 0 && p.cross_contention.size() == 2 * R && p.cross_fit.size() == 2 * R) {
+      auto lv = part.write_dataset("cross_level", p.cross_level, {R, 2});
+      lv.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+      lv.set_attr("content", "per rank and phase: the factor on the profile's alone time in the cross-calibrated "
+                             "prediction (measured step = level * alone + contention * (together - alone) * "
+                             "share overlapped, least squares over the other partitions' steps)");
+      auto ct = part.write_dataset("cross_contention", p.cross_contention, {R, 2});
+      ct.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+      ct.set_attr("content", "per rank and phase: the factor on the profile's together - alone excess (see cross_level)");
+      auto ft = part.write_dataset("cross_fit", p.cross_fit, {R, 2});
+      ft.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+      ft.set_attr("content", "2: level and contention fitted; 1: one factor for both (the steps' overlap did not "
+                             "vary enough, or the fit was unphysical); 0: no steps on that rank");
+    }
+    if (p.predicted_overlap_cross.size() == 2 * S) {
+      auto po = part.write_dataset("predicted_overlap_cross", p.predicted_overlap_cross, {S, 2});
+      po.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+      po.set_attr("content", "the contention model's share of each stage's steps overlapped by another stage of its "
+                             "machine, in the cross-calibrated prediction (vs /benchmark/<name>/stage_overlap)");
+    }
   }
   auto phase = part.write_dataset("predicted_phase_ms", p.predicted_phase_ms, {S, 2});
   phase.set_attr("units", "ms");
@@ -151,6 +173,12 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     sm.set_attr("units", "ms");
     sm.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     sm.set_attr("stat", "mean");
+  }
+  if (p.stage_overlap.size() == 2 * S) {
+    auto so = bench.write_dataset("stage_overlap", p.stage_overlap, {S, 2});
+    so.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    so.set_attr("content", "the share of each stage's compute time during which another stage of its machine "
+                           "computed, from events");
   }
   bench.write_dataset("stage_workload_ms", p.stage_workload_ms).set_attr("units", "ms");
   if (p.measured_stage_ms.size() == S) {

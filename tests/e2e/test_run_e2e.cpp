@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -134,10 +135,47 @@ void check_profile_between_rounds(ppb::h5::Group& root, const std::vector<std::s
   }
 }
 
-/// The cross-calibrated predictions (issue 13), recomputed from the file: each partition measured
-/// on its own gets its predicted_phase_ms scaled per rank and phase by the other such partitions'
-/// mean steps over their predictions on that rank (never by its own), each stage's mean steps
-/// are the mean of its events' compute durations, and the stored error is measured / predicted.
+/// One compute step of a stored partition's events: its stage, phase (0 prefill, 1 decode),
+/// duration and the share of it during which another stage computed (one machine: all ranks).
+struct StepShare {
+  size_t stage, phase;
+  double seconds, share;
+};
+/// Every compute step of partition `part`'s events with its share overlapped, computed here by
+/// brute force (each step against every other stage's steps; repetitions never overlap).
+std::vector<StepShare> step_shares(ppb::h5::Group& root, const std::string& part) {
+  auto ds = root.open_group("benchmark/" + part).open_dataset("events");
+  const auto ev = ds.read<double>();
+  const size_t steps = ds.dims()[2], S = ds.dims()[3], rows = ev.size() / (S * 6);
+  auto at = [&](size_t row, size_t k, size_t f) { return ev[(row * S + k) * 6 + f]; };
+  std::vector<StepShare> out;
+  for (size_t row = 0; row < rows; ++row)
+    for (size_t k = 0; k < S; ++k) {
+      const double lo = at(row, k, 2), hi = at(row, k, 3);
+      if (!(std::isfinite(lo) && std::isfinite(hi) && hi > lo)) continue;
+      std::vector<std::pair<double, double>> cover;  // the other stages' steps, cut to [lo, hi]
+      for (size_t r2 = 0; r2 < rows; ++r2)
+        for (size_t k2 = 0; k2 < S; ++k2) {
+          if (k2 == k) continue;
+          const double l2 = std::max(lo, at(r2, k2, 2)), h2 = std::min(hi, at(r2, k2, 3));
+          if (h2 > l2) cover.push_back({l2, h2});
+        }
+      std::sort(cover.begin(), cover.end());
+      double covered = 0, reach = lo;
+      for (const auto& [l2, h2] : cover) {
+        if (h2 > reach) covered += h2 - std::max(l2, reach);
+        reach = std::max(reach, h2);
+      }
+      out.push_back({k, row % steps == 0 ? size_t{0} : size_t{1}, hi - lo, covered / (hi - lo)});
+    }
+  return out;
+}
+
+/// The cross-calibrated predictions (issue 13), recomputed from the file: each stage's mean steps
+/// are the mean of its events' compute durations and its stage_overlap the time-weighted share
+/// of them overlapped; each partition measured on its own gets factors per rank and phase fitted
+/// on the other such partitions' steps (never its own) and a prediction at the contention
+/// model's overlap from them; the stored error is measured / predicted.
 void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string>& parts, int64_t ranks) {
   std::vector<std::string> alone;
   for (const auto& part : parts)
@@ -160,6 +198,15 @@ void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string
         n[2 * k + phase] += 1;
       }
     for (size_t i = 0; i < mean.size(); ++i) EXPECT_NEAR(mean[i], sum[i] / n[i], 1e-9 * sum[i] / n[i]) << i;
+    if (alone.size() < 2) continue;  // not cross-calibrated: no overlap stored
+    std::vector<double> w(2 * S, 0.0), ws(2 * S, 0.0);
+    for (const StepShare& st : step_shares(root, part)) {
+      w[2 * st.stage + st.phase] += st.seconds;
+      ws[2 * st.stage + st.phase] += st.seconds * st.share;
+    }
+    const auto overlap = b.open_dataset("stage_overlap").read<double>();
+    ASSERT_EQ(overlap.size(), 2 * S);
+    for (size_t i = 0; i < overlap.size(); ++i) EXPECT_NEAR(overlap[i], ws[i] / w[i], 1e-9) << i;
   }
   for (const auto& part : alone) {
     SCOPED_TRACE(part);
@@ -167,30 +214,50 @@ void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string
       EXPECT_FALSE(root.open_group("partitions/" + part).exists("predicted_phase_cross_ms"));
       continue;
     }
-    std::vector<double> meas(2 * static_cast<size_t>(ranks), 0.0), pred(meas.size(), 0.0);
+    // The factors, fitted again here from the other partitions' events: least squares of each
+    // compute step against the profile's alone sum and its together - alone excess times the
+    // share of the step the other stages of the machine (all ranks here) overlapped.
+    const bool two_passes = root.open_group("profile").exists("latency_alone_ms");
+    std::vector<std::array<double, 5>> z(2 * static_cast<size_t>(ranks), {0, 0, 0, 0, 0});  // aa ax xx am xm
     std::string by;
     for (const auto& o : alone) {
       if (o == part) continue;
       by += (by.empty() ? "" : ",") + o;
       const StoredSplit sp = stored_split(root, o);
-      const auto p = root.open_group("partitions/" + o).open_dataset("predicted_phase_ms").read<double>();
-      const auto m = root.open_group("benchmark/" + o).open_dataset("stage_compute_mean_ms").read<double>();
-      for (size_t k = 0; k < sp.dev.size(); ++k)
-        for (size_t ph = 0; ph < 2; ++ph) {
-          meas[2 * sp.dev[k] + ph] += m[2 * k + ph];
-          pred[2 * sp.dev[k] + ph] += p[2 * k + ph];
-        }
+      const auto t = stage_sums(root, o, "latency_ms");
+      const auto a = two_passes ? stage_sums(root, o, "latency_alone_ms") : t;
+      for (const StepShare& st : step_shares(root, o)) {
+        const size_t i = 2 * static_cast<size_t>(sp.dev[st.stage]) + st.phase, at = 2 * st.stage + st.phase;
+        const double ai = a[at], x = (t[at] - ai) * st.share, m = 1e3 * st.seconds;
+        z[i][0] += ai * ai, z[i][1] += ai * x, z[i][2] += x * x, z[i][3] += ai * m, z[i][4] += x * m;
+      }
     }
     auto g = root.open_group("partitions/" + part);
     const StoredSplit sp = stored_split(root, part);
-    const auto p = g.open_dataset("predicted_phase_ms").read<double>();
+    const auto level = g.open_dataset("cross_level").read<double>();
+    const auto contention = g.open_dataset("cross_contention").read<double>();
+    const auto fit = g.open_dataset("cross_fit").read<int64_t>();
+    ASSERT_EQ(level.size(), z.size());
+    for (size_t i = 0; i < z.size(); ++i) {
+      if (fit[i] != 2) continue;  // one factor: the spread or physical criteria of the unit tests
+      const double det = z[i][0] * z[i][2] - z[i][1] * z[i][1];
+      EXPECT_NEAR(level[i], (z[i][3] * z[i][2] - z[i][4] * z[i][1]) / det, 1e-6 * level[i]) << i;
+      EXPECT_NEAR(contention[i], (z[i][0] * z[i][4] - z[i][1] * z[i][3]) / det, 1e-6 * std::abs(contention[i]) + 1e-9) << i;
+    }
+    // The prediction: each stage's calibrated alone sum plus its calibrated excess at the
+    // contention model's overlap (a fixed point converged to 1e-4 per damped step).
+    const auto t = stage_sums(root, part, "latency_ms");
+    const auto a = two_passes ? stage_sums(root, part, "latency_alone_ms") : t;
     const auto cross = g.open_dataset("predicted_phase_cross_ms").read<double>();
+    const auto f = two_passes ? g.open_dataset("predicted_overlap_cross").read<double>() : std::vector<double>(cross.size(), 0.0);
     EXPECT_EQ(g.open_dataset("predicted_stage_cross_ms").get_attr<std::string>("calibrated_by"), by);
-    ASSERT_EQ(cross.size(), p.size());
+    ASSERT_EQ(cross.size(), a.size());
     for (size_t k = 0; k < sp.dev.size(); ++k)
       for (size_t ph = 0; ph < 2; ++ph) {
-        const double want = p[2 * k + ph] * meas[2 * sp.dev[k] + ph] / pred[2 * sp.dev[k] + ph];
-        EXPECT_NEAR(cross[2 * k + ph], want, 1e-9 * want) << k << " " << ph;
+        const size_t i = 2 * static_cast<size_t>(sp.dev[k]) + ph;
+        EXPECT_GT(fit[i], 0);
+        const double want = level[i] * a[2 * k + ph] + contention[i] * (t[2 * k + ph] - a[2 * k + ph]) * f[2 * k + ph];
+        EXPECT_NEAR(cross[2 * k + ph], want, 1e-3 * want) << k << " " << ph;
       }
     const auto stage = g.open_dataset("predicted_stage_cross_ms").read<double>();
     auto b = root.open_group("benchmark/" + part);

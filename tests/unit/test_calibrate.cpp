@@ -119,55 +119,52 @@ TEST(Calibrate, TheSplitSolvedFromTheCalibratedTableUnloadsTheSlowRank) {
   EXPECT_EQ(n0, 5) << after.counts_string();  // 5 x 21 = 105 vs 7 x 14 = 98 beats 4 x 21 = 84 vs 8 x 14 = 112
 }
 
-TEST(Calibrate, CrossCalibrationPredictsOnePartitionFromTheOthersMeasurement) {
-  // A machine whose true unit costs are the profile's times a state the profile never saw: rank
-  // 0 runs prefill x1.1 and decode x1.3, rank 1 x0.9 and x1.2. Units: embed (pre 2, dec 0.5),
-  // layers (pre 10, dec 1), head (pre 30, dec 4) on both ranks; 6 layers.
-  const double truth[2][2] = {{1.1, 1.3}, {0.9, 1.2}};
-  auto stage = [](int layers, bool embed, bool head, int ph) {
-    const double u[2][3] = {{2, 10, 30}, {0.5, 1, 4}};
-    return (embed ? u[ph][0] : 0.0) + layers * u[ph][1] + (head ? u[ph][2] : 0.0);
-  };
-  // Partition A (uniform): 3 | 3+head. Partition B: 4 | 2+head.
-  const std::vector<double> pred_a{stage(3, true, false, 0), stage(3, true, false, 1), stage(3, false, true, 0),
-                                   stage(3, false, true, 1)};
-  const std::vector<double> pred_b{stage(4, true, false, 0), stage(4, true, false, 1), stage(2, false, true, 0),
-                                   stage(2, false, true, 1)};
-  auto measured = [&](const std::vector<double>& pred) {
-    std::vector<StageMeasurement> st;
-    for (int k = 0; k < 2; ++k)
-      st.push_back({k, pred[2 * k], pred[2 * k + 1], pred[2 * k] * truth[k][0], pred[2 * k + 1] * truth[k][1]});
-    return st;
-  };
-  // B from A's measurement alone: exactly B's measured steps, as the state is per rank and phase.
-  const std::vector<double> b = cross_calibrated_phases(pred_b, {0, 1}, measured(pred_a), 2);
-  ASSERT_EQ(b.size(), 4u);
-  for (int k = 0; k < 2; ++k)
-    for (int ph = 0; ph < 2; ++ph) EXPECT_NEAR(b[2 * k + ph], pred_b[2 * k + ph] * truth[k][ph], 1e-12);
-  // Where the profile got the relative costs wrong (the head really costs 36, not 30, prefill),
-  // the cross-calibrated prediction misses by exactly that: A's rank-1 factor is
-  // (3*10 + 36) / (3*10 + 30) * 0.9, so B's stage 1 prefill is predicted (2*10 + 30) * 66/60 * 0.9
-  // and measured (2*10 + 36) * 0.9.
-  std::vector<StageMeasurement> a = measured(pred_a);
-  a[1].measured_prefill_ms = (3 * 10 + 36) * 0.9;
-  const std::vector<double> b2 = cross_calibrated_phases(pred_b, {0, 1}, a, 2);
-  ASSERT_EQ(b2.size(), 4u);
-  EXPECT_NEAR(b2[2], 50.0 * 66.0 / 60.0 * 0.9, 1e-12);
-  EXPECT_NEAR((2 * 10 + 36) * 0.9 / b2[2] - 1.0, 56.0 / 55.0 - 1.0, 1e-12);  // the error: -> +1.8%
-  // Stages swapped between ranks: each stage takes the factor of the rank it ran on.
-  const std::vector<double> sw = cross_calibrated_phases(pred_b, {1, 0}, measured(pred_a), 2);
-  ASSERT_EQ(sw.size(), 4u);
-  EXPECT_NEAR(sw[0], pred_b[0] * truth[1][0], 1e-12);
-  EXPECT_NEAR(sw[3], pred_b[3] * truth[0][1], 1e-12);
-  // No other partition ran on rank 1, or it measured no decode there: no prediction.
-  EXPECT_TRUE(cross_calibrated_phases(pred_b, {0, 1}, {measured(pred_a)[0]}, 2).empty());
-  std::vector<StageMeasurement> no_decode = measured(pred_a);
-  no_decode[1].measured_decode_ms = 0.0;
-  EXPECT_TRUE(cross_calibrated_phases(pred_b, {0, 1}, no_decode, 2).empty());
-  EXPECT_TRUE(cross_calibrated_phases(pred_b, {0, 2}, measured(pred_a), 2).empty());
-  EXPECT_THROW(cross_calibrated_phases({1.0, 2.0, 3.0}, {0, 1}, measured(pred_a), 2), InternalError);
+TEST(Calibrate, ContentionCalibrationRecoversTheLevelAndTheContention) {
+  // Rank 0's true state: level 1.3 on the profile's alone time, contention 2.5 on its together -
+  // alone excess (the pipeline's neighbour costs more than the profile's did); rank 1: 0.9 and
+  // 0.4. Steps of two partitions' stages (different sums) at shares across [0, 1]: the least
+  // squares recover both exactly, where one factor could not hold for both shares.
+  const double truth[2][2][2] = {{{1.1, 0.7}, {1.3, 2.5}}, {{0.8, 1.0}, {0.9, 0.4}}};  // [rank][phase]{level, contention}
+  std::vector<StepSample> steps;
+  for (int r = 0; r < 2; ++r)
+    for (int ph = 0; ph < 2; ++ph)
+      for (double a : {40.0, 55.0})       // the two partitions' stages on this rank
+        for (int i = 0; i <= 8; ++i) {  // shares 0, 1/8, ..., 1
+          const double e = 0.2 * a, s = i / 8.0;
+          steps.push_back({r, ph, a, e, s, truth[r][ph][0] * a + truth[r][ph][1] * e * s});
+        }
+  const ContentionCalibration c = contention_calibration(steps, 3);
+  ASSERT_EQ(c.level.size(), 6u);
+  for (int r = 0; r < 2; ++r)
+    for (int ph = 0; ph < 2; ++ph) {
+      EXPECT_NEAR(c.level[2 * r + ph], truth[r][ph][0], 1e-12) << r << ph;
+      EXPECT_NEAR(c.contention[2 * r + ph], truth[r][ph][1], 1e-12) << r << ph;
+      EXPECT_EQ(c.fit[2 * r + ph], CalibrationFit::contention);
+    }
+  EXPECT_EQ(c.fit[4], CalibrationFit::none);  // rank 2 ran nothing: factors 1
+  EXPECT_EQ(c.level[4], 1.0);
+  EXPECT_EQ(c.contention[5], 1.0);
 }
 
+TEST(Calibrate, ContentionCalibrationFallsBackToOneFactorWhereTheShareDoesNotVary) {
+  // Every step at share 0.6 (the spread criterion fails: var = 0): one factor, sum m / sum (a + e s).
+  std::vector<StepSample> steps;
+  for (int i = 0; i < 10; ++i) steps.push_back({0, 1, 50.0, 10.0, 0.6, 62.0 + (i % 2)});
+  // Rank 1: the steps overlapped run faster than those alone (noise, not contention): a negative
+  // contention is unphysical, so one factor.
+  for (int i = 0; i <= 4; ++i) steps.push_back({1, 1, 50.0, 10.0, i / 4.0, 60.0 - 4.0 * i});
+  // Rank 1 prefill: the profile saw no contention (together = alone): one factor.
+  for (int i = 0; i <= 4; ++i) steps.push_back({1, 0, 20.0, 0.0, i / 4.0, 22.0 + i});
+  const ContentionCalibration c = contention_calibration(steps, 2);
+  EXPECT_EQ(c.fit[1], CalibrationFit::level);
+  EXPECT_NEAR(c.level[1], (10 * 62.0 + 5) / (10 * 56.0), 1e-12);
+  EXPECT_EQ(c.contention[1], c.level[1]);
+  EXPECT_EQ(c.fit[3], CalibrationFit::level);
+  EXPECT_NEAR(c.level[3], (5 * 60.0 - 40.0) / (5 * 50.0 + 10.0 * 2.5), 1e-12);
+  EXPECT_EQ(c.fit[2], CalibrationFit::level);
+  EXPECT_NEAR(c.level[2], (5 * 22.0 + 10.0) / 100.0, 1e-12);
+  EXPECT_EQ(c.fit[0], CalibrationFit::none);  // rank 0 prefill: no steps
+}
 
 }  // namespace
 }  // namespace ppb::balance

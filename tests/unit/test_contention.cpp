@@ -39,6 +39,24 @@ TEST(Contention, OverlapOfHandMadeTimeline) {
   for (int s = 0; s < 2; ++s) EXPECT_EQ(pre2[s] + dec2[s], 0.0);
 }
 
+TEST(Contention, StepOverlapGivesEachStepsShare) {
+  const EventShape sh{1, 1, 2, 2};
+  const double c[2][2][2] = {{{0, 3}, {2, 7}}, {{5, 6}, {8, 9}}};  // as OverlapOfHandMadeTimeline
+  auto ev = two_stage_events(sh, c);
+  const auto share = step_overlap(ev, sh, {0, 0});  // [rep][group][step][stage]
+  ASSERT_EQ(share.size(), 4u);
+  EXPECT_NEAR(share[0], 1.0 / 3.0, 1e-12);  // stage 0 prefill [0,3]: [2,3] covered
+  EXPECT_NEAR(share[1], 2.0 / 5.0, 1e-12);  // stage 1 prefill [2,7]: [2,3] and [5,6]
+  EXPECT_NEAR(share[2], 1.0, 1e-12);        // stage 0 decode [5,6]
+  EXPECT_NEAR(share[3], 0.0, 1e-12);        // stage 1 decode [8,9]
+  for (double x : step_overlap(ev, sh, {0, 1})) EXPECT_EQ(x, 0.0);  // two nodes: nothing shared
+  ev[sh.index(0, 0, 1, 1, kComputeEnd)] = std::nan("");              // a step that did not run
+  const auto gap = step_overlap(ev, sh, {0, 0});
+  EXPECT_TRUE(std::isnan(gap[3]));
+  EXPECT_NEAR(gap[2], 1.0, 1e-12);
+  EXPECT_THROW(step_overlap(ev, sh, {0}), InternalError);
+}
+
 SimConfig config(int groups, int gen_len) {
   SimConfig cfg;
   cfg.groups = groups;
@@ -111,6 +129,31 @@ TEST(Contention, ALightStageSlowsTheHeavyOneOnlyWhileItComputes) {
   EXPECT_NEAR(r.overlap_decode[1], busy, 0.05);
   EXPECT_LT(r.overlap_decode[1], 0.75);
   EXPECT_LT(r.stages[1].decode_ms, t[1].decode_ms * 0.95);
+}
+
+TEST(Contention, ComputeOverlapIsTheTimeWeightedMeanOfTheStepShares) {
+  // A simulated pipeline of unequal stages: every step's share, weighted by its time, gives the
+  // stage's share of its phase's compute time.
+  const std::vector<SimStage> st{{3.0, 0.7, 0.1, 0.01}, {5.0, 1.3, 0.1, 0.01}, {2.0, 0.4, 0.1, 0.01}};
+  const SimResult sim = simulate_pipeline(st, config(4, 5));
+  const std::vector<int> node{0, 0, 1};
+  const auto share = step_overlap(sim.events, sim.shape, node);
+  const auto [pre, dec] = compute_overlap(sim.events, sim.shape, node);
+  const int S = sim.shape.stages;
+  for (int s = 0; s < S; ++s) {
+    double w[2] = {0, 0}, ws[2] = {0, 0};
+    for (size_t row = 0; row * S < share.size(); ++row) {
+      const size_t e = (row * S + s) * kNumEvents;
+      const double d = sim.events[e + kComputeEnd] - sim.events[e + kComputeStart];
+      const int ph = row % sim.shape.steps == 0 ? 0 : 1;
+      w[ph] += d;
+      ws[ph] += d * share[row * S + s];
+    }
+    EXPECT_NEAR(pre[s], ws[0] / w[0], 1e-12) << s;
+    EXPECT_NEAR(dec[s], ws[1] / w[1], 1e-12) << s;
+  }
+  EXPECT_GT(dec[0], 0.0);
+  EXPECT_EQ(dec[2], 0.0);  // alone on its node
 }
 
 TEST(Contention, RejectsMismatchedSizes) {
