@@ -2009,9 +2009,9 @@ class RunJob {
   }
 
   /// Rank 0, after the benchmark: every measured partition of one rank per stage predicted again,
-  /// cross-calibrated (issue 13): the profile's alone and together sums of its stages scaled per
-  /// rank and phase by the level and contention factors balance::contention_calibration fits on
-  /// the *other* measured partitions' compute steps (which ran in alternating repetitions of the
+  /// cross-calibrated (issue 13): its stages' alone and together times made from the profile's
+  /// alone sums by the level and contention factors balance::contention_calibration fits per
+  /// rank and phase on the *other* measured partitions' compute steps (which ran in alternating repetitions of the
   /// same rounds: the machine's state), each step with the share of it another stage of its
   /// machine overlapped (balance::step_overlap), then through the contention model, which finds
   /// this split's own overlap. Predictions are all from the run's profile as measured (an
@@ -2030,16 +2030,16 @@ class RunJob {
     try {
       const bool two_passes = !run_.profile.latency_alone_ms.empty();
       // Every measured compute step of each such partition as a calibration sample (its
-      // profile's sums, the share of it another stage of its machine overlapped, its time).
+      // profile's alone sum, the share of it another stage of its machine overlapped, its time).
       std::vector<std::vector<balance::StepSample>> steps(parts_.size());
-      std::vector<std::pair<std::vector<double>, std::vector<double>>> sums(parts_.size());
+      std::vector<std::vector<double>> sums(parts_.size());  // [S][2] each: the profile's alone sums
       for (size_t i = 0; i < parts_.size(); ++i) {
         if (!alone(i)) continue;
         const balance::Partition& p = parts_[i];
         PartitionRecord& pr = run_.partitions[i];
         const int S = p.num_stages();
-        sums[i] = pass_sums(p, run_.profile);
-        const auto& [a, t] = sums[i];
+        sums[i] = pass_sums(p, run_.profile).first;
+        const std::vector<double>& a = sums[i];
         const size_t rep = static_cast<size_t>(M_) * (opt_.gen_len + 1) * S * kNumEvents;
         const EventShape sh{static_cast<int>(pr.events.size() / rep), M_, opt_.gen_len + 1, S};
         const std::vector<int> node = stage_machines(p);
@@ -2052,7 +2052,8 @@ class RunJob {
             if (!std::isfinite(share[row * S + k])) continue;
             const int ph = row % sh.steps == 0 ? 0 : 1;
             const size_t e = (row * S + k) * kNumEvents;
-            steps[i].push_back({p.device_rank[k], ph, a[2 * k + ph], t[2 * k + ph] - a[2 * k + ph], share[row * S + k],
+            // One pass (GPUs, each with its own memory): no contention to fit, the level alone.
+            steps[i].push_back({p.device_rank[k], ph, a[2 * k + ph], two_passes ? share[row * S + k] : 0.0,
                                 1e3 * (pr.events[e + kComputeEnd] - pr.events[e + kComputeStart])});
           }
       }
@@ -2070,15 +2071,15 @@ class RunJob {
         pr.predicted_phase_cross_ms.clear();
         pr.predicted_stage_cross_ms.clear();
         const balance::ContentionCalibration cal = balance::contention_calibration(others, S_);
-        const auto& [a, t] = sums[i];
-        std::vector<double> ca(a.size()), ct(t.size());  // the calibrated alone and together sums
+        const std::vector<double>& a = sums[i];
+        std::vector<double> ca(a.size()), ct(a.size());  // the calibrated alone and together sums
         bool covered = true;
         for (int k = 0; k < p.num_stages(); ++k)
           for (size_t ph = 0; ph < 2; ++ph) {
             const size_t f = 2 * static_cast<size_t>(p.device_rank[k]) + ph, at = 2 * static_cast<size_t>(k) + ph;
             covered = covered && cal.fit[f] != balance::CalibrationFit::none;
             ca[at] = cal.level[f] * a[at];
-            ct[at] = ca[at] + cal.contention[f] * (t[at] - a[at]);
+            ct[at] = ca[at] + cal.contention[f] * a[at];
           }
         if (!covered) continue;  // a rank no other partition measured: no calibration there
         pr.cross_level = cal.level;

@@ -91,44 +91,39 @@ ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<d
 
 ContentionCalibration contention_calibration(const std::vector<StepSample>& steps, int ranks) {
   const size_t n = 2 * static_cast<size_t>(std::max(ranks, 0));
-  ContentionCalibration c{std::vector<double>(n, 1.0), std::vector<double>(n, 1.0),
+  ContentionCalibration c{std::vector<double>(n, 1.0), std::vector<double>(n, 0.0),
                           std::vector<CalibrationFit>(n, CalibrationFit::none)};
-  // Per rank and phase: the normal equations' sums and the single factor's.
-  struct Sums {
-    double aa = 0, ax = 0, xx = 0, am = 0, xm = 0, m = 0, ax_total = 0;
+  struct Sums {  // per rank and phase: the normal equations' sums
+    double aa = 0, ax = 0, xx = 0, am = 0, xm = 0, a = 0, m = 0;
     size_t count = 0;
-    bool excess_positive = true;
   };
   std::vector<Sums> sums(n);
   for (const StepSample& st : steps) {
     if (st.rank < 0 || st.rank >= ranks || (st.phase != 0 && st.phase != 1)) continue;
-    if (!(std::isfinite(st.alone_ms) && std::isfinite(st.excess_ms) && std::isfinite(st.share) &&
-          std::isfinite(st.measured_ms)))
-      continue;
+    if (!(std::isfinite(st.alone_ms) && std::isfinite(st.share) && std::isfinite(st.measured_ms))) continue;
     Sums& z = sums[2 * static_cast<size_t>(st.rank) + st.phase];
-    const double a = st.alone_ms, x = st.excess_ms * st.share, m = st.measured_ms;
+    const double a = st.alone_ms, x = st.alone_ms * st.share, m = st.measured_ms;
     z.aa += a * a;
     z.ax += a * x;
     z.xx += x * x;
     z.am += a * m;
     z.xm += x * m;
+    z.a += a;
     z.m += m;
-    z.ax_total += a + x;
-    z.excess_positive = z.excess_positive && st.excess_ms > 0;
     ++z.count;
   }
   for (size_t i = 0; i < n; ++i) {
     const Sums& z = sums[i];
-    const double single = z.m / z.ax_total;
-    if (z.count == 0 || !(std::isfinite(single) && single > 0 && z.m > 0)) continue;
-    c.level[i] = c.contention[i] = single;
+    const double level = z.m / z.a;
+    if (z.count == 0 || !(std::isfinite(level) && level > 0 && z.a > 0)) continue;
+    c.level[i] = level;
     c.fit[i] = CalibrationFit::level;
     const double det = z.aa * z.xx - z.ax * z.ax;
-    if (!z.excess_positive || !(z.aa > 0 && z.xx > 0) || det < kMinShareSpread * z.aa * z.xx) continue;
-    const double level = (z.am * z.xx - z.xm * z.ax) / det, contention = (z.aa * z.xm - z.ax * z.am) / det;
-    if (!(std::isfinite(level) && std::isfinite(contention) && level > 0 && contention >= 0)) continue;
-    c.level[i] = level;
-    c.contention[i] = contention;
+    if (!(z.aa > 0 && z.xx > 0) || det < kMinShareSpread * z.aa * z.xx) continue;
+    const double l2 = (z.am * z.xx - z.xm * z.ax) / det, c2 = (z.aa * z.xm - z.ax * z.am) / det;
+    if (!(std::isfinite(l2) && std::isfinite(c2) && l2 > 0 && c2 >= 0)) continue;
+    c.level[i] = l2;
+    c.contention[i] = c2;
     c.fit[i] = CalibrationFit::contention;
   }
   return c;

@@ -58,51 +58,54 @@ ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<d
                                       int gen_len);
 
 /// One compute step of a measured stage, for contention_calibration: the rank it ran on, its
-/// phase (0 prefill, 1 decode), the profile's sums of the stage's units for that phase timed
-/// alone (ms) and together minus alone (the contention the profile saw at full overlap, ms;
-/// balance/contention.h), the share of the step during which another stage of its machine
-/// computed (step_overlap, in [0, 1]) and its measured compute time (ms).
+/// phase (0 prefill, 1 decode), the profile's sum of the stage's units for that phase timed
+/// alone (ms; balance/contention.h), the share of the step during which another stage of its
+/// machine computed (step_overlap, in [0, 1]) and its measured compute time (ms).
 struct StepSample {
   int rank = 0, phase = 0;
-  double alone_ms = 0, excess_ms = 0, share = 0, measured_ms = 0;
+  double alone_ms = 0, share = 0, measured_ms = 0;
 };
 
 /// How contention_calibration calibrated a rank and phase.
 enum class CalibrationFit : int {
   none = 0,        ///< no steps there: no calibration
-  level = 1,       ///< one factor on alone and together alike (level = contention)
-  contention = 2,  ///< level and contention fitted separately
+  level = 1,       ///< the level alone (contention 0)
+  contention = 2,  ///< level and contention fitted
 };
 
-/// Per rank and phase ([R][2] row-major, phase 0 prefill, 1 decode): the factors of the
-/// two-parameter model  measured step = level * alone + contention * excess * share  (the
-/// contention model of balance/contention.h with the profile's alone time scaled by `level` and
-/// its together - alone excess by `contention`), and how each was found.
+/// Per rank and phase ([R][2] row-major, phase 0 prefill, 1 decode): the factors of the model
+///     measured step = alone * (level + contention * share),
+/// i.e. the contention model of balance/contention.h with alone time `level * alone` and
+/// together time `(level + contention) * alone`, and how each was found.
 struct ContentionCalibration {
   std::vector<double> level, contention;
   std::vector<CalibrationFit> fit;
 };
 
-/// The least-squares share of a rank and phase's variation that the second regressor adds:
-/// contention_calibration fits two parameters only where det(X'X) / (S_aa * S_xx) is at least this
-/// (X = [alone, excess * share] per step). With one stage of constant sums it is var(share) /
-/// mean(share^2): 0.1 asks the share's sd to be a third of its root mean square, which the
-/// pipeline's fill and drain steps (share 0) beside its steady steps (share ~1) give.
+/// contention_calibration fits the contention only where det(X'X) / (S_aa * S_xx) is at least
+/// this (X = [alone, alone * share] per step): with one stage of constant alone time it is
+/// var(share) / mean(share^2), and 0.1 asks the share's sd to be a third of its root mean square,
+/// which the pipeline's fill and drain steps (share 0) beside its steady steps (share ~1) give.
 inline constexpr double kMinShareSpread = 0.1;
 
-/// Calibrates the profile's two passes per rank and phase from measured compute steps (issue 13):
-/// the profile's level and the contention the pipeline adds differ from the profile's in ways
-/// that differ between splits (a stage overlapped for 60% of its decode steps in one split is
-/// overlapped 80% in another), so one factor per rank carries the level but not the contention.
-/// Least squares over the rank and phase's steps of  m = level * a + contention * (e * s), no
-/// intercept (a, e, s, m: StepSample's alone_ms, excess_ms, share, measured_ms); with one stage
-/// of constant a and e it is the line of m against s: intercept level * a, slope contention * e.
-/// Fitted (CalibrationFit::contention) where every excess is > 0, the steps' spread in share is
-/// at least kMinShareSpread and the fit gives level > 0 and contention >= 0; otherwise one factor,
-/// sum m / sum (a + e * s), for both (CalibrationFit::level; the profile's own balance between
-/// alone and together kept); 1 and CalibrationFit::none where the rank and phase have no steps
-/// or their sums are not finite and > 0.
-/// @param steps the measured steps (ranks outside 0..ranks-1 are left out).
+/// Calibrates the profile per rank and phase on measured compute steps (issue 13). What a
+/// profile taken at other moments misses is the machine's level during the rounds and the
+/// contention the pipeline adds, which differs between splits (a stage overlapped for 60% of
+/// its decode steps in one split is overlapped 80% in another): one factor per rank carries
+/// the level but not the contention. Least squares over the rank and phase's steps of
+///     m = level * a + contention * (a * s),  no intercept
+/// (a, s, m: StepSample's alone_ms, share, measured_ms); with one stage of constant a it is the
+/// line of m / a against s. The contention is taken relative to the alone time, not to the
+/// profile's together - alone excess: on the shared 2-core VMs one profile cycle in a few is
+/// disturbed (a unit timed 2.7x its other cycle's time), and an excess from such a cycle, even
+/// negative, moved a cross-calibrated prediction by up to 13% where the alone time's scale
+/// left 4% (issue 13, six runs of the main job).
+/// Fitted (CalibrationFit::contention) where the steps' spread in share is at least
+/// kMinShareSpread and the fit gives level > 0 and contention >= 0; otherwise (a stage
+/// overlapped in all its steps, say) contention 0 and level sum m / sum a
+/// (CalibrationFit::level); level 1, contention 0 and CalibrationFit::none where the rank and
+/// phase have no steps or their sums are not finite and > 0.
+/// @param steps the measured steps (ranks outside 0..ranks-1 and other phases are left out).
 /// @param ranks R.
 ContentionCalibration contention_calibration(const std::vector<StepSample>& steps, int ranks);
 

@@ -131,8 +131,8 @@ struct PartitionRecord {
   /// empty without profile cycles between rounds.
   std::vector<double> predicted_stage_rounds_ms, predicted_phase_rounds_ms;
   /// [S] and [S][2]: predicted_stage_ms and predicted_phase_ms cross-calibrated (issue 13):
-  /// the profile's alone and together sums scaled per rank and phase by factors fitted on the
-  /// *other* partitions' steps on that rank, measured in the same rounds
+  /// the profile's alone sums scaled per rank and phase by factors fitted on the *other*
+  /// partitions' steps on that rank, measured in the same rounds
   /// (balance::contention_calibration), through the contention model; empty where
   /// no other partition was measured on every rank this one uses, or for tensor-parallel
   /// partitions. cross_calibrated_by: the partitions the factors came from, comma-separated.
@@ -143,8 +143,9 @@ struct PartitionRecord {
   /// with a profile of one pass.
   std::vector<double> predicted_overlap_cross;
   /// [R][2] the cross-calibration's factors per rank and phase (balance::ContentionCalibration):
-  /// the profile's alone time scaled by cross_level, its together - alone excess by
-  /// cross_contention; cross_fit: 2 both fitted, 1 one factor for both, 0 none (no steps there).
+  /// a stage's alone time is cross_level x the profile's alone sum, its together time
+  /// (cross_level + cross_contention) x that sum; cross_fit: 2 both fitted, 1 the level alone
+  /// (contention 0), 0 none (no steps there).
   std::vector<double> cross_level, cross_contention;
   std::vector<int> cross_fit;
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]

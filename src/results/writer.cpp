@@ -100,10 +100,10 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     pr.set_attr("content", std::string("predicted_phase_ms ") + what);
   }
   if (p.predicted_stage_cross_ms.size() == S && p.predicted_phase_cross_ms.size() == 2 * S) {
-    const std::string what = "cross-calibrated: the profile's alone and together sums of each stage scaled, per "
-                             "phase, by its rank's cross_level and cross_contention, fitted on the other partitions' "
-                             "compute steps on that rank, measured in the same rounds (never this partition's own "
-                             "measurement), through the contention model";
+    const std::string what = "cross-calibrated: each stage's alone time cross_level x the profile's alone sum, its "
+                             "together time (cross_level + cross_contention) x that sum, per phase with its rank's "
+                             "factors fitted on the other partitions' compute steps on that rank, measured in the "
+                             "same rounds (never this partition's own measurement), through the contention model";
     auto sc = part.write_dataset("predicted_stage_cross_ms", p.predicted_stage_cross_ms);
     sc.set_attr("units", "ms");
     sc.set_attr("content", "predicted_stage_ms " + what);
@@ -117,16 +117,16 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     if (R > 0 && p.cross_contention.size() == 2 * R && p.cross_fit.size() == 2 * R) {
       auto lv = part.write_dataset("cross_level", p.cross_level, {R, 2});
       lv.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      lv.set_attr("content", "per rank and phase: the factor on the profile's alone time in the cross-calibrated "
-                             "prediction (measured step = level * alone + contention * (together - alone) * "
-                             "share overlapped, least squares over the other partitions' steps)");
+      lv.set_attr("content", "per rank and phase: measured step = alone * (level + contention * share overlapped), "
+                             "alone the profile's alone sum of the step's stage, least squares over the other "
+                             "partitions' steps");
       auto ct = part.write_dataset("cross_contention", p.cross_contention, {R, 2});
       ct.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      ct.set_attr("content", "per rank and phase: the factor on the profile's together - alone excess (see cross_level)");
+      ct.set_attr("content", "per rank and phase: the contention factor (see cross_level)");
       auto ft = part.write_dataset("cross_fit", p.cross_fit, {R, 2});
       ft.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      ft.set_attr("content", "2: level and contention fitted; 1: one factor for both (the steps' overlap did not "
-                             "vary enough, or the fit was unphysical); 0: no steps on that rank");
+      ft.set_attr("content", "2: level and contention fitted; 1: level only, contention 0 (the steps' overlap did "
+                             "not vary enough, or the fit was unphysical); 0: no steps on that rank");
     }
     if (p.predicted_overlap_cross.size() == 2 * S) {
       auto po = part.write_dataset("predicted_overlap_cross", p.predicted_overlap_cross, {S, 2});

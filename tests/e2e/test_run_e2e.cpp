@@ -215,8 +215,8 @@ void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string
       continue;
     }
     // The factors, fitted again here from the other partitions' events: least squares of each
-    // compute step against the profile's alone sum and its together - alone excess times the
-    // share of the step the other stages of the machine (all ranks here) overlapped.
+    // compute step against the profile's alone sum and that sum times the share of the step the
+    // other stages of the machine (all ranks here) overlapped.
     const bool two_passes = root.open_group("profile").exists("latency_alone_ms");
     std::vector<std::array<double, 5>> z(2 * static_cast<size_t>(ranks), {0, 0, 0, 0, 0});  // aa ax xx am xm
     std::string by;
@@ -224,11 +224,10 @@ void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string
       if (o == part) continue;
       by += (by.empty() ? "" : ",") + o;
       const StoredSplit sp = stored_split(root, o);
-      const auto t = stage_sums(root, o, "latency_ms");
-      const auto a = two_passes ? stage_sums(root, o, "latency_alone_ms") : t;
+      const auto a = stage_sums(root, o, two_passes ? "latency_alone_ms" : "latency_ms");
       for (const StepShare& st : step_shares(root, o)) {
         const size_t i = 2 * static_cast<size_t>(sp.dev[st.stage]) + st.phase, at = 2 * st.stage + st.phase;
-        const double ai = a[at], x = (t[at] - ai) * st.share, m = 1e3 * st.seconds;
+        const double ai = a[at], x = ai * (two_passes ? st.share : 0.0), m = 1e3 * st.seconds;
         z[i][0] += ai * ai, z[i][1] += ai * x, z[i][2] += x * x, z[i][3] += ai * m, z[i][4] += x * m;
       }
     }
@@ -239,15 +238,15 @@ void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string
     const auto fit = g.open_dataset("cross_fit").read<int64_t>();
     ASSERT_EQ(level.size(), z.size());
     for (size_t i = 0; i < z.size(); ++i) {
-      if (fit[i] != 2) continue;  // one factor: the spread or physical criteria of the unit tests
+      if (fit[i] == 1) EXPECT_EQ(contention[i], 0.0);
+      if (fit[i] != 2) continue;  // the level alone: the spread or physical criteria of the unit tests
       const double det = z[i][0] * z[i][2] - z[i][1] * z[i][1];
       EXPECT_NEAR(level[i], (z[i][3] * z[i][2] - z[i][4] * z[i][1]) / det, 1e-6 * level[i]) << i;
       EXPECT_NEAR(contention[i], (z[i][0] * z[i][4] - z[i][1] * z[i][3]) / det, 1e-6 * std::abs(contention[i]) + 1e-9) << i;
     }
-    // The prediction: each stage's calibrated alone sum plus its calibrated excess at the
-    // contention model's overlap (a fixed point converged to 1e-4 per damped step).
-    const auto t = stage_sums(root, part, "latency_ms");
-    const auto a = two_passes ? stage_sums(root, part, "latency_alone_ms") : t;
+    // The prediction: each stage's alone sum x (level + contention x the contention model's
+    // overlap) (a fixed point converged to 1e-4 per damped step).
+    const auto a = stage_sums(root, part, two_passes ? "latency_alone_ms" : "latency_ms");
     const auto cross = g.open_dataset("predicted_phase_cross_ms").read<double>();
     const auto f = two_passes ? g.open_dataset("predicted_overlap_cross").read<double>() : std::vector<double>(cross.size(), 0.0);
     EXPECT_EQ(g.open_dataset("predicted_stage_cross_ms").get_attr<std::string>("calibrated_by"), by);
@@ -256,7 +255,7 @@ void check_cross_calibration(ppb::h5::Group& root, const std::vector<std::string
       for (size_t ph = 0; ph < 2; ++ph) {
         const size_t i = 2 * static_cast<size_t>(sp.dev[k]) + ph;
         EXPECT_GT(fit[i], 0);
-        const double want = level[i] * a[2 * k + ph] + contention[i] * (t[2 * k + ph] - a[2 * k + ph]) * f[2 * k + ph];
+        const double want = a[2 * k + ph] * (level[i] + contention[i] * f[2 * k + ph]);
         EXPECT_NEAR(cross[2 * k + ph], want, 1e-3 * want) << k << " " << ph;
       }
     const auto stage = g.open_dataset("predicted_stage_cross_ms").read<double>();

@@ -120,18 +120,18 @@ TEST(Calibrate, TheSplitSolvedFromTheCalibratedTableUnloadsTheSlowRank) {
 }
 
 TEST(Calibrate, ContentionCalibrationRecoversTheLevelAndTheContention) {
-  // Rank 0's true state: level 1.3 on the profile's alone time, contention 2.5 on its together -
-  // alone excess (the pipeline's neighbour costs more than the profile's did); rank 1: 0.9 and
-  // 0.4. Steps of two partitions' stages (different sums) at shares across [0, 1]: the least
-  // squares recover both exactly, where one factor could not hold for both shares.
-  const double truth[2][2][2] = {{{1.1, 0.7}, {1.3, 2.5}}, {{0.8, 1.0}, {0.9, 0.4}}};  // [rank][phase]{level, contention}
+  // Rank 0's true state: steps cost alone x (1.3 + 0.5 x share) in decode (the pipeline's
+  // neighbour costs 50% of the alone time at full overlap), rank 1 alone x (0.9 + 0.2 x share).
+  // Steps of two partitions' stages (different alone sums) at shares across [0, 1]: the least
+  // squares recover both exactly, where one factor could not hold at both shares.
+  const double truth[2][2][2] = {{{1.1, 0.1}, {1.3, 0.5}}, {{0.8, 0.0}, {0.9, 0.2}}};  // [rank][phase]{level, contention}
   std::vector<StepSample> steps;
   for (int r = 0; r < 2; ++r)
     for (int ph = 0; ph < 2; ++ph)
-      for (double a : {40.0, 55.0})       // the two partitions' stages on this rank
+      for (double a : {40.0, 55.0})     // the two partitions' stages on this rank
         for (int i = 0; i <= 8; ++i) {  // shares 0, 1/8, ..., 1
-          const double e = 0.2 * a, s = i / 8.0;
-          steps.push_back({r, ph, a, e, s, truth[r][ph][0] * a + truth[r][ph][1] * e * s});
+          const double s = i / 8.0;
+          steps.push_back({r, ph, a, s, a * (truth[r][ph][0] + truth[r][ph][1] * s)});
         }
   const ContentionCalibration c = contention_calibration(steps, 3);
   ASSERT_EQ(c.level.size(), 6u);
@@ -141,28 +141,34 @@ TEST(Calibrate, ContentionCalibrationRecoversTheLevelAndTheContention) {
       EXPECT_NEAR(c.contention[2 * r + ph], truth[r][ph][1], 1e-12) << r << ph;
       EXPECT_EQ(c.fit[2 * r + ph], CalibrationFit::contention);
     }
-  EXPECT_EQ(c.fit[4], CalibrationFit::none);  // rank 2 ran nothing: factors 1
+  EXPECT_EQ(c.fit[4], CalibrationFit::none);  // rank 2 ran nothing: level 1, contention 0
   EXPECT_EQ(c.level[4], 1.0);
-  EXPECT_EQ(c.contention[5], 1.0);
+  EXPECT_EQ(c.contention[5], 0.0);
 }
 
-TEST(Calibrate, ContentionCalibrationFallsBackToOneFactorWhereTheShareDoesNotVary) {
-  // Every step at share 0.6 (the spread criterion fails: var = 0): one factor, sum m / sum (a + e s).
+TEST(Calibrate, ContentionCalibrationFallsBackToTheLevelWhereTheShareDoesNotVary) {
+  // Every step at share 0.6 (the spread criterion fails: var = 0): the level alone,
+  // sum m / sum a, contention 0.
   std::vector<StepSample> steps;
-  for (int i = 0; i < 10; ++i) steps.push_back({0, 1, 50.0, 10.0, 0.6, 62.0 + (i % 2)});
-  // Rank 1: the steps overlapped run faster than those alone (noise, not contention): a negative
-  // contention is unphysical, so one factor.
-  for (int i = 0; i <= 4; ++i) steps.push_back({1, 1, 50.0, 10.0, i / 4.0, 60.0 - 4.0 * i});
-  // Rank 1 prefill: the profile saw no contention (together = alone): one factor.
-  for (int i = 0; i <= 4; ++i) steps.push_back({1, 0, 20.0, 0.0, i / 4.0, 22.0 + i});
+  for (int i = 0; i < 10; ++i) steps.push_back({0, 1, 50.0, 0.6, 62.0 + (i % 2)});
+  // Rank 1: the steps overlapped run faster than those alone (noise, not contention): a
+  // negative contention is unphysical, so the level alone.
+  for (int i = 0; i <= 4; ++i) steps.push_back({1, 1, 50.0, i / 4.0, 60.0 - 4.0 * i});
+  // Rank 1 prefill: a constant cost whatever the share: level 1.1, contention 0 (fitted at 0,
+  // or at -0 by rounding and then the level alone: the same factors).
+  for (int i = 0; i <= 4; ++i) steps.push_back({1, 0, 20.0, i / 4.0, 22.0});
+  steps.push_back({1, 0, std::nan(""), 0.5, 22.0});  // not finite: left out
+  steps.push_back({3, 0, 20.0, 0.5, 99.0});          // no such rank: left out
   const ContentionCalibration c = contention_calibration(steps, 2);
   EXPECT_EQ(c.fit[1], CalibrationFit::level);
-  EXPECT_NEAR(c.level[1], (10 * 62.0 + 5) / (10 * 56.0), 1e-12);
-  EXPECT_EQ(c.contention[1], c.level[1]);
+  EXPECT_NEAR(c.level[1], (10 * 62.0 + 5) / (10 * 50.0), 1e-12);
+  EXPECT_EQ(c.contention[1], 0.0);
   EXPECT_EQ(c.fit[3], CalibrationFit::level);
-  EXPECT_NEAR(c.level[3], (5 * 60.0 - 40.0) / (5 * 50.0 + 10.0 * 2.5), 1e-12);
-  EXPECT_EQ(c.fit[2], CalibrationFit::level);
-  EXPECT_NEAR(c.level[2], (5 * 22.0 + 10.0) / 100.0, 1e-12);
+  EXPECT_NEAR(c.level[3], (5 * 60.0 - 40.0) / (5 * 50.0), 1e-12);
+  EXPECT_EQ(c.contention[3], 0.0);
+  EXPECT_NE(c.fit[2], CalibrationFit::none);
+  EXPECT_NEAR(c.level[2], 1.1, 1e-12);
+  EXPECT_NEAR(c.contention[2], 0.0, 1e-12);
   EXPECT_EQ(c.fit[0], CalibrationFit::none);  // rank 0 prefill: no steps
 }
 
