@@ -982,28 +982,54 @@ class RunJob {
   /// autocorrelation -0.04..0.11 in 4 of 5 runs), while one cycle times each unit within well
   /// under a second: one sample of that state, which the benchmark's 120 s of rounds average.
   static constexpr int kAutoProfileRepeats = 4;
+  /// ... and at least this many where there are two passes: the median of three keeps out one
+  /// disturbed cycle. On a slower day of the same VMs (a cycle ~10 s, so two in 15 s) one run in
+  /// two or three had one cycle's medians of some unit 1.3-2.7x the other's (a layer's alone
+  /// prefill 60.6 ms against 22.2; the head's together decode 62.6 against 44.5): the mean of
+  /// two moved that unit's cost by up to 50%, chose 19,11 over 17,13 on a head made heavy, and
+  /// made cross-calibrated predictions miss by 5-13% (issue 13, eleven runs of the main job).
+  static constexpr int kMinAutoRepeats = 3;
 
-  /// One table of several profile cycles: the mean of their medians (each cycle's median keeps
-  /// out a forward's spikes, the mean over cycles samples the machine's slower and faster
-  /// moments as the rounds do), the fastest and slowest of all. runs: >= 1, equally shaped.
+  /// The median of `v` (the mean of the two middle values for an even count); v non-empty.
+  static double median_of(std::vector<double> v) {
+    const size_t h = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h), v.end());
+    if (v.size() % 2 == 1) return v[h];
+    const double hi = v[h];
+    return 0.5 * (hi + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h)));
+  }
+
+  /// One table of several profile cycles: each entry the median of the cycles' medians with
+  /// three or more cycles (one disturbed cycle kept out, see kMinAutoRepeats), their mean with
+  /// two (each cycle's median keeps out a forward's spikes), the fastest and slowest of all.
+  /// runs: >= 1, equally shaped.
   static ProfileResult pool_cycles(const std::vector<ProfileResult>& runs) {
     ProfileResult out = runs.front();
-    const double k = static_cast<double>(runs.size());
+    auto pool = [&](std::vector<double> ProfileResult::*table) {
+      std::vector<double>& o = out.*table;
+      for (size_t i = 0; i < o.size(); ++i) {
+        std::vector<double> x;
+        for (const ProfileResult& r : runs) x.push_back((r.*table)[i]);
+        o[i] = median_of(x);  // with one or two cycles: the value, or the mean of the two
+      }
+    };
+    pool(&ProfileResult::prefill_ms);
+    pool(&ProfileResult::decode_ms);
+    pool(&ProfileResult::decode_context_ms);
+    const size_t C = out.decode_contexts.size();  // decode_ms stays the mean over contexts
+    if (C > 0 && out.decode_context_ms.size() == C * out.decode_ms.size())
+      for (size_t u = 0; u < out.decode_ms.size(); ++u) {
+        double sum = 0.0;
+        for (size_t c = 0; c < C; ++c) sum += out.decode_context_ms[u * C + c];
+        out.decode_ms[u] = sum / static_cast<double>(C);
+      }
     for (size_t c = 1; c < runs.size(); ++c) {
       const ProfileResult& r = runs[c];
-      for (size_t i = 0; i < out.prefill_ms.size(); ++i) {
-        out.prefill_ms[i] += r.prefill_ms[i];
-        out.decode_ms[i] += r.decode_ms[i];
-      }
-      for (size_t i = 0; i < out.decode_context_ms.size(); ++i) out.decode_context_ms[i] += r.decode_context_ms[i];
       out.prefill_min_ms = elementwise(out.prefill_min_ms, r.prefill_min_ms, true);
       out.decode_min_ms = elementwise(out.decode_min_ms, r.decode_min_ms, true);
       out.prefill_max_ms = elementwise(out.prefill_max_ms, r.prefill_max_ms, false);
       out.decode_max_ms = elementwise(out.decode_max_ms, r.decode_max_ms, false);
     }
-    for (double& x : out.prefill_ms) x /= k;
-    for (double& x : out.decode_ms) x /= k;
-    for (double& x : out.decode_context_ms) x /= k;
     return out;
   }
 
@@ -1015,8 +1041,9 @@ class RunJob {
   /// timed forward so that a machine's ranks stream their weights at the same moment. The together
   /// pass is the profile the balancer solves on (latency_ms); the alone medians are kept for the
   /// contention model; min/max span both passes. Elsewhere one pass, every rank at its own pace.
-  /// The passes are cycled --profile-repeats times (auto: kProfileSpanS / kAutoProfileRepeats
-  /// where there are two passes, else once) and each table is pool_cycles of its cycles.
+  /// The passes are cycled --profile-repeats times (auto: kProfileSpanS / kAutoProfileRepeats,
+  /// at least kMinAutoRepeats, where there are two passes, else once) and each table is
+  /// pool_cycles of its cycles.
   void profile() {
     ProfileResult prof, alone;
     std::vector<ProfileResult> profs, alones;  // one per cycle
@@ -1071,7 +1098,8 @@ class RunJob {
           }
           pc.align = nullptr;
         }
-        const bool more = cycle < max_cycles && (opt_.profile_repeats > 0 || monotonic_s() - t_start < kProfileSpanS);
+        const bool more = cycle < max_cycles && (opt_.profile_repeats > 0 || monotonic_s() - t_start < kProfileSpanS ||
+                                                 (two_passes && cycle < kMinAutoRepeats));
         if (mpi_.agree(more ? 0 : 1) != 0) break;  // every rank cycles as long as all of them would
       }
     });

@@ -340,7 +340,9 @@ void write_profile(Group& root, const RunRecord& run) {
     d.set_attr("units", "ms");
     d.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     d.set_attr("stat", std::string(name) == "latency_ms"
-                           ? (w.profile_repeats > 1 ? "mean over latency_cycles_ms of each profile cycle's median" : "median")
+                           ? (w.profile_repeats > 2 ? "median over latency_cycles_ms of each profile cycle's median"
+                              : w.profile_repeats > 1 ? "mean over latency_cycles_ms of each profile cycle's median"
+                                                      : "median")
                            : (std::string(name) == "latency_min_ms" ? "min" : "max"));
     d.set_attr("warmup", static_cast<int64_t>(w.profile_warmup));
     d.set_attr("iters", static_cast<int64_t>(w.profile_iters));
@@ -376,7 +378,9 @@ void write_profile(Group& root, const RunRecord& run) {
     auto a = prof.write_dataset("latency_alone_ms", p.latency_alone_ms, {R, U, 2});
     a.set_attr("units", "ms");
     a.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    a.set_attr("stat", w.profile_repeats > 1 ? "mean over latency_alone_cycles_ms of each profile cycle's median" : "median");
+    a.set_attr("stat", w.profile_repeats > 2   ? "median over latency_alone_cycles_ms of each profile cycle's median"
+                       : w.profile_repeats > 1 ? "mean over latency_alone_cycles_ms of each profile cycle's median"
+                                               : "median");
     a.set_attr("content", "each unit timed with its machine's other ranks waiting (pass 1 of 2); latency_ms is pass 2, "
                           "every rank timing the unit at the same moment; decode: mean over decode_contexts");
   }
