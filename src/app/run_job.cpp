@@ -2060,14 +2060,14 @@ class RunJob {
       // Every measured compute step of each such partition as a calibration sample (its
       // profile's alone sum, the share of it another stage of its machine overlapped, its time).
       std::vector<std::vector<balance::StepSample>> steps(parts_.size());
-      std::vector<std::vector<double>> sums(parts_.size());  // [S][2] each: the profile's alone sums
+      std::vector<std::pair<std::vector<double>, std::vector<double>>> sums(parts_.size());  // {alone, together}
       for (size_t i = 0; i < parts_.size(); ++i) {
         if (!alone(i)) continue;
         const balance::Partition& p = parts_[i];
         PartitionRecord& pr = run_.partitions[i];
         const int S = p.num_stages();
-        sums[i] = pass_sums(p, run_.profile).first;
-        const std::vector<double>& a = sums[i];
+        sums[i] = pass_sums(p, run_.profile);
+        const auto& [a, t] = sums[i];
         const size_t rep = static_cast<size_t>(M_) * (opt_.gen_len + 1) * S * kNumEvents;
         const EventShape sh{static_cast<int>(pr.events.size() / rep), M_, opt_.gen_len + 1, S};
         const std::vector<int> node = stage_machines(p);
@@ -2082,7 +2082,8 @@ class RunJob {
             const size_t e = (row * S + k) * kNumEvents;
             // One pass (GPUs, each with its own memory): no contention to fit, the level alone.
             steps[i].push_back({p.device_rank[k], ph, a[2 * k + ph], two_passes ? share[row * S + k] : 0.0,
-                                1e3 * (pr.events[e + kComputeEnd] - pr.events[e + kComputeStart])});
+                                1e3 * (pr.events[e + kComputeEnd] - pr.events[e + kComputeStart]),
+                                t[2 * k + ph] - a[2 * k + ph]});
           }
       }
       for (size_t i = 0; i < parts_.size(); ++i) {
@@ -2099,7 +2100,7 @@ class RunJob {
         pr.predicted_phase_cross_ms.clear();
         pr.predicted_stage_cross_ms.clear();
         const balance::ContentionCalibration cal = balance::contention_calibration(others, S_);
-        const std::vector<double>& a = sums[i];
+        const auto& [a, t] = sums[i];
         std::vector<double> ca(a.size()), ct(a.size());  // the calibrated alone and together sums
         bool covered = true;
         for (int k = 0; k < p.num_stages(); ++k)
@@ -2107,7 +2108,9 @@ class RunJob {
             const size_t f = 2 * static_cast<size_t>(p.device_rank[k]) + ph, at = 2 * static_cast<size_t>(k) + ph;
             covered = covered && cal.fit[f] != balance::CalibrationFit::none;
             ca[at] = cal.level[f] * a[at];
-            ct[at] = ca[at] + cal.contention[f] * a[at];
+            ct[at] = cal.fit[f] == balance::CalibrationFit::contention
+                         ? ca[at] + cal.contention[f] * a[at]
+                         : cal.level[f] * (a[at] + std::max(t[at] - a[at], 0.0));  // the profile's own contention
           }
         if (!covered) continue;  // a rank no other partition measured: no calibration there
         pr.cross_level = cal.level;

@@ -91,16 +91,18 @@ ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<d
 
 ContentionCalibration contention_calibration(const std::vector<StepSample>& steps, int ranks) {
   const size_t n = 2 * static_cast<size_t>(std::max(ranks, 0));
-  ContentionCalibration c{std::vector<double>(n, 1.0), std::vector<double>(n, 0.0),
+  ContentionCalibration c{std::vector<double>(n, 1.0), std::vector<double>(n, std::nan("")),
                           std::vector<CalibrationFit>(n, CalibrationFit::none)};
   struct Sums {  // per rank and phase: the normal equations' sums
-    double aa = 0, ax = 0, xx = 0, am = 0, xm = 0, a = 0, m = 0;
+    double aa = 0, ax = 0, xx = 0, am = 0, xm = 0, profile = 0, m = 0;
     size_t count = 0;
   };
   std::vector<Sums> sums(n);
   for (const StepSample& st : steps) {
     if (st.rank < 0 || st.rank >= ranks || (st.phase != 0 && st.phase != 1)) continue;
-    if (!(std::isfinite(st.alone_ms) && std::isfinite(st.share) && std::isfinite(st.measured_ms))) continue;
+    if (!(std::isfinite(st.alone_ms) && std::isfinite(st.share) && std::isfinite(st.measured_ms) &&
+          std::isfinite(st.excess_ms)))
+      continue;
     Sums& z = sums[2 * static_cast<size_t>(st.rank) + st.phase];
     const double a = st.alone_ms, x = st.alone_ms * st.share, m = st.measured_ms;
     z.aa += a * a;
@@ -108,14 +110,14 @@ ContentionCalibration contention_calibration(const std::vector<StepSample>& step
     z.xx += x * x;
     z.am += a * m;
     z.xm += x * m;
-    z.a += a;
+    z.profile += a + std::max(st.excess_ms, 0.0) * st.share;  // the profile's contended step
     z.m += m;
     ++z.count;
   }
   for (size_t i = 0; i < n; ++i) {
     const Sums& z = sums[i];
-    const double level = z.m / z.a;
-    if (z.count == 0 || !(std::isfinite(level) && level > 0 && z.a > 0)) continue;
+    const double level = z.m / z.profile;
+    if (z.count == 0 || !(std::isfinite(level) && level > 0 && z.profile > 0)) continue;
     c.level[i] = level;
     c.fit[i] = CalibrationFit::level;
     const double det = z.aa * z.xx - z.ax * z.ax;

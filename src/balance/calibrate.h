@@ -64,19 +64,25 @@ ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<d
 struct StepSample {
   int rank = 0, phase = 0;
   double alone_ms = 0, share = 0, measured_ms = 0;
+  /// The profile's together - alone sum for the step's stage and phase (ms; 0 with one pass):
+  /// the contention the profile saw, used only where the steps cannot tell it (CalibrationFit::level).
+  double excess_ms = 0;
 };
 
 /// How contention_calibration calibrated a rank and phase.
 enum class CalibrationFit : int {
-  none = 0,        ///< no steps there: no calibration
-  level = 1,       ///< the level alone (contention 0)
+  none = 0,        ///< no steps there: no calibration (level 1: the profile as it is)
+  level = 1,       ///< the level alone, on the profile's alone and together times alike
   contention = 2,  ///< level and contention fitted
 };
 
 /// Per rank and phase ([R][2] row-major, phase 0 prefill, 1 decode): the factors of the model
 ///     measured step = alone * (level + contention * share),
 /// i.e. the contention model of balance/contention.h with alone time `level * alone` and
-/// together time `(level + contention) * alone`, and how each was found.
+/// together time `(level + contention) * alone` (CalibrationFit::contention); or, where the
+/// steps cannot tell the contention (CalibrationFit::level, contention NaN), alone time
+/// `level * alone` and together time `level * (alone + max(excess, 0))`: the profile's own
+/// contention, scaled by the level.
 struct ContentionCalibration {
   std::vector<double> level, contention;
   std::vector<CalibrationFit> fit;
@@ -102,9 +108,12 @@ inline constexpr double kMinShareSpread = 0.1;
 /// left 4% (issue 13, six runs of the main job).
 /// Fitted (CalibrationFit::contention) where the steps' spread in share is at least
 /// kMinShareSpread and the fit gives level > 0 and contention >= 0; otherwise (a stage
-/// overlapped in all its steps, say) contention 0 and level sum m / sum a
-/// (CalibrationFit::level); level 1, contention 0 and CalibrationFit::none where the rank and
-/// phase have no steps or their sums are not finite and > 0.
+/// overlapped in all its steps, say, or noise making the overlapped steps look faster) the
+/// profile's own contention is kept and scaled by level = sum m / sum (a + max(e, 0) * s)
+/// (e: StepSample's excess_ms; CalibrationFit::level, contention NaN): dropping it there left
+/// a split overlapped 89% of its decode steps predicted from one overlapped 63% 6% too fast
+/// (issue 13). Level 1, contention NaN and CalibrationFit::none where the rank and phase have no
+/// steps or their sums are not finite and > 0.
 /// @param steps the measured steps (ranks outside 0..ranks-1 and other phases are left out).
 /// @param ranks R.
 ContentionCalibration contention_calibration(const std::vector<StepSample>& steps, int ranks);

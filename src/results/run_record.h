@@ -145,7 +145,7 @@ struct PartitionRecord {
   /// [R][2] the cross-calibration's factors per rank and phase (balance::ContentionCalibration):
   /// a stage's alone time is cross_level x the profile's alone sum, its together time
   /// (cross_level + cross_contention) x that sum; cross_fit: 2 both fitted, 1 the level alone
-  /// (contention 0), 0 none (no steps there).
+  /// (on the profile's alone and together sums alike; contention NaN), 0 none (no steps there).
   std::vector<double> cross_level, cross_contention;
   std::vector<int> cross_fit;
   std::vector<int64_t> stage_weight_bytes, stage_kv_bytes;  ///< [S]

@@ -101,9 +101,10 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   }
   if (p.predicted_stage_cross_ms.size() == S && p.predicted_phase_cross_ms.size() == 2 * S) {
     const std::string what = "cross-calibrated: each stage's alone time cross_level x the profile's alone sum, its "
-                             "together time (cross_level + cross_contention) x that sum, per phase with its rank's "
-                             "factors fitted on the other partitions' compute steps on that rank, measured in the "
-                             "same rounds (never this partition's own measurement), through the contention model";
+                             "together time (cross_level + cross_contention) x that sum (where cross_fit is 1: "
+                             "cross_level x the profile's together sum, at least the alone one), per phase with its "
+                             "rank's factors fitted on the other partitions' compute steps on that rank, measured in "
+                             "the same rounds (never this partition's own measurement), through the contention model";
     auto sc = part.write_dataset("predicted_stage_cross_ms", p.predicted_stage_cross_ms);
     sc.set_attr("units", "ms");
     sc.set_attr("content", "predicted_stage_ms " + what);
@@ -122,11 +123,13 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
                              "partitions' steps");
       auto ct = part.write_dataset("cross_contention", p.cross_contention, {R, 2});
       ct.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      ct.set_attr("content", "per rank and phase: the contention factor (see cross_level)");
+      ct.set_attr("content", "per rank and phase: the contention factor (see cross_level); NaN where cross_fit is 1 "
+                             "(the profile's together - alone excess, clamped at 0, scaled by cross_level instead)");
       auto ft = part.write_dataset("cross_fit", p.cross_fit, {R, 2});
       ft.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      ft.set_attr("content", "2: level and contention fitted; 1: level only, contention 0 (the steps' overlap did "
-                             "not vary enough, or the fit was unphysical); 0: no steps on that rank");
+      ft.set_attr("content", "2: level and contention fitted; 1: the level alone, on the profile's alone and together "
+                             "times alike (the steps' overlap did not vary enough, or the fit was unphysical); 0: no "
+                             "steps on that rank");
     }
     if (p.predicted_overlap_cross.size() == 2 * S) {
       auto po = part.write_dataset("predicted_overlap_cross", p.predicted_overlap_cross, {S, 2});

@@ -141,19 +141,20 @@ TEST(Calibrate, ContentionCalibrationRecoversTheLevelAndTheContention) {
       EXPECT_NEAR(c.contention[2 * r + ph], truth[r][ph][1], 1e-12) << r << ph;
       EXPECT_EQ(c.fit[2 * r + ph], CalibrationFit::contention);
     }
-  EXPECT_EQ(c.fit[4], CalibrationFit::none);  // rank 2 ran nothing: level 1, contention 0
+  EXPECT_EQ(c.fit[4], CalibrationFit::none);  // rank 2 ran nothing: the profile as it is
   EXPECT_EQ(c.level[4], 1.0);
-  EXPECT_EQ(c.contention[5], 0.0);
+  EXPECT_TRUE(std::isnan(c.contention[5]));
 }
 
 TEST(Calibrate, ContentionCalibrationFallsBackToTheLevelWhereTheShareDoesNotVary) {
-  // Every step at share 0.6 (the spread criterion fails: var = 0): the level alone,
-  // sum m / sum a, contention 0.
+  // Every step at share 0.6 (the spread criterion fails: var = 0): the level alone on the
+  // profile's own contended step, sum m / sum (a + e s) with the profile's excess e = 10.
   std::vector<StepSample> steps;
-  for (int i = 0; i < 10; ++i) steps.push_back({0, 1, 50.0, 0.6, 62.0 + (i % 2)});
+  for (int i = 0; i < 10; ++i) steps.push_back({0, 1, 50.0, 0.6, 62.0 + (i % 2), 10.0});
   // Rank 1: the steps overlapped run faster than those alone (noise, not contention): a
-  // negative contention is unphysical, so the level alone.
-  for (int i = 0; i <= 4; ++i) steps.push_back({1, 1, 50.0, i / 4.0, 60.0 - 4.0 * i});
+  // negative contention is unphysical, so the level alone; the profile's excess is negative
+  // (a disturbed alone pass): taken as 0.
+  for (int i = 0; i <= 4; ++i) steps.push_back({1, 1, 50.0, i / 4.0, 60.0 - 4.0 * i, -20.0});
   // Rank 1 prefill: a constant cost whatever the share: level 1.1, contention 0 (fitted at 0,
   // or at -0 by rounding and then the level alone: the same factors).
   for (int i = 0; i <= 4; ++i) steps.push_back({1, 0, 20.0, i / 4.0, 22.0});
@@ -161,14 +162,14 @@ TEST(Calibrate, ContentionCalibrationFallsBackToTheLevelWhereTheShareDoesNotVary
   steps.push_back({3, 0, 20.0, 0.5, 99.0});          // no such rank: left out
   const ContentionCalibration c = contention_calibration(steps, 2);
   EXPECT_EQ(c.fit[1], CalibrationFit::level);
-  EXPECT_NEAR(c.level[1], (10 * 62.0 + 5) / (10 * 50.0), 1e-12);
-  EXPECT_EQ(c.contention[1], 0.0);
+  EXPECT_NEAR(c.level[1], (10 * 62.0 + 5) / (10 * (50.0 + 6.0)), 1e-12);
+  EXPECT_TRUE(std::isnan(c.contention[1]));
   EXPECT_EQ(c.fit[3], CalibrationFit::level);
   EXPECT_NEAR(c.level[3], (5 * 60.0 - 40.0) / (5 * 50.0), 1e-12);
-  EXPECT_EQ(c.contention[3], 0.0);
+  EXPECT_TRUE(std::isnan(c.contention[3]));
   EXPECT_NE(c.fit[2], CalibrationFit::none);
   EXPECT_NEAR(c.level[2], 1.1, 1e-12);
-  EXPECT_NEAR(c.contention[2], 0.0, 1e-12);
+  if (c.fit[2] == CalibrationFit::contention) EXPECT_NEAR(c.contention[2], 0.0, 1e-12);
   EXPECT_EQ(c.fit[0], CalibrationFit::none);  // rank 0 prefill: no steps
 }
 
