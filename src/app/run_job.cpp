@@ -2038,11 +2038,11 @@ class RunJob {
 
   /// Rank 0, after the benchmark: every measured partition of one rank per stage predicted again,
   /// cross-calibrated (issue 13): its stages' alone and together times made from the profile's
-  /// alone sums by the level and contention factors balance::contention_calibration fits per
-  /// rank and phase on the *other* measured partitions' compute steps (which ran in alternating repetitions of the
-  /// same rounds: the machine's state), each step with the share of it another stage of its
-  /// machine overlapped (balance::step_overlap), then through the contention model, which finds
-  /// this split's own overlap. Predictions are all from the run's profile as measured (an
+  /// sums by the level and contention factors balance::contention_calibration fits per rank and
+  /// phase on the *other* measured partitions' compute steps (which ran in alternating
+  /// repetitions of the same rounds: the machine's state), each step with the share of it
+  /// another stage of its machine overlapped (balance::step_overlap), then through the
+  /// contention model, which finds this split's own overlap. Predictions are all from the run's profile as measured (an
   /// adaptive split's own record is from a calibrated table), measurements are mean steps. A
   /// partition sharing another's measurement is no other partition to it (that would be its own
   /// measurement) and takes that one's cross prediction. Fills predicted_{phase,stage}_cross_ms,
