@@ -2072,7 +2072,7 @@ class RunJob {
         const EventShape sh{static_cast<int>(pr.events.size() / rep), M_, opt_.gen_len + 1, S};
         const std::vector<int> node = stage_machines(p);
         const std::vector<double> share = balance::step_overlap(pr.events, sh, node);
-        const auto [over_pre, over_dec] = balance::compute_overlap(pr.events, sh, node);
+        const auto [over_pre, over_dec] = balance::overlap_of_steps(pr.events, sh, share);
         pr.stage_overlap.clear();
         for (int k = 0; k < S; ++k) pr.stage_overlap.insert(pr.stage_overlap.end(), {over_pre[k], over_dec[k]});
         for (size_t row = 0; row * S < share.size(); ++row)  // row: [reps][M][G+1] flattened

@@ -48,7 +48,7 @@ std::vector<double> step_overlap(const std::vector<double>& events, const EventS
                         std::to_string(S) + " stages");
   const size_t steps = static_cast<size_t>(shape.iters) * shape.groups * shape.steps;
   auto interval = [&](size_t row, int s) -> std::optional<Interval> {  // row: [iters][M][G+1] flattened
-    const double a = events[(row * S + s) * 6 + kComputeStart], b = events[(row * S + s) * 6 + kComputeEnd];
+    const double a = events[(row * S + s) * kNumEvents + kComputeStart], b = events[(row * S + s) * kNumEvents + kComputeEnd];
     if (std::isfinite(a) && std::isfinite(b) && b > a) return Interval{a, b};
     return std::nullopt;
   };
@@ -69,14 +69,19 @@ std::vector<double> step_overlap(const std::vector<double>& events, const EventS
 std::pair<std::vector<double>, std::vector<double>> compute_overlap(const std::vector<double>& events,
                                                                     const EventShape& shape,
                                                                     const std::vector<int>& node) {
+  return overlap_of_steps(events, shape, step_overlap(events, shape, node));
+}
+
+std::pair<std::vector<double>, std::vector<double>> overlap_of_steps(const std::vector<double>& events,
+                                                                     const EventShape& shape,
+                                                                     const std::vector<double>& share) {
   const int S = shape.stages;
-  const std::vector<double> share = step_overlap(events, shape, node);
   // Time-weighted: the share of the stage's whole compute time in the phase.
   std::vector<double> total(2 * static_cast<size_t>(S), 0.0), over(total.size(), 0.0);
   for (size_t row = 0; row * S < share.size(); ++row)
     for (int s = 0; s < S; ++s) {
       if (!std::isfinite(share[row * S + s])) continue;
-      const double d = events[(row * S + s) * 6 + kComputeEnd] - events[(row * S + s) * 6 + kComputeStart];
+      const double d = events[(row * S + s) * kNumEvents + kComputeEnd] - events[(row * S + s) * kNumEvents + kComputeStart];
       const size_t at = 2 * static_cast<size_t>(s) + (row % shape.steps == 0 ? 0 : 1);
       total[at] += d;
       over[at] += share[row * S + s] * d;

@@ -68,4 +68,10 @@ std::pair<std::vector<double>, std::vector<double>> compute_overlap(const std::v
 std::vector<double> step_overlap(const std::vector<double>& events, const EventShape& shape,
                                  const std::vector<int>& node);
 
+/// compute_overlap from step_overlap's shares of the same events (`share`, [iters][M][G+1][S]),
+/// for a caller that has them already: each stage's per-phase shares weighted by its steps' times.
+std::pair<std::vector<double>, std::vector<double>> overlap_of_steps(const std::vector<double>& events,
+                                                                     const EventShape& shape,
+                                                                     const std::vector<double>& share);
+
 }  // namespace ppb::balance
