@@ -671,7 +671,7 @@ class RunJob {
     run_.workload = {opt_.batch, opt_.prompt_len, opt_.gen_len, M_, dtype_name(dtype_), opt_.warmup, opt_.iters,
                      opt_.profile_warmup, opt_.profile_iters, !opt_.no_overlap, opt_.seed, opt_.objective,
                      opt_.target_ci_pct, opt_.max_time_s, !opt_.no_cuda_graphs, "own pace",
-                     /*profile_repeats=*/1, opt_.expert_skew};
+                     /*profile_repeats=*/1, opt_.expert_skew, /*profile_order=*/""};
 
     offsets_ = mpi_.clock_offsets();
     // Every pair's link where the ranks are few, else each neighbouring pair and the token
@@ -1033,6 +1033,65 @@ class RunJob {
     return out;
   }
 
+  /// The profile's two passes interleaved (ResidentProfiler::profile_interleaved): one unit of
+  /// every signature built on every rank, where they fit beside nothing else (the profile
+  /// precedes the stages) on every rank; else nullptr (each pass then builds one unit at a
+  /// time, as profile_model, and the passes are timed one after the other). Collective.
+  std::unique_ptr<ResidentProfiler> interleaved_profiler() {
+    std::unique_ptr<ResidentProfiler> rp;
+    const ProfileConfig pc = profile_config();
+    const bool fits = ResidentProfiler::bytes(*device_, spec_, pc) <= device_->free_memory();
+    if (mpi_.agree(fits ? 0 : 1) != 0) {
+      progress_.say("profile: one unit of every signature does not fit some rank at once: the passes are timed one "
+                    "after the other, one unit at a time");
+      return rp;
+    }
+    std::exception_ptr failed;
+    phase("units of the profile", [&] {
+      try {
+        rp = std::make_unique<ResidentProfiler>(*device_, spec_, pc);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      if (mpi_.agree(failed ? 1 : 0) != 0) {
+        if (failed) std::rethrow_exception(failed);
+        rp.reset();  // a peer failed: run_phase's agreement ends the phase on every rank
+      }
+    });
+    interleaved_ = rp != nullptr;
+    return rp;
+  }
+
+  /// One cycle of the interleaved profile: per iteration, a turn alone for each rank of a
+  /// machine (the others wait without spinning) and one together (a barrier before every timed
+  /// forward), rotated by one per iteration; this rank's alone and together results are appended
+  /// to `alones` and `profs`. Collective. `elapsed_s`: the profile's time so far, for the ETA.
+  void interleaved_cycle(ResidentProfiler& units, ProfileConfig pc, int cycle, int max_cycles, double elapsed_s,
+                         std::vector<ProfileResult>& alones, std::vector<ProfileResult>& profs) {
+    const int alone_turns = mpi_.agree(mpi_.machine_size());  // the most ranks of any machine
+    std::string eta;
+    if (cycle > 1) eta = " (~" + format_fixed(elapsed_s / (cycle - 1), 0) + " s per cycle)";
+    progress_.say("profile cycle " + std::to_string(cycle) + (max_cycles > 1 ? " of up to " + std::to_string(max_cycles) : "") +
+                  ": each rank of a machine alone, then all together, taking turns forward by forward" + eta);
+    pc.align = [this] { mpi_.barrier(); };
+    using Turn = ResidentProfiler::Turn;
+    const int me = mpi_.machine_rank();
+    std::pair<ProfileResult, ProfileResult> r;
+    try {
+      r = units.profile_interleaved(pc, alone_turns + 1, [&](int t) {
+        mpi_.quiet_barrier(1e-3, [] { heartbeat(); });
+        if (t == alone_turns) return Turn::together;
+        return t == me ? Turn::alone : Turn::wait;
+      });
+    } catch (const std::exception& e) {
+      // The units ran these forwards in their warm-up on every rank, so this is not bad input;
+      // and the peers are in the turns' barriers, where no agreement can reach them: end the job.
+      throw InternalError(std::string("the interleaved profile failed after its units were built: ") + e.what());
+    }
+    if (!r.first.decode_contexts.empty()) alones.push_back(std::move(r.first));
+    profs.push_back(std::move(r.second));
+  }
+
   /// The profile. Where the ranks of a machine share memory (CPU ranks, --contention auto;
   /// MpiContext::machine_id: one kernel, so also ranks on different MPI nodes that are containers
   /// or namespaces of one machine), two passes (balance/contention.h): alone, the ranks of each
@@ -1050,11 +1109,19 @@ class RunJob {
     const bool two_passes =
         opt_.contention == "auto" && mpi_.agree(device_->node_ranks_share_memory() && mpi_.machine_size() > 1 ? 1 : 0) != 0;
     const int max_cycles = opt_.profile_repeats > 0 ? opt_.profile_repeats : two_passes ? kAutoProfileRepeats : 1;
+    std::unique_ptr<ResidentProfiler> units = two_passes ? interleaved_profiler() : nullptr;
     phase("profile", [&] {
       ProfileConfig pc = profile_config();
       const double t_start = monotonic_s();
       for (int cycle = 1;; ++cycle) {
         const std::string of = max_cycles > 1 ? " (cycle " + std::to_string(cycle) + ")" : "";
+        if (units) {
+          interleaved_cycle(*units, pc, cycle, max_cycles, monotonic_s() - t_start, alones, profs);
+          const bool more = cycle < max_cycles && (opt_.profile_repeats > 0 || monotonic_s() - t_start < kProfileSpanS ||
+                                                   cycle < kMinAutoRepeats);
+          if (mpi_.agree(more ? 0 : 1) != 0) break;
+          continue;
+        }
         // A failure is kept until every rank's part of the cycle is over and agreed on: no rank
         // may leave the alone turns early, nor enter the together pass's barriers (or the next
         // cycle) alone. A rank that waits for others' turns (a whole profile each) beats the
@@ -1103,8 +1170,10 @@ class RunJob {
         if (mpi_.agree(more ? 0 : 1) != 0) break;  // every rank cycles as long as all of them would
       }
     });
+    units.reset();  // its units' memory, before the stages are built
     if (profs.empty()) return;  // the phase ended on a peer's failure (run_phase rethrows)
     two_passes_ = two_passes;
+    if (two_passes) run_.workload.profile_order = interleaved_ ? "interleaved" : "one pass after the other";
     prof = pool_cycles(profs);
     run_.workload.profile_repeats = static_cast<int>(profs.size());
     if (two_passes) {
@@ -2554,6 +2623,7 @@ class RunJob {
   bool use_cuda_ = false;
   bool adaptive_ = false;       ///< --partition adaptive: calibrate and re-solve during the rounds
   bool two_passes_ = false;     ///< the profile had an alone and a together pass (ranks sharing memory)
+  bool interleaved_ = false;    ///< ... taking turns forward by forward (interleaved_profiler)
   bool adaptive_done_ = false;  ///< the adaptive split converged (or reached the most solves)
   int adaptive_solves_ = 0;
   int M_ = 0;                         ///< request groups in flight

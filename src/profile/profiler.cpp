@@ -11,43 +11,57 @@
 
 namespace ppb {
 
+namespace {
+
+/// One timed forward (ms): cache flush (cold where the run's resident weights exceed the caches,
+/// Device::flush_caches), `align` where set (after the flush, so that the ranks' timed forwards
+/// start together), then the forward bracketed by events on `lane`, held until enqueued where
+/// `hold` (backend/lane_hold.h).
+double time_one_forward(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out, int pos,
+                        int tokens, bool hold, size_t resident_bytes, const std::function<void()>& align) {
+  auto start = device.create_event();
+  auto stop = device.create_event();
+  if (align) {
+    device.flush_caches(lane, resident_bytes);
+    lane.synchronize();
+    align();
+  }
+  auto forward = [&] {
+    if (!align) device.flush_caches(lane, resident_bytes);
+    lane.record(*start);
+    stage.enqueue_forward(lane, in, out, 0, pos, tokens);
+    lane.record(*stop);
+  };
+  if (hold)
+    enqueue_held(lane, forward);
+  else
+    forward();
+  lane.synchronize();
+  return 1e3 * (stop->time_s() - start->time_s());
+}
+
+/// Whether a forward of `tokens` tokens is timed with its lane held: only after a warm-up (see
+/// enqueue_held), and only for a forward of at most kMaxHeldLaunches launches: a larger one would
+/// fill the device's launch queue behind its own hold (a deadlock); it is device-bound, so
+/// timing it unheld adds no launch gaps. On the CPU the hold costs nothing timed.
+bool held(const StageExecutor& stage, int tokens, int warmup) {
+  return warmup > 0 && stage.launches_per_forward(tokens) <= kMaxHeldLaunches;
+}
+
+}  // namespace
+
 std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
                                   void* out, int pos, int tokens, int warmup, int iters,
                                   size_t resident_bytes, const std::function<void()>& align) {
   for (int i = 0; i < warmup; ++i) stage.enqueue_forward(lane, in, out, 0, pos, tokens);
   lane.synchronize();
-  std::vector<std::unique_ptr<Event>> start(iters), stop(iters);
-  std::vector<double> ms(iters);
   // One forward at a time: each is timed alone, as the pipeline runs it, with the lane held
-  // until the forward is enqueued (backend/lane_hold.h) so that launch gaps are not timed; on
-  // the CPU the hold costs nothing timed (the start event is taken after it). Only after a
-  // warm-up (see enqueue_held), and only for a forward of at most kMaxHeldLaunches launches: a
-  // larger one would fill the device's launch queue behind its own hold (a deadlock); it is
-  // device-bound, so timing it unheld adds no launch gaps.
-  const bool hold = warmup > 0 && stage.launches_per_forward(tokens) <= kMaxHeldLaunches;
+  // until the forward is enqueued so that launch gaps are not timed.
+  const bool hold = held(stage, tokens, warmup);
   stage.prepare_forward(0, pos, tokens);  // with --profile-warmup 0: a decode graph's capture, untimed
-  for (int i = 0; i < iters; ++i) {
-    start[i] = device.create_event();
-    stop[i] = device.create_event();
-    if (align) {  // flushed first, so that the ranks' timed forwards start together
-      device.flush_caches(lane, resident_bytes);
-      lane.synchronize();
-      align();
-    }
-    auto forward = [&] {
-      // cold, as inside a big stage (Device::flush_caches)
-      if (!align) device.flush_caches(lane, resident_bytes);
-      lane.record(*start[i]);
-      stage.enqueue_forward(lane, in, out, 0, pos, tokens);
-      lane.record(*stop[i]);
-    };
-    if (hold)
-      enqueue_held(lane, forward);
-    else
-      forward();
-    lane.synchronize();
-    ms[i] = 1e3 * (stop[i]->time_s() - start[i]->time_s());
-  }
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i)
+    ms[i] = time_one_forward(device, lane, stage, in, out, pos, tokens, hold, resident_bytes, align);
   return ms;
 }
 
@@ -125,28 +139,36 @@ struct SignatureTimes {
   std::vector<double> ctx;
 };
 
-/// Times one built unit: its prefill series, then one decode series per context.
-SignatureTimes time_signature(Device& device, Lane& lane, StageExecutor& stage, Buffer& in, Buffer& out,
-                              const ProfileConfig& cfg, const std::vector<int>& contexts) {
+/// One signature's timings from its forwards: `prefill` the prefill's, `ctx[c]` the decode
+/// steps' at context c (each non-empty).
+SignatureTimes summarize(const std::vector<double>& prefill, const std::vector<std::vector<double>>& ctx) {
   SignatureTimes t;
-  const auto p = time_forwards(device, lane, stage, in.data(), out.data(), 0, cfg.prompt_len, cfg.warmup, cfg.iters,
-                               cfg.resident_bytes, cfg.align);
-  t.prefill = median(p);
-  t.pmin = *std::min_element(p.begin(), p.end());
-  t.pmax = *std::max_element(p.begin(), p.end());
+  t.prefill = median(prefill);
+  t.pmin = *std::min_element(prefill.begin(), prefill.end());
+  t.pmax = *std::max_element(prefill.begin(), prefill.end());
   double dsum = 0.0;
   t.dmin = 1e300;
-  for (int c : contexts) {
-    auto d = time_forwards(device, lane, stage, in.data(), out.data(), c, 1, cfg.warmup, cfg.iters, cfg.resident_bytes,
-                           cfg.align);
+  for (const auto& d : ctx) {
     const double med = median(d);
     t.ctx.push_back(med);
     dsum += med;
     t.dmin = std::min(t.dmin, *std::min_element(d.begin(), d.end()));
     t.dmax = std::max(t.dmax, *std::max_element(d.begin(), d.end()));
   }
-  t.decode = dsum / static_cast<double>(contexts.size());
+  t.decode = dsum / static_cast<double>(ctx.size());
   return t;
+}
+
+/// Times one built unit: its prefill series, then one decode series per context.
+SignatureTimes time_signature(Device& device, Lane& lane, StageExecutor& stage, Buffer& in, Buffer& out,
+                              const ProfileConfig& cfg, const std::vector<int>& contexts) {
+  const auto p = time_forwards(device, lane, stage, in.data(), out.data(), 0, cfg.prompt_len, cfg.warmup, cfg.iters,
+                               cfg.resident_bytes, cfg.align);
+  std::vector<std::vector<double>> d;
+  for (int c : contexts)
+    d.push_back(time_forwards(device, lane, stage, in.data(), out.data(), c, 1, cfg.warmup, cfg.iters,
+                              cfg.resident_bytes, cfg.align));
+  return summarize(p, d);
 }
 
 /// The per-unit result from the per-signature timings (units of one signature share them).
@@ -223,6 +245,55 @@ ProfileResult ResidentProfiler::profile(const ProfileConfig& cfg) {
   std::vector<SignatureTimes> times;
   for (Unit& u : units_) times.push_back(time_signature(device_, *lane_, *u.stage, *u.in, *u.out, cfg, contexts_));
   return expand_to_units(model_, contexts_, times);
+}
+
+std::pair<ProfileResult, ProfileResult> ResidentProfiler::profile_interleaved(const ProfileConfig& cfg, int turns,
+                                                                              const std::function<Turn(int)>& enter) {
+  if (decode_contexts_of(cfg) != contexts_)
+    throw InternalError("ResidentProfiler::profile_interleaved: the config's decode contexts differ from the built units'");
+  if (turns < 1 || cfg.iters < 1) throw InternalError("ResidentProfiler::profile_interleaved: turns and iters must be >= 1");
+  struct Item {
+    size_t unit;
+    int pos, tokens;
+  };
+  std::vector<Item> items;  // per signature: its prefill, then a decode step at each context
+  for (size_t s = 0; s < units_.size(); ++s) {
+    items.push_back({s, 0, cfg.prompt_len});
+    for (int c : contexts_) items.push_back({s, c, 1});
+  }
+  for (int w = 0; w < cfg.warmup; ++w)
+    for (const Item& it : items) {
+      Unit& u = units_[it.unit];
+      u.stage->enqueue_forward(*lane_, u.in->data(), u.out->data(), 0, it.pos, it.tokens);
+    }
+  lane_->synchronize();
+  // samples[k][j]: the forwards of item j in this rank's alone (k = 0) or together (k = 1) turns
+  std::vector<std::vector<double>> samples[2];
+  for (auto& s : samples) s.resize(items.size());
+  for (int i = 0; i < cfg.iters; ++i)
+    for (int k = 0; k < turns; ++k) {
+      const Turn role = enter((k + i) % turns);
+      if (role == Turn::wait) continue;
+      const bool together = role == Turn::together;
+      for (size_t j = 0; j < items.size(); ++j) {
+        const Item& it = items[j];
+        Unit& u = units_[it.unit];
+        u.stage->prepare_forward(0, it.pos, it.tokens);
+        samples[together ? 1 : 0][j].push_back(time_one_forward(
+            device_, *lane_, *u.stage, u.in->data(), u.out->data(), it.pos, it.tokens,
+            held(*u.stage, it.tokens, cfg.warmup), cfg.resident_bytes, together ? cfg.align : std::function<void()>{}));
+      }
+    }
+  auto result = [&](const std::vector<std::vector<double>>& s) {
+    if (s.front().empty()) return ProfileResult{};
+    std::vector<SignatureTimes> times;
+    const size_t per = 1 + contexts_.size();
+    for (size_t u = 0; u < units_.size(); ++u)
+      times.push_back(summarize(s[u * per], std::vector<std::vector<double>>(s.begin() + static_cast<std::ptrdiff_t>(u * per + 1),
+                                                                             s.begin() + static_cast<std::ptrdiff_t>((u + 1) * per))));
+    return expand_to_units(model_, contexts_, times);
+  };
+  return {result(samples[0]), result(samples[1])};
 }
 
 }  // namespace ppb

@@ -84,6 +84,28 @@ class ResidentProfiler {
   /// (@throws InternalError where its decode contexts differ).
   ProfileResult profile(const ProfileConfig& cfg);
 
+  /// This rank's part in one turn of profile_interleaved.
+  enum class Turn { wait, alone, together };
+  /// One profile cycle in which the passes take turns forward by forward (issue 13). After
+  /// cfg.warmup untimed forwards of every (signature, phase, context) on every rank at once, each
+  /// of cfg.iters iterations runs `turns` turns, in an order rotated by one per iteration, and in
+  /// each turn a rank that times (`enter` says so) times one forward of every signature: its
+  /// prefill, then a decode step at each context. `enter(t)` is called on this rank before turn t
+  /// of every iteration; it must be a collective of all ranks that profile (e.g. a barrier, then
+  /// whose turn t is) and return the same for the same t on every call. In a `together` turn
+  /// cfg.align runs before each timed forward, as in profile(). Why: a unit's cost, a rank's
+  /// alone cost and its cost with the machine's other ranks computing were each timed in a
+  /// window of their own, seconds apart; on the 2-core VMs of issue 13 the machine's speed moves
+  /// by ~+-20% over such windows and holds for ~1-2 s, so the ratios the balancer decides on (the
+  /// head against a layer, one rank against another, together against alone) carried it. Here
+  /// every figure of an iteration is timed within ~1 s of the others.
+  /// Returns (alone, together): each as profile() returns it (medians over the iterations, each
+  /// context's median, decode the mean over contexts, min/max over all forwards), alone empty
+  /// (no decode_contexts) where this rank timed no alone turn, likewise together.
+  /// @throws InternalError where cfg's decode contexts differ from the built units' or turns < 1.
+  std::pair<ProfileResult, ProfileResult> profile_interleaved(const ProfileConfig& cfg, int turns,
+                                                              const std::function<Turn(int)>& enter);
+
  private:
   struct Unit {
     std::unique_ptr<StageExecutor> stage;

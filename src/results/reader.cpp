@@ -243,6 +243,7 @@ void read_workload(const Group& root, RunRecord& run) {
   w.profile_passes = attr_or<std::string>(wl, "profile_passes",
                                           attr_or<bool>(wl, "profile_aligned", false) ? "aligned" : "own pace");
   w.profile_repeats = static_cast<int>(attr_or<int64_t>(wl, "profile_repeats", 1));
+  w.profile_order = attr_or<std::string>(wl, "profile_order", "");
   w.expert_skew = attr_or<double>(wl, "expert_skew", 0.0);
   if (root.is_group("config/environment")) {
     Group env = root.open_group("config/environment");

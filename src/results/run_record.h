@@ -62,6 +62,12 @@ struct WorkloadInfo {
   /// (--profile-repeats; 1 in older files).
   int profile_repeats = 1;
   double expert_skew = 0.0;      ///< --expert-skew (MoE routing; 0 = the router's own choice)
+  /// In what order a two-pass profile timed its passes: "interleaved" (each cycle's iterations
+  /// take turns forward by forward: every rank of a machine alone, then all together,
+  /// ResidentProfiler::profile_interleaved) or "one pass after the other" (each pass times every
+  /// unit's series before the next pass: where one unit of every signature did not fit at once);
+  /// "" for a profile of one pass and in older files.
+  std::string profile_order;
 };
 
 struct ProfileTable {

@@ -72,7 +72,11 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
   const size_t U = t.unit_name.size();
   if (t.latency_alone_ms.empty() || U == 0 || t.latency_alone_ms.size() != t.latency_ms.size()) return;
   const size_t R = t.latency_ms.size() / (2 * U);
-  os << "profile: alone and together (the machine's ranks at once), together/alone prefill, decode:";
+  os << "profile: alone and together (the machine's ranks at once"
+     << (run.workload.profile_order == "interleaved" ? "; the passes taking turns forward by forward"
+         : run.workload.profile_order.empty()       ? ""
+                                                    : "; " + run.workload.profile_order)
+     << "), together/alone prefill, decode:";
   for (size_t r = 0; r < R && r < 4; ++r) {
     double sum[2][2] = {{0, 0}, {0, 0}};  // [together, alone][phase]
     for (size_t u = 0; u < U; ++u)

@@ -521,6 +521,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   wl.set_attr("profile_passes", w.profile_passes);
   wl.set_attr("profile_repeats", static_cast<int64_t>(w.profile_repeats));
   wl.set_attr("expert_skew", w.expert_skew);
+  if (!w.profile_order.empty()) wl.set_attr("profile_order", w.profile_order);
   Group env = root.create_group("config/environment");
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backend/device.h"
 #include "common/error.h"
@@ -192,6 +193,66 @@ TEST(Profiler, ResidentProfilerProfilesItsUnitsAgain) {
   ProfileConfig other = cfg;
   other.gen_len = 9;  // contexts 8, 12, 16
   EXPECT_THROW(resident.profile(other), InternalError);
+}
+
+/// The interleaved cycle (issue 13): `enter` is asked for every turn of every iteration, in an
+/// order rotated by one per iteration; a together turn aligns each of its timed forwards (one
+/// per signature's prefill and per decode context); each result is shaped as profile()'s, its
+/// decode the mean of its contexts' medians, fastest <= median <= slowest; a rank that timed no
+/// alone turn gets an empty alone result; bad turns and other contexts are refused.
+TEST(Profiler, InterleavedCycleTakesTurnsForwardByForward) {
+  const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
+  auto dev = create_cpu_device(1);
+  ProfileConfig cfg;
+  cfg.batch = 2;
+  cfg.prompt_len = 8;
+  cfg.gen_len = 5;
+  cfg.num_contexts = 3;
+  cfg.warmup = 1;
+  cfg.iters = 4;
+  int aligned = 0;
+  cfg.align = [&] { ++aligned; };
+  ResidentProfiler resident(*dev, m, cfg);
+  const ProfileResult once = resident.profile(cfg);
+  using Turn = ResidentProfiler::Turn;
+  std::vector<int> order;
+  aligned = 0;
+  const auto [alone, together] = resident.profile_interleaved(cfg, 3, [&](int t) {
+    order.push_back(t);
+    return t == 0 ? Turn::alone : t == 1 ? Turn::wait : Turn::together;
+  });
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2}));
+  const int items = static_cast<int>(m.signatures.size()) * (1 + 3);
+  EXPECT_EQ(aligned, cfg.iters * items);  // the together turns' forwards only
+  const size_t U = static_cast<size_t>(m.num_units());
+  for (const ProfileResult* r : {&alone, &together}) {
+    EXPECT_EQ(r->decode_contexts, once.decode_contexts);
+    ASSERT_EQ(r->prefill_ms.size(), U);
+    ASSERT_EQ(r->decode_context_ms.size(), U * 3);
+    for (size_t u = 0; u < U; ++u) {
+      EXPECT_GT(r->prefill_min_ms[u], 0.0);
+      EXPECT_LE(r->prefill_min_ms[u], r->prefill_ms[u]);
+      EXPECT_LE(r->prefill_ms[u], r->prefill_max_ms[u]);
+      double sum = 0.0;
+      for (size_t c = 0; c < 3; ++c) {
+        const double d = r->decode_context_ms[u * 3 + c];
+        EXPECT_LE(r->decode_min_ms[u], d);
+        EXPECT_LE(d, r->decode_max_ms[u]);
+        sum += d;
+      }
+      EXPECT_DOUBLE_EQ(r->decode_ms[u], sum / 3.0);
+      for (size_t v = 0; v < U; ++v)
+        if (m.units[u].signature == m.units[v].signature) EXPECT_EQ(r->prefill_ms[u], r->prefill_ms[v]);
+    }
+  }
+  const auto waited = resident.profile_interleaved(cfg, 2, [](int t) { return t == 0 ? Turn::wait : Turn::together; });
+  EXPECT_TRUE(waited.first.decode_contexts.empty());
+  EXPECT_TRUE(waited.first.prefill_ms.empty());
+  EXPECT_EQ(waited.second.prefill_ms.size(), U);
+  EXPECT_THROW(resident.profile_interleaved(cfg, 0, [](int) { return Turn::alone; }), InternalError);
+  ProfileConfig other = cfg;
+  other.gen_len = 9;
+  EXPECT_THROW(resident.profile_interleaved(other, 1, [](int) { return Turn::alone; }), InternalError);
 }
 
 }  // namespace

@@ -78,6 +78,7 @@ RunRecord make_record() {
     p.latency_alone_ms.push_back(0.9 + i);
   }
   r.workload.profile_repeats = 2;  // two cycles around each table
+  r.workload.profile_order = "interleaved";
   for (int k = 0; k < 2; ++k)
     for (int i = 0; i < 2 * 4 * 2; ++i) {
       p.latency_cycles_ms.push_back(1.0 + i + (k ? 0.1 : -0.1));
@@ -260,6 +261,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(b.cuda_graphs, a.cuda_graphs);  // written true: not the reader's default (older files)
   EXPECT_EQ(b.profile_passes, a.profile_passes);
   EXPECT_EQ(b.profile_repeats, a.profile_repeats);
+  EXPECT_EQ(b.profile_order, a.profile_order);
 
   ASSERT_EQ(r.ranks.size(), w.ranks.size());
   for (size_t i = 0; i < w.ranks.size(); ++i) {
