@@ -1102,7 +1102,9 @@ class RunJob {
   /// contention model; min/max span both passes. Elsewhere one pass, every rank at its own pace.
   /// The passes are cycled --profile-repeats times (auto: kProfileSpanS / kAutoProfileRepeats,
   /// at least kMinAutoRepeats, where there are two passes, else once) and each table is
-  /// pool_cycles of its cycles.
+  /// pool_cycles of its cycles. Where one unit of every signature fits every rank at once
+  /// (interleaved_profiler), each cycle's passes take turns forward by forward
+  /// (interleaved_cycle) instead of running one after the other.
   void profile() {
     ProfileResult prof, alone;
     std::vector<ProfileResult> profs, alones;  // one per cycle
