@@ -108,17 +108,17 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
   sc.add_option("--objective", opt.objective,
                  "stage cost the balancer minimises: workload (prefill + G x decode) | decode | prefill")
       ->capture_default_str();
-  sc.add_option("--profile-warmup", opt.profile_warmup, "untimed forwards before each profiled series")
+  sc.add_option("--profile-warmup", opt.profile_warmup, "untimed forwards of each unit, phase and context before it is timed (with the profile's passes taking turns: once per cycle)")
       ->capture_default_str();
-  sc.add_option("--profile-iters", opt.profile_iters, "timed forwards per profiled series (median kept)")
+  sc.add_option("--profile-iters", opt.profile_iters, "timed forwards of each unit, phase and context per profile pass and cycle (median kept; with the passes taking turns, one per iteration of a cycle)")
       ->capture_default_str();
   sc.add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
       ->capture_default_str();
   sc.add_option("--profile-repeats", opt.profile_repeats,
-                "cycles of the whole profile, each unit's medians averaged over them, so that the profile samples "
+                "cycles of the whole profile, each unit's cost the median of its cycles' medians (the mean of two), so that the profile samples "
                 "the machine at several moments as the benchmark's rounds do (CPU ranks sharing a machine's memory "
                 "ran a unit up to 1.6x apart from one few-second window to the next); 0 = auto: where the profile "
-                "has two passes (--contention), repeat until it has taken 15 s, at most 4 cycles; elsewhere 1")
+                "has two passes (--contention), repeat until it has taken 15 s, at least 3 and at most 4 cycles; elsewhere 1")
       ->capture_default_str();
   sc.add_option("--contention", opt.contention,
                 "auto | off. auto: where the ranks of a machine (one kernel: a node, or nodes that are "
