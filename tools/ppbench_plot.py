@@ -12,7 +12,10 @@ Writes PNG files next to the results file (or into --outdir):
       event on rank 0's clock.
   <stem>_stages.png  per partition: predicted vs measured stage time in the balancer's
       objective (prefill + G x decode by default; one decode step or the prefill with
-      --objective decode|prefill; ms per group) and the bubble fraction of each stage.
+      --objective decode|prefill; ms per group) and the bubble fraction of each stage. Where
+      the run cross-calibrated its splits (issue 13), a hatched bar beside the profile's
+      prediction gives the prediction from the other splits' stages measured in the same
+      rounds, with its error against the mean steps (a black tick on the measured bar).
   <stem>_rounds.png  left: each partition's tokens/s in every timed repetition against its
       round (the partitions take turns in each round, so drift shows on all lines alike);
       right: each partition's gain against uniform (tokens/s and decode tokens/s) with its
@@ -255,19 +258,39 @@ def plot_stages(f, names, out_png):
         S = len(pred)
         x = np.arange(S)
         ax = axes[0][j]
-        ax.bar(x - 0.2, pred, 0.4, label="predicted (profile)", color="#9ecae1", edgecolor="black", linewidth=0.5)
-        ax.bar(x + 0.2, meas, 0.4, label="measured", color="#3182bd", edgecolor="black", linewidth=0.5)
+        # Cross-calibrated prediction (issue 13): from the profile calibrated on the other splits'
+        # stages measured in the same rounds; its error is against the mean steps (the file's
+        # prediction_error_cross), the profile's against the median steps drawn here.
+        cross = part["predicted_stage_cross_ms"][...] if "predicted_stage_cross_ms" in part else None
+        if cross is not None and not np.all(np.isfinite(cross)):
+            cross = None
+        w = 0.27 if cross is not None else 0.4
+        xm = x + (w if cross is not None else 0.2)  # where the measured bars stand
+        ax.bar(xm - (2 * w if cross is not None else 0.4), pred, w, label="predicted (profile)", color="#9ecae1",
+               edgecolor="black", linewidth=0.5)
+        if cross is not None:
+            ax.bar(xm - w, cross, w, label="cross-calibrated (from the other splits' stages)", color="#c6dbef",
+                   edgecolor="black", linewidth=0.5, hatch="//")
+            err_cross = bench["prediction_error_cross"][...]
+            for k in range(S):
+                ax.text(xm[k] - w, cross[k] / 2, f"{100 * err_cross[k]:+.1f}%", ha="center", va="center", fontsize=7,
+                        rotation=90, bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
+        ax.bar(xm, meas, w, label="measured (median steps)", color="#3182bd", edgecolor="black", linewidth=0.5)
+        if cross is not None and "measured_stage_mean_ms" in bench:
+            # What the cross-calibrated errors are against.
+            ax.scatter(xm, bench["measured_stage_mean_ms"][...], marker="_", s=600, color="black", zorder=3,
+                       label="measured (mean steps)")
         # The measured bottleneck in the objective's terms (the bottleneck_stage attr is the
         # workload's argmax; the two agree for the default objective).
         bn = int(np.nanargmax(meas)) if S else -1
         if 0 <= bn < S:
-            ax.annotate("bottleneck", (bn + 0.2, meas[bn]), xytext=(0, 4), textcoords="offset points",
+            ax.annotate("bottleneck", (xm[bn], meas[bn]), xytext=(0, 4), textcoords="offset points",
                         ha="center", fontsize=8)
         for k in range(S):
             err = meas[k] / pred[k] - 1
-            ax.text(k + 0.2, meas[k] / 2, f"{100 * err:+.0f}%", ha="center", va="center", fontsize=7,
+            ax.text(xm[k], meas[k] / 2, f"{100 * err:+.0f}%", ha="center", va="center", fontsize=7,
                     color="white", rotation=90)
-        ymax = max(ymax, float(np.nanmax(np.concatenate([pred, meas]))))
+        ymax = max(ymax, float(np.nanmax(np.concatenate([pred, meas] + ([cross] if cross is not None else [])))))
         ax.set_xticks(x)
         ranks = stage_ranks(part)
         ax.set_xticklabels([f"stage {k}\n{ranks[k]}" for k in x], fontsize=8)
@@ -280,7 +303,11 @@ def plot_stages(f, names, out_png):
             what = {"decode": "one decode step", "prefill": "prefill"}.get(objective, "prefill + G x decode")
             ax.set_ylabel(f"stage time per group (ms)\n{what} (objective: {objective})")
         if j == 0:
-            ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
+            if cross is None:
+                ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
+            else:  # four entries: under the title, across the figure
+                fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="upper center", ncol=4, frameon=False,
+                           bbox_to_anchor=(0.5, 0.955))
         ax2 = axes[1][j]
         ax2.bar(x, 100 * bubble, 0.6, color="#fd8d3c", edgecolor="black", linewidth=0.5)
         for k in range(S):
@@ -293,7 +320,7 @@ def plot_stages(f, names, out_png):
     for j in range(P):
         axes[0][j].set_ylim(0, ymax * 1.3)
     fig.suptitle(run_title(f), fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95) if fig.legends else None)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return True

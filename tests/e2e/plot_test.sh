@@ -82,6 +82,47 @@ assert pp.roofline_ranks([5.0, 1.0, 3.0]) == [0, 1, 2]
 assert pp.roofline_ranks([5.0, 4.0, 3.0, 6.0, 2.0, 7.0]) == [0, 4]
 assert pp.roofline_ranks([1.0, 4.0, 3.0, 6.0, 2.0]) == [0]
 PYEOF
+# The stages figure draws each partition's cross-calibrated prediction (the hatched bars) at the
+# file's values, beside the profile's prediction and the measured stages; none without it. This
+# short run measures one split (balanced = uniform), which has no cross-calibration: a copy is
+# given one (each stage's prediction x 1.1, as a run of two splits writes it).
+cp "$H5" "$TMP/crossed.h5"
+"$PY" - "$TMP/crossed.h5" <<'PYEOF' || fail "could not add a cross-calibration to the copy"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    for name in f["benchmark"]:
+        pred = f[f"partitions/{name}/predicted_stage_ms"][...]
+        f[f"partitions/{name}"].create_dataset("predicted_stage_cross_ms", data=1.1 * pred)
+        mean = f[f"benchmark/{name}/measured_stage_mean_ms"][...]
+        f[f"benchmark/{name}"].create_dataset("prediction_error_cross", data=mean / (1.1 * pred) - 1)
+PYEOF
+PYTHONPATH="$REPO/tools" "$PY" - "$H5" "$TMP/crossed.h5" "$TMP/stages_check.png" <<'PYEOF' || fail "stages figure: cross-calibrated bars wrong"
+import sys
+import numpy as np
+import ppbench_plot as pp
+kept = []
+pp.plt.close = lambda fig=None: kept.append(fig) if hasattr(fig, "axes") else None  # keep the figure
+for path, crossed in ((sys.argv[1], False), (sys.argv[2], True)):
+    f = pp.open_results(path)
+    names = [n for n in pp.partition_names(f) if f"benchmark/{n}" in f]
+    kept.clear()
+    assert pp.plot_stages(f, names, sys.argv[3])
+    axes = kept[0].axes
+    for j, name in enumerate(names):
+        part, bench = f[f"partitions/{name}"], f[f"benchmark/{name}"]
+        hatched = [p.get_height() for p in axes[j].patches if p.get_hatch()]
+        plain = sorted(p.get_height() for p in axes[j].patches if not p.get_hatch())
+        np.testing.assert_allclose(plain, sorted(np.concatenate([part["predicted_stage_ms"][...],
+                                                                 bench["measured_stage_ms"][...]])), rtol=1e-12)
+        if crossed:
+            np.testing.assert_allclose(hatched, part["predicted_stage_cross_ms"][...], rtol=1e-12)
+            texts = [t.get_text() for t in axes[j].texts]
+            for e in bench["prediction_error_cross"][...]:
+                assert f"{100 * e:+.1f}%" in texts, (f"{100 * e:+.1f}%", texts)
+        else:
+            assert hatched == [], hatched
+print("stages figure: cross-calibrated bars at the file's values, none without them")
+PYEOF
 for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png run_rounds.png run_roofline.png; do
   [[ -f "$TMP/$png" ]] || fail "missing $png"
   size=$(stat -c %s "$TMP/$png")
