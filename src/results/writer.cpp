@@ -34,47 +34,55 @@ void write_comparison(Group& g, const std::string& name, const PairedComparison&
   g.set_attr(vname, verdict);
 }
 
-void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p) {
+/// /partitions/<name>'s cross-calibrated predictions (issue 13): predicted_stage_cross_ms,
+/// predicted_phase_cross_ms, the factors (cross_level, cross_contention, cross_fit) and
+/// predicted_overlap_cross; nothing where the partition has none.
+void write_cross_calibration(Group& part, const PartitionRecord& p) {
   const hs S = p.first_unit.size();
-  Group part = root.require_group("partitions").create_group(p.name);
-  part.set_attr("solver", p.solver);
-  part.set_attr("same_as", p.same_as);
-  if (!p.same_as_reason.empty()) part.set_attr("same_as_reason", p.same_as_reason);
-  if (!p.solver_split.empty()) part.set_attr("solver_split", p.solver_split);
-  if (!p.calibration_factor.empty()) {
-    auto cf = part.write_dataset("calibration_factor", p.calibration_factor, {p.calibration_factor.size() / 2, 2});
-    cf.set_attr("content", "factor by which each rank's profile row was scaled before this split was solved: "
-                           "measured / predicted stage compute over the partitions in calibrated_from");
-    cf.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    part.set_attr("calibrated_from", p.calibrated_from);
-    part.set_attr("solved_after_round", static_cast<int64_t>(p.solved_after_round));
+  if (p.predicted_stage_cross_ms.size() != S || p.predicted_phase_cross_ms.size() != 2 * S) return;
+  const std::string what = "cross-calibrated: each stage's alone time cross_level x the profile's alone sum, its "
+                           "together time (cross_level + cross_contention) x that sum (where cross_fit is 1: "
+                           "cross_level x the profile's together sum, at least the alone one), per phase with its "
+                           "rank's factors fitted on the other partitions' compute steps on that rank, measured in "
+                           "the same rounds (never this partition's own measurement), through the contention model";
+  auto sc = part.write_dataset("predicted_stage_cross_ms", p.predicted_stage_cross_ms);
+  sc.set_attr("units", "ms");
+  sc.set_attr("content", "predicted_stage_ms " + what);
+  sc.set_attr("calibrated_by", p.cross_calibrated_by);
+  auto pc = part.write_dataset("predicted_phase_cross_ms", p.predicted_phase_cross_ms, {S, 2});
+  pc.set_attr("units", "ms");
+  pc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+  pc.set_attr("content", "predicted_phase_ms " + what);
+  pc.set_attr("calibrated_by", p.cross_calibrated_by);
+  const hs R = p.cross_level.size() / 2;
+  if (R > 0 && p.cross_contention.size() == 2 * R && p.cross_fit.size() == 2 * R) {
+    auto lv = part.write_dataset("cross_level", p.cross_level, {R, 2});
+    lv.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    lv.set_attr("content", "per rank and phase: measured step = alone * (level + contention * share overlapped), "
+                           "alone the profile's alone sum of the step's stage, least squares over the other "
+                           "partitions' steps");
+    auto ct = part.write_dataset("cross_contention", p.cross_contention, {R, 2});
+    ct.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    ct.set_attr("content", "per rank and phase: the contention factor (see cross_level); NaN where cross_fit is 1 "
+                           "(the profile's together - alone excess, clamped at 0, scaled by cross_level instead)");
+    auto ft = part.write_dataset("cross_fit", p.cross_fit, {R, 2});
+    ft.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    ft.set_attr("content", "2: level and contention fitted; 1: the level alone, on the profile's alone and together "
+                           "times alike (the steps' overlap did not vary enough, or the fit was unphysical); 0: no "
+                           "steps on that rank");
   }
-  part.set_attr("objective", run.workload.objective);
-  part.set_attr("counts", [&] {
-    std::string c;
-    for (hs k = 0; k < S; ++k) {  // (not `"," + to_string(...)`: GCC 12 warns -Wrestrict on it)
-      if (k) c += ',';
-      c += std::to_string(p.last_unit[k] - p.first_unit[k] + 1);
-    }
-    return c;
-  }());
-  part.write_dataset("first_unit", p.first_unit);
-  part.write_dataset("last_unit", p.last_unit);
-  part.write_dataset("device_rank", p.device_rank).set_attr("content", "the first rank of each stage");
-  {
-    std::vector<int> widths = p.tp_width;
-    if (widths.size() != S) widths.assign(S, 1);
-    auto tw = part.write_dataset("tp_width", widths);
-    tw.set_attr("content", "tensor-parallel width of each stage: stage k runs on ranks device_rank[k] .. "
-                           "device_rank[k] + tp_width[k] - 1");
-    part.set_attr("layout", p.layout);
-    if (p.handoff_copies.size() == S) {
-      auto hc = part.write_dataset("handoff_copies", p.handoff_copies);
-      hc.set_attr("content", "copies of each item's output one rank of stage k sends to stage k + 1 (the last stage: "
-                             "tokens to stage 0): receiver j gets the whole output from sender j % tp_width[k]; each "
-                             "link carries one copy of the item's bytes");
-    }
+  if (p.predicted_overlap_cross.size() == 2 * S) {
+    auto po = part.write_dataset("predicted_overlap_cross", p.predicted_overlap_cross, {S, 2});
+    po.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    po.set_attr("content", "the contention model's share of each stage's steps overlapped by another stage of its "
+                           "machine, in the cross-calibrated prediction (vs /benchmark/<name>/stage_overlap)");
   }
+}
+
+/// /partitions/<name>'s predictions: from the profile (median, fastest, slowest forwards), from
+/// the profile between rounds, cross-calibrated, and per phase.
+void write_predictions(Group& part, const RunRecord& run, const PartitionRecord& p) {
+  const hs S = p.first_unit.size();
   auto pred = part.write_dataset("predicted_stage_ms", p.predicted_stage_ms);
   pred.set_attr("units", "ms");
   pred.set_attr("solver", p.solver);
@@ -99,62 +107,16 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     pr.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     pr.set_attr("content", std::string("predicted_phase_ms ") + what);
   }
-  if (p.predicted_stage_cross_ms.size() == S && p.predicted_phase_cross_ms.size() == 2 * S) {
-    const std::string what = "cross-calibrated: each stage's alone time cross_level x the profile's alone sum, its "
-                             "together time (cross_level + cross_contention) x that sum (where cross_fit is 1: "
-                             "cross_level x the profile's together sum, at least the alone one), per phase with its "
-                             "rank's factors fitted on the other partitions' compute steps on that rank, measured in "
-                             "the same rounds (never this partition's own measurement), through the contention model";
-    auto sc = part.write_dataset("predicted_stage_cross_ms", p.predicted_stage_cross_ms);
-    sc.set_attr("units", "ms");
-    sc.set_attr("content", "predicted_stage_ms " + what);
-    sc.set_attr("calibrated_by", p.cross_calibrated_by);
-    auto pc = part.write_dataset("predicted_phase_cross_ms", p.predicted_phase_cross_ms, {S, 2});
-    pc.set_attr("units", "ms");
-    pc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-    pc.set_attr("content", "predicted_phase_ms " + what);
-    pc.set_attr("calibrated_by", p.cross_calibrated_by);
-    const hs R = p.cross_level.size() / 2;
-    if (R > 0 && p.cross_contention.size() == 2 * R && p.cross_fit.size() == 2 * R) {
-      auto lv = part.write_dataset("cross_level", p.cross_level, {R, 2});
-      lv.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      lv.set_attr("content", "per rank and phase: measured step = alone * (level + contention * share overlapped), "
-                             "alone the profile's alone sum of the step's stage, least squares over the other "
-                             "partitions' steps");
-      auto ct = part.write_dataset("cross_contention", p.cross_contention, {R, 2});
-      ct.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      ct.set_attr("content", "per rank and phase: the contention factor (see cross_level); NaN where cross_fit is 1 "
-                             "(the profile's together - alone excess, clamped at 0, scaled by cross_level instead)");
-      auto ft = part.write_dataset("cross_fit", p.cross_fit, {R, 2});
-      ft.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      ft.set_attr("content", "2: level and contention fitted; 1: the level alone, on the profile's alone and together "
-                             "times alike (the steps' overlap did not vary enough, or the fit was unphysical); 0: no "
-                             "steps on that rank");
-    }
-    if (p.predicted_overlap_cross.size() == 2 * S) {
-      auto po = part.write_dataset("predicted_overlap_cross", p.predicted_overlap_cross, {S, 2});
-      po.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-      po.set_attr("content", "the contention model's share of each stage's steps overlapped by another stage of its "
-                             "machine, in the cross-calibrated prediction (vs /benchmark/<name>/stage_overlap)");
-    }
-  }
+  write_cross_calibration(part, p);
   auto phase = part.write_dataset("predicted_phase_ms", p.predicted_phase_ms, {S, 2});
   phase.set_attr("units", "ms");
   phase.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-  part.write_dataset("stage_weight_bytes", p.stage_weight_bytes).set_attr("units", "bytes");
-  part.write_dataset("stage_kv_bytes", p.stage_kv_bytes).set_attr("units", "bytes");
-  if (p.stage_floor_ms.size() == p.first_unit.size()) {
-    auto fl = part.write_dataset("stage_floor_ms", p.stage_floor_ms);
-    fl.set_attr("units", "ms");
-    fl.set_attr("objective", run.workload.objective);
-    fl.set_attr("ceilings", "read_bandwidth_shared_GBps and peak_gflops of the stage's rank (/ranks)");
-    fl.set_attr("efficiency", "stage_floor_ms / measured_stage_ms");
-    auto fp = part.write_dataset("stage_floor_phase_ms", p.stage_floor_phase_ms, {S, 2});
-    fp.set_attr("units", "ms");
-    fp.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
-  }
-  if (!p.measured) return;
+}
 
+/// /benchmark/<name>: what the pipelined run of a measured partition measured, its errors against
+/// the predictions and its gains against uniform.
+void write_benchmark(Group& root, const RunRecord& run, const PartitionRecord& p) {
+  const hs S = p.first_unit.size();
   const auto& w = run.workload;
   Group bench = root.require_group("benchmark").create_group(p.name);
   const hs reps = p.events.size() / (static_cast<hs>(w.microbatches) * (w.gen_len + 1) * S * 6);
@@ -249,7 +211,11 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     write_comparison(bench, "balance_gain", p.gain, p.gain_verdict);
     write_comparison(bench, "decode_balance_gain", p.decode_gain, p.decode_gain_verdict);
   }
+}
 
+/// /validation/<name>: the pipelined run's tokens and checksum against the serialized run's.
+void write_validation(Group& root, const RunRecord& run, const PartitionRecord& p) {
+  const auto& w = run.workload;
   Group val = root.require_group("validation").create_group(p.name);
   val.set_attr("validated", p.validated);
   val.set_attr("tokens_match", p.tokens_match);
@@ -264,6 +230,67 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
   if (p.tokens.size() == tdims[0] * tdims[1] * tdims[2]) val.write_dataset("tokens", p.tokens, tdims);
   if (p.reference_tokens.size() == tdims[0] * tdims[1] * tdims[2])
     val.write_dataset("reference_tokens", p.reference_tokens, tdims);
+}
+
+/// /partitions/<name> (the split and its predictions) and, for a measured partition,
+/// /benchmark/<name> and /validation/<name>.
+void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p) {
+  const hs S = p.first_unit.size();
+  Group part = root.require_group("partitions").create_group(p.name);
+  part.set_attr("solver", p.solver);
+  part.set_attr("same_as", p.same_as);
+  if (!p.same_as_reason.empty()) part.set_attr("same_as_reason", p.same_as_reason);
+  if (!p.solver_split.empty()) part.set_attr("solver_split", p.solver_split);
+  if (!p.calibration_factor.empty()) {
+    auto cf = part.write_dataset("calibration_factor", p.calibration_factor, {p.calibration_factor.size() / 2, 2});
+    cf.set_attr("content", "factor by which each rank's profile row was scaled before this split was solved: "
+                           "measured / predicted stage compute over the partitions in calibrated_from");
+    cf.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+    part.set_attr("calibrated_from", p.calibrated_from);
+    part.set_attr("solved_after_round", static_cast<int64_t>(p.solved_after_round));
+  }
+  part.set_attr("objective", run.workload.objective);
+  part.set_attr("counts", [&] {
+    std::string c;
+    for (hs k = 0; k < S; ++k) {  // (not `"," + to_string(...)`: GCC 12 warns -Wrestrict on it)
+      if (k) c += ',';
+      c += std::to_string(p.last_unit[k] - p.first_unit[k] + 1);
+    }
+    return c;
+  }());
+  part.write_dataset("first_unit", p.first_unit);
+  part.write_dataset("last_unit", p.last_unit);
+  part.write_dataset("device_rank", p.device_rank).set_attr("content", "the first rank of each stage");
+  {
+    std::vector<int> widths = p.tp_width;
+    if (widths.size() != S) widths.assign(S, 1);
+    auto tw = part.write_dataset("tp_width", widths);
+    tw.set_attr("content", "tensor-parallel width of each stage: stage k runs on ranks device_rank[k] .. "
+                           "device_rank[k] + tp_width[k] - 1");
+    part.set_attr("layout", p.layout);
+    if (p.handoff_copies.size() == S) {
+      auto hc = part.write_dataset("handoff_copies", p.handoff_copies);
+      hc.set_attr("content", "copies of each item's output one rank of stage k sends to stage k + 1 (the last stage: "
+                             "tokens to stage 0): receiver j gets the whole output from sender j % tp_width[k]; each "
+                             "link carries one copy of the item's bytes");
+    }
+  }
+  write_predictions(part, run, p);
+  part.write_dataset("stage_weight_bytes", p.stage_weight_bytes).set_attr("units", "bytes");
+  part.write_dataset("stage_kv_bytes", p.stage_kv_bytes).set_attr("units", "bytes");
+  if (p.stage_floor_ms.size() == p.first_unit.size()) {
+    auto fl = part.write_dataset("stage_floor_ms", p.stage_floor_ms);
+    fl.set_attr("units", "ms");
+    fl.set_attr("objective", run.workload.objective);
+    fl.set_attr("ceilings", "read_bandwidth_shared_GBps and peak_gflops of the stage's rank (/ranks)");
+    fl.set_attr("efficiency", "stage_floor_ms / measured_stage_ms");
+    auto fp = part.write_dataset("stage_floor_phase_ms", p.stage_floor_phase_ms, {S, 2});
+    fp.set_attr("units", "ms");
+    fp.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
+  }
+  if (!p.measured) return;
+  write_benchmark(root, run, p);
+  write_validation(root, run, p);
 }
 
 /// One field of every rank, in rank order: a /ranks dataset's data.
