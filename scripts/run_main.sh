@@ -26,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
-scripts/build.sh
+scripts/build.sh ppbench  # the binary alone (scripts/test.sh builds the tests)
 export OPENBLAS_NUM_THREADS=1
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 # This job's workload, each unless the arguments set it (ppbench takes an option once).

@@ -19,6 +19,7 @@
 #include "app/offline_cli.h"
 #include "mpi/mpi_context.h"
 #include "app/run_job.h"
+#include "app/version.h"
 
 namespace {
 
@@ -263,7 +264,7 @@ int main(int argc, char** argv) {
       "Each run profiles every unit (embed, layers, head) on every rank, solves the stage split,\n"
       "benchmarks the pipelined inference of each requested split, validates it against a\n"
       "serialized run, prints a summary and writes one HDF5 file (see results/README.md)."};
-  app.set_version_flag("--version", PPBENCH_VERSION);
+  app.set_version_flag("--version", ppb::ppbench_version());
   app.require_subcommand(1);
 
   ppb::RunOptions opt;

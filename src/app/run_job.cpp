@@ -1,4 +1,5 @@
 #include "app/run_job.h"
+#include "app/version.h"
 
 #include <sys/stat.h>
 #include <time.h>
@@ -650,7 +651,7 @@ class RunJob {
   // ---- what runs where: the run's metadata, clocks, link and memory limits --------------------
 
   void describe_run() {
-    run_.ppbench_version = PPBENCH_VERSION_STRING;
+    run_.ppbench_version = ppbench_version();
     run_.created_utc = utc_now("%Y-%m-%dT%H:%M:%SZ");
     run_.command_line = opt_.command_line;
     run_.backend = device_->backend();
