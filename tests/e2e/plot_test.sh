@@ -84,25 +84,34 @@ assert pp.roofline_ranks([1.0, 4.0, 3.0, 6.0, 2.0]) == [0]
 PYEOF
 # The stages figure draws each partition's cross-calibrated prediction (the hatched bars) at the
 # file's values, beside the profile's prediction and the measured stages; none without it. This
-# short run measures one split (balanced = uniform), which has no cross-calibration: a copy is
-# given one (each stage's prediction x 1.1, as a run of two splits writes it).
+# short run may measure one split (the profile finds balanced = uniform: no cross-calibration) or
+# two, so two copies are checked: one with a cross-calibration for every partition (each stage's
+# prediction x 1.1 where the run has none, as a run of two splits writes it), one without any.
 cp "$H5" "$TMP/crossed.h5"
-"$PY" - "$TMP/crossed.h5" <<'PYEOF' || fail "could not add a cross-calibration to the copy"
-import sys, h5py, numpy as np
+cp "$H5" "$TMP/uncrossed.h5"
+"$PY" - "$TMP/crossed.h5" "$TMP/uncrossed.h5" <<'PYEOF' || fail "could not make the copies with and without a cross-calibration"
+import sys, h5py
 with h5py.File(sys.argv[1], "r+") as f:
     for name in f["benchmark"]:
+        if "predicted_stage_cross_ms" in f[f"partitions/{name}"]:
+            continue
         pred = f[f"partitions/{name}/predicted_stage_ms"][...]
         f[f"partitions/{name}"].create_dataset("predicted_stage_cross_ms", data=1.1 * pred)
         mean = f[f"benchmark/{name}/measured_stage_mean_ms"][...]
         f[f"benchmark/{name}"].create_dataset("prediction_error_cross", data=mean / (1.1 * pred) - 1)
+with h5py.File(sys.argv[2], "r+") as f:
+    for name in f["benchmark"]:
+        for path in (f"partitions/{name}/predicted_stage_cross_ms", f"benchmark/{name}/prediction_error_cross"):
+            if path in f:
+                del f[path]
 PYEOF
-PYTHONPATH="$REPO/tools" "$PY" - "$H5" "$TMP/crossed.h5" "$TMP/stages_check.png" <<'PYEOF' || fail "stages figure: cross-calibrated bars wrong"
+PYTHONPATH="$REPO/tools" "$PY" - "$TMP/crossed.h5" "$TMP/uncrossed.h5" "$TMP/stages_check.png" <<'PYEOF' ||
 import sys
 import numpy as np
 import ppbench_plot as pp
 kept = []
 pp.plt.close = lambda fig=None: kept.append(fig) if hasattr(fig, "axes") else None  # keep the figure
-for path, crossed in ((sys.argv[1], False), (sys.argv[2], True)):
+for path, crossed in ((sys.argv[1], True), (sys.argv[2], False)):
     f = pp.open_results(path)
     names = [n for n in pp.partition_names(f) if f"benchmark/{n}" in f]
     kept.clear()
@@ -123,6 +132,7 @@ for path, crossed in ((sys.argv[1], False), (sys.argv[2], True)):
             assert hatched == [], hatched
 print("stages figure: cross-calibrated bars at the file's values, none without them")
 PYEOF
+  fail "stages figure: cross-calibrated bars wrong"
 for png in run_timeline_uniform.png run_timeline_balanced.png run_stages.png run_rounds.png run_roofline.png; do
   [[ -f "$TMP/$png" ]] || fail "missing $png"
   size=$(stat -c %s "$TMP/$png")
