@@ -1059,7 +1059,6 @@ class RunJob {
         rp.reset();  // a peer failed: run_phase's agreement ends the phase on every rank
       }
     });
-    interleaved_ = rp != nullptr;
     return rp;
   }
 
@@ -1173,10 +1172,11 @@ class RunJob {
         if (mpi_.agree(more ? 0 : 1) != 0) break;  // every rank cycles as long as all of them would
       }
     });
+    const bool interleaved = units != nullptr;
     units.reset();  // its units' memory, before the stages are built
     if (profs.empty()) return;  // the phase ended on a peer's failure (run_phase rethrows)
     two_passes_ = two_passes;
-    if (two_passes) run_.workload.profile_order = interleaved_ ? "interleaved" : "one pass after the other";
+    if (two_passes) run_.workload.profile_order = interleaved ? "interleaved" : "one pass after the other";
     prof = pool_cycles(profs);
     run_.workload.profile_repeats = static_cast<int>(profs.size());
     if (two_passes) {
@@ -2626,7 +2626,6 @@ class RunJob {
   bool use_cuda_ = false;
   bool adaptive_ = false;       ///< --partition adaptive: calibrate and re-solve during the rounds
   bool two_passes_ = false;     ///< the profile had an alone and a together pass (ranks sharing memory)
-  bool interleaved_ = false;    ///< ... taking turns forward by forward (interleaved_profiler)
   bool adaptive_done_ = false;  ///< the adaptive split converged (or reached the most solves)
   int adaptive_solves_ = 0;
   int M_ = 0;                         ///< request groups in flight

@@ -112,16 +112,23 @@ TEST(Profiler, AlignRunsBeforeEachTimedForward) {
   EXPECT_EQ(tasks_at_first_call, warmup);  // the warm-ups ran first, the timed forward not yet
 }
 
-TEST(Profiler, ProfilesEveryUnitOfTinyLlama) {
-  const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
-  auto dev = create_cpu_device(1);
+/// The profile shapes the tiny-llama tests share: B=2, P=8, G=5 (decode contexts 8, 10, 12), one
+/// warm-up, `iters` timed forwards.
+ProfileConfig tiny_llama_config(int iters) {
   ProfileConfig cfg;
   cfg.batch = 2;
   cfg.prompt_len = 8;
   cfg.gen_len = 5;
   cfg.num_contexts = 3;
   cfg.warmup = 1;
-  cfg.iters = 3;
+  cfg.iters = iters;
+  return cfg;
+}
+
+TEST(Profiler, ProfilesEveryUnitOfTinyLlama) {
+  const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
+  auto dev = create_cpu_device(1);
+  ProfileConfig cfg = tiny_llama_config(3);
   int calls = 0;
   const ProfileResult r = profile_model(*dev, m, cfg, [&](int, int, const std::string&) { ++calls; });
   EXPECT_EQ(calls, static_cast<int>(m.signatures.size()) + 1);  // one per signature, then "done"
@@ -156,13 +163,7 @@ TEST(Profiler, ProfilesEveryUnitOfTinyLlama) {
 TEST(Profiler, ResidentProfilerProfilesItsUnitsAgain) {
   const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
   auto dev = create_cpu_device(1);
-  ProfileConfig cfg;
-  cfg.batch = 2;
-  cfg.prompt_len = 8;
-  cfg.gen_len = 5;
-  cfg.num_contexts = 3;
-  cfg.warmup = 1;
-  cfg.iters = 3;
+  ProfileConfig cfg = tiny_llama_config(3);
   const ProfileResult once = profile_model(*dev, m, cfg);
   size_t bytes = 0;
   StageConfig sc;
@@ -203,13 +204,7 @@ TEST(Profiler, ResidentProfilerProfilesItsUnitsAgain) {
 TEST(Profiler, InterleavedCycleTakesTurnsForwardByForward) {
   const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
   auto dev = create_cpu_device(1);
-  ProfileConfig cfg;
-  cfg.batch = 2;
-  cfg.prompt_len = 8;
-  cfg.gen_len = 5;
-  cfg.num_contexts = 3;
-  cfg.warmup = 1;
-  cfg.iters = 4;
+  ProfileConfig cfg = tiny_llama_config(4);
   int aligned = 0;
   cfg.align = [&] { ++aligned; };
   ResidentProfiler resident(*dev, m, cfg);
