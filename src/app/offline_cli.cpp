@@ -108,6 +108,10 @@ void add_offline_commands(CLI::App& app) {
                                     "\"overlap\"} (docs/OFFLINE.md)")
       ->required();
   s->add_option("--partition-name", sim.partition_name, "results files: only this partition");
+  s->add_option("--partition", sim.partition,
+                "results files (a run's, or a `ppbench profile` file's): predict this split instead, units per stage "
+                "such as 17,13 (stage k on rank k), from the profile by the run's own model; a split the run "
+                "measured is compared with its measurement");
   s->add_option("-M,--microbatches", sim.microbatches, "M request groups (0 = from the input)")
       ->check(kNonNegative)
       ->capture_default_str();

@@ -35,6 +35,9 @@ struct BalanceOptions {
 struct SimulateOptions {
   std::string input;       ///< results .h5 (every partition, or --partition-name) or stage JSON
   std::string partition_name;  ///< results files: simulate only this partition
+  /// results files: predict this split (units per stage, stage k on rank k) from the profile
+  /// instead of the run's partitions; "" = the run's
+  std::string partition;
   int microbatches = 0;    ///< M; 0 = from the input (results) or 1 (JSON)
   int gen_len = 0;         ///< G; 0 = from the input (results) or 1 (JSON)
   int batch = 0;           ///< B; 0 = from the input (results) or 1 (JSON)

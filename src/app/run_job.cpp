@@ -28,6 +28,7 @@
 #include "balance/layout.h"
 #include "balance/memory_report.h"
 #include "balance/partition.h"
+#include "balance/predict.h"
 #include "balance/problem.h"
 #include "balance/simulator.h"
 #include "balance/solver.h"
@@ -682,11 +683,9 @@ class RunJob {
     run_.link_latency_matrix_s = links.latency_s;
     run_.link_bandwidth_matrix_Bps = links.bandwidth_Bps;
     if (S_ > 1) {
-      link_latency_s_ = links.latency_s[1];
-      link_bandwidth_Bps_ = links.bandwidth_Bps[1];
+      run_.link_latency_s = links.latency_s[1];
+      run_.link_bandwidth_Bps = links.bandwidth_Bps[1];
     }
-    run_.link_latency_s = link_latency_s_;
-    run_.link_bandwidth_Bps = link_bandwidth_Bps_;
     const auto hosts = mpi_.gather_strings(mpi_.hostname());
     const auto names = mpi_.gather_strings(device_->name());
     const auto buses = mpi_.gather_strings(device_->bus_id());
@@ -696,7 +695,6 @@ class RunJob {
         run_.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], offsets_[r]});
         run_.ranks.back().machine_id = mpi_.machine_ids()[r];  // gathered at start-up
       }
-      pair_links_ = balance::node_pair_links(run_);  // the simulator's, once (the links do not change)
     }
     record_conditions();
     // Device classes: ranks with the same class are identical devices (rank_device_classes). Decided
@@ -1469,111 +1467,27 @@ class RunJob {
   }
 
   /// Rank 0: each partition's record (split, predictions, stage bytes) and its memory report.
-  /// Floor (ms) of prefill and of one decode step of units [first, last] on rank r: the sum of
-  /// the units' roofline floors with the rank's shared read bandwidth (every stage runs at
-  /// once in the pipeline). Rank 0 only (reads run_).
-  std::pair<double, double> stage_floor_ms(int r, int first, int last) const {
-    const RankInfo& info = run_.ranks[r];
-    const auto& t = run_.profile;
-    double pre = 0, dec = 0;
-    for (int u = first; u <= last; ++u) {
-      pre += roofline_floor_ms(t.unit_flops[2 * u], t.unit_bytes[2 * u], info.read_bandwidth_shared_GBps, info.peak_gflops);
-      dec += roofline_floor_ms(t.unit_flops[2 * u + 1], t.unit_bytes[2 * u + 1], info.read_bandwidth_shared_GBps,
-                               info.peak_gflops);
-    }
-    return {pre, dec};
-  }
-
   void describe_partitions() {
     if (!root_) return;
-    const balance::BalanceProblem prob = balance::problem_from_run(run_, objective_);
-    for (const auto& p : parts_) run_.partitions.push_back(describe_partition(p, run_.profile, prob));
+    predictor_ = std::make_unique<balance::Predictor>(run_);
+    for (const auto& p : parts_) run_.partitions.push_back(describe_partition(p, run_.profile));
   }
 
-  /// Sums over units [first, last] of rank r's prefill and decode entries of a [R][U][2] profile
-  /// table (latency_ms, latency_min_ms, latency_max_ms), ms.
-  std::pair<double, double> stage_phase_sums(const std::vector<double>& table, int r, int first, int last) const {
-    const size_t U = static_cast<size_t>(spec_.num_units());
-    double pre = 0, dec = 0;
-    for (int u = first; u <= last; ++u) {
-      pre += table[(static_cast<size_t>(r) * U + u) * 2];
-      dec += table[(static_cast<size_t>(r) * U + u) * 2 + 1];
-    }
-    return {pre, dec};
+  /// Prints the predictor's warnings, if any.
+  static void warn(const std::vector<std::string>& warnings) {
+    for (const std::string& w : warnings) std::cerr << "ppbench: warning: " << w << std::endl;
   }
 
-  /// Which table of a profile (median, fastest, slowest).
-  enum class Stat { median, min, max };
-
-  /// Stage k of `p`'s prefill and decode sums (ms) from profile `prof`: its rank's row, or, for
-  /// a tensor-parallel stage, its group's profile at its width (NaN if the group has none).
-  std::pair<double, double> stage_profile_sums(const ProfileTable& prof, const balance::Partition& p, int k, Stat stat) const {
-    const int r = p.device_rank[k], w = p.width(k);
-    if (w == 1)
-      return stage_phase_sums(stat == Stat::median ? prof.latency_ms : stat == Stat::min ? prof.latency_min_ms : prof.latency_max_ms,
-                              r, p.first_unit[k], p.last_unit[k]);
-    // The group's own profile, or that of a profiled group of the same width and device class
-    // (--tp auto profiles one per class and width).
-    RunRecord view;
-    view.profile.tp = prof.tp;
-    const ProfileTable::TpGroupProfile* g = balance::group_profile(view, equivalence_.device_class, r, w);
-    if (!g) return {std::nan(""), std::nan("")};
-    const auto& t = stat == Stat::median ? g->latency_ms : stat == Stat::min ? g->latency_min_ms : g->latency_max_ms;
-    double pre = 0, dec = 0;
-    for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) {
-      pre += t[2 * static_cast<size_t>(u)];
-      dec += t[2 * static_cast<size_t>(u) + 1];
-    }
-    return {pre, dec};
-  }
-
-  /// Rank 0: partition `p`'s record (split, predictions from profile table `prof`, floors, stage
-  /// bytes), its memory report and its progress line. `prob`: the balancer's problem of `prof`,
-  /// built once by the caller (its links give each stage's transfers).
-  PartitionRecord describe_partition(const balance::Partition& p, const ProfileTable& prof,
-                                     const balance::BalanceProblem& prob) {
-    PartitionRecord pr;
-    pr.name = p.solver;
-    pr.solver = p.solver;
-    pr.first_unit = p.first_unit;
-    pr.last_unit = p.last_unit;
-    pr.device_rank = p.device_rank;
-    pr.tp_width.assign(p.num_stages(), 1);
-    for (int k = 0; k < p.num_stages(); ++k) pr.tp_width[k] = p.width(k);
-    pr.layout = balance::layout_label(pr.tp_width);
-    for (int k = 0; k < p.num_stages(); ++k) {
-      const int next = (k + 1) % p.num_stages();
-      pr.handoff_copies.push_back(p.num_stages() == 1 ? 0 : (p.width(next) + p.width(k) - 1) / p.width(k));
-    }
+  /// Rank 0: partition `p`'s record (split and predictions from profile table `prof`,
+  /// balance::Predictor::describe; this backend's stage bytes), its memory report and its
+  /// progress line.
+  PartitionRecord describe_partition(const balance::Partition& p, const ProfileTable& prof) {
+    std::string warning;
+    PartitionRecord pr = predictor_->describe(p, prof, &warning);
+    if (!warning.empty()) warn({warning});
     const int S = p.num_stages();
-    pr.predicted_phase_ms = predicted_phases(p, prof);
-    pr.predicted_stage_ms = p.predicted_stage_ms;
-    if (!prof.latency_alone_ms.empty()) {
-      // The solver's stage time is stage_time(compute on the together table, t_in, t_out); the
-      // modelled compute takes the together compute's place, with the solver's own transfers. A
-      // tensor-parallel stage keeps the solver's value (its group profile is not modelled).
-      const std::vector<double> transfers = balance::stage_transfer_ms(prob, p);
-      for (int k = 0; k < S; ++k) {
-        if (p.width(k) != 1) continue;
-        const double modelled = balance::objective_cost(objective_, pr.predicted_phase_ms[2 * k],
-                                                        pr.predicted_phase_ms[2 * k + 1], opt_.gen_len);
-        pr.predicted_stage_ms[k] = balance::with_transfers(modelled, transfers[k], !opt_.no_overlap);
-      }
-    }
-    pr.predicted_bottleneck_ms = *std::max_element(pr.predicted_stage_ms.begin(), pr.predicted_stage_ms.end());
     for (int k = 0; k < S; ++k) {
-      const int r = p.device_rank[k], w = p.width(k);
-      const auto [pre_lo, dec_lo] = stage_profile_sums(prof, p, k, Stat::min);
-      const auto [pre_hi, dec_hi] = stage_profile_sums(prof, p, k, Stat::max);
-      pr.predicted_stage_min_ms.push_back(balance::objective_cost(objective_, pre_lo, dec_lo, opt_.gen_len));
-      pr.predicted_stage_max_ms.push_back(balance::objective_cost(objective_, pre_hi, dec_hi, opt_.gen_len));
-      // A tensor-parallel stage's floor: its rank's floor of the whole stage over the width (the
-      // ideal split of its work and bytes; the all-reduces are not in it).
-      const auto [floor_pre, floor_dec] = stage_floor_ms(r, p.first_unit[k], p.last_unit[k]);
-      pr.stage_floor_phase_ms.push_back(floor_pre / w);
-      pr.stage_floor_phase_ms.push_back(floor_dec / w);
-      pr.stage_floor_ms.push_back(balance::objective_cost(objective_, floor_pre / w, floor_dec / w, opt_.gen_len));
-      const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_, w, 0);  // the group's first shard
+      const StageBytes b = stage_bytes_of(p.first_unit[k], p.last_unit[k], M_, p.width(k), 0);  // the group's first shard
       pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
       pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
     }
@@ -1883,19 +1797,6 @@ class RunJob {
     return monotonic_s() - start;
   }
 
-  /// Rank 0: the profile as the rounds saw the units (balance::profile_as_rounds_saw_it of the
-  /// mean of the cycles between rounds); nullopt without such cycles.
-  std::optional<ProfileTable> rounds_profile() const {
-    const ProfileTable& t = run_.profile;
-    const size_t n = t.latency_ms.size();
-    if (n == 0 || t.latency_rounds_ms.empty() || t.latency_rounds_ms.size() % n != 0) return std::nullopt;
-    const size_t K = t.latency_rounds_ms.size() / n;
-    std::vector<double> mean(n, 0.0);
-    for (size_t k = 0; k < K; ++k)
-      for (size_t i = 0; i < n; ++i) mean[i] += t.latency_rounds_ms[k * n + i] / static_cast<double>(K);
-    return balance::profile_as_rounds_saw_it(t, mean, objective_, opt_.gen_len);
-  }
-
   /// Index in `benches` of the partition the others are compared with: uniform if measured,
   /// else the first.
   size_t reference_bench(const std::vector<Bench>& benches) const {
@@ -2015,31 +1916,8 @@ class RunJob {
       const balance::Partition& p = parts_[benches[j].pi];
       if (p.tensor_parallel()) continue;  // calibrates the ranks' own rows: one rank per stage only
       from.push_back(p.solver);
-      const std::vector<double> predicted = predicted_phases(p, run_.profile);
-      const EventShape sh{static_cast<int>(benches[j].rounds.size()), M_, opt_.gen_len + 1, S_};
-      for (int k = 0; k < S_; ++k) {
-        double pre = 0, dec = 0;
-        int npre = 0, ndec = 0;
-        for (int it = 0; it < sh.iters; ++it)
-          for (int g = 0; g < M_; ++g)
-            for (int t = 0; t < sh.steps; ++t) {
-              const double d = 1e3 * (events[j][sh.index(it, g, t, k, kComputeEnd)] -
-                                      events[j][sh.index(it, g, t, k, kComputeStart)]);
-              if (!std::isfinite(d)) continue;
-              (t == 0 ? pre : dec) += d;
-              ++(t == 0 ? npre : ndec);
-            }
-        balance::StageMeasurement m;
-        m.rank = p.device_rank[k];
-        // Against the profile as measured (an adaptive split's own predictions are from an
-        // earlier calibrated table), through the contention model where the profile has two
-        // passes: the factors scale both passes of that table.
-        m.predicted_prefill_ms = predicted[2 * k];
-        m.predicted_decode_ms = predicted[2 * k + 1];
-        m.measured_prefill_ms = npre ? pre / npre : 0.0;
-        m.measured_decode_ms = ndec ? dec / ndec : 0.0;
-        stages.push_back(m);
-      }
+      const auto m = balance::stage_measurements(*predictor_, p, run_.profile, events[j]);
+      stages.insert(stages.end(), m.begin(), m.end());
     }
     const std::vector<double> factors = balance::calibration_factors(stages, S_);
     RunRecord calibrated = run_;
@@ -2066,7 +1944,7 @@ class RunJob {
     }
     if (adaptive_solves_ >= kMaxAdaptiveSolves) adaptive_done_ = true;  // this one is the last
     p.solver = next_adaptive_name();
-    PartitionRecord pr = describe_partition(p, calibrated.profile, prob);
+    PartitionRecord pr = describe_partition(p, calibrated.profile);
     pr.calibration_factor = factors;
     pr.calibrated_from = from;
     pr.solved_after_round = static_cast<int>(benches.front().rounds.size());
@@ -2109,114 +1987,16 @@ class RunJob {
   }
 
   /// Rank 0, after the benchmark: every measured partition of one rank per stage predicted again,
-  /// cross-calibrated (issue 13): its stages' alone and together times made from the profile's
-  /// sums by the level and contention factors balance::contention_calibration fits per rank and
-  /// phase on the *other* measured partitions' compute steps (which ran in alternating
-  /// repetitions of the same rounds: the machine's state), each step with the share of it
-  /// another stage of its machine overlapped (balance::step_overlap), then through the
-  /// contention model, which finds this split's own overlap. Predictions are all from the run's profile as measured (an
-  /// adaptive split's own record is from a calibrated table), measurements are mean steps. A
-  /// partition sharing another's measurement is no other partition to it (that would be its own
-  /// measurement) and takes that one's cross prediction. Fills predicted_{phase,stage}_cross_ms,
-  /// predicted_overlap_cross, cross_level / cross_contention / cross_fit, stage_overlap,
-  /// cross_calibrated_by and the simulated_cross_* metrics; a failure costs only these
+  /// cross-calibrated (issue 13, balance::cross_calibrate); a failure costs only these
   /// predictions (warned).
   void cross_calibrate_partitions() {
-    auto alone = [&](size_t i) {
-      const PartitionRecord& pr = run_.partitions[i];
-      return pr.measured && pr.same_as.empty() && !parts_[i].tensor_parallel() &&
-             pr.stage_compute_mean_ms.size() == 2 * static_cast<size_t>(parts_[i].num_stages()) && !pr.events.empty();
-    };
+    std::vector<std::string> warnings;
     try {
-      const bool two_passes = !run_.profile.latency_alone_ms.empty();
-      // Every measured compute step of each such partition as a calibration sample (its
-      // profile's alone sum, the share of it another stage of its machine overlapped, its time).
-      std::vector<std::vector<balance::StepSample>> steps(parts_.size());
-      std::vector<std::pair<std::vector<double>, std::vector<double>>> sums(parts_.size());  // {alone, together}
-      for (size_t i = 0; i < parts_.size(); ++i) {
-        if (!alone(i)) continue;
-        const balance::Partition& p = parts_[i];
-        PartitionRecord& pr = run_.partitions[i];
-        const int S = p.num_stages();
-        sums[i] = pass_sums(p, run_.profile);
-        const auto& [a, t] = sums[i];
-        const size_t rep = static_cast<size_t>(M_) * (opt_.gen_len + 1) * S * kNumEvents;
-        const EventShape sh{static_cast<int>(pr.events.size() / rep), M_, opt_.gen_len + 1, S};
-        const std::vector<int> node = stage_machines(p);
-        const std::vector<double> share = balance::step_overlap(pr.events, sh, node);
-        const auto [over_pre, over_dec] = balance::overlap_of_steps(pr.events, sh, share);
-        pr.stage_overlap.clear();
-        for (int k = 0; k < S; ++k) pr.stage_overlap.insert(pr.stage_overlap.end(), {over_pre[k], over_dec[k]});
-        for (size_t row = 0; row * S < share.size(); ++row)  // row: [reps][M][G+1] flattened
-          for (int k = 0; k < S; ++k) {
-            if (!std::isfinite(share[row * S + k])) continue;
-            const int ph = row % sh.steps == 0 ? 0 : 1;
-            const size_t e = (row * S + k) * kNumEvents;
-            // One pass (GPUs, each with its own memory): no contention to fit, the level alone.
-            steps[i].push_back({p.device_rank[k], ph, a[2 * k + ph], two_passes ? share[row * S + k] : 0.0,
-                                1e3 * (pr.events[e + kComputeEnd] - pr.events[e + kComputeStart]),
-                                t[2 * k + ph] - a[2 * k + ph]});
-          }
-      }
-      for (size_t i = 0; i < parts_.size(); ++i) {
-        if (!alone(i)) continue;
-        std::vector<balance::StepSample> others;
-        std::string by;
-        for (size_t j = 0; j < parts_.size(); ++j) {
-          if (j == i || !alone(j)) continue;
-          others.insert(others.end(), steps[j].begin(), steps[j].end());
-          by += (by.empty() ? "" : ",") + run_.partitions[j].name;
-        }
-        const balance::Partition& p = parts_[i];
-        PartitionRecord& pr = run_.partitions[i];
-        pr.predicted_phase_cross_ms.clear();
-        pr.predicted_stage_cross_ms.clear();
-        const balance::ContentionCalibration cal = balance::contention_calibration(others, S_);
-        const auto& [a, t] = sums[i];
-        std::vector<double> ca(a.size()), ct(a.size());  // the calibrated alone and together sums
-        bool covered = true;
-        for (int k = 0; k < p.num_stages(); ++k)
-          for (size_t ph = 0; ph < 2; ++ph) {
-            const size_t f = 2 * static_cast<size_t>(p.device_rank[k]) + ph, at = 2 * static_cast<size_t>(k) + ph;
-            covered = covered && cal.fit[f] != balance::CalibrationFit::none;
-            ca[at] = cal.level[f] * a[at];
-            ct[at] = cal.fit[f] == balance::CalibrationFit::contention
-                         ? ca[at] + cal.contention[f] * a[at]
-                         : cal.level[f] * (a[at] + std::max(t[at] - a[at], 0.0));  // the profile's own contention
-          }
-        if (!covered) continue;  // a rank no other partition measured: no calibration there
-        pr.cross_level = cal.level;
-        pr.cross_contention = cal.contention;
-        pr.cross_fit.clear();
-        for (const auto f : cal.fit) pr.cross_fit.push_back(static_cast<int>(f));
-        pr.predicted_phase_cross_ms = two_passes ? contended_phases(p, ca, ct, &pr.predicted_overlap_cross) : ct;
-        if (!two_passes) pr.predicted_overlap_cross.clear();
-        pr.cross_calibrated_by = by;
-        const double measured = pr.metrics.count("decode_tokens_per_s") ? pr.metrics.at("decode_tokens_per_s") : 0.0;
-        pr.predicted_stage_cross_ms =
-            predict_again(p, pr.predicted_phase_cross_ms, "simulated_cross_", measured, pr.metrics);
-      }
-      for (size_t i = 0; i < parts_.size(); ++i) {  // a shared measurement: its partition's cross prediction
-        PartitionRecord& pr = run_.partitions[i];
-        if (!pr.measured || pr.same_as.empty()) continue;
-        for (const PartitionRecord& o : run_.partitions)
-          if (o.name == pr.same_as && o.same_as.empty()) {
-            pr.predicted_phase_cross_ms = o.predicted_phase_cross_ms;
-            pr.predicted_stage_cross_ms = o.predicted_stage_cross_ms;
-            pr.predicted_overlap_cross = o.predicted_overlap_cross;
-            pr.cross_level = o.cross_level;
-            pr.cross_contention = o.cross_contention;
-            pr.cross_fit = o.cross_fit;
-            pr.stage_overlap = o.stage_overlap;
-            pr.cross_calibrated_by = o.cross_calibrated_by;
-            for (const char* k : {"simulated_cross_tokens_per_s", "simulated_cross_decode_tokens_per_s",
-                                  "simulated_cross_decode_error"})
-              if (o.metrics.count(k)) pr.metrics[k] = o.metrics.at(k);
-          }
-      }
+      balance::cross_calibrate(*predictor_, run_, warnings);
     } catch (const std::exception& e) {
-      std::cerr << "ppbench: warning: the cross-calibrated predictions failed: " << e.what() << std::endl;
+      warnings.push_back(std::string("the cross-calibrated predictions failed: ") + e.what());
     }
+    warn(warnings);
   }
 
   /// Partition `pi` is the same split as the earlier partition `of`, identical or equivalent
@@ -2394,178 +2174,15 @@ class RunJob {
                   {"pipeline_efficiency", m.pipeline_efficiency},
                   {"predicted_bottleneck_ms", pr.predicted_bottleneck_ms},
                   {"measured_bottleneck_ms", *std::max_element(pr.measured_stage_ms.begin(), pr.measured_stage_ms.end())}};
-    add_simulated_metrics(p, pr, m.decode_tokens_per_s);
+    {
+      std::vector<std::string> warnings;
+      balance::add_simulated_metrics(*predictor_, p, pr, m.decode_tokens_per_s, balance::rounds_profile(run_), warnings);
+      warn(warnings);
+    }
     pr.measured = true;
     if (final)
       progress_.say("benchmark " + p.solver + ": " + format_fixed(m.tokens_per_s, 2) + " tokens/s, validation " +
                   (!pr.validated ? "skipped" : pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
-  }
-
-  /// The simulator's prediction from the profile (predicted step times + the measured link),
-  /// stored beside the measurement; a failing prediction never costs the measurement.
-  void add_simulated_metrics(const balance::Partition& p, PartitionRecord& pr, double measured_decode_tok_s) const {
-    // (and, with profile cycles between rounds, its predictions again from them: rounds_profile)
-    try {
-      const auto sim = balance::simulate_pipeline(sim_stages(p, pr.predicted_phase_ms), sim_config()).metrics;
-      pr.metrics["simulated_tokens_per_s"] = sim.tokens_per_s;
-      pr.metrics["simulated_decode_tokens_per_s"] = sim.decode_tokens_per_s;
-      pr.metrics["simulated_decode_error"] =
-          measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
-    } catch (const std::exception& e) {
-      std::cerr << "ppbench: warning: the simulator failed for partition " << p.solver << ": " << e.what() << std::endl;
-    }
-    // The same predictions from the profile as the rounds saw the units (single-rank stages).
-    const auto seen = p.tensor_parallel() ? std::nullopt : rounds_profile();
-    if (!seen) return;
-    try {
-      pr.predicted_phase_rounds_ms = predicted_phases(p, *seen);
-      pr.predicted_stage_rounds_ms.clear();
-      pr.predicted_stage_rounds_ms =
-          predict_again(p, pr.predicted_phase_rounds_ms, "simulated_rounds_", measured_decode_tok_s, pr.metrics);
-    } catch (const std::exception& e) {
-      std::cerr << "ppbench: warning: the prediction from the profile between rounds failed for partition " << p.solver
-                << ": " << e.what() << std::endl;
-    }
-  }
-
-  /// Rank 0: a partition's predictions again from other step times `phase_ms` ([S][2] prefill,
-  /// decode ms; e.g. the profile between rounds, or cross-calibrated): returns each stage's cost
-  /// in the objective with its transfers as predicted_stage_ms counts them ([S] ms), and stores
-  /// the simulator's <prefix>tokens_per_s, <prefix>decode_tokens_per_s and <prefix>decode_error
-  /// (against `measured_decode_tok_s`; 0 where that is not > 0) in `metrics`.
-  /// @throws what balance::stage_transfer_ms and balance::simulate_pipeline throw.
-  std::vector<double> predict_again(const balance::Partition& p, const std::vector<double>& phase_ms,
-                                    const std::string& prefix, double measured_decode_tok_s,
-                                    std::map<std::string, double>& metrics) const {
-    const std::vector<double> transfers = balance::stage_transfer_ms(balance::problem_from_run(run_, objective_), p);
-    std::vector<double> cost;
-    for (int k = 0; k < p.num_stages(); ++k)
-      cost.push_back(balance::with_transfers(
-          balance::objective_cost(objective_, phase_ms[2 * k], phase_ms[2 * k + 1], opt_.gen_len), transfers[k],
-          !opt_.no_overlap));
-    const auto sim = balance::simulate_pipeline(sim_stages(p, phase_ms), sim_config()).metrics;
-    metrics[prefix + "tokens_per_s"] = sim.tokens_per_s;
-    metrics[prefix + "decode_tokens_per_s"] = sim.decode_tokens_per_s;
-    metrics[prefix + "decode_error"] =
-        measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
-    return cost;
-  }
-
-  /// The simulator's pipeline: this run's M, G, B and overlap.
-  balance::SimConfig sim_config() const {
-    balance::SimConfig simc;
-    simc.groups = M_;
-    simc.gen_len = opt_.gen_len;
-    simc.batch = opt_.batch;
-    simc.overlap = !opt_.no_overlap;
-    return simc;
-  }
-
-  /// Rank 0: the simulator's stages of partition `p`: compute step times from `phase_ms`
-  /// ([S][2] prefill, decode ms) and each boundary's transfer over its measured link.
-  std::vector<balance::SimStage> sim_stages(const balance::Partition& p, const std::vector<double>& phase_ms) const {
-    const int S = p.num_stages();
-    std::vector<balance::SimStage> st(S);
-    for (int k = 0; k < S; ++k) {
-      st[k].prefill_ms = phase_ms[2 * k];
-      st[k].decode_ms = phase_ms[2 * k + 1];
-      const bool last_stage = k == S - 1;
-      // A sender of a stage narrower than the next sends a copy to each of its receivers
-      // (pipeline.h layout_placement), one after the other.
-      const int next = (k + 1) % S;
-      const int copies = (p.width(next) + p.width(k) - 1) / p.width(k);
-      auto xfer_ms = [&](int tokens) {
-        if (S == 1) return 0.0;
-        const double bytes = last_stage ? 4.0 * opt_.batch
-                                        : double(model::boundary_bytes(spec_, p.last_unit[k], opt_.batch, tokens,
-                                                                       dtype_bytes(dtype_)));
-        // On several nodes each boundary's own link (the balancer's), else the run's one link.
-        const auto [lat, bw] = pair_links_.measured(p.device_rank[k], p.device_rank[next], static_cast<size_t>(S_))
-                                   .value_or(std::make_pair(link_latency_s_, link_bandwidth_Bps_));
-        return copies * balance::link_transfer_ms(lat, bw, bytes);
-      };
-      st[k].send_prefill_ms = xfer_ms(opt_.prompt_len);
-      st[k].send_decode_ms = xfer_ms(1);
-    }
-    return st;
-  }
-
-  /// Rank 0: partition `p`'s predicted compute per stage, [S][2] (prefill step, decode step;
-  /// ms), from profile table `prof` (the run's, or a calibrated copy). A profile of one pass: its
-  /// sums as they are. A profile of two passes (latency_alone_ms): the contention model of
-  /// balance/contention.h between each stage's alone and together sums, with the stages' machines
-  /// (rank_machine: stages on one machine slow each other, even on different MPI nodes) and the
-  /// measured links. A tensor-parallel stage has one profile, its group's (timed while
-  /// the machine's other ranks wait): it is used as both, so the model never slows that stage for
-  /// its neighbours (it still slows them). The model failing (it should not) falls back to the
-  /// together sums; not settling is warned about.
-  std::vector<double> predicted_phases(const balance::Partition& p, const ProfileTable& prof) const {
-    const auto [alone, together] = pass_sums(p, prof);
-    if (prof.latency_alone_ms.empty()) return together;
-    return contended_phases(p, alone, together);
-  }
-
-  /// Rank 0: partition `p`'s profile sums per stage from table `prof`, {alone, together}, each
-  /// [S][2] (prefill step, decode step; ms; the median's table, as predicted_phases). A profile of
-  /// one pass, and a tensor-parallel stage (see predicted_phases), has alone = together.
-  std::pair<std::vector<double>, std::vector<double>> pass_sums(const balance::Partition& p,
-                                                                const ProfileTable& prof) const {
-    std::vector<double> together, alone;
-    for (int k = 0; k < p.num_stages(); ++k) {
-      const auto [pre, dec] = stage_profile_sums(prof, p, k, Stat::median);
-      together.insert(together.end(), {pre, dec});
-      if (prof.latency_alone_ms.empty() || p.width(k) != 1) {
-        alone.insert(alone.end(), {pre, dec});
-      } else {
-        const auto [apre, adec] = stage_phase_sums(prof.latency_alone_ms, p.device_rank[k], p.first_unit[k], p.last_unit[k]);
-        alone.insert(alone.end(), {apre, adec});
-      }
-    }
-    return {alone, together};
-  }
-
-  /// Rank 0: [S] for each stage of `p`, the index of the first stage on the same machine
-  /// (rank_machine: stages on one machine slow each other, even on different MPI nodes).
-  std::vector<int> stage_machines(const balance::Partition& p) const {
-    const int S = p.num_stages();
-    std::vector<int> node(S);
-    for (int k = 0; k < S; ++k) {
-      node[k] = k;
-      for (int j = 0; j < k; ++j)
-        if (rank_machine(run_.ranks[p.device_rank[j]]) == rank_machine(run_.ranks[p.device_rank[k]])) {
-          node[k] = node[j];
-          break;
-        }
-    }
-    return node;
-  }
-
-  /// Rank 0: partition `p`'s compute per stage, [S][2] ms, from its stages' alone and together
-  /// sums ([S][2] each) through the contention model of balance/contention.h, with the measured
-  /// links. `overlap`, where given, receives the model's share of each stage's steps overlapped,
-  /// [S][2] (prefill, decode). The model failing (it should not) falls back to the together
-  /// sums (overlap 1); not settling is warned about.
-  std::vector<double> contended_phases(const balance::Partition& p, const std::vector<double>& alone,
-                                       const std::vector<double>& together,
-                                       std::vector<double>* overlap = nullptr) const {
-    try {
-      const auto m = balance::contended_step_times(sim_stages(p, alone), sim_stages(p, together), stage_machines(p), sim_config());
-      if (!m.converged)
-        std::cerr << "ppbench: warning: the contention model did not settle for partition " << p.solver << " in "
-                  << m.iterations << " simulations; its predictions are the last iterate's" << std::endl;
-      std::vector<double> out;
-      for (const auto& s : m.stages) out.insert(out.end(), {s.prefill_ms, s.decode_ms});
-      if (overlap) {
-        overlap->clear();
-        for (size_t k = 0; k < m.stages.size(); ++k) overlap->insert(overlap->end(), {m.overlap_prefill[k], m.overlap_decode[k]});
-      }
-      return out;
-    } catch (const std::exception& e) {
-      std::cerr << "ppbench: warning: the contention model failed for partition " << p.solver << " (" << e.what()
-                << "); its predictions are the profile's together times" << std::endl;
-      if (overlap) overlap->assign(together.size(), 1.0);
-      return together;
-    }
   }
 
   // ---- 6./7. summary and results file -----------------------------------------------------------
@@ -2632,8 +2249,7 @@ class RunJob {
   size_t memory_limit_ = 0;           ///< this rank's bytes
   std::vector<double> memory_limits_;  ///< [R] every rank's, gathered
   std::vector<double> offsets_;        ///< [R] clock offsets to rank 0, s
-  double link_latency_s_ = 0.0, link_bandwidth_Bps_ = 0.0;
-  balance::PairLinks pair_links_;  ///< rank 0: each pair's link on several nodes (empty on one)
+  std::unique_ptr<balance::Predictor> predictor_;  ///< rank 0, from the partitions on: the run's predictions
   Watchdog watchdog_;  ///< last: see the constructor
 };
 

@@ -105,6 +105,13 @@ double link_transfer_ms(double latency_s, double bandwidth_Bps, double bytes) {
   return 1e3 * (latency_s + (bandwidth_Bps > 0 ? bytes / bandwidth_Bps : 0.0));
 }
 
+double boundary_message_bytes(bool last_stage, int batch, int tokens, double hidden, int dtype_bytes) {
+  if (last_stage) return 4.0 * batch;  // int32 token ids
+  return static_cast<double>(batch) * tokens * hidden * dtype_bytes;
+}
+
+int handoff_copies(int from_width, int to_width) { return (to_width + from_width - 1) / from_width; }
+
 BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   const ProfileTable& t = run.profile;
   const WorkloadInfo& w = run.workload;
@@ -129,8 +136,8 @@ BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
       p.device_memory_bytes.push_back(std::max<int64_t>(1, k.memory_limit_bytes - k.stage_scratch_bytes));
   const auto hidden = run.model_attrs_num.find("hidden_size");
   if (hidden != run.model_attrs_num.end() && hidden->second > 0 && U > 1)
-    p.activation_bytes.assign(U - 1, static_cast<double>(w.batch) * objective_tokens(o, w.prompt_len, w.gen_len) *
-                                         hidden->second * dtype_size(w.dtype));
+    p.activation_bytes.assign(U - 1, boundary_message_bytes(false, w.batch, objective_tokens(o, w.prompt_len, w.gen_len),
+                                                            hidden->second, dtype_size(w.dtype)));
   p.messages_per_boundary = objective_messages(o, w.gen_len);
   p.link_bandwidth_GBps = run.link_bandwidth_Bps / 1e9;
   p.link_latency_us = run.link_latency_s * 1e6;

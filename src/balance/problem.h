@@ -67,6 +67,17 @@ PairLinks node_pair_links(const RunRecord& run);
 /// latency only): 1e3 (latency + bytes / bandwidth), the simulators' transfer model.
 double link_transfer_ms(double latency_s, double bandwidth_Bps, double bytes);
 
+/// Bytes of the message stage `k` of a pipeline sends per item: the hidden states of B sequences
+/// of `tokens` tokens ([B, tokens, hidden] of `dtype_bytes` each) across a boundary, or, from the
+/// last stage (`last_stage`), the B int32 token ids returned to stage 0. The one definition the
+/// balancer's activation bytes, the simulators and the pipeline's buffers agree on.
+double boundary_message_bytes(bool last_stage, int batch, int tokens, double hidden, int dtype_bytes);
+
+/// Copies of each item's output one sending rank of a stage of width `from_width` sends to the
+/// next stage of width `to_width`: ceil(to / from) (pipeline.h layout_placement: a narrower
+/// sender gives every receiver a full copy, one after the other; each link carries one copy).
+int handoff_copies(int from_width, int to_width);
+
 /// The balancer's problem of `run` for objective `o`:
 ///  - cost [R][U] = objective_cost of each rank's own profile row (/profile/latency_ms);
 ///  - weight_bytes, kv_bytes [U] = /profile/unit_weight_bytes, unit_kv_bytes;

@@ -16,6 +16,9 @@
 #include <string>
 #include <tuple>
 
+#include <hdf5.h>
+#include <nlohmann/json.hpp>
+
 #include "scratch_dir.h"
 #include "common/host_conditions.h"
 #include "common/stats.h"
@@ -496,6 +499,58 @@ void check_file(const std::string& path, int world, int units, int B, int P, int
     EXPECT_EQ(root.open_group("validation/" + name).open_dataset("tokens").read<int32_t>(), t0) << name;
 }
 
+/// `ppbench simulate` computes a run's predictions from its profile (balance::Predictor, the
+/// model the run used): on a copy of results file `path` with every stored prediction removed
+/// (predicted_phase_ms, predicted_phase_rounds_ms, the simulated_* attributes), `simulate COPY
+/// --partition COUNTS --json F` gives, for each partition of `parts`, the simulated tokens/s and
+/// decode tokens/s the run stored, to 1e-9 relative; and a split the run did not measure is
+/// predicted too.
+void check_offline_prediction(const std::string& path, const std::vector<std::string>& parts) {
+  const std::string dir = fs::path(path).parent_path().string(), copy = dir + "/without_predictions.h5";
+  fs::copy_file(path, copy, fs::copy_options::overwrite_existing);
+  {
+    const hid_t f = H5Fopen(copy.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    for (const std::string& name : parts) {
+      for (const char* d : {"predicted_phase_ms", "predicted_phase_rounds_ms"}) {
+        const std::string link = "/partitions/" + name + "/" + d;
+        if (H5Lexists(f, link.c_str(), H5P_DEFAULT) > 0) EXPECT_GE(H5Ldelete(f, link.c_str(), H5P_DEFAULT), 0) << link;
+      }
+      const std::string bench = "/benchmark/" + name;
+      for (const char* a : {"simulated_tokens_per_s", "simulated_decode_tokens_per_s", "simulated_decode_error",
+                            "simulated_rounds_tokens_per_s", "simulated_rounds_decode_tokens_per_s"})
+        if (H5Aexists_by_name(f, bench.c_str(), a, H5P_DEFAULT) > 0) EXPECT_GE(H5Adelete_by_name(f, bench.c_str(), a, H5P_DEFAULT), 0);
+    }
+    H5Fclose(f);
+  }
+  auto root = ppb::h5::File::open(path).root();
+  for (const std::string& name : parts) {
+    const std::string counts = root.open_group("partitions/" + name).get_attr<std::string>("counts");
+    const std::string json = dir + "/simulate_" + name + ".json";
+    auto r = run(PPBENCH_BIN " simulate " + copy + " --partition " + counts + " --json " + json + " --force");
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::ifstream in(json);
+    const auto j = nlohmann::json::parse(in);
+    ASSERT_EQ(j.at("partitions").size(), 1u) << j.dump();
+    const auto& predicted = j.at("partitions").begin().value().at("predicted");
+    auto bench = root.open_group("benchmark/" + name);
+    for (const char* key : {"tokens_per_s", "decode_tokens_per_s"}) {
+      const double stored = bench.get_attr<double>(std::string("simulated_") + key);
+      EXPECT_NEAR(predicted.at(key).get<double>() / stored, 1.0, 1e-9) << name << " " << key;
+    }
+  }
+  // A split of the profile the run never measured: one more unit on stage 0 than the first
+  // partition's, predicted from the same profile.
+  const auto first = root.open_group("partitions/" + parts[0]).open_dataset("first_unit").read<int64_t>();
+  const auto last = root.open_group("partitions/" + parts[0]).open_dataset("last_unit").read<int64_t>();
+  ASSERT_EQ(first.size(), 2u);
+  const int64_t a = last[0] - first[0] + 2, b = last[1] - first[1];
+  auto r = run(PPBENCH_BIN " simulate " + copy + " --partition " + std::to_string(a) + "," + std::to_string(b));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(not measured)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("predicted (profile)"), std::string::npos) << r.output;
+}
+
 TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
   std::string out = temp_dir() + "/qwen3.h5";
   auto r = run(mpirun(2) + "--model inputs/models/qwen3-0.6b.json -p 8 -g 3 -b 2 --iters 2 --warmup 1 "
@@ -547,6 +602,7 @@ TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
   EXPECT_NE(r.output.find("profile between rounds: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("from the profile between rounds: pred ms"), std::string::npos) << r.output;
   check_cross_calibration(root, {"uniform", "seed", "balanced"}, 2);
+  check_offline_prediction(out, {"uniform", "seed", "balanced"});
   // Progress after each round shows both gains --target-ci waits for (G = 3: a decode rate).
   EXPECT_NE(r.output.find("/uniform so far "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("x, decode "), std::string::npos) << r.output;
