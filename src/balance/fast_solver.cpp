@@ -70,7 +70,7 @@ class FastSolver {
       mb1_[j / kBlock] = std::max(mb1_[j / kBlock], m_[j]);
       mb2_[j / kSuper] = std::max(mb2_[j / kSuper], m_[j]);
     }
-    x_ = U >= 2 && !pp.xfer.empty() ? pp.xfer[0][0] : 0.0;
+    x_ = U >= 2 && !pp.xfer_slot_of.empty() ? pp.xfer_rows[pp.xfer_slot_of[0]][0] : 0.0;
     sets_.resize(pp.S + 1);
   }
 

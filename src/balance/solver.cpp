@@ -4,9 +4,13 @@
 #include "balance/solver.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "balance/solver_detail.h"
@@ -46,6 +50,25 @@ std::string g_text(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", v);
   return buf;
+}
+
+/// Transfer time (ms) of unit boundary b (between units b and b+1) over `link` = {bandwidth
+/// GB/s, latency us} as pair_link returns it: messages x latency + bytes / bandwidth. The one
+/// formula of boundary_transfer_ms, uniform_transfers and evaluate, so that all of them (and
+/// the solvers' rows, built by boundary_transfer_ms) give bit-identical times.
+double boundary_ms(const BalanceProblem& p, const std::pair<double, double>& link, int b) {
+  const auto [bandwidth, latency_us] = link;
+  const double latency_ms = p.messages_per_boundary * latency_us * 1e-3;
+  const double bytes = p.activation_bytes.empty() ? 0.0 : p.activation_bytes[b];
+  // bytes / (GB/s * 1e9 bytes/GB) seconds = bytes / (GB/s * 1e6) ms.
+  const double wire = bandwidth > 0 ? bytes / (bandwidth * 1e6) : 0.0;
+  return latency_ms + wire;
+}
+
+/// A link's identity for sharing transfer rows: its bits, so that links differing in any bit
+/// (even 0.0 and -0.0) keep rows of their own and sharing never changes a transfer time.
+std::pair<uint64_t, uint64_t> link_key(const std::pair<double, double>& link) {
+  return {std::bit_cast<uint64_t>(link.first), std::bit_cast<uint64_t>(link.second)};
 }
 
 }  // namespace
@@ -147,25 +170,32 @@ std::pair<double, double> pair_link(const BalanceProblem& p, int from, int to) {
 std::vector<double> boundary_transfer_ms(const BalanceProblem& p, int from, int to) {
   const int U = p.units();
   std::vector<double> t(U > 0 ? U - 1 : 0);
-  const auto [bandwidth, latency_us] = pair_link(p, from, to);
-  const double latency_ms = p.messages_per_boundary * latency_us * 1e-3;
-  for (int b = 0; b + 1 < U; ++b) {
-    const double bytes = p.activation_bytes.empty() ? 0.0 : p.activation_bytes[b];
-    // bytes / (GB/s * 1e9 bytes/GB) seconds = bytes / (GB/s * 1e6) ms.
-    const double wire = bandwidth > 0 ? bytes / (bandwidth * 1e6) : 0.0;
-    t[b] = latency_ms + wire;
-  }
+  const auto link = pair_link(p, from, to);
+  for (int b = 0; b + 1 < U; ++b) t[b] = boundary_ms(p, link, b);
   return t;
 }
 
 bool uniform_transfers(const BalanceProblem& p) {
-  const auto t = boundary_transfer_ms(p);
-  auto same = [&](const std::vector<double>& v) { return std::all_of(v.begin(), v.end(), [&](double x) { return x == t[0]; }); };
-  if (!same(t)) return false;
+  const int U = p.units();
+  if (U < 2) return true;  // no unit boundary
+  const auto base = pair_link(p, -1, -1);
+  const double t0 = boundary_ms(p, base, 0);
+  auto same = [&](const std::pair<double, double>& link) {
+    for (int b = 0; b + 1 < U; ++b)
+      if (!(boundary_ms(p, link, b) == t0)) return false;
+    return true;
+  };
+  if (!same(base)) return false;
   if (p.pair_bandwidth_GBps.empty() && p.pair_latency_us.empty()) return true;
+  // Each distinct link once: the D^2 pairs share a few links (inside a node, between nodes),
+  // and a row per pair was O(D^2 U) work.
+  std::set<std::pair<uint64_t, uint64_t>> checked{link_key(base)};
   for (int d = 0; d < p.devices(); ++d)
-    for (int e = 0; e < p.devices(); ++e)
-      if (d != e && !same(boundary_transfer_ms(p, d, e))) return false;
+    for (int e = 0; e < p.devices(); ++e) {
+      if (d == e) continue;
+      const auto link = pair_link(p, d, e);
+      if (checked.insert(link_key(link)).second && !same(link)) return false;
+    }
   return true;
 }
 
@@ -226,10 +256,18 @@ Prepared prepare(const BalanceProblem& problem, const std::vector<int>& order) {
   }
   pp.mem_prefix.assign(pp.U + 1, 0);
   for (int u = 0; u < pp.U; ++u) pp.mem_prefix[u + 1] = pp.mem_prefix[u] + unit_mem(problem, u);
+  // One transfer row per distinct link that a stage boundary crosses, shared by all of them:
+  // O(U) per link, not per boundary (a problem with one link holds one row).
+  std::map<std::pair<uint64_t, uint64_t>, int> link_slot;
   double max_xfer = 0.0;
   for (int k = 0; k + 1 < pp.S; ++k) {
-    pp.xfer.push_back(boundary_transfer_ms(problem, order[k], order[k + 1]));
-    for (double x : pp.xfer.back()) max_xfer = std::max(max_xfer, x);
+    const auto key = link_key(pair_link(problem, order[k], order[k + 1]));
+    const auto [it, added] = link_slot.emplace(key, static_cast<int>(pp.xfer_rows.size()));
+    if (added) {
+      pp.xfer_rows.push_back(boundary_transfer_ms(problem, order[k], order[k + 1]));
+      for (double x : pp.xfer_rows.back()) max_xfer = std::max(max_xfer, x);
+    }
+    pp.xfer_slot_of.push_back(it->second);
   }
   // Prefix-sum rounding is ~1e-16 relative; 1e-12 of the largest possible stage time keeps
   // splits tied with B* in exact arithmetic inside the spread pass (as in partition.cpp).
@@ -263,17 +301,16 @@ void evaluate(const BalanceProblem& problem, Partition& p) {
   const int U = problem.units();
   check_partition(p, U);
   const int S = p.num_stages();
-  std::vector<std::vector<double>> xfer;  // [S-1][U-1] over each stage boundary's own link
-  for (int k = 0; k + 1 < S; ++k) xfer.push_back(boundary_transfer_ms(problem, p.device_rank[k], p.device_rank[k + 1]));
+  for (int k = 0; k < S; ++k)
+    if (p.device_rank[k] >= problem.devices())
+      throw InternalError("evaluate: stage " + std::to_string(k) + " runs on device " + std::to_string(p.device_rank[k]) +
+                          " of " + std::to_string(problem.devices()));
   p.predicted_stage_ms.assign(S, 0.0);
   // The same prefix-sum differences as the solvers, so that predictions equal their optimum;
   // one prefix array per row in use (O(U) per distinct row, not per stage).
   std::vector<std::vector<double>> prefix(problem.cost.size());
   for (int k = 0; k < S; ++k) {
     const int d = p.device_rank[k];
-    if (d >= problem.devices())
-      throw InternalError("evaluate: stage " + std::to_string(k) + " runs on device " + std::to_string(d) + " of " +
-                          std::to_string(problem.devices()));
     auto& pre = prefix[problem.row_of(d)];
     if (pre.empty()) {
       const auto& row = problem.cost[problem.row_of(d)];
@@ -281,8 +318,10 @@ void evaluate(const BalanceProblem& problem, Partition& p) {
       for (int u = 0; u < U; ++u) pre[u + 1] = pre[u] + row[u];
     }
     const double pre_a = pre[p.first_unit[k]], pre_b = pre[p.last_unit[k] + 1];
-    const double t_in = k > 0 ? xfer[k - 1][p.first_unit[k] - 1] : 0.0;
-    const double t_out = k < S - 1 ? xfer[k][p.last_unit[k]] : 0.0;
+    // Only the two boundaries the stage touches, each over its own link: O(1) per stage
+    // instead of a [U-1] row per stage boundary (issue 34); the same formula as the solvers'.
+    const double t_in = k > 0 ? boundary_ms(problem, pair_link(problem, p.device_rank[k - 1], d), p.first_unit[k] - 1) : 0.0;
+    const double t_out = k < S - 1 ? boundary_ms(problem, pair_link(problem, d, p.device_rank[k + 1]), p.last_unit[k]) : 0.0;
     p.predicted_stage_ms[k] = stage_time(pre_b - pre_a, t_in, t_out, problem.overlap);
   }
   const auto [lo, hi] = std::minmax_element(p.predicted_stage_ms.begin(), p.predicted_stage_ms.end());

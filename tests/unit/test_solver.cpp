@@ -1,7 +1,7 @@
 // Unit tests of src/balance/solver: the general exact DP and the fast solver against brute force
 // on thousands of random small instances (heterogeneous rows, memory limits, transfer costs,
 // both overlap modes), the fast solver against the DP on larger ones, the order search, and
-// the "no feasible split" diagnosis.
+// the "no feasible split" diagnosis; the prepared transfer rows (one per distinct link).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,9 +10,11 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "balance/solver.h"
+#include "balance/solver_detail.h"
 #include "common/error.h"
 
 namespace ppb::balance {
@@ -253,6 +255,109 @@ TEST(BalanceSolver, ALinkPerBoundaryMatchesBruteForce) {
   }
   EXPECT_GE(optimal, 800);
   EXPECT_GE(order_checked, 800);
+}
+
+/// Issue 34: prepare() holds one transfer row per distinct link, not one per stage boundary.
+/// One link on the issue's size (100,000 units on 1,024 stages, 4 MiB per boundary at 10 GB/s
+/// + 20 us): one row of U-1 that every boundary maps to, equal to boundary_transfer_ms and to
+/// the independent formula; the solved split's stage times equal the brute-force stage times.
+TEST(BalanceSolver, OneLinkPreparesOneTransferRow) {
+  constexpr int U = 100000, S = 1024;
+  std::mt19937 rng(34);
+  BalanceProblem p;
+  p.cost = {random_row(rng, U, 2)};
+  p.device_row.assign(S, 0);
+  p.activation_bytes.assign(U - 1, 4194304.0);
+  p.link_bandwidth_GBps = 10.0;
+  p.link_latency_us = 20.0;
+  const std::vector<int> order = rank_order(p, S);
+  const detail::Prepared pp = detail::prepare(p, order);
+  ASSERT_EQ(pp.xfer_rows.size(), 1u);
+  ASSERT_EQ(pp.xfer_rows[0].size(), static_cast<std::size_t>(U - 1));
+  EXPECT_EQ(pp.xfer_slot_of, std::vector<int>(S - 1, 0));
+  const std::vector<double> row = boundary_transfer_ms(p);
+  EXPECT_EQ(pp.xfer_rows[0], row);
+  EXPECT_NEAR(row[0], brute_xfer(p, 0, 0, 1), 1e-12);
+  EXPECT_GT(row[0], 0.0);
+  // Every boundary reads the row: t_out of stage k at unit i and t_in of stage k+1 from i.
+  for (int k = 0; k + 1 < S; k += 31)
+    for (int i = k + 1; i < U; i += 4999) {
+      EXPECT_EQ(pp.t_out(k, i), row[i - 1]) << "stage " << k << " unit " << i;
+      EXPECT_EQ(pp.t_in(k + 1, i), row[i - 1]) << "stage " << k + 1 << " unit " << i;
+    }
+  // The fast solver on it (the automatic choice with one link): its stage times are the
+  // brute-force formula's, over plain sums of the units.
+  const Partition part = solve(p, order);
+  EXPECT_EQ(part.algorithm, "fast");
+  ASSERT_EQ(part.num_stages(), S);
+  for (int k = 0; k < S; ++k)
+    EXPECT_NEAR(part.predicted_stage_ms[k], brute_stage_time(p, order, k, part.first_unit[k], part.last_unit[k]),
+                1e-9 * part.bottleneck_ms)
+        << "stage " << k;
+}
+
+/// A link per device pair on up to three nodes (a link inside each node, one between nodes,
+/// NaN pairs on the default link): prepare() holds exactly one row per distinct link the
+/// order's boundaries cross, every boundary maps to its own link's row (boundary_transfer_ms
+/// of that pair, and the independent formula), and boundaries share a row only over one link.
+TEST(BalanceSolver, DistinctLinksPrepareOneRowEach) {
+  std::mt19937 rng(3434);
+  int several = 0, three_or_more = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int D = std::uniform_int_distribution<int>(2, 8)(rng);
+    const int U = std::uniform_int_distribution<int>(D, 40)(rng);
+    BalanceProblem p = random_problem(rng, U, D, trial % 2 == 0);
+    if (p.activation_bytes.empty()) p.activation_bytes.assign(U - 1, 4000.0 * (1 + trial % 3));
+    p.link_bandwidth_GBps = 1e-3 * (1 + trial % 4);
+    p.link_latency_us = 3.0;
+    const int nodes = std::uniform_int_distribution<int>(1, 3)(rng);
+    std::vector<int> node(D);
+    for (int& n : node) n = std::uniform_int_distribution<int>(0, nodes - 1)(rng);
+    p.pair_bandwidth_GBps.assign(static_cast<std::size_t>(D) * D, 0.0);
+    p.pair_latency_us.assign(static_cast<std::size_t>(D) * D, 0.0);
+    for (int d = 0; d < D; ++d)
+      for (int e = 0; e < D; ++e) {
+        const std::size_t i = static_cast<std::size_t>(d) * D + e;
+        p.pair_bandwidth_GBps[i] = node[d] == node[e] ? 1e-2 * (1 + node[d]) : 2e-4;
+        p.pair_latency_us[i] = node[d] == node[e] ? 1.0 : 500.0;
+        if (std::uniform_int_distribution<int>(0, 5)(rng) == 0) p.pair_bandwidth_GBps[i] = std::nan("");
+      }
+    const int S = std::uniform_int_distribution<int>(1, D)(rng);
+    std::vector<int> order(D);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    order.resize(S);
+    const std::string what = "trial " + std::to_string(trial) + " D=" + std::to_string(D) + " S=" + std::to_string(S);
+
+    // The link of each boundary, from the matrices (NaN: the default link), and the distinct ones.
+    std::vector<std::pair<double, double>> link_of, links;
+    for (int k = 0; k + 1 < S; ++k) {
+      const std::size_t i = static_cast<std::size_t>(order[k]) * D + order[k + 1];
+      const double bw = std::isnan(p.pair_bandwidth_GBps[i]) ? p.link_bandwidth_GBps : p.pair_bandwidth_GBps[i];
+      link_of.emplace_back(bw, p.pair_latency_us[i]);
+      if (std::find(links.begin(), links.end(), link_of.back()) == links.end()) links.push_back(link_of.back());
+    }
+    const detail::Prepared pp = detail::prepare(p, order);
+    EXPECT_EQ(pp.xfer_rows.size(), links.size()) << what;
+    ASSERT_EQ(pp.xfer_slot_of.size(), static_cast<std::size_t>(S - 1)) << what;
+    for (int k = 0; k + 1 < S; ++k) {
+      ASSERT_LT(pp.xfer_slot_of[k], static_cast<int>(pp.xfer_rows.size())) << what;
+      const std::vector<double>& row = pp.xfer_rows[pp.xfer_slot_of[k]];
+      EXPECT_EQ(row, boundary_transfer_ms(p, order[k], order[k + 1])) << what << " boundary " << k;
+      for (int b = 0; b + 1 < U; ++b) {
+        const double want = brute_xfer(p, b, order[k], order[k + 1]);
+        EXPECT_NEAR(row[b], want, 1e-12 * std::max(1.0, want)) << what << " boundary " << k << " unit " << b;
+        EXPECT_EQ(pp.t_out(k, b + 1), row[b]) << what;
+        EXPECT_EQ(pp.t_in(k + 1, b + 1), row[b]) << what;
+      }
+      for (int m = 0; m < k; ++m)
+        EXPECT_EQ(pp.xfer_slot_of[m] == pp.xfer_slot_of[k], link_of[m] == link_of[k]) << what << " boundaries " << m << ", " << k;
+    }
+    several += links.size() >= 2;
+    three_or_more += links.size() >= 3;
+  }
+  EXPECT_GE(several, 100);
+  EXPECT_GE(three_or_more, 30);
 }
 
 TEST(BalanceSolver, FastEqualsDpOnLargerInstances) {
