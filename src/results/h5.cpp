@@ -327,8 +327,18 @@ void write_attr(hid_t obj, const std::string& name, hid_t ftype, hid_t mtype, hi
     Handle old_space(H5_CHECK(H5Aget_space(old.id())));
     if (H5_CHECK(H5Tequal(old_type.id(), ftype)) > 0 &&
         H5_CHECK(H5Sextent_equal(old_space.id(), space)) > 0) {
-      if (H5_CHECK(H5Sget_simple_extent_npoints(space)) > 0)
-        H5_CHECK(H5Awrite(old.id(), mtype, buf));
+      const auto n = static_cast<std::size_t>(H5_CHECK(H5Sget_simple_extent_npoints(space)));
+      if (n == 0) return;
+      // An equal value is not written again: even in place, a write stamps the object's
+      // header with a new change time (the 1.8 format keeps times), so a file brought up to
+      // date with nothing new would not stay the same to the byte. Strings never get here with
+      // an equal value (holds_strings); a variable-length one is written, not compared.
+      if (H5_CHECK(H5Tis_variable_str(mtype)) == 0) {
+        std::vector<unsigned char> stored(n * H5_CHECK(H5Tget_size(mtype)));
+        H5_CHECK(H5Aread(old.id(), mtype, stored.data()));
+        if (std::memcmp(stored.data(), buf, stored.size()) == 0) return;
+      }
+      H5_CHECK(H5Awrite(old.id(), mtype, buf));
       return;
     }
     old.close();
@@ -384,28 +394,39 @@ std::vector<hsize_t> chunk_shape(const std::vector<hsize_t>& dims, std::size_t e
   return chunk;
 }
 
-// Extendible datasets (Group::write_extendible) get one row, or a few hundred, per benchmark
-// round, appended in a file opened again for each round (File::open_rw). Their chunks are
-//   - not compressed: a compressed chunk that an append fills further is compressed again and,
-//     at its new size, stored at a new place in the file; the old place becomes free space
-//     that HDF5 forgets when the file is closed, so every round would leak about a chunk.
-//     An uncompressed chunk keeps its place, and an append writes the new row's bytes alone;
-//   - about kAppendChunkBytes of whole rows: the per-round datasets stay in a few chunks (a
-//     1 GB events array in ~16k, a chunk index three levels deep) and each dataset wastes at
+// Extendible datasets (Group::write_extendible) get one row, or a few, per benchmark round,
+// appended in a file opened again for each round (File::open_rw). Their chunks are
+//   - whole rows, about kAppendChunkBytes of them: the per-round datasets stay in a few chunks
+//     (a 1 GB events array in ~16k, a chunk index three levels deep) and each dataset wastes at
 //     most one chunk (its last, allocated whole when first written, filled as rounds come);
 //   - at most kAppendChunkMaxRows rows: a per-round scalar (8-byte rows) would otherwise be
 //     given 8192-row chunks, 64 KiB each for a handful of rounds; 1024 rows (8 KiB) hold a
 //     long run's rounds in one or two chunks;
-//   - rows over kAppendChunkBytes (the events of a long generation) are split along their
-//     slowest axes, so that no chunk outgrows HDF5's 1 MiB chunk cache.
+//   - uncompressed while they hold several rows: a compressed chunk that an append fills
+//     further is compressed again and, at its new size, stored at a new place in the file;
+//     the old place becomes free space that HDF5 forgets when the file is closed, so every
+//     round would leak about a chunk. An uncompressed chunk keeps its place, and an append
+//     writes the new row's bytes alone;
+//   - one row each, compressed (shuffle + gzip 4, as write_dataset), for rows of at least
+//     kAppendCompressRowBytes (the events of a longer generation: 99 KB a repetition for
+//     M = 8, G = 128, S = 2): every append then writes whole new chunks, each compressed
+//     once and never rewritten, and timestamps shrink about twice (real runs' events);
+//   - rows over kAppendChunkBytes split along their slowest axes, so that no chunk outgrows
+//     HDF5's 1 MiB chunk cache.
 constexpr std::size_t kAppendChunkBytes = 64 * 1024;
 constexpr hsize_t kAppendChunkMaxRows = 1024;
+constexpr std::size_t kAppendCompressRowBytes = 16 * 1024;
 
-std::vector<hsize_t> append_chunk_shape(const std::vector<hsize_t>& dims, std::size_t elem_bytes) {
+// The chunk shape of an extendible dataset of `dims` (see above); `compress`: whether its
+// chunks are one row each, to be compressed.
+std::vector<hsize_t> append_chunk_shape(const std::vector<hsize_t>& dims, std::size_t elem_bytes,
+                                        bool* compress) {
   std::vector<hsize_t> chunk = dims;
   hsize_t row_bytes = elem_bytes;
   for (std::size_t axis = 1; axis < dims.size(); ++axis) row_bytes *= dims[axis];
-  chunk[0] = std::clamp<hsize_t>(kAppendChunkBytes / row_bytes, 1, kAppendChunkMaxRows);
+  *compress = row_bytes >= kAppendCompressRowBytes;
+  chunk[0] =
+      *compress ? 1 : std::clamp<hsize_t>(kAppendChunkBytes / row_bytes, 1, kAppendChunkMaxRows);
   auto bytes = [&] {
     hsize_t b = elem_bytes;
     for (hsize_t d : chunk) b *= d;
@@ -418,6 +439,14 @@ std::vector<hsize_t> append_chunk_shape(const std::vector<hsize_t>& dims, std::s
       ++axis;
   }
   return chunk;
+}
+
+// Shuffle + gzip level 4 on the chunks of `dcpl`. Shuffle groups the bytes of equal
+// significance together, so that gzip finds the repeated high bytes of timestamps and small
+// integers.
+void set_compression(hid_t dcpl) {
+  H5_CHECK(H5Pset_shuffle(dcpl));
+  if (H5_CHECK(H5Zfilter_avail(H5Z_FILTER_DEFLATE)) > 0) H5_CHECK(H5Pset_deflate(dcpl, 4));
 }
 
 std::string dims_text(const std::vector<hsize_t>& dims) {
@@ -723,8 +752,10 @@ Dataset Group::create_dataset(const std::string& name, hid_t ftype, hid_t mtype,
     maxdims[0] = H5S_UNLIMITED;
     space = Handle(H5_CHECK(
         H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data())));
-    std::vector<hsize_t> chunk = append_chunk_shape(dims, elem);
+    bool compress = false;
+    std::vector<hsize_t> chunk = append_chunk_shape(dims, elem, &compress);
     H5_CHECK(H5Pset_chunk(dcpl.id(), static_cast<int>(chunk.size()), chunk.data()));
+    if (compress) set_compression(dcpl.id());
   } else {
     space = simple_space(dims);
   }
@@ -733,11 +764,7 @@ Dataset Group::create_dataset(const std::string& name, hid_t ftype, hid_t mtype,
   if (storage == Storage::compressible && !dims.empty() && count * elem > kContiguousMaxBytes) {
     std::vector<hsize_t> chunk = chunk_shape(dims, elem);
     H5_CHECK(H5Pset_chunk(dcpl.id(), static_cast<int>(chunk.size()), chunk.data()));
-    // Shuffle groups the bytes of equal significance together, so that gzip finds the
-    // repeated high bytes of timestamps and small integers.
-    H5_CHECK(H5Pset_shuffle(dcpl.id()));
-    if (H5_CHECK(H5Zfilter_avail(H5Z_FILTER_DEFLATE)) > 0)
-      H5_CHECK(H5Pset_deflate(dcpl.id(), 4));
+    set_compression(dcpl.id());
   }
   Handle ds(H5_CHECK(
       H5Dcreate2(id(), name.c_str(), ftype, space.id(), lcpl.id(), dcpl.id(), H5P_DEFAULT)));

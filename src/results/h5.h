@@ -237,11 +237,12 @@ class Group : public Object {
   }
   /// Writes `data` as a new dataset of shape `dims` (at least one axis; dims[0] may be 0) whose
   /// first axis is unlimited, so that Dataset::append can add rows later; the trailing axes
-  /// are fixed and must not be 0. Chunked for appends of one row at a time (~64 KiB chunks of
-  /// whole rows, at most 1024 rows; rows over 64 KiB split along their slowest axes) and not
-  /// compressed, so that appending rewrites no chunk (h5.cpp says why); h5py reads it as any
-  /// other dataset. Throws InternalError when data.size() differs from the product of dims,
-  /// a trailing axis is 0, or `name` exists already.
+  /// are fixed and must not be 0. Chunked for appends of one row at a time, so that appending
+  /// rewrites no chunk already written (h5.cpp says why): rows under 16 KiB in uncompressed
+  /// chunks of ~64 KiB of whole rows (at most 1024 rows), larger rows in chunks of one row
+  /// (split along its slowest axes when over 64 KiB), compressed as write_dataset's. h5py
+  /// reads it as any other dataset. Throws InternalError when data.size() differs from the
+  /// product of dims, a trailing axis is 0, or `name` exists already.
   template <DatasetElement T>
   Dataset write_extendible(const std::string& name, const std::vector<T>& data,
                            const std::vector<hsize_t>& dims);
