@@ -731,12 +731,13 @@ void check_snapshot_of(const Group& root, const RunRecord& run, const std::strin
 void append_all(Group root, const RunRecord& run, const std::string& path) {
   check_snapshot_of(root, run, path);
   bool partition_added = false;
-  for (const auto& p : run.partitions) {
-    if (!p.measured) continue;
+  for (const auto& p : run.partitions)
     if (!root.exists("partitions/" + p.name)) {  // it joined after the last whole write (an adaptive split)
       write_split(root, run, p);
       partition_added = true;
     }
+  for (const auto& p : run.partitions) {
+    if (!p.measured) continue;
     const bool fresh = !root.is_group("benchmark/" + p.name);
     Group bench = fresh ? root.require_group("benchmark").create_group(p.name) : root.open_group("benchmark/" + p.name);
     bool wrote = false;

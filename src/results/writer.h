@@ -31,12 +31,17 @@ void write_results(const std::string& path, const RunRecord& run, bool complete 
 ///     rep_ttft_p50_ms, rep_tpot_p50_ms, rep_round [I] that the file lacks (the rows it holds
 ///     are read from the file itself: an append after a whole write, or one with nothing new,
 ///     does the right thing). A group it creates (a partition first measured after the last
-///     whole write) gets those datasets with write_results' attributes, /validation/<name>
-///     with validated = tokens_match = checksum_match = 0, and /partitions/<name> if missing
-///     (with the root's partition_order). The summary (tokens_per_s, medians, stage_compute_ms
-///     and the other attributes and datasets over all repetitions) is not rewritten: the
-///     group's `snapshot` attribute says so and `summary_repetitions` how many repetitions the
-///     summary present describes (0: none); the final write_results writes the normal layout.
+///     whole write) gets those datasets with write_results' attributes, and /validation/<name>
+///     with validated = tokens_match = checksum_match = 0. Any partition of `run` missing from
+///     /partitions (one that joined the rounds later) is written there, with the root's
+///     partition_order. The summary (tokens_per_s, medians, stage_compute_ms and the other
+///     attributes and datasets over all repetitions) is neither read from `run` nor rewritten:
+///     the group's `snapshot` attribute says so and `summary_repetitions` how many repetitions
+///     the summary present describes (0: none); the final write_results writes the normal
+///     layout. (A whole write_results, complete or not, still needs the summary of each
+///     measured partition: stage_compute_ms [S, 2], lane_cpu_s [S, 3], measured_stage_ms or
+///     stage_workload_ms [S], and, where uniform is measured, metrics tokens_per_s and
+///     decode_tokens_per_s of every measured partition.)
 ///   - /profile/latency_rounds_ms [K, R, U, 2] and latency_rounds_after [K], /rounds/gap_s
 ///     [rounds]: the rows the file lacks.
 ///   - root attributes status, elapsed_s, benchmark_rounds, round_profile_s.

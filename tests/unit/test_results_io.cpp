@@ -708,11 +708,13 @@ void add_round(RunRecord& r, int round) {
   r.round_profile_s = 0.125 * static_cast<double>(r.profile.latency_rounds_after.size());
 }
 
-// The datasets that gain rows round by round, as paths, with the record's data (as doubles).
+// The datasets that gain rows round by round, as paths, with the record's data (as doubles);
+// those of measured partitions.
 std::map<std::string, std::vector<double>> row_datasets(const RunRecord& r) {
   std::map<std::string, std::vector<double>> out;
   auto as_double = [](const auto& v) { return std::vector<double>(v.begin(), v.end()); };
   for (const auto& p : r.partitions) {
+    if (!p.measured) continue;
     const std::string b = "benchmark/" + p.name + "/";
     out[b + "events"] = p.events;
     out[b + "rep_wall_s"] = p.rep_wall_s;
@@ -854,12 +856,17 @@ TEST_F(ResultsIoTest, AppendCreatesTheGroupsOfAPartitionMeasuredAfterTheLastWhol
   r.partitions.push_back(adaptive);
   add_round(r, 1);
   r.partitions[2].rep_round = {1};
+  PartitionRecord later = record_before_rounds().partitions[1];  // solved, not measured yet
+  later.name = later.solver = "adaptive_2";
+  r.partitions.push_back(later);
   ppb::append_results(path_, r);
   auto f = ppb::h5::File::open(path_);
   const auto root = f.root();
   EXPECT_EQ(root.get_attr<std::vector<std::string>>("partition_order"),
-            (std::vector<std::string>{"uniform", "balanced", "adaptive"}));
+            (std::vector<std::string>{"uniform", "balanced", "adaptive", "adaptive_2"}));
   EXPECT_TRUE(root.exists("partitions/adaptive/first_unit"));
+  EXPECT_TRUE(root.exists("partitions/adaptive_2/first_unit"));  // every name in partition_order has its split
+  EXPECT_FALSE(root.exists("benchmark/adaptive_2"));
   for (const auto& [name, data] : row_datasets(r)) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(root.exists(name));
@@ -880,8 +887,9 @@ TEST_F(ResultsIoTest, AppendCreatesTheGroupsOfAPartitionMeasuredAfterTheLastWhol
   // Finished, the run writes the whole file: the normal layout, no snapshot attributes.
   ppb::write_results(path_, r);
   const RunRecord back = ppb::read_results(path_);
-  ASSERT_EQ(back.partitions.size(), 3u);
+  ASSERT_EQ(back.partitions.size(), 4u);
   expect_same(back.partitions[2].events, r.partitions[2].events, "adaptive events");
+  EXPECT_FALSE(back.partitions[3].measured);
   auto g = ppb::h5::File::open(path_);
   EXPECT_FALSE(g.root().open_group("benchmark/uniform").has_attr("snapshot"));
   EXPECT_TRUE(g.root().open_group("benchmark/uniform").has_attr("tokens_per_s"));
