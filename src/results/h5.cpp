@@ -318,7 +318,32 @@ T single(std::vector<T> values, const Source& src) {
 
 void write_attr(hid_t obj, const std::string& name, hid_t ftype, hid_t mtype, hid_t space,
                 const void* buf) {
-  if (H5_CHECK(H5Aexists(obj, name.c_str())) > 0) H5_CHECK(H5Adelete(obj, name.c_str()));
+  if (H5_CHECK(H5Aexists(obj, name.c_str())) > 0) {
+    // Same type and shape: overwrite in place. Deleting and creating it again would free and
+    // allocate space in the file's heaps each time, and a file opened again and again for
+    // appends (File::open_rw: elapsed_s after every round) forgets freed space at each close.
+    Handle old(H5_CHECK(H5Aopen(obj, name.c_str(), H5P_DEFAULT)));
+    Handle old_type(H5_CHECK(H5Aget_type(old.id())));
+    Handle old_space(H5_CHECK(H5Aget_space(old.id())));
+    if (H5_CHECK(H5Tequal(old_type.id(), ftype)) > 0 &&
+        H5_CHECK(H5Sextent_equal(old_space.id(), space)) > 0) {
+      const auto n = static_cast<std::size_t>(H5_CHECK(H5Sget_simple_extent_npoints(space)));
+      if (n == 0) return;
+      // An equal value is not written again: even in place, a write stamps the object's
+      // header with a new change time (the 1.8 format keeps times), so a file brought up to
+      // date with nothing new would not stay the same to the byte. Strings never get here with
+      // an equal value (holds_strings); a variable-length one is written, not compared.
+      if (H5_CHECK(H5Tis_variable_str(mtype)) == 0) {
+        std::vector<unsigned char> stored(n * H5_CHECK(H5Tget_size(mtype)));
+        H5_CHECK(H5Aread(old.id(), mtype, stored.data()));
+        if (std::memcmp(stored.data(), buf, stored.size()) == 0) return;
+      }
+      H5_CHECK(H5Awrite(old.id(), mtype, buf));
+      return;
+    }
+    old.close();
+    H5_CHECK(H5Adelete(obj, name.c_str()));
+  }
   Handle attr(H5_CHECK(H5Acreate2(obj, name.c_str(), ftype, space, H5P_DEFAULT, H5P_DEFAULT)));
   // An empty array ([0]) has nothing to write (and H5Awrite rejects its null buffer).
   if (H5_CHECK(H5Sget_simple_extent_npoints(space)) > 0)
@@ -369,6 +394,61 @@ std::vector<hsize_t> chunk_shape(const std::vector<hsize_t>& dims, std::size_t e
   return chunk;
 }
 
+// Extendible datasets (Group::write_extendible) get one row, or a few, per benchmark round,
+// appended in a file opened again for each round (File::open_rw). Their chunks are
+//   - whole rows, about kAppendChunkBytes of them: the per-round datasets stay in a few chunks
+//     (a 1 GB events array in ~16k, a chunk index three levels deep) and each dataset wastes at
+//     most one chunk (its last, allocated whole when first written, filled as rounds come);
+//   - at most kAppendChunkMaxRows rows: a per-round scalar (8-byte rows) would otherwise be
+//     given 8192-row chunks, 64 KiB each for a handful of rounds; 1024 rows (8 KiB) hold a
+//     long run's rounds in one or two chunks;
+//   - uncompressed while they hold several rows: a compressed chunk that an append fills
+//     further is compressed again and, at its new size, stored at a new place in the file;
+//     the old place becomes free space that HDF5 forgets when the file is closed, so every
+//     round would leak about a chunk. An uncompressed chunk keeps its place, and an append
+//     writes the new row's bytes alone;
+//   - one row each, compressed (shuffle + gzip 4, as write_dataset), for rows of at least
+//     kAppendCompressRowBytes (the events of a longer generation: 99 KB a repetition for
+//     M = 8, G = 128, S = 2): every append then writes whole new chunks, each compressed
+//     once and never rewritten, and timestamps shrink about twice (real runs' events);
+//   - rows over kAppendChunkBytes split along their slowest axes, so that no chunk outgrows
+//     HDF5's 1 MiB chunk cache.
+constexpr std::size_t kAppendChunkBytes = 64 * 1024;
+constexpr hsize_t kAppendChunkMaxRows = 1024;
+constexpr std::size_t kAppendCompressRowBytes = 16 * 1024;
+
+// The chunk shape of an extendible dataset of `dims` (see above); `compress`: whether its
+// chunks are one row each, to be compressed.
+std::vector<hsize_t> append_chunk_shape(const std::vector<hsize_t>& dims, std::size_t elem_bytes,
+                                        bool* compress) {
+  std::vector<hsize_t> chunk = dims;
+  hsize_t row_bytes = elem_bytes;
+  for (std::size_t axis = 1; axis < dims.size(); ++axis) row_bytes *= dims[axis];
+  *compress = row_bytes >= kAppendCompressRowBytes;
+  chunk[0] =
+      *compress ? 1 : std::clamp<hsize_t>(kAppendChunkBytes / row_bytes, 1, kAppendChunkMaxRows);
+  auto bytes = [&] {
+    hsize_t b = elem_bytes;
+    for (hsize_t d : chunk) b *= d;
+    return b;
+  };
+  for (std::size_t axis = 1; axis < chunk.size() && bytes() > kAppendChunkBytes;) {
+    if (chunk[axis] > 1)
+      chunk[axis] = (chunk[axis] + 1) / 2;
+    else
+      ++axis;
+  }
+  return chunk;
+}
+
+// Shuffle + gzip level 4 on the chunks of `dcpl`. Shuffle groups the bytes of equal
+// significance together, so that gzip finds the repeated high bytes of timestamps and small
+// integers.
+void set_compression(hid_t dcpl) {
+  H5_CHECK(H5Pset_shuffle(dcpl));
+  if (H5_CHECK(H5Zfilter_avail(H5Z_FILTER_DEFLATE)) > 0) H5_CHECK(H5Pset_deflate(dcpl, 4));
+}
+
 std::string dims_text(const std::vector<hsize_t>& dims) {
   std::string s = "[";
   for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
@@ -407,7 +487,30 @@ void Object::set_attr(const std::string& name, double value) {
              &value);
 }
 
+namespace {
+
+// True when attribute `name` of `obj` holds exactly `value`: strings, as a scalar (`scalar`)
+// or a 1-D array. Writing a variable-length string, even in place, puts it in a new global
+// heap collection (4 KiB) at each opening of the file, so a file opened for every round
+// (File::open_rw) would grow by 4 KiB a round for an unchanged `status`: the setters below
+// do not write an equal value again.
+bool holds_strings(const Object& obj, const std::string& name,
+                   const std::vector<std::string>& value, bool scalar) {
+  if (!obj.has_attr(name)) return false;
+  Handle attr(H5_CHECK(H5Aopen(obj.id(), name.c_str(), H5P_DEFAULT)));
+  Source src{attr.id(), true, name, obj.id()};
+  Handle type = src.type();
+  Handle space = src.space();
+  if (H5_CHECK(H5Tget_class(type.id())) != H5T_STRING ||
+      (H5_CHECK(H5Sget_simple_extent_type(space.id())) == H5S_SCALAR) != scalar)
+    return false;
+  return read_strings(src) == value;
+}
+
+}  // namespace
+
 void Object::set_attr(const std::string& name, const std::string& value) {
+  if (holds_strings(*this, name, {value}, true)) return;
   Handle type = vlen_utf8_type();
   const char* p = value.c_str();
   write_attr(id(), name, type.id(), type.id(), scalar_space().id(), &p);
@@ -428,6 +531,7 @@ void Object::set_attr(const std::string& name, const std::vector<std::int64_t>& 
 }
 
 void Object::set_attr(const std::string& name, const std::vector<std::string>& value) {
+  if (holds_strings(*this, name, value, false)) return;
   Handle type = vlen_utf8_type();
   std::vector<const char*> ptrs = c_strings(value);
   write_attr(id(), name, type.id(), type.id(), simple_space({value.size()}).id(), ptrs.data());
@@ -495,6 +599,47 @@ std::vector<hsize_t> Dataset::dims() const {
 }
 
 std::size_t Dataset::size() const { return Source{id(), false, {}, id()}.count(); }
+
+bool Dataset::extendible() const {
+  Handle space(H5_CHECK(H5Dget_space(id())));
+  int rank = H5_CHECK(H5Sget_simple_extent_ndims(space.id()));
+  if (rank < 1) return false;
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank)), maxdims(dims.size());
+  H5_CHECK(H5Sget_simple_extent_dims(space.id(), dims.data(), maxdims.data()));
+  return maxdims[0] == H5S_UNLIMITED;
+}
+
+template <DatasetElement T>
+void Dataset::append(const T* data, std::size_t count) {
+  if (!extendible())
+    throw InternalError("cannot append rows to dataset " + describe(id()) +
+                        ": its first axis is fixed (not written by write_extendible)");
+  std::vector<hsize_t> old_dims = dims();
+  hsize_t row = 1;
+  for (std::size_t axis = 1; axis < old_dims.size(); ++axis) row *= old_dims[axis];
+  if (row == 0 || count % row != 0)
+    throw InternalError("cannot append " + std::to_string(count) + " values to dataset " +
+                        describe(id()) + " of dims " + dims_text(old_dims) +
+                        ": not a whole number of rows");
+  if (count == 0) return;
+  std::vector<hsize_t> new_dims = old_dims, start(old_dims.size(), 0), rows = old_dims;
+  new_dims[0] += count / row;
+  start[0] = old_dims[0];
+  rows[0] = count / row;
+  H5_CHECK(H5Dset_extent(id(), new_dims.data()));
+  // The file space after the extent grew: only the new rows are selected and written.
+  Handle file_space(H5_CHECK(H5Dget_space(id())));
+  H5_CHECK(H5Sselect_hyperslab(file_space.id(), H5S_SELECT_SET, start.data(), nullptr,
+                               rows.data(), nullptr));
+  Handle mem_space = simple_space(rows);
+  H5_CHECK(H5Dwrite(id(), native_type<T>(), mem_space.id(), file_space.id(), H5P_DEFAULT, data));
+}
+
+template void Dataset::append<double>(const double*, std::size_t);
+template void Dataset::append<float>(const float*, std::size_t);
+template void Dataset::append<std::int32_t>(const std::int32_t*, std::size_t);
+template void Dataset::append<std::int64_t>(const std::int64_t*, std::size_t);
+template void Dataset::append<std::uint8_t>(const std::uint8_t*, std::size_t);
 
 template <DatasetElement T>
 std::vector<T> Dataset::read() const {
@@ -586,7 +731,7 @@ Dataset Group::open_dataset(const std::string& name) const {
 
 Dataset Group::create_dataset(const std::string& name, hid_t ftype, hid_t mtype,
                               const std::vector<hsize_t>& dims, std::size_t count,
-                              const void* data, bool compressible) {
+                              const void* data, Storage storage) {
   hsize_t expected = 1;
   for (hsize_t d : dims) expected *= d;
   if (expected != count)
@@ -596,19 +741,30 @@ Dataset Group::create_dataset(const std::string& name, hid_t ftype, hid_t mtype,
   if (exists(name))
     throw InternalError("cannot create dataset '" + name + "' in " + describe(id()) +
                         ": it exists already");
-  Handle space = simple_space(dims);
+  std::size_t elem = H5_CHECK(H5Tget_size(ftype));
+  Handle space;
+  Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
+  if (storage == Storage::extendible) {
+    if (dims.empty() || std::find(dims.begin() + 1, dims.end(), hsize_t{0}) != dims.end())
+      throw InternalError("extendible dataset '" + name + "' in " + describe(id()) + ": dims " +
+                          dims_text(dims) + " need a first axis and no trailing axis of 0");
+    std::vector<hsize_t> maxdims = dims;
+    maxdims[0] = H5S_UNLIMITED;
+    space = Handle(H5_CHECK(
+        H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data())));
+    bool compress = false;
+    std::vector<hsize_t> chunk = append_chunk_shape(dims, elem, &compress);
+    H5_CHECK(H5Pset_chunk(dcpl.id(), static_cast<int>(chunk.size()), chunk.data()));
+    if (compress) set_compression(dcpl.id());
+  } else {
+    space = simple_space(dims);
+  }
   Handle lcpl(H5_CHECK(H5Pcreate(H5P_LINK_CREATE)));
   H5_CHECK(H5Pset_create_intermediate_group(lcpl.id(), 1));
-  Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
-  std::size_t elem = H5_CHECK(H5Tget_size(ftype));
-  if (compressible && !dims.empty() && count * elem > kContiguousMaxBytes) {
+  if (storage == Storage::compressible && !dims.empty() && count * elem > kContiguousMaxBytes) {
     std::vector<hsize_t> chunk = chunk_shape(dims, elem);
     H5_CHECK(H5Pset_chunk(dcpl.id(), static_cast<int>(chunk.size()), chunk.data()));
-    // Shuffle groups the bytes of equal significance together, so that gzip finds the
-    // repeated high bytes of timestamps and small integers.
-    H5_CHECK(H5Pset_shuffle(dcpl.id()));
-    if (H5_CHECK(H5Zfilter_avail(H5Z_FILTER_DEFLATE)) > 0)
-      H5_CHECK(H5Pset_deflate(dcpl.id(), 4));
+    set_compression(dcpl.id());
   }
   Handle ds(H5_CHECK(
       H5Dcreate2(id(), name.c_str(), ftype, space.id(), lcpl.id(), dcpl.id(), H5P_DEFAULT)));
@@ -620,8 +776,29 @@ template <DatasetElement T>
 Dataset Group::write_dataset(const std::string& name, const std::vector<T>& data,
                              const std::vector<hsize_t>& dims) {
   return create_dataset(name, file_type<T>(), native_type<T>(), dims, data.size(), data.data(),
-                        true);
+                        Storage::compressible);
 }
+
+template <DatasetElement T>
+Dataset Group::write_extendible(const std::string& name, const std::vector<T>& data,
+                                const std::vector<hsize_t>& dims) {
+  return create_dataset(name, file_type<T>(), native_type<T>(), dims, data.size(), data.data(),
+                        Storage::extendible);
+}
+
+template Dataset Group::write_extendible<double>(const std::string&, const std::vector<double>&,
+                                                 const std::vector<hsize_t>&);
+template Dataset Group::write_extendible<float>(const std::string&, const std::vector<float>&,
+                                                const std::vector<hsize_t>&);
+template Dataset Group::write_extendible<std::int32_t>(const std::string&,
+                                                       const std::vector<std::int32_t>&,
+                                                       const std::vector<hsize_t>&);
+template Dataset Group::write_extendible<std::int64_t>(const std::string&,
+                                                       const std::vector<std::int64_t>&,
+                                                       const std::vector<hsize_t>&);
+template Dataset Group::write_extendible<std::uint8_t>(const std::string&,
+                                                       const std::vector<std::uint8_t>&,
+                                                       const std::vector<hsize_t>&);
 
 template Dataset Group::write_dataset<double>(const std::string&, const std::vector<double>&,
                                               const std::vector<hsize_t>&);
@@ -643,13 +820,13 @@ Dataset Group::write_strings(const std::string& name, const std::vector<std::str
   Handle type = vlen_utf8_type();
   std::vector<const char*> ptrs = c_strings(data);
   return create_dataset(name, type.id(), type.id(), {static_cast<hsize_t>(data.size())},
-                        data.size(), ptrs.data(), false);
+                        data.size(), ptrs.data(), Storage::fixed);
 }
 
 Dataset Group::write_string(const std::string& name, const std::string& text) {
   Handle type = vlen_utf8_type();
   const char* p = text.c_str();
-  return create_dataset(name, type.id(), type.id(), {}, 1, &p, false);
+  return create_dataset(name, type.id(), type.id(), {}, 1, &p, Storage::fixed);
 }
 
 // ---- File ---------------------------------------------------------------------------------
@@ -668,8 +845,10 @@ File File::create(const std::string& path) {
   return File(Handle(id), path);
 }
 
-File File::open(const std::string& path) {
-  ensure_library();
+namespace {
+
+// The checks File::open and File::open_rw share: `path` exists, is no directory, is HDF5.
+void check_openable(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     throw UserError("cannot open results file '" + path + "': it does not exist");
@@ -684,9 +863,31 @@ File File::open(const std::string& path) {
     throw UserError("cannot open results file '" + path + "': " + error_stack_message());
   if (is_hdf5 == 0)
     throw UserError("cannot open results file '" + path + "': it is not an HDF5 file");
+}
+
+}  // namespace
+
+File File::open(const std::string& path) {
+  ensure_library();
+  check_openable(path);
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (id < 0)
     throw UserError("cannot open results file '" + path + "': " + error_stack_message());
+  return File(Handle(id), path);
+}
+
+File File::open_rw(const std::string& path) {
+  ensure_library();
+  check_openable(path);
+  Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
+  // As create(): the objects this opening creates use the 1.8 object format too.
+  H5_CHECK(H5Pset_libver_bounds(fapl.id(), H5F_LIBVER_V18, H5F_LIBVER_LATEST));
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.id());
+  if (id < 0)
+    throw UserError("cannot open results file '" + path +
+                    "' for writing (is it writable, and not open in another process, e.g. an "
+                    "h5py session? HDF5 locks an open file): " +
+                    error_stack_message());
   return File(Handle(id), path);
 }
 

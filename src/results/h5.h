@@ -88,7 +88,11 @@ class Handle {
 };
 
 /// An HDF5 object that carries attributes: the common base of Group and Dataset.
-/// Setting an attribute that exists replaces it (whatever its old type and shape).
+/// Setting an attribute that exists replaces it (whatever its old type and shape): in place
+/// when the new value has the old one's type and shape, so that updating a number in a file
+/// opened again and again (File::open_rw) allocates nothing in the file; a string (or string
+/// array) equal to the one stored is not written again (a string written costs a new 4 KiB
+/// heap block at each opening of the file, h5.cpp).
 class Object {
  public:
   /// The underlying identifier (for direct C API calls, e.g. in tests).
@@ -167,6 +171,20 @@ class Dataset : public Object {
 
   /// The shape, slowest axis first; empty for a scalar.
   std::vector<hsize_t> dims() const;
+  /// True when the first axis may grow (a dataset made by Group::write_extendible).
+  bool extendible() const;
+  /// Appends whole rows after the last one: `count` elements of `data` (C order), a multiple of
+  /// the row size (the product of dims()[1:]), written into the rows the first axis grows by
+  /// (H5Dset_extent, then a hyperslab write of those rows alone: the cost is that of the new
+  /// rows, whatever the dataset holds). count 0 is a no-op. Throws InternalError when the
+  /// dataset is not extendible or count is not whole rows.
+  template <DatasetElement T>
+  void append(const T* data, std::size_t count);
+  /// Appends every element of `data` as whole rows (see append(const T*, std::size_t)).
+  template <DatasetElement T>
+  void append(const std::vector<T>& data) {
+    append(data.data(), data.size());
+  }
   /// Number of elements (product of dims(); 1 for a scalar).
   std::size_t size() const;
   /// Reads every element, flattened in C (row-major) order, converting as HDF5 does (e.g.
@@ -217,6 +235,22 @@ class Group : public Object {
   Dataset write_dataset(const std::string& name, const std::vector<T>& data) {
     return write_dataset(name, data, {static_cast<hsize_t>(data.size())});
   }
+  /// Writes `data` as a new dataset of shape `dims` (at least one axis; dims[0] may be 0) whose
+  /// first axis is unlimited, so that Dataset::append can add rows later; the trailing axes
+  /// are fixed and must not be 0. Chunked for appends of one row at a time, so that appending
+  /// rewrites no chunk already written (h5.cpp says why): rows under 16 KiB in uncompressed
+  /// chunks of ~64 KiB of whole rows (at most 1024 rows), larger rows in chunks of one row
+  /// (split along its slowest axes when over 64 KiB), compressed as write_dataset's. h5py
+  /// reads it as any other dataset. Throws InternalError when data.size() differs from the
+  /// product of dims, a trailing axis is 0, or `name` exists already.
+  template <DatasetElement T>
+  Dataset write_extendible(const std::string& name, const std::vector<T>& data,
+                           const std::vector<hsize_t>& dims);
+  /// Writes `data` as an extendible 1-D dataset [data.size()].
+  template <DatasetElement T>
+  Dataset write_extendible(const std::string& name, const std::vector<T>& data) {
+    return write_extendible(name, data, {static_cast<hsize_t>(data.size())});
+  }
   /// Writes a 1-D dataset [n] of variable-length UTF-8 strings. Throws InternalError when
   /// `name` exists already.
   Dataset write_strings(const std::string& name, const std::vector<std::string>& data);
@@ -228,9 +262,12 @@ class Group : public Object {
  private:
   friend class File;
   explicit Group(Handle handle) noexcept : Object(std::move(handle)) {}
+  /// How create_dataset lays a dataset out: contiguous or compressed chunks (`compressible`,
+  /// by size), or uncompressed chunks with an unlimited first axis (`extendible`).
+  enum class Storage { fixed, compressible, extendible };
   Dataset create_dataset(const std::string& name, hid_t file_type, hid_t mem_type,
                          const std::vector<hsize_t>& dims, std::size_t count, const void* data,
-                         bool compressible);
+                         Storage storage);
 };
 
 /// An open HDF5 file. Groups and datasets opened from it stay usable after the File is
@@ -247,6 +284,13 @@ class File {
   /// Opens the existing HDF5 file at `path` read-only. Throws UserError naming the path when
   /// it is missing, unreadable or not an HDF5 file.
   static File open(const std::string& path);
+  /// Opens the existing HDF5 file at `path` for reading and writing, in place (no temporary
+  /// file: what is written goes into `path` itself, on disk at flush() or close()). Objects
+  /// created through it use the same object format as create(). Throws UserError naming the
+  /// path when it is missing, not an HDF5 file, or cannot be opened for writing: no write
+  /// permission, or another process has it open (HDF5 >= 1.10 locks a file while it is open;
+  /// an h5py session reading it is enough), or this process has it open already.
+  static File open_rw(const std::string& path);
 
   /// The root group "/".
   Group root() const;

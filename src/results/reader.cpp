@@ -100,7 +100,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   if (!p.measured) return p;
   Group bench = root.open_group(bench_path);
   p.events = bench.open_dataset("events").read<double>();
-  p.stage_compute_ms = bench.open_dataset("stage_compute_ms").read<double>();
+  p.stage_compute_ms = dataset_or_empty<double>(bench, "stage_compute_ms");  // none in a group append_results made
   p.stage_workload_ms = dataset_or_empty<double>(bench, "stage_workload_ms");
   p.measured_stage_ms = dataset_or_empty<double>(bench, "measured_stage_ms");
   p.stage_compute_mean_ms = dataset_or_empty<double>(bench, "stage_compute_mean_ms");
@@ -350,6 +350,7 @@ void read_all(const Group& root, RunRecord& run) {
   read_ranks(root, run);
   read_profile(root, run);
   for (const auto& name : partition_names(root)) run.partitions.push_back(read_partition(root, name));
+  run.round_gap_s = dataset_or_empty<double>(root, "rounds/gap_s");
 }
 
 }  // namespace

@@ -258,6 +258,12 @@ struct RunRecord {
   std::string schedule;
   int rounds = 0;
   std::string stop_reason;
+  /// [rounds finished] entry r: the seconds rank 0 spent after round r's last turn before round
+  /// r + 1's first turn (after the last round: before the rounds ended): gathering the round,
+  /// the results file, the verdict, and the profile cycle between rounds where one was taken
+  /// (round_profile_s counts those alone). /rounds/gap_s; empty before the first round and in
+  /// older files.
+  std::vector<double> round_gap_s;
   /// --partition adaptive: how the re-solving ended ("" without it).
   /// The profile cycles between rounds (ppbench run --round-profile): what they were ("together
   /// cycles between rounds, ..."), why there were none ("none: ..."; "off: ..." with

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 
 #include "common/error.h"
 #include "results/conditions.h"
@@ -33,6 +35,145 @@ void write_comparison(Group& g, const std::string& name, const PairedComparison&
   vname.replace(vname.find("gain"), 4, "verdict");
   g.set_attr(vname, verdict);
 }
+
+// ---- datasets that grow by rows, round by round -------------------------------------------
+//
+// A snapshot (write_results with complete=false) stores the datasets that gain rows with each
+// benchmark round extendible (first axis unlimited, h5::Group::write_extendible), so that
+// append_results can add a round's rows in place; the final file (complete=true) stores them
+// as every other dataset (compressed when large). Each such dataset is described once, in the
+// for_each_*_rows lists below, which both writers walk: an appended file has the datasets,
+// shapes, element types and attributes a written one has.
+
+/// Attribute setters of one dataset.
+using SetAttrs = std::function<void(h5::Dataset&)>;
+
+SetAttrs units(const char* u) {
+  return [u](h5::Dataset& d) { d.set_attr("units", u); };
+}
+
+/// The datasets of /benchmark/<name> with one row per repetition (= per round the partition
+/// took part in): fn(name, data, row dims, attribute setter), data a std::vector<double> or
+/// std::vector<int>. The conditional ones are there when the record holds one value per
+/// repetition, as write_benchmark has always stored them.
+template <class Fn>
+void for_each_benchmark_rows(const RunRecord& run, const PartitionRecord& p, Fn&& fn) {
+  const auto& w = run.workload;
+  const hs S = p.first_unit.size();
+  fn("events", p.events, std::vector<hs>{static_cast<hs>(w.microbatches), static_cast<hs>(w.gen_len + 1), S, 6},
+     SetAttrs([](h5::Dataset& ev) {
+       ev.set_attr("units", "s");
+       ev.set_attr("clock", "rank 0 CLOCK_MONOTONIC, seconds since the run started (ranks mapped by clock_offset_s)");
+       ev.set_attr("dims", std::vector<std::string>{"iter", "group", "step", "stage", "event"});
+       ev.set_attr("columns", std::vector<std::string>{"recv_start", "recv_end", "compute_start", "compute_end",
+                                                       "send_start", "send_end"});
+       ev.set_attr("missing", "NaN: no such operation (stage 0 does not receive the prompt; no send after the last step)");
+     }));
+  fn("rep_wall_s", p.rep_wall_s, std::vector<hs>{}, units("s"));
+  fn("rep_tokens_per_s", p.rep_tokens_per_s, std::vector<hs>{}, units("tokens/s"));
+  if (p.rep_decode_tokens_per_s.size() == p.rep_tokens_per_s.size()) {
+    fn("rep_decode_tokens_per_s", p.rep_decode_tokens_per_s, std::vector<hs>{}, units("tokens/s"));
+    fn("rep_ttft_p50_ms", p.rep_ttft_p50_ms, std::vector<hs>{}, units("ms"));
+    fn("rep_tpot_p50_ms", p.rep_tpot_p50_ms, std::vector<hs>{}, units("ms"));
+  }
+  if (p.rep_round.size() == p.rep_tokens_per_s.size())
+    fn("rep_round", p.rep_round, std::vector<hs>{}, SetAttrs([](h5::Dataset& d) {
+         d.set_attr("content", "the benchmark round of each repetition (0-based)");
+       }));
+}
+
+/// The datasets of /profile with one row per profile cycle between rounds (--round-profile),
+/// when the record has such cycles: latency_rounds_ms [K, R, U, 2], latency_rounds_after [K].
+template <class Fn>
+void for_each_profile_rows(const RunRecord& run, Fn&& fn) {
+  const auto& p = run.profile;
+  const hs R = run.ranks.size(), U = p.unit_name.size();
+  if (p.latency_rounds_ms.empty() || R * U == 0 || p.latency_rounds_ms.size() % (R * U * 2) != 0 ||
+      p.latency_rounds_after.size() != p.latency_rounds_ms.size() / (R * U * 2))
+    return;
+  fn("latency_rounds_ms", p.latency_rounds_ms, std::vector<hs>{R, U, 2}, SetAttrs([](h5::Dataset& c) {
+       c.set_attr("units", "ms");
+       c.set_attr("dims", std::vector<std::string>{"cycle", "rank", "unit", "phase"});
+       c.set_attr("content", "profile cycles taken between the benchmark's rounds (--round-profile), every rank timing "
+                             "each unit at the same moment (as latency_ms); each cycle's medians");
+     }));
+  fn("latency_rounds_after", p.latency_rounds_after, std::vector<hs>{}, SetAttrs([](h5::Dataset& d) {
+       d.set_attr("content", "the benchmark rounds done before each cycle of latency_rounds_ms");
+     }));
+}
+
+/// /rounds: one row per finished benchmark round, when the record has any.
+template <class Fn>
+void for_each_round_rows(const RunRecord& run, Fn&& fn) {
+  if (run.round_gap_s.empty()) return;
+  fn("gap_s", run.round_gap_s, std::vector<hs>{}, SetAttrs([](h5::Dataset& d) {
+       d.set_attr("units", "s");
+       d.set_attr("content", "seconds rank 0 spent after each round's last turn before the next round's first turn "
+                             "(after the last round: before the rounds ended): gathering the round, the results "
+                             "file, the verdict, and the profile cycle between rounds where one was taken");
+     }));
+}
+
+/// write_results' writer for a for_each_*_rows list: every row at once, into an extendible
+/// dataset in a snapshot (`extendible`), an ordinary one in the final file.
+struct WriteRows {
+  Group& g;
+  bool extendible;
+  template <h5::DatasetElement T>
+  void operator()(const std::string& name, const std::vector<T>& data, const std::vector<hs>& row,
+                  const SetAttrs& attrs) const {
+    hs row_size = 1;
+    for (hs d : row) row_size *= d;
+    std::vector<hs> dims{row_size == 0 ? 0 : data.size() / row_size};
+    dims.insert(dims.end(), row.begin(), row.end());
+    h5::Dataset ds = extendible ? g.write_extendible(name, data, dims) : g.write_dataset(name, data, dims);
+    attrs(ds);
+  }
+};
+
+/// append_results' writer for a for_each_*_rows list: extends each dataset of `g` from the
+/// rows the file holds to the rows of the record, writing the new rows alone, or creates it
+/// (extendible, every row, its attributes) where the file has none. Reads nothing of a
+/// dataset but its shape. `wrote` is set when anything was written.
+struct AppendRows {
+  Group& g;
+  const std::string& path;
+  bool& wrote;
+  template <h5::DatasetElement T>
+  void operator()(const std::string& name, const std::vector<T>& data, const std::vector<hs>& row,
+                  const SetAttrs& attrs) const {
+    hs row_size = 1;
+    for (hs d : row) row_size *= d;
+    const std::string where = "'" + path + "' " + g.path() + "/" + name;
+    if (row_size == 0 || data.size() % row_size != 0)
+      throw InternalError("append_results: " + where + ": the record holds " + std::to_string(data.size()) +
+                          " values, not whole rows of " + std::to_string(row_size));
+    const hs rows = data.size() / row_size;
+    if (!g.exists(name)) {
+      std::vector<hs> dims{rows};
+      dims.insert(dims.end(), row.begin(), row.end());
+      h5::Dataset ds = g.write_extendible(name, data, dims);
+      attrs(ds);
+      wrote = true;
+      return;
+    }
+    h5::Dataset ds = g.open_dataset(name);
+    const std::vector<hs> dims = ds.dims();
+    if (dims.empty() || !std::equal(dims.begin() + 1, dims.end(), row.begin(), row.end()))
+      throw InternalError("append_results: " + where + " has rows of another shape than the record's: not this "
+                          "run's file, or the record changed shape");
+    if (dims[0] > rows)
+      throw InternalError("append_results: " + where + " holds " + std::to_string(dims[0]) +
+                          " rows, the record only " + std::to_string(rows) +
+                          ": not this run's file, or the record lost rows");
+    if (dims[0] == rows) return;
+    if (!ds.extendible())
+      throw InternalError("append_results: " + where + " cannot grow: the file was written complete (final) or "
+                          "by a ppbench before append_results, not as a snapshot of this run");
+    ds.append(data.data() + dims[0] * row_size, (rows - dims[0]) * row_size);
+    wrote = true;
+  }
+};
 
 /// /partitions/<name>'s cross-calibrated predictions (issue 13): predicted_stage_cross_ms,
 /// predicted_phase_cross_ms, the factors (cross_level, cross_contention, cross_fit) and
@@ -115,20 +256,10 @@ void write_predictions(Group& part, const RunRecord& run, const PartitionRecord&
 
 /// /benchmark/<name>: what the pipelined run of a measured partition measured, its errors against
 /// the predictions and its gains against uniform.
-void write_benchmark(Group& root, const RunRecord& run, const PartitionRecord& p) {
+void write_benchmark(Group& root, const RunRecord& run, const PartitionRecord& p, bool extendible) {
   const hs S = p.first_unit.size();
-  const auto& w = run.workload;
   Group bench = root.require_group("benchmark").create_group(p.name);
-  const hs reps = p.events.size() / (static_cast<hs>(w.microbatches) * (w.gen_len + 1) * S * 6);
-  auto ev = bench.write_dataset("events", p.events,
-                                {reps, static_cast<hs>(w.microbatches),
-                                 static_cast<hs>(w.gen_len + 1), S, 6});
-  ev.set_attr("units", "s");
-  ev.set_attr("clock", "rank 0 CLOCK_MONOTONIC, seconds since the run started (ranks mapped by clock_offset_s)");
-  ev.set_attr("dims", std::vector<std::string>{"iter", "group", "step", "stage", "event"});
-  ev.set_attr("columns", std::vector<std::string>{"recv_start", "recv_end", "compute_start", "compute_end",
-                                                  "send_start", "send_end"});
-  ev.set_attr("missing", "NaN: no such operation (stage 0 does not receive the prompt; no send after the last step)");
+  for_each_benchmark_rows(run, p, WriteRows{bench, extendible});  // events, rep_*
   auto sc = bench.write_dataset("stage_compute_ms", p.stage_compute_ms, {S, 2});
   sc.set_attr("units", "ms");
   sc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
@@ -184,17 +315,8 @@ void write_benchmark(Group& root, const RunRecord& run, const PartitionRecord& p
   }
   bench.write_dataset("bubble_fraction", p.bubble_fraction).set_attr("units", "1");
   bench.write_dataset("recv_wait_ms", p.recv_wait_ms).set_attr("units", "ms");
-  bench.write_dataset("rep_wall_s", p.rep_wall_s).set_attr("units", "s");
-  bench.write_dataset("rep_tokens_per_s", p.rep_tokens_per_s).set_attr("units", "tokens/s");
-  if (p.rep_decode_tokens_per_s.size() == p.rep_tokens_per_s.size()) {
-    bench.write_dataset("rep_decode_tokens_per_s", p.rep_decode_tokens_per_s).set_attr("units", "tokens/s");
-    bench.write_dataset("rep_ttft_p50_ms", p.rep_ttft_p50_ms).set_attr("units", "ms");
-    bench.write_dataset("rep_tpot_p50_ms", p.rep_tpot_p50_ms).set_attr("units", "ms");
-  }
   bench.set_attr("repetitions", static_cast<int64_t>(p.rep_tokens_per_s.size()));
   bench.set_attr("rates_over_repetitions", "harmonic mean (total tokens / total time)");
-  if (p.rep_round.size() == p.rep_tokens_per_s.size())
-    bench.write_dataset("rep_round", p.rep_round).set_attr("content", "the benchmark round of each repetition (0-based)");
   auto lane = bench.write_dataset("lane_cpu_s", p.lane_cpu_s, {S, 3});
   lane.set_attr("units", "s");
   lane.set_attr("columns", std::vector<std::string>{"compute", "recv", "send"});
@@ -232,9 +354,22 @@ void write_validation(Group& root, const RunRecord& run, const PartitionRecord& 
     val.write_dataset("reference_tokens", p.reference_tokens, tdims);
 }
 
-/// /partitions/<name> (the split and its predictions) and, for a measured partition,
-/// /benchmark/<name> and /validation/<name>.
-void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p) {
+/// /validation/<name> of a partition whose rounds append_results is appending: validated,
+/// tokens_match and checksum_match 0 (the serialized runs come after the rounds), as
+/// write_validation stores them for a partition not validated yet, without the tokens (the
+/// last repetition's, which change every round) and the checksums.
+void write_pending_validation(Group& root, const PartitionRecord& p) {
+  Group val = root.require_group("validation").create_group(p.name);
+  val.set_attr("validated", false);
+  val.set_attr("tokens_match", false);
+  val.set_attr("checksum_match", false);
+  val.set_attr("reference", "serialized run: one lane per stage, a barrier after every item");
+  val.set_attr("snapshot", "the partition's rounds are running: it is validated after them, when the whole file is "
+                           "written");
+}
+
+/// /partitions/<name>: the split and its predictions.
+void write_split(Group& root, const RunRecord& run, const PartitionRecord& p) {
   const hs S = p.first_unit.size();
   Group part = root.require_group("partitions").create_group(p.name);
   part.set_attr("solver", p.solver);
@@ -288,8 +423,14 @@ void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p
     fp.set_attr("units", "ms");
     fp.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
   }
+}
+
+/// /partitions/<name> and, for a measured partition, /benchmark/<name> and /validation/<name>;
+/// the per-round rows extendible in a snapshot.
+void write_partition(Group& root, const RunRecord& run, const PartitionRecord& p, bool extendible) {
+  write_split(root, run, p);
   if (!p.measured) return;
-  write_benchmark(root, run, p);
+  write_benchmark(root, run, p, extendible);
   write_validation(root, run, p);
 }
 
@@ -351,7 +492,7 @@ void write_links(Group& root, const RunRecord& run) {
 }
 
 /// /profile: what each unit costs on each rank's device (results/README.md).
-void write_profile(Group& root, const RunRecord& run) {
+void write_profile(Group& root, const RunRecord& run, bool extendible) {
   const auto& w = run.workload;
   const auto& p = run.profile;
   const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();
@@ -424,16 +565,7 @@ void write_profile(Group& root, const RunRecord& run) {
                               (std::string(name) == "latency_cycles_ms" ? "latency_ms" : "latency_alone_ms") +
                               " is their mean");
   }
-  if (!p.latency_rounds_ms.empty() && p.latency_rounds_ms.size() % (R * U * 2) == 0 &&
-      p.latency_rounds_after.size() == p.latency_rounds_ms.size() / (R * U * 2)) {
-    auto c = prof.write_dataset("latency_rounds_ms", p.latency_rounds_ms, {p.latency_rounds_after.size(), R, U, 2});
-    c.set_attr("units", "ms");
-    c.set_attr("dims", std::vector<std::string>{"cycle", "rank", "unit", "phase"});
-    c.set_attr("content", "profile cycles taken between the benchmark's rounds (--round-profile), every rank timing "
-                          "each unit at the same moment (as latency_ms); each cycle's medians");
-    prof.write_dataset("latency_rounds_after", p.latency_rounds_after)
-        .set_attr("content", "the benchmark rounds done before each cycle of latency_rounds_ms");
-  }
+  for_each_profile_rows(run, WriteRows{prof, extendible});  // latency_rounds_ms, latency_rounds_after
   prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
   prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
   auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
@@ -554,15 +686,118 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
 
   write_ranks(root, run.ranks);
   write_links(root, run);
-  write_profile(root, run);
+  write_profile(root, run, !complete);
 
-  for (const auto& part : run.partitions) write_partition(root, run, part);
+  for (const auto& part : run.partitions) write_partition(root, run, part, !complete);
+  if (!run.round_gap_s.empty()) {
+    Group rounds = root.create_group("rounds");
+    for_each_round_rows(run, WriteRows{rounds, !complete});
+  }
   file.flush();
   root.set_attr("oversubscribed", static_cast<int64_t>(any_oversubscribed(run.ranks) ? 1 : 0));
   if (complete) root.set_attr("complete", static_cast<int64_t>(1));
 }
 
+// What append_results says on a /benchmark/<name> group whose rows it appended.
+constexpr const char* kAppendedNote =
+    "rows appended after each round (events and the rep_* datasets: one row per repetition so far); the summary "
+    "attributes and datasets (tokens_per_s, stage_compute_ms, ...) are written at the end of the run, and where "
+    "present here describe the first summary_repetitions repetitions only";
+
+/// Throws InternalError unless `root` is a snapshot of `run` (write_results with complete=0):
+/// the same format_version, ppbench_version, created_utc and command_line, and a profile.
+void check_snapshot_of(const Group& root, const RunRecord& run, const std::string& path) {
+  const std::string not_ours = "append_results: '" + path + "' is not a snapshot of this run written by write_results";
+  for (const char* key : {"complete", "format_version", "ppbench_version", "created_utc", "command_line"})
+    if (!root.has_attr(key)) throw InternalError(not_ours + " (no root attribute " + key + ")");
+  if (root.get_attr<int64_t>("complete") != 0)
+    throw InternalError("append_results: '" + path + "' is complete (complete=1): the final write came already");
+  if (root.get_attr<int64_t>("format_version") != kResultsFormatVersion)
+    throw InternalError(not_ours + " (format_version " + std::to_string(root.get_attr<int64_t>("format_version")) +
+                        ", this build writes " + std::to_string(kResultsFormatVersion) + ")");
+  for (auto [key, mine] : {std::pair<const char*, const std::string*>{"ppbench_version", &run.ppbench_version},
+                           {"created_utc", &run.created_utc},
+                           {"command_line", &run.command_line}}) {
+    const std::string theirs = root.get_attr<std::string>(key);
+    if (theirs != *mine)
+      throw InternalError(not_ours + " (its " + key + " is '" + theirs + "', the run's '" + *mine + "')");
+  }
+  if (!root.is_group("profile"))
+    throw InternalError("append_results: '" + path + "' holds no profile: write_results(..., complete=false) of "
+                        "the run's profile and partitions comes before the rounds' rows are appended");
+}
+
+/// append_results' work on the open file: everything but the opening, the flush and the close.
+void append_all(Group root, const RunRecord& run, const std::string& path) {
+  check_snapshot_of(root, run, path);
+  bool partition_added = false;
+  for (const auto& p : run.partitions)
+    if (!root.exists("partitions/" + p.name)) {  // it joined after the last whole write (an adaptive split)
+      write_split(root, run, p);
+      partition_added = true;
+    }
+  for (const auto& p : run.partitions) {
+    if (!p.measured) continue;
+    const bool fresh = !root.is_group("benchmark/" + p.name);
+    Group bench = fresh ? root.require_group("benchmark").create_group(p.name) : root.open_group("benchmark/" + p.name);
+    bool wrote = false;
+    for_each_benchmark_rows(run, p, AppendRows{bench, path, wrote});
+    if (wrote) {
+      // The summary stays as the last whole write left it (none in a group made here): say so,
+      // and how many repetitions it covers. Nothing else of the group is read or rewritten.
+      if (!bench.has_attr("summary_repetitions"))
+        bench.set_attr("summary_repetitions",
+                       fresh || !bench.has_attr("repetitions") ? int64_t{0} : bench.get_attr<int64_t>("repetitions"));
+      bench.set_attr("snapshot", kAppendedNote);
+    }
+    if (!root.is_group("validation/" + p.name)) write_pending_validation(root, p);
+  }
+  if (partition_added)
+    root.set_attr("partition_order", [&] {
+      std::vector<std::string> names;
+      for (const auto& part : run.partitions) names.push_back(part.name);
+      return names;
+    }());
+  Group prof = root.open_group("profile");
+  bool wrote = false;
+  for_each_profile_rows(run, AppendRows{prof, path, wrote});
+  if (!run.round_gap_s.empty()) {
+    Group rounds = root.require_group("rounds");
+    for_each_round_rows(run, AppendRows{rounds, path, wrote});
+  }
+  root.set_attr("status", run.status);  // an unchanged string is not written again (h5.h)
+  root.set_attr("elapsed_s", run.elapsed_s);
+  root.set_attr("benchmark_rounds", static_cast<int64_t>(run.rounds));
+  root.set_attr("round_profile_s", run.round_profile_s);
+}
+
 }  // namespace
+
+void append_results(const std::string& path, const RunRecord& run) {
+  h5::File file;
+  try {
+    file = h5::File::open_rw(path);
+  } catch (const UserError&) {
+    // Missing, or not HDF5: nothing to append to.
+    h5::File readable;
+    try {
+      readable = h5::File::open(path);
+    } catch (const UserError& missing) {
+      throw InternalError(std::string("append_results: ") + missing.what() +
+                          " (write_results(..., complete=false) writes the snapshot that rounds are appended to)");
+    }
+    // Readable but not writable in place: another process has it open (HDF5 locks an open
+    // file; an h5py session watching the run is enough) or it lost its write permission. A
+    // whole rewrite (temporary file + rename) needs neither, and is what the run did before.
+    check_snapshot_of(readable.root(), run, path);
+    readable.close();
+    write_results(path, run, /*complete=*/false);
+    return;
+  }
+  append_all(file.root(), run, path);
+  file.flush();
+  file.close();
+}
 
 void write_results(const std::string& path, const RunRecord& run, bool complete) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());

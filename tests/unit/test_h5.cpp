@@ -1,13 +1,15 @@
 // Unit tests of src/results/h5: round trips of every attribute and dataset type, nested groups,
-// attribute overwrite, storage conventions h5py relies on (checked with the C API), error
-// paths (dims mismatch, missing / non-HDF5 files, read-only writes) and handle ownership
-// (moves, no leaked identifiers).
+// attribute overwrite (in place, without growing a file opened again and again), storage
+// conventions h5py relies on (checked with the C API), extendible datasets appended in a file
+// opened read-write, error paths (dims mismatch, missing / non-HDF5 files, read-only writes)
+// and handle ownership (moves, no leaked identifiers).
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -164,6 +166,14 @@ TEST_F(H5Test, OverwriteAttributeReplacesValueAndType) {
   g.set_attr("x", std::vector<double>{1, 2, 3});
   g.set_attr("x", "now a string");
   EXPECT_EQ(g.get_attr<std::string>("x"), "now a string");
+  // An equal string is not written again, but a scalar and a [1] array are not equal.
+  g.set_attr("x", std::vector<std::string>{"now a string"});
+  EXPECT_EQ(attr_type(g.id(), "x").rank, 1);
+  g.set_attr("x", "now a string");
+  EXPECT_EQ(attr_type(g.id(), "x").rank, 0);
+  g.set_attr("complete", 2.5);  // int64 -> float64: replaced, not written in place
+  EXPECT_EQ(attr_type(g.id(), "complete").cls, H5T_FLOAT);
+  EXPECT_EQ(g.get_attr<double>("complete"), 2.5);
   EXPECT_EQ(g.attr_names(), (std::vector<std::string>{"complete", "x"}));
 }
 
@@ -318,6 +328,221 @@ TEST_F(H5Test, LargeDatasetsAreChunkedAndCompressed) {
   dcpl = H5Dget_create_plist(f.root().open_dataset("small").id());
   EXPECT_EQ(H5Pget_layout(dcpl), H5D_CONTIGUOUS);
   H5Pclose(dcpl);
+}
+
+// The dataspace's maxdims and the chunk shape of dataset `ds`, through the C API.
+struct Layout {
+  std::vector<hsize_t> maxdims, chunk;
+  int filters = -1;
+};
+
+Layout layout_of(const h5::Dataset& ds) {
+  Layout l;
+  hid_t space = H5Dget_space(ds.id());
+  const int rank = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  l.maxdims.resize(dims.size());
+  H5Sget_simple_extent_dims(space, dims.data(), l.maxdims.data());
+  H5Sclose(space);
+  hid_t dcpl = H5Dget_create_plist(ds.id());
+  if (H5Pget_layout(dcpl) == H5D_CHUNKED) {
+    l.chunk.resize(dims.size());
+    H5Pget_chunk(dcpl, rank, l.chunk.data());
+    l.filters = H5Pget_nfilters(dcpl);
+  }
+  H5Pclose(dcpl);
+  return l;
+}
+
+TEST_F(H5Test, ExtendibleDatasetAppendedOneThenThreeThenTwoRowsReadsBackAllSixInOrder) {
+  // Rows of [2][3] int32: row r holds 100 r + 0 .. 5. Each append in a file opened again.
+  auto rows = [](int first, int n) {
+    std::vector<std::int32_t> v;
+    for (int r = first; r < first + n; ++r)
+      for (int i = 0; i < 6; ++i) v.push_back(100 * r + i);
+    return v;
+  };
+  {
+    auto f = h5::File::create(path_);
+    auto ds = f.root().write_extendible("g/rows", std::vector<std::int32_t>{}, {0, 2, 3});
+    EXPECT_TRUE(ds.extendible());
+    EXPECT_EQ(ds.dims(), (std::vector<hsize_t>{0, 2, 3}));
+  }
+  int done = 0;
+  for (int n : {1, 3, 2}) {
+    auto f = h5::File::open_rw(path_);
+    auto ds = f.root().open_dataset("g/rows");
+    ds.append(rows(done, n));
+    done += n;
+    EXPECT_EQ(ds.dims(), (std::vector<hsize_t>{static_cast<hsize_t>(done), 2, 3}));
+    f.flush();
+  }
+  auto f = h5::File::open(path_);
+  auto ds = f.root().open_dataset("g/rows");
+  EXPECT_EQ(ds.dims(), (std::vector<hsize_t>{6, 2, 3}));
+  EXPECT_EQ(ds.read<std::int32_t>(), rows(0, 6));
+  const Layout l = layout_of(ds);
+  EXPECT_EQ(l.maxdims, (std::vector<hsize_t>{H5S_UNLIMITED, 2, 3}));
+  EXPECT_EQ(l.chunk, (std::vector<hsize_t>{1024, 2, 3}));  // 1024 rows of 24 B: the row cap
+  EXPECT_EQ(l.filters, 0);                                 // uncompressed: appends rewrite no chunk
+  hid_t type = H5Dget_type(ds.id());
+  EXPECT_TRUE(H5Tequal(type, H5T_STD_I32LE) > 0);
+  H5Tclose(type);
+}
+
+TEST_F(H5Test, ExtendibleDatasetsStartWithRowsAndChunkWholeRowsUpTo64KiB) {
+  std::vector<double> events(3 * 2 * 5 * 2 * 6);  // 3 rows of 960 B (a tiny model's events)
+  for (std::size_t i = 0; i < events.size(); ++i) events[i] = 0.5 * static_cast<double>(i);
+  std::vector<double> wide(2 * 4 * 129 * 8 * 6, 1.5);  // 2 rows of 198 KiB
+  {
+    auto f = h5::File::create(path_);
+    auto root = f.root();
+    root.write_extendible("events", events, {3, 2, 5, 2, 6});
+    root.write_extendible("wall_s", std::vector<double>{0.25, 0.5});
+    root.write_extendible("wide", wide, {2, 4, 129, 8, 6});
+  }
+  {
+    auto f = h5::File::open_rw(path_);
+    auto root = f.root();
+    std::vector<double> more(2 * 5 * 2 * 6, -1.0);
+    root.open_dataset("events").append(more);
+    root.open_dataset("wall_s").append(std::vector<double>{0.75});
+    root.open_dataset("wide").append(wide.data(), wide.size() / 2);  // the first row again
+    events.insert(events.end(), more.begin(), more.end());
+    // (through a copy: inserting a range of the vector into itself is undefined)
+    const auto half = static_cast<std::ptrdiff_t>(wide.size() / 2);
+    const std::vector<double> first_row(wide.begin(), wide.begin() + half);
+    wide.insert(wide.end(), first_row.begin(), first_row.end());
+  }
+  auto f = h5::File::open(path_);
+  auto root = f.root();
+  EXPECT_EQ(root.open_dataset("events").dims(), (std::vector<hsize_t>{4, 2, 5, 2, 6}));
+  EXPECT_EQ(root.open_dataset("events").read<double>(), events);
+  EXPECT_EQ(root.open_dataset("wall_s").read<double>(), (std::vector<double>{0.25, 0.5, 0.75}));
+  EXPECT_EQ(root.open_dataset("wide").dims(), (std::vector<hsize_t>{3, 4, 129, 8, 6}));
+  EXPECT_EQ(root.open_dataset("wide").read<double>(), wide);
+  // 65536 / 960 = 68 rows of events, uncompressed; 1024 rows of a scalar; a 198 KiB row in
+  // chunks of one row, compressed, split along its slowest axis (4 -> 2 -> 1: 48 KiB).
+  EXPECT_EQ(layout_of(root.open_dataset("events")).chunk, (std::vector<hsize_t>{68, 2, 5, 2, 6}));
+  EXPECT_EQ(layout_of(root.open_dataset("events")).filters, 0);
+  EXPECT_EQ(layout_of(root.open_dataset("wall_s")).chunk, (std::vector<hsize_t>{1024}));
+  const auto wide_layout = layout_of(root.open_dataset("wide"));
+  EXPECT_EQ(wide_layout.chunk, (std::vector<hsize_t>{1, 1, 129, 8, 6}));
+  EXPECT_EQ(wide_layout.filters, 2);  // shuffle + deflate
+}
+
+TEST_F(H5Test, CompressedOneRowChunksAppendedOneByOneLeakNoSpace) {
+  // 100 rows of 99 KB (a GPU run's events: M=8, G+1=129, S=2) appended one per opening of the
+  // file: each append writes whole new chunks, compressed once, so the file holds the chunks
+  // and little else.
+  const std::vector<hsize_t> row{8, 129, 2, 6};
+  const std::size_t n = 8 * 129 * 2 * 6;
+  std::uint64_t lcg = 12345;
+  auto make_row = [&](int r) {
+    std::vector<double> v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+      v[i] = 10.0 * r + 1e-4 * static_cast<double>(i) + 1e-7 * static_cast<double>(lcg >> 44);
+    }
+    return v;
+  };
+  std::vector<double> all = make_row(0);
+  {
+    auto f = h5::File::create(path_);
+    f.root().write_extendible("events", all, {1, 8, 129, 2, 6});
+  }
+  for (int r = 1; r < 100; ++r) {
+    auto f = h5::File::open_rw(path_);
+    const auto v = make_row(r);
+    f.root().open_dataset("events").append(v);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  auto f = h5::File::open(path_);
+  auto ds = f.root().open_dataset("events");
+  EXPECT_EQ(ds.dims(), (std::vector<hsize_t>{100, 8, 129, 2, 6}));
+  EXPECT_EQ(ds.read<double>(), all);
+  const auto stored = H5Dget_storage_size(ds.id());
+  const auto file = std::filesystem::file_size(path_);
+  EXPECT_LT(stored, all.size() * sizeof(double) * 3 / 4);  // compressed
+  EXPECT_LT(file - stored, 256u * 1024) << "file " << file << " B, chunks " << stored << " B";
+}
+
+TEST_F(H5Test, AppendErrors) {
+  auto f = h5::File::create(path_);
+  auto root = f.root();
+  auto fixed = root.write_dataset("fixed", std::vector<double>{1, 2});
+  EXPECT_FALSE(fixed.extendible());
+  EXPECT_THROW(fixed.append(std::vector<double>{3}), InternalError);
+  auto ext = root.write_extendible("ext", std::vector<double>{1, 2, 3, 4}, {2, 2});
+  EXPECT_THROW(ext.append(std::vector<double>{5}), InternalError);  // half a row
+  ext.append(std::vector<double>{});                                // nothing: no-op
+  EXPECT_EQ(ext.dims(), (std::vector<hsize_t>{2, 2}));
+  EXPECT_THROW(root.write_extendible("zero", std::vector<double>{}, {0, 0}), InternalError);
+  EXPECT_THROW(root.write_extendible("scalar", std::vector<double>{1}, {}), InternalError);
+  EXPECT_THROW(root.write_extendible("ext", std::vector<double>{1}), InternalError);  // exists
+  EXPECT_THROW(root.write_extendible("bad", std::vector<double>{1, 2, 3}, {2, 2}), InternalError);
+}
+
+TEST_F(H5Test, OpenRwWritesInPlaceAndRefusesWhatItCannotOpen) {
+  {
+    auto f = h5::File::create(path_);
+    f.root().set_attr("status", "running");
+  }
+  {
+    auto f = h5::File::open_rw(path_);
+    f.root().set_attr("status", "complete");
+    f.root().create_group("late").set_attr("n", 3);
+    f.flush();
+  }
+  {
+    auto f = h5::File::open(path_);
+    EXPECT_EQ(f.root().get_attr<std::string>("status"), "complete");
+    EXPECT_EQ(f.root().open_group("late").get_attr<int>("n"), 3);
+    // Open in this process already (read-only): HDF5 refuses a second, writing, opening.
+    try {
+      h5::File::open_rw(path_);
+      FAIL() << "no exception";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(path_), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("for writing"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(h5::File::open_rw(path_ + ".does_not_exist"), UserError);
+  EXPECT_THROW(h5::File::open_rw("/tmp"), UserError);
+  {
+    std::ofstream out(path_);
+    out << "not HDF5\n";
+  }
+  EXPECT_THROW(h5::File::open_rw(path_), UserError);
+}
+
+TEST_F(H5Test, NumberAttributesOverwrittenInPlaceDoNotGrowTheFile) {
+  {
+    auto f = h5::File::create(path_);
+    auto root = f.root();
+    for (int i = 0; i < 20; ++i) root.set_attr("a" + std::to_string(i), 0.0);  // dense storage
+    root.set_attr("status", "running: benchmark");
+    root.set_attr("order", std::vector<std::string>{"uniform", "balanced"});
+  }
+  auto size = [&] { return std::filesystem::file_size(path_); };
+  auto once = [&](int i) {
+    auto f = h5::File::open_rw(path_);
+    auto root = f.root();
+    root.set_attr("a3", 0.5 * i);
+    root.set_attr("a7", std::int64_t{i});  // was a double: replaced (type changes once)
+    root.set_attr("status", "running: benchmark");  // unchanged strings: not written again
+    root.set_attr("order", std::vector<std::string>{"uniform", "balanced"});
+  };
+  once(0);
+  const auto after_first = size();
+  for (int i = 1; i < 200; ++i) once(i);
+  EXPECT_EQ(size(), after_first);
+  auto f = h5::File::open(path_);
+  EXPECT_EQ(f.root().get_attr<double>("a3"), 0.5 * 199);
+  EXPECT_EQ(f.root().get_attr<std::int64_t>("a7"), 199);
+  EXPECT_EQ(f.root().get_attr<std::string>("status"), "running: benchmark");
+  EXPECT_EQ(f.root().get_attr<std::vector<std::string>>("order"),
+            (std::vector<std::string>{"uniform", "balanced"}));
 }
 
 TEST_F(H5Test, OpenMissingOrNonHdf5FileThrowsUserError) {

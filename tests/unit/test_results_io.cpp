@@ -1,6 +1,8 @@
 // Unit tests of src/results/reader and report: a RunRecord written by write_results reads back
 // field for field; files that are not HDF5, not ppbench or incomplete are refused with a
 // UserError naming the path; the comparison table and its CSV have the documented columns.
+// And append_results: a snapshot grown round by round holds the record's rows exactly, as
+// write_results stores them.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -9,7 +11,10 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -177,6 +182,7 @@ RunRecord make_record() {
   r.schedule = "interleaved, stages resident";
   r.rounds = 2;
   r.stop_reason = "--iters rounds done (--target-ci 0)";
+  r.round_gap_s = {0.004, 0.0045};
   return r;
 }
 
@@ -242,6 +248,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(r.schedule, w.schedule);
   EXPECT_EQ(r.rounds, w.rounds);
   EXPECT_EQ(r.stop_reason, w.stop_reason);
+  EXPECT_EQ(r.round_gap_s, w.round_gap_s);
 
   const auto &a = w.workload, &b = r.workload;
   EXPECT_EQ(b.batch, a.batch);
@@ -643,6 +650,307 @@ TEST_F(ResultsIoTest, ReportRowsAndCsv) {
   ppb::run_report(single, {path_}, false);
   EXPECT_NE(single.str().find("== ppbench summary"), std::string::npos);
   EXPECT_NE(single.str().find("slurm: job 42 task 3"), std::string::npos);
+}
+
+// ---- append_results -------------------------------------------------------------------------
+
+// make_record's run as the snapshot after its partitions holds it, before the first benchmark
+// round: the profile and two splits, nothing measured (both partitions measured on their own).
+RunRecord record_before_rounds() {
+  RunRecord r = make_record();
+  r.status = "running: benchmark";
+  r.validation_ok = false;
+  r.validation = "pending";
+  r.rounds = 0;
+  r.round_gap_s.clear();
+  r.profile.latency_rounds_ms.clear();
+  r.profile.latency_rounds_after.clear();
+  for (auto& p : r.partitions) {
+    p.measured = false;
+    p.same_as.clear();
+    p.events.clear();
+    p.rep_wall_s.clear();
+    p.rep_tokens_per_s.clear();
+    p.rep_decode_tokens_per_s.clear();
+    p.rep_ttft_p50_ms.clear();
+    p.rep_tpot_p50_ms.clear();
+    p.rep_round.clear();
+    p.validated = p.tokens_match = p.checksum_match = false;
+  }
+  return r;
+}
+
+// Benchmark round `round` (0-based) of that run, as the run loop adds it: one repetition of
+// every partition (events [M=2][G+1=2][S=2][6], the rep_* values, distinct per round and
+// partition, NaN where the record has one), a profile cycle after rounds 2, 4 and 7, the gap.
+void add_round(RunRecord& r, int round) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (size_t i = 0; i < r.partitions.size(); ++i) {
+    PartitionRecord& p = r.partitions[i];
+    p.measured = true;
+    for (int k = 0; k < 2 * 2 * 2 * 6; ++k)
+      p.events.push_back(k % 6 < 2 && k < 12 ? nan : 1000.0 * round + 100.0 * static_cast<double>(i) + 0.001 * k);
+    p.rep_wall_s.push_back(0.02 + 0.001 * round + 0.0001 * static_cast<double>(i));
+    p.rep_tokens_per_s.push_back(100.0 - round - 0.5 * static_cast<double>(i));
+    p.rep_decode_tokens_per_s.push_back(round == 3 ? nan : 150.0 + round);
+    p.rep_ttft_p50_ms.push_back(8.0 + 0.25 * round);
+    p.rep_tpot_p50_ms.push_back(3.0 + 0.125 * round + static_cast<double>(i));
+    p.rep_round.push_back(round);
+  }
+  const int done = round + 1;
+  if (done == 2 || done == 4 || done == 7) {
+    for (int i = 0; i < 2 * 4 * 2; ++i) r.profile.latency_rounds_ms.push_back(1.0 + i + 0.01 * done);
+    r.profile.latency_rounds_after.push_back(done);
+  }
+  r.round_gap_s.push_back(0.004 + 0.0005 * round);
+  r.rounds = done;
+  r.elapsed_s = 10.0 + round;
+  r.round_profile_s = 0.125 * static_cast<double>(r.profile.latency_rounds_after.size());
+}
+
+// The datasets that gain rows round by round, as paths, with the record's data (as doubles);
+// those of measured partitions.
+std::map<std::string, std::vector<double>> row_datasets(const RunRecord& r) {
+  std::map<std::string, std::vector<double>> out;
+  auto as_double = [](const auto& v) { return std::vector<double>(v.begin(), v.end()); };
+  for (const auto& p : r.partitions) {
+    if (!p.measured) continue;
+    const std::string b = "benchmark/" + p.name + "/";
+    out[b + "events"] = p.events;
+    out[b + "rep_wall_s"] = p.rep_wall_s;
+    out[b + "rep_tokens_per_s"] = p.rep_tokens_per_s;
+    out[b + "rep_decode_tokens_per_s"] = p.rep_decode_tokens_per_s;
+    out[b + "rep_ttft_p50_ms"] = p.rep_ttft_p50_ms;
+    out[b + "rep_tpot_p50_ms"] = p.rep_tpot_p50_ms;
+    out[b + "rep_round"] = as_double(p.rep_round);
+  }
+  out["profile/latency_rounds_ms"] = r.profile.latency_rounds_ms;
+  out["profile/latency_rounds_after"] = as_double(r.profile.latency_rounds_after);
+  out["rounds/gap_s"] = r.round_gap_s;
+  return out;
+}
+
+// Every attribute of `obj` as text (name -> values), whatever its type.
+std::map<std::string, std::string> attrs_text(const ppb::h5::Object& obj) {
+  std::map<std::string, std::string> out;
+  for (const auto& name : obj.attr_names()) {
+    hid_t a = H5Aopen(obj.id(), name.c_str(), H5P_DEFAULT);
+    hid_t t = H5Aget_type(a);
+    const bool is_string = H5Tget_class(t) == H5T_STRING;
+    std::string text = std::to_string(H5Tget_class(t)) + ":" + std::to_string(H5Tget_size(t)) + ":";
+    H5Tclose(t);
+    H5Aclose(a);
+    if (is_string)
+      for (const auto& v : obj.get_attr<std::vector<std::string>>(name)) text += v + "|";
+    else
+      for (double v : obj.get_attr<std::vector<double>>(name)) text += std::to_string(v) + "|";
+    out[name] = text;
+  }
+  return out;
+}
+
+// The element type of dataset `ds` in the file equals `other`'s.
+bool same_type(const ppb::h5::Dataset& ds, const ppb::h5::Dataset& other) {
+  hid_t a = H5Dget_type(ds.id()), b = H5Dget_type(other.id());
+  const bool same = H5Tequal(a, b) > 0;
+  H5Tclose(a);
+  H5Tclose(b);
+  return same;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_F(ResultsIoTest, AppendedRoundByRoundTheFileHoldsTheRecordsRowsAsWriteResultsStoresThem) {
+  RunRecord r = record_before_rounds();
+  ppb::write_results(path_, r, /*complete=*/false);
+  const int rounds = 10;
+  for (int round = 0; round < rounds; ++round) {
+    add_round(r, round);
+    if (round == 5)  // a whole rewrite in the middle of the rounds: the appends go on from it
+      ppb::write_results(path_, r, /*complete=*/false);
+    else
+      ppb::append_results(path_, r);
+    auto f = ppb::h5::File::open(path_);
+    ASSERT_EQ(f.root().open_dataset("benchmark/balanced/events").dims()[0], static_cast<hsize_t>(round + 1));
+  }
+  const std::string ref = path_ + ".whole.h5";
+  ppb::write_results(ref, r);  // the final file of the same record
+  {
+    auto f = ppb::h5::File::open(path_);
+    auto whole = ppb::h5::File::open(ref);
+    const auto root = f.root(), wroot = whole.root();
+    // The rows: exactly the record's, in the shape, element type and attributes write_results
+    // gives them.
+    for (const auto& [name, data] : row_datasets(r)) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(root.exists(name));
+      ASSERT_TRUE(wroot.exists(name));
+      const auto ds = root.open_dataset(name), wds = wroot.open_dataset(name);
+      EXPECT_EQ(ds.dims(), wds.dims());
+      EXPECT_TRUE(same_type(ds, wds));
+      EXPECT_EQ(attrs_text(ds), attrs_text(wds));
+      expect_same(ds.read<double>(), data, name.c_str());
+      expect_same(wds.read<double>(), data, name.c_str());
+      EXPECT_TRUE(ds.extendible());  // the snapshot's rows can grow; the final file's are fixed
+      EXPECT_FALSE(wds.extendible());
+    }
+    EXPECT_EQ(root.open_dataset("benchmark/uniform/events").dims(), (std::vector<hsize_t>{10, 2, 2, 2, 6}));
+    EXPECT_EQ(root.open_dataset("profile/latency_rounds_ms").dims(), (std::vector<hsize_t>{3, 2, 4, 2}));
+    EXPECT_EQ(root.open_dataset("rounds/gap_s").dims(), (std::vector<hsize_t>{10}));
+    // The root: what append_results updates.
+    EXPECT_EQ(root.get_attr<int64_t>("complete"), 0);
+    EXPECT_EQ(root.get_attr<std::string>("status"), "running: benchmark");
+    EXPECT_EQ(root.get_attr<double>("elapsed_s"), 19.0);
+    EXPECT_EQ(root.get_attr<int64_t>("benchmark_rounds"), 10);
+    EXPECT_EQ(root.get_attr<double>("round_profile_s"), 0.375);
+    // The summary is the whole rewrite's (after round 6), and says so.
+    for (const char* name : {"uniform", "balanced"}) {
+      const auto bench = root.open_group(std::string("benchmark/") + name);
+      EXPECT_EQ(bench.get_attr<int64_t>("summary_repetitions"), 6) << name;
+      EXPECT_EQ(bench.get_attr<int64_t>("repetitions"), 6) << name;
+      EXPECT_NE(bench.get_attr<std::string>("snapshot").find("summary_repetitions"), std::string::npos);
+      EXPECT_FALSE(wroot.open_group(std::string("benchmark/") + name).has_attr("snapshot"));
+      EXPECT_FALSE(wroot.open_group(std::string("benchmark/") + name).has_attr("summary_repetitions"));
+      EXPECT_EQ(root.open_group(std::string("validation/") + name).get_attr<int64_t>("validated"), 0);
+    }
+  }
+  std::remove(ref.c_str());
+
+  // An append with nothing new changes nothing, to the byte.
+  const std::string before = file_bytes(path_);
+  ppb::append_results(path_, r);
+  EXPECT_TRUE(file_bytes(path_) == before);
+
+  // The project's reader refuses the snapshot as incomplete, as any snapshot; marked complete,
+  // it reads the rows back.
+  const std::string msg = refusal(path_);
+  EXPECT_NE(msg.find("incomplete"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("last status 'running: benchmark'"), std::string::npos) << msg;
+  {
+    auto f = ppb::h5::File::open_rw(path_);
+    f.root().set_attr("complete", int64_t{1});
+  }
+  const RunRecord back = ppb::read_results(path_);
+  ASSERT_EQ(back.partitions.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    expect_same(back.partitions[i].events, r.partitions[i].events, "events");
+    expect_same(back.partitions[i].rep_decode_tokens_per_s, r.partitions[i].rep_decode_tokens_per_s, "decode");
+    EXPECT_EQ(back.partitions[i].rep_round, r.partitions[i].rep_round);
+  }
+  EXPECT_EQ(back.round_gap_s, r.round_gap_s);
+  EXPECT_EQ(back.profile.latency_rounds_after, r.profile.latency_rounds_after);
+  EXPECT_EQ(back.rounds, 10);
+}
+
+TEST_F(ResultsIoTest, AppendCreatesTheGroupsOfAPartitionMeasuredAfterTheLastWholeWrite) {
+  RunRecord r = record_before_rounds();
+  ppb::write_results(path_, r, /*complete=*/false);
+  add_round(r, 0);
+  ppb::append_results(path_, r);  // creates /benchmark/<name>, /validation/<name>
+  // A third split joins the rounds from round 2 (as an adaptive one does).
+  PartitionRecord adaptive = record_before_rounds().partitions[0];
+  adaptive.name = adaptive.solver = "adaptive";
+  r.partitions.push_back(adaptive);
+  add_round(r, 1);
+  r.partitions[2].rep_round = {1};
+  PartitionRecord later = record_before_rounds().partitions[1];  // solved, not measured yet
+  later.name = later.solver = "adaptive_2";
+  r.partitions.push_back(later);
+  ppb::append_results(path_, r);
+  auto f = ppb::h5::File::open(path_);
+  const auto root = f.root();
+  EXPECT_EQ(root.get_attr<std::vector<std::string>>("partition_order"),
+            (std::vector<std::string>{"uniform", "balanced", "adaptive", "adaptive_2"}));
+  EXPECT_TRUE(root.exists("partitions/adaptive/first_unit"));
+  EXPECT_TRUE(root.exists("partitions/adaptive_2/first_unit"));  // every name in partition_order has its split
+  EXPECT_FALSE(root.exists("benchmark/adaptive_2"));
+  for (const auto& [name, data] : row_datasets(r)) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(root.exists(name));
+    expect_same(root.open_dataset(name).read<double>(), data, name.c_str());
+  }
+  EXPECT_EQ(root.open_dataset("benchmark/adaptive/events").dims(), (std::vector<hsize_t>{1, 2, 2, 2, 6}));
+  EXPECT_EQ(root.open_dataset("benchmark/uniform/events").dims(), (std::vector<hsize_t>{2, 2, 2, 2, 6}));
+  for (const char* name : {"uniform", "adaptive"}) {
+    const auto bench = root.open_group(std::string("benchmark/") + name);
+    EXPECT_EQ(bench.get_attr<int64_t>("summary_repetitions"), 0) << name;  // no summary yet
+    EXPECT_FALSE(bench.has_attr("tokens_per_s")) << name;
+    EXPECT_FALSE(bench.exists("stage_compute_ms")) << name;
+    const auto val = root.open_group(std::string("validation/") + name);
+    EXPECT_EQ(val.get_attr<int64_t>("validated"), 0);
+    EXPECT_EQ(val.get_attr<int64_t>("tokens_match"), 0);
+    EXPECT_EQ(val.get_attr<int64_t>("checksum_match"), 0);
+  }
+  // Finished, the run writes the whole file: the normal layout, no snapshot attributes.
+  ppb::write_results(path_, r);
+  const RunRecord back = ppb::read_results(path_);
+  ASSERT_EQ(back.partitions.size(), 4u);
+  expect_same(back.partitions[2].events, r.partitions[2].events, "adaptive events");
+  EXPECT_FALSE(back.partitions[3].measured);
+  auto g = ppb::h5::File::open(path_);
+  EXPECT_FALSE(g.root().open_group("benchmark/uniform").has_attr("snapshot"));
+  EXPECT_TRUE(g.root().open_group("benchmark/uniform").has_attr("tokens_per_s"));
+  EXPECT_EQ(g.root().open_group("validation/uniform").get_attr<int64_t>("validated"), 0);  // as the record says
+}
+
+// The message of the InternalError append_results throws, or "" when none is thrown.
+std::string append_refusal(const std::string& path, const RunRecord& r) {
+  try {
+    ppb::append_results(path, r);
+  } catch (const ppb::InternalError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(ResultsIoTest, AppendRefusesAFileThatIsNotThisRunsSnapshot) {
+  RunRecord r = record_before_rounds();
+  add_round(r, 0);
+  std::string msg = append_refusal(path_ + ".missing", r);
+  EXPECT_NE(msg.find(path_ + ".missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+
+  ppb::write_results(path_, r);  // complete
+  msg = append_refusal(path_, r);
+  EXPECT_NE(msg.find("complete"), std::string::npos) << msg;
+
+  RunRecord other = r;
+  other.created_utc = "2025-02-03T04:05:06Z";
+  ppb::write_results(path_, other, /*complete=*/false);
+  msg = append_refusal(path_, r);
+  EXPECT_NE(msg.find("not a snapshot of this run"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("created_utc"), std::string::npos) << msg;
+
+  ppb::write_results(path_, r, /*complete=*/false);
+  RunRecord fewer = r;  // the file holds a row the record lacks
+  fewer.partitions[0].rep_wall_s.clear();
+  msg = append_refusal(path_, fewer);
+  EXPECT_NE(msg.find("rep_wall_s holds 1 rows, the record only 0"), std::string::npos) << msg;
+
+  std::ofstream(path_) << "not HDF5\n";
+  msg = append_refusal(path_, r);
+  EXPECT_NE(msg.find("not an HDF5 file"), std::string::npos) << msg;
+}
+
+TEST_F(ResultsIoTest, AppendToAFileOpenElsewhereRewritesItWhole) {
+  RunRecord r = record_before_rounds();
+  add_round(r, 0);
+  ppb::write_results(path_, r, /*complete=*/false);
+  add_round(r, 1);
+  {
+    // A reader holds the file open (here in this process: HDF5 refuses to open it for writing
+    // too, as another process's lock makes it): the append rewrites the whole snapshot.
+    auto reader = ppb::h5::File::open(path_);
+    ppb::append_results(path_, r);
+    EXPECT_EQ(reader.root().open_dataset("benchmark/uniform/events").dims()[0], 1u);  // its own, old file
+  }
+  auto f = ppb::h5::File::open(path_);
+  EXPECT_EQ(f.root().open_dataset("benchmark/uniform/events").dims()[0], 2u);
+  EXPECT_TRUE(f.root().open_dataset("benchmark/uniform/events").extendible());
+  EXPECT_EQ(f.root().get_attr<int64_t>("benchmark_rounds"), 2);
 }
 
 }  // namespace
