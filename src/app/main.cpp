@@ -19,7 +19,7 @@
 #include "app/offline_cli.h"
 #include "mpi/mpi_context.h"
 #include "app/run_job.h"
-#include "app/version.h"
+#include "common/version.h"
 
 namespace {
 
@@ -97,7 +97,7 @@ std::string flag_suggestions(const CLI::App& app, const std::vector<std::string>
 
 /// Options of `run` and `profile`: the model, the workload the profile is shaped by, device
 /// and output.
-void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
+void add_common_options(CLI::App& sc, ppb::RunFlags& opt) {
   sc.add_option("-m,--model", opt.model_path, "Hugging Face config.json of a decoder model, dense or mixture-of-experts (inputs/models/*.json; `ppbench describe` lists its units)")
       ->required();
   sc.add_option("-b,--batch", opt.batch, "B: sequences per request group (micro-batch)")->capture_default_str();
@@ -187,7 +187,7 @@ void add_common_options(CLI::App& sc, ppb::RunOptions& opt) {
 }
 
 /// Options of the benchmark itself (`run` only).
-void add_benchmark_options(CLI::App& run, ppb::RunOptions& opt, bool& no_validate) {
+void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate) {
   run.add_option("--partition", opt.partition,
                   "splits to benchmark: uniform | seed | balanced | both (uniform+balanced) | all | a manual "
                   "split of units per stage, e.g. 9,8,7,8")
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", ppb::ppbench_version());
   app.require_subcommand(1);
 
-  ppb::RunOptions opt;
+  ppb::RunFlags opt;
   bool no_validate = false;
   auto* run = app.add_subcommand("run", "profile, balance, benchmark and validate; write the HDF5 results file");
   auto* profile = app.add_subcommand(
@@ -334,10 +334,7 @@ int main(int argc, char** argv) {
   }
   if (report->parsed()) return ppb::run_report_command(report_opt);  // no MPI for report
   for (CLI::App* sc : {run, profile})
-    if (sc->parsed() && sc->count("--output") > 0 && opt.output.empty()) {
-      if (print_rank()) std::cerr << "ppbench: error: --output is empty; give a file name, or omit -o for the default" << std::endl;
-      return 2;
-    }
+    if (sc->parsed() && sc->count("--output") > 0) opt.output_given = true;
   opt.command_line = join_args(argc, argv);
   opt.validate = !no_validate;
   opt.profile_only = profile->parsed();

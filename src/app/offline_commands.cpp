@@ -352,23 +352,15 @@ int describe_command(const DescribeOptions& opt) {
   return 0;
 }
 
-int balance_command(const BalanceOptions& opt) {
-  if (!opt.tp.empty()) return layout_command(opt);
-  if (opt.devices > 0) throw UserError("--devices goes with --tp auto (for --stages K, the stages are the devices)");
-  check_balance_flags(opt);
-  if (opt.memory_limit_gib < 0 || !(opt.memory_limit_gib <= 1048576.0))
-    throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = from the input");
-  const bool results = is_hdf5(opt.input);
-  if (!opt.objective.empty() && !results)
-    throw UserError("--objective " + opt.objective + " combines the prefill and decode profile of a results file; a "
-                    "latency JSON gives one cost per unit already (latency_ms): drop --objective");
-  check_json_out(opt.json_out, opt.input, opt.force);
-  // Results files: the run's objective unless --objective is given.
-  const std::string objective =
-      !results ? std::string() : opt.objective.empty() ? run_objective(read_run(opt.input)) : opt.objective;
+namespace {
+
+/// The problem `balance` solves: the input's, its rows widened to `stages` identical devices
+/// where it has one row (or a results file of identical ranks), with --memory-limit, --link-*
+/// and --no-overlap applied and checked.
+BalanceProblem balance_problem(const BalanceOptions& opt, bool results, const std::string& objective, int& stages) {
   BalanceProblem p = load_balance_problem(opt.input, results ? objective : "workload");
   // One latency row means identical devices: one device per stage, all of that row.
-  const int stages = opt.stages > 0 ? opt.stages : p.devices();
+  stages = opt.stages > 0 ? opt.stages : p.devices();
   if (p.cost.size() > 1 && p.device_row.empty() && stages > static_cast<int>(p.cost.size()) && stages <= p.units() &&
       results)
     widen_results_rows(p, opt.input, objective, stages);
@@ -391,10 +383,13 @@ int balance_command(const BalanceOptions& opt) {
   } catch (const UserError& e) {
     throw UserError(std::string(e.what()) + " (with --link-bandwidth/--link-latency/--memory-limit applied)");
   }
-  const int U = p.units();
   balance::rank_order(p, stages);  // UserError when stages do not fit the units or the devices
+  return p;
+}
 
-  // --solver: auto | dp | fast (the exact solver, Method::balanced) | uniform | seed.
+/// --solver: auto | dp | fast (the exact solver, Method::balanced) | uniform | seed, or
+/// --partition's manual split, on `stages` stages.
+balance::SplitRequest balance_request(const BalanceOptions& opt, int stages) {
   balance::SplitRequest req;
   req.stages = stages;
   req.method = !opt.partition.empty()    ? balance::Method::manual
@@ -406,37 +401,35 @@ int balance_command(const BalanceOptions& opt) {
              : opt.solver == "fast" ? balance::SolverKind::fast : balance::SolverKind::automatic;
   req.order = opt.order == "auto" ? balance::OrderMode::automatic : balance::OrderMode::rank;
   req.remainder = balance::parse_uniform_remainder(opt.uniform_remainder.empty() ? "first" : opt.uniform_remainder);
-  balance::Partition part = balance::make_split(p, req);
-  const auto mem = balance::stage_memory_bytes(p, part);
+  return req;
+}
 
-  auto name = [&](int u) { return u < static_cast<int>(p.unit_names.size()) ? p.unit_names[u] : std::to_string(u); };
-  std::cout << "balance: " << U << " units on " << stages << " stages, "
-            << (results ? "objective " + objective + (opt.objective.empty() ? " (the run's)" : "") + ", " : std::string())
-            << "solver " << part.solver
-            << (part.algorithm.empty() ? "" : " (" + part.algorithm + ")") << ", "
-            << (p.overlap ? "overlap" : "no overlap") << "\n";
-  {
-    // The constraints the split was solved under, so a result can be read without the input.
-    auto g = [](double v) {
-      char b[32];
-      std::snprintf(b, sizeof b, "%.4g", v);
-      return std::string(b);
-    };
-    auto bytes = [&](int64_t b) { return b < (int64_t(1) << 20) ? std::to_string(b) + " B" : g(b / 1073741824.0) + " GiB"; };
-    std::string memory = "unlimited";
-    if (!p.device_memory_bytes.empty()) {
-      const auto [lo, hi] = std::minmax_element(p.device_memory_bytes.begin(), p.device_memory_bytes.end());
-      memory = *lo == *hi ? bytes(*lo) : bytes(*lo) + ".." + bytes(*hi);
-      if (*lo == 0) memory = "unlimited (0)";
-    }
-    std::string link = "free";
-    if (results && opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0 && p.link_bandwidth_GBps == 0 &&
-        p.link_latency_us == 0)
-      link = "free (none measured: 1-rank run)";
-    else if (p.link_bandwidth_GBps > 0 || p.link_latency_us > 0)
-      link = g(p.link_latency_us) + " us + bytes / " + (p.link_bandwidth_GBps > 0 ? g(p.link_bandwidth_GBps) + " GB/s" : "inf");
-    std::cout << "constraints: memory per device " << memory << "; link " << link << "\n";
+/// The constraints the split was solved under, so a result can be read without the input.
+void print_constraints(const BalanceOptions& opt, const BalanceProblem& p, bool results) {
+  auto g = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.4g", v);
+    return std::string(b);
+  };
+  auto bytes = [&](int64_t b) { return b < (int64_t(1) << 20) ? std::to_string(b) + " B" : g(b / 1073741824.0) + " GiB"; };
+  std::string memory = "unlimited";
+  if (!p.device_memory_bytes.empty()) {
+    const auto [lo, hi] = std::minmax_element(p.device_memory_bytes.begin(), p.device_memory_bytes.end());
+    memory = *lo == *hi ? bytes(*lo) : bytes(*lo) + ".." + bytes(*hi);
+    if (*lo == 0) memory = "unlimited (0)";
   }
+  std::string link = "free";
+  if (results && opt.link_bandwidth_GBps < 0 && opt.link_latency_us < 0 && p.link_bandwidth_GBps == 0 && p.link_latency_us == 0)
+    link = "free (none measured: 1-rank run)";
+  else if (p.link_bandwidth_GBps > 0 || p.link_latency_us > 0)
+    link = g(p.link_latency_us) + " us + bytes / " + (p.link_bandwidth_GBps > 0 ? g(p.link_bandwidth_GBps) + " GB/s" : "inf");
+  std::cout << "constraints: memory per device " << memory << "; link " << link << "\n";
+}
+
+/// The split's table (stage, units, device, count, predicted ms, memory GiB) and its line.
+void print_split(const BalanceProblem& p, const balance::Partition& part, const std::vector<int64_t>& mem) {
+  const int stages = part.num_stages();
+  auto name = [&](int u) { return u < static_cast<int>(p.unit_names.size()) ? p.unit_names[u] : std::to_string(u); };
   // The units column as wide as its longest entry ("13..24 (layer.12..layer.23)").
   std::vector<std::string> units(stages);
   int w_units = 26;
@@ -452,8 +445,14 @@ int balance_command(const BalanceOptions& opt) {
                 sig(part.predicted_stage_ms[k]).c_str(), gib(mem[k]).c_str());
   std::printf("split %s: bottleneck %s ms, spread %s ms\n", part.counts_string().c_str(), sig(part.bottleneck_ms).c_str(),
               sig(part.spread_ms).c_str());
-  // A manual, uniform or seed split is evaluated as given: say when a stage exceeds its device's memory.
-  std::vector<int64_t> limit(stages, 0);
+}
+
+/// [S] each stage's device memory (0 = unlimited); prints a warning for every stage that does
+/// not fit it (a manual, uniform or seed split is evaluated as given). Returns whether all fit.
+bool check_split_memory(const BalanceProblem& p, const balance::Partition& part, const std::vector<int64_t>& mem,
+                        std::vector<int64_t>& limit) {
+  const int stages = part.num_stages();
+  limit.assign(stages, 0);
   bool fits = true;
   for (int k = 0; k < stages; ++k) {
     const int d = part.device_rank[k];
@@ -470,28 +469,57 @@ int balance_command(const BalanceOptions& opt) {
                   "memory\n", k, size(mem[k]).c_str(), d, size(limit[k]).c_str());
     }
   }
-  std::cout.flush();
+  return fits;
+}
 
-  if (!opt.json_out.empty()) {
-    json out;
-    out["stages"] = json::array();
-    for (int k = 0; k < stages; ++k)
-      out["stages"].push_back({{"first_unit", part.first_unit[k]},
-                               {"last_unit", part.last_unit[k]},
-                               {"device", part.device_rank[k]},
-                               {"predicted_ms", part.predicted_stage_ms[k]},
-                               {"memory_bytes", mem[k]},
-                               {"memory_limit_bytes", limit[k]}});
-    out["bottleneck_ms"] = part.bottleneck_ms;
-    out["spread_ms"] = part.spread_ms;
-    out["solver"] = part.solver;
-    out["algorithm"] = part.algorithm;
-    out["counts"] = part.counts_string();
-    out["overlap"] = p.overlap;
-    out["fits_memory"] = fits;
-    if (results) out["objective"] = objective;
-    write_json_file(opt.json_out, out);
-  }
+}  // namespace
+
+int balance_command(const BalanceOptions& opt) {
+  if (!opt.tp.empty()) return layout_command(opt);
+  if (opt.devices > 0) throw UserError("--devices goes with --tp auto (for --stages K, the stages are the devices)");
+  check_balance_flags(opt);
+  if (opt.memory_limit_gib < 0 || !(opt.memory_limit_gib <= 1048576.0))
+    throw UserError("--memory-limit must be >= 0 and <= 1048576 GiB (2^50 bytes); 0 = from the input");
+  const bool results = is_hdf5(opt.input);
+  if (!opt.objective.empty() && !results)
+    throw UserError("--objective " + opt.objective + " combines the prefill and decode profile of a results file; a "
+                    "latency JSON gives one cost per unit already (latency_ms): drop --objective");
+  check_json_out(opt.json_out, opt.input, opt.force);
+  // Results files: the run's objective unless --objective is given.
+  const std::string objective =
+      !results ? std::string() : opt.objective.empty() ? run_objective(read_run(opt.input)) : opt.objective;
+  int stages = 0;
+  const BalanceProblem p = balance_problem(opt, results, objective, stages);
+  const balance::Partition part = balance::make_split(p, balance_request(opt, stages));
+  const auto mem = balance::stage_memory_bytes(p, part);
+  std::cout << "balance: " << p.units() << " units on " << stages << " stages, "
+            << (results ? "objective " + objective + (opt.objective.empty() ? " (the run's)" : "") + ", " : std::string())
+            << "solver " << part.solver << (part.algorithm.empty() ? "" : " (" + part.algorithm + ")") << ", "
+            << (p.overlap ? "overlap" : "no overlap") << "\n";
+  print_constraints(opt, p, results);
+  print_split(p, part, mem);
+  std::vector<int64_t> limit;
+  const bool fits = check_split_memory(p, part, mem, limit);
+  std::cout.flush();
+  if (opt.json_out.empty()) return 0;
+  json out;
+  out["stages"] = json::array();
+  for (int k = 0; k < stages; ++k)
+    out["stages"].push_back({{"first_unit", part.first_unit[k]},
+                             {"last_unit", part.last_unit[k]},
+                             {"device", part.device_rank[k]},
+                             {"predicted_ms", part.predicted_stage_ms[k]},
+                             {"memory_bytes", mem[k]},
+                             {"memory_limit_bytes", limit[k]}});
+  out["bottleneck_ms"] = part.bottleneck_ms;
+  out["spread_ms"] = part.spread_ms;
+  out["solver"] = part.solver;
+  out["algorithm"] = part.algorithm;
+  out["counts"] = part.counts_string();
+  out["overlap"] = p.overlap;
+  out["fits_memory"] = fits;
+  if (results) out["objective"] = objective;
+  write_json_file(opt.json_out, out);
   return 0;
 }
 

@@ -34,6 +34,13 @@ const char* objective_name(Objective o);
 /// problem use.
 double objective_cost(Objective o, double prefill_ms, double decode_ms, int gen_len);
 
+/// A stage's measured cost in the objective's terms (the pipeline's counterpart of
+/// objective_cost): its decode step (decode), its prefill step (prefill), or its measured
+/// workload, the prefill and the G decode steps it ran (workload), ms.
+inline double objective_stage_ms(Objective o, double prefill_ms, double decode_ms, double workload_ms) {
+  return o == Objective::decode ? decode_ms : o == Objective::prefill ? prefill_ms : workload_ms;
+}
+
 /// Tokens per sequence that cross a stage boundary per unit of cost: P + G (workload), 1
 /// (decode), P (prefill).
 int objective_tokens(Objective o, int prompt_len, int gen_len);

@@ -183,6 +183,7 @@ void read_root_attrs(const Group& root, RunRecord& run) {
   run.balance_verdict = attr_or<std::string>(root, "balance_verdict", "");
   run.decode_balance_verdict = attr_or<std::string>(root, "decode_balance_verdict", "");
   run.schedule = attr_or<std::string>(root, "benchmark_schedule", "");
+  run.reference_partition = attr_or<std::string>(root, "reference_partition", "uniform");  // older files: by name
   run.rounds = attr_or<int>(root, "benchmark_rounds", 0);
   run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
   run.adaptive_status = attr_or<std::string>(root, "adaptive_status", "");

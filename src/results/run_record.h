@@ -240,6 +240,9 @@ struct RunRecord {
   std::vector<RankInfo> ranks;
   ProfileTable profile;
   std::vector<PartitionRecord> partitions;
+  /// The partition every gain is against (root attribute reference_partition; "uniform" in
+  /// older files, which compared with uniform by name).
+  std::string reference_partition = "uniform";
   std::string status = "running";  ///< "running: <phase>", "failed: <phase>", or "complete"
   std::string failure;              ///< the error that ended the run, "" if none
   /// Every partition validated against its serialized run and all matched ("ok"); the run's

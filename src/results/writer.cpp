@@ -256,10 +256,23 @@ void write_predictions(Group& part, const RunRecord& run, const PartitionRecord&
 
 /// /benchmark/<name>: what the pipelined run of a measured partition measured, its errors against
 /// the predictions and its gains against uniform.
+// What append_results says on a /benchmark/<name> group whose rows it appended.
+constexpr const char* kAppendedNote =
+    "rows appended after each round (events and the rep_* datasets: one row per repetition so far); the summary "
+    "attributes and datasets (tokens_per_s, stage_compute_ms, ...) are written at the end of the run, and where "
+    "present here describe the first summary_repetitions repetitions only";
+
 void write_benchmark(Group& root, const RunRecord& run, const PartitionRecord& p, bool extendible) {
   const hs S = p.first_unit.size();
   Group bench = root.require_group("benchmark").create_group(p.name);
   for_each_benchmark_rows(run, p, WriteRows{bench, extendible});  // events, rep_*
+  if (p.stage_compute_ms.size() != 2 * S) {
+    // During the rounds (a snapshot, or a failure recorded then): the rows of the finished
+    // rounds, the summary over all of them comes at the end.
+    bench.set_attr("summary_repetitions", int64_t{0});
+    bench.set_attr("snapshot", kAppendedNote);
+    return;
+  }
   auto sc = bench.write_dataset("stage_compute_ms", p.stage_compute_ms, {S, 2});
   sc.set_attr("units", "ms");
   sc.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
@@ -325,9 +338,9 @@ void write_benchmark(Group& root, const RunRecord& run, const PartitionRecord& p
   bench.set_attr("bottleneck_stage", static_cast<int64_t>(p.bottleneck_stage));
   for (const auto& [k, v] : p.metrics) bench.set_attr(k, v);
   auto it = run.partitions.begin();
-  for (; it != run.partitions.end() && it->name != "uniform"; ++it) {
+  for (; it != run.partitions.end() && it->name != run.reference_partition; ++it) {
   }
-  if (it != run.partitions.end() && it->measured && p.name != "uniform") {
+  if (it != run.partitions.end() && it->measured && it->metrics.count("tokens_per_s") && p.name != run.reference_partition) {
     bench.set_attr("balance_gain", p.metrics.at("tokens_per_s") / it->metrics.at("tokens_per_s"));
     bench.set_attr("decode_balance_gain", p.metrics.at("decode_tokens_per_s") / it->metrics.at("decode_tokens_per_s"));
     write_comparison(bench, "balance_gain", p.gain, p.gain_verdict);
@@ -627,6 +640,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   write_comparison(root, "balance_gain", run.balance_cmp, run.balance_verdict);
   write_comparison(root, "decode_balance_gain", run.decode_balance_cmp, run.decode_balance_verdict);
   root.set_attr("benchmark_schedule", run.schedule);
+  root.set_attr("reference_partition", run.reference_partition);
   root.set_attr("benchmark_rounds", static_cast<int64_t>(run.rounds));
   root.set_attr("benchmark_stop_reason", run.stop_reason);
   root.set_attr("adaptive_status", run.adaptive_status);
@@ -697,12 +711,6 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   root.set_attr("oversubscribed", static_cast<int64_t>(any_oversubscribed(run.ranks) ? 1 : 0));
   if (complete) root.set_attr("complete", static_cast<int64_t>(1));
 }
-
-// What append_results says on a /benchmark/<name> group whose rows it appended.
-constexpr const char* kAppendedNote =
-    "rows appended after each round (events and the rep_* datasets: one row per repetition so far); the summary "
-    "attributes and datasets (tokens_per_s, stage_compute_ms, ...) are written at the end of the run, and where "
-    "present here describe the first summary_repetitions repetitions only";
 
 /// Throws InternalError unless `root` is a snapshot of `run` (write_results with complete=0):
 /// the same format_version, ppbench_version, created_utc and command_line, and a profile.

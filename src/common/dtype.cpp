@@ -1,4 +1,4 @@
-#include "backend/dtype.h"
+#include "common/dtype.h"
 
 #include <algorithm>
 #include <cctype>

@@ -5,8 +5,8 @@
 namespace ppb {
 
 /// E.g. "0.1.0+af9fde1-dirty". Defined in a file CMake generates at configure time
-/// (src/app/version.cpp.in), rewritten only when the string changes: a new commit recompiles that
-/// one file, not every file of the app.
+/// (src/common/version.cpp.in), rewritten only when the string changes: a new commit recompiles that
+/// one file, not every file that includes this header.
 const char* ppbench_version();
 
 }  // namespace ppb

@@ -1,0 +1,120 @@
+#include "run/memory_checks.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "pipeline/pipeline.h"
+#include "run/plan.h"
+
+namespace ppb::run {
+
+std::string gib(double bytes) {
+  std::ostringstream os;
+  os.precision(5);  // enough to tell a need from a limit just below it
+  os << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return os.str();
+}
+
+StageConfig stage_config(const RunContext& ctx, int groups, int tp_width, int tp_rank, TpGroup* tp) {
+  StageConfig sc;
+  sc.tp_width = tp_width;
+  sc.tp_rank = tp_rank;
+  sc.tp = tp;
+  sc.batch = ctx.workload.batch;
+  sc.max_context = ctx.workload.max_context();
+  sc.groups = groups;
+  sc.dtype = ctx.workload.dtype;
+  sc.seed = ctx.workload.seed;
+  sc.cuda_graphs = ctx.opt.cuda_graphs;
+  sc.expert_skew = ctx.opt.expert_skew;
+  return sc;
+}
+
+StageBytes stage_bytes(const RunContext& ctx, int first, int last, int groups, int tp_width, int tp_rank) {
+  return ctx.device->stage_bytes(ctx.spec, first, last, stage_config(ctx, groups, tp_width, tp_rank));
+}
+
+std::pair<int64_t, int64_t> unit_bytes(const RunContext& ctx, int u) {
+  const StageBytes b = stage_bytes(ctx, u, u, ctx.workload.groups);
+  return {static_cast<int64_t>(b.weights), static_cast<int64_t>(b.kv_cache)};
+}
+
+namespace {
+
+/// (b) of check_memory_for_profile, on rank 0 (the ranks' limits gathered at start-up).
+void check_model_fits_ranks(const RunContext& ctx) {
+  const Workload& wl = ctx.workload;
+  double need = 0, unit_max = 0, have = 0, have_max = 0;
+  std::string unit_name;
+  for (int u = 0; u < ctx.spec.num_units(); ++u) {
+    const auto [w, kv] = unit_bytes(ctx, u);
+    need += double(w + kv);
+    if (double(w + kv) > unit_max) {
+      unit_max = double(w + kv);
+      unit_name = ctx.spec.units[u].name;
+    }
+  }
+  for (double l : ctx.cluster.memory_limits) {
+    have += l;
+    have_max = std::max(have_max, l);
+  }
+  if (need > have)
+    throw UserError("the model needs " + gib(need) + " of weights + KV cache (M=" + std::to_string(wl.groups) +
+                    " groups of B=" + std::to_string(wl.batch) + " sequences, " + std::to_string(wl.max_context()) +
+                    " tokens each, " + dtype_name(wl.dtype) + ") but the " + std::to_string(ctx.ranks) + " ranks hold " +
+                    gib(have) +
+                    " together (--memory-limit, default 90% of the free memory per rank); use more ranks, a "
+                    "smaller --batch/--microbatches/--prompt-len/--gen-len, or a smaller model");
+  if (unit_max > have_max)
+    throw UserError("unit " + unit_name + " alone needs " + gib(unit_max) + " of weights + KV cache but the largest "
+                    "rank limit is " + gib(have_max) + " (--memory-limit); use a smaller --batch/--microbatches/"
+                    "--prompt-len/--gen-len");
+}
+
+}  // namespace
+
+void check_memory_for_profile(RunContext& ctx) {
+  const size_t limit = ctx.cluster.memory_limit;
+  ctx.phase("memory check of the profile", [&] {
+    for (int sig = 0; sig < static_cast<int>(ctx.spec.signatures.size()); ++sig) {
+      const int u = ctx.spec.signature_example[sig];
+      const StageBytes b = stage_bytes(ctx, u, u, 1);
+      const double w = double(b.weights), rest = double(b.kv_cache + b.scratch);
+      if (b.total() > limit)
+        throw UserError("profiling unit " + ctx.spec.units[u].name + " alone needs " + gib(w + rest) + " (weights " +
+                        gib(w) + " + KV cache and scratch " + gib(rest) + " for B=" + std::to_string(ctx.workload.batch) +
+                        " sequences of P+G=" + std::to_string(ctx.workload.max_context()) +
+                        " tokens) but the limit is " + gib(double(limit)) +
+                        " (--memory-limit, default 90% of the free memory per rank); " +
+                        (b.weights > limit
+                             ? "its weights alone exceed the limit: a larger --memory-limit or a device with more memory"
+                             : "use a smaller --batch, --prompt-len or --gen-len"));
+    }
+    // `ppbench profile` holds one unit at a time: the whole model need not fit these ranks
+    // (profile on fewer ranks, balance K > R stages offline).
+    if (ctx.root && !ctx.opt.profile_only) check_model_fits_ranks(ctx);
+  });
+}
+
+void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set) {
+  ctx.phase("memory check", [&] {
+    for (const balance::Partition& p : set.splits) {
+      const StagePlacement place = set.placement(p, ctx.mpi.rank());
+      const int k = place.stage;
+      // Exactly what the stage allocates (CUDA or CPU), scratch included: this rank's shard.
+      const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], ctx.workload.groups, place.tp_width, place.tp_rank);
+      if (b.total() > ctx.cluster.memory_limit) {
+        std::ostringstream os;
+        os << "partition " << p.solver << ": stage " << k << " (units " << ctx.spec.units[p.first_unit[k]].name << ".."
+           << ctx.spec.units[p.last_unit[k]].name << ") needs " << gib(double(b.total())) << " (weights "
+           << gib(double(b.weights)) << " + KV cache and scratch " << gib(double(b.kv_cache + b.scratch))
+           << ") but the limit is " << gib(double(ctx.cluster.memory_limit))
+           << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
+              "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
+        throw UserError(os.str());
+      }
+    }
+  });
+}
+
+}  // namespace ppb::run

@@ -1,0 +1,44 @@
+// Memory, before anything is allocated (DESIGN.md §1): what a stage of this backend needs
+// (weights, KV cache, scratch) for the run's workload, and the checks that make a run that
+// cannot fit fail in seconds, not after the profile or another partition's benchmark.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "backend/stage.h"
+#include "run/context.h"
+
+namespace ppb::run {
+
+class PartitionSet;
+
+/// "1.2345 GiB".
+std::string gib(double bytes);
+
+/// The stage config of this run for `groups` request groups, shard `tp_rank` of `tp_width` (tp:
+/// the group, not owned; null for the bytes alone).
+StageConfig stage_config(const RunContext& ctx, int groups, int tp_width = 1, int tp_rank = 0, TpGroup* tp = nullptr);
+
+/// What a stage of units [first, last] allocates on this backend (weights, KV cache, scratch).
+StageBytes stage_bytes(const RunContext& ctx, int first, int last, int groups, int tp_width = 1, int tp_rank = 0);
+
+/// Weights + KV cache of unit `u` alone for the run's M groups (no scratch): the balancer's
+/// per-unit memory. A stage's weights + KV cache are at most the sum over its units (a tied
+/// embedding shared by embed and head on one stage is counted once there), and its scratch at
+/// most the scratch of a stage of every unit: a split within the limits net of that scratch
+/// passes check_memory_of_partitions.
+std::pair<int64_t, int64_t> unit_bytes(const RunContext& ctx, int u);
+
+/// Before the profile, on every rank: (a) each unit alone (one group) must fit this rank's limit
+/// (the profile instantiates it); (b) on rank 0, unless `ppbench profile`, the model's weights +
+/// KV cache must fit the ranks' limits together and its largest unit the largest limit.
+/// Bad input: PhaseFailed{2} naming the unit and the flags that would help.
+void check_memory_for_profile(RunContext& ctx);
+
+/// Every rank checks its stage of every partition of `set` (its shard, scratch included)
+/// against its limit before anything is built.
+void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set);
+
+}  // namespace ppb::run

@@ -1,0 +1,172 @@
+#include "run/plan.h"
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+
+#include "balance/layout.h"
+#include "balance/memory_report.h"
+#include "balance/problem.h"
+#include "common/format.h"
+#include "run/memory_checks.h"
+
+namespace ppb::run {
+
+int PartitionSet::index_of(const std::string& name) const {
+  for (size_t i = 0; i < splits.size(); ++i)
+    if (splits[i].solver == name) return static_cast<int>(i);
+  return -1;
+}
+
+StagePlacement PartitionSet::placement(const balance::Partition& p, int rank) {
+  return layout_placement(p.stage_ranks(), rank);
+}
+
+bool PartitionSet::measured_alone(size_t i, const balance::SplitEquivalence& eq) const {
+  return splits[i].solver == kControl || balance::same_split_as(splits, i, eq) < 0;
+}
+
+void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>& parts, int units) {
+  std::vector<int> flat;
+  std::string names;
+  if (mpi.is_root())
+    for (const balance::Partition& p : parts) {
+      const int S = p.num_stages();
+      flat.push_back(S);
+      flat.insert(flat.end(), p.first_unit.begin(), p.first_unit.end());
+      flat.insert(flat.end(), p.device_rank.begin(), p.device_rank.end());
+      for (int k = 0; k < S; ++k) flat.push_back(p.width(k));
+      names += p.solver + "\n";
+    }
+  mpi.bcast_ints(flat);
+  mpi.bcast_string(names);
+  if (mpi.is_root()) return;
+  parts.clear();
+  std::istringstream in(names);
+  size_t at = 0;
+  for (std::string name; std::getline(in, name);) {
+    const int S = flat.at(at++);
+    balance::Partition p;
+    p.solver = name;
+    for (int k = 0; k < S; ++k) {
+      p.first_unit.push_back(flat.at(at + k));
+      p.last_unit.push_back(k + 1 < S ? flat.at(at + k + 1) - 1 : units - 1);
+      p.device_rank.push_back(flat.at(at + S + k));
+      p.tp_width.push_back(flat.at(at + 2 * S + k));
+    }
+    at += 3 * static_cast<size_t>(S);
+    parts.push_back(std::move(p));
+  }
+}
+
+namespace {
+
+/// Rank 0, --tp auto: the widths of the layout the balancer picks over every group of
+/// consecutive identical ranks at width 1 and at the profiled widths (balance::solve_layout: the
+/// smallest bottleneck, then spread, then fewer stages), recorded in the record's tp_auto_layout.
+std::vector<int> choose_layout(RunContext& ctx, const balance::BalanceProblem& prob) {
+  std::vector<int> widths = {1};
+  widths.insert(widths.end(), ctx.plan.auto_widths.begin(), ctx.plan.auto_widths.end());
+  RunRecord& run = ctx.record();
+  const balance::Partition best = balance::solve_layout(
+      prob, balance::layout_candidates(run, prob, ctx.opt.objective, ctx.cluster.equivalence.device_class, widths),
+      ctx.ranks);
+  run.tp_auto_layout = balance::layout_label(best.tp_width);
+  ctx.progress.say("--tp auto: the balancer chose widths " + run.tp_auto_layout + " (" + best.counts_string() +
+                   " units per stage), predicted bottleneck " + format_fixed(best.bottleneck_ms, 2) + " ms");
+  return best.tp_width;
+}
+
+/// Rank 0: every split the plan asks for, solved (DESIGN.md §6) on the balancer's problem built
+/// from the record exactly as `ppbench balance FILE.h5` rebuilds it from the file; a layout with
+/// tensor-parallel stages solves over its stages' groups (balance::layout_problem).
+std::vector<balance::Partition> solve_partitions(RunContext& ctx) {
+  const RunRecord& run = ctx.record();
+  const balance::BalanceProblem prob = balance::problem_from_run(run, ctx.opt.objective);
+  std::vector<std::vector<int>> layouts = ctx.plan.layouts;
+  if (ctx.plan.tp_auto) {
+    const std::vector<int> widths = choose_layout(ctx, prob);
+    if (std::find(layouts.begin(), layouts.end(), widths) == layouts.end()) layouts.push_back(widths);
+  }
+  std::vector<balance::Partition> parts;
+  for (const auto& widths : layouts) {
+    const bool pp = std::all_of(widths.begin(), widths.end(), [](int t) { return t == 1; });
+    const balance::BalanceProblem lp = pp ? prob : balance::layout_problem(run, ctx.opt.objective, widths);
+    for (const balance::Method method : ctx.plan.methods) {
+      balance::SplitRequest req;
+      req.method = method;
+      req.stages = ctx.ranks;
+      req.order = ctx.opt.order;
+      req.manual = ctx.opt.partition.manual;
+      balance::Partition p = pp ? balance::make_split(prob, req) : balance::make_layout_split(lp, req, widths);
+      p.solver = balance::method_name(method) + balance::layout_suffix(widths);
+      if (p.tp_width.empty()) p.tp_width.assign(p.num_stages(), 1);
+      parts.push_back(std::move(p));
+    }
+  }
+  return parts;
+}
+
+}  // namespace
+
+PartitionSet plan_partitions(RunContext& ctx) {
+  PartitionSet set;
+  ctx.phase("balance", [&] {
+    if (ctx.root) set.splits = solve_partitions(ctx);
+  });
+  broadcast_partitions(ctx.mpi, set.splits, ctx.spec.num_units());
+  const std::string uniform = balance::method_name(balance::Method::uniform);  // the one-rank-per-stage layout's
+  if (set.index_of(uniform) >= 0) set.reference = uniform;
+  if (ctx.root) ctx.record().reference_partition = set.reference;
+  if (ctx.opt.control && !set.reference.empty()) {  // the A/A control: the reference again, benchmarked on its own
+    balance::Partition c = set.splits[static_cast<size_t>(set.index_of(set.reference))];
+    c.solver = PartitionSet::kControl;
+    set.splits.push_back(std::move(c));
+  }
+  return set;
+}
+
+void print_warnings(const std::vector<std::string>& warnings) {
+  for (const std::string& w : warnings) std::cerr << "ppbench: warning: " << w << std::endl;
+}
+
+PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p, const ProfileTable& prof) {
+  std::string warning;
+  PartitionRecord pr = ctx.predictor().describe(p, prof, &warning);
+  if (!warning.empty()) print_warnings({warning});
+  const int S = p.num_stages();
+  const Workload& w = ctx.workload;
+  for (int k = 0; k < S; ++k) {
+    const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], w.groups, p.width(k), 0);  // the group's first shard
+    pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
+    pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
+  }
+  if (!ctx.opt.quiet && !p.tensor_parallel()) {
+    // Each device's limit net of its stage's activation scratch, so that "free" and "KV tokens
+    // left" agree with the memory check (which counts the scratch too).
+    std::vector<int64_t> net(ctx.ranks);
+    for (int k = 0; k < S; ++k) {
+      const int d = p.device_rank[k];
+      net[d] = std::max<int64_t>(1, static_cast<int64_t>(ctx.cluster.memory_limits[d]) -
+                                        static_cast<int64_t>(stage_bytes(ctx, p.first_unit[k], p.last_unit[k], w.groups).scratch));
+    }
+    const auto mr = balance::memory_report(p, prof.unit_weight_bytes, prof.unit_kv_bytes,
+                                           int64_t(w.groups) * w.batch * w.max_context(), net);
+    ctx.progress.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
+                     balance::format_memory_report(mr));
+  }
+  ctx.progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +
+                   (p.tensor_parallel() ? " on stages of widths " + pr.layout : "") + ", predicted bottleneck " +
+                   format_fixed(pr.predicted_bottleneck_ms, 2) + " ms (" + ctx.opt.objective_text +
+                   (prof.latency_alone_ms.empty() ? ")"
+                                                  : "; solved on the together profile " + format_fixed(p.bottleneck_ms, 2) +
+                                                        " ms, shared-bandwidth model)"));
+  return pr;
+}
+
+void describe_partitions(RunContext& ctx, const PartitionSet& set) {
+  if (!ctx.root) return;
+  for (const balance::Partition& p : set.splits) ctx.record().partitions.push_back(describe_partition(ctx, p, ctx.record().profile));
+}
+
+}  // namespace ppb::run

@@ -1,0 +1,438 @@
+#include "run/profile_phase.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "balance/layout.h"
+#include "balance/problem.h"
+#include "common/clock.h"
+#include "common/format.h"
+#include "common/roofline.h"
+#include "common/stats.h"
+#include "common/watchdog.h"
+#include "run/memory_checks.h"
+
+namespace ppb::run {
+
+namespace {
+
+/// Elementwise min (fastest) or max (slowest) of two equally long tables.
+std::vector<double> elementwise(const std::vector<double>& a, const std::vector<double>& b, bool take_min) {
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = take_min ? std::min(a[i], b[i]) : std::max(a[i], b[i]);
+  return out;
+}
+
+/// One profile pass of this rank, one unit at a time, with progress lines prefixed by `what`
+/// (none with `quiet`: a repeated cycle's signatures were announced in the first).
+ProfileResult profile_pass(RunContext& ctx, const ProfileConfig& pc, const std::string& what, bool quiet) {
+  const double t_start = monotonic_s();
+  return profile_model(*ctx.device, ctx.spec, pc, [&](int done, int all, const std::string& unit) {
+    if (done >= all || quiet) return;
+    std::string eta;
+    if (done > 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), " (~%.0f s left)", (monotonic_s() - t_start) / done * (all - done));
+      eta = buf;
+    }
+    ctx.progress.say(what + "signature " + std::to_string(done + 1) + "/" + std::to_string(all) + ": " + unit + eta);
+  });
+}
+
+/// The profile's two passes interleaved (ResidentProfiler::profile_interleaved): one unit of
+/// every signature built on every rank, where they fit beside nothing else (the profile precedes
+/// the stages) on every rank; else nullptr (each pass then builds one unit at a time, as
+/// profile_model, and the passes are timed one after the other). Collective.
+std::unique_ptr<ResidentProfiler> interleaved_profiler(RunContext& ctx) {
+  std::unique_ptr<ResidentProfiler> rp;
+  const ProfileConfig pc = profile_config(ctx);
+  const bool fits = ResidentProfiler::bytes(*ctx.device, ctx.spec, pc) <= ctx.device->free_memory();
+  if (ctx.mpi.agree(fits ? 0 : 1) != 0) {
+    ctx.progress.say("profile: one unit of every signature does not fit some rank at once: the passes are timed one "
+                     "after the other, one unit at a time");
+    return rp;
+  }
+  std::exception_ptr failed;
+  ctx.phase("units of the profile", [&] {
+    try {
+      rp = std::make_unique<ResidentProfiler>(*ctx.device, ctx.spec, pc);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (ctx.mpi.agree(failed ? 1 : 0) != 0) {
+      if (failed) std::rethrow_exception(failed);
+      rp.reset();  // a peer failed: the phase's agreement ends it on every rank
+    }
+  });
+  return rp;
+}
+
+/// The cycles so far, per pass (this rank's), one ProfileResult each.
+struct Cycles {
+  std::vector<ProfileResult> together, alone;  ///< together: the only pass with one pass
+};
+
+/// One cycle of the interleaved profile: per iteration, a turn alone for each rank of a
+/// machine (the others wait without spinning) and one together (a barrier before every timed
+/// forward), rotated by one per iteration; this rank's results appended to `cycles`.
+/// Collective. `elapsed_s`: the profile's time so far, for the ETA.
+void interleaved_cycle(RunContext& ctx, ResidentProfiler& units, ProfileConfig pc, int cycle, int max_cycles,
+                       double elapsed_s, Cycles& cycles) {
+  const MpiContext& mpi = ctx.mpi;
+  const int alone_turns = mpi.agree(mpi.machine_size());  // the most ranks of any machine
+  std::string eta;
+  if (cycle > 1) eta = " (~" + format_fixed(elapsed_s / (cycle - 1), 0) + " s per cycle)";
+  ctx.progress.say("profile cycle " + std::to_string(cycle) + (max_cycles > 1 ? " of up to " + std::to_string(max_cycles) : "") +
+                   ": each rank of a machine alone, then all together, taking turns forward by forward" + eta);
+  pc.align = [&mpi] { mpi.barrier(); };
+  using Turn = ResidentProfiler::Turn;
+  const int me = mpi.machine_rank();
+  std::pair<ProfileResult, ProfileResult> r;
+  try {
+    r = units.profile_interleaved(pc, alone_turns + 1, [&](int t) {
+      mpi.quiet_barrier(1e-3, [] { heartbeat(); });
+      if (t == alone_turns) return Turn::together;
+      return t == me ? Turn::alone : Turn::wait;
+    });
+  } catch (const std::exception& e) {
+    // The units ran these forwards in their warm-up on every rank, so this is not bad input;
+    // and the peers are in the turns' barriers, where no agreement can reach them: end the job.
+    throw InternalError(std::string("the interleaved profile failed after its units were built: ") + e.what());
+  }
+  if (!r.first.decode_contexts.empty()) cycles.alone.push_back(std::move(r.first));
+  cycles.together.push_back(std::move(r.second));
+}
+
+/// One cycle of the passes one after the other, each unit built in turn. A failure is kept
+/// until every rank's part of the cycle is over and agreed on: no rank may leave the alone
+/// turns early, nor enter the together pass's barriers (or the next cycle) alone. A rank that
+/// waits for others' turns (a whole profile each) beats the watchdog's heartbeat. Returns false
+/// when a peer failed (the phase's agreement then ends it on every rank).
+bool sequential_cycle(RunContext& ctx, ProfileConfig pc, bool two_passes, int cycle, const std::string& of,
+                      Cycles& cycles) {
+  const MpiContext& mpi = ctx.mpi;
+  std::exception_ptr failed;
+  if (two_passes) {
+    const int turns = mpi.agree(mpi.machine_size());
+    for (int turn = 0; turn < turns; ++turn) {
+      mpi.quiet_barrier(1e-3, [] { heartbeat(); });
+      ctx.progress.say("profile pass 1/2 (alone)" + of + ": rank " + std::to_string(turn) + " of each machine; the others wait");
+      if (mpi.machine_rank() == turn && !failed) {
+        try {
+          cycles.alone.push_back(profile_pass(ctx, pc, "profile alone: ", cycle > 1));
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }
+    }
+    mpi.quiet_barrier(1e-3, [] { heartbeat(); });
+  } else {
+    try {
+      cycles.together.push_back(profile_pass(ctx, pc, "profile" + of + ": ", cycle > 1));
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  if (mpi.agree(failed ? 1 : 0) != 0) {
+    if (failed) std::rethrow_exception(failed);
+    return false;
+  }
+  if (!two_passes) return true;
+  ctx.progress.say("profile pass 2/2 (together)" + of + ": every rank times each unit at the same moment");
+  pc.align = [&mpi] { mpi.barrier(); };
+  try {
+    cycles.together.push_back(profile_pass(ctx, pc, "profile together: ", cycle > 1));
+  } catch (const UserError& e) {
+    // The alone pass ran the same forwards, so this is not bad input; and the peers are in the
+    // pass's barriers, where no agreement can reach them: end the job.
+    throw InternalError(std::string("the together profile pass failed after the alone pass succeeded: ") + e.what());
+  }
+  return true;
+}
+
+/// Rank 0: the units' names, signatures, parameters, bytes, FLOPs and floors into the record.
+void record_units(RunContext& ctx, const std::vector<int>& decode_contexts) {
+  ProfileTable& t = ctx.record().profile;
+  const model::ModelSpec& spec = ctx.spec;
+  const int U = spec.num_units();
+  for (int u = 0; u < U; ++u) {
+    t.unit_name.push_back(spec.units[u].name);
+    t.unit_signature.push_back(spec.units[u].signature);
+    t.unit_params.push_back(model::unit_params(spec, u));
+    const auto [w, kv] = unit_bytes(ctx, u);
+    t.unit_weight_bytes.push_back(w);
+    t.unit_kv_bytes.push_back(kv);
+  }
+  for (int u = 0; u < U; ++u) {
+    const model::UnitWork w = model::unit_work(spec, u, ctx.workload.batch, ctx.workload.prompt_len, decode_contexts,
+                                               dtype_bytes(ctx.workload.dtype));
+    t.unit_flops.insert(t.unit_flops.end(), {w.prefill_flops, w.decode_flops});
+    t.unit_bytes.insert(t.unit_bytes.end(), {w.prefill_bytes, w.decode_bytes});
+  }
+  const std::vector<RankInfo>& ranks = ctx.record().ranks;
+  for (int r = 0; r < ctx.ranks; ++r)
+    for (int i = 0; i < 2 * U; ++i)
+      t.floor_ms.push_back(
+          roofline_floor_ms(t.unit_flops[i], t.unit_bytes[i], ranks[r].read_bandwidth_GBps, ranks[r].peak_gflops));
+  t.signature_name = spec.signatures;
+}
+
+/// Collective: the pooled tables and every cycle of every rank gathered into rank 0's record.
+void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool interleaved) {
+  const MpiContext& mpi = ctx.mpi;
+  ProfileResult prof = pool_cycles(cycles.together), alone;
+  if (two_passes) {
+    alone = pool_cycles(cycles.alone);
+    prof.prefill_min_ms = elementwise(prof.prefill_min_ms, alone.prefill_min_ms, true);
+    prof.decode_min_ms = elementwise(prof.decode_min_ms, alone.decode_min_ms, true);
+    prof.prefill_max_ms = elementwise(prof.prefill_max_ms, alone.prefill_max_ms, false);
+    prof.decode_max_ms = elementwise(prof.decode_max_ms, alone.decode_max_ms, false);
+  }
+  const int U = ctx.spec.num_units();
+  std::vector<double> cost_mine(U);
+  for (int u = 0; u < U; ++u)
+    cost_mine[u] = balance::objective_cost(ctx.opt.objective, prof.prefill_ms[u], prof.decode_ms[u], ctx.workload.gen_len);
+  const auto lat = mpi.gather_doubles(pack_phases(prof.prefill_ms, prof.decode_ms));
+  const auto lat_min = mpi.gather_doubles(pack_phases(prof.prefill_min_ms, prof.decode_min_ms));
+  const auto lat_max = mpi.gather_doubles(pack_phases(prof.prefill_max_ms, prof.decode_max_ms));
+  const auto contexts = mpi.gather_doubles(prof.decode_context_ms);
+  const auto cost_all = mpi.gather_doubles(cost_mine);
+  std::vector<double> lat_alone;
+  if (two_passes) lat_alone = mpi.gather_doubles(pack_phases(alone.prefill_ms, alone.decode_ms));
+  std::vector<double> together_cycles, alone_cycles;  // [K][R][U][2] on rank 0
+  for (const ProfileResult& c : cycles.together) {
+    const auto all = mpi.gather_doubles(pack_phases(c.prefill_ms, c.decode_ms));
+    together_cycles.insert(together_cycles.end(), all.begin(), all.end());
+  }
+  for (const ProfileResult& c : cycles.alone) {
+    const auto all = mpi.gather_doubles(pack_phases(c.prefill_ms, c.decode_ms));
+    alone_cycles.insert(alone_cycles.end(), all.begin(), all.end());
+  }
+  // The profile table goes into the file before the balancer runs: a split that cannot be
+  // found (memory) still leaves what was measured.
+  if (!ctx.root) return;
+  RunRecord& run = ctx.record();
+  if (two_passes) {
+    run.workload.profile_order = interleaved ? "interleaved" : "one pass after the other";
+    run.workload.profile_passes = "alone+together";
+  }
+  run.workload.profile_repeats = static_cast<int>(cycles.together.size());
+  record_units(ctx, prof.decode_contexts);
+  ProfileTable& t = run.profile;
+  t.latency_ms = lat;
+  t.latency_min_ms = lat_min;
+  t.latency_max_ms = lat_max;
+  t.latency_alone_ms = lat_alone;
+  t.latency_cycles_ms = together_cycles;
+  t.latency_alone_cycles_ms = alone_cycles;
+  t.decode_contexts = prof.decode_contexts;
+  t.decode_context_ms = contexts;
+  t.cost_ms = cost_all;
+}
+
+/// The groups of ranks the layouts run tensor-parallel stages on, (first rank, width), each
+/// once, in layout order; with --tp auto one group per width and device class (identical
+/// devices cost the same).
+std::vector<std::pair<int, int>> tp_groups_needed(const RunContext& ctx) {
+  std::vector<std::pair<int, int>> out;
+  for (const auto& widths : ctx.plan.layouts)
+    for (const auto& g : balance::layout_groups(widths))
+      if (g.second > 1 && std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+  for (const auto& g : balance::auto_layout_groups(ctx.cluster.equivalence.device_class, ctx.plan.auto_widths))
+    if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+  return out;
+}
+
+/// This rank's part of a tensor-parallel group's profile: its shard of every unit timed with
+/// the group; the group's first rank appends [U][2] latency, min and max to `mine`.
+void profile_group(RunContext& ctx, TpGroup& tp, std::vector<double>& mine) {
+  ProfileConfig pc = profile_config(ctx);  // cold or warm as the width-1 profile
+  pc.tp_width = tp.width();
+  pc.tp_rank = tp.rank();
+  pc.tp = &tp;
+  // Each rank flushes its caches before a timed forward; without a meeting after the flushes,
+  // the first all-reduce of the forward would time a peer's flush.
+  pc.align = [group = &tp] { group->barrier(); };
+  const ProfileResult prof = profile_model(*ctx.device, ctx.spec, pc);
+  if (tp.rank() != 0) return;
+  for (const auto& [pre, dec] : {std::pair{&prof.prefill_ms, &prof.decode_ms}, std::pair{&prof.prefill_min_ms, &prof.decode_min_ms},
+                                 std::pair{&prof.prefill_max_ms, &prof.decode_max_ms}}) {
+    const std::vector<double> rows = pack_phases(*pre, *dec);
+    mine.insert(mine.end(), rows.begin(), rows.end());
+  }
+}
+
+/// Greedy rounds of groups: a group joins the first round none of whose groups shares a rank.
+std::vector<std::vector<std::pair<int, int>>> group_rounds(const std::vector<std::pair<int, int>>& groups) {
+  std::vector<std::vector<std::pair<int, int>>> rounds;
+  for (const auto& g : groups) {
+    auto overlaps = [&](const std::pair<int, int>& h) { return g.first < h.first + h.second && h.first < g.first + g.second; };
+    auto it = std::find_if(rounds.begin(), rounds.end(),
+                           [&](const auto& round) { return std::none_of(round.begin(), round.end(), overlaps); });
+    if (it == rounds.end()) it = rounds.insert(rounds.end(), std::vector<std::pair<int, int>>{});
+    it->push_back(g);
+  }
+  return rounds;
+}
+
+/// One round of groups profiled at once (collective), gathered into rank 0's /profile/tp.
+void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>& round) {
+  const MpiContext& mpi = ctx.mpi;
+  const int U = ctx.spec.num_units();
+  int color = -1, key = 0;
+  for (size_t i = 0; i < round.size(); ++i)
+    if (mpi.rank() >= round[i].first && mpi.rank() < round[i].first + round[i].second) {
+      color = static_cast<int>(i);
+      key = mpi.rank() - round[i].first;
+    }
+  std::vector<double> mine;  // a group's first rank: latency, min, max [U][2] each
+  ctx.phase("profile at tensor-parallel widths", [&] {
+    std::string what;
+    for (const auto& [first, w] : round)
+      what += (what.empty() ? "" : ", ") + std::string("ranks ") + std::to_string(first) + ".." +
+              std::to_string(first + w - 1) + " at width " + std::to_string(w);
+    ctx.progress.say("profile: tensor-parallel groups " + what);
+    auto tp = ctx.make_tp_group(color, key);
+    // Ranks outside the round's groups wait without spinning (a busy wait would take a core from
+    // the ranks being timed); a member's failure is rethrown after the meeting, so that every
+    // rank reaches the phase's agreement instead of one waiting for the others.
+    std::exception_ptr failed;
+    if (tp) {
+      try {
+        profile_group(ctx, *tp, mine);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    mpi.quiet_barrier(1e-3, [] { heartbeat(); });
+    if (failed) std::rethrow_exception(failed);
+  });
+  ctx.phase("gather of the tensor-parallel profile", [&] {
+    const auto all = mpi.gatherv_doubles(mine);
+    if (!ctx.root) return;
+    for (const auto& [first, w] : round) {
+      const auto& row = all[first];
+      ProfileTable::TpGroupProfile g;
+      g.first_rank = first;
+      g.width = w;
+      if (row.size() != static_cast<size_t>(6 * U))
+        throw InternalError("profile of tensor-parallel group at rank " + std::to_string(first) + " is missing");
+      g.latency_ms.assign(row.begin(), row.begin() + 2 * U);
+      g.latency_min_ms.assign(row.begin() + 2 * U, row.begin() + 4 * U);
+      g.latency_max_ms.assign(row.begin() + 4 * U, row.end());
+      ctx.record().profile.tp.push_back(std::move(g));
+    }
+  });
+}
+
+}  // namespace
+
+ProfileConfig profile_config(const RunContext& ctx) {
+  ProfileConfig pc;
+  pc.batch = ctx.workload.batch;
+  pc.prompt_len = ctx.workload.prompt_len;
+  pc.gen_len = ctx.workload.gen_len;
+  pc.num_contexts = ctx.opt.profile_contexts;
+  pc.warmup = ctx.opt.profile_warmup;
+  pc.iters = ctx.opt.profile_iters;
+  pc.dtype = ctx.workload.dtype;
+  pc.seed = ctx.workload.seed;
+  pc.cuda_graphs = ctx.opt.cuda_graphs;
+  pc.expert_skew = ctx.opt.expert_skew;
+  int64_t total = 0;
+  for (int u = 0; u < ctx.spec.num_units(); ++u)
+    total += model::unit_resident_params(ctx.spec, u) * dtype_bytes(ctx.workload.dtype);
+  pc.resident_bytes = static_cast<size_t>(total / ctx.ranks * ctx.mpi.machine_size());
+  return pc;
+}
+
+std::vector<double> pack_phases(const std::vector<double>& prefill, const std::vector<double>& decode) {
+  std::vector<double> v;
+  for (size_t u = 0; u < prefill.size() && u < decode.size(); ++u) {
+    v.push_back(prefill[u]);
+    v.push_back(decode[u]);
+  }
+  return v;
+}
+
+ProfileResult pool_cycles(const std::vector<ProfileResult>& runs) {
+  ProfileResult out = runs.front();
+  auto pool = [&](std::vector<double> ProfileResult::*table) {
+    std::vector<double>& o = out.*table;
+    for (size_t i = 0; i < o.size(); ++i) {
+      std::vector<double> x;
+      for (const ProfileResult& r : runs) x.push_back((r.*table)[i]);
+      o[i] = median(x);  // with one or two cycles: the value, or the mean of the two
+    }
+  };
+  pool(&ProfileResult::prefill_ms);
+  pool(&ProfileResult::decode_ms);
+  pool(&ProfileResult::decode_context_ms);
+  const size_t C = out.decode_contexts.size();  // decode_ms stays the mean over contexts
+  if (C > 0 && out.decode_context_ms.size() == C * out.decode_ms.size())
+    for (size_t u = 0; u < out.decode_ms.size(); ++u) {
+      double sum = 0.0;
+      for (size_t c = 0; c < C; ++c) sum += out.decode_context_ms[u * C + c];
+      out.decode_ms[u] = sum / static_cast<double>(C);
+    }
+  for (size_t c = 1; c < runs.size(); ++c) {
+    const ProfileResult& r = runs[c];
+    out.prefill_min_ms = elementwise(out.prefill_min_ms, r.prefill_min_ms, true);
+    out.decode_min_ms = elementwise(out.decode_min_ms, r.decode_min_ms, true);
+    out.prefill_max_ms = elementwise(out.prefill_max_ms, r.prefill_max_ms, false);
+    out.decode_max_ms = elementwise(out.decode_max_ms, r.decode_max_ms, false);
+  }
+  return out;
+}
+
+ProfileOutcome profile_units(RunContext& ctx) {
+  const MpiContext& mpi = ctx.mpi;
+  const RunOptions& opt = ctx.opt;
+  Cycles cycles;
+  ProfileOutcome outcome;
+  outcome.two_passes = opt.contention == Contention::automatic &&
+                       mpi.agree(ctx.device->node_ranks_share_memory() && mpi.machine_size() > 1 ? 1 : 0) != 0;
+  const bool two_passes = outcome.two_passes;
+  const int max_cycles = opt.profile_repeats > 0 ? opt.profile_repeats : two_passes ? kAutoProfileRepeats : 1;
+  std::unique_ptr<ResidentProfiler> units = two_passes ? interleaved_profiler(ctx) : nullptr;
+  ctx.phase("profile", [&] {
+    const ProfileConfig pc = profile_config(ctx);
+    const double t_start = monotonic_s();
+    for (int cycle = 1;; ++cycle) {
+      if (units) {
+        interleaved_cycle(ctx, *units, pc, cycle, max_cycles, monotonic_s() - t_start, cycles);
+      } else {
+        const std::string of = max_cycles > 1 ? " (cycle " + std::to_string(cycle) + ")" : "";
+        if (!sequential_cycle(ctx, pc, two_passes, cycle, of, cycles)) return;
+      }
+      const bool more = cycle < max_cycles && (opt.profile_repeats > 0 || monotonic_s() - t_start < kProfileSpanS ||
+                                               (two_passes && cycle < kMinAutoRepeats));
+      if (mpi.agree(more ? 0 : 1) != 0) break;  // every rank cycles as long as all of them would
+    }
+  });
+  const bool interleaved = units != nullptr;
+  units.reset();  // its units' memory, before the stages are built
+  if (cycles.together.empty()) return outcome;  // the phase ended on a peer's failure (it threw there)
+  gather_profile(ctx, cycles, two_passes, interleaved);
+  return outcome;
+}
+
+void profile_tp_groups(RunContext& ctx) {
+  const auto groups = tp_groups_needed(ctx);
+  if (groups.empty()) return;
+  const std::vector<int>& cls = ctx.cluster.equivalence.device_class;
+  ctx.phase("layouts", [&] {
+    for (const auto& [first, w] : groups)
+      for (int r = first; r < first + w; ++r)
+        if (cls[r] != cls[first])
+          throw UserError("--tp: ranks " + std::to_string(first) + ".." + std::to_string(first + w - 1) +
+                          " would form a tensor-parallel stage, but rank " + std::to_string(r) +
+                          " is not an identical device of rank " + std::to_string(first) +
+                          "'s node (/ranks: hostname, device, CPU quota, threads); a stage's ranks must be "
+                          "identical devices of one node");
+  });
+  for (const auto& round : group_rounds(groups)) profile_group_round(ctx, round);
+}
+
+}  // namespace ppb::run
