@@ -524,6 +524,8 @@ void check_offline_prediction(const std::string& path, const std::vector<std::st
     H5Fclose(f);
   }
   auto root = ppb::h5::File::open(path).root();
+  // Issue 34 asks this of a run with the two-pass (alone, then together) profile.
+  EXPECT_EQ(root.open_group("config/workload").get_attr<std::string>("profile_passes"), "alone+together");
   for (const std::string& name : parts) {
     const std::string counts = root.open_group("partitions/" + name).get_attr<std::string>("counts");
     const std::string json = dir + "/simulate_" + name + ".json";
