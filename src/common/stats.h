@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,10 @@ double mean(const std::vector<double>& v);
 /// (Hoefler & Belli, SC'15, rule 3: summarize rates with the harmonic mean; J. E. Smith,
 /// "Characterizing computer performance with a single number", CACM 31(10), 1988).
 double harmonic_mean(const std::vector<double>& v);
+
+/// Resamples of compare_paired()'s bootstrap, unless told otherwise (every CI a file or summary
+/// reports).
+constexpr int kBootstrapResamples = 10000;
 
 /// Fewest pairs compare_paired() gives a confidence interval for: below it a percentile
 /// bootstrap has too few distinct resamples to mean anything (Hoefler & Belli, SC'15, sec. 3.2:
@@ -54,7 +59,34 @@ struct PairedComparison {
 /// `seed`: the same data give the same interval. a and b must have one value per round.
 /// @throws ppb::InternalError if a and b differ in length or level is outside (0, 1).
 PairedComparison compare_paired(const std::vector<double>& a, const std::vector<double>& b, double level = 0.95,
-                                int resamples = 10000, uint64_t seed = 20151115);
+                                int resamples = kBootstrapResamples, uint64_t seed = 20151115);
+
+/// compare_paired() for pairs that arrive one at a time (a benchmark's rounds), at a cost per
+/// pair and per reading that does not grow with the pairs seen: an online Poisson bootstrap
+/// (each pair enters resample k with a Poisson(1) weight drawn when it arrives, in place of the
+/// multinomial counts of a resample drawn afresh; Hanley & MacGibbon, Comput. Methods Programs
+/// Biomed. 83, 2006; Chamandy et al., "Estimating uncertainty for massive data streams", Google,
+/// 2012). For n pairs it approximates compare_paired()'s interval (their CIs agree within the
+/// bootstraps' Monte-Carlo error for tens of pairs or more); `ratio` and `n` are compare_paired's
+/// to the bit. A screening statistic: what a file or summary reports comes from compare_paired.
+class StreamingPairedComparison {
+ public:
+  /// `resamples` (>= 1) resamples, weights drawn from a std::mt19937_64 seeded with `seed`.
+  explicit StreamingPairedComparison(int resamples = 2000, uint64_t seed = 20151115);
+  /// Adds the pair (a, b) of one round; skipped (as compare_paired skips it) unless both are
+  /// finite and > 0. O(resamples).
+  void add(double a, double b);
+  /// The comparison of the pairs so far at `level` (as compare_paired's: expanded tails; no CI
+  /// below kMinPairsForCI pairs). O(resamples).
+  /// @throws ppb::InternalError if level is outside (0, 1).
+  PairedComparison current(double level = 0.95) const;
+
+ private:
+  std::mt19937_64 rng_;
+  std::vector<double> sum_inv_a_, sum_inv_b_;  // per resample: sum of weight / a and weight / b
+  double inv_a_ = 0.0, inv_b_ = 0.0;           // sum of 1 / a and 1 / b over the pairs
+  int n_ = 0;
+};
 
 /// The tail probability at which to read a percentile bootstrap interval of a mean from n
 /// samples so that it is about as wide as Student's t interval: Phi(sqrt(n / (n - 1)) *

@@ -165,33 +165,30 @@ void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRec
 
 void gather_round(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& benches) {
   const size_t per_rep = rep_events(ctx.workload);
+  // Each bench's new repetitions and their offset in every rank's message (every rank took the
+  // same turns, so the offsets are the same on every rank).
+  std::vector<size_t> fresh(benches.size()), offset(benches.size());
   std::vector<double> mine;  // each bench's new repetitions, in bench order
-  for (const Bench& b : benches) {
+  for (size_t i = 0; i < benches.size(); ++i) {
+    const Bench& b = benches[i];
     const size_t have = b.rec.events.size() / per_rep;
-    mine.insert(mine.end(), b.rec.events.begin() + static_cast<std::ptrdiff_t>(b.reps_gathered * per_rep), b.rec.events.end());
     if (have < b.reps_gathered) throw InternalError("gather_round: a partition lost repetitions");
+    fresh[i] = have - b.reps_gathered;
+    offset[i] = mine.size();
+    mine.insert(mine.end(), b.rec.events.begin() + static_cast<std::ptrdiff_t>(b.reps_gathered * per_rep), b.rec.events.end());
   }
   const auto all = ctx.mpi.gatherv_doubles(mine);
-  for (Bench& b : benches) {
-    const size_t have = b.rec.events.size() / per_rep, fresh = have - b.reps_gathered;
+  for (size_t i = 0; i < benches.size(); ++i) {
+    Bench& b = benches[i];
     if (ctx.root) {
       const balance::Partition& p = set.splits[b.pi];
-      for (size_t i = 0; i < fresh; ++i) {
+      for (size_t j = 0; j < fresh[i]; ++j) {
         std::vector<const double*> slice;
-        for (int k = 0; k < p.num_stages(); ++k) {
-          // Rank r's slice of this bench: its offset in r's message is the same sum of fresh
-          // repetitions over the benches before it (every rank took the same turns).
-          size_t at = 0;
-          for (const Bench& c : benches) {
-            if (&c == &b) break;
-            at += (c.rec.events.size() / per_rep - c.reps_gathered) * per_rep;
-          }
-          slice.push_back(all[p.device_rank[k]].data() + at + i * per_rep);
-        }
-        append_repetition(ctx, p, ctx.record().partitions[b.pi], slice, b.rounds[b.reps_gathered + i]);
+        for (int k = 0; k < p.num_stages(); ++k) slice.push_back(all[p.device_rank[k]].data() + offset[i] + j * per_rep);
+        append_repetition(ctx, p, ctx.record().partitions[b.pi], slice, b.rounds[b.reps_gathered + j]);
       }
     }
-    b.reps_gathered = have;
+    b.reps_gathered += fresh[i];
   }
 }
 

@@ -105,35 +105,62 @@ void add_bench(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& ben
   benches.push_back(std::move(b));
 }
 
-/// Rank 0's gains against the reference so far, with the bootstrap CIs of compare_paired,
-/// computed again at most when a partition's pairs grew by 2% (every round up to kFreshPairs
-/// pairs): a bootstrap costs O(resamples x pairs), so refreshing it every round would make
-/// round r cost O(r) and a run of R rounds O(R^2); refreshed on this schedule its cost per round
-/// stays flat (amortized resamples x kFreshPairs), and a run stops at most 2% of its rounds
-/// later than a CI refreshed every round would let it.
+/// Rank 0's gains against the reference so far, at a cost per round that does not grow with
+/// the rounds (issue 34): each round's new pairs (same_rounds' pairing, advanced from where the
+/// last round left it) enter a StreamingPairedComparison, O(resamples) each, and its interval is
+/// read in O(resamples). A bootstrap from scratch each round would cost O(resamples x rounds)
+/// per round, O(rounds^2) over the run. A reason to stop is stated with compare_paired's
+/// intervals on every pair (`full`: O(pairs), once at the end), those the summary reports; a
+/// --target-ci met by the streaming interval is confirmed with them before the rounds stop, and
+/// a confirmation that fails is not tried again before the pairs grew by 2%.
 class GainTracker {
  public:
-  static constexpr size_t kFreshPairs = 50;
   struct Gains {
     PairedComparison tokens, decode;
-    size_t pairs = 0;  ///< pairs when they were computed
   };
-  /// The gains of bench j against the reference bench, refreshed on the schedule above.
-  const Gains& gains(const std::vector<PartitionRecord>& parts, const std::vector<Bench>& benches, size_t ref, size_t j) {
+  /// Brings bench j's comparison with the reference bench up to date with their new rounds.
+  void update(const std::vector<PartitionRecord>& parts, const std::vector<Bench>& benches, size_t ref, size_t j) {
     const PartitionRecord& a = parts[benches[ref].pi];
     const PartitionRecord& b = parts[benches[j].pi];
-    Gains& g = cache_[benches[j].pi];
-    auto [ta, tb] = same_rounds(a.rep_tokens_per_s, a.rep_round, b.rep_tokens_per_s, b.rep_round);
-    if (g.pairs > 0 && ta.size() > kFreshPairs && ta.size() * 50 < g.pairs * 51) return g;
-    auto [da, db] = same_rounds(a.rep_decode_tokens_per_s, a.rep_round, b.rep_decode_tokens_per_s, b.rep_round);
-    g.tokens = compare_paired(ta, tb);
-    g.decode = compare_paired(da, db);
-    g.pairs = ta.size();
-    return g;
+    Stream& st = streams_[benches[j].pi];
+    while (st.i < a.rep_round.size() && st.i < a.rep_tokens_per_s.size()) {
+      while (st.j < b.rep_round.size() && b.rep_round[st.j] < a.rep_round[st.i]) ++st.j;
+      if (st.j >= b.rep_round.size() || st.j >= b.rep_tokens_per_s.size()) break;  // b's turn of it may come
+      if (b.rep_round[st.j] == a.rep_round[st.i]) {
+        st.tokens.add(a.rep_tokens_per_s[st.i], b.rep_tokens_per_s[st.j]);
+        st.decode.add(a.rep_decode_tokens_per_s[st.i], b.rep_decode_tokens_per_s[st.j]);
+        ++st.pairs;
+      }
+      ++st.i;
+    }
   }
+  /// Bench j's gains against the reference bench: streaming, or compare_paired's on every pair
+  /// (`full`). Call update first.
+  Gains gains(const std::vector<PartitionRecord>& parts, const std::vector<Bench>& benches, size_t ref, size_t j,
+              bool full = false) {
+    const Stream& st = streams_[benches[j].pi];
+    if (!full) return {st.tokens.current(), st.decode.current()};
+    const PartitionRecord& a = parts[benches[ref].pi];
+    const PartitionRecord& b = parts[benches[j].pi];
+    auto [ta, tb] = same_rounds(a.rep_tokens_per_s, a.rep_round, b.rep_tokens_per_s, b.rep_round);
+    auto [da, db] = same_rounds(a.rep_decode_tokens_per_s, a.rep_round, b.rep_decode_tokens_per_s, b.rep_round);
+    return {compare_paired(ta, tb), compare_paired(da, db)};
+  }
+  /// Whether a --target-ci met by the streaming intervals may be confirmed now: the first time,
+  /// or once the pairs grew by 2% since the last confirmation that failed.
+  bool may_confirm(size_t pairs) const { return confirmed_at_ == 0 || pairs * 50 >= confirmed_at_ * 51; }
+  void confirmation_failed(size_t pairs) { confirmed_at_ = pairs; }
+  /// The pairs of bench j so far.
+  size_t pairs(const std::vector<Bench>& benches, size_t j) { return streams_[benches[j].pi].pairs; }
 
  private:
-  std::map<size_t, Gains> cache_;
+  struct Stream {
+    size_t i = 0, j = 0;  // the pairing's position in the reference's and the bench's repetitions
+    size_t pairs = 0;
+    StreamingPairedComparison tokens, decode;
+  };
+  std::map<size_t, Stream> streams_;
+  size_t confirmed_at_ = 0;
 };
 
 /// Index in `benches` of the reference partition (the set's), else the first.
@@ -156,9 +183,12 @@ std::string round_verdict(RunContext& ctx, const PartitionSet& set, const std::v
        << format_fixed(parts[benches[j].pi].rep_tokens_per_s.back(), 2);
   os << " tokens/s";
   double worst = 0.0;  // the widest relative CI half-width of the gains (inf while one has none)
+  size_t fewest_pairs = std::numeric_limits<size_t>::max();
   for (size_t j = 0; j < benches.size(); ++j) {
     if (j == ref) continue;
-    const GainTracker::Gains& g = tracker.gains(parts, benches, ref, j);
+    tracker.update(parts, benches, ref, j);
+    fewest_pairs = std::min(fewest_pairs, tracker.pairs(benches, j));
+    const GainTracker::Gains g = tracker.gains(parts, benches, ref, j);
     os << "; " << set.splits[benches[j].pi].solver << "/" << set.splits[benches[ref].pi].solver << " so far "
        << format_fixed(g.tokens.ratio, 3) << "x";
     for (const PairedComparison* c : {&g.tokens, &g.decode}) {
@@ -176,24 +206,42 @@ std::string round_verdict(RunContext& ctx, const PartitionSet& set, const std::v
   const double left = rule.max_time_s - state.elapsed_s;
   os << " (" << format_fixed(state.elapsed_s, 0) << " s of --max-time " << format_fixed(rule.max_time_s, 0) << ")";
   ctx.progress.say(os.str());
-  const std::string hw = std::isfinite(worst) ? "+-" + format_fixed(100.0 * worst, 1) + "%"
-                                              : "not every gain has one yet (fewer than " + std::to_string(kMinPairsForCI) +
-                                                    " paired rounds)";
+  // A reason to stop states the CIs of the full resamples (those the summary reports).
+  auto widest_full = [&] {
+    double w = 0.0;
+    for (size_t j = 0; j < benches.size(); ++j)
+      if (j != ref) {
+        const GainTracker::Gains g = tracker.gains(parts, benches, ref, j, true);
+        for (const PairedComparison* c : {&g.tokens, &g.decode})
+          if (c->n > 0) w = std::max(w, std::isnan(c->ci_low) ? std::numeric_limits<double>::infinity() : c->half_width());
+      }
+    return w;
+  };
+  auto hw = [](double w) {
+    return std::isfinite(w) ? "+-" + format_fixed(100.0 * w, 1) + "%"
+                            : "not every gain has one yet (fewer than " + std::to_string(kMinPairsForCI) + " paired rounds)";
+  };
   int fewest = state.rounds;  // rounds of the partition that joined last
   for (const Bench& b : benches) fewest = std::min(fewest, static_cast<int>(b.rounds.size()));
   if (fewest < rule.min_rounds) return "";  // --iters rounds of every partition, whatever the time
   if (hold) {
     if (state.round_s <= left) return "";
     return "--max-time " + format_fixed(rule.max_time_s, 0) +
-           " s: another round would end after it, before the adaptive split converged; widest gain CI " + hw;
+           " s: another round would end after it, before the adaptive split converged; widest gain CI " + hw(widest_full());
   }
   if (benches.size() < 2) return "--iters rounds done (one split: no gain to narrow)";
-  if (rule.target_ci_pct <= 0) return "--iters rounds done (--target-ci 0); widest gain CI " + hw;
-  if (worst <= rule.target_ci_pct / 100.0)
-    return "every gain's 95% CI within " + hw + " (--target-ci " + format_fixed(rule.target_ci_pct, 1) + "%)";
+  if (rule.target_ci_pct <= 0) return "--iters rounds done (--target-ci 0); widest gain CI " + hw(widest_full());
+  if (worst <= rule.target_ci_pct / 100.0 && tracker.may_confirm(fewest_pairs)) {
+    worst = widest_full();  // confirmed with every pair
+    if (worst <= rule.target_ci_pct / 100.0)
+      return "every gain's 95% CI within " + hw(worst) + " (--target-ci " + format_fixed(rule.target_ci_pct, 1) + "%)";
+    tracker.confirmation_failed(fewest_pairs);
+  }
   if (state.round_s > left)
-    return "--max-time " + format_fixed(rule.max_time_s, 0) + " s: another round would end after it; widest gain CI " + hw;
-  if (state.rounds >= rule.max_rounds) return std::to_string(rule.max_rounds) + " rounds (the most); widest gain CI " + hw;
+    return "--max-time " + format_fixed(rule.max_time_s, 0) + " s: another round would end after it; widest gain CI " +
+           hw(widest_full());
+  if (state.rounds >= rule.max_rounds)
+    return std::to_string(rule.max_rounds) + " rounds (the most); widest gain CI " + hw(widest_full());
   return "";
 }
 

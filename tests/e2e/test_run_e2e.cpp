@@ -568,6 +568,10 @@ TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
   EXPECT_LE(solver_bottleneck(root, "balanced"), solver_bottleneck(root, "uniform") * (1 + 1e-9));
   for (const char* part : {"uniform", "seed", "balanced"})
     EXPECT_GT(root.open_group(std::string("partitions/") + part).open_dataset("predicted_stage_ms").get_attr<double>("bottleneck_ms"), 0.0);
+  // Each partition holds its own measurements: two different splits never time to the same bits.
+  auto reps = [&](const char* part) { return root.open_group(std::string("benchmark/") + part).open_dataset("rep_wall_s").read<double>(); };
+  if (root.open_group("partitions/balanced").get_attr<std::string>("same_as").empty())
+    EXPECT_NE(reps("uniform"), reps("balanced"));
   // Two CPU ranks on one node share its memory: the profile has two passes, and every stage's
   // predicted step lies between its units' alone and together sums (the contention model
   // interpolates between them by the stage's overlap; balance/contention.h).

@@ -129,52 +129,72 @@ TEST(RunPhases, GatherOfARoundAppendsEachRanksNewRepetitionOnRankZerosClock) {
   run::RunContext& ctx = *s.ctx;
   const Workload& w = ctx.workload;
   const int R = ctx.ranks, steps = w.gen_len + 1;
+  // Two partitions of the same split (the gather does not care whether they differ): bench 1
+  // joins late and brings two repetitions at once, so that each bench's slice of every rank's
+  // message starts after the other's new repetitions alone.
   run::PartitionSet set;
   balance::Partition p = balance::solve_uniform(ctx.spec.num_units(), R);
-  p.solver = "uniform";
   p.tp_width.assign(R, 1);
-  set.splits.push_back(p);
-  if (ctx.root) {
-    PartitionRecord pr;
-    pr.name = "uniform";
-    pr.first_unit = p.first_unit;
-    pr.last_unit = p.last_unit;
-    pr.device_rank = p.device_rank;
-    ctx.record().partitions.push_back(pr);
+  for (const char* name : {"uniform", "other"}) {
+    p.solver = name;
+    set.splits.push_back(p);
+    if (ctx.root) {
+      PartitionRecord pr;
+      pr.name = name;
+      pr.first_unit = p.first_unit;
+      pr.last_unit = p.last_unit;
+      pr.device_rank = p.device_rank;
+      ctx.record().partitions.push_back(pr);
+    }
   }
-  std::vector<run::Bench> benches(1);
+  std::vector<run::Bench> benches(2);
   benches[0].pi = 0;
-  // Two rounds; each rank's events of round i encode (rank, round, group, step, event) as
+  benches[1].pi = 1;
+  // Each rank's events of bench b, repetition i encode (b, rank, i, group, step, event) as
   // seconds on its own clock: the run's start on rank 0's clock, plus its offset to rank 0,
   // plus a code; rank 0 must map them back to the code (seconds since the run started).
   std::vector<double> start{ctx.root ? ctx.record().run_start_s : 0.0};
   mpi.bcast_doubles(start);
-  auto code = [&](int r, int i, int g, int t, int x) { return 1.0 * r + 0.1 * i + 0.01 * g + 0.001 * t + 1e-5 * x; };
-  for (int i = 0; i < 2; ++i) {
+  auto code = [&](int b, int r, int i, int g, int t, int x) {
+    return 10.0 * b + 1.0 * r + 0.1 * i + 0.01 * g + 0.001 * t + 1e-5 * x;
+  };
+  auto add_repetition = [&](int b, int round) {
+    const int i = static_cast<int>(benches[b].rounds.size());
     for (int g = 0; g < w.groups; ++g)
       for (int t = 0; t < steps; ++t)
         for (int x = 0; x < kNumEvents; ++x)
-          benches[0].rec.events.push_back(code(mpi.rank(), i, g, t, x) + ctx.cluster.clock_offsets_s[mpi.rank()] + start[0]);
-    benches[0].rounds.push_back(i);
-    run::gather_round(ctx, set, benches);
-    EXPECT_EQ(benches[0].reps_gathered, static_cast<size_t>(i + 1));
-  }
+          benches[b].rec.events.push_back(code(b, mpi.rank(), i, g, t, x) + ctx.cluster.clock_offsets_s[mpi.rank()] + start[0]);
+    benches[b].rounds.push_back(round);
+  };
+  add_repetition(0, 0);
+  run::gather_round(ctx, set, benches);
+  EXPECT_EQ(benches[0].reps_gathered, 1u);
+  EXPECT_EQ(benches[1].reps_gathered, 0u);
+  add_repetition(0, 1);
+  add_repetition(1, 1);
+  add_repetition(1, 1);
+  run::gather_round(ctx, set, benches);
+  EXPECT_EQ(benches[0].reps_gathered, 2u);
+  EXPECT_EQ(benches[1].reps_gathered, 2u);
   if (!ctx.root) return;
-  const PartitionRecord& pr = ctx.record().partitions[0];
-  const EventShape sh{2, w.groups, steps, R};
-  ASSERT_EQ(pr.events.size(), static_cast<size_t>(2) * w.groups * steps * R * kNumEvents);
-  EXPECT_EQ(pr.rep_round, (std::vector<int>{0, 1}));
-  EXPECT_EQ(pr.rep_tokens_per_s.size(), 2u);
-  EXPECT_TRUE(pr.measured);
-  for (int i = 0; i < 2; ++i)
-    for (int k = 0; k < R; ++k)
-      for (int g = 0; g < w.groups; ++g)
-        for (int t = 0; t < steps; ++t)
-          for (int x = 0; x < kNumEvents; ++x) {
-            const double got = pr.events[sh.index(i, g, t, k, x)];
-            // Seconds ~1e5 since boot less the same: a few ulps of the clock's magnitude.
-            EXPECT_NEAR(got, code(k, i, g, t, x), 1e-9 * (1 + std::fabs(start[0]))) << i << " " << k << " " << g << " " << t << " " << x;
-          }
+  for (int b = 0; b < 2; ++b) {
+    const PartitionRecord& pr = ctx.record().partitions[b];
+    const EventShape sh{2, w.groups, steps, R};
+    ASSERT_EQ(pr.events.size(), static_cast<size_t>(2) * w.groups * steps * R * kNumEvents);
+    EXPECT_EQ(pr.rep_round, (b == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 1}));
+    EXPECT_EQ(pr.rep_tokens_per_s.size(), 2u);
+    EXPECT_TRUE(pr.measured);
+    for (int i = 0; i < 2; ++i)
+      for (int k = 0; k < R; ++k)
+        for (int g = 0; g < w.groups; ++g)
+          for (int t = 0; t < steps; ++t)
+            for (int x = 0; x < kNumEvents; ++x) {
+              const double got = pr.events[sh.index(i, g, t, k, x)];
+              // Seconds ~1e5 since boot less the same: a few ulps of the clock's magnitude.
+              EXPECT_NEAR(got, code(b, k, i, g, t, x), 1e-9 * (1 + std::fabs(start[0])))
+                  << b << " " << i << " " << k << " " << g << " " << t << " " << x;
+            }
+  }
 }
 
 }  // namespace
