@@ -134,6 +134,7 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
   std::string warning;
   PartitionRecord pr = ctx.predictor().describe(p, prof, &warning);
   if (!warning.empty()) print_warnings({warning});
+  pr.validated = false;  // until its serialized run, after the rounds (gather_final)
   const int S = p.num_stages();
   const Workload& w = ctx.workload;
   for (int k = 0; k < S; ++k) {
