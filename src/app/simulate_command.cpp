@@ -13,7 +13,9 @@
 #include "balance/predict.h"
 #include "balance/problem.h"
 #include "balance/simulator.h"
+#include "common/dtype.h"
 #include "common/error.h"
+#include "common/transfer.h"
 #include "results/run_record.h"
 
 namespace ppb {
@@ -124,10 +126,10 @@ RunRecord simulated_record(const SimulateOptions& opt, const RunRecord& run, bal
   }
   // Before anything is printed: the transfer times of a prefill's activations and of the tokens.
   const double hidden = run.model_attrs_num.count("hidden_size") ? run.model_attrs_num.at("hidden_size") : 0.0;
-  const int dtype_bytes = balance::dtype_size(run.workload.dtype);
+  const int dtype_size = dtype_bytes(balance::workload_dtype(run.workload));
   for (const bool last : {false, true}) {
-    const double bytes = balance::boundary_message_bytes(last, cfg.batch, run.workload.prompt_len, hidden, dtype_bytes);
-    const double t = balance::link_transfer_ms(sim.link_latency_s, sim.link_bandwidth_Bps, bytes);
+    const double bytes = boundary_message_bytes(last, cfg.batch, run.workload.prompt_len, hidden, dtype_size);
+    const double t = link_transfer_ms(sim.link_latency_s, sim.link_bandwidth_Bps, bytes);
     if (!(t <= kMaxMs)) {
       char msg[256];
       std::snprintf(msg, sizeof(msg), "--link-bandwidth %g GB/s and --link-latency %g us give a transfer of %g ms; "

@@ -133,6 +133,14 @@ std::vector<double> group_cost_row(const ProfileTable::TpGroupProfile& g, Object
   return row;
 }
 
+/// Memory of the group of devices first .. first + width - 1 (bytes): width x the smallest of
+/// their limits (`device_memory_bytes`, one per device), the layout search's memory of a group.
+int64_t group_memory_bytes(const std::vector<int64_t>& device_memory_bytes, int first, int width) {
+  int64_t smallest = std::numeric_limits<int64_t>::max();
+  for (int q = first; q < first + width; ++q) smallest = std::min(smallest, device_memory_bytes[q]);
+  return smallest * width;
+}
+
 }  // namespace
 
 std::vector<GroupCandidate> layout_candidates(const RunRecord& run, const BalanceProblem& p, Objective o,
@@ -152,11 +160,7 @@ std::vector<GroupCandidate> layout_candidates(const RunRecord& run, const Balanc
         if (!tp) continue;  // mixes device classes, or no profile at w
         g.cost = group_cost_row(*tp, o, run.workload.gen_len);
       }
-      if (!p.device_memory_bytes.empty()) {
-        int64_t smallest = std::numeric_limits<int64_t>::max();
-        for (int q = d; q < d + w; ++q) smallest = std::min(smallest, p.device_memory_bytes[q]);
-        g.memory_bytes = smallest * w;
-      }
+      if (!p.device_memory_bytes.empty()) g.memory_bytes = group_memory_bytes(p.device_memory_bytes, d, w);
       out.push_back(std::move(g));
     }
   return out;
@@ -193,11 +197,7 @@ BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vect
                         std::to_string(first + w - 1) + " were not profiled together at width " + std::to_string(w));
       p.cost[k] = group_cost_row(*it, o, run.workload.gen_len);
     }
-    if (!base.device_memory_bytes.empty()) {
-      int64_t smallest = std::numeric_limits<int64_t>::max();
-      for (int r = first; r < first + w; ++r) smallest = std::min(smallest, base.device_memory_bytes[r]);
-      p.device_memory_bytes.push_back(smallest * w);
-    }
+    if (!base.device_memory_bytes.empty()) p.device_memory_bytes.push_back(group_memory_bytes(base.device_memory_bytes, first, w));
   }
   if (!base.pair_latency_us.empty()) {
     for (int a = 0; a < S; ++a)
@@ -211,28 +211,35 @@ BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vect
   return p;
 }
 
-Partition solve_layout(const BalanceProblem& base, const std::vector<GroupCandidate>& groups, int devices) {
-  if (groups.empty()) throw UserError("the layout search has no group of devices to place stages on");
-  const int U = static_cast<int>(groups[0].cost.size());
-  const int D = devices;
-  if (U < 1 || D < 1) throw UserError("the layout search needs units and devices");
-  for (const auto& g : groups)
-    if (static_cast<int>(g.cost.size()) != U || g.width < 1 || g.first < 0)
-      throw InternalError("solve_layout: a group candidate has a malformed cost row or range");
-  BalanceProblem xp = base;  // the default link over every boundary
-  xp.cost.assign(1, groups[0].cost);
-  xp.device_row.clear();
-  xp.pair_bandwidth_GBps.clear();
-  xp.pair_latency_us.clear();
-  const std::vector<double> xfer = U > 1 ? boundary_transfer_ms(xp) : std::vector<double>{};
-  auto bytes_of = [&](int u) {
-    int64_t b = 0;
-    if (static_cast<size_t>(u) < base.weight_bytes.size()) b += base.weight_bytes[u];
-    if (static_cast<size_t>(u) < base.kv_bytes.size()) b += base.kv_bytes[u];
-    return b;
-  };
-  // Stage time of group g over units [u, v); NaN when they do not fit its memory.
-  auto time = [&](const GroupCandidate& g, int u, int v) {
+namespace {
+
+/// The layout search's stage times: a group over a run of units, with the default link's
+/// boundary transfers, and the groups by their first device.
+class LayoutDp {
+ public:
+  /// @throws ppb::UserError without groups, units or devices; ppb::InternalError for a group
+  ///         with a malformed cost row or range.
+  LayoutDp(const BalanceProblem& base, const std::vector<GroupCandidate>& groups, int devices) : base_(base) {
+    if (groups.empty()) throw UserError("the layout search has no group of devices to place stages on");
+    U = static_cast<int>(groups[0].cost.size());
+    D = devices;
+    if (U < 1 || D < 1) throw UserError("the layout search needs units and devices");
+    for (const auto& g : groups)
+      if (static_cast<int>(g.cost.size()) != U || g.width < 1 || g.first < 0)
+        throw InternalError("solve_layout: a group candidate has a malformed cost row or range");
+    BalanceProblem xp = base;  // the default link over every boundary
+    xp.cost.assign(1, groups[0].cost);
+    xp.device_row.clear();
+    xp.pair_bandwidth_GBps.clear();
+    xp.pair_latency_us.clear();
+    xfer_ = U > 1 ? boundary_transfer_ms(xp) : std::vector<double>{};
+    at.resize(D);
+    for (const auto& g : groups)
+      if (g.first + g.width <= D) at[g.first].push_back(&g);
+  }
+
+  /// Stage time (ms) of group g over units [u, v); NaN when they do not fit its memory.
+  double time(const GroupCandidate& g, int u, int v) const {
     double compute = 0;
     int64_t bytes = 0;
     for (int x = u; x < v; ++x) {
@@ -240,89 +247,127 @@ Partition solve_layout(const BalanceProblem& base, const std::vector<GroupCandid
       bytes += bytes_of(x);
     }
     if (g.memory_bytes > 0 && bytes > g.memory_bytes) return std::nan("");
-    return stage_time(compute, u > 0 ? xfer[u - 1] : 0.0, v < U ? xfer[v - 1] : 0.0, base.overlap);
-  };
-  std::vector<std::vector<const GroupCandidate*>> at(D);
-  for (const auto& g : groups)
-    if (g.first + g.width <= D) at[g.first].push_back(&g);
-  const double inf = std::numeric_limits<double>::infinity();
-  auto grid = [&](double v) { return std::vector<std::vector<double>>(U + 1, std::vector<double>(D + 1, v)); };
-  // Pass 1: the smallest bottleneck B*.
-  auto f = grid(inf);
-  f[0][0] = 0.0;
-  for (int d = 0; d < D; ++d)
-    for (int u = 0; u < U; ++u) {
-      if (f[u][d] == inf) continue;
-      for (const GroupCandidate* g : at[d])
-        for (int v = u + 1; v <= U; ++v) {
-          const double t = time(*g, u, v);
-          if (std::isnan(t)) break;  // more units only need more memory
-          double& to = f[v][d + g->width];
-          to = std::min(to, std::max(f[u][d], t));
-        }
-    }
-  const double best = f[U][D];
-  if (best == inf)
-    throw UserError("no layout of " + std::to_string(D) + " devices holds the model within the memory limits");
-  // Pass 2: among layouts with every stage <= B*, the largest smallest stage time m* (the
-  // smallest spread: the bottleneck is B* on all of them).
-  auto h = grid(-inf);
-  h[0][0] = inf;
-  for (int d = 0; d < D; ++d)
-    for (int u = 0; u < U; ++u) {
-      if (h[u][d] == -inf) continue;
-      for (const GroupCandidate* g : at[d])
-        for (int v = u + 1; v <= U; ++v) {
-          const double t = time(*g, u, v);
-          if (std::isnan(t)) break;
-          if (t > best) continue;
-          double& to = h[v][d + g->width];
-          to = std::max(to, std::min(h[u][d], t));
-        }
-    }
-  const double smallest = h[U][D];
-  // Pass 3: the fewest stages with every stage time in [m*, B*], and the path.
-  const int none = std::numeric_limits<int>::max();
-  std::vector<std::vector<int>> c(U + 1, std::vector<int>(D + 1, none));
-  struct Step {
-    int u = -1, d = -1;
-    const GroupCandidate* g = nullptr;
-  };
-  std::vector<std::vector<Step>> from(U + 1, std::vector<Step>(D + 1));
-  c[0][0] = 0;
-  for (int d = 0; d < D; ++d)
-    for (int u = 0; u < U; ++u) {
-      if (c[u][d] == none) continue;
-      for (const GroupCandidate* g : at[d])
-        for (int v = u + 1; v <= U; ++v) {
-          const double t = time(*g, u, v);
-          if (std::isnan(t)) break;
-          if (t > best || t < smallest) continue;
-          if (c[u][d] + 1 < c[v][d + g->width]) {
-            c[v][d + g->width] = c[u][d] + 1;
-            from[v][d + g->width] = {u, d, g};
+    return stage_time(compute, u > 0 ? xfer_[u - 1] : 0.0, v < U ? xfer_[v - 1] : 0.0, base_.overlap);
+  }
+
+  /// Calls fn(u, d, g, v, t) for every stage appendable to a state (u units placed on d devices)
+  /// for which reached(u, d) holds: group g starting at device d over units [u, v), time t, v
+  /// rising until the units stop fitting (more units only need more memory).
+  template <class Reached, class Fn>
+  void for_each_stage(Reached reached, Fn fn) const {
+    for (int d = 0; d < D; ++d)
+      for (int u = 0; u < U; ++u) {
+        if (!reached(u, d)) continue;
+        for (const GroupCandidate* g : at[d])
+          for (int v = u + 1; v <= U; ++v) {
+            const double t = time(*g, u, v);
+            if (std::isnan(t)) break;
+            fn(u, d, *g, v, t);
           }
-        }
-    }
-  if (c[U][D] == none) throw InternalError("solve_layout: the spread pass lost the optimal layout");
-  Partition p;
-  p.solver = "balanced";
-  p.algorithm = "layout-dp";
-  std::vector<Step> path;
-  for (int v = U, d = D; v > 0 || d > 0;) {
-    const Step st = from[v][d];
+      }
+  }
+
+  /// A [U + 1][D + 1] table of `v`.
+  template <class T>
+  std::vector<std::vector<T>> grid(T v) const {
+    return std::vector<std::vector<T>>(U + 1, std::vector<T>(D + 1, v));
+  }
+
+  int U = 0, D = 0;
+  std::vector<std::vector<const GroupCandidate*>> at;  ///< [D] the groups whose first device is d
+
+ private:
+  /// Weights + KV cache bytes of unit u.
+  int64_t bytes_of(int u) const {
+    int64_t b = 0;
+    if (static_cast<size_t>(u) < base_.weight_bytes.size()) b += base_.weight_bytes[u];
+    if (static_cast<size_t>(u) < base_.kv_bytes.size()) b += base_.kv_bytes[u];
+    return b;
+  }
+
+  const BalanceProblem& base_;
+  std::vector<double> xfer_;  ///< [U-1] boundary transfer times over the default link, ms
+};
+
+/// Pass 1: the smallest bottleneck B* over all layouts (infinity when none fits the memory).
+double min_bottleneck(const LayoutDp& dp) {
+  const double inf = std::numeric_limits<double>::infinity();
+  auto f = dp.grid(inf);
+  f[0][0] = 0.0;
+  dp.for_each_stage([&](int u, int d) { return f[u][d] != inf; },
+                    [&](int u, int d, const GroupCandidate& g, int v, double t) {
+                      double& to = f[v][d + g.width];
+                      to = std::min(to, std::max(f[u][d], t));
+                    });
+  return f[dp.U][dp.D];
+}
+
+/// Pass 2: among layouts with every stage <= B* (`best`), the largest smallest stage time m*
+/// (the smallest spread: the bottleneck is B* on all of them).
+double max_smallest_stage(const LayoutDp& dp, double best) {
+  const double inf = std::numeric_limits<double>::infinity();
+  auto h = dp.grid(-inf);
+  h[0][0] = inf;
+  dp.for_each_stage([&](int u, int d) { return h[u][d] != -inf; },
+                    [&](int u, int d, const GroupCandidate& g, int v, double t) {
+                      if (t > best) return;
+                      double& to = h[v][d + g.width];
+                      to = std::max(to, std::min(h[u][d], t));
+                    });
+  return h[dp.U][dp.D];
+}
+
+/// One stage of a layout: it starts at unit u on device d, on group g.
+struct LayoutStep {
+  int u = -1, d = -1;
+  const GroupCandidate* g = nullptr;
+};
+
+/// Pass 3: the fewest stages with every stage time in [m*, B*] (`smallest`, `best`), as the
+/// stages in order. @throws ppb::InternalError when no such layout exists (passes 1 and 2 found one).
+std::vector<LayoutStep> fewest_stages(const LayoutDp& dp, double best, double smallest) {
+  const int none = std::numeric_limits<int>::max();
+  auto c = dp.grid(none);
+  auto from = dp.grid(LayoutStep{});
+  c[0][0] = 0;
+  dp.for_each_stage([&](int u, int d) { return c[u][d] != none; },
+                    [&](int u, int d, const GroupCandidate& g, int v, double t) {
+                      if (t > best || t < smallest) return;
+                      if (c[u][d] + 1 < c[v][d + g.width]) {
+                        c[v][d + g.width] = c[u][d] + 1;
+                        from[v][d + g.width] = {u, d, &g};
+                      }
+                    });
+  if (c[dp.U][dp.D] == none) throw InternalError("solve_layout: the spread pass lost the optimal layout");
+  std::vector<LayoutStep> path;
+  for (int v = dp.U, d = dp.D; v > 0 || d > 0;) {
+    const LayoutStep st = from[v][d];
     path.push_back(st);
     v = st.u;
     d = st.d;
   }
   std::reverse(path.begin(), path.end());
+  return path;
+}
+
+}  // namespace
+
+Partition solve_layout(const BalanceProblem& base, const std::vector<GroupCandidate>& groups, int devices) {
+  const LayoutDp dp(base, groups, devices);
+  const double best = min_bottleneck(dp);
+  if (best == std::numeric_limits<double>::infinity())
+    throw UserError("no layout of " + std::to_string(dp.D) + " devices holds the model within the memory limits");
+  const std::vector<LayoutStep> path = fewest_stages(dp, best, max_smallest_stage(dp, best));
+  Partition p;
+  p.solver = "balanced";
+  p.algorithm = "layout-dp";
   for (size_t k = 0; k < path.size(); ++k) {
-    const int u = path[k].u, v = k + 1 < path.size() ? path[k + 1].u : U;
+    const int u = path[k].u, v = k + 1 < path.size() ? path[k + 1].u : dp.U;
     p.first_unit.push_back(u);
     p.last_unit.push_back(v - 1);
     p.device_rank.push_back(path[k].g->first);
     p.tp_width.push_back(path[k].g->width);
-    p.predicted_stage_ms.push_back(time(*path[k].g, u, v));
+    p.predicted_stage_ms.push_back(dp.time(*path[k].g, u, v));
   }
   p.bottleneck_ms = *std::max_element(p.predicted_stage_ms.begin(), p.predicted_stage_ms.end());
   p.spread_ms = p.bottleneck_ms - *std::min_element(p.predicted_stage_ms.begin(), p.predicted_stage_ms.end());

@@ -8,9 +8,11 @@
 #include "balance/contention.h"
 #include "balance/layout.h"
 #include "balance/solver.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/events.h"
 #include "common/roofline.h"
+#include "common/transfer.h"
 
 namespace ppb::balance {
 
@@ -36,7 +38,7 @@ Predictor::Predictor(const RunRecord& run) : run_(run) {
   sim_.batch = w.batch;
   sim_.overlap = w.overlap;
   prompt_len_ = w.prompt_len;
-  dtype_bytes_ = dtype_size(w.dtype);
+  dtype_bytes_ = dtype_bytes(workload_dtype(w));
   const auto hidden = run.model_attrs_num.find("hidden_size");
   hidden_ = hidden != run.model_attrs_num.end() ? hidden->second : 0.0;
   link_latency_s_ = run.link_latency_s;

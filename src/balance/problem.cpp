@@ -7,8 +7,10 @@
 #include <string>
 #include <utility>
 
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/stats.h"
+#include "common/transfer.h"
 
 namespace ppb::balance {
 
@@ -43,11 +45,7 @@ int objective_tokens(Objective o, int prompt_len, int gen_len) {
 
 int objective_messages(Objective o, int gen_len) { return o == Objective::workload ? gen_len + 1 : 1; }
 
-int dtype_size(const std::string& dtype) {
-  if (dtype == "f32") return 4;
-  if (dtype == "f16" || dtype == "bf16") return 2;
-  throw UserError("dtype '" + dtype + "' is unknown; valid: f32, f16, bf16");
-}
+DType workload_dtype(const WorkloadInfo& w) { return parse_dtype(w.dtype, "/config/workload dtype"); }
 
 PairLinks node_pair_links(const RunRecord& run) {
   const size_t R = run.ranks.size();
@@ -101,15 +99,6 @@ std::optional<std::pair<double, double>> PairLinks::measured(int from, int to, s
   return std::make_pair(latency_s[pair], bandwidth_Bps[pair]);
 }
 
-double link_transfer_ms(double latency_s, double bandwidth_Bps, double bytes) {
-  return 1e3 * (latency_s + (bandwidth_Bps > 0 ? bytes / bandwidth_Bps : 0.0));
-}
-
-double boundary_message_bytes(bool last_stage, int batch, int tokens, double hidden, int dtype_bytes) {
-  if (last_stage) return 4.0 * batch;  // int32 token ids
-  return static_cast<double>(batch) * tokens * hidden * dtype_bytes;
-}
-
 int handoff_copies(int from_width, int to_width) { return (to_width + from_width - 1) / from_width; }
 
 BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
@@ -137,7 +126,7 @@ BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   const auto hidden = run.model_attrs_num.find("hidden_size");
   if (hidden != run.model_attrs_num.end() && hidden->second > 0 && U > 1)
     p.activation_bytes.assign(U - 1, boundary_message_bytes(false, w.batch, objective_tokens(o, w.prompt_len, w.gen_len),
-                                                            hidden->second, dtype_size(w.dtype)));
+                                                            hidden->second, dtype_bytes(workload_dtype(w))));
   p.messages_per_boundary = objective_messages(o, w.gen_len);
   p.link_bandwidth_GBps = run.link_bandwidth_Bps / 1e9;
   p.link_latency_us = run.link_latency_s * 1e6;

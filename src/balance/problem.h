@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "balance/solver.h"
+#include "common/dtype.h"
+#include "common/transfer.h"  // boundary_message_bytes, link_transfer_ms
 #include "results/run_record.h"
 
 namespace ppb::balance {
@@ -34,13 +36,6 @@ const char* objective_name(Objective o);
 /// problem use.
 double objective_cost(Objective o, double prefill_ms, double decode_ms, int gen_len);
 
-/// A stage's measured cost in the objective's terms (the pipeline's counterpart of
-/// objective_cost): its decode step (decode), its prefill step (prefill), or its measured
-/// workload, the prefill and the G decode steps it ran (workload), ms.
-inline double objective_stage_ms(Objective o, double prefill_ms, double decode_ms, double workload_ms) {
-  return o == Objective::decode ? decode_ms : o == Objective::prefill ? prefill_ms : workload_ms;
-}
-
 /// Tokens per sequence that cross a stage boundary per unit of cost: P + G (workload), 1
 /// (decode), P (prefill).
 int objective_tokens(Objective o, int prompt_len, int gen_len);
@@ -49,9 +44,9 @@ int objective_tokens(Objective o, int prompt_len, int gen_len);
 /// else 1.
 int objective_messages(Objective o, int gen_len);
 
-/// Bytes of one element of the run's dtype name ("f32" 4, "f16"/"bf16" 2).
-/// @throws ppb::UserError for another name.
-int dtype_size(const std::string& dtype);
+/// The run's element type, from its record's dtype name (WorkloadInfo::dtype, as parse_dtype
+/// reads it). @throws ppb::UserError naming /config/workload dtype and the valid names.
+DType workload_dtype(const WorkloadInfo& w);
 
 /// A run's links as the balancer and the simulator use them (issue 16): [R][R] row-major,
 /// latency (s) and bandwidth (bytes/s) of each rank pair, one value per pair of nodes (nodes:
@@ -69,16 +64,6 @@ struct PairLinks {
   std::optional<std::pair<double, double>> measured(int from, int to, size_t ranks) const;
 };
 PairLinks node_pair_links(const RunRecord& run);
-
-/// ms to send `bytes` as one message over a link of `latency_s` and `bandwidth_Bps` (<= 0:
-/// latency only): 1e3 (latency + bytes / bandwidth), the simulators' transfer model.
-double link_transfer_ms(double latency_s, double bandwidth_Bps, double bytes);
-
-/// Bytes of the message stage `k` of a pipeline sends per item: the hidden states of B sequences
-/// of `tokens` tokens ([B, tokens, hidden] of `dtype_bytes` each) across a boundary, or, from the
-/// last stage (`last_stage`), the B int32 token ids returned to stage 0. The one definition the
-/// balancer's activation bytes, the simulators and the pipeline's buffers agree on.
-double boundary_message_bytes(bool last_stage, int batch, int tokens, double hidden, int dtype_bytes);
 
 /// Copies of each item's output one sending rank of a stage of width `from_width` sends to the
 /// next stage of width `to_width`: ceil(to / from) (pipeline.h layout_placement: a narrower

@@ -52,17 +52,24 @@ std::string g_text(double v) {
   return buf;
 }
 
-/// Transfer time (ms) of unit boundary b (between units b and b+1) over `link` = {bandwidth
-/// GB/s, latency us} as pair_link returns it: messages x latency + bytes / bandwidth. The one
-/// formula of boundary_transfer_ms, uniform_transfers and evaluate, so that all of them (and
-/// the solvers' rows, built by boundary_transfer_ms) give bit-identical times.
-double boundary_ms(const BalanceProblem& p, const std::pair<double, double>& link, int b) {
+/// Transfer time (ms) of `bytes` sent as `messages` messages over `link` = {bandwidth GB/s,
+/// latency us} as pair_link returns it: messages x latency + bytes / bandwidth (bandwidth <= 0:
+/// latency only). The balancer's transfer formula (its units: GB/s and us; the simulators'
+/// one-message form is common/transfer.h link_transfer_ms).
+double transfer_ms(double messages, const std::pair<double, double>& link, double bytes) {
   const auto [bandwidth, latency_us] = link;
-  const double latency_ms = p.messages_per_boundary * latency_us * 1e-3;
-  const double bytes = p.activation_bytes.empty() ? 0.0 : p.activation_bytes[b];
+  const double latency_ms = messages * latency_us * 1e-3;
   // bytes / (GB/s * 1e9 bytes/GB) seconds = bytes / (GB/s * 1e6) ms.
   const double wire = bandwidth > 0 ? bytes / (bandwidth * 1e6) : 0.0;
   return latency_ms + wire;
+}
+
+/// Transfer time (ms) of unit boundary b (between units b and b+1) over `link`: transfer_ms of
+/// its activation bytes and the problem's messages per boundary. The one formula of
+/// boundary_transfer_ms, uniform_transfers and evaluate, so that all of them (and the solvers'
+/// rows, built by boundary_transfer_ms) give bit-identical times.
+double boundary_ms(const BalanceProblem& p, const std::pair<double, double>& link, int b) {
+  return transfer_ms(p.messages_per_boundary, link, p.activation_bytes.empty() ? 0.0 : p.activation_bytes[b]);
 }
 
 /// A link's identity for sharing transfer rows: its bits, so that links differing in any bit
@@ -146,8 +153,7 @@ void validate_problem(const BalanceProblem& p) {
   const bool pairs = !p.pair_bandwidth_GBps.empty() || !p.pair_latency_us.empty();
   for (int from = -1; from < (pairs ? static_cast<int>(D) : 0); ++from)
     for (int to = from < 0 ? -1 : 0; to < (from < 0 ? 0 : static_cast<int>(D)); ++to) {
-      const auto [bandwidth, latency_us] = pair_link(p, from, to);
-      const double worst = p.messages_per_boundary * latency_us * 1e-3 + (bandwidth > 0 ? max_bytes / (bandwidth * 1e6) : 0.0);
+      const double worst = transfer_ms(p.messages_per_boundary, pair_link(p, from, to), max_bytes);
       if (!(worst <= kMaxCostMs))
         throw UserError("the transfer time of the largest boundary" +
                         (from >= 0 ? " over the link " + std::to_string(from) + " -> " + std::to_string(to) : std::string()) +

@@ -243,8 +243,4 @@ struct UnitWork {
 UnitWork unit_work(const ModelSpec& m, int unit, int batch, int prompt_len, const std::vector<int>& decode_contexts,
                    int dtype_bytes);
 
-/// Bytes of the activation a stage boundary after `unit` carries for `batch` x `tokens`:
-/// hidden states batch*tokens*hidden*dtype_bytes, or batch*4 token ids after the head.
-int64_t boundary_bytes(const ModelSpec& m, int unit, int batch, int tokens, int dtype_bytes);
-
 }  // namespace ppb::model

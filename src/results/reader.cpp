@@ -36,12 +36,13 @@ std::vector<T> dataset_or_empty(const Group& g, const std::string& name) {
 
 std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
-/// Partition names in run order: the root attribute when present, else uniform first.
-std::vector<std::string> partition_names(const Group& root) {
+/// Partition names in run order: the root attribute when present, else (older files) the
+/// `reference` partition first, then the others by name.
+std::vector<std::string> partition_names(const Group& root, const std::string& reference) {
   if (root.has_attr("partition_order")) return root.get_attr<std::vector<std::string>>("partition_order");
   std::vector<std::string> names;
   if (root.is_group("partitions")) names = root.open_group("partitions").children();
-  std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n == "uniform"; });
+  std::stable_partition(names.begin(), names.end(), [&](const std::string& n) { return n == reference; });
   return names;
 }
 
@@ -183,7 +184,7 @@ void read_root_attrs(const Group& root, RunRecord& run) {
   run.balance_verdict = attr_or<std::string>(root, "balance_verdict", "");
   run.decode_balance_verdict = attr_or<std::string>(root, "decode_balance_verdict", "");
   run.schedule = attr_or<std::string>(root, "benchmark_schedule", "");
-  run.reference_partition = attr_or<std::string>(root, "reference_partition", "uniform");  // older files: by name
+  run.reference_partition = attr_or<std::string>(root, "reference_partition", kLegacyReferencePartition);
   run.rounds = attr_or<int>(root, "benchmark_rounds", 0);
   run.stop_reason = attr_or<std::string>(root, "benchmark_stop_reason", "");
   run.adaptive_status = attr_or<std::string>(root, "adaptive_status", "");
@@ -350,7 +351,7 @@ void read_all(const Group& root, RunRecord& run) {
   read_workload(root, run);
   read_ranks(root, run);
   read_profile(root, run);
-  for (const auto& name : partition_names(root)) run.partitions.push_back(read_partition(root, name));
+  for (const auto& name : partition_names(root, run.reference_partition)) run.partitions.push_back(read_partition(root, name));
   run.round_gap_s = dataset_or_empty<double>(root, "rounds/gap_s");
 }
 

@@ -70,9 +70,9 @@ void print_metadata(std::ostream& os, const std::string& file, const RunRecord& 
 }  // namespace
 
 std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run) {
-  const PartitionRecord* uniform = nullptr;
+  const PartitionRecord* reference = nullptr;
   for (const auto& p : run.partitions)
-    if (p.name == "uniform" && p.measured) uniform = &p;
+    if (p.name == run.reference_partition && p.measured) reference = &p;
   std::vector<ReportRow> rows;
   for (const auto& p : run.partitions) {
     if (!p.measured) continue;
@@ -101,10 +101,10 @@ std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run
     r.bottleneck_stage = p.bottleneck_stage;
     r.max_bubble = p.bubble_fraction.empty() ? kNaN
                                              : *std::max_element(p.bubble_fraction.begin(), p.bubble_fraction.end());
-    r.balance_gain = uniform ? r.tokens_per_s / metric(*uniform, "tokens_per_s") : kNaN;
-    r.balance_gain_ci_low = uniform && &p != uniform ? p.gain.ci_low : kNaN;
-    r.balance_gain_ci_high = uniform && &p != uniform ? p.gain.ci_high : kNaN;
-    r.balance_verdict = uniform && &p != uniform ? p.gain_verdict : "";
+    r.balance_gain = reference ? r.tokens_per_s / metric(*reference, "tokens_per_s") : kNaN;
+    r.balance_gain_ci_low = reference && &p != reference ? p.gain.ci_low : kNaN;
+    r.balance_gain_ci_high = reference && &p != reference ? p.gain.ci_high : kNaN;
+    r.balance_verdict = reference && &p != reference ? p.gain_verdict : "";
     r.repetitions = static_cast<int>(p.rep_tokens_per_s.size());
     // --no-validate: no serialized run to match; only the tokens across partitions can fail.
     if (!p.validated)

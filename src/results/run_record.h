@@ -186,9 +186,10 @@ struct PartitionRecord {
   std::vector<double> recv_wait_ms;      ///< [S]
   std::vector<double> rep_wall_s, rep_tokens_per_s;  ///< [reps] one per round
   std::vector<double> rep_decode_tokens_per_s, rep_ttft_p50_ms, rep_tpot_p50_ms;  ///< [reps]
-  /// Against the run's uniform partition, paired by round (common/stats.h compare_paired):
-  /// tokens/s and decode tokens/s; n = 0 where there is no such comparison (this partition is
-  /// uniform, or the run has none). gain_verdict: comparison_verdict, or "same split".
+  /// Against the run's reference partition (RunRecord::reference_partition), paired by round
+  /// (common/stats.h compare_paired): tokens/s and decode tokens/s; n = 0 where there is no such
+  /// comparison (this partition is the reference, or the run has none). gain_verdict:
+  /// comparison_verdict, or "same split".
   PairedComparison gain, decode_gain;
   std::string gain_verdict, decode_gain_verdict;
   std::vector<int> rep_round;  ///< [reps] the round of each repetition (pairs with other partitions')
@@ -217,6 +218,10 @@ struct PartitionRecord {
   double checksum_rel_diff_first_partition = 0.0;
 };
 
+/// The reference partition of a file without the root attribute reference_partition (written
+/// before it existed): those runs compared every partition with uniform, by name.
+inline constexpr const char* kLegacyReferencePartition = "uniform";
+
 struct RunRecord {
   std::string ppbench_version, created_utc, command_line, backend, transport, mpi_version, hdf5_version;
   std::string slurm_job_id, slurm_job_name, slurm_nodelist, slurm_array_task_id;
@@ -240,9 +245,9 @@ struct RunRecord {
   std::vector<RankInfo> ranks;
   ProfileTable profile;
   std::vector<PartitionRecord> partitions;
-  /// The partition every gain is against (root attribute reference_partition; "uniform" in
-  /// older files, which compared with uniform by name).
-  std::string reference_partition = "uniform";
+  /// The partition every gain is against (root attribute reference_partition; "" = none;
+  /// kLegacyReferencePartition in older files, which compared with uniform by name).
+  std::string reference_partition = kLegacyReferencePartition;
   std::string status = "running";  ///< "running: <phase>", "failed: <phase>", or "complete"
   std::string failure;              ///< the error that ended the run, "" if none
   /// Every partition validated against its serialized run and all matched ("ok"); the run's

@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/stats.h"
+#include "common/transfer.h"
 #include "results/conditions.h"
 
 namespace ppb {
@@ -197,14 +201,21 @@ void print_slowest_boundary(std::ostream& os, const RunRecord& run, const Partit
       p.stage_compute_ms.size() != 2 * static_cast<size_t>(S))
     return;
   const size_t R = run.ranks.size();
-  const double act_bytes = static_cast<double>(run.workload.batch) * hidden->second * (run.workload.dtype == "f32" ? 4 : 2);
+  int dtype_size = 0;
+  try {
+    dtype_size = dtype_bytes(parse_dtype(run.workload.dtype, "/config/workload dtype"));
+  } catch (const UserError&) {
+    return;  // a file without a valid dtype: no activation to size
+  }
   double worst = -1, slowest_step = 0;
   int worst_k = 0;
   for (int k = 0; k < S; ++k) {
     slowest_step = std::max(slowest_step, p.stage_compute_ms[2 * k + 1]);
     const size_t a = static_cast<size_t>(p.device_rank[k]), b = static_cast<size_t>(p.device_rank[(k + 1) % S]);
-    const double bytes = k + 1 < S ? act_bytes : 4.0 * run.workload.batch;
-    const double ms = 1e3 * (run.link_latency_matrix_s[a * R + b] + bytes / run.link_bandwidth_matrix_Bps[a * R + b]);
+    const double bandwidth = run.link_bandwidth_matrix_Bps[a * R + b];
+    if (!(bandwidth > 0)) continue;  // a pair not measured
+    const double bytes = boundary_message_bytes(k + 1 == S, run.workload.batch, 1, hidden->second, dtype_size);
+    const double ms = link_transfer_ms(run.link_latency_matrix_s[a * R + b], bandwidth, bytes);
     if (std::isfinite(ms) && ms > worst) {
       worst = ms;
       worst_k = k;
@@ -289,11 +300,10 @@ void print_expert_load(std::ostream& os, const RunRecord& run) {
     idle.push_back(100.0 * zero / n);
   }
   if (busiest.empty()) return;
-  auto med_range = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const double med = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  auto med_range = [](const std::vector<double>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     std::ostringstream t;
-    t << std::fixed << std::setprecision(1) << med << "% [" << v.front() << ", " << v.back() << "]";
+    t << std::fixed << std::setprecision(1) << median(v) << "% [" << *lo << ", " << *hi << "]";
     return t.str();
   };
   os << "experts (" << busiest.size() << " MoE layers, partition " << run.expert_tokens_partition
@@ -374,10 +384,15 @@ void print_column_legend(std::ostream& os, const RunRecord& run) {
         "  (p50/p99 over groups and repetitions: few samples, so p99 is close to the worst one)\n";
 }
 
-/// One partition: its stages predicted against measured, where the profile did not hold, its
-/// figures, simulator, gain against uniform and validation.
-void print_partition(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
-  const int S = static_cast<int>(p.first_unit.size());
+/// A metric of partition `p`, NaN where it has none.
+double metric_or_nan(const PartitionRecord& p, const std::string& key) {
+  const auto it = p.metrics.find(key);
+  return it != p.metrics.end() ? it->second : NAN;
+}
+
+/// The partition's title line (name, solver, layout, the split it shares a measurement with)
+/// and, for an adaptive split, the calibration it was solved from.
+void print_partition_header(std::ostream& os, const PartitionRecord& p) {
   const bool tp = std::any_of(p.tp_width.begin(), p.tp_width.end(), [](int w) { return w > 1; });
   os << "\npartition " << p.name << " (solver " << p.solver << (tp ? ", layout --tp " + p.layout : std::string()) << ")"
      << (p.same_as.empty()                  ? ""
@@ -395,6 +410,12 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
          << fmt("%.2f", p.calibration_factor[r + 1]);
     os << "); pred ms below are from that table\n";
   }
+}
+
+/// The stage table: each stage's ranks, units, predicted and measured cost, floor, decode
+/// step, bubble and lane CPU time (NaN columns where the partition was not measured).
+void print_stage_table(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
+  const int S = static_cast<int>(p.first_unit.size());
   os << "  stage  rank  units                      n   pred ms   meas ms    err  floor ms   eff  pred dec  meas dec  bubble  lane CPU s c/r/s\n";
   for (int k = 0; k < S; ++k) {
     char line[512];
@@ -416,7 +437,12 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
                   p.measured ? p.lane_cpu_s[3 * k + 2] : NAN, k == p.bottleneck_stage && p.measured ? "  <- bottleneck" : "");
     os << line;
   }
-  if (!p.measured) return;
+}
+
+/// A measured partition's stages outside their profile's spread, and the CPU share its
+/// communication lanes took of one core.
+void print_stage_warnings(std::ostream& os, const PartitionRecord& p) {
+  const int S = static_cast<int>(p.first_unit.size());
   for (int k = 0; k < S; ++k) {
     if (!outside_profile_spread(p, static_cast<size_t>(k))) continue;
     os << "  profile did not hold for stage " << k << ": measured " << fmt("%.2f", p.measured_stage_ms[k])
@@ -424,7 +450,6 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
        << fmt("%.2f", p.predicted_stage_max_ms[k])
        << " ms of its units' fastest and slowest profiled forwards (compute only)\n";
   }
-  auto m = [&](const char* k) { return p.metrics.count(k) ? p.metrics.at(k) : NAN; };
   if (p.timed_wall_s > 0 && p.lane_cpu_s.size() == 3 * static_cast<size_t>(S)) {
     // Waiting lanes must leave the core to compute: their CPU share of the wall time.
     double worst = 0;
@@ -440,6 +465,12 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
        << " of one core (stage " << worst_stage << ", recv+send CPU over " << fmt("%.1f", p.timed_wall_s)
        << " s of timed wall)\n";
   }
+}
+
+/// A measured partition's rates (tokens/s, decode, bound, efficiency, TTFT, TPOT), its slowest
+/// link and the simulator's rates from the profile.
+void print_rates(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
+  auto m = [&](const char* k) { return metric_or_nan(p, k); };
   os << "  tokens/s " << fmt("%.2f", m("tokens_per_s")) << " (decode " << fmt("%.2f", m("decode_tokens_per_s"))
      << ", bound " << fmt("%.2f", m("bottleneck_bound_tok_s")) << ", efficiency "
      << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << fmt("%.1f", m("ttft_p50_ms")) << "/"
@@ -450,27 +481,38 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
     os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
        << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
        << " vs measured)\n";
-  // A prediction made again after the rounds: its stage costs against `meas`, and its simulator.
-  auto again = [&](const std::string& label, const std::vector<double>& pred, const std::vector<double>& meas,
-                   const std::string& vs, const std::string& prefix) {
-    if (pred.size() != static_cast<size_t>(S) || meas.size() != static_cast<size_t>(S)) return;
-    os << "  " << label << ": pred ms";
-    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", pred[k]);
-    os << " (err";
-    for (int k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (meas[k] / pred[k] - 1.0));
-    os << vs << ")";
-    if (p.metrics.count(prefix + "decode_tokens_per_s"))
-      os << "; simulator tokens/s " << fmt("%.2f", m((prefix + "tokens_per_s").c_str())) << ", decode "
-         << fmt("%.2f", m((prefix + "decode_tokens_per_s").c_str())) << " ("
-         << fmt("%+.1f%%", 100.0 * m((prefix + "decode_error").c_str())) << " vs measured)";
-    os << "\n";
-  };
-  again("from the profile between rounds", p.predicted_stage_rounds_ms, p.measured_stage_ms, "", "simulated_rounds_");
+}
+
+/// One prediction made again after the rounds (`label`): its stage costs `pred` against
+/// `meas` (`vs` qualifies them), and its simulator's rates (metrics `prefix`...).
+void print_prediction_again(std::ostream& os, const PartitionRecord& p, const std::string& label,
+                            const std::vector<double>& pred, const std::vector<double>& meas, const std::string& vs,
+                            const std::string& prefix) {
+  const size_t S = p.first_unit.size();
+  if (pred.size() != S || meas.size() != S) return;
+  os << "  " << label << ": pred ms";
+  for (size_t k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%.2f", pred[k]);
+  os << " (err";
+  for (size_t k = 0; k < S; ++k) os << (k ? ", " : " ") << fmt("%+.1f%%", 100.0 * (meas[k] / pred[k] - 1.0));
+  os << vs << ")";
+  if (p.metrics.count(prefix + "decode_tokens_per_s"))
+    os << "; simulator tokens/s " << fmt("%.2f", metric_or_nan(p, prefix + "tokens_per_s")) << ", decode "
+       << fmt("%.2f", metric_or_nan(p, prefix + "decode_tokens_per_s")) << " ("
+       << fmt("%+.1f%%", 100.0 * metric_or_nan(p, prefix + "decode_error")) << " vs measured)";
+  os << "\n";
+}
+
+/// The predictions made again after the rounds: from the profile between rounds, and
+/// cross-calibrated by the other partitions (with the overlapped shares it rests on).
+void print_predictions_again(std::ostream& os, const PartitionRecord& p) {
+  const int S = static_cast<int>(p.first_unit.size());
+  print_prediction_again(os, p, "from the profile between rounds", p.predicted_stage_rounds_ms, p.measured_stage_ms, "",
+                         "simulated_rounds_");
   std::string mean_steps = " vs the mean steps' ms";  // meas ms above is the median steps'
   for (size_t k = 0; k < p.measured_stage_mean_ms.size(); ++k)
     mean_steps += (k ? ", " : " ") + fmt("%.2f", p.measured_stage_mean_ms[k]);
-  again("cross-calibrated by " + p.cross_calibrated_by + " (the same rounds)", p.predicted_stage_cross_ms,
-        p.measured_stage_mean_ms, mean_steps, "simulated_cross_");
+  print_prediction_again(os, p, "cross-calibrated by " + p.cross_calibrated_by + " (the same rounds)",
+                         p.predicted_stage_cross_ms, p.measured_stage_mean_ms, mean_steps, "simulated_cross_");
   if (p.stage_overlap.size() == 2 * static_cast<size_t>(S) && p.predicted_overlap_cross.size() == p.stage_overlap.size()) {
     // The contention the cross-calibration predicts rests on these shares (balance/contention.h).
     auto shares = [&](const std::vector<double>& v) {
@@ -481,12 +523,13 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
     os << "  overlapped share of each stage's steps (prefill/decode): measured" << shares(p.stage_overlap)
        << "; cross-calibrated prediction" << shares(p.predicted_overlap_cross) << "\n";
   }
-  if (p.gain.n > 0 && p.name != "uniform")
-    os << "  vs uniform (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
-       << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "
-       << gain_text(p.decode_gain.ratio, p.decode_gain) << " " << verdict_text(p.decode_gain_verdict, p.name) << "\n";
+}
+
+/// The predicted and measured bottleneck, and the validation of the partition's tokens and
+/// checksum (serialized run, and against the first partition).
+void print_validation(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
   os << "  predicted bottleneck " << fmt("%.2f", p.predicted_bottleneck_ms) << " ms, measured "
-     << fmt("%.2f", m("measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
+     << fmt("%.2f", metric_or_nan(p, "measured_bottleneck_ms")) << " ms (stage " << p.bottleneck_stage << ")";
   if (!p.validated) {
     os << "  validation: skipped (--no-validate)"
        << (p.tokens_match_first_partition ? "" : "; " + first_partition_diff(p) + " -> FAILED") << "\n";
@@ -503,11 +546,28 @@ void print_partition(std::ostream& os, const RunRecord& run, const PartitionReco
   }
 }
 
-/// The balanced split against uniform, with its CIs and verdicts, qualified where a stage of
+/// One partition: its stages predicted against measured, where the profile did not hold, its
+/// figures, simulator, gain against the reference partition and validation.
+void print_partition(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
+  print_partition_header(os, p);
+  print_stage_table(os, run, p);
+  if (!p.measured) return;
+  print_stage_warnings(os, p);
+  print_rates(os, run, p);
+  print_predictions_again(os, p);
+  if (p.gain.n > 0 && p.name != run.reference_partition)
+    os << "  vs " << run.reference_partition << " (" << p.gain.n << " paired rounds, 95% CI): tokens/s "
+       << gain_text(p.gain.ratio, p.gain) << " " << verdict_text(p.gain_verdict, p.name) << "; decode "
+       << gain_text(p.decode_gain.ratio, p.decode_gain) << " " << verdict_text(p.decode_gain_verdict, p.name) << "\n";
+  print_validation(os, run, p);
+}
+
+/// The balanced split against the reference partition (uniform), with its CIs and verdicts,
+/// qualified where a stage of
 /// either ran outside its profile's spread.
 void print_balance_gain(std::ostream& os, const RunRecord& run) {
   if (run.balance_gain <= 0) return;
-  os << "\nbalance gain (balanced / uniform";
+  os << "\nbalance gain (balanced / " << run.reference_partition;
   if (run.balance_cmp.n > 0) os << ", " << run.balance_cmp.n << " paired rounds, 95% CI";
   os << "): tokens/s " << gain_text(run.balance_gain, run.balance_cmp) << ", decode tokens/s "
      << gain_text(run.decode_balance_gain, run.decode_balance_cmp) << "\n";
@@ -517,7 +577,7 @@ void print_balance_gain(std::ostream& os, const RunRecord& run) {
   int wrong = 0;
   for (const auto& p : run.partitions) {
     // A split that shares another's measurement (same_as) has no stages of its own to count.
-    if ((p.name != "balanced" && p.name != "uniform") || !p.same_as.empty()) continue;
+    if ((p.name != "balanced" && p.name != run.reference_partition) || !p.same_as.empty()) continue;
     for (size_t k = 0; k < p.first_unit.size(); ++k) wrong += outside_profile_spread(p, k) ? 1 : 0;
   }
   // The relative costs the split rests on: each split predicted from the other's measured
@@ -525,8 +585,8 @@ void print_balance_gain(std::ostream& os, const RunRecord& run) {
   double lo = INFINITY, hi = -INFINITY, slo = INFINITY, shi = -INFINITY;
   int crossed = 0;
   for (const auto& p : run.partitions) {
-    // balanced may share seed's measurement (and its cross prediction); not uniform's: no gain then.
-    if ((p.name != "balanced" && p.name != "uniform") || p.same_as == "uniform") continue;
+    // balanced may share seed's measurement (and its cross prediction); not the reference's: no gain then.
+    if ((p.name != "balanced" && p.name != run.reference_partition) || p.same_as == run.reference_partition) continue;
     if (p.predicted_stage_cross_ms.size() != p.first_unit.size() || p.measured_stage_mean_ms.size() != p.first_unit.size())
       continue;
     ++crossed;

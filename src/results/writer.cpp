@@ -504,18 +504,12 @@ void write_links(Group& root, const RunRecord& run) {
   bw.set_attr("measured", how);
 }
 
-/// /profile: what each unit costs on each rank's device (results/README.md).
-void write_profile(Group& root, const RunRecord& run, bool extendible) {
+/// /profile/latency_ms, latency_min_ms, latency_max_ms [R][U][2]: each unit's median, fastest
+/// and slowest timed forward per rank, with how they were taken.
+void write_profile_latency(Group& prof, const RunRecord& run) {
   const auto& w = run.workload;
   const auto& p = run.profile;
-  const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();
-  Group prof = root.create_group("profile");
-  prof.write_strings("unit_name", p.unit_name);
-  prof.write_dataset("unit_signature", p.unit_signature);
-  prof.write_strings("signature_name", p.signature_name);
-  prof.write_dataset("unit_params", p.unit_params);
-  prof.write_dataset("unit_weight_bytes", p.unit_weight_bytes).set_attr("units", "bytes");
-  prof.write_dataset("unit_kv_bytes", p.unit_kv_bytes).set_attr("units", "bytes");
+  const hs R = run.ranks.size(), U = p.unit_name.size();
   for (const char* name : {"latency_ms", "latency_min_ms", "latency_max_ms"}) {
     const auto& data = std::string(name) == "latency_ms" ? p.latency_ms
                        : std::string(name) == "latency_min_ms" ? p.latency_min_ms
@@ -534,6 +528,13 @@ void write_profile(Group& root, const RunRecord& run, bool extendible) {
                          : std::string(name) == "latency_min_ms" ? "fastest timed decode forward over all decode_contexts"
                                                                  : "slowest timed decode forward over all decode_contexts");
   }
+}
+
+/// /profile/unit_flops, unit_bytes [U][2] (where counted), and floor_ms with efficiency
+/// [R][U][2] (where each rank's ceilings were measured).
+void write_profile_floors(Group& prof, const RunRecord& run) {
+  const auto& p = run.profile;
+  const hs R = run.ranks.size(), U = p.unit_name.size();
   if (p.unit_flops.size() == 2 * U && p.unit_bytes.size() == 2 * U) {
     auto fl = prof.write_dataset("unit_flops", p.unit_flops, {U, 2});
     fl.set_attr("units", "FLOP");
@@ -558,6 +559,14 @@ void write_profile(Group& root, const RunRecord& run, bool extendible) {
     e.set_attr("formula", alone ? "floor_ms / latency_alone_ms (1 = at the hardware's floor)"
                                 : "floor_ms / latency_ms (1 = at the hardware's floor)");
   }
+}
+
+/// /profile/latency_alone_ms [R][U][2] (a two-pass profile's first pass) and the profile
+/// cycles' medians latency_cycles_ms, latency_alone_cycles_ms [cycles][R][U][2].
+void write_profile_passes(Group& prof, const RunRecord& run) {
+  const auto& w = run.workload;
+  const auto& p = run.profile;
+  const hs R = run.ranks.size(), U = p.unit_name.size();
   if (!p.latency_alone_ms.empty()) {
     auto a = prof.write_dataset("latency_alone_ms", p.latency_alone_ms, {R, U, 2});
     a.set_attr("units", "ms");
@@ -578,13 +587,14 @@ void write_profile(Group& root, const RunRecord& run, bool extendible) {
                               (std::string(name) == "latency_cycles_ms" ? "latency_ms" : "latency_alone_ms") +
                               " is their mean");
   }
-  for_each_profile_rows(run, WriteRows{prof, extendible});  // latency_rounds_ms, latency_rounds_after
-  prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
-  prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
-  auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
-  cost.set_attr("units", "ms");
-  cost.set_attr("objective", w.objective);
-  if (!p.tp.empty()) {  // the width axis (issue 14): groups of ranks profiled together
+}
+
+/// /profile/tp: the width axis (issue 14), each group of ranks profiled together; nothing
+/// without one.
+void write_profile_tp(Group& prof, const RunRecord& run) {
+  const auto& p = run.profile;
+  const hs U = p.unit_name.size();
+  if (!p.tp.empty()) {
     Group tp = prof.create_group("tp");
     tp.set_attr("content", "each group of ranks a --tp layout needs, profiled together at its width (each unit "
                            "split over the group, the all-reduces inside its forward); the group's first rank's timings");
@@ -607,11 +617,36 @@ void write_profile(Group& root, const RunRecord& run, bool extendible) {
       d.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     }
   }
-
 }
 
-void write_all(h5::File& file, const RunRecord& run, bool complete) {
-  Group root = file.root();
+/// /profile: what each unit costs on each rank's device (results/README.md).
+void write_profile(Group& root, const RunRecord& run, bool extendible) {
+  const auto& w = run.workload;
+  const auto& p = run.profile;
+  const hs R = run.ranks.size(), U = p.unit_name.size(), C = p.decode_contexts.size();
+  Group prof = root.create_group("profile");
+  prof.write_strings("unit_name", p.unit_name);
+  prof.write_dataset("unit_signature", p.unit_signature);
+  prof.write_strings("signature_name", p.signature_name);
+  prof.write_dataset("unit_params", p.unit_params);
+  prof.write_dataset("unit_weight_bytes", p.unit_weight_bytes).set_attr("units", "bytes");
+  prof.write_dataset("unit_kv_bytes", p.unit_kv_bytes).set_attr("units", "bytes");
+  write_profile_latency(prof, run);
+  write_profile_floors(prof, run);
+  write_profile_passes(prof, run);
+  for_each_profile_rows(run, WriteRows{prof, extendible});  // latency_rounds_ms, latency_rounds_after
+  prof.write_dataset("decode_contexts", p.decode_contexts).set_attr("units", "tokens");
+  prof.write_dataset("decode_context_ms", p.decode_context_ms, {R, U, C}).set_attr("units", "ms");
+  auto cost = prof.write_dataset("cost_ms", p.cost_ms, {R, U});
+  cost.set_attr("units", "ms");
+  cost.set_attr("objective", w.objective);
+  write_profile_tp(prof, run);
+}
+
+/// The root attributes: the run's identity, versions, Slurm job, status, link, validation (none
+/// before `complete`), gains, benchmark schedule and partition order; complete = 0 until
+/// write_all ends.
+void write_root_attrs(Group& root, const RunRecord& run, bool complete) {
   root.set_attr("complete", static_cast<int64_t>(0));
   root.set_attr("format_version", static_cast<int64_t>(kResultsFormatVersion));
   root.set_attr("ppbench_version", run.ppbench_version);
@@ -652,11 +687,11 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
     for (const auto& part : run.partitions) names.push_back(part.name);
     return names;
   }());
+}
 
-  if (run.ranks.empty() || run.profile.unit_name.empty()) {  // a snapshot before the profile
-    file.flush();
-    return;
-  }
+/// /config/model (the config's source, attributes and text) and /moe (the experts' routed
+/// tokens, when the run counted them).
+void write_model(Group& root, const RunRecord& run) {
   Group model = root.create_group("config/model");
   model.set_attr("source", run.model_source);
   for (const auto& [k, v] : run.model_attrs_str) model.set_attr(k, v);
@@ -673,7 +708,10 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
                   "the model's layers, then its MTP modules when run; dense layers 0) in the partition's last "
                   "timed repetition");
   }
+}
 
+/// /config/workload: the run's workload and benchmark settings, and /config/environment.
+void write_workload(Group& root, const RunRecord& run) {
   const auto& w = run.workload;
   Group wl = root.create_group("config/workload");
   wl.set_attr("batch", static_cast<int64_t>(w.batch));
@@ -697,7 +735,19 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   if (!w.profile_order.empty()) wl.set_attr("profile_order", w.profile_order);
   Group env = root.create_group("config/environment");
   for (const auto& [k, v] : run.environment) env.set_attr(k, v);
+}
 
+/// The whole record into `file`: a snapshot (complete = false, extendible datasets) or the
+/// final file (complete = true, the root attribute complete = 1 last).
+void write_all(h5::File& file, const RunRecord& run, bool complete) {
+  Group root = file.root();
+  write_root_attrs(root, run, complete);
+  if (run.ranks.empty() || run.profile.unit_name.empty()) {  // a snapshot before the profile
+    file.flush();
+    return;
+  }
+  write_model(root, run);
+  write_workload(root, run);
   write_ranks(root, run.ranks);
   write_links(root, run);
   write_profile(root, run, !complete);

@@ -129,8 +129,7 @@ void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRec
   for (int k = 0; k < S; ++k) pr.stage_compute_ms.insert(pr.stage_compute_ms.end(), {m.stage_prefill_ms[k], m.stage_decode_ms[k]});
   pr.stage_workload_ms = m.stage_workload_ms;
   for (int k = 0; k < S; ++k) {  // measured stage cost in the balancer's objective
-    pr.measured_stage_ms.push_back(balance::objective_stage_ms(ctx.opt.objective, m.stage_prefill_ms[k], m.stage_decode_ms[k],
-                                                               m.stage_workload_ms[k]));
+    pr.measured_stage_ms.push_back(balance::objective_cost(ctx.opt.objective, m.stage_prefill_ms[k], m.stage_decode_ms[k], w.gen_len));
     pr.stage_compute_mean_ms.insert(pr.stage_compute_mean_ms.end(), {m.stage_prefill_mean_ms[k], m.stage_decode_mean_ms[k]});
     pr.measured_stage_mean_ms.push_back(
         balance::objective_cost(ctx.opt.objective, m.stage_prefill_mean_ms[k], m.stage_decode_mean_ms[k], w.gen_len));

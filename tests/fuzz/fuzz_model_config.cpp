@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/transfer.h"
 #include "model/model_spec.h"
 
 namespace {
@@ -74,7 +75,8 @@ void check_counts(const ModelSpec& m) {
     sum += p;
     for (int dtype : {1, 2, 4}) {
       expect(kv_bytes_per_token(m, u, dtype) >= 0, "kv_bytes_per_token negative");
-      expect(boundary_bytes(m, u, 64, 32768, dtype) >= 0, "boundary_bytes negative");
+      expect(ppb::boundary_message_bytes(u + 1 == m.num_units(), 64, 32768, m.hidden, dtype) >= 0,
+             "boundary_message_bytes negative");
     }
     for (int context : {1, 4096, 32768}) {
       expect(kv_cache_bytes(m, u, 64, context, 4) >= 0, "kv_cache_bytes negative");

@@ -23,9 +23,9 @@ if ! command -v "$cxx" >/dev/null || ! echo 'int main(){}' |
 fi
 
 # One direct compile: the parser is pure C++ and needs only common/error.h (nlohmann-json is
-# header-only).
+# header-only) beside src/model/.
 mkdir -p "$out"
-sources=(tests/fuzz/fuzz_model_config.cpp src/model/model_spec.cpp)
+sources=(tests/fuzz/fuzz_model_config.cpp src/model/*.cpp)
 bin=$out/fuzz_model_config
 if [ ! -x "$bin" ] || [ -n "$(find "${sources[@]}" src/model/*.h src/common/error.h -newer "$bin")" ]; then
   echo "[fuzz] building $bin"

@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/roofline.h"
+#include "common/transfer.h"
 #include "model/model_spec.h"
 
 namespace {
@@ -779,10 +780,12 @@ TEST(Roofline, FloorIsTheLongerOfBytesAndFlops) {
 }
 
 TEST(Counts, BoundaryBytes) {
+  // What a stage boundary carries (common/transfer.h) with the model's hidden size: hidden
+  // states after any unit but the head, int32 token ids after the head.
   ModelSpec m = load("llama-3.1-8b.json");
-  EXPECT_EQ(boundary_bytes(m, 0, 4, 512, 2), int64_t{4} * 512 * 4096 * 2);
-  EXPECT_EQ(boundary_bytes(m, 16, 4, 1, 2), int64_t{4} * 4096 * 2);
-  EXPECT_EQ(boundary_bytes(m, 33, 4, 1, 2), 16);  // int32 token ids
+  EXPECT_EQ(ppb::boundary_message_bytes(false, 4, 512, m.hidden, 2), 4.0 * 512 * 4096 * 2);
+  EXPECT_EQ(ppb::boundary_message_bytes(false, 4, 1, m.hidden, 2), 4.0 * 4096 * 2);
+  EXPECT_EQ(ppb::boundary_message_bytes(true, 4, 1, m.hidden, 2), 16.0);
 }
 
 TEST(Counts, GemmaLocalLayerFlopsUseTheWindow) {

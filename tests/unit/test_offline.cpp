@@ -1005,8 +1005,8 @@ TEST_F(OfflineTest, PairLinksArePerPairOfNodes) {
   EXPECT_FALSE(links.measured(2, 2, 4).has_value());
   EXPECT_FALSE(links.measured(0, 4, 4).has_value());
   EXPECT_FALSE(balance::PairLinks{}.measured(0, 1, 2).has_value());
-  EXPECT_DOUBLE_EQ(balance::link_transfer_ms(l12->first, l12->second, 1.15e6), 1e3 * l12->first + 10.0);
-  EXPECT_DOUBLE_EQ(balance::link_transfer_ms(2e-6, 0.0, 1e9), 2e-3);  // no bandwidth: latency only
+  EXPECT_DOUBLE_EQ(ppb::link_transfer_ms(l12->first, l12->second, 1.15e6), 1e3 * l12->first + 10.0);
+  EXPECT_DOUBLE_EQ(ppb::link_transfer_ms(2e-6, 0.0, 1e9), 2e-3);  // no bandwidth: latency only
   const balance::BalanceProblem p = balance::problem_from_run(run, o);
   ASSERT_EQ(p.pair_bandwidth_GBps.size(), 16u);
   EXPECT_DOUBLE_EQ(p.pair_bandwidth_GBps[1 * 4 + 2], 0.115);
@@ -1094,6 +1094,27 @@ TEST_F(OfflineTest, RunAndOfflineBalanceSolveTheSameProblem) {
 
 /// make_split: each method gives what its solver gives, evaluated on the problem, named by the
 /// method; names round-trip; a bad name or manual split is a UserError.
+/// The record's dtype name gives the boundary's element size (common/dtype.h, with parse_dtype's
+/// spellings); another name is refused naming the file's attribute and the valid names.
+TEST(WorkloadDtype, ParsedFromTheRecordOrRefusedByName) {
+  ppb::WorkloadInfo w;
+  w.dtype = "bf16";
+  EXPECT_EQ(balance::workload_dtype(w), ppb::DType::bf16);
+  w.dtype = "fp32";
+  EXPECT_EQ(ppb::dtype_bytes(balance::workload_dtype(w)), 4);
+  for (const char* bad : {"f8", ""}) {
+    w.dtype = bad;
+    try {
+      balance::workload_dtype(w);
+      ADD_FAILURE() << "no error for dtype '" << bad << "'";
+    } catch (const ppb::UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("/config/workload dtype '" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("valid: f32, f16, bf16"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(MakeSplit, EachMethodEqualsItsSolver) {
   balance::BalanceProblem prob;
   prob.cost = {{1, 5, 5, 5, 5, 9}, {1, 4, 4, 4, 4, 7}, {2, 6, 6, 6, 6, 12}};

@@ -534,6 +534,82 @@ TEST_F(ResultsIoTest, SummarySaysWhetherTheRelativeCostsHeld) {
   EXPECT_EQ(text.find("qualified"), std::string::npos) << text;
 }
 
+/// Every gain is against the record's reference_partition, whatever its name: the summary's
+/// "vs" line and balance gain, the report's gains, the file's per-partition balance_gain.
+TEST_F(ResultsIoTest, GainsAreAgainstTheReferencePartitionByItsName) {
+  RunRecord w = make_record();
+  w.partitions[0].name = "uniform_tp1-2";
+  w.partitions[1].same_as.clear();
+  w.reference_partition = "uniform_tp1-2";
+  ppb::write_results(path_, w);
+  const RunRecord r = ppb::read_results(path_);
+  EXPECT_EQ(r.reference_partition, "uniform_tp1-2");
+  {
+    auto f = ppb::h5::File::open(path_);
+    EXPECT_DOUBLE_EQ(f.root().open_group("benchmark/balanced").get_attr<double>("balance_gain"), 117.0 / 97.5);
+  }
+  std::ostringstream out;
+  ppb::print_summary(out, r);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("  vs uniform_tp1-2 (2 paired rounds, 95% CI): tokens/s 1.200x"), std::string::npos) << text;
+  EXPECT_NE(text.find("balance gain (balanced / uniform_tp1-2, 2 paired rounds"), std::string::npos) << text;
+  EXPECT_EQ(text.find("vs uniform ("), std::string::npos) << text;
+  const auto rows = ppb::report_rows(path_, r);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(rows[0].balance_gain, 1.0);
+  EXPECT_DOUBLE_EQ(rows[1].balance_gain, 117.0 / 97.5);
+  EXPECT_DOUBLE_EQ(rows[1].balance_gain_ci_low, 1.1);
+  // No reference ("": no uniform measured): no gain anywhere.
+  RunRecord none = r;
+  none.reference_partition.clear();
+  for (const auto& row : ppb::report_rows(path_, none)) EXPECT_TRUE(std::isnan(row.balance_gain));
+}
+
+/// The summary's slowest link: each boundary's message (B x hidden x dtype bytes between
+/// stages, B int32 token ids back to stage 0) over its own measured link, 1e3 (latency + bytes
+/// / bandwidth) ms (common/transfer.h), against the slowest stage's decode step.
+TEST_F(ResultsIoTest, SlowestLinkIsTheBoundarysMessageOverItsLink) {
+  RunRecord w = make_record();  // B = 1, hidden 1024, 6 us and 1.2e8 B/s between node01 and node02
+  auto summary = [&](const RunRecord& run) {
+    std::ostringstream out;
+    ppb::print_summary(out, run);
+    return out.str();
+  };
+  // f32: 4096 bytes, 1e3 (6e-6 + 4096 / 1.2e8) = 0.040 ms, 1.1% of the 3.5 ms decode step.
+  std::string text = summary(w);
+  EXPECT_NE(text.find("  slowest link: stage 0 -> 1 (ranks 0 -> 1, between nodes node01 and node02): 0.040 ms per "
+                      "decode step, 1.1% of the slowest stage's decode step"),
+            std::string::npos)
+      << text;
+  w.workload.dtype = "bf16";  // 2048 bytes: 0.023 ms
+  text = summary(w);
+  EXPECT_NE(text.find("stage 0 -> 1 (ranks 0 -> 1, between nodes node01 and node02): 0.023 ms"), std::string::npos)
+      << text;
+  w.workload.dtype = "";  // a file without its dtype: no activation to size, no line
+  EXPECT_EQ(summary(w).find("slowest link"), std::string::npos);
+}
+
+/// A file written before the root attributes partition_order and reference_partition: its
+/// reference is uniform (kLegacyReferencePartition), listed first, then the others by name.
+TEST_F(ResultsIoTest, FileWithoutPartitionOrderListsItsReferenceFirst) {
+  RunRecord w = make_record();
+  std::swap(w.partitions[0], w.partitions[1]);  // run order balanced, uniform
+  w.partitions[0].same_as.clear();
+  ppb::write_results(path_, w);
+  EXPECT_EQ(ppb::read_results(path_).partitions[0].name, "balanced");  // partition_order
+  {
+    auto f = ppb::h5::File::open_rw(path_);
+    auto root = f.root();
+    root.delete_attr("partition_order");
+    root.delete_attr("reference_partition");
+  }
+  const RunRecord r = ppb::read_results(path_);
+  EXPECT_EQ(r.reference_partition, "uniform");
+  ASSERT_EQ(r.partitions.size(), 2u);
+  EXPECT_EQ(r.partitions[0].name, "uniform");
+  EXPECT_EQ(r.partitions[1].name, "balanced");
+}
+
 TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {
   RunRecord w = make_record();
   w.partitions[1].measured = false;
