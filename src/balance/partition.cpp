@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "balance/problem.h"
 #include "balance/solver.h"
 #include "common/error.h"
 
@@ -232,7 +233,7 @@ Partition solve_uniform(int units, int stages, UniformRemainder remainder) {
   if (units < 3) {
     // No embed/layers/head structure to respect: spread the units, extras to the first stages.
     for (int k = 0; k < stages; ++k) counts[k] = units / stages + (k < units % stages ? 1 : 0);
-    return from_counts("uniform", counts);  // U < 3: no layers to place by `remainder`
+    return from_counts(method_name(Method::uniform), counts);  // U < 3: no layers to place by `remainder`
   }
   const int layers = units - 2;
   // S <= L: every stage gets layers. S = L+1: the embed is a stage of its own. S = L+2: the
@@ -256,7 +257,7 @@ Partition solve_uniform(int units, int stages, UniformRemainder remainder) {
   }
   counts[0] += 1;           // embed
   counts[stages - 1] += 1;  // head
-  return from_counts("uniform", counts);
+  return from_counts(method_name(Method::uniform), counts);
 }
 
 UniformRemainder parse_uniform_remainder(const std::string& text) {

@@ -221,6 +221,9 @@ struct PartitionRecord {
 /// The reference partition of a file without the root attribute reference_partition (written
 /// before it existed): those runs compared every partition with uniform, by name.
 inline constexpr const char* kLegacyReferencePartition = "uniform";
+/// The name of --control's second measurement of the uniform split (an A/A comparison: its gain
+/// against uniform is what the machine's noise alone makes of two identical splits).
+inline constexpr const char* kControlPartition = "uniform_control";
 
 struct RunRecord {
   std::string ppbench_version, created_utc, command_line, backend, transport, mpi_version, hdf5_version;

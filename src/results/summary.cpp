@@ -634,7 +634,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   print_balance_gain(os, run);
   print_layouts(os, run);
   for (const auto& p : run.partitions) {
-    if (p.name != "uniform_control" || (p.gain_verdict != "faster" && p.gain_verdict != "slower")) continue;
+    if (p.name != kControlPartition || (p.gain_verdict != "faster" && p.gain_verdict != "slower")) continue;
     os << "WARNING: the A/A control (the uniform split benchmarked twice) differs significantly from uniform: "
        << gain_text(p.gain.ratio, p.gain)
        << "; differences of this size between two splits may not be the splits' doing (noise that does not "

@@ -25,7 +25,7 @@ class PartitionSet {
   std::string reference;
 
   /// The A/A control's name (--control: the reference measured a second time).
-  static constexpr const char* kControl = "uniform_control";
+  static constexpr const char* kControl = kControlPartition;
 
   size_t size() const { return splits.size(); }
   /// Index of the partition named `name`, or -1.
