@@ -90,7 +90,7 @@ int item_tag(int item) { return item % 32000; }
 StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& stage,
                          const StagePlacement& place, const PipelineConfig& cfg,
                          const std::function<void(int, int)>& progress) {
-  const int M = cfg.groups, G = cfg.gen_len, P = cfg.prompt_len, B = cfg.batch;
+  const int M = cfg.work.groups, G = cfg.work.gen_len, P = cfg.work.prompt_len, B = cfg.work.batch;
   const int S = place.num_stages, s = place.stage;
   const bool first = s == 0, last = s == S - 1;
   const int steps = G + 1;
@@ -118,7 +118,7 @@ StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& st
     std::vector<int32_t> host(static_cast<size_t>(B) * P);
     for (int g = 0; g < M; ++g) {
       for (int b = 0; b < B; ++b)
-        for (int t = 0; t < P; ++t) host[static_cast<size_t>(b) * P + t] = prompt_token(cfg.seed, g, b, t, cfg.vocab);
+        for (int t = 0; t < P; ++t) host[static_cast<size_t>(b) * P + t] = prompt_token(cfg.work.seed, g, b, t, cfg.vocab);
       prompt[g] = device.allocate(host.size() * sizeof(int32_t));
       prompt[g]->upload(host.data(), host.size() * sizeof(int32_t));
       group_tokens[g] = device.allocate(static_cast<size_t>(B) * sizeof(int32_t));

@@ -89,11 +89,11 @@ class CpuStage final : public StageExecutor {
   int first_unit() const override { return first_; }
   int last_unit() const override { return last_; }
   size_t input_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch) * tokens;
+    const size_t n = static_cast<size_t>(cfg_.work.batch) * tokens;
     return has_embed_ ? n * sizeof(int32_t) : n * hidden_ * sizeof(float);
   }
   size_t output_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch);
+    const size_t n = static_cast<size_t>(cfg_.work.batch);
     return has_head_ ? n * sizeof(int32_t) : n * tokens * hidden_ * sizeof(float);
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
@@ -209,19 +209,19 @@ float* CpuStage::new_weights(size_t n) {
 
 float* CpuStage::projection(size_t rows, size_t fan_in, int u, Tensor t) {
   float* p = new_weights(rows * fan_in);
-  fill_projection(p, rows, fan_in, cfg_.seed, u, t);
+  fill_projection(p, rows, fan_in, cfg_.work.seed, u, t);
   return p;
 }
 
 float* CpuStage::plain_norm(size_t n, int u, Tensor t) {
   float* p = new_weights(n);
-  fill_norm(p, n, cfg_.seed, u, t, false);
+  fill_norm(p, n, cfg_.work.seed, u, t, false);
   return p;
 }
 
 float* CpuStage::bias_weights(size_t n, int u, Tensor t) {
   float* p = new_weights(n);
-  fill_bias(p, n, cfg_.seed, u, t);
+  fill_bias(p, n, cfg_.work.seed, u, t);
   return p;
 }
 
@@ -271,7 +271,7 @@ void CpuStage::add_expert_weights(LayerWeights& w, const LayerShape& s, int u, i
   expert_tokens_.push_back(std::vector<int64_t>(E + 1, 0));
   expert_tokens_.back()[0] = layer;
   if (cfg_.expert_skew > 0.0) {
-    w.skew_key = weight_key(cfg_.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
+    w.skew_key = weight_key(cfg_.work.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
     w.skew_log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
   }
   z.max_experts = std::max(z.max_experts, E);
@@ -285,7 +285,7 @@ void CpuStage::add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z) {
     mtp_embed_ = embed_;
   } else {
     float* e = new_weights(static_cast<size_t>(m.vocab) * hidden_);
-    fill_embedding(e, m.vocab, hidden_, cfg_.seed);
+    fill_embedding(e, m.vocab, hidden_, cfg_.work.seed);
     mtp_embed_ = e;
   }
   mtp_eps_ = static_cast<float>(m.rms_eps);
@@ -302,10 +302,10 @@ void CpuStage::add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z) {
 }
 
 LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, ScratchSizes& z) {
-  const uint64_t seed = cfg_.seed;
+  const uint64_t seed = cfg_.work.seed;
   const size_t H = hidden_;
-  const size_t ctx = static_cast<size_t>(cfg_.max_context);
-  const size_t max_tokens = static_cast<size_t>(cfg_.batch) * ctx;
+  const size_t ctx = static_cast<size_t>(cfg_.work.max_context());
+  const size_t max_tokens = static_cast<size_t>(cfg_.work.batch) * ctx;
   const StageConfig& cfg = cfg_;
   check_stage_layer(s, static_cast<int>(hidden_), layer);
   // This rank's shard (all of it at width 1): its heads, its slice of the MLP.
@@ -398,7 +398,7 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
     const int half = rotated / 2;
     r.cos.resize(ctx * half);
     r.sin.resize(ctx * half);
-    cpu::rope_tables(r.cos.data(), r.sin.data(), inv.data(), half, cfg.max_context);
+    cpu::rope_tables(r.cos.data(), r.sin.data(), inv.data(), half, cfg.work.max_context());
     ropes_.push_back(std::move(r));
     it = ropes_.end() - 1;
   }
@@ -407,21 +407,21 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
   z.max_q = std::max(z.max_q, nq);
   z.max_attn = std::max(z.max_attn, attn_width);
   z.max_inter = std::max(z.max_inter, I);
-  z.kv_floats += static_cast<size_t>(cfg.groups) * max_tokens * layer_cache_floats(s, nkv);
+  z.kv_floats += static_cast<size_t>(cfg.work.groups) * max_tokens * layer_cache_floats(s, nkv);
   return w;
 }
 
 CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg)
     : first_(first), last_(last), cfg_(cfg) {
-  if (cfg.dtype != DType::f32) throw UserError("the CPU backend computes in f32; use --dtype f32");
+  if (cfg.work.dtype != DType::f32) throw UserError("the CPU backend computes in f32; use --dtype f32");
   if (first < 0 || last < first || last >= m.num_units()) {
     throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
                     "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
   }
-  if (cfg.batch < 1 || cfg.max_context < 1 || cfg.groups < 1) {
+  if (cfg.work.batch < 1 || cfg.work.max_context() < 1 || cfg.work.groups < 1) {
     throw UserError("stage config needs batch, max_context and groups >= 1, got batch=" +
-                    std::to_string(cfg.batch) + " max_context=" + std::to_string(cfg.max_context) +
-                    " groups=" + std::to_string(cfg.groups));
+                    std::to_string(cfg.work.batch) + " max_context=" + std::to_string(cfg.work.max_context()) +
+                    " groups=" + std::to_string(cfg.work.groups));
   }
   if (m.hidden < 1 || m.vocab < 1) {
     throw UserError("model needs hidden_size and vocab_size >= 1");
@@ -446,10 +446,10 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
   final_norm_plus_one_ = m.final_norm_plus_one;
   final_softcap_ = static_cast<float>(m.final_softcap);
   final_eps_ = static_cast<float>(m.rms_eps);
-  const uint64_t seed = cfg.seed;
+  const uint64_t seed = cfg.work.seed;
   const size_t H = hidden_;
-  const size_t B = static_cast<size_t>(cfg.batch);
-  const size_t ctx = static_cast<size_t>(cfg.max_context);
+  const size_t B = static_cast<size_t>(cfg.work.batch);
+  const size_t ctx = static_cast<size_t>(cfg.work.max_context());
   const size_t max_tokens = B * ctx;
 
   // ---- weights --------------------------------------------------------------------------
@@ -501,7 +501,7 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
       LayerWeights& w = *wp;
       const size_t nkv = static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
       const size_t per = max_tokens * layer_cache_floats(w.shape, nkv);
-      for (int g = 0; g < cfg.groups; ++g) {
+      for (int g = 0; g < cfg.work.groups; ++g) {
         w.k_cache.push_back(p);
         // MLA: one latent cache is the keys and the values; else K then V.
         w.v_cache.push_back(w.shape.is_mla() ? p : p + per / 2);
@@ -524,7 +524,7 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
     attn_.resize(max_tokens * z.max_attn);
     gate_.resize(max_tokens * z.max_inter);
     up_.resize(max_tokens * z.max_inter);
-    scores_.resize(cpu::attention_scratch_floats(cfg.max_context));
+    scores_.resize(cpu::attention_scratch_floats(cfg.work.max_context()));
     mla_qa_.resize(max_tokens * z.max_mla_qa);
     mla_kva_.resize(max_tokens * z.max_mla_kva);
     mla_q_.resize(max_tokens * (z.max_mla_kva > 0 ? z.max_attn : 0));
@@ -549,16 +549,16 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
 }
 
 void CpuStage::enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) {
-  if (group < 0 || group >= cfg_.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.max_context) {
+  if (group < 0 || group >= cfg_.work.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.work.max_context()) {
     throw InternalError("enqueue_forward(group=" + std::to_string(group) + ", pos=" + std::to_string(pos) +
                         ", tokens=" + std::to_string(tokens) + ") is outside the stage's groups=" +
-                        std::to_string(cfg_.groups) + ", max_context=" + std::to_string(cfg_.max_context));
+                        std::to_string(cfg_.work.groups) + ", max_context=" + std::to_string(cfg_.work.max_context()));
   }
   lane.host_task([this, in, out, group, pos, tokens] { forward(in, out, group, pos, tokens); });
 }
 
 void CpuStage::forward(const void* in, void* out, int group, int pos, int tokens) {
-  const size_t rows = static_cast<size_t>(cfg_.batch) * tokens;
+  const size_t rows = static_cast<size_t>(cfg_.work.batch) * tokens;
   if (has_embed_) {
     cpu::embedding(x_.data(), static_cast<const int32_t*>(in), rows, embed_, vocab_,
                    static_cast<int>(hidden_), embed_scale_);
@@ -576,7 +576,7 @@ void CpuStage::forward(const void* in, void* out, int group, int pos, int tokens
 
 void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int tokens) {
   const LayerShape& s = w.shape;
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   const int M = B * tokens;
   const int H = static_cast<int>(hidden_);
   const int hd = s.head_dim;
@@ -605,13 +605,13 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
     cpu::rope(k_.data(), B, tokens, s.n_kv_heads, hd, pos, rt.cos.data(), rt.sin.data());
     float* kc = w.k_cache[group];
     float* vc = w.v_cache[group];
-    cpu::kv_cache_write(kc, k_.data(), B, tokens, pos, cfg_.max_context, nkv);
-    cpu::kv_cache_write(vc, v_.data(), B, tokens, pos, cfg_.max_context, nkv);
+    cpu::kv_cache_write(kc, k_.data(), B, tokens, pos, cfg_.work.max_context(), nkv);
+    cpu::kv_cache_write(vc, v_.data(), B, tokens, pos, cfg_.work.max_context(), nkv);
     cpu::AttentionShape as;
     as.batch = B;
     as.tokens = tokens;
     as.pos0 = pos;
-    as.max_context = cfg_.max_context;
+    as.max_context = cfg_.work.max_context();
     as.n_heads = s.n_heads;
     as.n_kv_heads = s.n_kv_heads;
     as.head_dim = hd;
@@ -649,7 +649,7 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
 void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out) {
   const LayerShape& s = w.shape;
   const model::MlaShape& a = s.mla;
-  const int B = cfg_.batch, M = B * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
+  const int B = cfg_.work.batch, M = B * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
   const int nope = a.qk_nope, rd = a.qk_rope, qk = nope + rd, L = a.kv_lora_rank, D = L + rd, vd = a.v_head_dim;
   const float eps = static_cast<float>(s.rms_eps);
   const float* hn = out;  // the normed input; overwritten only by the final o_proj
@@ -671,7 +671,7 @@ void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int toke
   cpu::rope(r, B, tokens, 1, rd, pos, rt.cos.data(), rt.sin.data());
   for (int m = 0; m < M; ++m) std::memcpy(kva + static_cast<size_t>(m) * D + L, r + static_cast<size_t>(m) * rd, rd * sizeof(float));
   float* cache = w.k_cache[group];
-  cpu::kv_cache_write(cache, kva, B, tokens, pos, cfg_.max_context, D);
+  cpu::kv_cache_write(cache, kva, B, tokens, pos, cfg_.work.max_context(), D);
   // Absorbed queries [M, nh, D]: q_lat then the rotated q_rope.
   float* qa = mla_q_.data();
   for (int h = 0; h < nh; ++h)
@@ -689,7 +689,7 @@ void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int toke
   as.batch = B;
   as.tokens = tokens;
   as.pos0 = pos;
-  as.max_context = cfg_.max_context;
+  as.max_context = cfg_.work.max_context();
   as.n_heads = nh;
   as.n_kv_heads = 1;
   as.head_dim = D;
@@ -769,7 +769,7 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
 // pipeline's tokens stay the main model's. The modules' last hidden states join the checksum,
 // so that validation covers them.
 void CpuStage::mtp_forward(const int32_t* tokens, int group, int pos, int T) {
-  const int B = cfg_.batch, M = B * T, H = static_cast<int>(hidden_);
+  const int B = cfg_.work.batch, M = B * T, H = static_cast<int>(hidden_);
   std::copy(tokens, tokens + B, draft_.begin());
   float* cat = mtp_cat_.data();
   for (const MtpModule& mod : mtp_) {
@@ -796,7 +796,7 @@ void CpuStage::mtp_forward(const int32_t* tokens, int group, int pos, int T) {
 }
 
 void CpuStage::head_forward(int32_t* out, int tokens) {
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   const size_t H = hidden_;
   float* last = last_rows_.data();
   double sum = 0.0;
@@ -836,8 +836,8 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
   }
   // Mirrors CpuStage's constructor (tests/unit/test_cpu_ops.cpp checks weights and KV cache
   // against a built stage).
-  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(std::max(cfg.batch, 1));
-  const size_t ctx = static_cast<size_t>(std::max(cfg.max_context, 1)), groups = static_cast<size_t>(std::max(cfg.groups, 1));
+  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(std::max(cfg.work.batch, 1));
+  const size_t ctx = static_cast<size_t>(std::max(cfg.work.max_context(), 1)), groups = static_cast<size_t>(std::max(cfg.work.groups, 1));
   const size_t max_tokens = B * ctx;
   const int t = cfg.tp_width, r = cfg.tp_rank;
   if (const std::string why = tp_unsupported_reason(m, t); !why.empty())
@@ -919,7 +919,7 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
   }
   size_t scratch = max_tokens * H + rope;
   if (has_layer) {
-    scratch += max_tokens * (H + max_q + max_attn + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.max_context);
+    scratch += max_tokens * (H + max_q + max_attn + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.work.max_context());
     scratch += max_tokens * (max_mla_qa + max_mla_kva + (max_mla_kva > 0 ? max_attn : 0) + max_mla_rope + max_mla_values);
     // MoE: router logits, gathered rows, expert output, the sum, the weights (and as many int32
     // experts and slots, counted as floats: both 4 bytes).

@@ -152,9 +152,9 @@ cpu::AttentionShape attention_shape(const LayerShape& s, int batch, int tokens, 
 /// p.scores_elems and p.decode_floats. Bytes; 0 for a stage without layers.
 size_t layer_scratch_bytes(StagePlan& p, const StageConfig& cfg, size_t H, size_t dt, int max_heads) {
   if (p.layers.empty() && p.mtp_layers.empty()) return 0;
-  const size_t B = static_cast<size_t>(cfg.batch);
-  const int per_seq = std::min(cfg.max_context, p.rows);
-  const size_t keys = static_cast<size_t>(round_up(cfg.max_context, 8));
+  const size_t B = static_cast<size_t>(cfg.work.batch);
+  const int per_seq = std::min(cfg.work.max_context(), p.rows);
+  const size_t keys = static_cast<size_t>(round_up(cfg.work.max_context(), 8));
   // Prefill attention's scores and probabilities within kScoresBudgetBytes: query rows per
   // block of one sequence's heads (GQA), or MLA's query tokens of every sequence and head.
   // (MLA's block holds every sequence and head: it may fall to one query token, decode's size.)
@@ -169,10 +169,10 @@ size_t layer_scratch_bytes(StagePlan& p, const StageConfig& cfg, size_t H, size_
   for (const auto* layers : {&p.layers, &p.mtp_layers}) {
     for (const StagePlan::Layer& l : *layers) {
       if (l.shape.is_mla()) {
-        const MlaCallShape ms = mla_call_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
+        const MlaCallShape ms = mla_call_shape(l.shape, cfg.work.batch, 1, 0, cfg.work.max_context());
         p.scores_elems = std::max(p.scores_elems, mla_attention_scratch_elems(ms, p.mla_query_block));
       } else {
-        const cpu::AttentionShape a = attention_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
+        const cpu::AttentionShape a = attention_shape(l.shape, cfg.work.batch, 1, 0, cfg.work.max_context());
         p.scores_elems = std::max(p.scores_elems, attention_prefill_scratch_elems(a, p.query_block));
         p.decode_floats = std::max(p.decode_floats, attention_decode_scratch_floats(a));
       }
@@ -198,9 +198,9 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
     throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
                     "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
   }
-  if (cfg.batch < 1 || cfg.max_context < 1 || cfg.groups < 1) {
-    throw UserError("stage config needs batch, max_context and groups >= 1, got batch=" + std::to_string(cfg.batch) +
-                    " max_context=" + std::to_string(cfg.max_context) + " groups=" + std::to_string(cfg.groups));
+  if (cfg.work.batch < 1 || cfg.work.max_context() < 1 || cfg.work.groups < 1) {
+    throw UserError("stage config needs batch, max_context and groups >= 1, got batch=" + std::to_string(cfg.work.batch) +
+                    " max_context=" + std::to_string(cfg.work.max_context()) + " groups=" + std::to_string(cfg.work.groups));
   }
   if (m.hidden < 1 || m.vocab < 1) throw UserError("model needs hidden_size and vocab_size >= 1");
   if (cfg.tp_width < 1 || cfg.tp_rank < 0 || cfg.tp_rank >= cfg.tp_width)
@@ -214,9 +214,9 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
     p.vocab_begin = v0;
     p.vocab_local = v1 - v0;
   }
-  const size_t dt = static_cast<size_t>(dtype_bytes(cfg.dtype));
-  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(cfg.batch),
-               ctx = static_cast<size_t>(cfg.max_context), V = static_cast<size_t>(m.vocab);
+  const size_t dt = static_cast<size_t>(dtype_bytes(cfg.work.dtype));
+  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(cfg.work.batch),
+               ctx = static_cast<size_t>(cfg.work.max_context()), V = static_cast<size_t>(m.vocab);
   size_t weight_elems = 0, kv_elems = 0, rope_bytes = 0, scratch_fixed = 0;
   int max_heads = 0;
   size_t weight_f32 = 0;
@@ -266,12 +266,12 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
       p.max_mla_kva = std::max(p.max_mla_kva, D);
       p.max_mla_qabs = std::max(p.max_mla_qabs, nh * D);
       p.max_mla_olat = std::max(p.max_mla_olat, nh * a.kv_lora_rank);
-      kv_elems += static_cast<size_t>(cfg.groups) * B * ctx * D;  // one latent row per token: keys and values
+      kv_elems += static_cast<size_t>(cfg.work.groups) * B * ctx * D;  // one latent row per token: keys and values
     } else {
       const size_t nq = static_cast<size_t>(ls.n_heads) * ls.head_dim, nkv = static_cast<size_t>(ls.n_kv_heads) * ls.head_dim;
       p.max_qkv = std::max(p.max_qkv, nq + 2 * nkv);
       p.max_q = std::max(p.max_q, nq);
-      kv_elems += 2 * static_cast<size_t>(cfg.groups) * B * ctx * nkv;
+      kv_elems += 2 * static_cast<size_t>(cfg.work.groups) * B * ctx * nkv;
     }
     p.max_inter = std::max(p.max_inter, static_cast<size_t>(ls.intermediate));
     if (ls.is_moe()) {
@@ -333,7 +333,7 @@ size_t plan_launches(const StagePlan& plan_, const StageConfig& cfg_, int tokens
   // add a split-K reduction), attention_decode as two (split-K and combine).
   constexpr size_t kBlas = 2;
   if (tokens == 1 && cfg_.cuda_graphs) return kGraphDecodeLaunches;
-  const size_t B = static_cast<size_t>(cfg_.batch), T = static_cast<size_t>(std::max(tokens, 1));
+  const size_t B = static_cast<size_t>(cfg_.work.batch), T = static_cast<size_t>(std::max(tokens, 1));
   auto layer_pass = [&](const LayerShape& s, size_t nb, size_t tc) {
     size_t n = 1 + kBlas + 1 + 1;  // input norm, o_proj, add+norm, the final add
     if (s.sandwich_norm) n += 2;
@@ -430,11 +430,11 @@ class CudaStage final : public StageExecutor {
   int first_unit() const override { return first_; }
   int last_unit() const override { return last_; }
   size_t input_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch) * tokens;
+    const size_t n = static_cast<size_t>(cfg_.work.batch) * tokens;
     return plan_.has_embed ? n * sizeof(int32_t) : n * hidden_ * dt_;
   }
   size_t output_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch);
+    const size_t n = static_cast<size_t>(cfg_.work.batch);
     return plan_.has_head ? n * sizeof(int32_t) : n * tokens * hidden_ * dt_;
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
@@ -454,7 +454,7 @@ class CudaStage final : public StageExecutor {
   size_t decode_graphs() const override { return graphs_.size(); }
   std::vector<std::vector<int64_t>> expert_tokens() const override;
   void prepare_forward(int group, int pos, int tokens) override {
-    if (tokens == 1 && cfg_.cuda_graphs && group >= 0 && group < cfg_.groups && pos >= 0 && pos < cfg_.max_context)
+    if (tokens == 1 && cfg_.cuda_graphs && group >= 0 && group < cfg_.work.groups && pos >= 0 && pos < cfg_.work.max_context())
       (void)decode_graph(group, pos);
   }
 
@@ -567,35 +567,35 @@ void* CudaStage::alloc(size_t bytes) {
 void* CudaStage::proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst, size_t row0) {
   void* p = dst ? dst : alloc_elems(rows * fan_in);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
-  fill_uniform(p, cfg_.dtype, rows * fan_in, weight_key_at(weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), row0 * fan_in),
+  fill_uniform(p, cfg_.work.dtype, rows * fan_in, weight_key_at(weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), row0 * fan_in),
                scale, 0.0f, init_stream_.get());
   return p;
 }
 
 void* CudaStage::norm(size_t n, int unit, Tensor t, bool plus_one) {
   void* p = alloc_elems(n);
-  fill_uniform(p, cfg_.dtype, n, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), 0.1f, plus_one ? 0.0f : 1.0f,
+  fill_uniform(p, cfg_.work.dtype, n, weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), 0.1f, plus_one ? 0.0f : 1.0f,
                init_stream_.get());
   return p;
 }
 
 void* CudaStage::bias_weights(size_t n, int unit, Tensor t, void* dst, size_t first) {
   void* p = dst ? dst : alloc_elems(n);
-  fill_uniform(p, cfg_.dtype, n, weight_key_at(weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), first), 0.02f, 0.0f,
+  fill_uniform(p, cfg_.work.dtype, n, weight_key_at(weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), first), 0.02f, 0.0f,
                init_stream_.get());
   return p;
 }
 
 float* CudaStage::f32_weights(size_t n, int unit, Tensor t, float scale) {
   auto* p = static_cast<float*>(alloc(n * sizeof(float)));
-  fill_uniform(p, DType::f32, n, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), scale, 0.0f, init_stream_.get());
+  fill_uniform(p, DType::f32, n, weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), scale, 0.0f, init_stream_.get());
   return p;
 }
 
 LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
   const LayerShape& s = l.shape;  // this rank's shard (the whole layer at width 1)
   const int u = l.unit;
-  const size_t H = hidden_, B = static_cast<size_t>(cfg_.batch), ctx = static_cast<size_t>(cfg_.max_context);
+  const size_t H = hidden_, B = static_cast<size_t>(cfg_.work.batch), ctx = static_cast<size_t>(cfg_.work.max_context());
   const size_t I = static_cast<size_t>(s.intermediate);
   LayerWeights w;
   w.plan = l;
@@ -617,7 +617,7 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
     w.kv_a_norm = norm(L, u, Tensor::kv_a_norm, false);
     w.kv_b = proj(nh * (a.qk_nope + a.v_head_dim), L, u, Tensor::kv_b_proj);
     w.o = proj(H, nh * a.v_head_dim, u, Tensor::o_proj);
-    for (int g = 0; g < cfg_.groups; ++g) {
+    for (int g = 0; g < cfg_.work.groups; ++g) {
       // Zeroed at allocation (DeviceMemory), as it must be: a decode graph's attention spans its
       // whole context bucket and masks the keys past the position, which must then be finite
       // (0 x NaN would reach the output).
@@ -636,7 +636,7 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
     proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H), kv0);
     proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H), kv0);
     w.o = alloc_elems(H * nq);
-    fill_uniform_cols(w.o, cfg_.dtype, H, nq_all, q0, nq, weight_key(cfg_.seed, u, static_cast<uint64_t>(Tensor::o_proj)),
+    fill_uniform_cols(w.o, cfg_.work.dtype, H, nq_all, q0, nq, weight_key(cfg_.work.seed, u, static_cast<uint64_t>(Tensor::o_proj)),
                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(nq_all))), init_stream_.get());
     if (s.attn_bias) {
       w.bias = alloc_elems(nq + 2 * nkv);
@@ -650,7 +650,7 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
     }
     if (s.o_bias) w.o_bias = bias_weights(H, u, Tensor::o_bias);  // gpt-oss refuses --tp: the whole bias
     if (s.attn_sinks) w.sinks = f32_weights(static_cast<size_t>(s.n_heads), u, Tensor::sinks, 1.0f);
-    for (int g = 0; g < cfg_.groups; ++g) {
+    for (int g = 0; g < cfg_.work.groups; ++g) {
       w.k_cache.push_back(alloc_elems(B * ctx * nkv));
       w.v_cache.push_back(alloc_elems(B * ctx * nkv));
     }
@@ -666,8 +666,8 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
     proj(I, H, u, Tensor::gate_proj, w.gate_up, l.i0);
     proj(I, H, u, Tensor::up_proj, at(w.gate_up, I * H), l.i0);
     w.down = alloc_elems(H * I);
-    fill_uniform_cols(w.down, cfg_.dtype, H, I_all, l.i0, I,
-                      weight_key(cfg_.seed, u, static_cast<uint64_t>(Tensor::down_proj)),
+    fill_uniform_cols(w.down, cfg_.work.dtype, H, I_all, l.i0, I,
+                      weight_key(cfg_.work.seed, u, static_cast<uint64_t>(Tensor::down_proj)),
                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(I_all))), init_stream_.get());
   }
   if (s.is_moe()) {
@@ -697,7 +697,7 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
     }
     w.expert_tokens = static_cast<int64_t*>(alloc(E * sizeof(int64_t)));  // zeroed (DeviceMemory)
     if (cfg_.expert_skew > 0.0) {
-      w.skew_key = weight_key(cfg_.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
+      w.skew_key = weight_key(cfg_.work.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
       const std::vector<double> log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
       w.skew_log_p = static_cast<double*>(alloc(E * sizeof(double)));
       // From pageable memory the call returns once the bytes are staged (CUDA's API sync
@@ -716,7 +716,7 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
                         " needs its group's NCCL communicator, of that width and rank");
   tp_ = cfg.tp_width > 1 ? cfg.tp : nullptr;
   hidden_ = static_cast<size_t>(m.hidden);
-  dt_ = static_cast<size_t>(dtype_bytes(cfg.dtype));
+  dt_ = static_cast<size_t>(dtype_bytes(cfg.work.dtype));
   vocab_ = m.vocab;
   embed_scale_ = m.embed_scale_sqrt_hidden ? static_cast<float>(std::sqrt(static_cast<double>(m.hidden))) : 1.0f;
   final_norm_plus_one_ = m.final_norm_plus_one;
@@ -734,12 +734,12 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
                     "smaller --dtype");
   }
 
-  const size_t H = hidden_, B = static_cast<size_t>(cfg.batch), ctx = static_cast<size_t>(cfg.max_context),
+  const size_t H = hidden_, B = static_cast<size_t>(cfg.work.batch), ctx = static_cast<size_t>(cfg.work.max_context()),
                V = static_cast<size_t>(m.vocab);
-  const uint64_t embed_key = weight_key(cfg.seed, 0, static_cast<uint64_t>(Tensor::embed));
+  const uint64_t embed_key = weight_key(cfg.work.seed, 0, static_cast<uint64_t>(Tensor::embed));
   if (plan_.has_embed) {
     embed_ = alloc_elems(V * H);
-    fill_uniform(embed_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
+    fill_uniform(embed_, cfg.work.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
   }
   if (plan_.has_head) {
     final_norm_ = norm(H, last, Tensor::final_norm, m.final_norm_plus_one);
@@ -749,7 +749,7 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
       lm_head_ = at(embed_, v0 * H);
     } else if (m.tie_embeddings) {
       lm_head_ = alloc_elems(Vl * H);
-      fill_uniform(lm_head_, cfg.dtype, Vl * H, weight_key_at(embed_key, v0 * H), 1.0f, 0.0f, init_stream_.get());
+      fill_uniform(lm_head_, cfg.work.dtype, Vl * H, weight_key_at(embed_key, v0 * H), 1.0f, 0.0f, init_stream_.get());
     } else {
       lm_head_ = proj(Vl, H, last, Tensor::lm_head, nullptr, v0);
     }
@@ -758,7 +758,7 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
     const std::vector<double> inv = cpu::rope_inv_freq(rope, hd);
     const size_t half = static_cast<size_t>(hd / 2);
     std::vector<float> c(ctx * half), s(ctx * half);
-    cpu::rope_tables(c.data(), s.data(), inv.data(), hd / 2, cfg.max_context);
+    cpu::rope_tables(c.data(), s.data(), inv.data(), hd / 2, cfg.work.max_context());
     auto* dc = static_cast<float*>(alloc(c.size() * sizeof(float)));
     auto* ds = static_cast<float*>(alloc(s.size() * sizeof(float)));
     // On init_stream_, whose synchronisation at the end of the constructor covers the DMA
@@ -773,7 +773,7 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
     // Keyed by the unit ids num_units() + k, which no real unit has (CpuStage::add_mtp_modules).
     if (plan_.mtp_own_embed) {
       mtp_embed_ = alloc_elems(V * H);
-      fill_uniform(mtp_embed_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
+      fill_uniform(mtp_embed_, cfg.work.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
     } else {
       mtp_embed_ = embed_;
     }
@@ -849,13 +849,13 @@ void CudaStage::bind_cublas(cudaStream_t st) {
 }
 
 void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) {
-  if (group < 0 || group >= cfg_.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.max_context) {
+  if (group < 0 || group >= cfg_.work.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.work.max_context()) {
     throw InternalError("enqueue_forward(group=" + std::to_string(group) + ", pos=" + std::to_string(pos) +
                         ", tokens=" + std::to_string(tokens) + ") is outside the stage's groups=" +
-                        std::to_string(cfg_.groups) + ", max_context=" + std::to_string(cfg_.max_context));
+                        std::to_string(cfg_.work.groups) + ", max_context=" + std::to_string(cfg_.work.max_context()));
   }
   const cudaStream_t st = as_cuda_lane(lane).stream();
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   const size_t rows = static_cast<size_t>(B) * tokens;
   const size_t H = hidden_;
   if (tokens == 1 && cfg_.cuda_graphs) {
@@ -881,12 +881,12 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
   bind_cublas(st);
   if (plan_.has_embed) {
     embedding(x_, static_cast<const int32_t*>(in), rows, embed_, vocab_, static_cast<int>(H), embed_scale_,
-              bad_token_dev_, cfg_.dtype, st);
+              bad_token_dev_, cfg_.work.dtype, st);
   } else {
     CUDA_CHECK(cudaMemcpyAsync(x_, in, rows * H * dt_, cudaMemcpyDefault, st));
   }
   // Decode is planned per context bucket, as its graph would be: the same bits either way.
-  const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.max_context) : 0;
+  const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.work.max_context()) : 0;
   run_layers(layers_.data(), layers_.size(), st, pos, tokens, group, bucket);
   if (plan_.has_head) {
     head_forward(st, tokens, static_cast<int32_t*>(out));
@@ -899,7 +899,7 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
 void CudaStage::run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, int pos, int tokens, int group,
                            int bucket, const int* pos_dev) {
   if (n == 0) return;
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   if (static_cast<size_t>(B) * tokens <= static_cast<size_t>(plan_.rows)) {
     for (size_t i = 0; i < n; ++i)
       layer_forward(ls[i], st, static_cast<char*>(x_), 0, B, pos, tokens, group, bucket, pos_dev);
@@ -918,8 +918,8 @@ void CudaStage::run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, in
 
 void CudaStage::mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos, int tokens, int group, int bucket,
                             const int* pos_dev) {
-  const int B = cfg_.batch, H = static_cast<int>(hidden_), V = static_cast<int>(plan_.vocab_local);
-  const DType t = cfg_.dtype;
+  const int B = cfg_.work.batch, H = static_cast<int>(hidden_), V = static_cast<int>(plan_.vocab_local);
+  const DType t = cfg_.work.dtype;
   const float eps = final_eps_;  // the model's rms_norm_eps (CpuStage's mtp_eps_)
   CUDA_CHECK(cudaMemcpyAsync(draft_, head_tokens, static_cast<size_t>(B) * sizeof(int32_t), cudaMemcpyDefault, st));
   for (size_t k = 0; k < mtp_.size(); ++k) {
@@ -935,11 +935,11 @@ void CudaStage::mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos
 }
 
 void CudaStage::head_forward(cudaStream_t st, int tokens, int32_t* out) {
-  const int B = cfg_.batch, H = static_cast<int>(hidden_);
-  gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, cfg_.dtype, st);
-  rmsnorm(last_rows_, last_rows_, final_norm_, B, H, final_eps_, final_norm_plus_one_, cfg_.dtype, st);
+  const int B = cfg_.work.batch, H = static_cast<int>(hidden_);
+  gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, cfg_.work.dtype, st);
+  rmsnorm(last_rows_, last_rows_, final_norm_, B, H, final_eps_, final_norm_plus_one_, cfg_.work.dtype, st);
   const int V = static_cast<int>(plan_.vocab_local);  // this rank's vocabulary slice (all at width 1)
-  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.dtype, B, V, H);
+  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.work.dtype, B, V, H);
   if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * V, final_softcap_, st);
   if (!tp_) {
     argmax_rows(out, logits_, B, V, st);
@@ -952,7 +952,7 @@ void CudaStage::head_forward(cudaStream_t st, int tokens, int32_t* out) {
 }
 
 cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
-  const int bucket = decode_context_bucket(pos, cfg_.max_context);
+  const int bucket = decode_context_bucket(pos, cfg_.work.max_context());
   const std::pair<int, int> key{group, bucket};
   if (auto it = graphs_.find(key); it != graphs_.end()) return it->second.get();
   if (graphs_.size() >= kMaxDecodeGraphs) return nullptr;
@@ -963,8 +963,8 @@ cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
   CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
   try {
     if (plan_.has_embed) {
-      embedding(x_, graph_tokens_, static_cast<size_t>(cfg_.batch), embed_, vocab_, static_cast<int>(hidden_),
-                embed_scale_, bad_token_dev_, cfg_.dtype, cs);
+      embedding(x_, graph_tokens_, static_cast<size_t>(cfg_.work.batch), embed_, vocab_, static_cast<int>(hidden_),
+                embed_scale_, bad_token_dev_, cfg_.work.dtype, cs);
     }
     run_layers(layers_.data(), layers_.size(), cs, pos, 1, group, bucket, pos_dev_);
     if (plan_.has_head) {
@@ -989,7 +989,7 @@ cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
 void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens,
                               int group, int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   const int M = nb * tokens, H = static_cast<int>(hidden_);
   const float eps = static_cast<float>(s.rms_eps);
   const bool p1 = s.norm_plus_one;
@@ -1020,11 +1020,11 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
 void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group,
                               int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   cublasHandle_t hb = cublas_.get();
   const int M = nb * tokens, H = static_cast<int>(hidden_), hd = s.head_dim;
   const int nq = s.n_heads * hd, nkv = s.n_kv_heads * hd;
-  const size_t cache_off = static_cast<size_t>(b0) * cfg_.max_context * nkv;
+  const size_t cache_off = static_cast<size_t>(b0) * cfg_.work.max_context() * nkv;
   void* kc = at(w.k_cache[group], cache_off);
   void* vc = at(w.v_cache[group], cache_off);
   linear(hb, qkv_, cuda_type(t), h_, w.qkv, t, M, nq + 2 * nkv, H);
@@ -1032,7 +1032,7 @@ void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, in
   qs.batch = nb;
   qs.tokens = tokens;
   qs.pos0 = pos;
-  qs.max_context = cfg_.max_context;
+  qs.max_context = cfg_.work.max_context();
   qs.n_heads = s.n_heads;
   qs.n_kv_heads = s.n_kv_heads;
   qs.head_dim = hd;
@@ -1041,7 +1041,7 @@ void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, in
   qs.eps = static_cast<float>(s.rms_eps);
   qs.pos0_dev = pos_dev;
   qkv_rope_cache(q_, kc, vc, qkv_, w.bias, w.q_norm, w.k_norm, rope_cos_[w.plan.rope], rope_sin_[w.plan.rope], qs, t, st);
-  cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.max_context);
+  cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.work.max_context());
   as.sinks = w.sinks;
   if (tokens == 1) {
     attention_decode(attn_, q_, kc, vc, as, partial_, t, st, bucket > 0 ? decode_plan_keys(bucket, s.sliding_window) : 0,
@@ -1060,7 +1060,7 @@ void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int 
                                     int group, int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
   const model::MlaShape& a = s.mla;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   cublasHandle_t hb = cublas_.get();
   const int M = nb * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
   const int qk = a.qk_nope + a.qk_rope, D = a.kv_lora_rank + a.qk_rope;
@@ -1073,9 +1073,9 @@ void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int 
     linear(hb, q_, cuda_type(t), h_, w.q_b, t, M, nh * qk, H);
   }
   linear(hb, mla_kva_, cuda_type(t), h_, w.kv_a, t, M, D, H);
-  MlaCallShape ms = mla_call_shape(s, nb, tokens, pos, cfg_.max_context);
+  MlaCallShape ms = mla_call_shape(s, nb, tokens, pos, cfg_.work.max_context());
   ms.pos0_dev = pos_dev;
-  void* cache = at(w.k_cache[group], static_cast<size_t>(b0) * cfg_.max_context * D);
+  void* cache = at(w.k_cache[group], static_cast<size_t>(b0) * cfg_.work.max_context() * D);
   const float* cos_t = rope_cos_[w.plan.rope];
   const float* sin_t = rope_sin_[w.plan.rope];
   mla_kv_cache_write(cache, mla_kva_, w.kv_a_norm, cos_t, sin_t, ms, t, st);
@@ -1088,7 +1088,7 @@ void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int 
 
 void CudaStage::dense_mlp(const LayerWeights& w, cudaStream_t st, int M) {
   const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   cublasHandle_t hb = cublas_.get();
   const int H = static_cast<int>(hidden_), I = s.intermediate;
   linear(hb, gu_, cuda_type(t), h_, w.gate_up, t, M, 2 * I, H);
@@ -1102,7 +1102,7 @@ void CudaStage::dense_mlp(const LayerWeights& w, cudaStream_t st, int M) {
 void CudaStage::moe_mlp(const LayerWeights& w, cudaStream_t st, int M) {
   const LayerShape& s = w.plan.shape;
   const model::MoeShape& e = s.moe;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   const int H = static_cast<int>(hidden_), E = e.n_experts, k = e.top_k, Ie = e.expert_intermediate;
   const int choices = M * k, tiles = moe_max_tiles(choices, E);
   linear(cublas_.get(), moe_logits_, CUDA_R_32F, h_, w.router, t, M, E, H);
