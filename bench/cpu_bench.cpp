@@ -155,9 +155,9 @@ int bench_model(const Options& o, const std::string& path) {
   const int layer = 1, head = m.num_units() - 1;
 
   ppb::ProfileConfig cfg;
-  cfg.batch = o.batch;
-  cfg.prompt_len = o.prompt;
-  cfg.gen_len = 1;  // decode at context P, as torch's --context P
+  cfg.work.batch = o.batch;
+  cfg.work.prompt_len = o.prompt;
+  cfg.work.gen_len = 1;  // decode at context P, as torch's --context P
   cfg.num_contexts = 1;
   cfg.warmup = 2;
   cfg.iters = o.iters;

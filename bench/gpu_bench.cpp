@@ -135,10 +135,12 @@ int main(int argc, char** argv) {
     std::string verdicts;
     for (const Case& c : cases) {
       StageConfig cfg;
-      cfg.batch = c.batch;
-      cfg.max_context = std::max(a.prompt, a.context + 1);
-      cfg.dtype = dt;
-      cfg.seed = 1;
+      cfg.work.batch = c.batch;
+      // KV capacity P + G = max(prompt, context + 1): room for the prefill and the decode case.
+      cfg.work.prompt_len = a.prompt;
+      cfg.work.gen_len = std::max(0, a.context + 1 - a.prompt);
+      cfg.work.dtype = dt;
+      cfg.work.seed = 1;
       auto stage = dev->create_stage(m, c.unit, c.unit, cfg);
       auto in = dev->allocate(stage->input_bytes(c.tokens));
       auto o = dev->allocate(stage->output_bytes(c.tokens));

@@ -8,6 +8,7 @@
 
 #include "backend/dtype.h"
 #include "backend/lane.h"
+#include "common/workload.h"
 #include "model/model_spec.h"
 
 namespace ppb {
@@ -16,11 +17,10 @@ class TpGroup;  // backend/tensor_parallel.h
 
 /// Shape of the work a stage is built for.
 struct StageConfig {
-  int batch = 1;        ///< B sequences per request group (micro-batch)
-  int max_context = 0;  ///< KV-cache capacity per sequence (prompt_len + gen_len)
-  int groups = 1;       ///< request groups in flight, each with its own KV cache
-  DType dtype = DType::f32;
-  uint64_t seed = 0;    ///< weights are a pure function of (seed, unit index)
+  /// B sequences per request group (micro-batch); work.groups request groups in flight, each
+  /// with its own KV cache of work.max_context() = P + G positions per sequence; the stage's
+  /// element type; weights are a pure function of (work.seed, unit index).
+  Workload work;
   /// CUDA: capture each decode forward (per request group and context bucket,
   /// backend/decode_graphs.h) in a CUDA graph and replay it (--no-cuda-graphs: false). CPU: ignored.
   bool cuda_graphs = true;

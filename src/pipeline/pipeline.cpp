@@ -85,255 +85,365 @@ InjectedFault injected_fault(int rank) {
 /// Message tag of an item; MPI guarantees tags up to 32767.
 int item_tag(int item) { return item % 32000; }
 
-}  // namespace
 
-StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& stage,
-                         const StagePlacement& place, const PipelineConfig& cfg,
-                         const std::function<void(int, int)>& progress) {
-  const int M = cfg.groups, G = cfg.gen_len, P = cfg.prompt_len, B = cfg.batch;
-  const int S = place.num_stages, s = place.stage;
-  const bool first = s == 0, last = s == S - 1;
-  const int steps = G + 1;
-  const int items = M * steps;
+/// run_pipeline on one stage: its buffers and lanes (members in that order, so that the lanes
+/// are destroyed, and drained, first), the links, and the steps of every repetition.
+class StageLoop {
+ public:
+  /// Allocates the buffers, creates the lanes and connects the links.
+  StageLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
+            const PipelineConfig& cfg);
+  /// Runs cfg.warmup + cfg.iters repetitions (`progress(rep, total)` after each) and returns
+  /// the record.
+  StageRecord run(const std::function<void(int, int)>& progress);
 
-  // ---- buffers (declared before the lanes: lanes are destroyed, and drained, first) ----------------------------------------------------------------------------
-  const size_t in_max = stage.input_bytes(P);
-  const size_t out_max = stage.output_bytes(P);
-  std::vector<std::unique_ptr<Buffer>> recv_slot(kRing), out_slot(kRing);
+ private:
+  /// One repetition's events, [items][kNumEvents], and the items that received / sent.
+  struct RepEvents {
+    std::vector<std::unique_ptr<Event>> ev;
+    std::vector<bool> has_recv, has_send;
+    Event& at(int item, int k) { return *ev[item * kNumEvents + k]; }
+  };
+
+  /// Ring slots, stage 0's prompts and token buffers, the last stage's return buffers and token log.
+  void allocate_buffers();
+  /// The compute lane, and the recv and send lanes the mode (and the token return) needs.
+  void create_lanes();
+  /// The transport's links, made before the first message (NCCL: one communicator per direction).
+  void connect_links();
+  /// One repetition: the barrier that starts it, every item, the lanes synchronised, its events kept.
+  void run_repetition(int rep);
+  /// Enqueues the barrier that starts repetition `rep` and waits for it; marks the timed window's start.
+  void start_repetition(int rep, bool timed);
+  /// Enqueues item i's input (the prompt, the group's own last token, or a receive); returns it.
+  const void* enqueue_input(RepEvents& r, int i, int slot);
+  /// Enqueues item i's forward from `in` (and the copies of its tokens); returns its output.
+  void* enqueue_compute(RepEvents& r, int i, int slot, const void* in);
+  /// Enqueues item i's send (if any) and, serialized, the barrier after the item.
+  void enqueue_send(RepEvents& r, int i, void* out);
+  /// Waits for every lane of the repetition; a failure aborts the lanes and names the stage.
+  void synchronize_lanes(int rep);
+  /// Copies a timed repetition's event times into the record (NaN where an item has no such operation).
+  void store_events(RepEvents& r, int rep);
+  /// After the last repetition: lane CPU times, tokens and checksum, events in the file's order.
+  void finish();
+  /// "stage s (units a..b)", for messages.
+  std::string describe_stage() const;
+
+  Device& device_;
+  Transport& transport_;
+  StageExecutor& stage_;
+  const StagePlacement& place_;
+  const PipelineConfig& cfg_;
+  /// The workload's M, G, P, B (DESIGN.md §2), the layout's S stages, G + 1 steps and M * steps
+  /// items per repetition; whether this is stage 0, the last stage (both with one stage).
+  const int M, G, P, B, S, steps, items;
+  const bool first, last;
+  const InjectedFault fault_;
+
+  // ---- buffers (declared before the lanes: lanes are destroyed, and drained, first) --------
+  std::vector<std::unique_ptr<Buffer>> recv_slot_, out_slot_;
+  /// Stage 0: each group's prompt and its own token buffer (its decode input).
+  std::vector<std::unique_ptr<Buffer>> prompt_, group_tokens_;
+  /// The last stage of several: each group's token return buffer.
+  std::vector<std::unique_ptr<Buffer>> return_tokens_;
+  /// The last stage's sampled tokens of every item of a repetition, [item][B], in device memory.
+  std::unique_ptr<Buffer> token_log_dev_;
+  std::vector<int32_t> token_log_;
+
+  // ---- lanes ------------------------------------------------------------------------------
+  std::unique_ptr<Lane> compute_lane_, recv_lane_owned_, send_lane_owned_;
+  Lane* recv_lane_ = nullptr;
+  Lane* send_lane_ = nullptr;
+
+  StageRecord rec_;
+  double cpu0_[3] = {0, 0, 0};
+  double wall0_ = 0.0;
+};
+
+StageLoop::StageLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
+                     const PipelineConfig& cfg)
+    : device_(device),
+      transport_(transport),
+      stage_(stage),
+      place_(place),
+      cfg_(cfg),
+      M(cfg.work.groups),
+      G(cfg.work.gen_len),
+      P(cfg.work.prompt_len),
+      B(cfg.work.batch),
+      S(place.num_stages),
+      steps(G + 1),
+      items(M * steps),
+      first(place.stage == 0),
+      last(place.stage == place.num_stages - 1),
+      fault_(injected_fault(place.rank)) {
+  allocate_buffers();
+  create_lanes();
+  connect_links();
+  rec_.events.assign(static_cast<size_t>(cfg_.iters) * items * kNumEvents, std::numeric_limits<double>::quiet_NaN());
+}
+
+void StageLoop::allocate_buffers() {
+  const size_t in_max = stage_.input_bytes(P);
+  const size_t out_max = stage_.output_bytes(P);
+  recv_slot_.resize(kRing);
+  out_slot_.resize(kRing);
   for (int r = 0; r < kRing; ++r) {
-    recv_slot[r] = device.allocate(in_max);
-    out_slot[r] = device.allocate(out_max);
+    recv_slot_[r] = device_.allocate(in_max);
+    out_slot_[r] = device_.allocate(out_max);
   }
   // Stage 0's decode input is the group's own token buffer: written by the token return (or,
   // with one stage, copied from the output), read by the group's next step. Receiving into it
   // rather than into a ring slot keeps the return path free of the ring's back-pressure: a ring
   // slot is freed by a compute that may itself wait on this very return, a deadlock once the
   // transport needs the receive posted (NCCL always, MPI above the eager limit) and M > 2.
-  std::vector<std::unique_ptr<Buffer>> prompt(first ? M : 0), group_tokens(first ? M : 0);
+  prompt_.resize(first ? M : 0);
+  group_tokens_.resize(first ? M : 0);
   // The last stage returns each group's token from a buffer of that group's own, for the same
   // reason: a ring slot would make its compute wait for a return that waits for stage 0.
-  std::vector<std::unique_ptr<Buffer>> return_tokens(last && S > 1 ? M : 0);
-  for (auto& b : return_tokens) b = device.allocate(static_cast<size_t>(B) * sizeof(int32_t));
+  return_tokens_.resize(last && S > 1 ? M : 0);
+  for (auto& b : return_tokens_) b = device_.allocate(static_cast<size_t>(B) * sizeof(int32_t));
   if (first) {
     std::vector<int32_t> host(static_cast<size_t>(B) * P);
     for (int g = 0; g < M; ++g) {
       for (int b = 0; b < B; ++b)
-        for (int t = 0; t < P; ++t) host[static_cast<size_t>(b) * P + t] = prompt_token(cfg.seed, g, b, t, cfg.vocab);
-      prompt[g] = device.allocate(host.size() * sizeof(int32_t));
-      prompt[g]->upload(host.data(), host.size() * sizeof(int32_t));
-      group_tokens[g] = device.allocate(static_cast<size_t>(B) * sizeof(int32_t));
+        for (int t = 0; t < P; ++t) host[static_cast<size_t>(b) * P + t] = prompt_token(cfg_.work.seed, g, b, t, cfg_.vocab);
+      prompt_[g] = device_.allocate(host.size() * sizeof(int32_t));
+      prompt_[g]->upload(host.data(), host.size() * sizeof(int32_t));
+      group_tokens_[g] = device_.allocate(static_cast<size_t>(B) * sizeof(int32_t));
     }
   }
-
-  // The last stage's sampled tokens of every item of a repetition, [item][B], kept in device
-  // memory and downloaded once after the repetition: a copy into host memory between
+  // The token log is downloaded once after the repetition: a copy into host memory between
   // compute_start and compute_end would put a host round trip into every item's compute time
   // (CUDA stages a pageable destination through a host task the stream waits for).
-  std::unique_ptr<Buffer> token_log_dev = last ? device.allocate(static_cast<size_t>(items) * B * sizeof(int32_t)) : nullptr;
-  std::vector<int32_t> token_log(last ? static_cast<size_t>(items) * B : 0);
+  if (last) token_log_dev_ = device_.allocate(static_cast<size_t>(items) * B * sizeof(int32_t));
+  token_log_.resize(last ? static_cast<size_t>(items) * B : 0);
+}
 
-  // ---- lanes ------------------------------------------------------------------------------
-  auto compute_lane = device.create_lane("compute");
-  std::unique_ptr<Lane> recv_lane_owned, send_lane_owned;
-  Lane* recv_lane = compute_lane.get();
-  Lane* send_lane = compute_lane.get();
-  if (cfg.mode == LaneMode::overlap) {
-    recv_lane_owned = device.create_lane("recv");
-    recv_lane = recv_lane_owned.get();
+void StageLoop::create_lanes() {
+  compute_lane_ = device_.create_lane("compute");
+  recv_lane_ = compute_lane_.get();
+  send_lane_ = compute_lane_.get();
+  if (cfg_.mode == LaneMode::overlap) {
+    recv_lane_owned_ = device_.create_lane("recv");
+    recv_lane_ = recv_lane_owned_.get();
   }
   // The last stage's token return keeps a lane of its own in every mode: a blocking return on
   // the compute lane would close the ring stage 0 -> ... -> last -> stage 0 into a deadlock
   // whenever the transport needs the receiver to be posted (NCCL always, MPI for large
   // messages). It carries B int32 per step, so it hides nothing worth measuring.
-  if (cfg.mode == LaneMode::overlap || (last && S > 1)) {
-    send_lane_owned = device.create_lane("send");
-    send_lane = send_lane_owned.get();
+  if (cfg_.mode == LaneMode::overlap || (last && S > 1)) {
+    send_lane_owned_ = device_.create_lane("send");
+    send_lane_ = send_lane_owned_.get();
   }
+}
 
-  // ---- links: made before the first message (NCCL: one communicator per direction) ------
-  {
-    const int me = place.rank;
-    std::vector<std::pair<int, int>> links;
-    if (place.prev_rank >= 0) links.emplace_back(place.prev_rank, me);
-    for (int r : place.next_ranks) links.emplace_back(me, r);
-    if (S > 1 && first) links.emplace_back(place.last_rank, me);  // the token return
-    if (S > 1 && last)
-      for (int r : place.return_ranks) links.emplace_back(me, r);
-    std::sort(links.begin(), links.end());
-    links.erase(std::unique(links.begin(), links.end()), links.end());
-    transport.connect(links);
-  }
+void StageLoop::connect_links() {
+  const int me = place_.rank;
+  std::vector<std::pair<int, int>> links;
+  if (place_.prev_rank >= 0) links.emplace_back(place_.prev_rank, me);
+  for (int r : place_.next_ranks) links.emplace_back(me, r);
+  if (S > 1 && first) links.emplace_back(place_.last_rank, me);  // the token return
+  if (S > 1 && last)
+    for (int r : place_.return_ranks) links.emplace_back(me, r);
+  std::sort(links.begin(), links.end());
+  links.erase(std::unique(links.begin(), links.end()), links.end());
+  transport_.connect(links);
+}
 
-  StageRecord rec;
-  const int reps = cfg.warmup + cfg.iters;
-  const InjectedFault fault = injected_fault(place.rank);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  rec.events.assign(static_cast<size_t>(cfg.iters) * items * kNumEvents, nan);
-  double cpu0[3] = {0, 0, 0};
-  double wall0 = 0.0;
+std::string StageLoop::describe_stage() const {
+  std::ostringstream os;
+  os << "stage " << place_.stage << " (units " << stage_.first_unit() << ".." << stage_.last_unit() << ")";
+  return os.str();
+}
 
-  auto describe_stage = [&] {
-    std::ostringstream os;
-    os << "stage " << s << " (units " << stage.first_unit() << ".." << stage.last_unit() << ")";
-    return os.str();
-  };
-
+StageRecord StageLoop::run(const std::function<void(int, int)>& progress) {
+  const int reps = cfg_.warmup + cfg_.iters;
   for (int rep = 0; rep < reps; ++rep) {
-    const bool timed = rep >= cfg.warmup;
-    std::vector<std::unique_ptr<Event>> ev(static_cast<size_t>(items) * kNumEvents);
-    for (auto& e : ev) e = device.create_event();
-    std::vector<bool> has_recv(items, false), has_send(items, false);
-    stage.reset_checksum();
-
-    // Barrier through the transport: polled, bounded by --timeout, never a hang.
-    transport.enqueue_barrier(*compute_lane);
-    try {
-      compute_lane->synchronize();
-    } catch (const std::exception& e) {
-      request_lane_abort();
-      throw InternalError(describe_stage() + ", start of repetition " + std::to_string(rep) + ": " + e.what());
-    }
-    if (timed && rep == cfg.warmup) {
-      cpu0[0] = compute_lane->cpu_time_s();
-      cpu0[1] = recv_lane_owned ? recv_lane_owned->cpu_time_s() : 0.0;
-      cpu0[2] = send_lane_owned ? send_lane_owned->cpu_time_s() : 0.0;
-      wall0 = monotonic_s();
-    }
-    if (timed) rec.rep_start_s.push_back(monotonic_s());
-
-    for (int i = 0; i < items; ++i) {
-      const int t = i / M, g = i % M;
-      const int T = t == 0 ? P : 1;
-      const int pos = t == 0 ? 0 : P + t - 1;
-      const int slot = i % kRing;
-      Event& recv_start = *ev[i * kNumEvents + kRecvStart];
-      Event& recv_end = *ev[i * kNumEvents + kRecvEnd];
-      Event& compute_start = *ev[i * kNumEvents + kComputeStart];
-      Event& compute_end = *ev[i * kNumEvents + kComputeEnd];
-      Event& send_start = *ev[i * kNumEvents + kSendStart];
-      Event& send_end = *ev[i * kNumEvents + kSendEnd];
-
-      // Input: the prompt, the group's own last token (1 stage), or a message.
-      const void* in = nullptr;
-      if (first && t == 0) {
-        in = prompt[g]->data();
-      } else if (first && S == 1) {
-        in = group_tokens[g]->data();
-      } else {
-        const int peer = first ? place.last_rank : place.prev_rank;
-        const size_t bytes = stage.input_bytes(T);
-        void* dst = first ? group_tokens[g]->data() : recv_slot[slot]->data();
-        // The buffer must have been consumed: the group's previous decode step on stage 0 (its
-        // prefill reads the prompt instead), the item two back in the ring elsewhere.
-        if (first) {
-          if (t >= 2) recv_lane->wait(*ev[(i - M) * kNumEvents + kComputeEnd]);
-        } else if (i >= kRing) {
-          recv_lane->wait(*ev[(i - kRing) * kNumEvents + kComputeEnd]);
-        }
-        recv_lane->record(recv_start);
-        // Tags name the producing item: stage 0's decode input is the token of the group's
-        // previous step, item i - M.
-        const int tag = item_tag(first ? i - M : i);
-        transport.enqueue_recv(*recv_lane, dst, bytes, peer, tag);
-        recv_lane->record(recv_end);
-        compute_lane->wait(recv_end);
-        in = dst;
-        has_recv[i] = true;
-      }
-
-      if (fault.active && timed && rep == cfg.warmup && i == fault.item) {
-        // Injected fault (tests): this rank stops answering, as a stuck process would.
-        compute_lane->host_task([] {
-          while (!lane_abort_requested()) {
-            timespec ts{0, 100000000};
-            nanosleep(&ts, nullptr);
-          }
-        });
-      }
-      // Compute: the output buffer must have been sent (if it was) before it is overwritten.
-      void* out = out_slot[slot]->data();
-      if (last && S > 1) {
-        out = return_tokens[g]->data();
-        if (i >= M && has_send[i - M]) compute_lane->wait(*ev[(i - M) * kNumEvents + kSendEnd]);
-      } else if (i >= kRing && has_send[i - kRing]) {
-        compute_lane->wait(*ev[(i - kRing) * kNumEvents + kSendEnd]);
-      }
-      stage.prepare_forward(g, pos, T);  // a first decode graph's capture: before, not inside, the timing
-      compute_lane->record(compute_start);
-      stage.enqueue_forward(*compute_lane, in, out, g, pos, T);
-      if (last)
-        compute_lane->copy(static_cast<int32_t*>(token_log_dev->data()) + static_cast<size_t>(i) * B, out,
-                           B * sizeof(int32_t));
-      if (first && S == 1 && t < G) compute_lane->copy(group_tokens[g]->data(), out, B * sizeof(int32_t));
-      compute_lane->record(compute_end);
-
-      // Send: activations to the next stage, or tokens back to stage 0 (not after the last
-      // step); to each receiver this rank serves (layout_placement), none for some ranks of a
-      // stage wider than the next.
-      const std::vector<int>& peers = last ? place.return_ranks : place.next_ranks;
-      if ((!last || (S > 1 && t < G)) && !peers.empty()) {
-        send_lane->wait(compute_end);
-        send_lane->record(send_start);
-        for (int peer : peers) transport.enqueue_send(*send_lane, out, stage.output_bytes(T), peer, item_tag(i));
-        send_lane->record(send_end);
-        has_send[i] = true;
-      }
-      if (cfg.mode == LaneMode::serialized) {
-        // One item in the whole pipeline at a time: every rank meets after its part of item i.
-        // Wait for an activation send (the next stage receives it before the barrier), but not
-        // for a token return: stage 0 posts that receive only at the group's next step, after
-        // more barriers, so waiting here deadlocks once the return is a rendezvous (B >~ 1000
-        // tokens over Open MPI's 4 KB eager limit, or NCCL).
-        if (has_send[i] && !last && send_lane != compute_lane.get()) compute_lane->wait(send_end);
-        transport.enqueue_barrier(*compute_lane);
-      }
-    }
-
-    try {
-      compute_lane->synchronize();
-      if (recv_lane_owned) recv_lane_owned->synchronize();
-      if (send_lane_owned) send_lane_owned->synchronize();
-    } catch (const std::exception& e) {
-      request_lane_abort();  // let every lane of this rank drain before the buffers go
-      throw InternalError(describe_stage() + ", repetition " + std::to_string(rep) + ": " + e.what());
-    }
-
-    if (last) token_log_dev->download(token_log.data(), token_log.size() * sizeof(int32_t));
-    if (timed) {
-      const size_t base = static_cast<size_t>(rep - cfg.warmup) * items * kNumEvents;
-      for (int i = 0; i < items; ++i) {
-        for (int k = 0; k < kNumEvents; ++k) {
-          bool present = (k <= kRecvEnd) ? has_recv[i] : (k >= kSendStart ? has_send[i] : true);
-          if (present) rec.events[base + static_cast<size_t>(i) * kNumEvents + k] = ev[i * kNumEvents + k]->time_s();
-        }
-      }
-    }
+    run_repetition(rep);
     if (progress) progress(rep + 1, reps);
   }
+  finish();
+  return std::move(rec_);
+}
 
-  rec.timed_wall_s = monotonic_s() - wall0;
-  rec.expert_tokens = stage.expert_tokens();
-  rec.compute_lane_cpu_s = compute_lane->cpu_time_s() - cpu0[0];
-  rec.recv_lane_cpu_s = recv_lane_owned ? recv_lane_owned->cpu_time_s() - cpu0[1] : 0.0;
-  rec.send_lane_cpu_s = send_lane_owned ? send_lane_owned->cpu_time_s() - cpu0[2] : 0.0;
+void StageLoop::run_repetition(int rep) {
+  const bool timed = rep >= cfg_.warmup;
+  RepEvents r;
+  r.ev.resize(static_cast<size_t>(items) * kNumEvents);
+  for (auto& e : r.ev) e = device_.create_event();
+  r.has_recv.assign(items, false);
+  r.has_send.assign(items, false);
+  stage_.reset_checksum();
+  start_repetition(rep, timed);
+
+  for (int i = 0; i < items; ++i) {
+    const int slot = i % kRing;
+    const void* in = enqueue_input(r, i, slot);
+    if (fault_.active && timed && rep == cfg_.warmup && i == fault_.item) {
+      // Injected fault (tests): this rank stops answering, as a stuck process would.
+      compute_lane_->host_task([] {
+        while (!lane_abort_requested()) {
+          timespec ts{0, 100000000};
+          nanosleep(&ts, nullptr);
+        }
+      });
+    }
+    void* out = enqueue_compute(r, i, slot, in);
+    enqueue_send(r, i, out);
+  }
+
+  synchronize_lanes(rep);
+  if (last) token_log_dev_->download(token_log_.data(), token_log_.size() * sizeof(int32_t));
+  if (timed) store_events(r, rep);
+}
+
+void StageLoop::start_repetition(int rep, bool timed) {
+  // Barrier through the transport: polled, bounded by --timeout, never a hang.
+  transport_.enqueue_barrier(*compute_lane_);
+  try {
+    compute_lane_->synchronize();
+  } catch (const std::exception& e) {
+    request_lane_abort();
+    throw InternalError(describe_stage() + ", start of repetition " + std::to_string(rep) + ": " + e.what());
+  }
+  if (timed && rep == cfg_.warmup) {
+    cpu0_[0] = compute_lane_->cpu_time_s();
+    cpu0_[1] = recv_lane_owned_ ? recv_lane_owned_->cpu_time_s() : 0.0;
+    cpu0_[2] = send_lane_owned_ ? send_lane_owned_->cpu_time_s() : 0.0;
+    wall0_ = monotonic_s();
+  }
+  if (timed) rec_.rep_start_s.push_back(monotonic_s());
+}
+
+const void* StageLoop::enqueue_input(RepEvents& r, int i, int slot) {
+  const int t = i / M, g = i % M;
+  const int T = t == 0 ? P : 1;
+  if (first && t == 0) return prompt_[g]->data();
+  if (first && S == 1) return group_tokens_[g]->data();
+  const int peer = first ? place_.last_rank : place_.prev_rank;
+  const size_t bytes = stage_.input_bytes(T);
+  void* dst = first ? group_tokens_[g]->data() : recv_slot_[slot]->data();
+  // The buffer must have been consumed: the group's previous decode step on stage 0 (its
+  // prefill reads the prompt instead), the item two back in the ring elsewhere.
+  if (first) {
+    if (t >= 2) recv_lane_->wait(r.at(i - M, kComputeEnd));
+  } else if (i >= kRing) {
+    recv_lane_->wait(r.at(i - kRing, kComputeEnd));
+  }
+  recv_lane_->record(r.at(i, kRecvStart));
+  // Tags name the producing item: stage 0's decode input is the token of the group's
+  // previous step, item i - M.
+  const int tag = item_tag(first ? i - M : i);
+  transport_.enqueue_recv(*recv_lane_, dst, bytes, peer, tag);
+  recv_lane_->record(r.at(i, kRecvEnd));
+  compute_lane_->wait(r.at(i, kRecvEnd));
+  r.has_recv[i] = true;
+  return dst;
+}
+
+void* StageLoop::enqueue_compute(RepEvents& r, int i, int slot, const void* in) {
+  const int t = i / M, g = i % M;
+  const int T = t == 0 ? P : 1;
+  const int pos = t == 0 ? 0 : P + t - 1;
+  // The output buffer must have been sent (if it was) before it is overwritten.
+  void* out = out_slot_[slot]->data();
+  if (last && S > 1) {
+    out = return_tokens_[g]->data();
+    if (i >= M && r.has_send[i - M]) compute_lane_->wait(r.at(i - M, kSendEnd));
+  } else if (i >= kRing && r.has_send[i - kRing]) {
+    compute_lane_->wait(r.at(i - kRing, kSendEnd));
+  }
+  stage_.prepare_forward(g, pos, T);  // a first decode graph's capture: before, not inside, the timing
+  compute_lane_->record(r.at(i, kComputeStart));
+  stage_.enqueue_forward(*compute_lane_, in, out, g, pos, T);
+  if (last)
+    compute_lane_->copy(static_cast<int32_t*>(token_log_dev_->data()) + static_cast<size_t>(i) * B, out,
+                        B * sizeof(int32_t));
+  if (first && S == 1 && t < G) compute_lane_->copy(group_tokens_[g]->data(), out, B * sizeof(int32_t));
+  compute_lane_->record(r.at(i, kComputeEnd));
+  return out;
+}
+
+void StageLoop::enqueue_send(RepEvents& r, int i, void* out) {
+  const int t = i / M;
+  const int T = t == 0 ? P : 1;
+  // Send: activations to the next stage, or tokens back to stage 0 (not after the last
+  // step); to each receiver this rank serves (layout_placement), none for some ranks of a
+  // stage wider than the next.
+  const std::vector<int>& peers = last ? place_.return_ranks : place_.next_ranks;
+  if ((!last || (S > 1 && t < G)) && !peers.empty()) {
+    send_lane_->wait(r.at(i, kComputeEnd));
+    send_lane_->record(r.at(i, kSendStart));
+    for (int peer : peers) transport_.enqueue_send(*send_lane_, out, stage_.output_bytes(T), peer, item_tag(i));
+    send_lane_->record(r.at(i, kSendEnd));
+    r.has_send[i] = true;
+  }
+  if (cfg_.mode == LaneMode::serialized) {
+    // One item in the whole pipeline at a time: every rank meets after its part of item i.
+    // Wait for an activation send (the next stage receives it before the barrier), but not
+    // for a token return: stage 0 posts that receive only at the group's next step, after
+    // more barriers, so waiting here deadlocks once the return is a rendezvous (B >~ 1000
+    // tokens over Open MPI's 4 KB eager limit, or NCCL).
+    if (r.has_send[i] && !last && send_lane_ != compute_lane_.get()) compute_lane_->wait(r.at(i, kSendEnd));
+    transport_.enqueue_barrier(*compute_lane_);
+  }
+}
+
+void StageLoop::synchronize_lanes(int rep) {
+  try {
+    compute_lane_->synchronize();
+    if (recv_lane_owned_) recv_lane_owned_->synchronize();
+    if (send_lane_owned_) send_lane_owned_->synchronize();
+  } catch (const std::exception& e) {
+    request_lane_abort();  // let every lane of this rank drain before the buffers go
+    throw InternalError(describe_stage() + ", repetition " + std::to_string(rep) + ": " + e.what());
+  }
+}
+
+void StageLoop::store_events(RepEvents& r, int rep) {
+  const size_t base = static_cast<size_t>(rep - cfg_.warmup) * items * kNumEvents;
+  for (int i = 0; i < items; ++i) {
+    for (int k = 0; k < kNumEvents; ++k) {
+      bool present = (k <= kRecvEnd) ? r.has_recv[i] : (k >= kSendStart ? r.has_send[i] : true);
+      if (present) rec_.events[base + static_cast<size_t>(i) * kNumEvents + k] = r.at(i, k).time_s();
+    }
+  }
+}
+
+void StageLoop::finish() {
+  rec_.timed_wall_s = monotonic_s() - wall0_;
+  rec_.expert_tokens = stage_.expert_tokens();
+  rec_.compute_lane_cpu_s = compute_lane_->cpu_time_s() - cpu0_[0];
+  rec_.recv_lane_cpu_s = recv_lane_owned_ ? recv_lane_owned_->cpu_time_s() - cpu0_[1] : 0.0;
+  rec_.send_lane_cpu_s = send_lane_owned_ ? send_lane_owned_->cpu_time_s() - cpu0_[2] : 0.0;
   if (last) {
-    rec.tokens = token_log;  // [t][g][B] in item order; reorder to [g][t][B]
+    rec_.tokens = token_log_;  // [t][g][B] in item order; reorder to [g][t][B]
     for (int g = 0; g < M; ++g)
       for (int t = 0; t < steps; ++t)
         for (int b = 0; b < B; ++b)
-          rec.tokens[(static_cast<size_t>(g) * steps + t) * B + b] = token_log[(static_cast<size_t>(t) * M + g) * B + b];
-    rec.checksum = stage.checksum();
+          rec_.tokens[(static_cast<size_t>(g) * steps + t) * B + b] = token_log_[(static_cast<size_t>(t) * M + g) * B + b];
+    rec_.checksum = stage_.checksum();
   }
   // Reorder events from item order [rep][t][g] to the file's [rep][g][t].
-  std::vector<double> ordered(rec.events.size(), nan);
-  for (int r = 0; r < cfg.iters; ++r)
+  std::vector<double> ordered(rec_.events.size(), std::numeric_limits<double>::quiet_NaN());
+  for (int r = 0; r < cfg_.iters; ++r)
     for (int t = 0; t < steps; ++t)
       for (int g = 0; g < M; ++g)
         for (int k = 0; k < kNumEvents; ++k)
           ordered[((static_cast<size_t>(r) * M + g) * steps + t) * kNumEvents + k] =
-              rec.events[((static_cast<size_t>(r) * items) + t * M + g) * kNumEvents + k];
-  rec.events = std::move(ordered);
-  return rec;
+              rec_.events[((static_cast<size_t>(r) * items) + t * M + g) * kNumEvents + k];
+  rec_.events = std::move(ordered);
+}
+
+}  // namespace
+
+StageRecord run_pipeline(Device& device, Transport& transport, StageExecutor& stage,
+                         const StagePlacement& place, const PipelineConfig& cfg,
+                         const std::function<void(int, int)>& progress) {
+  StageLoop loop(device, transport, stage, place, cfg);
+  return loop.run(progress);
 }
 
 }  // namespace ppb

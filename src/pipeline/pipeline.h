@@ -18,6 +18,7 @@
 
 #include "backend/device.h"
 #include "common/events.h"
+#include "common/workload.h"
 #include "transport/transport.h"
 
 namespace ppb {
@@ -32,13 +33,11 @@ enum class LaneMode {
 
 
 struct PipelineConfig {
-  int batch = 1;
-  int prompt_len = 16;
-  int gen_len = 4;
-  int groups = 1;   ///< M
+  /// M = work.groups groups of B = work.batch sequences, P prompt tokens and G decode steps
+  /// each; prompts drawn from work.seed (work.dtype is the stages', not used here).
+  Workload work{1, 16, 4};
   int warmup = 1;   ///< untimed repetitions
   int iters = 3;    ///< timed repetitions
-  uint64_t seed = 0;
   int vocab = 0;    ///< prompt token ids are drawn in [0, vocab)
   LaneMode mode = LaneMode::overlap;
 };

@@ -110,20 +110,17 @@ namespace {
 /// write), so the mean over them is the mean decode cost of a generation.
 std::vector<int> decode_contexts_of(const ProfileConfig& cfg) {
   std::vector<int> out;
-  const int c_count = std::max(1, std::min(cfg.num_contexts, cfg.gen_len));
+  const int c_count = std::max(1, std::min(cfg.num_contexts, cfg.work.gen_len));
   for (int i = 0; i < c_count; ++i)
-    out.push_back(cfg.prompt_len + (c_count == 1 ? 0 : (cfg.gen_len - 1) * i / (c_count - 1)));
+    out.push_back(cfg.work.prompt_len + (c_count == 1 ? 0 : (cfg.work.gen_len - 1) * i / (c_count - 1)));
   return out;
 }
 
 /// The profiled stages' config.
 StageConfig stage_config_of(const ProfileConfig& cfg) {
   StageConfig sc;
-  sc.batch = cfg.batch;
-  sc.max_context = cfg.prompt_len + cfg.gen_len;
-  sc.groups = 1;
-  sc.dtype = cfg.dtype;
-  sc.seed = cfg.seed;
+  sc.work = cfg.work;
+  sc.work.groups = 1;  // one unit at a time, one KV cache of P + G positions
   sc.cuda_graphs = cfg.cuda_graphs;
   sc.expert_skew = cfg.expert_skew;
   sc.tp_width = cfg.tp_width;
@@ -162,7 +159,7 @@ SignatureTimes summarize(const std::vector<double>& prefill, const std::vector<s
 /// Times one built unit: its prefill series, then one decode series per context.
 SignatureTimes time_signature(Device& device, Lane& lane, StageExecutor& stage, Buffer& in, Buffer& out,
                               const ProfileConfig& cfg, const std::vector<int>& contexts) {
-  const auto p = time_forwards(device, lane, stage, in.data(), out.data(), 0, cfg.prompt_len, cfg.warmup, cfg.iters,
+  const auto p = time_forwards(device, lane, stage, in.data(), out.data(), 0, cfg.work.prompt_len, cfg.warmup, cfg.iters,
                                cfg.resident_bytes, cfg.align);
   std::vector<std::vector<double>> d;
   for (int c : contexts)
@@ -204,10 +201,10 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
     const int unit = model.signature_example[s];
     if (progress) progress(s, sigs, model.signatures[s] + " (" + model.units[unit].name + ")");
     auto stage = device.create_stage(model, unit, unit, sc);
-    const size_t in_bytes = stage->input_bytes(cfg.prompt_len);
+    const size_t in_bytes = stage->input_bytes(cfg.work.prompt_len);
     auto in = device.allocate(in_bytes);
-    auto out = device.allocate(std::max(stage->output_bytes(cfg.prompt_len), stage->output_bytes(1)));
-    fill_input(*in, model, unit, in_bytes, cfg.seed, cfg.dtype);
+    auto out = device.allocate(std::max(stage->output_bytes(cfg.work.prompt_len), stage->output_bytes(1)));
+    fill_input(*in, model, unit, in_bytes, cfg.work.seed, cfg.work.dtype);
     times.push_back(time_signature(device, *lane, *stage, *in, *out, cfg, contexts));
   }
   if (progress) progress(sigs, sigs, "done");
@@ -221,10 +218,10 @@ ResidentProfiler::ResidentProfiler(Device& device, const model::ModelSpec& model
     const int unit = model.signature_example[s];
     Unit u;
     u.stage = device.create_stage(model, unit, unit, sc);
-    const size_t in_bytes = u.stage->input_bytes(cfg.prompt_len);
+    const size_t in_bytes = u.stage->input_bytes(cfg.work.prompt_len);
     u.in = device.allocate(in_bytes);
-    u.out = device.allocate(std::max(u.stage->output_bytes(cfg.prompt_len), u.stage->output_bytes(1)));
-    fill_input(*u.in, model, unit, in_bytes, cfg.seed, cfg.dtype);
+    u.out = device.allocate(std::max(u.stage->output_bytes(cfg.work.prompt_len), u.stage->output_bytes(1)));
+    fill_input(*u.in, model, unit, in_bytes, cfg.work.seed, cfg.work.dtype);
     units_.push_back(std::move(u));
   }
 }
@@ -258,7 +255,7 @@ std::pair<ProfileResult, ProfileResult> ResidentProfiler::profile_interleaved(co
   };
   std::vector<Item> items;  // per signature: its prefill, then a decode step at each context
   for (size_t s = 0; s < units_.size(); ++s) {
-    items.push_back({s, 0, cfg.prompt_len});
+    items.push_back({s, 0, cfg.work.prompt_len});
     for (int c : contexts_) items.push_back({s, c, 1});
   }
   for (int w = 0; w < cfg.warmup; ++w)

@@ -9,19 +9,19 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "common/workload.h"
 #include "model/model_spec.h"
 
 namespace ppb {
 
 struct ProfileConfig {
-  int batch = 1;        ///< B sequences
-  int prompt_len = 16;  ///< P: prefill tokens per sequence
-  int gen_len = 4;      ///< G: decode steps; decode is timed at contexts in [P, P+G]
+  /// B sequences, P prefill tokens per sequence, G decode steps (decode is timed at contexts in
+  /// [P, P+G)), dtype and seed of the profiled units. work.groups is not used: every unit is
+  /// built with one request group.
+  Workload work{1, 16, 4};
   int num_contexts = 3; ///< decode contexts sampled evenly in [P, P+G-1]
   int warmup = 2;       ///< untimed forwards before each timed series
   int iters = 5;        ///< timed forwards; the median is kept
-  DType dtype = DType::f32;
-  uint64_t seed = 0;
   bool cuda_graphs = true;  ///< StageConfig::cuda_graphs of the profiled stages (as the pipeline's)
   double expert_skew = 0.0; ///< StageConfig::expert_skew of the profiled stages (as the pipeline's)
   /// Weight bytes the run keeps resident on this device's cache domain (all its ranks' stages);

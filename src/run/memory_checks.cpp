@@ -20,11 +20,8 @@ StageConfig stage_config(const RunContext& ctx, int groups, int tp_width, int tp
   sc.tp_width = tp_width;
   sc.tp_rank = tp_rank;
   sc.tp = tp;
-  sc.batch = ctx.workload.batch;
-  sc.max_context = ctx.workload.max_context();
-  sc.groups = groups;
-  sc.dtype = ctx.workload.dtype;
-  sc.seed = ctx.workload.seed;
+  sc.work = ctx.workload;
+  sc.work.groups = groups;
   sc.cuda_graphs = ctx.opt.cuda_graphs;
   sc.expert_skew = ctx.opt.expert_skew;
   return sc;

@@ -330,14 +330,10 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
 
 ProfileConfig profile_config(const RunContext& ctx) {
   ProfileConfig pc;
-  pc.batch = ctx.workload.batch;
-  pc.prompt_len = ctx.workload.prompt_len;
-  pc.gen_len = ctx.workload.gen_len;
+  pc.work = ctx.workload;
   pc.num_contexts = ctx.opt.profile_contexts;
   pc.warmup = ctx.opt.profile_warmup;
   pc.iters = ctx.opt.profile_iters;
-  pc.dtype = ctx.workload.dtype;
-  pc.seed = ctx.workload.seed;
   pc.cuda_graphs = ctx.opt.cuda_graphs;
   pc.expert_skew = ctx.opt.expert_skew;
   int64_t total = 0;

@@ -38,13 +38,9 @@ size_t stage_total_bytes(const RunContext& ctx, const balance::Partition& p) {
 
 PipelineConfig pipeline_config(const RunContext& ctx) {
   PipelineConfig pc;
-  pc.batch = ctx.workload.batch;
-  pc.prompt_len = ctx.workload.prompt_len;
-  pc.gen_len = ctx.workload.gen_len;
-  pc.groups = ctx.workload.groups;
+  pc.work = ctx.workload;
   pc.warmup = ctx.opt.warmup;
   pc.iters = ctx.opt.iters;
-  pc.seed = ctx.workload.seed;
   pc.vocab = ctx.spec.vocab;
   pc.mode = ctx.opt.overlap ? LaneMode::overlap : LaneMode::no_overlap;
   return pc;

@@ -34,17 +34,17 @@ struct Reference {
 
 /// Sequential generation on one executor holding every unit: the "1-rank run".
 Reference sequential_run(Device& device, const model::ModelSpec& m, const PipelineConfig& cfg) {
-  StageConfig sc{cfg.batch, cfg.prompt_len + cfg.gen_len, cfg.groups, DType::f32, cfg.seed};
+  StageConfig sc{cfg.work};  // f32, KV capacity P + G
   auto stage = device.create_stage(m, 0, m.num_units() - 1, sc);
   auto lane = device.create_lane("ref");
-  const int B = cfg.batch, P = cfg.prompt_len, steps = cfg.gen_len + 1;
+  const int B = cfg.work.batch, P = cfg.work.prompt_len, steps = cfg.work.gen_len + 1;
   Reference ref;
-  ref.tokens.resize(static_cast<size_t>(cfg.groups) * steps * B);
+  ref.tokens.resize(static_cast<size_t>(cfg.work.groups) * steps * B);
   stage->reset_checksum();
-  for (int g = 0; g < cfg.groups; ++g) {
+  for (int g = 0; g < cfg.work.groups; ++g) {
     std::vector<int32_t> prompt(static_cast<size_t>(B) * P), tok(B);
     for (int b = 0; b < B; ++b)
-      for (int t = 0; t < P; ++t) prompt[b * P + t] = prompt_token(cfg.seed, g, b, t, cfg.vocab);
+      for (int t = 0; t < P; ++t) prompt[b * P + t] = prompt_token(cfg.work.seed, g, b, t, cfg.vocab);
     stage->enqueue_forward(*lane, prompt.data(), tok.data(), g, 0, P);
     lane->synchronize();
     for (int t = 0; t < steps; ++t) {
@@ -177,13 +177,13 @@ void check_layout(const char* config, LaneMode mode, const std::vector<std::vect
   auto transport = std::make_unique<RendezvousTransport>(create_mpi_transport(mpi, {}));
   const int S = static_cast<int>(stage_ranks.size());
   PipelineConfig cfg;
-  cfg.batch = 2;
-  cfg.prompt_len = 5;
-  cfg.gen_len = 4;
-  cfg.groups = groups;
+  cfg.work.batch = 2;
+  cfg.work.prompt_len = 5;
+  cfg.work.gen_len = 4;
+  cfg.work.groups = groups;
   cfg.warmup = 1;
   cfg.iters = 2;
-  cfg.seed = 77;
+  cfg.work.seed = 77;
   cfg.vocab = m.vocab;
   cfg.mode = mode;
   auto part = balance::solve_uniform(m.num_units(), S);
@@ -194,7 +194,7 @@ void check_layout(const char* config, LaneMode mode, const std::vector<std::vect
   MpiPollConfig poll;
   poll.spin_us = 100;
   auto tp = create_mpi_tp_group(mpi, place.tp_width > 1 ? k : -1, place.tp_rank, poll);
-  StageConfig sc{cfg.batch, cfg.prompt_len + cfg.gen_len, cfg.groups, DType::f32, cfg.seed};
+  StageConfig sc{cfg.work};  // f32, KV capacity P + G
   sc.tp_width = place.tp_width;
   sc.tp_rank = place.tp_rank;
   sc.tp = tp.get();
@@ -211,8 +211,8 @@ void check_layout(const char* config, LaneMode mode, const std::vector<std::vect
     for (int r : place.return_ranks) links.emplace(mpi.rank(), r);
   EXPECT_EQ(transport->connected(), links);
 
-  const int steps = cfg.gen_len + 1;
-  ASSERT_EQ(rec.events.size(), static_cast<size_t>(cfg.iters) * cfg.groups * steps * kNumEvents);
+  const int steps = cfg.work.gen_len + 1;
+  ASSERT_EQ(rec.events.size(), static_cast<size_t>(cfg.iters) * cfg.work.groups * steps * kNumEvents);
   // Every item computed; times ordered within an item.
   for (size_t i = 0; i < rec.events.size(); i += kNumEvents) {
     EXPECT_LE(rec.events[i + kComputeStart], rec.events[i + kComputeEnd]);

@@ -1029,12 +1029,15 @@ void expect_token(int32_t got, const RefHead& ref) {
       << "token " << got << " vs reference " << ref.token;
 }
 
-ppb::StageConfig config(int batch, int max_context, int groups = 1, uint64_t seed = 1234) {
+/// A stage config of B = batch sequences per group, P = prompt_len, G = gen_len (KV capacity
+/// P + G per sequence), `groups` groups, f32, `seed`.
+ppb::StageConfig config(int batch, int prompt_len, int gen_len, int groups = 1, uint64_t seed = 1234) {
   ppb::StageConfig c;
-  c.batch = batch;
-  c.max_context = max_context;
-  c.groups = groups;
-  c.seed = seed;
+  c.work.batch = batch;
+  c.work.prompt_len = prompt_len;
+  c.work.gen_len = gen_len;
+  c.work.groups = groups;
+  c.work.seed = seed;
   return c;
 }
 
@@ -1087,7 +1090,7 @@ TEST(CpuStage, LayersMatchDoubleReference) {
   for (const LayerCase& c : layer_cases()) {
     const ModelSpec& m = c.spec;
     for (int unit = 1; unit <= m.n_layers; ++unit) {
-      const ppb::StageConfig cfg = config(B, P + steps, 2);
+      const ppb::StageConfig cfg = config(B, P, steps, 2);
       auto stage = ppb::create_cpu_stage(m, unit, unit, cfg);
       // Inputs of every position; row (b, t).
       const fvec all = random_floats(static_cast<size_t>(B) * (P + steps) * H, 100 + unit, -2.0f, 2.0f);
@@ -1112,7 +1115,7 @@ TEST(CpuStage, LayersMatchDoubleReference) {
         for (size_t i = 0; i < out.size(); ++i) delta[i] = out[i] - in[i];
         for (int b = 0; b < B; ++b) {
           const dvec seq = to_double(rows_of(b, 0, pos + T));
-          const dvec y = ref_layer(m, unit, cfg.seed, seq, pos + T);
+          const dvec y = ref_layer(m, unit, cfg.work.seed, seq, pos + T);
           for (size_t i = static_cast<size_t>(pos) * H; i < y.size(); ++i) {
             ref.push_back(y[i]);
             ref_delta.push_back(y[i] - seq[i]);
@@ -1168,7 +1171,7 @@ TEST(CpuStage, ModelPrefillAndDecodeMatchReference) {
   SyncLane lane;
   for (const LayerCase& c : model_cases()) {
     const ModelSpec& m = c.spec;
-    const ppb::StageConfig cfg = config(B, P + steps);
+    const ppb::StageConfig cfg = config(B, P, steps);
     auto stage = ppb::create_cpu_stage(m, 0, m.num_units() - 1, cfg);
     std::vector<std::vector<int32_t>> seqs(B);
     const std::vector<int32_t> pr = prompt(B, P, m.vocab, 5);
@@ -1187,7 +1190,7 @@ TEST(CpuStage, ModelPrefillAndDecodeMatchReference) {
       const double e = ppb::test::model_bound_f32(m, pos + T);
       double ref_sum = 0.0, bound = 0.0;
       for (int b = 0; b < B; ++b) {
-        const RefHead r = ref_model(m, cfg.seed, seqs[b]);
+        const RefHead r = ref_model(m, cfg.work.seed, seqs[b]);
         ref_sum += r.checksum;
         bound += std::sqrt(static_cast<double>(m.hidden)) * e * r.norm;
         expect_token(out[b], r);
@@ -1240,7 +1243,7 @@ TEST(CpuStage, MtpModuleAfterTheHeadMatchesReference) {
   ppb::model::enable_mtp(m);
   EXPECT_EQ(m.units.back().name, "head+mtp");
   SyncLane lane;
-  const ppb::StageConfig cfg = config(B, P + steps);
+  const ppb::StageConfig cfg = config(B, P, steps);
   auto stage = ppb::create_cpu_stage(m, 0, m.num_units() - 1, cfg);
   const auto plan = ppb::cpu_stage_bytes(m, 0, m.num_units() - 1, cfg);
   EXPECT_EQ(plan.weights, stage->weight_bytes());
@@ -1261,10 +1264,10 @@ TEST(CpuStage, MtpModuleAfterTheHeadMatchesReference) {
     const double e_mtp = e_main + ppb::test::chain_bound_f32({2 * m.hidden}) + ppb::test::layer_bound_f32(m.mtp_shape, pos + T);
     double ref_sum = 0.0, bound = 0.0;
     for (int b = 0; b < B; ++b) {
-      const RefHead r = ref_model(m, cfg.seed, seqs[b]);
+      const RefHead r = ref_model(m, cfg.work.seed, seqs[b]);
       expect_token(out[b], r);
       for (int t = 0; t < T; ++t) drafts_in[b].push_back(r.token);  // the head's token, every position
-      const auto [mtp_sum, mtp_norm] = ref_mtp(m, cfg.seed, r.all_hidden, drafts_in[b], pos + T);
+      const auto [mtp_sum, mtp_norm] = ref_mtp(m, cfg.work.seed, r.all_hidden, drafts_in[b], pos + T);
       ref_sum += r.checksum + mtp_sum;
       bound += std::sqrt(static_cast<double>(m.hidden)) * (e_main * r.norm + e_mtp * mtp_norm);
       seqs[b].push_back(r.token);
@@ -1297,8 +1300,8 @@ TEST(CpuStage, KvCachePrefillEqualsPrefillPlusDecode) {
     const double e = 2.0 * ppb::test::model_bound_f32(m, P + 1);
     double norms = 0.0;  // Σ_b ‖x_b‖₂ of the last positions' hidden states
     for (int last : {U - 2, U - 1}) {
-      auto a = ppb::create_cpu_stage(m, 0, last, config(B, P + 1));
-      auto b = ppb::create_cpu_stage(m, 0, last, config(B, P + 1));
+      auto a = ppb::create_cpu_stage(m, 0, last, config(B, P, 1));
+      auto b = ppb::create_cpu_stage(m, 0, last, config(B, P, 1));
       std::vector<char> out_a(a->output_bytes(P + 1)), out_b_prefill(b->output_bytes(P)), out_b(b->output_bytes(1));
       a->enqueue_forward(lane, pr.data(), out_a.data(), 0, 0, P + 1);
       b->enqueue_forward(lane, head.data(), out_b_prefill.data(), 0, 0, P);
@@ -1337,7 +1340,7 @@ TEST(CpuStage, PipelineChainIsBitwiseIdentical) {
   for (const LayerCase& c : model_cases()) {
     const ModelSpec& m = c.spec;
     const int U = m.num_units();  // embed, layer.0, layer.1, head
-    const ppb::StageConfig cfg = config(B, P + steps, groups);
+    const ppb::StageConfig cfg = config(B, P, steps, groups);
     auto whole = ppb::create_cpu_stage(m, 0, U - 1, cfg);
     std::vector<std::unique_ptr<ppb::StageExecutor>> chain;
     chain.push_back(ppb::create_cpu_stage(m, 0, 1, cfg));
@@ -1374,14 +1377,14 @@ TEST(CpuStage, PipelineChainIsBitwiseIdentical) {
 }
 
 TEST(CpuStage, ExactWeightAndKvBytes) {
-  const int B = 3, ctx = 11, groups = 2, H = 32, V = 50;
+  const int B = 3, P = 8, G = 3, ctx = P + G, groups = 2, H = 32, V = 50;
   const ModelSpec m = make_spec({llama_layer(), llama_layer()}, V);  // nq 32, nkv 16, I 64
   const size_t layer = 2 * H + 32 * H + 2 * 16 * H + H * 32 + 3 * 64 * H;
   const size_t kv_layer = 2ul * groups * B * ctx * 16;
-  auto whole = ppb::create_cpu_stage(m, 0, 3, config(B, ctx, groups));
+  auto whole = ppb::create_cpu_stage(m, 0, 3, config(B, P, G, groups));
   EXPECT_EQ(whole->weight_bytes(), 4 * (V * H + 2 * layer + H + V * H));
   EXPECT_EQ(whole->kv_cache_bytes(), 4 * 2 * kv_layer);
-  auto embed = ppb::create_cpu_stage(m, 0, 0, config(B, ctx, groups));
+  auto embed = ppb::create_cpu_stage(m, 0, 0, config(B, P, G, groups));
   EXPECT_EQ(embed->weight_bytes(), 4ul * V * H);
   EXPECT_EQ(embed->kv_cache_bytes(), 0u);
   EXPECT_EQ(embed->input_bytes(7), 4ul * B * 7);
@@ -1389,9 +1392,9 @@ TEST(CpuStage, ExactWeightAndKvBytes) {
 
   ModelSpec tied = m;
   tied.tie_embeddings = true;
-  auto tied_whole = ppb::create_cpu_stage(tied, 0, 3, config(B, ctx, groups));
+  auto tied_whole = ppb::create_cpu_stage(tied, 0, 3, config(B, P, G, groups));
   EXPECT_EQ(tied_whole->weight_bytes(), 4 * (V * H + 2 * layer + H));  // one shared matrix
-  auto tied_head = ppb::create_cpu_stage(tied, 3, 3, config(B, ctx, groups));
+  auto tied_head = ppb::create_cpu_stage(tied, 3, 3, config(B, P, G, groups));
   EXPECT_EQ(tied_head->weight_bytes(), 4ul * (H + V * H));  // the head's stage holds its own copy
   EXPECT_EQ(tied_head->input_bytes(7), 4ul * B * 7 * H);
   EXPECT_EQ(tied_head->output_bytes(7), 4ul * B);
@@ -1400,7 +1403,7 @@ TEST(CpuStage, ExactWeightAndKvBytes) {
 TEST(CpuStage, BytePlanMatchesTheBuiltStage) {
   // cpu_stage_bytes (the memory check's numbers, computed before anything is allocated) against
   // what a built stage reports, for every unit range of a Llama-like and a Gemma-3-like model.
-  const int B = 3, ctx = 11, groups = 2;
+  const int B = 3, P = 8, G = 3, groups = 2;  // KV capacity P + G = 11
   for (const ModelSpec& base : {make_spec({llama_layer(), llama_layer()}), gemma3_like(),
                                 make_spec({deepseek_layer(false), deepseek_layer(true, 0)}),
                                 make_spec({qwen3_moe_layer(), gpt_oss_layer()})}) {
@@ -1411,8 +1414,8 @@ TEST(CpuStage, BytePlanMatchesTheBuiltStage) {
       for (int first = 0; first < U; ++first)
         for (int last = first; last < U; ++last) {
           SCOPED_TRACE(m.architecture + (tie ? " tied" : "") + " units " + std::to_string(first) + ".." + std::to_string(last));
-          const auto plan = ppb::cpu_stage_bytes(m, first, last, config(B, ctx, groups));
-          auto stage = ppb::create_cpu_stage(m, first, last, config(B, ctx, groups));
+          const auto plan = ppb::cpu_stage_bytes(m, first, last, config(B, P, G, groups));
+          auto stage = ppb::create_cpu_stage(m, first, last, config(B, P, G, groups));
           EXPECT_EQ(plan.weights, stage->weight_bytes());
           EXPECT_EQ(plan.kv_cache, stage->kv_cache_bytes());
         }
@@ -1421,28 +1424,28 @@ TEST(CpuStage, BytePlanMatchesTheBuiltStage) {
   // Scratch of the whole Llama-like model, by hand: activations of B*ctx tokens (x, h, q, k, v,
   // attn, gate, up), the 64-query attention block, one RoPE table pair, the head's rows/logits.
   const ModelSpec m = make_spec({llama_layer(), llama_layer()});  // H 32, nq 32, nkv 16, I 64, hd 8
-  const size_t T = 3 * 11, H = 32;
+  const size_t T = 3 * 11, H = 32;  // B * (P + G) of config(3, 8, 3, 2) below
   const size_t scratch = T * H + T * (H + 2 * 32 + 2 * 16 + 2 * 64) + 64 * 11 + 2 * 11 * 4 + 3 * H + 3 * 50;
-  EXPECT_EQ(ppb::cpu_stage_bytes(m, 0, 3, config(3, 11, 2)).scratch, 4 * scratch);
+  EXPECT_EQ(ppb::cpu_stage_bytes(m, 0, 3, config(3, 8, 3, 2)).scratch, 4 * scratch);
   // A prompt of 2^20 tokens: the plan says over a GiB for this tiny layer, before any allocation.
-  EXPECT_GT(ppb::cpu_stage_bytes(m, 1, 1, config(1, 1 << 20, 1)).total(), size_t(1) << 30);
-  EXPECT_THROW(ppb::cpu_stage_bytes(m, 2, 1, config(1, 4, 1)), ppb::UserError);
+  EXPECT_GT(ppb::cpu_stage_bytes(m, 1, 1, config(1, 1 << 20, 0, 1)).total(), size_t(1) << 30);
+  EXPECT_THROW(ppb::cpu_stage_bytes(m, 2, 1, config(1, 2, 2, 1)), ppb::UserError);
 }
 
 TEST(CpuStage, RejectsNonF32AndBadRanges) {
   const ModelSpec m = make_spec({llama_layer()});
-  ppb::StageConfig c = config(1, 4);
-  c.dtype = ppb::DType::bf16;
+  ppb::StageConfig c = config(1, 2, 2);
+  c.work.dtype = ppb::DType::bf16;
   try {
     ppb::create_cpu_stage(m, 0, 2, c);
     FAIL() << "bf16 accepted";
   } catch (const ppb::UserError& e) {
     EXPECT_NE(std::string(e.what()).find("--dtype f32"), std::string::npos);
   }
-  EXPECT_THROW(ppb::create_cpu_stage(m, 2, 1, config(1, 4)), ppb::UserError);
-  EXPECT_THROW(ppb::create_cpu_stage(m, 0, 3, config(1, 4)), ppb::UserError);
-  EXPECT_THROW(ppb::create_cpu_stage(m, 0, 2, config(0, 4)), ppb::UserError);
-  auto s = ppb::create_cpu_stage(m, 1, 1, config(1, 4));
+  EXPECT_THROW(ppb::create_cpu_stage(m, 2, 1, config(1, 2, 2)), ppb::UserError);
+  EXPECT_THROW(ppb::create_cpu_stage(m, 0, 3, config(1, 2, 2)), ppb::UserError);
+  EXPECT_THROW(ppb::create_cpu_stage(m, 0, 2, config(0, 2, 2)), ppb::UserError);
+  auto s = ppb::create_cpu_stage(m, 1, 1, config(1, 2, 2));
   SyncLane lane;
   fvec buf(4 * 32);
   EXPECT_THROW(s->enqueue_forward(lane, buf.data(), buf.data(), 0, 3, 2), ppb::InternalError);
@@ -1564,7 +1567,7 @@ TEST(TensorParallel, LayerOfWidthTwoAndFourMatchesWidthOne) {
       if (!ppb::tp_unsupported_reason(m, width).empty()) continue;
       for (int unit = 1; unit <= m.n_layers; ++unit) {
         SCOPED_TRACE(std::string(c.name) + " width " + std::to_string(width) + " unit " + std::to_string(unit));
-        const ppb::StageConfig cfg = config(B, P + steps, 2);
+        const ppb::StageConfig cfg = config(B, P, steps, 2);
         auto one = ppb::create_cpu_stage(m, unit, unit, cfg);
         std::vector<std::unique_ptr<ppb::StageExecutor>> shards(width);
         const fvec all = random_floats(static_cast<size_t>(B) * (P + steps) * H, 300 + unit, -2.0f, 2.0f);
@@ -1633,7 +1636,7 @@ TEST(TensorParallel, ModelOfWidthTwoAndFourGivesWidthOnesTokens) {
     for (int width : {2, 4}) {
       if (!ppb::tp_unsupported_reason(m, width).empty()) continue;
       SCOPED_TRACE(std::string(c.name) + " width " + std::to_string(width));
-      const ppb::StageConfig cfg = config(B, P + steps);
+      const ppb::StageConfig cfg = config(B, P, steps);
       SyncLane lane;
       auto one = ppb::create_cpu_stage(m, 0, U - 1, cfg);
       auto one_body = ppb::create_cpu_stage(m, 0, U - 2, cfg);
@@ -1682,7 +1685,7 @@ TEST(TensorParallel, ModelOfWidthTwoAndFourGivesWidthOnesTokens) {
 }
 
 TEST(TensorParallel, BytePlanMatchesTheBuiltShards) {
-  const int B = 3, ctx = 11, groups = 2;
+  const int B = 3, P = 8, G = 3, groups = 2;  // KV capacity P + G = 11
   for (const ModelSpec& base : {make_spec({llama_layer(), llama_layer(32, 4, 1, 8)}), gemma3_like()}) {
     for (bool tie : {false, true}) {
       ModelSpec m = base;
@@ -1692,7 +1695,7 @@ TEST(TensorParallel, BytePlanMatchesTheBuiltShards) {
         on_tp_threads(width, [&](int r, ppb::TpGroup& g) {
           for (int first = 0; first < U; ++first)
             for (int last = first; last < U; ++last) {
-              const ppb::StageConfig cfg = tp_config(config(B, ctx, groups), width, r, &g);
+              const ppb::StageConfig cfg = tp_config(config(B, P, G, groups), width, r, &g);
               const auto plan = ppb::cpu_stage_bytes(m, first, last, cfg);
               auto stage = ppb::create_cpu_stage(m, first, last, cfg);
               EXPECT_EQ(plan.weights, stage->weight_bytes()) << first << ".." << last << " width " << width;
@@ -1705,7 +1708,7 @@ TEST(TensorParallel, BytePlanMatchesTheBuiltShards) {
   // A width the heads do not allow is refused before anything is built, naming --tp.
   const ModelSpec m = make_spec({llama_layer()});
   try {
-    ppb::cpu_stage_bytes(m, 0, 2, tp_config(config(1, 4), 3, 0, nullptr));
+    ppb::cpu_stage_bytes(m, 0, 2, tp_config(config(1, 2, 2), 3, 0, nullptr));
     FAIL() << "width 3 accepted";
   } catch (const ppb::UserError& e) {
     EXPECT_NE(std::string(e.what()).find("--tp 3"), std::string::npos) << e.what();

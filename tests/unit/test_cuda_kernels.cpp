@@ -408,9 +408,10 @@ TEST(CudaPlan, LaunchBoundSeparatesHeldDecodeFromLongPrefill) {
   const ppb::model::ModelSpec m = ppb::model::load_model_config(PPB_SOURCE_DIR "/inputs/models/llama-3.1-8b.json");
   auto cfg = [](int batch, int context, bool graphs = false) {
     ppb::StageConfig c;
-    c.batch = batch;
-    c.max_context = context;
-    c.dtype = DType::bf16;
+    c.work.batch = batch;
+    c.work.prompt_len = context;  // KV capacity `context`: a prefill of it, no decode
+    c.work.gen_len = 0;
+    c.work.dtype = DType::bf16;
     c.cuda_graphs = graphs;
     return c;
   };
@@ -590,11 +591,12 @@ std::pair<std::vector<int32_t>, double> run_model(ppb::Device& dev, const ModelS
                                                   int split_after = -1,
                                                   std::vector<std::vector<int64_t>>* experts = nullptr) {
   ppb::StageConfig cfg;
-  cfg.batch = B;
-  cfg.max_context = P + steps;
-  cfg.groups = 2;
-  cfg.dtype = t;
-  cfg.seed = 99;
+  cfg.work.batch = B;
+  cfg.work.prompt_len = P;
+  cfg.work.gen_len = steps;
+  cfg.work.groups = 2;
+  cfg.work.dtype = t;
+  cfg.work.seed = 99;
   cfg.cuda_graphs = graphs;
   const int last_unit = m.num_units() - 1;
   auto stage = dev.create_stage(m, 0, split_after >= 0 ? split_after : last_unit, cfg);
@@ -717,10 +719,10 @@ TEST(CudaStage, MoeAndMlaBytesPlan) {
   auto gpu = ppb::create_cuda_device(0);
   for (const auto& [name, m] : moe_models()) {
     ppb::StageConfig cfg;
-    cfg.batch = 2;
-    cfg.max_context = 16;
-    cfg.groups = 2;
-    cfg.dtype = DType::f32;
+    cfg.work.batch = 2;
+    cfg.work.prompt_len = cfg.work.gen_len = 8;  // KV capacity 16
+    cfg.work.groups = 2;
+    cfg.work.dtype = DType::f32;
     const int last = m.num_units() - 1;
     auto st = gpu->create_stage(m, 0, last, cfg);
     const ppb::StageBytes b = ppb::cuda_stage_bytes(m, 0, last, cfg);
@@ -736,11 +738,12 @@ TEST(CudaStage, MoeAndMlaBytesPlan) {
 /// feeding back its own tokens. Returns the tokens of every step and the graphs captured.
 std::pair<std::vector<int32_t>, size_t> run_two_groups(ppb::Device& dev, const ModelSpec& m, DType t, bool graphs) {
   ppb::StageConfig cfg;
-  cfg.batch = 2;
-  cfg.max_context = 140;
-  cfg.groups = 2;
-  cfg.dtype = t;
-  cfg.seed = 7;
+  cfg.work.batch = 2;
+  cfg.work.prompt_len = 100;  // the longer prompt; KV capacity P + G = 140
+  cfg.work.gen_len = 40;
+  cfg.work.groups = 2;
+  cfg.work.dtype = t;
+  cfg.work.seed = 7;
   cfg.cuda_graphs = graphs;
   auto stage = dev.create_stage(m, 0, m.num_units() - 1, cfg);
   auto lane = dev.create_lane("compute");
@@ -816,12 +819,13 @@ TEST(CudaStage, SplitStagesEqualOneStageAndChunkedPrefill) {
   auto gpu = ppb::create_cuda_device(0);
   const ModelSpec m = stage_models()[0].second;
   ppb::StageConfig cfg;
-  cfg.batch = 2;
-  cfg.max_context = 2100;  // 2 x 2100 rows > the stage's 4096-row scratch: prefill runs in chunks
-  cfg.dtype = DType::f32;
-  cfg.seed = 5;
+  cfg.work.batch = 2;
+  cfg.work.prompt_len = 2100;  // 2 x 2100 rows > the stage's 4096-row scratch: prefill runs in chunks
+  cfg.work.gen_len = 0;        // KV capacity 2100: the prefill alone
+  cfg.work.dtype = DType::f32;
+  cfg.work.seed = 5;
   const int P = 2100;
-  std::vector<int32_t> prompt(static_cast<size_t>(cfg.batch) * P);
+  std::vector<int32_t> prompt(static_cast<size_t>(cfg.work.batch) * P);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 13 + 1) % m.vocab);
   auto lane = gpu->create_lane("c");
   auto in = gpu->allocate(prompt.size() * 4);
@@ -870,11 +874,12 @@ TEST(CudaStage, TensorParallelOnTwoGpusMatchesWidthOne) {
           ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
           auto dev = ppb::create_cuda_device(r);
           ppb::StageConfig cfg;
-          cfg.batch = 3;
-          cfg.max_context = 13;
-          cfg.groups = 2;
-          cfg.dtype = DType::f32;
-          cfg.seed = 99;  // run_model's
+          cfg.work.batch = 3;
+          cfg.work.prompt_len = 9;  // run_model's B, P, G (KV capacity 13)
+          cfg.work.gen_len = 4;
+          cfg.work.groups = 2;
+          cfg.work.dtype = DType::f32;
+          cfg.work.seed = 99;  // run_model's
           cfg.cuda_graphs = graphs;
           cfg.tp_width = 2;
           cfg.tp_rank = r;
@@ -909,16 +914,16 @@ TEST(CudaStage, BytesPlanAndErrors) {
   auto gpu = ppb::create_cuda_device(0);
   const ModelSpec m = stage_models()[0].second;
   ppb::StageConfig cfg;
-  cfg.batch = 2;
-  cfg.max_context = 16;
-  cfg.dtype = DType::bf16;
+  cfg.work.batch = 2;
+  cfg.work.prompt_len = cfg.work.gen_len = 8;  // KV capacity 16
+  cfg.work.dtype = DType::bf16;
   auto st = gpu->create_stage(m, 1, 2, cfg);
   const ppb::StageBytes b = ppb::cuda_stage_bytes(m, 1, 2, cfg);
   EXPECT_EQ(st->weight_bytes(), b.weights);
   EXPECT_EQ(st->kv_cache_bytes(), b.kv_cache);
   EXPECT_EQ(b.kv_cache, static_cast<size_t>(2 * 2 * 2 * 16 * 2 * 32 * 2));  // layers x K,V x B x ctx x nkv*hd x 2 B
   EXPECT_THROW(gpu->create_stage(m, 2, 1, cfg), ppb::UserError);
-  cfg.batch = 0;
+  cfg.work.batch = 0;
   EXPECT_THROW(gpu->create_stage(m, 0, 1, cfg), ppb::UserError);
 }
 

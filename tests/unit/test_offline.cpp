@@ -1198,11 +1198,11 @@ TEST(MemoryModel, BalancerNeverReturnsASplitTheMemoryCheckRefuses) {
     for (int trial = 0; trial < 12; ++trial) {
       const int S = 2 + trial % 3, M = 1 + trial % 2;
       StageConfig cfg;
-      cfg.batch = 1 + trial % 4;
-      cfg.max_context = 8 << (trial % 4);
-      cfg.groups = M;
+      cfg.work.batch = 1 + trial % 4;
+      cfg.work.prompt_len = cfg.work.gen_len = 4 << (trial % 4);  // KV capacity 8 << (trial % 4)
+      cfg.work.groups = M;
       RunRecord run;
-      run.workload = {cfg.batch, cfg.max_context / 2, cfg.max_context / 2, M, "f32", 0, 1, 0, 1, true, 1, "workload"};
+      run.workload = {cfg.work.batch, cfg.work.prompt_len, cfg.work.gen_len, M, "f32", 0, 1, 0, 1, true, 1, "workload"};
       run.model_attrs_num = {{"hidden_size", spec.hidden}};
       run.link_bandwidth_Bps = 1e9;
       int64_t total = 0;

@@ -116,9 +116,9 @@ TEST(Profiler, AlignRunsBeforeEachTimedForward) {
 /// warm-up, `iters` timed forwards.
 ProfileConfig tiny_llama_config(int iters) {
   ProfileConfig cfg;
-  cfg.batch = 2;
-  cfg.prompt_len = 8;
-  cfg.gen_len = 5;
+  cfg.work.batch = 2;
+  cfg.work.prompt_len = 8;
+  cfg.work.gen_len = 5;
   cfg.num_contexts = 3;
   cfg.warmup = 1;
   cfg.iters = iters;
@@ -167,9 +167,8 @@ TEST(Profiler, ResidentProfilerProfilesItsUnitsAgain) {
   const ProfileResult once = profile_model(*dev, m, cfg);
   size_t bytes = 0;
   StageConfig sc;
-  sc.batch = cfg.batch;
-  sc.max_context = cfg.prompt_len + cfg.gen_len;
-  sc.groups = 1;
+  sc.work = cfg.work;
+  sc.work.groups = 1;
   for (int example : m.signature_example) bytes += dev->stage_bytes(m, example, example, sc).total();
   EXPECT_EQ(ResidentProfiler::bytes(*dev, m, cfg), bytes);
   ResidentProfiler resident(*dev, m, cfg);
@@ -192,7 +191,7 @@ TEST(Profiler, ResidentProfilerProfilesItsUnitsAgain) {
     }
   }
   ProfileConfig other = cfg;
-  other.gen_len = 9;  // contexts 8, 12, 16
+  other.work.gen_len = 9;  // contexts 8, 12, 16
   EXPECT_THROW(resident.profile(other), InternalError);
 }
 
@@ -246,7 +245,7 @@ TEST(Profiler, InterleavedCycleTakesTurnsForwardByForward) {
   EXPECT_EQ(waited.second.prefill_ms.size(), U);
   EXPECT_THROW(resident.profile_interleaved(cfg, 0, [](int) { return Turn::alone; }), InternalError);
   ProfileConfig other = cfg;
-  other.gen_len = 9;
+  other.work.gen_len = 9;
   EXPECT_THROW(resident.profile_interleaved(other, 1, [](int) { return Turn::alone; }), InternalError);
 }
 

@@ -328,6 +328,103 @@ void check_route_shape(const model::MoeShape& moe, bool has_correction) {
                         "and the correction bias");
 }
 
+namespace {
+
+/// route_tokens step 1: the router's scores [E] of one token's logits z [E]: softmax
+/// probabilities, sigmoid scores, or the logits themselves (topk_softmax).
+void router_scores(std::vector<double>& score, const float* z, int E, model::RouterKind router) {
+  switch (router) {
+    case model::RouterKind::softmax: {
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
+      double total = 0.0;
+      for (int e = 0; e < E; ++e) total += score[e] = std::exp(static_cast<double>(z[e]) - mx);
+      for (int e = 0; e < E; ++e) score[e] /= total;
+      break;
+    }
+    case model::RouterKind::topk_softmax:
+      for (int e = 0; e < E; ++e) score[e] = z[e];
+      break;
+    case model::RouterKind::sigmoid_grouped:
+      for (int e = 0; e < E; ++e) score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[e])));
+      break;
+  }
+}
+
+/// route_tokens step 2 under --expert-skew: choice [E] = Gumbel-top-k keys of the popularity
+/// law, keyed by the token's logits z [E] (their bits).
+void skew_choice(std::vector<double>& choice, const float* z, int E, const RouteSkew& skew) {
+  uint64_t h = skew.key;
+  for (int e = 0; e < E; ++e) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, z + e, sizeof bits);
+    h = mix64(h ^ (bits + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(e + 1)));
+  }
+  for (int e = 0; e < E; ++e) {
+    const uint64_t r = mix64(h + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(e + 1));
+    const double u = (static_cast<double>(r >> 11) + 0.5) * 0x1p-53;  // in (0, 1)
+    choice[e] = skew.log_p[e] - std::log(-std::log(u));
+  }
+}
+
+/// route_tokens step 2 of sigmoid_grouped with n_group G > 1: each group's score is the sum of
+/// its two best biased scores (DeepSeek-V3 model.py Gate); experts outside the topk_group best
+/// groups get choice -inf (cannot be chosen).
+void mask_groups(std::vector<double>& choice, const model::MoeShape& moe, int G) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  const int E = moe.n_experts, per = E / G;
+  std::vector<double> group_score(G);
+  std::vector<int> group_order(G);
+  for (int g = 0; g < G; ++g) {
+    double a = neg_inf, b = neg_inf;
+    for (int e = g * per; e < (g + 1) * per; ++e) {
+      if (choice[e] > a) {
+        b = a;
+        a = choice[e];
+      } else if (choice[e] > b) {
+        b = choice[e];
+      }
+    }
+    group_score[g] = per >= 2 ? a + b : a;
+  }
+  std::iota(group_order.begin(), group_order.end(), 0);
+  std::partial_sort(group_order.begin(), group_order.begin() + moe.topk_group, group_order.end(), [&](int a, int b) {
+    return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
+  });
+  std::vector<bool> keep(G, false);
+  for (int j = 0; j < moe.topk_group; ++j) keep[group_order[j]] = true;
+  for (int e = 0; e < E; ++e)
+    if (!keep[e / per]) choice[e] = neg_inf;
+}
+
+/// route_tokens step 3: the weights w [k] of the chosen experts order[0, k), by the router's
+/// rule, from their scores.
+void chosen_weights(float* w, const std::vector<double>& score, const std::vector<int>& order, int k,
+                    const model::MoeShape& moe) {
+  double sum = 0.0;
+  switch (moe.router) {
+    case model::RouterKind::softmax:
+      for (int j = 0; j < k; ++j) sum += score[order[j]];
+      for (int j = 0; j < k; ++j) w[j] = static_cast<float>(moe.norm_topk ? score[order[j]] / sum : score[order[j]]);
+      break;
+    case model::RouterKind::topk_softmax: {
+      const double mx = score[order[0]];
+      for (int j = 0; j < k; ++j) sum += std::exp(score[order[j]] - mx);
+      for (int j = 0; j < k; ++j) w[j] = static_cast<float>(std::exp(score[order[j]] - mx) / sum);
+      break;
+    }
+    case model::RouterKind::sigmoid_grouped:
+      for (int j = 0; j < k; ++j) sum += score[order[j]];
+      for (int j = 0; j < k; ++j) {
+        const double wj = moe.norm_topk ? score[order[j]] / (sum + 1e-20) : score[order[j]];
+        w[j] = static_cast<float>(wj * moe.routed_scaling);
+      }
+      break;
+  }
+}
+
+}  // namespace
+
 void route_tokens(int32_t* experts, float* weights, const float* logits, int M, const model::MoeShape& moe,
                   const float* correction, const RouteSkew* skew) {
   check_route_shape(moe, correction != nullptr);
@@ -336,103 +433,28 @@ void route_tokens(int32_t* experts, float* weights, const float* logits, int M, 
   const int G = grouped ? moe.n_group : 1;
   std::vector<double> score(E), choice(E);
   std::vector<int> order(E);
-  const double neg_inf = -std::numeric_limits<double>::infinity();
-  // The `count` largest of v (ties: lower index first) into order[0, count).
-  auto top = [&](const std::vector<double>& v, int count) {
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + count, order.end(),
-                      [&](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-  };
   for (int m = 0; m < M; ++m) {
     const float* z = logits + static_cast<size_t>(m) * E;
     int32_t* ex = experts + static_cast<size_t>(m) * k;
     float* w = weights + static_cast<size_t>(m) * k;
-    // 1. The router's scores: softmax probabilities, sigmoid scores, or the logits themselves.
-    switch (moe.router) {
-      case model::RouterKind::softmax: {
-        double mx = neg_inf;
-        for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
-        double total = 0.0;
-        for (int e = 0; e < E; ++e) total += score[e] = std::exp(static_cast<double>(z[e]) - mx);
-        for (int e = 0; e < E; ++e) score[e] /= total;
-        break;
-      }
-      case model::RouterKind::topk_softmax:
-        for (int e = 0; e < E; ++e) score[e] = z[e];
-        break;
-      case model::RouterKind::sigmoid_grouped:
-        for (int e = 0; e < E; ++e) score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[e])));
-        break;
-    }
+    // 1. The router's scores.
+    router_scores(score, z, E, moe.router);
     // 2. The choice: the skew's sample, or the router's own ranking.
     if (skew != nullptr) {
-      // Gumbel-top-k from the popularity law, keyed by the token's logits (their bits).
-      uint64_t h = skew->key;
-      for (int e = 0; e < E; ++e) {
-        uint32_t bits = 0;
-        std::memcpy(&bits, z + e, sizeof bits);
-        h = mix64(h ^ (bits + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(e + 1)));
-      }
-      for (int e = 0; e < E; ++e) {
-        const uint64_t r = mix64(h + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(e + 1));
-        const double u = (static_cast<double>(r >> 11) + 0.5) * 0x1p-53;  // in (0, 1)
-        choice[e] = skew->log_p[e] - std::log(-std::log(u));
-      }
+      skew_choice(choice, z, E, *skew);
     } else if (grouped) {
       for (int e = 0; e < E; ++e) choice[e] = score[e] + correction[e];
-      if (G > 1) {
-        // Each group's score: the sum of its two best biased scores (DeepSeek-V3 model.py Gate);
-        // experts outside the topk_group best groups cannot be chosen.
-        const int per = E / G;
-        std::vector<double> group_score(G);
-        std::vector<int> group_order(G);
-        for (int g = 0; g < G; ++g) {
-          double a = neg_inf, b = neg_inf;
-          for (int e = g * per; e < (g + 1) * per; ++e) {
-            if (choice[e] > a) {
-              b = a;
-              a = choice[e];
-            } else if (choice[e] > b) {
-              b = choice[e];
-            }
-          }
-          group_score[g] = per >= 2 ? a + b : a;
-        }
-        std::iota(group_order.begin(), group_order.end(), 0);
-        std::partial_sort(group_order.begin(), group_order.begin() + moe.topk_group, group_order.end(), [&](int a, int b) {
-          return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
-        });
-        std::vector<bool> keep(G, false);
-        for (int j = 0; j < moe.topk_group; ++j) keep[group_order[j]] = true;
-        for (int e = 0; e < E; ++e)
-          if (!keep[e / per]) choice[e] = neg_inf;
-      }
+      if (G > 1) mask_groups(choice, moe, G);
     } else {
       choice = score;
     }
-    top(choice, k);
-    // 3. The chosen experts' weights, by the router's rule.
-    double sum = 0.0;
+    // The k largest choices (ties: lower index first) into order[0, k).
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return choice[a] > choice[b] || (choice[a] == choice[b] && a < b); });
+    // 3. The chosen experts and their weights, by the router's rule.
     for (int j = 0; j < k; ++j) ex[j] = order[j];
-    switch (moe.router) {
-      case model::RouterKind::softmax:
-        for (int j = 0; j < k; ++j) sum += score[order[j]];
-        for (int j = 0; j < k; ++j) w[j] = static_cast<float>(moe.norm_topk ? score[order[j]] / sum : score[order[j]]);
-        break;
-      case model::RouterKind::topk_softmax: {
-        const double mx = score[order[0]];
-        for (int j = 0; j < k; ++j) sum += std::exp(score[order[j]] - mx);
-        for (int j = 0; j < k; ++j) w[j] = static_cast<float>(std::exp(score[order[j]] - mx) / sum);
-        break;
-      }
-      case model::RouterKind::sigmoid_grouped:
-        for (int j = 0; j < k; ++j) sum += score[order[j]];
-        for (int j = 0; j < k; ++j) {
-          const double wj = moe.norm_topk ? score[order[j]] / (sum + 1e-20) : score[order[j]];
-          w[j] = static_cast<float>(wj * moe.routed_scaling);
-        }
-        break;
-    }
+    chosen_weights(w, score, order, k, moe);
   }
 }
 

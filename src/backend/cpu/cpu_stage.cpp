@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_aligned.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_stage_detail.h"
 #include "backend/tensor_parallel.h"
 #include "backend/weights.h"
 #include "common/error.h"
@@ -76,10 +77,33 @@ struct RopeTable {
   cpu::AlignedFloatVector sin;
 };
 
-/// KV-cache floats per token of a layer on this rank: K and V rows of its KV heads (`nkv` =
-/// n_kv_heads * head_dim of its shard), or MLA's one latent row (kv_lora_rank + qk_rope).
-size_t layer_cache_floats(const LayerShape& s, size_t nkv) {
-  return s.is_mla() ? static_cast<size_t>(s.mla.kv_lora_rank + s.mla.qk_rope) : 2 * nkv;
+using cpu::layer_cache_floats;
+
+/// The refusals of CpuStage's constructor, in order, before anything is built: the dtype, the
+/// unit range, the workload's sizes, the model's, the tensor-parallel rank, group and width.
+void check_cpu_stage_config(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
+  if (cfg.work.dtype != DType::f32) throw UserError("the CPU backend computes in f32; use --dtype f32");
+  if (first < 0 || last < first || last >= m.num_units()) {
+    throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
+                    "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
+  }
+  if (cfg.work.batch < 1 || cfg.work.max_context() < 1 || cfg.work.groups < 1) {
+    throw UserError("stage config needs batch, max_context and groups >= 1, got batch=" +
+                    std::to_string(cfg.work.batch) + " max_context=" + std::to_string(cfg.work.max_context()) +
+                    " groups=" + std::to_string(cfg.work.groups));
+  }
+  if (m.hidden < 1 || m.vocab < 1) {
+    throw UserError("model needs hidden_size and vocab_size >= 1");
+  }
+  const int width = cfg.tp_width, rank = cfg.tp_rank;
+  if (width < 1 || rank < 0 || rank >= width)
+    throw UserError("stage config: tensor-parallel rank " + std::to_string(rank) + " is outside a group of width " +
+                    std::to_string(width));
+  if (width > 1 && (cfg.tp == nullptr || cfg.tp->width() != width || cfg.tp->rank() != rank))
+    throw InternalError("a stage of tensor-parallel width " + std::to_string(width) +
+                        " needs the group's communicator, of that width and rank");
+  if (const std::string why = tp_unsupported_reason(m, width); !why.empty())
+    throw UserError("--tp " + std::to_string(width) + ": " + why);
 }
 
 class CpuStage final : public StageExecutor {
@@ -89,11 +113,11 @@ class CpuStage final : public StageExecutor {
   int first_unit() const override { return first_; }
   int last_unit() const override { return last_; }
   size_t input_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch) * tokens;
+    const size_t n = static_cast<size_t>(cfg_.work.batch) * tokens;
     return has_embed_ ? n * sizeof(int32_t) : n * hidden_ * sizeof(float);
   }
   size_t output_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch);
+    const size_t n = static_cast<size_t>(cfg_.work.batch);
     return has_head_ ? n * sizeof(int32_t) : n * tokens * hidden_ * sizeof(float);
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
@@ -114,15 +138,36 @@ class CpuStage final : public StageExecutor {
     size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
     size_t kv_floats = 0;
   };
+  /// The constructor's weights of unit u (embed, head or a decoder layer); grows z.
+  void add_unit(const model::ModelSpec& m, int u, ScratchSizes& z);
+  /// add_unit's head: the final norm, this rank's rows of lm_head (shared with embed when tied
+  /// on this stage), the MTP modules.
+  void add_head(const model::ModelSpec& m, int u, ScratchSizes& z);
+  /// The constructor's KV caches: one zeroed block of z.kv_floats, carved per layer and group.
+  void carve_kv_caches(const ScratchSizes& z);
+  /// The constructor's scratch buffers, sized once for batch * max_context tokens.
+  void allocate_scratch(const ScratchSizes& z);
   /// Builds one decoder layer of shape s, its weights keyed by unit u (layer: its index in
   /// ModelSpec::layers, for messages), this rank's shard, with its RoPE table; grows z.
   LayerWeights make_layer(const LayerShape& s, int u, int layer, ScratchSizes& z);
-  /// The whole tensor [rows, fan_in] (fill_projection), a plain RMSNorm weight, a bias, of unit u.
+  /// The whole tensor [rows, fan_in] (fill_projection), a plain RMSNorm weight, elements
+  /// [first, first + n) of a bias, of unit u.
   float* projection(size_t rows, size_t fan_in, int u, Tensor t);
   float* plain_norm(size_t n, int u, Tensor t);
-  float* bias_weights(size_t n, int u, Tensor t);
+  float* bias_weights(size_t n, int u, Tensor t, size_t first = 0);
+  /// Rows [row0, row0 + rows) of unit u's [*, H] tensor (a column-parallel shard).
+  float* projection_rows(size_t row0, size_t rows, int u, Tensor t);
+  /// Columns [col0, col0 + cols) of unit u's [H, fan_in] tensor (a row-parallel shard).
+  float* projection_cols(size_t fan_in, size_t col0, size_t cols, int u, Tensor t);
+  /// A layer's RMSNorm weight [n] of unit u (plus_one: the (1 + w) form).
+  float* layer_norm(size_t n, int u, Tensor t, bool plus_one);
+  /// make_layer's attention weights of this rank's heads th (q, k, v, o; biases, q/k norms,
+  /// sinks); returns the attention output's width per token.
+  size_t add_attention_weights(LayerWeights& w, const LayerShape& s, int u, const TpHeads& th, ScratchSizes& z);
   /// make_layer's MLA attention weights; returns the attention output's width per token.
   size_t add_mla_weights(LayerWeights& w, const LayerShape& s, int u, ScratchSizes& z);
+  /// Index in ropes_ of the cos/sin tables of layer shape s, built on first use.
+  int rope_table_for(const LayerShape& s);
   /// make_layer's router and routed experts, and the layer's row of expert_tokens_.
   void add_expert_weights(LayerWeights& w, const LayerShape& s, int u, int layer, ScratchSizes& z);
   /// --mtp: the MTP modules after the head (their norms, eh_proj, layer; the draft tokens'
@@ -209,19 +254,37 @@ float* CpuStage::new_weights(size_t n) {
 
 float* CpuStage::projection(size_t rows, size_t fan_in, int u, Tensor t) {
   float* p = new_weights(rows * fan_in);
-  fill_projection(p, rows, fan_in, cfg_.seed, u, t);
+  fill_projection(p, rows, fan_in, cfg_.work.seed, u, t);
   return p;
 }
 
 float* CpuStage::plain_norm(size_t n, int u, Tensor t) {
   float* p = new_weights(n);
-  fill_norm(p, n, cfg_.seed, u, t, false);
+  fill_norm(p, n, cfg_.work.seed, u, t, false);
   return p;
 }
 
-float* CpuStage::bias_weights(size_t n, int u, Tensor t) {
+float* CpuStage::bias_weights(size_t n, int u, Tensor t, size_t first) {
   float* p = new_weights(n);
-  fill_bias(p, n, cfg_.seed, u, t);
+  fill_bias(p, n, cfg_.work.seed, u, t, first);
+  return p;
+}
+
+float* CpuStage::projection_rows(size_t row0, size_t rows, int u, Tensor t) {
+  float* p = new_weights(rows * hidden_);
+  fill_projection_rows(p, row0, rows, hidden_, cfg_.work.seed, u, t);
+  return p;
+}
+
+float* CpuStage::projection_cols(size_t fan_in, size_t col0, size_t cols, int u, Tensor t) {
+  float* p = new_weights(hidden_ * cols);
+  fill_projection_cols(p, hidden_, fan_in, col0, cols, cfg_.work.seed, u, t);
+  return p;
+}
+
+float* CpuStage::layer_norm(size_t n, int u, Tensor t, bool plus_one) {
+  float* p = new_weights(n);
+  fill_norm(p, n, cfg_.work.seed, u, t, plus_one);
   return p;
 }
 
@@ -271,7 +334,7 @@ void CpuStage::add_expert_weights(LayerWeights& w, const LayerShape& s, int u, i
   expert_tokens_.push_back(std::vector<int64_t>(E + 1, 0));
   expert_tokens_.back()[0] = layer;
   if (cfg_.expert_skew > 0.0) {
-    w.skew_key = weight_key(cfg_.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
+    w.skew_key = weight_key(cfg_.work.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
     w.skew_log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
   }
   z.max_experts = std::max(z.max_experts, E);
@@ -285,7 +348,7 @@ void CpuStage::add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z) {
     mtp_embed_ = embed_;
   } else {
     float* e = new_weights(static_cast<size_t>(m.vocab) * hidden_);
-    fill_embedding(e, m.vocab, hidden_, cfg_.seed);
+    fill_embedding(e, m.vocab, hidden_, cfg_.work.seed);
     mtp_embed_ = e;
   }
   mtp_eps_ = static_cast<float>(m.rms_eps);
@@ -301,19 +364,70 @@ void CpuStage::add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z) {
   }
 }
 
+size_t CpuStage::add_attention_weights(LayerWeights& w, const LayerShape& s, int u, const TpHeads& th,
+                                       ScratchSizes& z) {
+  const size_t H = hidden_, hd = static_cast<size_t>(s.head_dim);
+  const size_t nq_all = static_cast<size_t>(s.n_heads) * hd;
+  const size_t q0 = th.q_begin * hd, kv0 = th.kv_begin * hd;
+  const size_t nq = static_cast<size_t>(th.q_count) * hd;
+  const size_t nkv = static_cast<size_t>(th.kv_count) * hd;
+  // Column-parallel q, k, v (this rank's heads' rows); row-parallel o (their columns).
+  w.q = projection_rows(q0, nq, u, Tensor::q_proj);
+  w.k = projection_rows(kv0, nkv, u, Tensor::k_proj);
+  w.v = projection_rows(kv0, nkv, u, Tensor::v_proj);
+  w.o = projection_cols(nq_all, q0, nq, u, Tensor::o_proj);
+  if (s.attn_bias) {
+    w.q_bias = bias_weights(nq, u, Tensor::q_bias, q0);
+    w.k_bias = bias_weights(nkv, u, Tensor::k_bias, kv0);
+    w.v_bias = bias_weights(nkv, u, Tensor::v_bias, kv0);
+  }
+  if (s.qk_norm) {
+    w.q_norm = layer_norm(s.head_dim, u, Tensor::q_norm, s.norm_plus_one);
+    w.k_norm = layer_norm(s.head_dim, u, Tensor::k_norm, s.norm_plus_one);
+  }
+  if (s.o_bias) w.o_bias = bias_weights(H, u, Tensor::o_bias);  // TP refuses gpt-oss: the whole bias
+  if (s.attn_sinks) {
+    float* sk = new_weights(static_cast<size_t>(s.n_heads));
+    fill_uniform(sk, static_cast<size_t>(s.n_heads), cfg_.work.seed, u, static_cast<uint64_t>(Tensor::sinks), 1.0f);
+    w.sinks = sk;
+  }
+  z.max_kv = std::max(z.max_kv, nkv);
+  return nq;
+}
+
+int CpuStage::rope_table_for(const LayerShape& s) {
+  // RoPE tables, one per distinct (rope, head_dim) (Gemma-3: local and global differ).
+  // MLA rotates only the qk_rope part of each head.
+  const int rotated = s.is_mla() ? s.mla.qk_rope : s.head_dim;
+  auto it = std::find_if(ropes_.begin(), ropes_.end(), [&](const RopeTable& r) {
+    return r.rope == s.rope && r.head_dim == rotated;
+  });
+  if (it == ropes_.end()) {
+    const size_t ctx = static_cast<size_t>(cfg_.work.max_context());
+    RopeTable r;
+    r.rope = s.rope;
+    r.head_dim = rotated;
+    const std::vector<double> inv = cpu::rope_inv_freq(s.rope, rotated);
+    const int half = rotated / 2;
+    r.cos.resize(ctx * half);
+    r.sin.resize(ctx * half);
+    cpu::rope_tables(r.cos.data(), r.sin.data(), inv.data(), half, cfg_.work.max_context());
+    ropes_.push_back(std::move(r));
+    it = ropes_.end() - 1;
+  }
+  return static_cast<int>(it - ropes_.begin());
+}
+
 LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, ScratchSizes& z) {
-  const uint64_t seed = cfg_.seed;
   const size_t H = hidden_;
-  const size_t ctx = static_cast<size_t>(cfg_.max_context);
-  const size_t max_tokens = static_cast<size_t>(cfg_.batch) * ctx;
-  const StageConfig& cfg = cfg_;
+  const size_t ctx = static_cast<size_t>(cfg_.work.max_context());
+  const size_t max_tokens = static_cast<size_t>(cfg_.work.batch) * ctx;
   check_stage_layer(s, static_cast<int>(hidden_), layer);
   // This rank's shard (all of it at width 1): its heads, its slice of the MLP.
   const TpHeads th = tp_heads(s.n_heads, s.n_kv_heads, tp_width_, tp_rank_);
   const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), tp_width_, tp_rank_);
   const size_t hd = static_cast<size_t>(s.head_dim);
-  const size_t nq_all = static_cast<size_t>(s.n_heads) * hd, I_all = static_cast<size_t>(s.intermediate);
-  const size_t q0 = th.q_begin * hd, kv0 = th.kv_begin * hd;
+  const size_t I_all = static_cast<size_t>(s.intermediate);
   LayerWeights w;
   w.unit = u;
   w.layer = layer;
@@ -324,119 +438,35 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
   const size_t nq = static_cast<size_t>(th.q_count) * hd;
   const size_t nkv = static_cast<size_t>(th.kv_count) * hd;
   const size_t I = i1 - i0;
-  // Column-parallel: rows [row0, row0 + rows) of [*, H]. Row-parallel: columns
-  // [col0, col0 + cols) of [H, fan_in].
-  auto proj_rows = [&](size_t row0, size_t rows, Tensor t) {
-    float* p = new_weights(rows * H);
-    fill_projection_rows(p, row0, rows, H, seed, u, t);
-    return p;
-  };
-  auto proj_cols = [&](size_t fan_in, size_t col0, size_t cols, Tensor t) {
-    float* p = new_weights(H * cols);
-    fill_projection_cols(p, H, fan_in, col0, cols, seed, u, t);
-    return p;
-  };
-  auto norm = [&](size_t n, Tensor t) {
-    float* p = new_weights(n);
-    fill_norm(p, n, seed, u, t, s.norm_plus_one);
-    return p;
-  };
-  auto bias = [&](size_t first, size_t n, Tensor t) {
-    float* p = new_weights(n);
-    fill_bias(p, n, seed, u, t, first);
-    return p;
-  };
-  w.input_norm = norm(H, Tensor::input_layernorm);
-  size_t attn_width = nq;  // the attention output per token
-  if (s.is_mla()) {
-    attn_width = add_mla_weights(w, s, u, z);
-  } else {
-    w.q = proj_rows(q0, nq, Tensor::q_proj);
-    w.k = proj_rows(kv0, nkv, Tensor::k_proj);
-    w.v = proj_rows(kv0, nkv, Tensor::v_proj);
-    w.o = proj_cols(nq_all, q0, nq, Tensor::o_proj);
-    if (s.attn_bias) {
-      w.q_bias = bias(q0, nq, Tensor::q_bias);
-      w.k_bias = bias(kv0, nkv, Tensor::k_bias);
-      w.v_bias = bias(kv0, nkv, Tensor::v_bias);
-    }
-    if (s.qk_norm) {
-      w.q_norm = norm(s.head_dim, Tensor::q_norm);
-      w.k_norm = norm(s.head_dim, Tensor::k_norm);
-    }
-    if (s.o_bias) w.o_bias = bias(0, H, Tensor::o_bias);  // TP refuses gpt-oss: the whole bias
-    if (s.attn_sinks) {
-      float* sk = new_weights(static_cast<size_t>(s.n_heads));
-      fill_uniform(sk, static_cast<size_t>(s.n_heads), seed, u, static_cast<uint64_t>(Tensor::sinks), 1.0f);
-      w.sinks = sk;
-    }
-    z.max_kv = std::max(z.max_kv, nkv);
-  }
-  w.post_attention_norm = norm(H, Tensor::post_attention_layernorm);
+  w.input_norm = layer_norm(H, u, Tensor::input_layernorm, s.norm_plus_one);
+  // The attention output per token.
+  const size_t attn_width = s.is_mla() ? add_mla_weights(w, s, u, z) : add_attention_weights(w, s, u, th, z);
+  w.post_attention_norm = layer_norm(H, u, Tensor::post_attention_layernorm, s.norm_plus_one);
   if (s.sandwich_norm) {
-    w.pre_feedforward_norm = norm(H, Tensor::pre_feedforward_layernorm);
-    w.post_feedforward_norm = norm(H, Tensor::post_feedforward_layernorm);
+    w.pre_feedforward_norm = layer_norm(H, u, Tensor::pre_feedforward_layernorm, s.norm_plus_one);
+    w.post_feedforward_norm = layer_norm(H, u, Tensor::post_feedforward_layernorm, s.norm_plus_one);
   }
   if (I > 0) {  // the dense MLP, or a MoE layer's shared experts
-    w.gate = proj_rows(i0, I, Tensor::gate_proj);
-    w.up = proj_rows(i0, I, Tensor::up_proj);
-    w.down = proj_cols(I_all, i0, I, Tensor::down_proj);
+    w.gate = projection_rows(i0, I, u, Tensor::gate_proj);
+    w.up = projection_rows(i0, I, u, Tensor::up_proj);
+    w.down = projection_cols(I_all, i0, I, u, Tensor::down_proj);
   }
   if (s.is_moe()) add_expert_weights(w, s, u, layer, z);
-
-  // RoPE tables, one per distinct (rope, head_dim) (Gemma-3: local and global differ).
-  // MLA rotates only the qk_rope part of each head.
-  const int rotated = s.is_mla() ? s.mla.qk_rope : s.head_dim;
-  auto it = std::find_if(ropes_.begin(), ropes_.end(), [&](const RopeTable& r) {
-    return r.rope == s.rope && r.head_dim == rotated;
-  });
-  if (it == ropes_.end()) {
-    RopeTable r;
-    r.rope = s.rope;
-    r.head_dim = rotated;
-    const std::vector<double> inv = cpu::rope_inv_freq(s.rope, rotated);
-    const int half = rotated / 2;
-    r.cos.resize(ctx * half);
-    r.sin.resize(ctx * half);
-    cpu::rope_tables(r.cos.data(), r.sin.data(), inv.data(), half, cfg.max_context);
-    ropes_.push_back(std::move(r));
-    it = ropes_.end() - 1;
-  }
-  w.rope_table = static_cast<int>(it - ropes_.begin());
+  w.rope_table = rope_table_for(s);
 
   z.max_q = std::max(z.max_q, nq);
   z.max_attn = std::max(z.max_attn, attn_width);
   z.max_inter = std::max(z.max_inter, I);
-  z.kv_floats += static_cast<size_t>(cfg.groups) * max_tokens * layer_cache_floats(s, nkv);
+  z.kv_floats += static_cast<size_t>(cfg_.work.groups) * max_tokens * layer_cache_floats(s, nkv);
   return w;
 }
 
 CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg)
     : first_(first), last_(last), cfg_(cfg) {
-  if (cfg.dtype != DType::f32) throw UserError("the CPU backend computes in f32; use --dtype f32");
-  if (first < 0 || last < first || last >= m.num_units()) {
-    throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
-                    "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
-  }
-  if (cfg.batch < 1 || cfg.max_context < 1 || cfg.groups < 1) {
-    throw UserError("stage config needs batch, max_context and groups >= 1, got batch=" +
-                    std::to_string(cfg.batch) + " max_context=" + std::to_string(cfg.max_context) +
-                    " groups=" + std::to_string(cfg.groups));
-  }
-  if (m.hidden < 1 || m.vocab < 1) {
-    throw UserError("model needs hidden_size and vocab_size >= 1");
-  }
+  check_cpu_stage_config(m, first, last, cfg);
   tp_width_ = cfg.tp_width;
   tp_rank_ = cfg.tp_rank;
   tp_ = cfg.tp;
-  if (tp_width_ < 1 || tp_rank_ < 0 || tp_rank_ >= tp_width_)
-    throw UserError("stage config: tensor-parallel rank " + std::to_string(tp_rank_) + " is outside a group of width " +
-                    std::to_string(tp_width_));
-  if (tp_width_ > 1 && (tp_ == nullptr || tp_->width() != tp_width_ || tp_->rank() != tp_rank_))
-    throw InternalError("a stage of tensor-parallel width " + std::to_string(tp_width_) +
-                        " needs the group's communicator, of that width and rank");
-  if (const std::string why = tp_unsupported_reason(m, tp_width_); !why.empty())
-    throw UserError("--tp " + std::to_string(tp_width_) + ": " + why);
   hidden_ = static_cast<size_t>(m.hidden);
   vocab_ = m.vocab;
   const auto [v0, v1] = tp_range(static_cast<size_t>(m.vocab), tp_width_, tp_rank_);
@@ -446,71 +476,80 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
   final_norm_plus_one_ = m.final_norm_plus_one;
   final_softcap_ = static_cast<float>(m.final_softcap);
   final_eps_ = static_cast<float>(m.rms_eps);
-  const uint64_t seed = cfg.seed;
-  const size_t H = hidden_;
-  const size_t B = static_cast<size_t>(cfg.batch);
-  const size_t ctx = static_cast<size_t>(cfg.max_context);
-  const size_t max_tokens = B * ctx;
 
-  // ---- weights --------------------------------------------------------------------------
   ScratchSizes z;
-  for (int u = first; u <= last; ++u) {
-    const model::Unit& unit = m.units[u];
-    if (unit.kind == UnitKind::embed) {
-      has_embed_ = true;
-      float* e = new_weights(static_cast<size_t>(m.vocab) * H);
-      fill_embedding(e, m.vocab, H, seed);
-      embed_ = e;
-    } else if (unit.kind == UnitKind::head) {
-      has_head_ = true;
-      float* n = new_weights(H);
-      fill_norm(n, H, seed, u, Tensor::final_norm, m.final_norm_plus_one);
-      final_norm_ = n;
-      if (m.tie_embeddings && embed_ != nullptr) {
-        // Same stage holds embed: share the one matrix, as HF ties it (this rank's rows of it;
-        // the embedding is replicated, backend/tensor_parallel.h).
-        lm_head_ = embed_ + vocab_begin_ * H;
-      } else {
-        float* w = new_weights(static_cast<size_t>(vocab_local_) * H);
-        if (m.tie_embeddings) {
-          fill_embedding(w, vocab_local_, H, seed, vocab_begin_);
-        } else {
-          fill_projection_rows(w, vocab_begin_, vocab_local_, H, seed, u, Tensor::lm_head);
-        }
-        lm_head_ = w;
-      }
-      if (m.mtp) add_mtp_modules(m, z);
+  for (int u = first; u <= last; ++u) add_unit(m, u, z);
+  carve_kv_caches(z);
+  allocate_scratch(z);
+}
+
+void CpuStage::add_unit(const model::ModelSpec& m, int u, ScratchSizes& z) {
+  const model::Unit& unit = m.units[u];
+  if (unit.kind == UnitKind::embed) {
+    has_embed_ = true;
+    float* e = new_weights(static_cast<size_t>(m.vocab) * hidden_);
+    fill_embedding(e, m.vocab, hidden_, cfg_.work.seed);
+    embed_ = e;
+  } else if (unit.kind == UnitKind::head) {
+    add_head(m, u, z);
+  } else {
+    if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
+      throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) +
+                      " outside [0, " + std::to_string(m.layers.size()) + ")");
+    }
+    layers_.push_back(make_layer(m.layers[unit.layer], u, unit.layer, z));
+  }
+}
+
+void CpuStage::add_head(const model::ModelSpec& m, int u, ScratchSizes& z) {
+  const uint64_t seed = cfg_.work.seed;
+  const size_t H = hidden_;
+  has_head_ = true;
+  float* n = new_weights(H);
+  fill_norm(n, H, seed, u, Tensor::final_norm, m.final_norm_plus_one);
+  final_norm_ = n;
+  if (m.tie_embeddings && embed_ != nullptr) {
+    // Same stage holds embed: share the one matrix, as HF ties it (this rank's rows of it;
+    // the embedding is replicated, backend/tensor_parallel.h).
+    lm_head_ = embed_ + vocab_begin_ * H;
+  } else {
+    float* w = new_weights(static_cast<size_t>(vocab_local_) * H);
+    if (m.tie_embeddings) {
+      fill_embedding(w, vocab_local_, H, seed, vocab_begin_);
     } else {
-      if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
-        throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) +
-                        " outside [0, " + std::to_string(m.layers.size()) + ")");
-      }
-      layers_.push_back(make_layer(m.layers[unit.layer], u, unit.layer, z));
+      fill_projection_rows(w, vocab_begin_, vocab_local_, H, seed, u, Tensor::lm_head);
     }
+    lm_head_ = w;
   }
+  if (m.mtp) add_mtp_modules(m, z);
+}
 
-  // ---- KV caches: one zeroed block, carved per layer and group ----------------------------
+void CpuStage::carve_kv_caches(const ScratchSizes& z) {
+  const size_t max_tokens = static_cast<size_t>(cfg_.work.batch) * static_cast<size_t>(cfg_.work.max_context());
   kv_bytes_ = z.kv_floats * sizeof(float);
-  if (z.kv_floats > 0) {
-    kv_store_ = cpu::make_aligned_floats(z.kv_floats, /*zero=*/true);  // zeros: pages touched now
-    float* p = kv_store_.get();
-    std::vector<LayerWeights*> cached;
-    for (LayerWeights& w : layers_) cached.push_back(&w);
-    for (MtpModule& mod : mtp_) cached.push_back(&mod.layer);
-    for (LayerWeights* wp : cached) {
-      LayerWeights& w = *wp;
-      const size_t nkv = static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
-      const size_t per = max_tokens * layer_cache_floats(w.shape, nkv);
-      for (int g = 0; g < cfg.groups; ++g) {
-        w.k_cache.push_back(p);
-        // MLA: one latent cache is the keys and the values; else K then V.
-        w.v_cache.push_back(w.shape.is_mla() ? p : p + per / 2);
-        p += per;
-      }
+  if (z.kv_floats == 0) return;
+  kv_store_ = cpu::make_aligned_floats(z.kv_floats, /*zero=*/true);  // zeros: pages touched now
+  float* p = kv_store_.get();
+  std::vector<LayerWeights*> cached;
+  for (LayerWeights& w : layers_) cached.push_back(&w);
+  for (MtpModule& mod : mtp_) cached.push_back(&mod.layer);
+  for (LayerWeights* wp : cached) {
+    LayerWeights& w = *wp;
+    const size_t nkv = static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
+    const size_t per = max_tokens * layer_cache_floats(w.shape, nkv);
+    for (int g = 0; g < cfg_.work.groups; ++g) {
+      w.k_cache.push_back(p);
+      // MLA: one latent cache is the keys and the values; else K then V.
+      w.v_cache.push_back(w.shape.is_mla() ? p : p + per / 2);
+      p += per;
     }
   }
+}
 
-  // ---- scratch ------------------------------------------------------------------------------
+void CpuStage::allocate_scratch(const ScratchSizes& z) {
+  const size_t H = hidden_;
+  const size_t B = static_cast<size_t>(cfg_.work.batch);
+  const size_t max_tokens = B * static_cast<size_t>(cfg_.work.max_context());
   x_.resize(max_tokens * H);
   if (!mtp_.empty()) {
     mtp_cat_.resize(max_tokens * 2 * H);
@@ -524,7 +563,7 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
     attn_.resize(max_tokens * z.max_attn);
     gate_.resize(max_tokens * z.max_inter);
     up_.resize(max_tokens * z.max_inter);
-    scores_.resize(cpu::attention_scratch_floats(cfg.max_context));
+    scores_.resize(cpu::attention_scratch_floats(cfg_.work.max_context()));
     mla_qa_.resize(max_tokens * z.max_mla_qa);
     mla_kva_.resize(max_tokens * z.max_mla_kva);
     mla_q_.resize(max_tokens * (z.max_mla_kva > 0 ? z.max_attn : 0));
@@ -549,16 +588,16 @@ CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageCo
 }
 
 void CpuStage::enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) {
-  if (group < 0 || group >= cfg_.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.max_context) {
+  if (group < 0 || group >= cfg_.work.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.work.max_context()) {
     throw InternalError("enqueue_forward(group=" + std::to_string(group) + ", pos=" + std::to_string(pos) +
                         ", tokens=" + std::to_string(tokens) + ") is outside the stage's groups=" +
-                        std::to_string(cfg_.groups) + ", max_context=" + std::to_string(cfg_.max_context));
+                        std::to_string(cfg_.work.groups) + ", max_context=" + std::to_string(cfg_.work.max_context()));
   }
   lane.host_task([this, in, out, group, pos, tokens] { forward(in, out, group, pos, tokens); });
 }
 
 void CpuStage::forward(const void* in, void* out, int group, int pos, int tokens) {
-  const size_t rows = static_cast<size_t>(cfg_.batch) * tokens;
+  const size_t rows = static_cast<size_t>(cfg_.work.batch) * tokens;
   if (has_embed_) {
     cpu::embedding(x_.data(), static_cast<const int32_t*>(in), rows, embed_, vocab_,
                    static_cast<int>(hidden_), embed_scale_);
@@ -576,7 +615,7 @@ void CpuStage::forward(const void* in, void* out, int group, int pos, int tokens
 
 void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int tokens) {
   const LayerShape& s = w.shape;
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   const int M = B * tokens;
   const int H = static_cast<int>(hidden_);
   const int hd = s.head_dim;
@@ -605,13 +644,13 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
     cpu::rope(k_.data(), B, tokens, s.n_kv_heads, hd, pos, rt.cos.data(), rt.sin.data());
     float* kc = w.k_cache[group];
     float* vc = w.v_cache[group];
-    cpu::kv_cache_write(kc, k_.data(), B, tokens, pos, cfg_.max_context, nkv);
-    cpu::kv_cache_write(vc, v_.data(), B, tokens, pos, cfg_.max_context, nkv);
+    cpu::kv_cache_write(kc, k_.data(), B, tokens, pos, cfg_.work.max_context(), nkv);
+    cpu::kv_cache_write(vc, v_.data(), B, tokens, pos, cfg_.work.max_context(), nkv);
     cpu::AttentionShape as;
     as.batch = B;
     as.tokens = tokens;
     as.pos0 = pos;
-    as.max_context = cfg_.max_context;
+    as.max_context = cfg_.work.max_context();
     as.n_heads = s.n_heads;
     as.n_kv_heads = s.n_kv_heads;
     as.head_dim = hd;
@@ -649,7 +688,7 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
 void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out) {
   const LayerShape& s = w.shape;
   const model::MlaShape& a = s.mla;
-  const int B = cfg_.batch, M = B * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
+  const int B = cfg_.work.batch, M = B * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
   const int nope = a.qk_nope, rd = a.qk_rope, qk = nope + rd, L = a.kv_lora_rank, D = L + rd, vd = a.v_head_dim;
   const float eps = static_cast<float>(s.rms_eps);
   const float* hn = out;  // the normed input; overwritten only by the final o_proj
@@ -671,7 +710,7 @@ void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int toke
   cpu::rope(r, B, tokens, 1, rd, pos, rt.cos.data(), rt.sin.data());
   for (int m = 0; m < M; ++m) std::memcpy(kva + static_cast<size_t>(m) * D + L, r + static_cast<size_t>(m) * rd, rd * sizeof(float));
   float* cache = w.k_cache[group];
-  cpu::kv_cache_write(cache, kva, B, tokens, pos, cfg_.max_context, D);
+  cpu::kv_cache_write(cache, kva, B, tokens, pos, cfg_.work.max_context(), D);
   // Absorbed queries [M, nh, D]: q_lat then the rotated q_rope.
   float* qa = mla_q_.data();
   for (int h = 0; h < nh; ++h)
@@ -689,7 +728,7 @@ void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int toke
   as.batch = B;
   as.tokens = tokens;
   as.pos0 = pos;
-  as.max_context = cfg_.max_context;
+  as.max_context = cfg_.work.max_context();
   as.n_heads = nh;
   as.n_kv_heads = 1;
   as.head_dim = D;
@@ -769,7 +808,7 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
 // pipeline's tokens stay the main model's. The modules' last hidden states join the checksum,
 // so that validation covers them.
 void CpuStage::mtp_forward(const int32_t* tokens, int group, int pos, int T) {
-  const int B = cfg_.batch, M = B * T, H = static_cast<int>(hidden_);
+  const int B = cfg_.work.batch, M = B * T, H = static_cast<int>(hidden_);
   std::copy(tokens, tokens + B, draft_.begin());
   float* cat = mtp_cat_.data();
   for (const MtpModule& mod : mtp_) {
@@ -796,7 +835,7 @@ void CpuStage::mtp_forward(const int32_t* tokens, int group, int pos, int T) {
 }
 
 void CpuStage::head_forward(int32_t* out, int tokens) {
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   const size_t H = hidden_;
   float* last = last_rows_.data();
   double sum = 0.0;
@@ -827,110 +866,6 @@ void CpuStage::head_forward(int32_t* out, int tokens) {
 std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int first, int last,
                                                 const StageConfig& cfg) {
   return std::make_unique<CpuStage>(m, first, last, cfg);
-}
-
-StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
-  if (first < 0 || last < first || last >= m.num_units()) {
-    throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
-                    "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
-  }
-  // Mirrors CpuStage's constructor (tests/unit/test_cpu_ops.cpp checks weights and KV cache
-  // against a built stage).
-  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(std::max(cfg.batch, 1));
-  const size_t ctx = static_cast<size_t>(std::max(cfg.max_context, 1)), groups = static_cast<size_t>(std::max(cfg.groups, 1));
-  const size_t max_tokens = B * ctx;
-  const int t = cfg.tp_width, r = cfg.tp_rank;
-  if (const std::string why = tp_unsupported_reason(m, t); !why.empty())
-    throw UserError("--tp " + std::to_string(t) + ": " + why);
-  const auto [v0, v1] = tp_range(static_cast<size_t>(m.vocab), t, r);
-  const size_t vocab_local = v1 - v0;
-  size_t weights = 0, kv = 0, max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0, rope = 0;
-  size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
-  bool has_embed = false, has_head = false, has_layer = false;
-  std::vector<std::pair<model::Rope, int>> ropes;
-  auto add_layer = [&](const model::LayerShape& ls) {
-    has_layer = true;
-    // This rank's shard (CpuStage's constructor): its heads and MLP slice; norms whole.
-    const TpHeads th = tp_heads(ls.n_heads, ls.n_kv_heads, t, r);
-    const auto [i0, i1] = tp_range(static_cast<size_t>(ls.intermediate), t, r);
-    const size_t nq = static_cast<size_t>(th.q_count) * ls.head_dim, nkv = static_cast<size_t>(th.kv_count) * ls.head_dim;
-    const size_t I = i1 - i0;
-    const size_t norms = H * (ls.sandwich_norm ? 4 : 2) + (ls.qk_norm ? 2 * static_cast<size_t>(ls.head_dim) : 0);
-    weights += norms + 3 * H * I;
-    size_t attn_width = nq;
-    if (ls.is_mla()) {
-      const model::MlaShape& a = ls.mla;
-      const size_t nh = static_cast<size_t>(ls.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
-      const size_t D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope), L = static_cast<size_t>(a.kv_lora_rank);
-      const size_t ql = static_cast<size_t>(a.q_lora_rank);
-      weights += (ql > 0 ? H * ql + ql + ql * nh * qk : H * nh * qk) + H * D + L +
-                 nh * (a.qk_nope + a.v_head_dim) * L + H * nh * a.v_head_dim;
-      attn_width = nh * D;
-      max_q = std::max(max_q, nh * qk);
-      max_mla_qa = std::max(max_mla_qa, ql);
-      max_mla_kva = std::max(max_mla_kva, D);
-      max_mla_rope = std::max(max_mla_rope, nh * a.qk_rope);
-      max_mla_values = std::max(max_mla_values, nh * a.v_head_dim);
-    } else {
-      weights += H * (2 * nq + 2 * nkv) + (ls.attn_bias ? nq + 2 * nkv : 0) + (ls.o_bias ? H : 0) +
-                 (ls.attn_sinks ? static_cast<size_t>(ls.n_heads) : 0);
-      max_kv = std::max(max_kv, nkv);
-    }
-    if (ls.is_moe()) {
-      const model::MoeShape& e = ls.moe;
-      const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
-      weights += E * H + (e.router_bias ? E : 0) + (e.router == model::RouterKind::sigmoid_grouped ? E : 0) +
-                 E * (3 * H * Ie + (e.expert_bias ? 2 * Ie + H : 0));
-      max_experts = std::max(max_experts, E);
-      max_top_k = std::max(max_top_k, static_cast<size_t>(e.top_k));
-      max_inter = std::max(max_inter, Ie);
-    }
-    max_q = std::max(max_q, nq);
-    max_attn = std::max(max_attn, attn_width);
-    max_inter = std::max(max_inter, I);
-    kv += groups * max_tokens * layer_cache_floats(ls, nkv);
-    const int rotated = ls.is_mla() ? ls.mla.qk_rope : ls.head_dim;
-    const auto key = std::make_pair(ls.rope, rotated);
-    if (std::find(ropes.begin(), ropes.end(), key) == ropes.end()) {
-      ropes.push_back(key);
-      rope += 2 * ctx * static_cast<size_t>(rotated / 2);
-    }
-  };
-  for (int u = first; u <= last; ++u) {
-    const model::Unit& unit = m.units[u];
-    if (unit.kind == UnitKind::embed) {
-      has_embed = true;
-      weights += static_cast<size_t>(m.vocab) * H;
-    } else if (unit.kind == UnitKind::head) {
-      has_head = true;
-      weights += H + (m.tie_embeddings && has_embed ? 0 : vocab_local * H);
-      if (m.mtp) {
-        // The MTP modules (CpuStage's constructor): the draft tokens' embedding table unless
-        // the stage holds embed, and per module its norms, eh_proj and layer.
-        weights += has_embed ? 0 : static_cast<size_t>(m.vocab) * H;
-        for (int k = 0; k < m.mtp_modules; ++k) {
-          weights += 3 * H + 2 * H * H;
-          add_layer(m.mtp_shape);
-        }
-      }
-    } else {
-      add_layer(m.layers[unit.layer]);
-    }
-  }
-  size_t scratch = max_tokens * H + rope;
-  if (has_layer) {
-    scratch += max_tokens * (H + max_q + max_attn + 2 * max_kv + 2 * max_inter) + cpu::attention_scratch_floats(cfg.max_context);
-    scratch += max_tokens * (max_mla_qa + max_mla_kva + (max_mla_kva > 0 ? max_attn : 0) + max_mla_rope + max_mla_values);
-    // MoE: router logits, gathered rows, expert output, the sum, the weights (and as many int32
-    // experts and slots, counted as floats: both 4 bytes).
-    if (max_experts > 0) scratch += max_tokens * (max_experts + 3 * H + 3 * max_top_k) + max_experts + 1;
-  }
-  if (has_head) scratch += B * H + B * vocab_local;
-  if (has_head && m.mtp) scratch += max_tokens * 2 * H + B;  // MTP: [embedding, hidden] rows; draft tokens
-  // Width > 1: the group's all-reduce gathers every rank's part of the largest [B x T, H]
-  // (create_mpi_tp_group's buffer, one per stage's group; ThreadTpGroups' is smaller).
-  if (t > 1 && has_layer) scratch += static_cast<size_t>(t) * max_tokens * H;
-  return {weights * sizeof(float), kv * sizeof(float), scratch * sizeof(float)};
 }
 
 }  // namespace ppb

@@ -31,9 +31,9 @@ namespace ppb {
 ///
 /// Each forward runs entirely inside one lane.host_task(), so it executes on the lane's thread.
 /// Forwards of one executor share its scratch buffers: enqueue them on a single lane.
-/// @throws ppb::UserError if cfg.dtype is not f32 ("the CPU backend computes in f32; use
-///         --dtype f32"), if [first, last] is not a valid unit range, if batch/max_context/groups
-///         are not positive, or if a layer's heads/head_dim are inconsistent or its rope scaling
+/// @throws ppb::UserError if cfg.work.dtype is not f32 ("the CPU backend computes in f32; use
+///         --dtype f32"), if [first, last] is not a valid unit range, if cfg.work's batch,
+///         max_context() (P + G) or groups are not positive, or if a layer's heads/head_dim are inconsistent or its rope scaling
 ///         type is unsupported.
 std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int first, int last,
                                                 const StageConfig& cfg);
@@ -41,7 +41,7 @@ std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int f
 /// Bytes of host memory a CPU stage of units [first, last] allocates for `cfg`, computed the
 /// way the constructor sizes its buffers: weights (fp32, a tied lm_head shared when the stage
 /// also holds embed), KV cache (2 x groups x batch x max_context x n_kv_heads x head_dim fp32
-/// per layer), and scratch (activations for batch x max_context tokens, the attention block,
+/// per layer, max_context = cfg.work.max_context() = P + G), and scratch (activations for batch x max_context tokens, the attention block,
 /// RoPE tables, the head's logits; at tensor-parallel width t, this rank's shard of each and the
 /// t x batch x max_context x hidden floats its group's all-reduce gathers). Pure arithmetic: call it before create_stage to check
 /// --memory-limit, including the profile's one-unit stages.

@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_lane.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
+#include "backend/cuda/cuda_stage_plan.h"
 #include "backend/decode_graphs.h"
 #include "backend/tensor_parallel.h"
 #include "backend/weights.h"
@@ -30,355 +31,15 @@ namespace {
 using model::LayerShape;
 using model::UnitKind;
 
-constexpr size_t kCublasWorkspaceBytes = 32u << 20;
-constexpr int kMaxChunkRows = 4096;                   // token rows per layer pass (scratch bound)
-constexpr size_t kScoresBudgetBytes = 256u << 20;     // prefill attention scores + probabilities
 // Decode graphs a stage keeps (groups x context buckets; backend/decode_graphs.h): beyond it,
 // decode runs eagerly. 64 groups x 11 buckets (64 .. 65536 keys) fit.
 constexpr size_t kMaxDecodeGraphs = 1024;
-// Launches of a decode forward replayed from a graph: the position, the input copy, the graph,
-// the output copy.
-constexpr size_t kGraphDecodeLaunches = 4;
 
-int round_up(int v, int m) { return (v + m - 1) / m * m; }
-
+/// "1.23 GiB", for messages.
 std::string gib(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
   return buf;
-}
-
-/// Everything about a stage that is decided before allocating: validated shapes and sizes.
-struct StagePlan {
-  struct Layer {
-    int unit = 0;      // weights' unit id (an MTP module's: num_units() + k)
-    int layer = 0;     // index in ModelSpec::layers (MTP module k: n_layers + k)
-    LayerShape shape;  // this rank's shard (tensor parallelism): its heads and MLP slice
-    LayerShape full;   // the layer's whole shape
-    TpHeads heads;     // this rank's query and KV heads
-    size_t i0 = 0;     // this rank's MLP slice starts at intermediate row i0
-    int rope = 0;      // index into ropes
-  };
-  std::vector<Layer> layers;
-  std::vector<Layer> mtp_layers;  // --mtp: each MTP module's decoder layer (head stage)
-  std::vector<std::pair<model::Rope, int>> ropes;  // distinct (rope, rotated dimensions)
-  bool has_embed = false, has_head = false, head_shares_embed = false;
-  bool mtp_own_embed = false;  // --mtp without the embedding on this stage: the draft tokens' table
-  size_t vocab_begin = 0, vocab_local = 0;  // the head's tokens [vocab_begin, + vocab_local) (all at width 1)
-  int rows = 0;         // token rows per layer pass
-  int query_block = 0;  // prefill attention query rows per block
-  int mla_query_block = 0;  // MLA: query tokens per block (every sequence and head at once)
-  size_t max_qkv = 0, max_q = 0, max_inter = 0;
-  // MLA: q_a rows, latent rows (D), absorbed queries (heads x D), latent outputs (heads x L).
-  size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_qabs = 0, max_mla_olat = 0;
-  // MoE: experts, top_k and expert width of the widest layer.
-  size_t max_experts = 0, max_top_k = 0, max_expert_inter = 0;
-  int moe_layers = 0;
-  size_t scores_elems = 0, decode_floats = 0;
-  StageBytes bytes;
-};
-
-/// Weights of a layer shard in the stage's dtype (`elems`) and in fp32 (`f32`: gpt-oss's sinks,
-/// DeepSeek's router correction bias, which the kernels read in fp32).
-struct LayerWeightCount {
-  size_t elems = 0, f32 = 0;
-};
-
-LayerWeightCount layer_weight_count(const LayerShape& s) {
-  const size_t H = s.hidden, I = s.intermediate;
-  LayerWeightCount c;
-  size_t& n = c.elems;
-  n = 3 * I * H + 2 * H;  // the dense MLP (a MoE layer's shared experts; I = 0: none), two norms
-  if (s.sandwich_norm) n += 2 * H;
-  if (s.is_mla()) {
-    const model::MlaShape& a = s.mla;
-    const size_t nh = s.n_heads, qk = a.qk_nope + a.qk_rope, L = a.kv_lora_rank, D = L + a.qk_rope,
-                 ql = a.q_lora_rank;
-    n += (ql > 0 ? ql * H + ql + nh * qk * ql : nh * qk * H) + D * H + L + nh * (a.qk_nope + a.v_head_dim) * L +
-         H * nh * a.v_head_dim;
-  } else {
-    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
-    n += (nq + 2 * nkv) * H + H * nq;
-    if (s.qk_norm) n += 2 * static_cast<size_t>(s.head_dim);
-    if (s.attn_bias) n += nq + 2 * nkv;
-    if (s.o_bias) n += H;
-    if (s.attn_sinks) c.f32 += s.n_heads;
-  }
-  if (s.is_moe()) {
-    const model::MoeShape& e = s.moe;
-    const size_t E = e.n_experts, Ie = e.expert_intermediate;
-    n += E * H + (e.router_bias ? E : 0) + E * 3 * Ie * H + (e.expert_bias ? E * (2 * Ie + H) : 0);
-    if (e.router == model::RouterKind::sigmoid_grouped) c.f32 += E;
-  }
-  return c;
-}
-
-/// The shape of a layer's MLA calls for `batch` sequences of `tokens` tokens at pos0.
-MlaCallShape mla_call_shape(const LayerShape& s, int batch, int tokens, int pos0, int max_context) {
-  MlaCallShape c;
-  c.batch = batch;
-  c.tokens = tokens;
-  c.pos0 = pos0;
-  c.max_context = max_context;
-  c.n_heads = s.n_heads;
-  c.qk_nope = s.mla.qk_nope;
-  c.qk_rope = s.mla.qk_rope;
-  c.v_head_dim = s.mla.v_head_dim;
-  c.kv_lora_rank = s.mla.kv_lora_rank;
-  c.eps = static_cast<float>(s.rms_eps);
-  c.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale
-                                                  : 1.0 / std::sqrt(static_cast<double>(s.mla.qk_nope + s.mla.qk_rope)));
-  return c;
-}
-
-cpu::AttentionShape attention_shape(const LayerShape& s, int batch, int tokens, int pos0, int max_context) {
-  cpu::AttentionShape a;
-  a.batch = batch;
-  a.tokens = tokens;
-  a.pos0 = pos0;
-  a.max_context = max_context;
-  a.n_heads = s.n_heads;
-  a.n_kv_heads = s.n_kv_heads;
-  a.head_dim = s.head_dim;
-  a.window = s.sliding_window;
-  a.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  a.softcap = static_cast<float>(s.attn_softcap);
-  return a;
-}
-
-/// The scratch of the stage's layer passes (make_plan's layers and MTP layers, their sizes in
-/// p): activations of plan rows, prefill attention's scores within kScoresBudgetBytes, decode
-/// attention's partials, MLA's and MoE's buffers. Sets p.query_block, p.mla_query_block,
-/// p.scores_elems and p.decode_floats. Bytes; 0 for a stage without layers.
-size_t layer_scratch_bytes(StagePlan& p, const StageConfig& cfg, size_t H, size_t dt, int max_heads) {
-  if (p.layers.empty() && p.mtp_layers.empty()) return 0;
-  const size_t B = static_cast<size_t>(cfg.batch);
-  const int per_seq = std::min(cfg.max_context, p.rows);
-  const size_t keys = static_cast<size_t>(round_up(cfg.max_context, 8));
-  // Prefill attention's scores and probabilities within kScoresBudgetBytes: query rows per
-  // block of one sequence's heads (GQA), or MLA's query tokens of every sequence and head.
-  // (MLA's block holds every sequence and head: it may fall to one query token, decode's size.)
-  auto block_rows = [&](size_t per_row, size_t floor_rows) {
-    int qb = static_cast<int>(std::max<size_t>(floor_rows, kScoresBudgetBytes / std::max<size_t>(per_row, 1)));
-    qb = std::min(qb, per_seq);
-    if (qb > 64) qb = qb / 64 * 64;
-    return std::max(qb, 1);
-  };
-  p.query_block = block_rows(static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 16);
-  p.mla_query_block = block_rows(B * static_cast<size_t>(max_heads) * keys * (sizeof(float) + dt), 1);
-  for (const auto* layers : {&p.layers, &p.mtp_layers}) {
-    for (const StagePlan::Layer& l : *layers) {
-      if (l.shape.is_mla()) {
-        const MlaCallShape ms = mla_call_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
-        p.scores_elems = std::max(p.scores_elems, mla_attention_scratch_elems(ms, p.mla_query_block));
-      } else {
-        const cpu::AttentionShape a = attention_shape(l.shape, cfg.batch, 1, 0, cfg.max_context);
-        p.scores_elems = std::max(p.scores_elems, attention_prefill_scratch_elems(a, p.query_block));
-        p.decode_floats = std::max(p.decode_floats, attention_decode_scratch_floats(a));
-      }
-    }
-  }
-  const size_t R = static_cast<size_t>(p.rows);
-  size_t scratch = R * dt * (H + p.max_qkv + 2 * p.max_q + 3 * p.max_inter);
-  scratch += R * dt * (p.max_mla_qa + p.max_mla_kva + p.max_mla_qabs + p.max_mla_olat);
-  scratch += p.scores_elems * (sizeof(float) + dt) + p.decode_floats * sizeof(float);
-  if (p.max_experts > 0) {
-    // Router logits (fp32), the choices (experts, weights), the dispatch, the routed rows'
-    // gate|up, activation and output, the routed sum.
-    const size_t choices = R * p.max_top_k;
-    scratch += R * p.max_experts * sizeof(float) + choices * (sizeof(int32_t) + sizeof(float)) +
-               moe_dispatch_bytes(static_cast<int>(choices), static_cast<int>(p.max_experts)) + 256;
-    scratch += choices * dt * (3 * p.max_expert_inter + H) + R * H * dt;
-  }
-  return scratch;
-}
-
-StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
-  if (first < 0 || last < first || last >= m.num_units()) {
-    throw UserError("stage units [" + std::to_string(first) + ", " + std::to_string(last) +
-                    "] are not a range of the model's " + std::to_string(m.num_units()) + " units");
-  }
-  if (cfg.batch < 1 || cfg.max_context < 1 || cfg.groups < 1) {
-    throw UserError("stage config needs batch, max_context and groups >= 1, got batch=" + std::to_string(cfg.batch) +
-                    " max_context=" + std::to_string(cfg.max_context) + " groups=" + std::to_string(cfg.groups));
-  }
-  if (m.hidden < 1 || m.vocab < 1) throw UserError("model needs hidden_size and vocab_size >= 1");
-  if (cfg.tp_width < 1 || cfg.tp_rank < 0 || cfg.tp_rank >= cfg.tp_width)
-    throw UserError("stage config: tensor-parallel rank " + std::to_string(cfg.tp_rank) + " is outside a group of width " +
-                    std::to_string(cfg.tp_width));
-  if (const std::string why = tp_unsupported_reason(m, cfg.tp_width); !why.empty())
-    throw UserError("--tp " + std::to_string(cfg.tp_width) + ": " + why);
-  StagePlan p;
-  {
-    const auto [v0, v1] = tp_range(static_cast<size_t>(m.vocab), cfg.tp_width, cfg.tp_rank);
-    p.vocab_begin = v0;
-    p.vocab_local = v1 - v0;
-  }
-  const size_t dt = static_cast<size_t>(dtype_bytes(cfg.dtype));
-  const size_t H = static_cast<size_t>(m.hidden), B = static_cast<size_t>(cfg.batch),
-               ctx = static_cast<size_t>(cfg.max_context), V = static_cast<size_t>(m.vocab);
-  size_t weight_elems = 0, kv_elems = 0, rope_bytes = 0, scratch_fixed = 0;
-  int max_heads = 0;
-  size_t weight_f32 = 0;
-  // One decoder layer (a main layer, or an MTP module's: unit id num_units() + k) into the plan.
-  auto add_layer = [&](const LayerShape& s, int u, int layer, std::vector<StagePlan::Layer>& into) {
-    check_stage_layer(s, m.hidden, layer);
-    if (s.is_moe() && (s.moe.top_k > kMoeMaxTopK || s.moe.n_experts > kMoeMaxExperts)) {
-      throw UserError("layer " + std::to_string(layer) + ": the CUDA backend routes at most " +
-                      std::to_string(kMoeMaxTopK) + " experts per token of at most " + std::to_string(kMoeMaxExperts) +
-                      ", got top_k=" + std::to_string(s.moe.top_k) + " of " + std::to_string(s.moe.n_experts));
-    }
-    if (!s.is_mla() && s.head_dim > 256) {
-      throw UserError("layer " + std::to_string(layer) + ": the CUDA backend supports head_dim <= 256, got " +
-                      std::to_string(s.head_dim));
-    }
-    StagePlan::Layer l;
-    l.unit = u;
-    l.layer = layer;
-    l.full = s;
-    l.shape = s;
-    l.heads = tp_heads(s.n_heads, s.n_kv_heads, cfg.tp_width, cfg.tp_rank);
-    const auto [i0, i1] = tp_range(static_cast<size_t>(s.intermediate), cfg.tp_width, cfg.tp_rank);
-    l.i0 = i0;
-    l.shape.n_heads = l.heads.q_count;
-    l.shape.n_kv_heads = l.heads.kv_count;
-    l.shape.intermediate = static_cast<int>(i1 - i0);
-    const int rotated = s.is_mla() ? s.mla.qk_rope : s.head_dim;  // MLA rotates only q_rope and k_rope
-    auto it = std::find_if(p.ropes.begin(), p.ropes.end(),
-                           [&](const auto& r) { return r.first == s.rope && r.second == rotated; });
-    if (it == p.ropes.end()) {
-      cpu::rope_inv_freq(s.rope, rotated);  // validates the scaling type (UserError)
-      p.ropes.emplace_back(s.rope, rotated);
-      rope_bytes += 2 * ctx * static_cast<size_t>(rotated / 2) * sizeof(float);
-      it = p.ropes.end() - 1;
-    }
-    l.rope = static_cast<int>(it - p.ropes.begin());
-    const LayerShape& ls = l.shape;  // the shard from here on (MoE and MLA layers refuse --tp: whole)
-    const LayerWeightCount wc = layer_weight_count(ls);
-    weight_elems += wc.elems;
-    weight_f32 += wc.f32;
-    max_heads = std::max(max_heads, ls.n_heads);
-    if (ls.is_mla()) {
-      const model::MlaShape& a = ls.mla;
-      const size_t nh = static_cast<size_t>(ls.n_heads), D = static_cast<size_t>(a.kv_lora_rank + a.qk_rope);
-      p.max_q = std::max({p.max_q, nh * (a.qk_nope + a.qk_rope), nh * a.v_head_dim});  // q_, then the values in attn_
-      p.max_mla_qa = std::max(p.max_mla_qa, static_cast<size_t>(a.q_lora_rank));
-      p.max_mla_kva = std::max(p.max_mla_kva, D);
-      p.max_mla_qabs = std::max(p.max_mla_qabs, nh * D);
-      p.max_mla_olat = std::max(p.max_mla_olat, nh * a.kv_lora_rank);
-      kv_elems += static_cast<size_t>(cfg.groups) * B * ctx * D;  // one latent row per token: keys and values
-    } else {
-      const size_t nq = static_cast<size_t>(ls.n_heads) * ls.head_dim, nkv = static_cast<size_t>(ls.n_kv_heads) * ls.head_dim;
-      p.max_qkv = std::max(p.max_qkv, nq + 2 * nkv);
-      p.max_q = std::max(p.max_q, nq);
-      kv_elems += 2 * static_cast<size_t>(cfg.groups) * B * ctx * nkv;
-    }
-    p.max_inter = std::max(p.max_inter, static_cast<size_t>(ls.intermediate));
-    if (ls.is_moe()) {
-      ++p.moe_layers;
-      p.max_experts = std::max(p.max_experts, static_cast<size_t>(ls.moe.n_experts));
-      p.max_top_k = std::max(p.max_top_k, static_cast<size_t>(ls.moe.top_k));
-      p.max_expert_inter = std::max(p.max_expert_inter, static_cast<size_t>(ls.moe.expert_intermediate));
-      // The layer's expert counters (int64) and, with --expert-skew, its popularity law (double).
-      scratch_fixed += static_cast<size_t>(ls.moe.n_experts) * (sizeof(int64_t) + (cfg.expert_skew > 0.0 ? sizeof(double) : 0));
-    }
-    into.push_back(l);
-  };
-  for (int u = first; u <= last; ++u) {
-    const model::Unit& unit = m.units[u];
-    if (unit.kind == UnitKind::embed) {
-      p.has_embed = true;
-      weight_elems += V * H;
-    } else if (unit.kind == UnitKind::head) {
-      p.has_head = true;
-      p.head_shares_embed = m.tie_embeddings && p.has_embed;
-      weight_elems += H + (p.head_shares_embed ? 0 : p.vocab_local * H);
-      if (m.mtp) {
-        // The MTP modules (CpuStage's): the draft tokens' embedding table unless this stage holds
-        // embed's, and per module its norms, eh_proj and decoder layer.
-        p.mtp_own_embed = !p.has_embed;
-        if (p.mtp_own_embed) weight_elems += V * H;
-        for (int k = 0; k < m.mtp_modules; ++k) {
-          weight_elems += 3 * H + 2 * H * H;
-          add_layer(m.mtp_shape, m.num_units() + k, m.n_layers + k, p.mtp_layers);
-        }
-      }
-    } else {
-      if (unit.layer < 0 || unit.layer >= static_cast<int>(m.layers.size())) {
-        throw UserError("unit '" + unit.name + "' has layer index " + std::to_string(unit.layer) + " outside [0, " +
-                        std::to_string(m.layers.size()) + ")");
-      }
-      add_layer(m.layers[unit.layer], u, unit.layer, p.layers);
-    }
-  }
-  p.rows = static_cast<int>(std::min<size_t>(B * ctx, std::max<size_t>(B, kMaxChunkRows)));
-  size_t scratch = B * ctx * H * dt + kCublasWorkspaceBytes + rope_bytes + scratch_fixed + 64;
-  scratch += layer_scratch_bytes(p, cfg, H, dt, max_heads);
-  if (p.has_head) scratch += B * H * dt + B * p.vocab_local * sizeof(float);
-  // --mtp: the modules' input rows [B x context, 2H] and the draft tokens [B].
-  if (!p.mtp_layers.empty()) scratch += B * ctx * 2 * H * dt + B * sizeof(int32_t);
-  // The vocabulary-parallel head's (value, id) pairs: this rank's [B] and the group's [width][B].
-  if (p.has_head && cfg.tp_width > 1) scratch += (1 + static_cast<size_t>(cfg.tp_width)) * B * sizeof(ArgmaxPair);
-  scratch += 2 * B * sizeof(int32_t) + 64;  // a decode graph's token input, token output and position
-  p.bytes.weights = weight_elems * dt + weight_f32 * sizeof(float);
-  p.bytes.kv_cache = kv_elems * dt;
-  p.bytes.scratch = scratch;
-  return p;
-}
-
-/// Upper bound of the launches of one forward of `tokens` tokens per sequence on a stage of
-/// plan `plan` (StageExecutor::launches_per_forward).
-size_t plan_launches(const StagePlan& plan_, const StageConfig& cfg_, int tokens) {
-  // Mirrors enqueue_forward and layer_forward; a cuBLAS call counts as two launches (a GEMM may
-  // add a split-K reduction), attention_decode as two (split-K and combine).
-  constexpr size_t kBlas = 2;
-  if (tokens == 1 && cfg_.cuda_graphs) return kGraphDecodeLaunches;
-  const size_t B = static_cast<size_t>(cfg_.batch), T = static_cast<size_t>(std::max(tokens, 1));
-  auto layer_pass = [&](const LayerShape& s, size_t nb, size_t tc) {
-    size_t n = 1 + kBlas + 1 + 1;  // input norm, o_proj, add+norm, the final add
-    if (s.sandwich_norm) n += 2;
-    if (cfg_.tp_width > 1) n += 2;  // the all-reduces after o_proj and down_proj
-    if (s.is_mla()) {
-      // (q_a, its norm,) q_b, kv_a, the cache write, the absorbed queries (GEMM + RoPE), the
-      // values; attention: per query block S, softmax, PV (every sequence at once).
-      n += (s.mla.q_lora_rank > 0 ? kBlas + 1 : 0) + kBlas + kBlas + 1 + kBlas + 1 + kBlas;
-      const size_t qb = static_cast<size_t>(std::max(plan_.mla_query_block, 1));
-      n += ((tc + qb - 1) / qb) * (2 * kBlas + 1);
-    } else {
-      n += kBlas + 1;  // qkv, rope + cache
-      if (s.o_bias) n += 1;
-      if (tc == 1) {
-        n += 2;
-      } else {
-        const size_t group = static_cast<size_t>(s.n_heads / std::max(s.n_kv_heads, 1));
-        const size_t qb = static_cast<size_t>(std::max(plan_.query_block, 1));
-        n += nb * ((tc + qb - 1) / qb) * (2 * group * kBlas + 1);
-      }
-    }
-    if (s.intermediate > 0) n += kBlas + 1 + kBlas;  // gate_up, act, down (dense, or shared experts)
-    // Router GEMM, its bias, route, dispatch, the two grouped GEMMs, act, combine, the shared add.
-    if (s.is_moe()) n += kBlas + 1 + 1 + 1 + 2 + 1 + 1 + 1;
-    return n;
-  };
-  const size_t rows_per_pass = static_cast<size_t>(std::max(plan_.rows, 1));
-  auto layers = [&](const std::vector<StagePlan::Layer>& ls) {
-    size_t n = 0;
-    for (const auto& l : ls) {
-      if (B * T <= rows_per_pass) {
-        n += layer_pass(l.shape, B, T);
-      } else {  // chunked prefill, sequence by sequence
-        for (size_t t0 = 0; t0 < T; t0 += rows_per_pass) n += B * layer_pass(l.shape, 1, std::min(rows_per_pass, T - t0));
-      }
-    }
-    return n;
-  };
-  size_t n = 1;  // embedding or the input copy
-  n += layers(plan_.layers);
-  n += plan_.has_head ? 4 + kBlas : 1;  // gather, norm, lm_head, softcap, argmax; or the output copy
-  if (plan_.has_head && cfg_.tp_width > 1) n += 2;  // the pairs' all-gather and the group's argmax
-  // --mtp: the draft copy; per module its input rows, eh_proj, layer, gather, norm, lm_head, argmax.
-  if (!plan_.mtp_layers.empty()) n += 1 + plan_.mtp_layers.size() * (1 + kBlas + 3 + kBlas) + layers(plan_.mtp_layers);
-  return n;
 }
 
 /// Device pointers of one decoder layer's weights and caches; null where the layer has no such
@@ -430,11 +91,11 @@ class CudaStage final : public StageExecutor {
   int first_unit() const override { return first_; }
   int last_unit() const override { return last_; }
   size_t input_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch) * tokens;
+    const size_t n = static_cast<size_t>(cfg_.work.batch) * tokens;
     return plan_.has_embed ? n * sizeof(int32_t) : n * hidden_ * dt_;
   }
   size_t output_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.batch);
+    const size_t n = static_cast<size_t>(cfg_.work.batch);
     return plan_.has_head ? n * sizeof(int32_t) : n * tokens * hidden_ * dt_;
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
@@ -454,7 +115,7 @@ class CudaStage final : public StageExecutor {
   size_t decode_graphs() const override { return graphs_.size(); }
   std::vector<std::vector<int64_t>> expert_tokens() const override;
   void prepare_forward(int group, int pos, int tokens) override {
-    if (tokens == 1 && cfg_.cuda_graphs && group >= 0 && group < cfg_.groups && pos >= 0 && pos < cfg_.max_context)
+    if (tokens == 1 && cfg_.cuda_graphs && group >= 0 && group < cfg_.work.groups && pos >= 0 && pos < cfg_.work.max_context())
       (void)decode_graph(group, pos);
   }
 
@@ -492,6 +153,27 @@ class CudaStage final : public StageExecutor {
                    const int* pos_dev = nullptr);
   /// One decoder layer's weights and caches (a main layer or an MTP module's).
   LayerWeights make_layer(const StagePlan::Layer& l);
+  /// make_layer's MLA attention: q (low-rank or whole), kv_a, kv_b, o; one latent cache per group.
+  void add_mla_weights(LayerWeights& w, const StagePlan::Layer& l);
+  /// make_layer's attention of this rank's heads: q|k|v rows, o columns, biases, q/k norms,
+  /// sinks; K and V caches per group.
+  void add_attention_weights(LayerWeights& w, const StagePlan::Layer& l);
+  /// make_layer's router, routed experts (expert-major blocks), expert counters and --expert-skew law.
+  void add_expert_weights(LayerWeights& w, const StagePlan::Layer& l);
+  /// The constructor's check of the plan against the GPU's free memory.
+  /// @throws ppb::UserError naming the stage, its bytes and the free bytes.
+  void check_free_memory(int first, int last) const;
+  /// Key of the embedding table's weights (embed, a tied lm_head, the MTP modules' table).
+  uint64_t embed_key() const { return weight_key(cfg_.work.seed, 0, static_cast<uint64_t>(Tensor::embed)); }
+  /// The constructor's embedding table and head (final norm, this rank's lm_head rows).
+  void make_embed_and_head(const model::ModelSpec& m, int last);
+  /// The constructor's RoPE cos/sin tables [max_context, dims/2] of every plan_.ropes entry.
+  void upload_rope_tables();
+  /// The constructor's --mtp modules: the draft tokens' table, per module its norms, eh_proj and
+  /// layer, their input rows and draft tokens.
+  void make_mtp_modules(const model::ModelSpec& m);
+  /// The constructor's scratch: activations of plan_.rows rows, attention, MLA, MoE, the head's.
+  void allocate_scratch();
   void* bias_weights(size_t n, int unit, Tensor t, void* dst = nullptr, size_t first = 0);
   float* f32_weights(size_t n, int unit, Tensor t, float scale);
   /// The head over x_ [B, tokens, H]: last rows, final norm, lm_head, softcap, argmax -> out [B].
@@ -567,93 +249,146 @@ void* CudaStage::alloc(size_t bytes) {
 void* CudaStage::proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst, size_t row0) {
   void* p = dst ? dst : alloc_elems(rows * fan_in);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
-  fill_uniform(p, cfg_.dtype, rows * fan_in, weight_key_at(weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), row0 * fan_in),
+  fill_uniform(p, cfg_.work.dtype, rows * fan_in, weight_key_at(weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), row0 * fan_in),
                scale, 0.0f, init_stream_.get());
   return p;
 }
 
 void* CudaStage::norm(size_t n, int unit, Tensor t, bool plus_one) {
   void* p = alloc_elems(n);
-  fill_uniform(p, cfg_.dtype, n, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), 0.1f, plus_one ? 0.0f : 1.0f,
+  fill_uniform(p, cfg_.work.dtype, n, weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), 0.1f, plus_one ? 0.0f : 1.0f,
                init_stream_.get());
   return p;
 }
 
 void* CudaStage::bias_weights(size_t n, int unit, Tensor t, void* dst, size_t first) {
   void* p = dst ? dst : alloc_elems(n);
-  fill_uniform(p, cfg_.dtype, n, weight_key_at(weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), first), 0.02f, 0.0f,
+  fill_uniform(p, cfg_.work.dtype, n, weight_key_at(weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), first), 0.02f, 0.0f,
                init_stream_.get());
   return p;
 }
 
 float* CudaStage::f32_weights(size_t n, int unit, Tensor t, float scale) {
   auto* p = static_cast<float*>(alloc(n * sizeof(float)));
-  fill_uniform(p, DType::f32, n, weight_key(cfg_.seed, unit, static_cast<uint64_t>(t)), scale, 0.0f, init_stream_.get());
+  fill_uniform(p, DType::f32, n, weight_key(cfg_.work.seed, unit, static_cast<uint64_t>(t)), scale, 0.0f, init_stream_.get());
   return p;
+}
+
+void CudaStage::add_mla_weights(LayerWeights& w, const StagePlan::Layer& l) {
+  // MoE and MLA layers refuse tensor parallelism (tp_unsupported_reason): the whole layer.
+  const LayerShape& s = l.shape;
+  const int u = l.unit;
+  const size_t H = hidden_, B = static_cast<size_t>(cfg_.work.batch), ctx = static_cast<size_t>(cfg_.work.max_context());
+  const model::MlaShape& a = s.mla;
+  const size_t nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
+  const size_t L = static_cast<size_t>(a.kv_lora_rank), D = L + static_cast<size_t>(a.qk_rope);
+  if (a.q_lora_rank > 0) {
+    const size_t ql = static_cast<size_t>(a.q_lora_rank);
+    w.q_a = proj(ql, H, u, Tensor::q_a_proj);
+    w.q_a_norm = norm(ql, u, Tensor::q_a_norm, false);
+    w.q_b = proj(nh * qk, ql, u, Tensor::q_b_proj);
+  } else {
+    w.q_b = proj(nh * qk, H, u, Tensor::q_proj);
+  }
+  w.kv_a = proj(D, H, u, Tensor::kv_a_proj);
+  w.kv_a_norm = norm(L, u, Tensor::kv_a_norm, false);
+  w.kv_b = proj(nh * (a.qk_nope + a.v_head_dim), L, u, Tensor::kv_b_proj);
+  w.o = proj(H, nh * a.v_head_dim, u, Tensor::o_proj);
+  for (int g = 0; g < cfg_.work.groups; ++g) {
+    // Zeroed at allocation (DeviceMemory), as it must be: a decode graph's attention spans its
+    // whole context bucket and masks the keys past the position, which must then be finite
+    // (0 x NaN would reach the output).
+    void* c = alloc_elems(B * ctx * D);
+    w.k_cache.push_back(c);
+    w.v_cache.push_back(c);
+  }
+}
+
+void CudaStage::add_attention_weights(LayerWeights& w, const StagePlan::Layer& l) {
+  const LayerShape& s = l.shape;  // this rank's shard (the whole layer at width 1)
+  const int u = l.unit;
+  const size_t H = hidden_, B = static_cast<size_t>(cfg_.work.batch), ctx = static_cast<size_t>(cfg_.work.max_context());
+  const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
+  const size_t hd = static_cast<size_t>(s.head_dim);
+  const size_t q0 = l.heads.q_begin * hd, kv0 = l.heads.kv_begin * hd;  // first rows of q / k and v
+  const size_t nq_all = static_cast<size_t>(l.full.n_heads) * hd;
+  // Column-parallel q/k/v: rows of the whole tensors; row-parallel o: columns.
+  w.qkv = alloc_elems((nq + 2 * nkv) * H);
+  proj(nq, H, u, Tensor::q_proj, w.qkv, q0);
+  proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H), kv0);
+  proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H), kv0);
+  w.o = alloc_elems(H * nq);
+  fill_uniform_cols(w.o, cfg_.work.dtype, H, nq_all, q0, nq, weight_key(cfg_.work.seed, u, static_cast<uint64_t>(Tensor::o_proj)),
+                    static_cast<float>(1.0 / std::sqrt(static_cast<double>(nq_all))), init_stream_.get());
+  if (s.attn_bias) {
+    w.bias = alloc_elems(nq + 2 * nkv);
+    bias_weights(nq, u, Tensor::q_bias, w.bias, q0);
+    bias_weights(nkv, u, Tensor::k_bias, at(w.bias, nq), kv0);
+    bias_weights(nkv, u, Tensor::v_bias, at(w.bias, nq + nkv), kv0);
+  }
+  if (s.qk_norm) {
+    w.q_norm = norm(s.head_dim, u, Tensor::q_norm, s.norm_plus_one);
+    w.k_norm = norm(s.head_dim, u, Tensor::k_norm, s.norm_plus_one);
+  }
+  if (s.o_bias) w.o_bias = bias_weights(H, u, Tensor::o_bias);  // gpt-oss refuses --tp: the whole bias
+  if (s.attn_sinks) w.sinks = f32_weights(static_cast<size_t>(s.n_heads), u, Tensor::sinks, 1.0f);
+  for (int g = 0; g < cfg_.work.groups; ++g) {
+    w.k_cache.push_back(alloc_elems(B * ctx * nkv));
+    w.v_cache.push_back(alloc_elems(B * ctx * nkv));
+  }
+}
+
+void CudaStage::add_expert_weights(LayerWeights& w, const StagePlan::Layer& l) {
+  const int u = l.unit;
+  const size_t H = hidden_;
+  const model::MoeShape& e = l.shape.moe;
+  const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
+  w.router = proj(E, H, u, Tensor::router);
+  if (e.router_bias) w.router_bias = bias_weights(E, u, Tensor::router_bias);
+  if (e.router == model::RouterKind::sigmoid_grouped) w.correction = f32_weights(E, u, Tensor::router_correction, 0.02f);
+  // Expert x's tensors in one block per kind, expert-major (the grouped GEMM's layout), each
+  // filled from its own key (CpuStage::add_expert_weights): the same values as the CPU's.
+  w.expert_gate_up = alloc_elems(E * 2 * Ie * H);
+  w.expert_down = alloc_elems(E * H * Ie);
+  if (e.expert_bias) {
+    w.expert_gate_up_bias = alloc_elems(E * 2 * Ie);
+    w.expert_down_bias = alloc_elems(E * H);
+  }
+  for (int x = 0; x < e.n_experts; ++x) {
+    const size_t xi = static_cast<size_t>(x);
+    proj(Ie, H, u, expert_tensor(Tensor::expert_gate, x), at(w.expert_gate_up, xi * 2 * Ie * H));
+    proj(Ie, H, u, expert_tensor(Tensor::expert_up, x), at(w.expert_gate_up, (xi * 2 + 1) * Ie * H));
+    proj(H, Ie, u, expert_tensor(Tensor::expert_down, x), at(w.expert_down, xi * H * Ie));
+    if (e.expert_bias) {
+      bias_weights(Ie, u, expert_tensor(Tensor::expert_gate_bias, x), at(w.expert_gate_up_bias, xi * 2 * Ie));
+      bias_weights(Ie, u, expert_tensor(Tensor::expert_up_bias, x), at(w.expert_gate_up_bias, (xi * 2 + 1) * Ie));
+      bias_weights(H, u, expert_tensor(Tensor::expert_down_bias, x), at(w.expert_down_bias, xi * H));
+    }
+  }
+  w.expert_tokens = static_cast<int64_t*>(alloc(E * sizeof(int64_t)));  // zeroed (DeviceMemory)
+  if (cfg_.expert_skew > 0.0) {
+    w.skew_key = weight_key(cfg_.work.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
+    const std::vector<double> log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
+    w.skew_log_p = static_cast<double*>(alloc(E * sizeof(double)));
+    // From pageable memory the call returns once the bytes are staged (CUDA's API sync
+    // behaviour), so log_p may go; the constructor's final synchronisation covers the DMA.
+    CUDA_CHECK(cudaMemcpyAsync(w.skew_log_p, log_p.data(), E * sizeof(double), cudaMemcpyHostToDevice,
+                               init_stream_.get()));
+  }
 }
 
 LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
   const LayerShape& s = l.shape;  // this rank's shard (the whole layer at width 1)
   const int u = l.unit;
-  const size_t H = hidden_, B = static_cast<size_t>(cfg_.batch), ctx = static_cast<size_t>(cfg_.max_context);
+  const size_t H = hidden_;
   const size_t I = static_cast<size_t>(s.intermediate);
   LayerWeights w;
   w.plan = l;
   w.input_norm = norm(H, u, Tensor::input_layernorm, s.norm_plus_one);
   if (s.is_mla()) {
-    // MoE and MLA layers refuse tensor parallelism (tp_unsupported_reason): the whole layer.
-    const model::MlaShape& a = s.mla;
-    const size_t nh = static_cast<size_t>(s.n_heads), qk = static_cast<size_t>(a.qk_nope + a.qk_rope);
-    const size_t L = static_cast<size_t>(a.kv_lora_rank), D = L + static_cast<size_t>(a.qk_rope);
-    if (a.q_lora_rank > 0) {
-      const size_t ql = static_cast<size_t>(a.q_lora_rank);
-      w.q_a = proj(ql, H, u, Tensor::q_a_proj);
-      w.q_a_norm = norm(ql, u, Tensor::q_a_norm, false);
-      w.q_b = proj(nh * qk, ql, u, Tensor::q_b_proj);
-    } else {
-      w.q_b = proj(nh * qk, H, u, Tensor::q_proj);
-    }
-    w.kv_a = proj(D, H, u, Tensor::kv_a_proj);
-    w.kv_a_norm = norm(L, u, Tensor::kv_a_norm, false);
-    w.kv_b = proj(nh * (a.qk_nope + a.v_head_dim), L, u, Tensor::kv_b_proj);
-    w.o = proj(H, nh * a.v_head_dim, u, Tensor::o_proj);
-    for (int g = 0; g < cfg_.groups; ++g) {
-      // Zeroed at allocation (DeviceMemory), as it must be: a decode graph's attention spans its
-      // whole context bucket and masks the keys past the position, which must then be finite
-      // (0 x NaN would reach the output).
-      void* c = alloc_elems(B * ctx * D);
-      w.k_cache.push_back(c);
-      w.v_cache.push_back(c);
-    }
+    add_mla_weights(w, l);
   } else {
-    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nkv = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
-    const size_t hd = static_cast<size_t>(s.head_dim);
-    const size_t q0 = l.heads.q_begin * hd, kv0 = l.heads.kv_begin * hd;  // first rows of q / k and v
-    const size_t nq_all = static_cast<size_t>(l.full.n_heads) * hd;
-    // Column-parallel q/k/v: rows of the whole tensors; row-parallel o: columns.
-    w.qkv = alloc_elems((nq + 2 * nkv) * H);
-    proj(nq, H, u, Tensor::q_proj, w.qkv, q0);
-    proj(nkv, H, u, Tensor::k_proj, at(w.qkv, nq * H), kv0);
-    proj(nkv, H, u, Tensor::v_proj, at(w.qkv, (nq + nkv) * H), kv0);
-    w.o = alloc_elems(H * nq);
-    fill_uniform_cols(w.o, cfg_.dtype, H, nq_all, q0, nq, weight_key(cfg_.seed, u, static_cast<uint64_t>(Tensor::o_proj)),
-                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(nq_all))), init_stream_.get());
-    if (s.attn_bias) {
-      w.bias = alloc_elems(nq + 2 * nkv);
-      bias_weights(nq, u, Tensor::q_bias, w.bias, q0);
-      bias_weights(nkv, u, Tensor::k_bias, at(w.bias, nq), kv0);
-      bias_weights(nkv, u, Tensor::v_bias, at(w.bias, nq + nkv), kv0);
-    }
-    if (s.qk_norm) {
-      w.q_norm = norm(s.head_dim, u, Tensor::q_norm, s.norm_plus_one);
-      w.k_norm = norm(s.head_dim, u, Tensor::k_norm, s.norm_plus_one);
-    }
-    if (s.o_bias) w.o_bias = bias_weights(H, u, Tensor::o_bias);  // gpt-oss refuses --tp: the whole bias
-    if (s.attn_sinks) w.sinks = f32_weights(static_cast<size_t>(s.n_heads), u, Tensor::sinks, 1.0f);
-    for (int g = 0; g < cfg_.groups; ++g) {
-      w.k_cache.push_back(alloc_elems(B * ctx * nkv));
-      w.v_cache.push_back(alloc_elems(B * ctx * nkv));
-    }
+    add_attention_weights(w, l);
   }
   w.post_attention_norm = norm(H, u, Tensor::post_attention_layernorm, s.norm_plus_one);
   if (s.sandwich_norm) {
@@ -666,46 +401,11 @@ LayerWeights CudaStage::make_layer(const StagePlan::Layer& l) {
     proj(I, H, u, Tensor::gate_proj, w.gate_up, l.i0);
     proj(I, H, u, Tensor::up_proj, at(w.gate_up, I * H), l.i0);
     w.down = alloc_elems(H * I);
-    fill_uniform_cols(w.down, cfg_.dtype, H, I_all, l.i0, I,
-                      weight_key(cfg_.seed, u, static_cast<uint64_t>(Tensor::down_proj)),
+    fill_uniform_cols(w.down, cfg_.work.dtype, H, I_all, l.i0, I,
+                      weight_key(cfg_.work.seed, u, static_cast<uint64_t>(Tensor::down_proj)),
                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(I_all))), init_stream_.get());
   }
-  if (s.is_moe()) {
-    const model::MoeShape& e = s.moe;
-    const size_t E = static_cast<size_t>(e.n_experts), Ie = static_cast<size_t>(e.expert_intermediate);
-    w.router = proj(E, H, u, Tensor::router);
-    if (e.router_bias) w.router_bias = bias_weights(E, u, Tensor::router_bias);
-    if (e.router == model::RouterKind::sigmoid_grouped) w.correction = f32_weights(E, u, Tensor::router_correction, 0.02f);
-    // Expert x's tensors in one block per kind, expert-major (the grouped GEMM's layout), each
-    // filled from its own key (CpuStage::add_expert_weights): the same values as the CPU's.
-    w.expert_gate_up = alloc_elems(E * 2 * Ie * H);
-    w.expert_down = alloc_elems(E * H * Ie);
-    if (e.expert_bias) {
-      w.expert_gate_up_bias = alloc_elems(E * 2 * Ie);
-      w.expert_down_bias = alloc_elems(E * H);
-    }
-    for (int x = 0; x < e.n_experts; ++x) {
-      const size_t xi = static_cast<size_t>(x);
-      proj(Ie, H, u, expert_tensor(Tensor::expert_gate, x), at(w.expert_gate_up, xi * 2 * Ie * H));
-      proj(Ie, H, u, expert_tensor(Tensor::expert_up, x), at(w.expert_gate_up, (xi * 2 + 1) * Ie * H));
-      proj(H, Ie, u, expert_tensor(Tensor::expert_down, x), at(w.expert_down, xi * H * Ie));
-      if (e.expert_bias) {
-        bias_weights(Ie, u, expert_tensor(Tensor::expert_gate_bias, x), at(w.expert_gate_up_bias, xi * 2 * Ie));
-        bias_weights(Ie, u, expert_tensor(Tensor::expert_up_bias, x), at(w.expert_gate_up_bias, (xi * 2 + 1) * Ie));
-        bias_weights(H, u, expert_tensor(Tensor::expert_down_bias, x), at(w.expert_down_bias, xi * H));
-      }
-    }
-    w.expert_tokens = static_cast<int64_t*>(alloc(E * sizeof(int64_t)));  // zeroed (DeviceMemory)
-    if (cfg_.expert_skew > 0.0) {
-      w.skew_key = weight_key(cfg_.seed, static_cast<uint64_t>(u), static_cast<uint64_t>(Tensor::expert_skew));
-      const std::vector<double> log_p = cpu::expert_popularity_log_p(e.n_experts, cfg_.expert_skew, w.skew_key);
-      w.skew_log_p = static_cast<double*>(alloc(E * sizeof(double)));
-      // From pageable memory the call returns once the bytes are staged (CUDA's API sync
-      // behaviour), so log_p may go; the constructor's final synchronisation covers the DMA.
-      CUDA_CHECK(cudaMemcpyAsync(w.skew_log_p, log_p.data(), E * sizeof(double), cudaMemcpyHostToDevice,
-                                 init_stream_.get()));
-    }
-  }
+  if (s.is_moe()) add_expert_weights(w, l);
   return w;
 }
 
@@ -716,14 +416,23 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
                         " needs its group's NCCL communicator, of that width and rank");
   tp_ = cfg.tp_width > 1 ? cfg.tp : nullptr;
   hidden_ = static_cast<size_t>(m.hidden);
-  dt_ = static_cast<size_t>(dtype_bytes(cfg.dtype));
+  dt_ = static_cast<size_t>(dtype_bytes(cfg.work.dtype));
   vocab_ = m.vocab;
   embed_scale_ = m.embed_scale_sqrt_hidden ? static_cast<float>(std::sqrt(static_cast<double>(m.hidden))) : 1.0f;
   final_norm_plus_one_ = m.final_norm_plus_one;
   final_softcap_ = static_cast<float>(m.final_softcap);
   final_eps_ = static_cast<float>(m.rms_eps);
 
-  // Memory: say what does not fit before cudaMalloc fails somewhere in the middle.
+  check_free_memory(first, last);  // say what does not fit before cudaMalloc fails somewhere in the middle
+  make_embed_and_head(m, last);
+  upload_rope_tables();
+  for (const StagePlan::Layer& l : plan_.layers) layers_.push_back(make_layer(l));
+  if (!plan_.mtp_layers.empty()) make_mtp_modules(m);
+  allocate_scratch();
+  CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
+}
+
+void CudaStage::check_free_memory(int first, int last) const {
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (plan_.bytes.total() > free_b) {
@@ -733,13 +442,13 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
                     gib(free_b) + " are free; use more stages, a smaller --batch/--microbatches/context, or a "
                     "smaller --dtype");
   }
+}
 
-  const size_t H = hidden_, B = static_cast<size_t>(cfg.batch), ctx = static_cast<size_t>(cfg.max_context),
-               V = static_cast<size_t>(m.vocab);
-  const uint64_t embed_key = weight_key(cfg.seed, 0, static_cast<uint64_t>(Tensor::embed));
+void CudaStage::make_embed_and_head(const model::ModelSpec& m, int last) {
+  const size_t H = hidden_, V = static_cast<size_t>(m.vocab);
   if (plan_.has_embed) {
     embed_ = alloc_elems(V * H);
-    fill_uniform(embed_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
+    fill_uniform(embed_, cfg_.work.dtype, V * H, embed_key(), 1.0f, 0.0f, init_stream_.get());
   }
   if (plan_.has_head) {
     final_norm_ = norm(H, last, Tensor::final_norm, m.final_norm_plus_one);
@@ -749,16 +458,20 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
       lm_head_ = at(embed_, v0 * H);
     } else if (m.tie_embeddings) {
       lm_head_ = alloc_elems(Vl * H);
-      fill_uniform(lm_head_, cfg.dtype, Vl * H, weight_key_at(embed_key, v0 * H), 1.0f, 0.0f, init_stream_.get());
+      fill_uniform(lm_head_, cfg_.work.dtype, Vl * H, weight_key_at(embed_key(), v0 * H), 1.0f, 0.0f, init_stream_.get());
     } else {
       lm_head_ = proj(Vl, H, last, Tensor::lm_head, nullptr, v0);
     }
   }
+}
+
+void CudaStage::upload_rope_tables() {
+  const size_t ctx = static_cast<size_t>(cfg_.work.max_context());
   for (const auto& [rope, hd] : plan_.ropes) {
     const std::vector<double> inv = cpu::rope_inv_freq(rope, hd);
     const size_t half = static_cast<size_t>(hd / 2);
     std::vector<float> c(ctx * half), s(ctx * half);
-    cpu::rope_tables(c.data(), s.data(), inv.data(), hd / 2, cfg.max_context);
+    cpu::rope_tables(c.data(), s.data(), inv.data(), hd / 2, cfg_.work.max_context());
     auto* dc = static_cast<float*>(alloc(c.size() * sizeof(float)));
     auto* ds = static_cast<float*>(alloc(s.size() * sizeof(float)));
     // On init_stream_, whose synchronisation at the end of the constructor covers the DMA
@@ -768,29 +481,33 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
     rope_cos_.push_back(dc);
     rope_sin_.push_back(ds);
   }
-  for (const StagePlan::Layer& l : plan_.layers) layers_.push_back(make_layer(l));
-  if (!plan_.mtp_layers.empty()) {
-    // Keyed by the unit ids num_units() + k, which no real unit has (CpuStage::add_mtp_modules).
-    if (plan_.mtp_own_embed) {
-      mtp_embed_ = alloc_elems(V * H);
-      fill_uniform(mtp_embed_, cfg.dtype, V * H, embed_key, 1.0f, 0.0f, init_stream_.get());
-    } else {
-      mtp_embed_ = embed_;
-    }
-    for (const StagePlan::Layer& l : plan_.mtp_layers) {
-      MtpModule mod;
-      mod.enorm = norm(H, l.unit, Tensor::mtp_enorm, false);
-      mod.hnorm = norm(H, l.unit, Tensor::mtp_hnorm, false);
-      mod.eh_proj = proj(H, 2 * H, l.unit, Tensor::mtp_eh_proj);
-      mod.shared_norm = norm(H, l.unit, Tensor::mtp_shared_norm, false);
-      mtp_.push_back(mod);
-      mtp_layers_.push_back(make_layer(l));
-    }
-    mtp_cat_ = alloc_elems(B * ctx * 2 * H);
-    draft_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
-  }
+}
 
-  // Scratch.
+void CudaStage::make_mtp_modules(const model::ModelSpec& m) {
+  const size_t H = hidden_, B = static_cast<size_t>(cfg_.work.batch), ctx = static_cast<size_t>(cfg_.work.max_context()),
+               V = static_cast<size_t>(m.vocab);
+  // Keyed by the unit ids num_units() + k, which no real unit has (CpuStage::add_mtp_modules).
+  if (plan_.mtp_own_embed) {
+    mtp_embed_ = alloc_elems(V * H);
+    fill_uniform(mtp_embed_, cfg_.work.dtype, V * H, embed_key(), 1.0f, 0.0f, init_stream_.get());
+  } else {
+    mtp_embed_ = embed_;
+  }
+  for (const StagePlan::Layer& l : plan_.mtp_layers) {
+    MtpModule mod;
+    mod.enorm = norm(H, l.unit, Tensor::mtp_enorm, false);
+    mod.hnorm = norm(H, l.unit, Tensor::mtp_hnorm, false);
+    mod.eh_proj = proj(H, 2 * H, l.unit, Tensor::mtp_eh_proj);
+    mod.shared_norm = norm(H, l.unit, Tensor::mtp_shared_norm, false);
+    mtp_.push_back(mod);
+    mtp_layers_.push_back(make_layer(l));
+  }
+  mtp_cat_ = alloc_elems(B * ctx * 2 * H);
+  draft_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
+}
+
+void CudaStage::allocate_scratch() {
+  const size_t H = hidden_, B = static_cast<size_t>(cfg_.work.batch), ctx = static_cast<size_t>(cfg_.work.max_context());
   workspace_ = alloc(kCublasWorkspaceBytes);
   x_ = alloc_elems(B * ctx * H);
   if (!layers_.empty() || !mtp_layers_.empty()) {
@@ -828,7 +545,7 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
     logits_ = static_cast<float*>(alloc(B * plan_.vocab_local * sizeof(float)));
     if (tp_) {
       pairs_ = static_cast<ArgmaxPair*>(alloc(B * sizeof(ArgmaxPair)));
-      all_pairs_ = static_cast<ArgmaxPair*>(alloc(static_cast<size_t>(cfg.tp_width) * B * sizeof(ArgmaxPair)));
+      all_pairs_ = static_cast<ArgmaxPair*>(alloc(static_cast<size_t>(cfg_.tp_width) * B * sizeof(ArgmaxPair)));
     }
   }
   checksum_dev_ = static_cast<double*>(alloc(sizeof(double)));
@@ -836,7 +553,6 @@ CudaStage::CudaStage(const model::ModelSpec& m, int first, int last, const Stage
   pos_dev_ = static_cast<int*>(alloc(sizeof(int)));
   graph_tokens_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
   graph_out_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
-  CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
 }
 
 void CudaStage::bind_cublas(cudaStream_t st) {
@@ -849,13 +565,13 @@ void CudaStage::bind_cublas(cudaStream_t st) {
 }
 
 void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) {
-  if (group < 0 || group >= cfg_.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.max_context) {
+  if (group < 0 || group >= cfg_.work.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.work.max_context()) {
     throw InternalError("enqueue_forward(group=" + std::to_string(group) + ", pos=" + std::to_string(pos) +
                         ", tokens=" + std::to_string(tokens) + ") is outside the stage's groups=" +
-                        std::to_string(cfg_.groups) + ", max_context=" + std::to_string(cfg_.max_context));
+                        std::to_string(cfg_.work.groups) + ", max_context=" + std::to_string(cfg_.work.max_context()));
   }
   const cudaStream_t st = as_cuda_lane(lane).stream();
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   const size_t rows = static_cast<size_t>(B) * tokens;
   const size_t H = hidden_;
   if (tokens == 1 && cfg_.cuda_graphs) {
@@ -881,12 +597,12 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
   bind_cublas(st);
   if (plan_.has_embed) {
     embedding(x_, static_cast<const int32_t*>(in), rows, embed_, vocab_, static_cast<int>(H), embed_scale_,
-              bad_token_dev_, cfg_.dtype, st);
+              bad_token_dev_, cfg_.work.dtype, st);
   } else {
     CUDA_CHECK(cudaMemcpyAsync(x_, in, rows * H * dt_, cudaMemcpyDefault, st));
   }
   // Decode is planned per context bucket, as its graph would be: the same bits either way.
-  const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.max_context) : 0;
+  const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.work.max_context()) : 0;
   run_layers(layers_.data(), layers_.size(), st, pos, tokens, group, bucket);
   if (plan_.has_head) {
     head_forward(st, tokens, static_cast<int32_t*>(out));
@@ -899,7 +615,7 @@ void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group
 void CudaStage::run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, int pos, int tokens, int group,
                            int bucket, const int* pos_dev) {
   if (n == 0) return;
-  const int B = cfg_.batch;
+  const int B = cfg_.work.batch;
   if (static_cast<size_t>(B) * tokens <= static_cast<size_t>(plan_.rows)) {
     for (size_t i = 0; i < n; ++i)
       layer_forward(ls[i], st, static_cast<char*>(x_), 0, B, pos, tokens, group, bucket, pos_dev);
@@ -918,8 +634,8 @@ void CudaStage::run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, in
 
 void CudaStage::mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos, int tokens, int group, int bucket,
                             const int* pos_dev) {
-  const int B = cfg_.batch, H = static_cast<int>(hidden_), V = static_cast<int>(plan_.vocab_local);
-  const DType t = cfg_.dtype;
+  const int B = cfg_.work.batch, H = static_cast<int>(hidden_), V = static_cast<int>(plan_.vocab_local);
+  const DType t = cfg_.work.dtype;
   const float eps = final_eps_;  // the model's rms_norm_eps (CpuStage's mtp_eps_)
   CUDA_CHECK(cudaMemcpyAsync(draft_, head_tokens, static_cast<size_t>(B) * sizeof(int32_t), cudaMemcpyDefault, st));
   for (size_t k = 0; k < mtp_.size(); ++k) {
@@ -935,11 +651,11 @@ void CudaStage::mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos
 }
 
 void CudaStage::head_forward(cudaStream_t st, int tokens, int32_t* out) {
-  const int B = cfg_.batch, H = static_cast<int>(hidden_);
-  gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, cfg_.dtype, st);
-  rmsnorm(last_rows_, last_rows_, final_norm_, B, H, final_eps_, final_norm_plus_one_, cfg_.dtype, st);
+  const int B = cfg_.work.batch, H = static_cast<int>(hidden_);
+  gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, cfg_.work.dtype, st);
+  rmsnorm(last_rows_, last_rows_, final_norm_, B, H, final_eps_, final_norm_plus_one_, cfg_.work.dtype, st);
   const int V = static_cast<int>(plan_.vocab_local);  // this rank's vocabulary slice (all at width 1)
-  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.dtype, B, V, H);
+  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.work.dtype, B, V, H);
   if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * V, final_softcap_, st);
   if (!tp_) {
     argmax_rows(out, logits_, B, V, st);
@@ -952,7 +668,7 @@ void CudaStage::head_forward(cudaStream_t st, int tokens, int32_t* out) {
 }
 
 cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
-  const int bucket = decode_context_bucket(pos, cfg_.max_context);
+  const int bucket = decode_context_bucket(pos, cfg_.work.max_context());
   const std::pair<int, int> key{group, bucket};
   if (auto it = graphs_.find(key); it != graphs_.end()) return it->second.get();
   if (graphs_.size() >= kMaxDecodeGraphs) return nullptr;
@@ -963,8 +679,8 @@ cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
   CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
   try {
     if (plan_.has_embed) {
-      embedding(x_, graph_tokens_, static_cast<size_t>(cfg_.batch), embed_, vocab_, static_cast<int>(hidden_),
-                embed_scale_, bad_token_dev_, cfg_.dtype, cs);
+      embedding(x_, graph_tokens_, static_cast<size_t>(cfg_.work.batch), embed_, vocab_, static_cast<int>(hidden_),
+                embed_scale_, bad_token_dev_, cfg_.work.dtype, cs);
     }
     run_layers(layers_.data(), layers_.size(), cs, pos, 1, group, bucket, pos_dev_);
     if (plan_.has_head) {
@@ -989,7 +705,7 @@ cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
 void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens,
                               int group, int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   const int M = nb * tokens, H = static_cast<int>(hidden_);
   const float eps = static_cast<float>(s.rms_eps);
   const bool p1 = s.norm_plus_one;
@@ -1020,11 +736,11 @@ void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, i
 void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group,
                               int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   cublasHandle_t hb = cublas_.get();
   const int M = nb * tokens, H = static_cast<int>(hidden_), hd = s.head_dim;
   const int nq = s.n_heads * hd, nkv = s.n_kv_heads * hd;
-  const size_t cache_off = static_cast<size_t>(b0) * cfg_.max_context * nkv;
+  const size_t cache_off = static_cast<size_t>(b0) * cfg_.work.max_context() * nkv;
   void* kc = at(w.k_cache[group], cache_off);
   void* vc = at(w.v_cache[group], cache_off);
   linear(hb, qkv_, cuda_type(t), h_, w.qkv, t, M, nq + 2 * nkv, H);
@@ -1032,7 +748,7 @@ void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, in
   qs.batch = nb;
   qs.tokens = tokens;
   qs.pos0 = pos;
-  qs.max_context = cfg_.max_context;
+  qs.max_context = cfg_.work.max_context();
   qs.n_heads = s.n_heads;
   qs.n_kv_heads = s.n_kv_heads;
   qs.head_dim = hd;
@@ -1041,7 +757,7 @@ void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, in
   qs.eps = static_cast<float>(s.rms_eps);
   qs.pos0_dev = pos_dev;
   qkv_rope_cache(q_, kc, vc, qkv_, w.bias, w.q_norm, w.k_norm, rope_cos_[w.plan.rope], rope_sin_[w.plan.rope], qs, t, st);
-  cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.max_context);
+  cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.work.max_context());
   as.sinks = w.sinks;
   if (tokens == 1) {
     attention_decode(attn_, q_, kc, vc, as, partial_, t, st, bucket > 0 ? decode_plan_keys(bucket, s.sliding_window) : 0,
@@ -1060,7 +776,7 @@ void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int 
                                     int group, int bucket, const int* pos_dev) {
   const LayerShape& s = w.plan.shape;
   const model::MlaShape& a = s.mla;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   cublasHandle_t hb = cublas_.get();
   const int M = nb * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
   const int qk = a.qk_nope + a.qk_rope, D = a.kv_lora_rank + a.qk_rope;
@@ -1073,9 +789,9 @@ void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int 
     linear(hb, q_, cuda_type(t), h_, w.q_b, t, M, nh * qk, H);
   }
   linear(hb, mla_kva_, cuda_type(t), h_, w.kv_a, t, M, D, H);
-  MlaCallShape ms = mla_call_shape(s, nb, tokens, pos, cfg_.max_context);
+  MlaCallShape ms = mla_call_shape(s, nb, tokens, pos, cfg_.work.max_context());
   ms.pos0_dev = pos_dev;
-  void* cache = at(w.k_cache[group], static_cast<size_t>(b0) * cfg_.max_context * D);
+  void* cache = at(w.k_cache[group], static_cast<size_t>(b0) * cfg_.work.max_context() * D);
   const float* cos_t = rope_cos_[w.plan.rope];
   const float* sin_t = rope_sin_[w.plan.rope];
   mla_kv_cache_write(cache, mla_kva_, w.kv_a_norm, cos_t, sin_t, ms, t, st);
@@ -1088,7 +804,7 @@ void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int 
 
 void CudaStage::dense_mlp(const LayerWeights& w, cudaStream_t st, int M) {
   const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   cublasHandle_t hb = cublas_.get();
   const int H = static_cast<int>(hidden_), I = s.intermediate;
   linear(hb, gu_, cuda_type(t), h_, w.gate_up, t, M, 2 * I, H);
@@ -1102,7 +818,7 @@ void CudaStage::dense_mlp(const LayerWeights& w, cudaStream_t st, int M) {
 void CudaStage::moe_mlp(const LayerWeights& w, cudaStream_t st, int M) {
   const LayerShape& s = w.plan.shape;
   const model::MoeShape& e = s.moe;
-  const DType t = cfg_.dtype;
+  const DType t = cfg_.work.dtype;
   const int H = static_cast<int>(hidden_), E = e.n_experts, k = e.top_k, Ie = e.expert_intermediate;
   const int choices = M * k, tiles = moe_max_tiles(choices, E);
   linear(cublas_.get(), moe_logits_, CUDA_R_32F, h_, w.router, t, M, E, H);
@@ -1171,13 +887,4 @@ std::unique_ptr<StageExecutor> create_cuda_stage(const model::ModelSpec& m, int 
 }
 
 }  // namespace cuda
-
-StageBytes cuda_stage_bytes(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
-  return cuda::make_plan(m, first, last, cfg).bytes;
-}
-
-size_t cuda_launches_per_forward(const model::ModelSpec& m, int first, int last, const StageConfig& cfg, int tokens) {
-  return cuda::plan_launches(cuda::make_plan(m, first, last, cfg), cfg, tokens);
-}
-
 }  // namespace ppb
