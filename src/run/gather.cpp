@@ -44,10 +44,7 @@ void append_repetition(const RunContext& ctx, const balance::Partition& p, Parti
   pr.rep_decode_tokens_per_s.push_back(m.rep_decode_tokens_per_s.at(0));
   pr.rep_ttft_p50_ms.push_back(m.rep_ttft_p50_ms.at(0));
   pr.rep_tpot_p50_ms.push_back(m.rep_tpot_p50_ms.at(0));
-  pr.measured = true;
-  // Not validated until validate_record, after the rounds: a whole write before it (a failed
-  // run's record_failure) must say so, as append_results' pending /validation does.
-  pr.validated = false;
+  pr.measured = true;  // validated stays false (describe_partition) until validate_record
 }
 
 /// Collective: the tokens each expert of each MoE layer received in partition `p`'s last timed
