@@ -49,6 +49,28 @@ struct SimulateOptions {
   bool force = false;               ///< --force: overwrite an existing --json file
 };
 
+/// Options of `ppbench plan FILE.h5 --devices N ...` (issue 36, offline).
+struct PlanOptions {
+  std::string input;        ///< results .h5 of `ppbench run` or `ppbench profile`
+  int devices = 0;          ///< N devices like the file's rank 0; required (>= 1)
+  std::string batch;        ///< --batch LIST "4" or "1,2,4": each must be the file's B (no batch-scaling model)
+  double slo_ttft_ms = 0;   ///< TTFT p50 target, ms; 0 = none
+  double slo_tpot_ms = 0;   ///< TPOT p50 target, ms; 0 = none
+  int top = 0;              ///< front rows printed (the most tokens/s first); 0 = all
+  bool csv = false;         ///< every candidate as CSV on stdout instead of the tables
+  std::string json_out;     ///< --json FILE (never the input; an existing file only with force)
+  bool force = false;
+};
+
+/// `ppbench plan` (issue 36, offline; no MPI): every layout of N devices like the file's rank 0
+/// (stages, tensor-parallel widths, the balanced split, M = 1 .. 2S groups in flight),
+/// predicted by the run's own model (balance/plan.h), printed as the Pareto front of tokens/s
+/// per device against tokens/s per user, the best layout under --slo-ttft/--slo-tpot and why
+/// (its busiest stage; the best of N + 1 devices). Returns the exit status (0).
+/// @throws ppb::UserError (exit 2) naming the flag: --devices < 1 or more than the model can
+///         use, a --batch other than the file's B, a negative target or --top, an unusable --json.
+int plan_command(const PlanOptions& opt);
+
 /// Options of `ppbench describe --model M.json ...`.
 struct DescribeOptions {
   std::string model;            ///< HF config.json
