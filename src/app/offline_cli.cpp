@@ -43,6 +43,35 @@ template <class Fn>
   std::exit(status);
 }
 
+/// `ppbench plan` (issue 36): its flags and help.
+void add_plan_command(CLI::App& app) {
+  static PlanOptions plan;
+  auto* pl = app.add_subcommand("plan", "the deployment planner: every layout of N devices (stages, tensor-parallel "
+                                        "widths, split, groups in flight) predicted from a profile; the Pareto front "
+                                        "and the best under latency targets (no MPI)");
+  pl->add_option("input", plan.input, "results .h5 of `ppbench run` or `ppbench profile` (tensor-parallel widths: "
+                                      "profile with --tp auto or run --tp 1 --tp 2)")
+      ->required();
+  pl->add_option("--devices", plan.devices, "N devices like the file's rank 0 (N may exceed the ranks profiled)")
+      ->required();
+  pl->add_option("--batch", plan.batch, "B sequences per group, a list such as 4: only the file's B (the step time of "
+                                        "another B is not measured, and plan has no batch-scaling model)");
+  pl->add_option("--slo-ttft", plan.slo_ttft_ms, "TTFT p50 target, ms (0 = none)")->check(kNonNegative);
+  pl->add_option("--slo-tpot", plan.slo_tpot_ms, "TPOT p50 target, ms (0 = none)")->check(kNonNegative);
+  pl->add_option("--top", plan.top, "print the K front points with the most tokens/s (0 = all)")->check(kNonNegative);
+  pl->add_flag("--csv", plan.csv, "every candidate as CSV on stdout (columns front, meets_slo) instead of the tables");
+  pl->add_option("--json", plan.json_out, "write every candidate, the front and the choice as JSON to this file (not "
+                                          "the input; an existing file only with --force)");
+  pl->add_flag("--force", plan.force, "overwrite an existing --json file");
+  pl->footer(
+      "Layouts: S stages on consecutive devices, each of width 1 or a width the file profiled (a group within one\n"
+      "machine of as many devices as the file's rank 0 shared), the balanced split of that layout, M = 1..2S groups.\n"
+      "Every layout while there are at most 256, else per S the widths with the smallest bottleneck.\n"
+      "Each predicted by the run's own model (as `ppbench simulate`). B: only the file's. docs/OFFLINE.md.\n"
+      "Example: ppbench plan results/profile.h5 --devices 4 --slo-tpot 200");
+  pl->callback([] { run_and_exit([] { return plan_command(plan); }); });
+}
+
 }  // namespace
 
 void add_offline_commands(CLI::App& app) {
@@ -138,31 +167,7 @@ void add_offline_commands(CLI::App& app) {
       "Formats and every printed column: docs/OFFLINE.md.");
   s->callback([] { run_and_exit([] { return simulate_command(sim); }); });
 
-  static PlanOptions plan;
-  auto* pl = app.add_subcommand("plan", "the deployment planner: every layout of N devices (stages, tensor-parallel "
-                                        "widths, split, groups in flight) predicted from a profile; the Pareto front "
-                                        "and the best under latency targets (no MPI)");
-  pl->add_option("input", plan.input, "results .h5 of `ppbench run` or `ppbench profile` (tensor-parallel widths: "
-                                      "profile with --tp auto or run --tp 1 --tp 2)")
-      ->required();
-  pl->add_option("--devices", plan.devices, "N devices like the file's rank 0 (N may exceed the ranks profiled)")
-      ->required();
-  pl->add_option("--batch", plan.batch, "B sequences per group, a list such as 4: only the file's B (the step time of "
-                                        "another B is not measured, and plan has no batch-scaling model)");
-  pl->add_option("--slo-ttft", plan.slo_ttft_ms, "TTFT p50 target, ms (0 = none)")->check(kNonNegative);
-  pl->add_option("--slo-tpot", plan.slo_tpot_ms, "TPOT p50 target, ms (0 = none)")->check(kNonNegative);
-  pl->add_option("--top", plan.top, "print the K front points with the most tokens/s (0 = all)")->check(kNonNegative);
-  pl->add_flag("--csv", plan.csv, "every candidate as CSV on stdout (columns front, meets_slo) instead of the tables");
-  pl->add_option("--json", plan.json_out, "write every candidate, the front and the choice as JSON to this file (not "
-                                          "the input; an existing file only with --force)");
-  pl->add_flag("--force", plan.force, "overwrite an existing --json file");
-  pl->footer(
-      "Layouts: S stages on consecutive devices, each of width 1 or a width the file profiled (a group within one\n"
-      "machine of as many devices as the file's rank 0 shared), the balanced split of that layout, M = 1..2S groups.\n"
-      "Every layout while there are at most 256, else per S the widths with the smallest bottleneck.\n"
-      "Each predicted by the run's own model (as `ppbench simulate`). B: only the file's. docs/OFFLINE.md.\n"
-      "Example: ppbench plan results/profile.h5 --devices 4 --slo-tpot 200");
-  pl->callback([] { run_and_exit([] { return plan_command(plan); }); });
+  add_plan_command(app);
 }
 
 }  // namespace ppb
