@@ -68,8 +68,13 @@ std::string stage_units(const RunRecord& run, const balance::Partition& p, int k
 }
 
 void print_front(const balance::PlanResult& r, int top) {
-  std::printf("%-18s %-22s %11s %11s %12s %12s %11s %s\n", "layout", "split", "tokens/s", "tok/s/dev", "TTFT p50 ms",
-              "TPOT p50 ms", "tok/s/user", "busiest stage");
+  int wl = 18, ws = 22;  // the layout and split columns as wide as their longest entry
+  for (size_t i : r.front) {
+    wl = std::max(wl, static_cast<int>(r.candidates[i].label.size()));
+    ws = std::max(ws, static_cast<int>(r.candidates[i].split.counts_string().size()));
+  }
+  std::printf("%-*s %-*s %11s %11s %12s %12s %11s %s\n", wl, "layout", ws, "split", "tokens/s", "tok/s/dev",
+              "TTFT p50 ms", "TPOT p50 ms", "tok/s/user", "busiest stage");
   // --top K: the K front points with the most tokens/s, printed in the front's order.
   std::vector<size_t> rows = r.front;
   if (top > 0 && static_cast<size_t>(top) < rows.size()) {
@@ -84,7 +89,7 @@ void print_front(const balance::PlanResult& r, int top) {
   }
   for (size_t i : rows) {
     const balance::PlanCandidate& c = r.candidates[i];
-    std::printf("%-18s %-22s %11s %11s %12s %12s %11s %d\n", c.label.c_str(), c.split.counts_string().c_str(),
+    std::printf("%-*s %-*s %11s %11s %12s %12s %11s %d\n", wl, c.label.c_str(), ws, c.split.counts_string().c_str(),
                 num(c.tokens_per_s, 2).c_str(), num(c.tokens_per_s_per_device, 2).c_str(), sig(c.ttft_p50_ms).c_str(),
                 sig(c.tpot_p50_ms).c_str(), num(c.tokens_per_s_per_user, 2).c_str(), c.bottleneck_stage);
   }
