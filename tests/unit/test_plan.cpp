@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -430,6 +431,8 @@ TEST_F(PlanCommandTest, SixtyFourDevicesAndAHundredTwentyEightUnits) {
   run.workload.gen_len = 8;
   const std::string path = (dir_ / "synthetic.h5").string();
   write_results(path, run);
+  // PPB_PLAN_SYNTHETIC_OUT=FILE keeps a copy, to time `ppbench plan FILE --devices 64` by hand.
+  if (const char* keep = std::getenv("PPB_PLAN_SYNTHETIC_OUT")) fs::copy_file(path, keep, fs::copy_options::overwrite_existing);
   PlanOptions o = opts(64);
   o.input = path;
   o.json_out = (dir_ / "p64.json").string();
