@@ -150,11 +150,12 @@ void print_csv(const balance::PlanResult& r, double slo_ttft, double slo_tpot) {
               "tpot_p50_ms,tokens_per_s_per_user,busiest_stage,front,meets_slo\n");
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const balance::PlanCandidate& c = r.candidates[i];
-    std::string w = balance::layout_label(c.widths);
-    std::replace(w.begin(), w.end(), ',', '-');
+    std::string w = balance::layout_label(c.widths), split = c.split.counts_string();
+    std::replace(w.begin(), w.end(), ',', '-');  // no commas inside a CSV field
+    std::replace(split.begin(), split.end(), ',', '-');
     const bool meets = (slo_ttft <= 0 || c.ttft_p50_ms <= slo_ttft) && (slo_tpot <= 0 || c.tpot_p50_ms <= slo_tpot);
     std::printf("%s,%d,%s,%d,%d,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%d,%d,%d\n", c.label.c_str(), c.split.num_stages(),
-                w.c_str(), c.groups, c.batch, c.split.counts_string().c_str(), c.tokens_per_s, c.tokens_per_s_per_device,
+                w.c_str(), c.groups, c.batch, split.c_str(), c.tokens_per_s, c.tokens_per_s_per_device,
                 c.ttft_p50_ms, c.tpot_p50_ms, c.tokens_per_s_per_user, c.bottleneck_stage, on_front[i], meets ? 1 : 0);
   }
 }

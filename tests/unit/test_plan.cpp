@@ -17,6 +17,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -421,6 +422,9 @@ TEST_F(PlanCommandTest, PrintsTheFrontAndTheChoice) {
   const std::string csv = testing::internal::GetCapturedStdout();
   EXPECT_EQ(csv.rfind("layout,stages,tp_widths,groups", 0), 0u) << csv;
   EXPECT_NE(csv.find("TP2 M1,1,2,1,2,6,"), std::string::npos) << csv;
+  std::istringstream lines(csv);
+  for (std::string line; std::getline(lines, line);)  // 14 fields on every row: no comma inside a field
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 13) << line;
 }
 
 // ---- 64 devices, 128 units ----------------------------------------------------------------
