@@ -382,10 +382,6 @@ void refresh_slot(Slot& slot, const RunRecord& rec, const SearchSpace& sp, bool 
   if (!slot.split || !fits_memory(rec, *slot.split)) slot.alive = false;
 }
 
-}  // namespace
-
-namespace {
-
 /// One (layout, M) to simulate: its split at M and the bounds of its figures.
 struct Job {
   size_t slot = 0;
@@ -395,10 +391,11 @@ struct Job {
   double tps_ub = 0, ttft_lb = 0, tpot_lb = 0;
 };
 
-/// plan_layouts' bounds of `job` from its stages' profile sums at M (see its comment).
-void bound_job(const Predictor& pred, const RunRecord& rec, Job& job) {
-  const StageSums sums = pred.pass_sums(job.split, rec.profile);
-  const int S = job.split.num_stages(), G = rec.workload.gen_len, M = job.groups;
+}  // namespace
+
+PlanBounds plan_bounds(const Predictor& pred, const RunRecord& rec, const Partition& split) {
+  const StageSums sums = pred.pass_sums(split, rec.profile);
+  const int S = split.num_stages(), G = rec.workload.gen_len, M = rec.workload.microbatches;
   double sum_p = 0, sum_d = 0;
   std::vector<double> p(S), d(S);
   for (int k = 0; k < S; ++k) {
@@ -407,18 +404,34 @@ void bound_job(const Predictor& pred, const RunRecord& rec, Job& job) {
     sum_p += p[k];
     sum_d += d[k];
   }
-  // Stage k starts after the first prefill crossed the stages before it, computes its M
-  // prefills and M·G decode steps, and its last step then crosses the stages after it.
-  double wall_ms = sum_p + G * sum_d, before = 0, after = sum_d;
+  // Every stage serves its M prefills before any decode step (the items' static order). Stage j
+  // starts its decode steps once the last group's prefill has left stage i (after i's M
+  // prefills) and crossed i + 1 .. j (i <= j), or, for i > j, serves its last (G-1)·M + 1 decode
+  // steps once that group's first token came back and its step crossed 0 .. j-1; its last step
+  // then crosses the stages after j. i = j is the stage's own fill, work and drain.
+  std::vector<double> pp(S + 1, 0.0), dd(S + 1, 0.0);  // prefix sums
   for (int k = 0; k < S; ++k) {
-    after -= d[k];
-    wall_ms = std::max(wall_ms, before + M * (p[k] + G * d[k]) + std::max(after, 0.0));
-    before += p[k];
+    pp[k + 1] = pp[k] + p[k];
+    dd[k + 1] = dd[k] + d[k];
   }
-  job.tps_ub = wall_ms > 0 ? 1000.0 * M * rec.workload.batch * G / wall_ms : std::numeric_limits<double>::infinity();
-  job.ttft_lb = sum_p;
-  job.tpot_lb = std::max(sum_d, M * std::min(p[S - 1], d[S - 1]));
+  double wall_ms = sum_p + G * sum_d;
+  for (int i = 0; i < S; ++i) {
+    const double prefills_done = pp[i] + M * p[i];  // stage i's M-th prefill ends
+    for (int j = 0; j < S; ++j) {
+      const double drain = dd[S] - dd[j + 1];
+      const double t = i <= j ? prefills_done + (pp[j + 1] - pp[i + 1]) + M * G * d[j] + drain
+                              : prefills_done + (pp[S] - pp[i + 1]) + dd[j] + ((G - 1.0) * M + 1) * d[j] + drain;
+      wall_ms = std::max(wall_ms, t);
+    }
+  }
+  PlanBounds b;
+  b.tokens_per_s_max = wall_ms > 0 ? 1000.0 * M * rec.workload.batch * G / wall_ms : std::numeric_limits<double>::infinity();
+  b.ttft_min_ms = sum_p;
+  b.tpot_min_ms = std::max(sum_d, M * std::min(p[S - 1], d[S - 1]));
+  return b;
 }
+
+namespace {
 
 /// The relaxation of targets a candidate with these TTFT and TPOT needs (0 without targets).
 double relaxation(double ttft, double tpot, double slo_ttft, double slo_tpot) {
@@ -537,7 +550,10 @@ PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
         continue;
       }
       Job job{i, M, slot.widths, *slot.split};
-      bound_job(*preds.back(), *recs.back(), job);
+      const PlanBounds b = plan_bounds(*preds.back(), *recs.back(), job.split);
+      job.tps_ub = b.tokens_per_s_max;
+      job.ttft_lb = b.ttft_min_ms;
+      job.tpot_lb = b.tpot_min_ms;
       jobs.push_back(std::move(job));
     }
   }

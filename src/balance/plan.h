@@ -95,10 +95,13 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups);
 /// ties to the lexicographically smallest widths: a DP over (stages, devices, units placed); the
 /// others are not simulated (pruned by the balancer's objective, not by simulated dominance).
 /// Then, with req.prune, the (layout, M) pairs are simulated in order of their tokens/s bound,
-/// and one is skipped when a simulated one beats its bounds: tokens/s <= M·B·G / max(Σ p_k +
-/// G·Σ d_k, max_k (Σ_{j<k} p_j + M·(p_k + G·d_k) + Σ_{j>k} d_j)) (one group's steps cross every
-/// stage in turn; stage k starts once the first prefill crossed the stages before it, computes
-/// M prefills and M·G decode steps, and its last step then crosses the stages after it), TTFT >= Σ p_k, TPOT >=
+/// and one is skipped when a simulated one beats its bounds: tokens/s <= M·B·G / wall, wall >=
+/// Σ p_k + G·Σ d_k (one group's steps cross every stage in turn) and, for every pair of stages
+/// i, j (every stage serves its M prefills before any decode step: the items' static order),
+/// Σ_{l<i} p_l + M·p_i + Σ_{i<l<=j} p_l + M·G·d_j + Σ_{l>j} d_l for i <= j (stage j's decode
+/// steps wait for the last prefill to leave stage i and reach j), Σ_{l<i} p_l + M·p_i +
+/// Σ_{l>i} p_l + Σ_{l<j} d_l + ((G-1)·M + 1)·d_j + Σ_{l>j} d_l for i > j (its last group's
+/// decode steps wait for its first token), TTFT >= Σ p_k, TPOT >=
 /// max(Σ d_k, M · min(p_last, d_last)) (a token's next step crosses every stage; the last stage
 /// computes M items between two tokens of one group), p_k, d_k the stage's profile sums (the
 /// smaller of its two passes: the contention model's step lies between them). Skipped when some
@@ -108,6 +111,14 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups);
 /// so far (not the closest). Exact: the front and the choice are those of every candidate.
 /// @throws ppb::UserError on N < 1, no layout that fits memory, a record without a profile.
 PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req);
+
+class Predictor;
+/// Bounds of what the simulator can predict for `split` on `rec` (plan_record's, at its M):
+/// plan_layouts' comment says why they hold. tokens/s at most, TTFT and TPOT p50 at least (ms).
+struct PlanBounds {
+  double tokens_per_s_max = 0, ttft_min_ms = 0, tpot_min_ms = 0;
+};
+PlanBounds plan_bounds(const Predictor& pred, const RunRecord& rec, const Partition& split);
 
 /// Indices of the candidates no other candidate dominates in (tokens/s per device, tokens/s per
 /// user), both maximised: c is dominated when some d is >= in both and > in one. Equal points are

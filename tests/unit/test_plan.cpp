@@ -208,6 +208,11 @@ std::map<std::string, PlanCandidate> brute_force(const RunRecord& run, int N, bo
       c.ttft_p50_ms = met.ttft_p50_ms;
       c.tpot_p50_ms = met.tpot_p50_ms;
       c.tokens_per_s_per_user = 1000.0 / met.tpot_p50_ms;
+      // The pruning's bounds hold for every candidate.
+      const auto b = balance::plan_bounds(pred, rec, split);
+      EXPECT_LE(c.tokens_per_s, b.tokens_per_s_max * (1 + 1e-9)) << c.label;
+      EXPECT_GE(c.ttft_p50_ms, b.ttft_min_ms * (1 - 1e-9)) << c.label;
+      EXPECT_GE(c.tpot_p50_ms, b.tpot_min_ms * (1 - 1e-9)) << c.label;
       out[c.label] = c;
     }
   }
@@ -450,9 +455,24 @@ TEST_F(PlanCommandTest, SixtyFourDevicesAndAHundredTwentyEightUnits) {
               "of %s), search %.2f s, whole command (with the 65-device search) %.2f s\n%s",
               j["candidates"].size(), j["candidates_pruned"].dump().c_str(), j["front"].size(), j["mode"].get<std::string>().c_str(), j["layouts_evaluated"].dump().c_str(),
               j["layouts_possible"].dump().c_str(), j["search_seconds"].get<double>(), s, out.c_str());
-  // Issue 36 asks for under 10 s; not met yet on this 2-core VM (see DESIGN.md): a regression
-  // bound only.
-  EXPECT_LT(s, 120.0);
+  // PPB_PLAN_FULL=1: the same front and best as simulating all 4,104 candidates (~30 s here).
+  if (std::getenv("PPB_PLAN_FULL")) {
+    balance::PlanRequest req;
+    req.devices = 64;
+    const auto pruned = balance::plan_layouts(run, req);
+    req.prune = false;
+    const auto full = balance::plan_layouts(run, req);
+    std::set<std::string> a, b;
+    for (size_t i : pruned.front) a.insert(pruned.candidates[i].label);
+    for (size_t i : full.front) b.insert(full.candidates[i].label);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(pruned.candidates[*balance::best_under_slo(pruned.candidates, 0, 0).best].label,
+              full.candidates[*balance::best_under_slo(full.candidates, 0, 0).best].label);
+    std::printf("PPB_PLAN_FULL: %zu candidates simulated without pruning, fronts of %zu and %zu points\n",
+                full.candidates.size(), a.size(), b.size());
+  }
+  // Issue 36: under 10 s (1.3 s here, DESIGN.md).
+  EXPECT_LT(s, 10.0);
 }
 
 }  // namespace
