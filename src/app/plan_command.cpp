@@ -90,16 +90,16 @@ void print_front(const balance::PlanResult& r, int top) {
   for (size_t i : rows) {
     const balance::PlanCandidate& c = r.candidates[i];
     std::printf("%-*s %-*s %11s %11s %12s %12s %11s %d\n", wl, c.label.c_str(), ws, c.split.counts_string().c_str(),
-                num(c.tokens_per_s, 2).c_str(), num(c.tokens_per_s_per_device, 2).c_str(), sig(c.ttft_p50_ms).c_str(),
-                sig(c.tpot_p50_ms).c_str(), num(c.tokens_per_s_per_user, 2).c_str(), c.bottleneck_stage);
+                num(c.tokens_per_s, 2).c_str(), num(c.tokens_per_s_per_device, 2).c_str(), num(c.ttft_p50_ms, 2).c_str(),
+                num(c.tpot_p50_ms, 2).c_str(), num(c.tokens_per_s_per_user, 2).c_str(), c.bottleneck_stage);
   }
 }
 
 /// One line on a candidate: its figures.
 std::string figures(const balance::PlanCandidate& c) {
   return c.label + " (split " + c.split.counts_string() + "): " + num(c.tokens_per_s, 2) + " tokens/s, " +
-         num(c.tokens_per_s_per_device, 2) + " per device, TTFT p50 " + sig(c.ttft_p50_ms) + " ms, TPOT p50 " +
-         sig(c.tpot_p50_ms) + " ms (" + num(c.tokens_per_s_per_user, 2) + " tokens/s per user)";
+         num(c.tokens_per_s_per_device, 2) + " per device, TTFT p50 " + num(c.ttft_p50_ms, 2) + " ms, TPOT p50 " +
+         num(c.tpot_p50_ms, 2) + " ms (" + num(c.tokens_per_s_per_user, 2) + " tokens/s per user)";
 }
 
 /// Why `c` gives what it gives: its busiest stage, and whether its pipeline is full.
@@ -107,7 +107,7 @@ void print_why(const RunRecord& run, const balance::PlanCandidate& c) {
   const int k = c.bottleneck_stage;
   std::printf("  why: stage %d (%s, %d device%s) is the busiest: prefill %s ms + G x decode %s ms per group", k,
               stage_units(run, c.split, k).c_str(), c.split.width(k), c.split.width(k) == 1 ? "" : "s",
-              sig(c.phase_ms[2 * k]).c_str(), sig(c.phase_ms[2 * k + 1]).c_str());
+              num(c.phase_ms[2 * k], 2).c_str(), num(c.phase_ms[2 * k + 1], 2).c_str());
   std::printf("%s\n", c.groups < c.split.num_stages() ? "; fewer groups than stages: the pipeline is not full" : "");
 }
 
@@ -122,7 +122,7 @@ void print_choice(const PlanOptions& opt, const RunRecord& run, const balance::P
     std::printf("best under %s: %s\n", targets.c_str(), figures(r.candidates[*ch.best]).c_str());
     print_why(run, r.candidates[*ch.best]);
   } else {
-    std::printf("no layout meets %s; the closest (targets relaxed by x%s): %s\n", targets.c_str(), sig(ch.relax).c_str(),
+    std::printf("no layout meets %s; the closest (targets relaxed by x%s): %s\n", targets.c_str(), num(ch.relax, 3).c_str(),
                 figures(r.candidates[ch.closest]).c_str());
     print_why(run, r.candidates[ch.closest]);
   }
@@ -138,8 +138,8 @@ void print_choice(const PlanOptions& opt, const RunRecord& run, const balance::P
   const balance::PlanCandidate& n = more->candidates[*next.best];
   std::printf("one more device (%d): %s", opt.devices + 1, figures(n).c_str());
   if (ch.best)
-    std::printf("; x%s tokens/s, x%s per device", sig(n.tokens_per_s / r.candidates[*ch.best].tokens_per_s).c_str(),
-                sig(n.tokens_per_s_per_device / r.candidates[*ch.best].tokens_per_s_per_device).c_str());
+    std::printf("; x%s tokens/s, x%s per device", num(n.tokens_per_s / r.candidates[*ch.best].tokens_per_s, 3).c_str(),
+                num(n.tokens_per_s_per_device / r.candidates[*ch.best].tokens_per_s_per_device, 3).c_str());
   std::printf("\n");
 }
 
@@ -234,7 +234,10 @@ int plan_command(const PlanOptions& opt) {
     print_csv(r, opt.slo_ttft_ms, opt.slo_tpot_ms);
   } else {
     std::string widths = "1";
-    for (const auto& g : balance::plan_record(run, opt.devices, 1).profile.tp) widths += "," + std::to_string(g.width);
+    for (const auto& g : balance::plan_record(run, opt.devices, 1).profile.tp) {
+      widths += ',';
+      widths += std::to_string(g.width);
+    }
     const WorkloadInfo& w = run.workload;
     std::printf("plan: %s, %d device(s) like rank 0 (%s), B=%d P=%d G=%d, objective %s, widths %s; %s: %zu of %zu "
                 "layout(s) solved, %zu candidates (M = 1..2S) simulated, %zu proved irrelevant by their bounds, in "
