@@ -25,6 +25,7 @@
 #include "results/report.h"
 #include "results/writer.h"
 #include "app/offline_commands.h"
+#include "user_error_of.h"
 
 namespace ppb {
 namespace {
@@ -145,16 +146,7 @@ TEST_F(OfflineTest, SimulateStageJson) {
   EXPECT_THROW(simulate_command(o), UserError);
 }
 
-/// The message of the UserError that `fn` throws ("no error" when it throws none).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 TEST_F(OfflineTest, BalanceRefusesHugeLatencies) {
   // Sums of 1e308 overflow to inf: once a fatal "infeasible probe" (exit 1), once a bogus

@@ -30,6 +30,7 @@
 #include "balance/solver.h"
 #include "common/error.h"
 #include "results/writer.h"
+#include "user_error_of.h"
 
 namespace ppb {
 namespace {
@@ -367,15 +368,7 @@ class PlanCommandTest : public ::testing::Test {
   std::string file_;
 };
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no UserError)";
-}
+using test::error_of;
 
 TEST_F(PlanCommandTest, BadInputsNameTheFlag) {
   PlanOptions o = opts(0);
