@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <unistd.h>
 #include <vector>
@@ -155,6 +156,9 @@ TEST(RunPhases, GatherOfARoundAppendsEachRanksNewRepetitionOnRankZerosClock) {
   // plus a code; rank 0 must map them back to the code (seconds since the run started).
   std::vector<double> start{ctx.root ? ctx.record().run_start_s : 0.0};
   mpi.bcast_doubles(start);
+  // The offsets rank 0 will subtract (clock_offsets is valid on rank 0 alone).
+  std::vector<double> offsets = ctx.cluster.clock_offsets_s;
+  mpi.bcast_doubles(offsets);
   auto code = [&](int b, int r, int i, int g, int t, int x) {
     return 10.0 * b + 1.0 * r + 0.1 * i + 0.01 * g + 0.001 * t + 1e-5 * x;
   };
@@ -163,7 +167,7 @@ TEST(RunPhases, GatherOfARoundAppendsEachRanksNewRepetitionOnRankZerosClock) {
     for (int g = 0; g < w.groups; ++g)
       for (int t = 0; t < steps; ++t)
         for (int x = 0; x < kNumEvents; ++x)
-          benches[b].rec.events.push_back(code(b, mpi.rank(), i, g, t, x) + ctx.cluster.clock_offsets_s[mpi.rank()] + start[0]);
+          benches[b].rec.events.push_back(code(b, mpi.rank(), i, g, t, x) + offsets[mpi.rank()] + start[0]);
     benches[b].rounds.push_back(round);
   };
   add_repetition(0, 0);
@@ -190,8 +194,11 @@ TEST(RunPhases, GatherOfARoundAppendsEachRanksNewRepetitionOnRankZerosClock) {
           for (int t = 0; t < steps; ++t)
             for (int x = 0; x < kNumEvents; ++x) {
               const double got = pr.events[sh.index(i, g, t, k, x)];
-              // Seconds ~1e5 since boot less the same: a few ulps of the clock's magnitude.
-              EXPECT_NEAR(got, code(b, k, i, g, t, x), 1e-9 * (1 + std::fabs(start[0])))
+              // code + offset + start, less (offset + start) on rank 0: four roundings of numbers
+              // below |start| + 32 s, each within half an ulp there; 8 ulps is twice that. (The
+              // codes of neighbouring events are 1e-5 s apart: a mix-up fails at any clock.)
+              EXPECT_NEAR(got, code(b, k, i, g, t, x),
+                          8 * std::numeric_limits<double>::epsilon() * (std::fabs(start[0]) + 32))
                   << b << " " << i << " " << k << " " << g << " " << t << " " << x;
             }
   }
