@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# One-call GPU check of the CUDA backend (issue 3), a few minutes on one H200:
+# One-call GPU check of the CUDA backend, a few minutes on one H200. Short, decisive steps first:
 #   1. binaries: the prebuilt bundle if carried (see below), else configure + build (sm_90 only)
 #   2. kernel resource usage (registers, shared/local memory, from cuobjdump)
-#   3. kernel tests (CUDA vs CPU twins, CUDA stage vs CPU stage, lanes)
-#   4. ceilings + Llama-3.1-8B layer/head vs floors and issue 3's targets (ppb_gpu_bench)
-#   5. mpirun -np 2 ppbench run sharing the GPU (MPI transport), with validation
-#   5b. ppbench profile of a Llama-3.1-8B layer at B=4, P=8192: a forward of > 2,000 launches,
-#       which deadlocked a held lane before the launch bound (issue 17, item 1)
-#   5c. a two-stage run through NCCL, where nvidia-smi lists two GPUs (issue 17, item 6)
-#   5d. decode replayed from CUDA graphs vs eager (--no-cuda-graphs): Qwen3-0.6B on one rank,
-#       decode tokens/s of each and the simulator's error against it (issue 17, item 8)
-#   5f. MoE and MLA (issue 15): tiny DeepSeek-V3 --mtp and gpt-oss runs, a Qwen3-30B-A3B profile
-#   5e. tensor-parallel stages (issue 14), where nvidia-smi lists two GPUs: the width-2 stage
-#       test, then mpirun -np 2 ppbench run --tp 1 --tp 2 (PP2 against TP2), validated; on one
-#       GPU it says it skipped
-#   6. the same layer in PyTorch eager, if importable
+#   3. tests: kernel tests (CUDA vs CPU twins, CUDA stage vs CPU stage), lanes, MoE/MLA kernels
+#   4. mpirun: mpirun -np 2 ppbench run sharing the GPU (MPI transport), with validation
+#   5. nccl: a two-stage run through NCCL, where nvidia-smi lists two GPUs
+#   6. graphs: decode replayed from CUDA graphs vs eager (--no-cuda-graphs): Qwen3-0.6B on one
+#      rank, decode tokens/s of each and the simulator's error against it
+#   7. bench: ceilings + Llama-3.1-8B layer/head vs floors (ppb_gpu_bench), NCCL send/recv and
+#      all-reduce sweeps where two GPUs exist
+#   8. moe: tiny DeepSeek-V3 --mtp and gpt-oss runs, a Qwen3-30B-A3B profile
+#   9. longfwd: ppbench profile of a Llama-3.1-8B layer at B=4, P=8192 (> 2,000 launches)
+#  10. tp: the width-2 stage test, then mpirun -np 2 ppbench run --tp 1 --tp 2, where nvidia-smi
+#      lists two GPUs (NCCL refuses two ranks on one GPU)
+#  11. torch: the same layer in PyTorch eager, if importable
 # Every step runs under a timeout carved from one budget (PPB_GPU_CHECK_BUDGET seconds, default
-# 450), a failing step does not stop the next, and the summary table is always printed last.
+# 420: a call of the device tool then ends within 8 minutes and leaves time to rerun once); a
+# failing step does not stop the next, and the summary table is printed last. Each step ends
+# ok, skip (with the reason: no second GPU, no PyTorch) or FAIL; the exit status is 1 when any
+# step selected failed or was not reached, else 0. PPB_GPU_CHECK_STEPS=tests,mpirun (a comma
+# list of the names above) runs only those steps (binaries always).
 #
 #   scripts/gpu_check.sh [build-dir]          on the GPU machine (default build-gpu)
 #   scripts/gpu_check.sh --pack [build-dir]   on a machine WITH the build dependencies and nvcc
@@ -69,9 +72,10 @@ fi
 BUILD=${1:-build-gpu}
 LOG=$(mktemp -d)
 TEST_BIN= BENCH_BIN= PPB_BIN= LANES_HANG=0 MOE_TEST_BINS=
-declare -A RESULT
+STEPS="binaries tests mpirun nccl graphs bench moe longfwd tp torch"
+declare -A RESULT STATUS
 t0=$(date +%s)
-BUDGET=${PPB_GPU_CHECK_BUDGET:-450}
+BUDGET=${PPB_GPU_CHECK_BUDGET:-420}
 step() { echo; echo "=== $* ($(( $(date +%s) - t0 )) s)"; }
 # Timeout of a step: at most `$1` s, and never past the budget (minus 10 s kept for the summary).
 tmo() {
@@ -80,27 +84,52 @@ tmo() {
   [ "$1" -lt 5 ] && set -- 5
   echo "$1"
 }
+# result STEP ok|skip|FAIL TEXT: the step's line in the summary and its part of the exit status.
+result() { STATUS[$1]=$2; RESULT[$1]=$3; }
+# True when step $1 is selected (PPB_GPU_CHECK_STEPS, default all); an unselected step is
+# marked so and counts as neither pass nor failure.
+want() {
+  [ -z "${PPB_GPU_CHECK_STEPS:-}" ] && return 0
+  case ",$PPB_GPU_CHECK_STEPS,binaries," in *",$1,"*) return 0 ;; esac
+  result "$1" "-" "not selected (PPB_GPU_CHECK_STEPS)"
+  return 1
+}
 summary_done=0
 summary() {
+  local rc=$? failed=0
   [ "$summary_done" = 1 ] && return
   summary_done=1
   step "summary"
-  printf '%-10s %s\n' "step" "result"
-  for k in binaries tests bench mpirun longfwd moe nccl graphs tp torch; do printf '%-10s %s\n' "$k" "${RESULT[$k]:-not reached}"; done
+  printf '%-10s %-5s %s\n' "step" "" "result"
+  for k in $STEPS; do
+    local st=${STATUS[$k]:-FAIL}
+    printf '%-10s %-5s %s\n' "$k" "$st" "${RESULT[$k]:-not reached}"
+    [ "$st" = FAIL ] && failed=$(( failed + 1 ))
+  done
   echo
-  grep -E '^(ceilings|layer|head|targets)' "$LOG/bench" 2>/dev/null
+  grep -E '^(ceilings|layer|head|targets|nccl)' "$LOG/bench" 2>/dev/null
   grep -E 'torch/ppbench' "$LOG/torch" 2>/dev/null
-  # The device tool brings back what is under $OUT: every log, the results file, the tables.
+  # The device tool brings back what is under $OUT (8 files at most): every log and results
+  # file of the check in one archive (not the unpacked bundle: 100+ MB of binaries).
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp -r "$LOG"/. "$OUT"/ 2>/dev/null
-    rm -rf "$OUT/bundle"  # the unpacked binaries: 100+ MB, not a result
-    echo "total $(( $(date +%s) - t0 )) s; logs in $LOG, copied to \$OUT"
+    tar -C "$LOG" --exclude=./bundle -czf "$OUT/gpu_check_logs.tar.gz" . 2>/dev/null
+    echo "total $(( $(date +%s) - t0 )) s; logs in $LOG, archived to \$OUT/gpu_check_logs.tar.gz"
   else
     echo "total $(( $(date +%s) - t0 )) s; logs in $LOG"
   fi
+  if [ "$failed" -gt 0 ]; then
+    echo "gpu_check: $failed step(s) FAILED or not reached"
+    exit 1
+  fi
+  [ "$rc" -ne 0 ] && exit "$rc"
+  echo "gpu_check: every selected step ok or skipped"
+  exit 0
 }
 trap summary EXIT
 trap 'exit 130' INT TERM
+# What the lanes need before any CUDA call (ppbench sets the same itself; the test binaries
+# and PyTorch do not): every kernel loaded at context creation, a hardware queue per stream.
+export CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-EAGER} CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 
 # ---- 1. binaries --------------------------------------------------------------------------
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null
@@ -132,9 +161,9 @@ if [ -f "$BUILD/$BUNDLE_NAME" ]; then
     export OPAL_PREFIX=$B/ompi/usr PATH=$B/ompi/usr/bin:$PATH OMPI_MCA_mca_base_component_show_load_errors=0 \
       PMIX_MCA_mca_base_component_path=$B/ompi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
     missing=$(ldd "$TEST_BIN" "$BENCH_BIN" "$PPB_BIN" 2>&1 | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
-    if [ -z "$missing" ]; then RESULT[binaries]="ok (bundle)"; else RESULT[binaries]="bundle: MISSING$missing"; echo "missing: $missing"; fi
+    if [ -z "$missing" ]; then result binaries ok "bundle"; else result binaries FAIL "bundle: MISSING$missing"; echo "missing: $missing"; fi
   else
-    RESULT[binaries]="FAILED to unpack the bundle"
+    result binaries FAIL "could not unpack the bundle"
   fi
 else
   step "binaries: build ($BUILD, sm_$ARCH)"
@@ -142,12 +171,14 @@ else
   MOE_TEST_BINS="$BUILD/tests/test_cuda_moe $BUILD/tests/test_cuda_mla"
   if timeout "$(tmo 300)" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$LOG/cfg" 2>&1 &&
      timeout "$(tmo 300)" cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla ppb_gpu_bench ppbench >"$LOG/build" 2>&1; then
-    RESULT[binaries]="ok (built in $(( $(date +%s) - t0 )) s)"
+    result binaries ok "built in $(( $(date +%s) - t0 )) s"
   else
     tail -30 "$LOG/cfg" "$LOG/build" 2>/dev/null
-    RESULT[binaries]="build FAILED (missing dependencies? run scripts/gpu_check.sh --pack where they are, carry the bundle)"
+    result binaries FAIL "build failed (missing dependencies? run scripts/gpu_check.sh --pack where they are, carry the bundle)"
   fi
 fi
+have_mpi() { [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # ---- 2. resource usage ----------------------------------------------------------------------
 step "kernel resource usage (sm_90: registers, shared, local = spills/stack)"
@@ -157,238 +188,249 @@ if [ -x "$TEST_BIN" ] && [ -n "$CUOBJDUMP" ]; then
     awk '/^[[:space:]]*Function/ {f=$2; sub(/:$/, "", f)} /REG:/ {print f, $0}' |
     { command -v c++filt >/dev/null && c++filt || cat; } |
     sed -E 's/ppb::cuda::(\(anonymous namespace\)::)?//g; s/__nv_bfloat16/bf16/g; s/\(.*\) +REG/ REG/; s/[[:space:]]+(TEXTURE|SURFACE|SAMPLER):[0-9]+//g' |
-    sort -u | tee "$LOG/resources" | cut -c1-150
+    sort -u > "$LOG/resources"
+  echo "$(wc -l < "$LOG/resources") kernels (full list in resources); any with local memory (spills, stack):"
+  grep -vE 'LOCAL:0( |$)' "$LOG/resources" | cut -c1-150 | head -20
 else
   echo "skipped (no test binary or no cuobjdump)"
 fi
 
-# ---- 3. kernel tests ------------------------------------------------------------------------
+# ---- 3. tests ---------------------------------------------------------------------------------
 # Kernels and stages first; the lane tests (host tasks: the stream waits on a host-written
 # counter through cuStreamWaitValue32) apart, with a short timeout: if that wait never sees the
-# host's write (not verified on these machines), only they hang, and they are retried with the
-# spin-kernel fallback (PPB_CUDA_SPIN_WAIT=1), which the mpirun step then keeps.
-step "kernel tests"
-if [ -x "$TEST_BIN" ]; then
-  timeout "$(tmo 200)" "$TEST_BIN" --gtest_brief=1 --gtest_filter='-CudaLanes*' >"$LOG/tests" 2>&1
+# host's write, only they hang, and they are retried with the spin-kernel fallback
+# (PPB_CUDA_SPIN_WAIT=1), which the later steps then keep.
+gtest_sum() { grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$1" | tr -s ' \n' ' '; }
+if want tests && [ -x "$TEST_BIN" ]; then
+  step "kernel tests"
+  timeout "$(tmo 150)" "$TEST_BIN" --gtest_brief=1 --gtest_filter='-CudaLanes*' >"$LOG/tests" 2>&1
   rc=$?
   tail -40 "$LOG/tests"
-  sum=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$LOG/tests" | tr -s ' \n' ' ')
-  RESULT[tests]="rc=$rc ${sum:-no gtest summary (crashed or timed out)}"
+  text="kernels rc=$rc $(gtest_sum "$LOG/tests")"
+  [ "$rc" = 124 ] && text="$text TIMED OUT"
   if grep -q "but CUDA sees none" "$LOG/tests"; then
-    RESULT[tests]="FAILED: nvidia-smi lists $PPB_EXPECT_GPUS GPU(s) but CUDA sees none ($(grep -m1 -o 'CUDA sees none: .*' "$LOG/tests"))"
+    text="nvidia-smi lists $PPB_EXPECT_GPUS GPU(s) but CUDA sees none ($(grep -m1 -o 'CUDA sees none: .*' "$LOG/tests"))"
   fi
-  step "lane tests (host tasks, events, copies)"
-  timeout "$(tmo 40)" "$TEST_BIN" --gtest_brief=1 --gtest_filter='CudaLanes*' >"$LOG/lanes" 2>&1
+  step "lane tests (host tasks, events, copies, aborts)"
+  timeout "$(tmo 40)" "$TEST_BIN" --gtest_filter='CudaLanes*' >"$LOG/lanes" 2>&1  # not brief: a hang names its test
   lrc=$?
-  cat "$LOG/lanes" | tail -15
+  tail -15 "$LOG/lanes"
   if [ "$lrc" = 124 ]; then
-    echo "lane tests timed out: again with PPB_CUDA_SPIN_WAIT=1 (spin-kernel stream wait)"
-    PPB_CUDA_SPIN_WAIT=1 timeout "$(tmo 40)" "$TEST_BIN" --gtest_brief=1 --gtest_filter='CudaLanes*' >"$LOG/lanes" 2>&1
-    lrc=$?
-    tail -15 "$LOG/lanes"
-    [ "$lrc" = 0 ] && export PPB_CUDA_SPIN_WAIT=1
-    [ "$lrc" = 124 ] && LANES_HANG=1
-    RESULT[tests]="${RESULT[tests]}; lanes: cuStreamWaitValue32 HUNG, spin-kernel fallback rc=$lrc"
+    # Which test hung: the last one gtest started.
+    hung=$(grep -oE '^\[ RUN      \] [A-Za-z_.]+' "$LOG/lanes" | tail -1 | awk '{print $NF}')
+    echo "lane tests timed out in ${hung:-?}: again with PPB_CUDA_SPIN_WAIT=1 (spin-kernel stream wait)"
+    PPB_CUDA_SPIN_WAIT=1 timeout "$(tmo 40)" "$TEST_BIN" --gtest_brief=1 --gtest_filter='CudaLanes*' >"$LOG/lanes_spin" 2>&1
+    src=$?
+    tail -15 "$LOG/lanes_spin"
+    [ "$src" = 0 ] && export PPB_CUDA_SPIN_WAIT=1
+    [ "$src" = 124 ] && LANES_HANG=1
+    text="$text; lanes TIMED OUT in ${hung:-?}, with PPB_CUDA_SPIN_WAIT=1 rc=$src"
   else
-    RESULT[tests]="${RESULT[tests]}; lanes rc=$lrc"
+    text="$text; lanes rc=$lrc $(gtest_sum "$LOG/lanes")"
   fi
   [ "$lrc" != 0 ] && rc=$lrc
   # Issue 15's kernels (router, dispatch, grouped expert GEMMs, combine; MLA, sinks, MTP input).
   for tb in $MOE_TEST_BINS; do
-    [ -x "$tb" ] || { RESULT[tests]="${RESULT[tests]}; $(basename "$tb") not built"; continue; }
+    [ -x "$tb" ] || { text="$text; $(basename "$tb") not built"; rc=1; continue; }
     timeout "$(tmo 60)" "$tb" --gtest_brief=1 >"$LOG/$(basename "$tb")" 2>&1
     mrc=$?
     tail -15 "$LOG/$(basename "$tb")"
-    msum=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$LOG/$(basename "$tb")" | tr -s ' \n' ' ')
-    RESULT[tests]="${RESULT[tests]}; $(basename "$tb") rc=$mrc ${msum:-no gtest summary}"
+    text="$text; $(basename "$tb") rc=$mrc $(gtest_sum "$LOG/$(basename "$tb")")"
     [ "$mrc" != 0 ] && rc=$mrc
   done
   # A failing kernel usually shows only as a wrong result or a later "illegal address": rerun
-  # the failed tests (all CUDA kernel tests after a crash) under compute-sanitizer, which names
-  # the kernel and the bad access (it runs on Firecracker machines, not on gVisor ones).
+  # the failed tests under compute-sanitizer, which names the kernel and the bad access (it
+  # runs on Firecracker machines, not on gVisor ones).
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-  if [ "$rc" != 0 ] && [ -n "$SANITIZER" ]; then
-    failed=$(cat "$LOG/tests" "$LOG/lanes" | grep -E '^\[  FAILED  \] [A-Za-z_]+\.[A-Za-z_]+ \(' | awk '{print $4}' |
-             sort -u | paste -sd: -)
-    step "compute-sanitizer on ${failed:-CudaKernels.*}"
-    timeout "$(tmo 90)" "$SANITIZER" --tool memcheck --print-limit 20 "$TEST_BIN" --gtest_brief=1 \
-      --gtest_filter="${failed:-CudaKernels.*}" >"$LOG/sanitizer" 2>&1
-    grep -E '^=========|FAILED|PASSED' "$LOG/sanitizer" | head -60
-    RESULT[tests]="${RESULT[tests]}; sanitizer: $(grep -m1 -E 'ERROR SUMMARY' "$LOG/sanitizer" | sed 's/^=* *//')"
+  failed=$(cat "$LOG/tests" "$LOG/lanes" | grep -E '^\[  FAILED  \] [A-Za-z_]+\.[A-Za-z_]+ \(' | awk '{print $4}' | sort -u | paste -sd: -)
+  if [ -n "$failed" ] && [ -n "$SANITIZER" ] && [ "$(tmo 60)" -ge 30 ]; then
+    step "compute-sanitizer on $failed"
+    timeout "$(tmo 60)" "$SANITIZER" --tool memcheck --print-limit 20 "$TEST_BIN" --gtest_brief=1 \
+      --gtest_filter="$failed" >"$LOG/sanitizer" 2>&1
+    grep -E '^=========|FAILED|PASSED' "$LOG/sanitizer" | head -40
+    text="$text; sanitizer: $(grep -m1 -E 'ERROR SUMMARY' "$LOG/sanitizer" | sed 's/^=* *//')"
   fi
-else
-  RESULT[tests]="not built"
+  if [ "$rc" = 0 ]; then result tests ok "$text"; else result tests FAIL "$text"; fi
+elif want tests; then
+  result tests FAIL "test binary not built"
 fi
+lanes_hang() { [ "$LANES_HANG" = 1 ] && result "$1" FAIL "not run: lane host tasks hang with either stream wait (see the lane tests)"; }
 
-# ---- 4. ceilings, layer and head vs floors ----------------------------------------------------
-step "ceilings and Llama-3.1-8B layer/head vs floors"
-BENCH="$LOG/bench.txt"
-if [ -x "$BENCH_BIN" ]; then
-  timeout "$(tmo 150)" "$BENCH_BIN" --model inputs/models/llama-3.1-8b.json --dtype bf16 \
-    --prompt 2048 --batch 8 --context 2048 --iters 20 --out "$BENCH" >"$LOG/bench" 2>&1
-  rc=$?
-  cat "$LOG/bench"
-  if [ "$rc" = 0 ]; then
-    RESULT[bench]="ok: $(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')"
-  else
-    RESULT[bench]="FAILED rc=$rc"
-  fi
-else
-  RESULT[bench]="not built"
-fi
-
-# ---- 5. the whole program: 2 ranks on the GPU --------------------------------------------------
-step "mpirun -np 2 ppbench run, 2 ranks sharing the GPU (MPI transport), validated"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-RUN_H5="$LOG/run.h5"
-if [ "$LANES_HANG" = 1 ]; then
-  RESULT[mpirun]="skipped: lane host tasks hang with either stream wait (see the lane tests)"
-elif [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
-  # The ranks are forked locally: they inherit this environment (the bundle's library path).
-  timeout "$(tmo 150)" mpirun --oversubscribe -np 2 "$PPB_BIN" run \
-    --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 \
-    -o "$RUN_H5" --force >"$LOG/run" 2>&1
-  rc=$?
-  tail -30 "$LOG/run"
-  if [ "$rc" = 124 ] && [ "$(tmo 100)" -ge 60 ]; then
-    # A hang: the two likeliest causes without a hardware fault are a lazily loaded kernel
-    # waiting for the whole context behind a lane held by a host task, and streams sharing a
-    # hardware queue with one that waits on the host. Once more with both ruled out.
-    echo "mpirun timed out: again with CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32"
-    CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 timeout "$(tmo 100)" mpirun --oversubscribe -np 2 \
-      -x CUDA_MODULE_LOADING -x CUDA_DEVICE_MAX_CONNECTIONS "$PPB_BIN" run \
+# ---- 4. the whole program: 2 ranks on the GPU --------------------------------------------------
+if want mpirun && ! lanes_hang mpirun; then
+  step "mpirun -np 2 ppbench run, 2 ranks sharing the GPU (MPI transport), validated"
+  if have_mpi; then
+    # The ranks are forked locally: they inherit this environment (the bundle's library path).
+    timeout "$(tmo 120)" mpirun --oversubscribe -np 2 "$PPB_BIN" run \
       --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 \
-      -o "$RUN_H5" --force >"$LOG/run2" 2>&1
-    rc2=$?
-    tail -20 "$LOG/run2"
-    RESULT[mpirun]="TIMED OUT; with CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32: rc=$rc2"
-  elif [ "$rc" = 0 ]; then RESULT[mpirun]="ok (validated)"; else RESULT[mpirun]="FAILED rc=$rc (see above)"; fi
-else
-  RESULT[mpirun]="skipped (no ppbench binary or no mpirun)"
-fi
-
-# ---- 5b. a forward of more launches than a stream queues: profiled, never held --------------------
-step "ppbench profile: Llama-3.1-8B layer at B=4, P=8192 (> 2,000 launches per forward)"
-if [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
-  timeout "$(tmo 150)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/llama-3.1-8b.json --device cuda \
-    --dtype bf16 -b 4 -p 8192 -g 1 --profile-warmup 1 --profile-iters 2 --profile-contexts 1 \
-    -o "$LOG/longfwd.h5" --force >"$LOG/longfwd" 2>&1
-  rc=$?
-  tail -12 "$LOG/longfwd"
-  if [ "$rc" = 0 ]; then RESULT[longfwd]="ok (profiled without a hang)"
-  elif [ "$rc" = 124 ]; then RESULT[longfwd]="TIMED OUT: a held forward of > 2,000 launches hangs (issue 17 item 1)"
-  else RESULT[longfwd]="FAILED rc=$rc"; fi
-else
-  RESULT[longfwd]="skipped (no ppbench binary or no mpirun)"
-fi
-
-# ---- 5f. mixture of experts and MLA (issue 15) --------------------------------------------------
-# The tiny DeepSeek-V3 (MLA, grouped sigmoid router, shared experts, MTP module) and gpt-oss
-# (sinks, biased experts) on 2 ranks sharing the GPU, validated; then a profile of Qwen3-30B-A3B
-# (48 MoE layers of 128 experts, top-8), whose decode reads only the experts its tokens reach.
-step "mixture of experts on the GPU: tiny DeepSeek-V3 --mtp and gpt-oss runs, Qwen3-30B-A3B profile"
-if [ "$LANES_HANG" = 1 ]; then
-  RESULT[moe]="skipped: lane host tasks hang with either stream wait (see the lane tests)"
-elif [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
-  moe=""
-  for cfg in "tests/data/tiny-deepseek-v3.json --mtp" tests/data/tiny-gpt-oss.json; do
-    name=$(basename "${cfg%% *}" .json)
-    # shellcheck disable=SC2086  # cfg carries the flag
-    timeout "$(tmo 60)" mpirun --oversubscribe -np 2 "$PPB_BIN" run --model $cfg --device cuda --transport mpi \
-      --dtype bf16 -b 4 -p 64 -g 16 --iters 2 --target-ci 0 -o "$LOG/$name.h5" --force >"$LOG/$name" 2>&1
-    mrc=$?
-    grep -E 'experts|validation' "$LOG/$name" | head -4
-    moe="$moe$name rc=$mrc; "
-  done
-  timeout "$(tmo 90)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/qwen3-30b-a3b.json --device cuda \
-    --dtype bf16 -b 8 -p 512 -g 4 --profile-warmup 1 --profile-iters 3 -o "$LOG/moe_profile.h5" --force >"$LOG/moe_profile" 2>&1
-  mrc=$?
-  tail -8 "$LOG/moe_profile"
-  RESULT[moe]="${moe}qwen3-30b-a3b profile rc=$mrc"
-else
-  RESULT[moe]="skipped (no ppbench binary or no mpirun)"
-fi
-
-# ---- 5c. two stages through NCCL (two GPUs) -------------------------------------------------------
-if [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
-  step "mpirun -np 2 ppbench run, one GPU per rank, NCCL transport, validated"
-  timeout "$(tmo 120)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda \
-    --transport nccl --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 -o "$LOG/nccl.h5" --force >"$LOG/nccl" 2>&1
-  rc=$?
-  tail -20 "$LOG/nccl"
-  if [ "$rc" = 0 ]; then RESULT[nccl]="ok (validated)"; elif [ "$rc" = 124 ]; then RESULT[nccl]="TIMED OUT"; else RESULT[nccl]="FAILED rc=$rc"; fi
-else
-  RESULT[nccl]="skipped (needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0})"
-fi
-
-# ---- 5e. tensor parallelism (two GPUs) ------------------------------------------------------------
-# A stage of width 2 is one NCCL group of two GPUs: it cannot run on one (NCCL refuses two ranks
-# on one GPU), so on one GPU this step only says so.
-if [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
-  step "tensor parallelism: the width-2 stage test, then mpirun -np 2 ppbench run --tp 1 --tp 2"
-  tp_test=skipped
-  if [ -x "$TEST_BIN" ]; then
-    timeout "$(tmo 60)" "$TEST_BIN" --gtest_filter='CudaStage.TensorParallel*' >"$LOG/tp_test" 2>&1 && tp_test=ok || tp_test="FAILED rc=$?"
-    tail -5 "$LOG/tp_test"
+      --timeout 60 -o "$LOG/run.h5" --force >"$LOG/run" 2>&1
+    rc=$?
+    tail -30 "$LOG/run"
+    if [ "$rc" = 0 ]; then result mpirun ok "validated: $(grep -m1 -E '^  tokens/s' "$LOG/run" | tr -s ' ')"
+    elif [ "$rc" = 124 ]; then result mpirun FAIL "TIMED OUT"
+    else result mpirun FAIL "rc=$rc (see the run log)"; fi
+  else
+    result mpirun FAIL "no ppbench binary or no mpirun"
   fi
-  timeout "$(tmo 150)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
-    -b 4 -p 128 -g 32 --iters 3 --target-ci 0 --tp 1 --tp 2 -o "$LOG/tp.h5" --force >"$LOG/tp" 2>&1
-  rc=$?
-  grep -A4 'layouts side by side' "$LOG/tp"
-  tail -3 "$LOG/tp"
-  if [ "$rc" = 0 ]; then RESULT[tp]="test $tp_test; run ok (validated): $(grep -A3 'layouts side by side' "$LOG/tp" | tail -2 | awk '{printf "%s %s tok/s TPOT %s ms; ", $1, $4, $7}')"
-  elif [ "$rc" = 124 ]; then RESULT[tp]="test $tp_test; run TIMED OUT"
-  else RESULT[tp]="test $tp_test; run FAILED rc=$rc"; fi
-else
-  RESULT[tp]="skipped (tensor parallelism needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0})"
 fi
 
-# ---- 5d. decode from CUDA graphs vs eager ---------------------------------------------------------
+# ---- 5. two stages through NCCL (two GPUs) -------------------------------------------------------
+if want nccl && ! lanes_hang nccl; then
+  if [ "${PPB_EXPECT_GPUS:-0}" -lt 2 ]; then
+    result nccl skip "needs two GPUs (NCCL refuses two ranks on one); nvidia-smi lists ${PPB_EXPECT_GPUS:-0}"
+  elif have_mpi; then
+    step "mpirun -np 2 ppbench run, one GPU per rank, NCCL transport, validated"
+    timeout "$(tmo 120)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda \
+      --transport nccl --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 --timeout 60 -o "$LOG/nccl.h5" --force >"$LOG/nccl" 2>&1
+    rc=$?
+    tail -20 "$LOG/nccl"
+    if [ "$rc" = 0 ]; then result nccl ok "validated"; elif [ "$rc" = 124 ]; then result nccl FAIL "TIMED OUT"; else result nccl FAIL "rc=$rc"; fi
+  else
+    result nccl FAIL "no ppbench binary or no mpirun"
+  fi
+fi
+
+# ---- 6. decode from CUDA graphs vs eager ---------------------------------------------------------
 # A small model's decode step is host-bound when each kernel is launched (a Qwen3-0.6B layer:
 # ~11 launches of a few µs against ~25-35 µs of GPU work); replayed from a graph, one launch per
 # step. The profile times what the pipeline runs, so the simulator's decode error should be small
 # both ways; the gain is the ratio of the two decode tokens/s, measured one after the other.
-step "decode A/B: CUDA graphs vs eager (--no-cuda-graphs), Qwen3-0.6B, one rank"
-if [ "$LANES_HANG" = 1 ]; then
-  RESULT[graphs]="skipped: lane host tasks hang with either stream wait (see the lane tests)"
-elif [ "$(tmo 60)" -lt 40 ]; then
-  RESULT[graphs]="skipped: under 40 s of the budget left (PPB_GPU_CHECK_BUDGET)"
-elif [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; then
-  declare -A DEC SIM RC
-  for mode in graphs eager; do
-    extra=
-    [ "$mode" = eager ] && extra=--no-cuda-graphs
-    timeout "$(tmo 90)" mpirun -np 1 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
-      -b 4 -p 128 -g 64 --iters 3 --target-ci 0 --partition uniform $extra -o "$LOG/$mode.h5" --force >"$LOG/$mode" 2>&1
-    RC[$mode]=$?
-    grep -E '^  (tokens/s|simulator)' "$LOG/$mode"
-    DEC[$mode]=$(grep -m1 -oE 'tokens/s [0-9.]+ \(decode [0-9.]+' "$LOG/$mode" | awk '{print $4}')
-    SIM[$mode]=$(grep -m1 -oE '\([-+0-9.]+% vs measured' "$LOG/$mode" | grep -oE '[-+0-9.]+%')
-  done
-  if [ "${RC[graphs]}" = 0 ] && [ "${RC[eager]}" = 0 ] && [ -n "${DEC[graphs]}" ] && [ -n "${DEC[eager]}" ]; then
-    RESULT[graphs]="decode tok/s graphs ${DEC[graphs]} vs eager ${DEC[eager]} ($(awk -v a="${DEC[graphs]}" -v b="${DEC[eager]}" 'BEGIN {printf "%.2fx", a / b}')); simulator decode error graphs ${SIM[graphs]:-?}, eager ${SIM[eager]:-?}"
-  elif [ "${RC[graphs]}" = 124 ] || [ "${RC[eager]}" = 124 ]; then
-    RESULT[graphs]="TIMED OUT (budget; rc graphs=${RC[graphs]} eager=${RC[eager]})"
+if want graphs && ! lanes_hang graphs; then
+  step "decode A/B: CUDA graphs vs eager (--no-cuda-graphs), Qwen3-0.6B, one rank"
+  if have_mpi; then
+    declare -A DEC SIM RC
+    for mode in graphs eager; do
+      extra=
+      [ "$mode" = eager ] && extra=--no-cuda-graphs
+      timeout "$(tmo 75)" mpirun -np 1 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
+        -b 4 -p 128 -g 64 --iters 3 --target-ci 0 --partition uniform $extra --timeout 60 -o "$LOG/$mode.h5" --force >"$LOG/$mode" 2>&1
+      RC[$mode]=$?
+      grep -E '^  (tokens/s|simulator)' "$LOG/$mode"
+      DEC[$mode]=$(grep -m1 -oE 'tokens/s [0-9.]+ \(decode [0-9.]+' "$LOG/$mode" | awk '{print $4}')
+      SIM[$mode]=$(grep -m1 -oE '\([-+0-9.]+% vs measured' "$LOG/$mode" | grep -oE '[-+0-9.]+%')
+    done
+    if [ "${RC[graphs]}" = 0 ] && [ "${RC[eager]}" = 0 ] && [ -n "${DEC[graphs]}" ] && [ -n "${DEC[eager]}" ]; then
+      result graphs ok "decode tok/s graphs ${DEC[graphs]} vs eager ${DEC[eager]} ($(awk -v a="${DEC[graphs]}" -v b="${DEC[eager]}" 'BEGIN {printf "%.2fx", a / b}')); simulator decode error graphs ${SIM[graphs]:-?}, eager ${SIM[eager]:-?}"
+    else
+      result graphs FAIL "rc graphs=${RC[graphs]} eager=${RC[eager]} (124: timed out)"
+    fi
   else
-    RESULT[graphs]="FAILED rc graphs=${RC[graphs]} eager=${RC[eager]}"
+    result graphs FAIL "no ppbench binary or no mpirun"
   fi
-else
-  RESULT[graphs]="skipped (no ppbench binary or no mpirun)"
 fi
 
-# ---- 6. PyTorch eager ----------------------------------------------------------------------------
-step "PyTorch eager, same layer"
-if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  timeout "$(tmo 120)" python3 scripts/torch_layer.py --model inputs/models/llama-3.1-8b.json --bench "$BENCH" >"$LOG/torch" 2>&1
-  rc=$?
-  cat "$LOG/torch"
-  n=$(grep -c 'torch/ppbench' "$LOG/torch")
-  if [ "$rc" = 0 ] && [ "$n" = 2 ]; then
-    RESULT[torch]="ok: $(grep 'torch/ppbench' "$LOG/torch" | awk '{print $1, $NF}' | tr '\n' ' ')"
+# ---- 7. ceilings, layer and head vs floors; NCCL links ---------------------------------------------
+if want bench; then
+  step "ceilings and Llama-3.1-8B layer/head vs floors; NCCL send/recv and all-reduce where two GPUs"
+  BENCH="$LOG/bench.txt"
+  if [ -x "$BENCH_BIN" ]; then
+    nccl_flag=
+    [ "${PPB_EXPECT_GPUS:-0}" -ge 2 ] && nccl_flag=--nccl
+    timeout "$(tmo 120)" "$BENCH_BIN" --model inputs/models/llama-3.1-8b.json --dtype bf16 \
+      --prompt 2048 --batch 8 --context 2048 --iters 20 $nccl_flag --out "$BENCH" >"$LOG/bench" 2>&1
+    rc=$?
+    cat "$LOG/bench"
+    if [ "$rc" = 0 ]; then
+      result bench ok "$(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')${nccl_flag:+; NCCL swept}"
+    else
+      result bench FAIL "rc=$rc"
+    fi
   else
-    RESULT[torch]="FAILED rc=$rc"
+    result bench FAIL "not built"
   fi
-else
-  RESULT[torch]="PyTorch with CUDA not importable: skipped"
 fi
-# The summary table: the EXIT trap.
+
+# ---- 8. mixture of experts and MLA ----------------------------------------------------------------
+# The tiny DeepSeek-V3 (MLA, grouped sigmoid router, shared experts, MTP module) and gpt-oss
+# (sinks, biased experts) on 2 ranks sharing the GPU, validated; then a profile of Qwen3-30B-A3B
+# (48 MoE layers of 128 experts, top-8), whose decode reads only the experts its tokens reach.
+if want moe && ! lanes_hang moe; then
+  step "mixture of experts on the GPU: tiny DeepSeek-V3 --mtp and gpt-oss runs, Qwen3-30B-A3B profile"
+  if have_mpi; then
+    moe="" bad=0
+    for cfg in "tests/data/tiny-deepseek-v3.json --mtp" tests/data/tiny-gpt-oss.json; do
+      name=$(basename "${cfg%% *}" .json)
+      # shellcheck disable=SC2086  # cfg carries the flag
+      timeout "$(tmo 60)" mpirun --oversubscribe -np 2 "$PPB_BIN" run --model $cfg --device cuda --transport mpi \
+        --dtype bf16 -b 4 -p 64 -g 16 --iters 2 --target-ci 0 --timeout 45 -o "$LOG/$name.h5" --force >"$LOG/$name" 2>&1
+      mrc=$?
+      grep -E 'experts|validation' "$LOG/$name" | head -4
+      moe="$moe$name rc=$mrc; "
+      [ "$mrc" != 0 ] && bad=1
+    done
+    timeout "$(tmo 80)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/qwen3-30b-a3b.json --device cuda \
+      --dtype bf16 -b 8 -p 512 -g 4 --profile-warmup 1 --profile-iters 3 -o "$LOG/moe_profile.h5" --force >"$LOG/moe_profile" 2>&1
+    mrc=$?
+    tail -8 "$LOG/moe_profile"
+    [ "$mrc" != 0 ] && bad=1
+    if [ "$bad" = 0 ]; then result moe ok "${moe}qwen3-30b-a3b profile rc=0"; else result moe FAIL "${moe}qwen3-30b-a3b profile rc=$mrc"; fi
+  else
+    result moe FAIL "no ppbench binary or no mpirun"
+  fi
+fi
+
+# ---- 9. a forward of more launches than a stream queues: profiled, never held --------------------
+if want longfwd && ! lanes_hang longfwd; then
+  step "ppbench profile: Llama-3.1-8B layer at B=4, P=8192 (> 2,000 launches per forward)"
+  if have_mpi; then
+    timeout "$(tmo 100)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/llama-3.1-8b.json --device cuda \
+      --dtype bf16 -b 4 -p 8192 -g 1 --profile-warmup 1 --profile-iters 2 --profile-contexts 1 \
+      -o "$LOG/longfwd.h5" --force >"$LOG/longfwd" 2>&1
+    rc=$?
+    tail -12 "$LOG/longfwd"
+    if [ "$rc" = 0 ]; then result longfwd ok "profiled without a hang"
+    elif [ "$rc" = 124 ]; then result longfwd FAIL "TIMED OUT: a held forward of > 2,000 launches hangs"
+    else result longfwd FAIL "rc=$rc"; fi
+  else
+    result longfwd FAIL "no ppbench binary or no mpirun"
+  fi
+fi
+
+# ---- 10. tensor parallelism (two GPUs) ------------------------------------------------------------
+# A stage of width 2 is one NCCL group of two GPUs: it cannot run on one (NCCL refuses two ranks
+# on one GPU), so on one GPU this step only says so.
+if want tp && ! lanes_hang tp; then
+  if [ "${PPB_EXPECT_GPUS:-0}" -lt 2 ]; then
+    result tp skip "tensor parallelism needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0}"
+  elif have_mpi; then
+    step "tensor parallelism: the width-2 stage test, then mpirun -np 2 ppbench run --tp 1 --tp 2"
+    tp_test="not built"
+    if [ -x "$TEST_BIN" ]; then
+      timeout "$(tmo 60)" "$TEST_BIN" --gtest_filter='CudaStage.TensorParallel*' >"$LOG/tp_test" 2>&1 && tp_test=ok || tp_test="FAILED rc=$?"
+      tail -5 "$LOG/tp_test"
+    fi
+    timeout "$(tmo 120)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
+      -b 4 -p 128 -g 32 --iters 3 --target-ci 0 --tp 1 --tp 2 --timeout 60 -o "$LOG/tp.h5" --force >"$LOG/tp" 2>&1
+    rc=$?
+    grep -A4 'layouts side by side' "$LOG/tp"
+    tail -3 "$LOG/tp"
+    if [ "$rc" = 0 ] && [ "$tp_test" = ok ]; then
+      result tp ok "test ok; run validated: $(grep -A3 'layouts side by side' "$LOG/tp" | tail -2 | awk '{printf "%s %s tok/s TPOT %s ms; ", $1, $4, $7}')"
+    else
+      result tp FAIL "test $tp_test; run rc=$rc (124: timed out)"
+    fi
+  else
+    result tp FAIL "no ppbench binary or no mpirun"
+  fi
+fi
+
+# ---- 11. PyTorch eager ----------------------------------------------------------------------------
+if want torch; then
+  step "PyTorch eager, same layer"
+  if ! timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    result torch skip "PyTorch with CUDA not importable"
+  elif [ ! -s "${BENCH:-$LOG/bench.txt}" ]; then
+    result torch skip "no ppb_gpu_bench table to compare with (bench step)"
+  else
+    timeout "$(tmo 90)" python3 scripts/torch_layer.py --model inputs/models/llama-3.1-8b.json --bench "$BENCH" >"$LOG/torch" 2>&1
+    rc=$?
+    cat "$LOG/torch"
+    n=$(grep -c 'torch/ppbench' "$LOG/torch")
+    if [ "$rc" = 0 ] && [ "$n" = 2 ]; then
+      result torch ok "$(grep 'torch/ppbench' "$LOG/torch" | awk '{print $1, $NF}' | tr '\n' ' ')"
+    else
+      result torch FAIL "rc=$rc"
+    fi
+  fi
+fi
+# The summary table and the exit status: the EXIT trap.

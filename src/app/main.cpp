@@ -256,14 +256,36 @@ bool known_command(const CLI::App& app, const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+/// What the CUDA backend needs set before any CUDA or NCCL call; a user's own setting wins.
+/// CUDA_MODULE_LOADING=EAGER: every kernel loaded at context creation (a lazily loaded module
+/// takes the context's lock, which a lane held by a host task can keep for the whole wait).
+/// CUDA_DEVICE_MAX_CONNECTIONS=32: the lanes' streams on hardware queues of their own (the
+/// default 8 can put a stream that waits on the host behind another's work).
+/// NCCL_RUNTIME_CONNECT=0: NCCL >= 2.22 connects a communicator's channels lazily, at the first
+/// collective of each size class (its default); then a prefill-sized all-reduce would connect
+/// inside the first timed forward, or inside a CUDA-graph capture. 0 connects them all when the
+/// communicator is made, before any timed or captured work (older NCCL ignores it).
+constexpr const char* kAppDescription =
+    "ppbench: pipeline-parallel LLM inference benchmark.\n"
+    "Launch with one MPI rank per pipeline stage (one per GPU, or per CPU core/socket):\n"
+    "  mpirun -np 4 ppbench run --model inputs/models/qwen3-0.6b.json\n"
+    "Each run profiles every unit (embed, layers, head) on every rank, solves the stage split,\n"
+    "benchmarks the pipelined inference of each requested split, validates it against a\n"
+    "serialized run, prints a summary and writes one HDF5 file (see results/README.md).";
+
+void set_cuda_environment() {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{
-      "ppbench: pipeline-parallel LLM inference benchmark.\n"
-      "Launch with one MPI rank per pipeline stage (one per GPU, or per CPU core/socket):\n"
-      "  mpirun -np 4 ppbench run --model inputs/models/qwen3-0.6b.json\n"
-      "Each run profiles every unit (embed, layers, head) on every rank, solves the stage split,\n"
-      "benchmarks the pipelined inference of each requested split, validates it against a\n"
-      "serialized run, prints a summary and writes one HDF5 file (see results/README.md)."};
+  set_cuda_environment();
+  CLI::App app{kAppDescription};
   app.set_version_flag("--version", ppb::ppbench_version());
   app.require_subcommand(1);
 

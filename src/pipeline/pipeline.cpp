@@ -123,6 +123,8 @@ class StageLoop {
   void enqueue_send(RepEvents& r, int i, void* out);
   /// Waits for every lane of the repetition; a failure aborts the lanes and names the stage.
   void synchronize_lanes(int rep);
+  /// On a failure: request the lane abort and abort the transport (before unwinding).
+  void abort_lanes_and_links();
   /// Copies a timed repetition's event times into the record (NaN where an item has no such operation).
   void store_events(RepEvents& r, int rep);
   /// After the last repetition: lane CPU times, tokens and checksum, events in the file's order.
@@ -305,7 +307,7 @@ void StageLoop::start_repetition(int rep, bool timed) {
   try {
     compute_lane_->synchronize();
   } catch (const std::exception& e) {
-    request_lane_abort();
+    abort_lanes_and_links();
     throw InternalError(describe_stage() + ", start of repetition " + std::to_string(rep) + ": " + e.what());
   }
   if (timed && rep == cfg_.warmup) {
@@ -391,13 +393,22 @@ void StageLoop::enqueue_send(RepEvents& r, int i, void* out) {
   }
 }
 
+void StageLoop::abort_lanes_and_links() {
+  // Every wait of every lane stops; device memory is given up rather than freed while the abort
+  // is pending (cuda_raii.h); and the transport is aborted before the stack unwinds, so that an
+  // NCCL kernel spinning on a dead peer returns (ncclCommAbort) and this rank fails fast
+  // instead of sitting until the watchdog.
+  request_lane_abort();
+  transport_.abort();
+}
+
 void StageLoop::synchronize_lanes(int rep) {
   try {
     compute_lane_->synchronize();
     if (recv_lane_owned_) recv_lane_owned_->synchronize();
     if (send_lane_owned_) send_lane_owned_->synchronize();
   } catch (const std::exception& e) {
-    request_lane_abort();  // let every lane of this rank drain before the buffers go
+    abort_lanes_and_links();
     throw InternalError(describe_stage() + ", repetition " + std::to_string(rep) + ": " + e.what());
   }
 }

@@ -106,7 +106,11 @@ void DeviceClock::refresh(double max_age_s) {
   CUDA_CHECK(cudaSetDevice(device_));
   double gap = 0.0;
   auto a = make_anchor(20, &gap);
-  if (!current_ || gap <= kMaxAnchorGapS) {  // a wider one would only make the times worse
+  // Keep the old anchor only while its error bound stays below the new one's: half its gap plus
+  // the rounding of the float milliseconds cudaEventElapsedTime returns (2^-24 relative: ~6 µs
+  // at 100 s, ~60 µs at 1,000 s), which grows with the anchor's age; half the new gap otherwise.
+  const double age_s = current_ ? monotonic_s() - current_->host_s : 0.0;
+  if (!current_ || gap <= kMaxAnchorGapS || 0.5 * gap <= 0.5 * current_gap_s_ + age_s * 0x1p-24) {
     current_ = std::move(a);
     current_gap_s_ = gap;
   }
@@ -163,10 +167,17 @@ CudaLane::~CudaLane() {
   queue_->cv.notify_all();
   if (thread_.joinable()) thread_.join();
   if (!drained) {
-    // Aborting: work is still queued on the stream, and it waits on the mapped counter, copies
-    // through the staging buffers and fires trampolines into queue_ (shared, so it outlives us).
-    // Freeing any of them under it could crash a rank that is meant to fail cleanly, and the
-    // process is about to end (MPI_Abort): give them up instead of releasing them.
+    // Aborting with work still queued: the stream waits on the mapped counter for host tasks
+    // the stopped worker will never run. Publish the last task's number so every such wait
+    // passes (the skipped tasks' copies move stale staging bytes, harmless in an abort) and
+    // the stream can drain: a stream left waiting would block every later cudaFree or
+    // cudaDeviceSynchronize of the process. Give it a moment to drain; what then still runs
+    // (a kernel waiting on a dead peer) keeps its memory: the stream, the counter and the
+    // staging buffers are given up rather than freed under it (the process is about to end).
+    __atomic_store_n(static_cast<uint32_t*>(counter_.get()), issued_, __ATOMIC_RELEASE);
+    const double deadline = monotonic_s() + 2.0;
+    while (cudaStreamQuery(stream_.get()) == cudaErrorNotReady && monotonic_s() < deadline) sleep_us(50.0);
+    if (cudaStreamQuery(stream_.get()) == cudaSuccess) return;
     (void)stream_.release();
     (void)counter_.release();
     for (PinnedMemory& s : staging_) (void)s.release();

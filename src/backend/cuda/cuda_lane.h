@@ -15,7 +15,9 @@
 // refreshed (older than 10 s: the float milliseconds stay precise to ~1 µs) only in
 // synchronize(), never inside record(): a record may run inside a held lane, and the anchor's
 // own event could queue behind the held stream (more streams than hardware queues). An anchor
-// is accepted only when its event completed within kMaxAnchorGapS of being recorded.
+// replaces the current one when its event completed within kMaxAnchorGapS of being recorded,
+// or when its error bound (half that gap) is below the current one's, which grows with age
+// (half its gap + the float milliseconds' rounding, 2^-24 of the elapsed time).
 #pragma once
 
 #include <cuda_runtime_api.h>

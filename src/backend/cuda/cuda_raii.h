@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/lane_abort.h"
 
 namespace ppb::cuda {
 
@@ -75,10 +76,18 @@ using GraphExecHandle = UniqueHandle<cudaGraphExec_t, cudaGraphExecDestroy>;
 
 /// Memory released by `Free(pointer)`, with its size: a UniqueHandle<void*, Free> that also
 /// moves its byte count (0 when empty or moved from).
+///
+/// While a lane abort is pending (backend/lane_abort.h) the memory is given up, not freed:
+/// cudaFree and cudaFreeHost wait for the whole device, and a stream left waiting on a dead
+/// peer (or an NCCL kernel spinning on one) would make that wait, and the failing rank, hang
+/// instead of exiting; the process is about to end anyway.
 template <auto Free>
 class UniqueAllocation : public UniqueHandle<void*, Free> {
  public:
   UniqueAllocation() = default;
+  ~UniqueAllocation() {
+    if (lane_abort_requested()) (void)release();
+  }
   UniqueAllocation(UniqueAllocation&& o) noexcept
       : UniqueHandle<void*, Free>(std::move(o)), bytes_(std::exchange(o.bytes_, 0)) {}
   UniqueAllocation& operator=(UniqueAllocation&& o) noexcept {

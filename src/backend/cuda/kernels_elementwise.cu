@@ -388,9 +388,14 @@ __device__ void block_argmax(const float* row, int n, float* value, int* index) 
   *index = best_i;
 }
 
+/// Threads of the one-block-per-row reductions below; declared in their __launch_bounds__, so
+/// the compiler keeps them within the 64 registers a 1,024-thread block may use (a launch past
+/// that fails with "too many resources requested").
+constexpr int kRowReduceThreads = 1024;
+
 // Napkin math: one block per row reads rows * n * 4 bytes: B=8 x 128 k = 4 MiB, ~2 µs (the
 // GEMM before it reads 1 GiB of lm_head in decode: this is noise).
-__global__ void argmax_kernel(int32_t* out, const float* logits, int n) {
+__global__ void __launch_bounds__(kRowReduceThreads) argmax_kernel(int32_t* out, const float* logits, int n) {
   float v;
   int idx;
   block_argmax(logits + static_cast<size_t>(blockIdx.x) * n, n, &v, &idx);
@@ -399,13 +404,13 @@ __global__ void argmax_kernel(int32_t* out, const float* logits, int n) {
 
 void argmax_rows(int32_t* out, const float* logits, int rows, int n, cudaStream_t stream) {
   if (rows <= 0) return;
-  argmax_kernel<<<rows, 1024, 0, stream>>>(out, logits, n);
+  argmax_kernel<<<rows, kRowReduceThreads, 0, stream>>>(out, logits, n);
   CUDA_CHECK(cudaGetLastError());
 }
 
 // Tensor parallelism: this shard's row argmax as (value, global id), then the group's best of
 // the gathered pairs.
-__global__ void argmax_pairs_kernel(ArgmaxPair* out, const float* logits, int n, int id_offset) {
+__global__ void __launch_bounds__(kRowReduceThreads) argmax_pairs_kernel(ArgmaxPair* out, const float* logits, int n, int id_offset) {
   const float* row = logits + static_cast<size_t>(blockIdx.x) * n;
   float v;
   int idx;
@@ -415,7 +420,7 @@ __global__ void argmax_pairs_kernel(ArgmaxPair* out, const float* logits, int n,
 
 void argmax_pairs(ArgmaxPair* out, const float* logits, int rows, int n, int id_offset, cudaStream_t stream) {
   if (rows <= 0) return;
-  argmax_pairs_kernel<<<rows, 1024, 0, stream>>>(out, logits, n, id_offset);
+  argmax_pairs_kernel<<<rows, kRowReduceThreads, 0, stream>>>(out, logits, n, id_offset);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -440,7 +445,7 @@ void argmax_of_pairs(int32_t* out, const ArgmaxPair* pairs, int width, int rows,
 // block and a fixed reduction tree make the double sum deterministic; the stage's forwards run
 // in stream order, so the accumulated checksum is too.
 template <typename T>
-__global__ void gather_last_rows_kernel(T* last, const T* x, int batch, int tokens, int hidden, double* checksum) {
+__global__ void __launch_bounds__(kRowReduceThreads) gather_last_rows_kernel(T* last, const T* x, int batch, int tokens, int hidden, double* checksum) {
   __shared__ double red[32];
   double sum = 0.0;
   const size_t n = static_cast<size_t>(batch) * hidden;
@@ -457,7 +462,7 @@ __global__ void gather_last_rows_kernel(T* last, const T* x, int batch, int toke
 void gather_last_rows(void* last, const void* x, int batch, int tokens, int hidden, double* checksum, DType t,
                       cudaStream_t stream) {
   PPB_DISPATCH_DTYPE(t, T,
-                     gather_last_rows_kernel<T><<<1, 1024, 0, stream>>>(static_cast<T*>(last), static_cast<const T*>(x),
+                     gather_last_rows_kernel<T><<<1, kRowReduceThreads, 0, stream>>>(static_cast<T*>(last), static_cast<const T*>(x),
                                                                         batch, tokens, hidden, checksum));
   CUDA_CHECK(cudaGetLastError());
 }

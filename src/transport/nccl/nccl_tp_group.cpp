@@ -76,6 +76,33 @@ class NcclTpGroup final : public TpGroup {
 
 }  // namespace
 
+
+namespace {
+
+/// Connects every channel the stage's collectives will use, now, not inside a timed forward
+/// while the transport's kernels may spin on this GPU (NcclTransport::connect's reason) and
+/// never inside a CUDA-graph capture: NCCL >= 2.22 connects lazily per size class unless
+/// NCCL_RUNTIME_CONNECT=0 (which main sets; a test or library user may not). All-reduces of
+/// 4 B (a decode step's LL protocol), 256 KiB (LL128) and 64 MiB (Simple, a prefill's
+/// activations: B=8 x P=2048 x 4096 bf16 is 64 MiB) and an all-gather (the argmax pairs),
+/// on a private stream, waited for.
+void warm_up(TpGroup& group) {
+  cudaStream_t st = nullptr;
+  void* buf = nullptr;
+  const size_t big = size_t{64} << 20;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaMalloc(&buf, big + static_cast<size_t>(group.width()) * 8));
+  CUDA_CHECK(cudaMemsetAsync(buf, 0, big + static_cast<size_t>(group.width()) * 8, st));
+  for (size_t bytes : {size_t{4}, size_t{256} << 10, big}) group.enqueue_allreduce_sum(buf, bytes / 4, DType::f32, st);
+  group.enqueue_allgather(buf, static_cast<char*>(buf) + 8, 8, st);
+  const cudaError_t done = cudaStreamSynchronize(st);
+  cudaFree(buf);
+  cudaStreamDestroy(st);
+  CUDA_CHECK(done);
+}
+
+}  // namespace
+
 std::unique_ptr<TpGroup> create_nccl_tp_group(const MpiContext& mpi, int color, int key, const Device& device) {
   MPI_Comm sub = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split(mpi.comm(), color < 0 ? MPI_UNDEFINED : color, key, &sub));
@@ -102,19 +129,7 @@ std::unique_ptr<TpGroup> create_nccl_tp_group(const MpiContext& mpi, int color, 
   }
   if (!comm) return nullptr;
   auto group = std::make_unique<NcclTpGroup>(comm, width, rank, sub);
-  // Connect now, not on the first all-reduce inside a timed forward while the transport's
-  // kernels may be spinning on this GPU (NcclTransport::connect's reason): one all-reduce of one
-  // float on a private stream, waited for.
-  cudaStream_t st = nullptr;
-  float* one = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
-  CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), st));
-  group->enqueue_allreduce_sum(one, 1, DType::f32, st);
-  const cudaError_t done = cudaStreamSynchronize(st);
-  cudaFree(one);
-  cudaStreamDestroy(st);
-  CUDA_CHECK(done);
+  warm_up(*group);
   return group;
 }
 
