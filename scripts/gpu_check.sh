@@ -36,12 +36,51 @@ cd "$(dirname "$0")/.."
 ARCH=${PPB_CUDA_ARCH:-90}
 JOBS=$(nproc)
 BUNDLE_NAME=ppb-gpu-bundle.tar.xz
+# The shared libraries the GPU machine provides itself, so the bundle leaves them out: glibc,
+# the C++ runtime, the driver, cuBLAS and NCCL (the CUDA toolkit or PyTorch's pip wheels there).
+HOST_LIBS_RE='/(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libnvidia-[a-z-]*|libcublas|libcublasLt|libnccl)\.so'
+
+# Points the environment at an unpacked bundle in $1: its libraries first, then cuBLAS, NCCL and
+# the CUDA runtime wherever this machine has them; its mpirun (relocated with OPAL_PREFIX).
+use_bundle() {
+  local b=$1 libdirs=$1/lib l d
+  for l in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
+    d=$(find -H /usr/local/cuda/lib64 /usr/local/cuda/targets /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
+          -maxdepth 9 -name "$l" 2>/dev/null | head -1)
+    [ -n "$d" ] && case ":$libdirs:" in *":$(dirname "$d"):"*) ;; *) libdirs=$libdirs:$(dirname "$d") ;; esac
+  done
+  export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export OPAL_PREFIX=$b/ompi/usr PATH=$b/ompi/usr/bin:$PATH OMPI_MCA_mca_base_component_show_load_errors=0 \
+    PMIX_MCA_mca_base_component_path=$b/ompi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
+}
+
+# Checks, after use_bundle, that every executable and library of the unpacked bundle in $1
+# resolves each library it needs either inside the bundle or to one HOST_LIBS_RE allows (what
+# the GPU machine has); prints each offender ("not found" or a system path) and returns 1 if any.
+verify_bundle() {
+  local b=$1 bad
+  bad=$(find "$b/bin" "$b/lib" "$b/ompi/usr/bin" "$b/ompi/usr/lib" -type f \( -perm -u+x -o -name '*.so*' \) 2>/dev/null |
+    while read -r f; do
+      [ "$(head -c 4 "$f" 2>/dev/null | tail -c 3)" = ELF ] || continue
+      ldd "$f" 2>/dev/null | awk -v f="${f#"$b"/}" '$2 == "=>" {print f ": " $1 " => " $3}'
+    done | awk -v b="$b/" -v re="$HOST_LIBS_RE" '$4 == "not" || (index($4, b) != 1 && $4 !~ re)' | sort -u)
+  if [ -n "$bad" ]; then
+    echo "bundle: libraries neither in the bundle nor on the GPU machine's list:"
+    echo "$bad" | head -30
+    return 1
+  fi
+  return 0
+}
 
 if [ "${1:-}" = "--pack" ]; then
   set -e
   BUILD=${2:-build-gpu}
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
+  # A build directory already configured keeps its own CUDA architectures (they must include
+  # 90); a new one is configured for sm_$ARCH alone.
+  [ -f "$BUILD/CMakeCache.txt" ] ||
+    cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
   cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla ppb_gpu_bench ppbench
+  OUT_FILE=${PPB_BUNDLE_OUT:-$BUILD/$BUNDLE_NAME}
   st=$(mktemp -d)
   mkdir -p "$st/bin" "$st/lib" "$st/ompi/usr/bin" "$st/ompi/usr/lib/x86_64-linux-gnu" "$st/ompi/usr/share"
   cp "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cuda_moe" "$BUILD/tests/test_cuda_mla" \
@@ -55,17 +94,15 @@ if [ "${1:-}" = "--pack" ]; then
   cp -a "$pmix/lib/pmix" "$st/ompi$pmix/lib/"
   cp -L "$(command -v orterun)" "$(command -v orted)" "$st/ompi/usr/bin/"
   ln -s orterun "$st/ompi/usr/bin/mpirun"
-  # Shared libraries of the binaries and of Open MPI's components, except what the GPU machine
-  # must provide itself (glibc, the C++ runtime, the driver, cuBLAS, NCCL).
+  # Shared libraries of the binaries and of Open MPI's components, except HOST_LIBS_RE's.
   { for f in "$st"/bin/* "$st"/ompi/usr/bin/orterun "$st"/ompi/usr/bin/orted "$ompi_lib"/lib/openmpi3/*.so "$pmix"/lib/pmix/*.so; do
       ldd "$f" 2>/dev/null || true; done; } |
-    awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-    grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libnvidia-[a-z-]*|libcublas|libcublasLt|libnccl)\.so' |
+    awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | grep -v -E "$HOST_LIBS_RE" |
     while read -r l; do cp -L "$l" "$st/lib/"; done
-  tar -C "$st" -cJf "$BUILD/$BUNDLE_NAME" .
+  tar -C "$st" -cJf "$OUT_FILE" .
   rm -rf "$st"
-  ls -l "$BUILD/$BUNDLE_NAME"
-  echo "carry $BUILD/$BUNDLE_NAME to the GPU machine and run scripts/gpu_check.sh $BUILD there"
+  ls -l "$OUT_FILE"
+  echo "carry $OUT_FILE to the GPU machine and run scripts/gpu_check.sh $(dirname "$OUT_FILE") there"
   exit 0
 fi
 
@@ -85,7 +122,11 @@ tmo() {
   echo "$1"
 }
 # result STEP ok|skip|FAIL TEXT: the step's line in the summary and its part of the exit status.
-result() { STATUS[$1]=$2; RESULT[$1]=$3; }
+# PPB_GPU_CHECK_FAIL=STEP fails that step on purpose (the exit status's test).
+result() {
+  STATUS[$1]=$2 RESULT[$1]=$3
+  if [ "${PPB_GPU_CHECK_FAIL:-}" = "$1" ]; then STATUS[$1]=FAIL RESULT[$1]="failed on purpose (PPB_GPU_CHECK_FAIL); was: $2 $3"; fi
+}
 # True when step $1 is selected (PPB_GPU_CHECK_STEPS, default all); an unselected step is
 # marked so and counts as neither pass nor failure.
 want() {
@@ -117,6 +158,7 @@ summary() {
   else
     echo "total $(( $(date +%s) - t0 )) s; logs in $LOG"
   fi
+  rm -rf "$LOG/bundle"  # the unpacked binaries (100+ MB): not a log
   if [ "$failed" -gt 0 ]; then
     echo "gpu_check: $failed step(s) FAILED or not reached"
     exit 1
@@ -147,21 +189,9 @@ if [ -f "$BUILD/$BUNDLE_NAME" ]; then
      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUILD/$BUNDLE_NAME" "$B"; then
     TEST_BIN=$B/bin/test_cuda_kernels BENCH_BIN=$B/bin/ppb_gpu_bench PPB_BIN=$B/bin/ppbench
     MOE_TEST_BINS="$B/bin/test_cuda_moe $B/bin/test_cuda_mla"
-    # cuBLAS and NCCL from this machine: the CUDA toolkit, else PyTorch's pip wheels (-H:
-    # /usr/local/cuda and its lib64 are usually symbolic links).
-    libdirs=$B/lib
-    for l in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
-      d=$(find -H /usr/local/cuda/lib64 /usr/local/cuda/targets /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
-            -maxdepth 9 -name "$l" 2>/dev/null | head -1)
-      [ -n "$d" ] && case ":$libdirs:" in *":$(dirname "$d"):"*) ;; *) libdirs=$libdirs:$(dirname "$d") ;; esac
-    done
-    export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    use_bundle "$B"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-    # mpirun: the bundle's, always (its libmpi is the one ppbench loads), relocated.
-    export OPAL_PREFIX=$B/ompi/usr PATH=$B/ompi/usr/bin:$PATH OMPI_MCA_mca_base_component_show_load_errors=0 \
-      PMIX_MCA_mca_base_component_path=$B/ompi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
-    missing=$(ldd "$TEST_BIN" "$BENCH_BIN" "$PPB_BIN" 2>&1 | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
-    if [ -z "$missing" ]; then result binaries ok "bundle"; else result binaries FAIL "bundle: MISSING$missing"; echo "missing: $missing"; fi
+    if verify_bundle "$B"; then result binaries ok "bundle"; else result binaries FAIL "bundle: libraries missing (above)"; fi
   else
     result binaries FAIL "could not unpack the bundle"
   fi
