@@ -4,6 +4,7 @@
 #   2. kernel resource usage (registers, shared/local memory, from cuobjdump)
 #   3. tests: kernel tests (CUDA vs CPU twins, CUDA stage vs CPU stage), lanes, MoE/MLA kernels
 #   4. mpirun: mpirun -np 2 ppbench run sharing the GPU (MPI transport), with validation
+#   4b. abort: the same with rank 1 stalled on purpose: the job must end within --timeout
 #   5. nccl: a two-stage run through NCCL, where nvidia-smi lists two GPUs
 #   6. graphs: decode replayed from CUDA graphs vs eager (--no-cuda-graphs): Qwen3-0.6B on one
 #      rank, decode tokens/s of each and the simulator's error against it
@@ -109,7 +110,7 @@ fi
 BUILD=${1:-build-gpu}
 LOG=$(mktemp -d)
 TEST_BIN= BENCH_BIN= PPB_BIN= LANES_HANG=0 MOE_TEST_BINS=
-STEPS="binaries tests mpirun nccl graphs bench moe longfwd tp torch"
+STEPS="binaries tests mpirun abort nccl graphs bench moe longfwd tp torch"
 declare -A RESULT STATUS
 t0=$(date +%s)
 BUDGET=${PPB_GPU_CHECK_BUDGET:-420}
@@ -149,6 +150,7 @@ summary() {
   done
   echo
   grep -E '^(ceilings|layer|head|targets|nccl)' "$LOG/bench" 2>/dev/null
+  for f in "$LOG"/bench_*; do [ -f "$f" ] && grep -E '^(layer|head) ' "$f" | sed "s/^/${f##*/bench_} /"; done
   grep -E 'torch/ppbench' "$LOG/torch" 2>/dev/null
   # The device tool brings back what is under $OUT (8 files at most): every log and results
   # file of the check in one archive (not the unpacked bundle: 100+ MB of binaries).
@@ -304,6 +306,29 @@ if want mpirun && ! lanes_hang mpirun; then
   fi
 fi
 
+# ---- 4b. a stalled rank on the GPU: the job must fail fast, not hang -------------------------------
+# Rank 1 stops answering at item 3 of its first timed repetition (PPBENCH_FAULT, as the CPU
+# test Faults.StalledRankEndsJobNamingTheWaitingStage): rank 0's receive times out after
+# --timeout 5 s, its lanes abort (streams released, device memory given up, the transport
+# aborted) and the job ends with a non-zero status well before the step's 90 s.
+if want abort && ! lanes_hang abort; then
+  step "a stalled rank on the GPU: the job ends within --timeout, not a hang"
+  if have_mpi; then
+    a0=$(date +%s)
+    PPBENCH_FAULT=stall:1:3 timeout "$(tmo 90)" mpirun --oversubscribe -x PPBENCH_FAULT -np 2 "$PPB_BIN" run \
+      --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 \
+      --target-ci 0 --timeout 5 -o "$LOG/abort.h5" --force >"$LOG/abort" 2>&1
+    rc=$? secs=$(( $(date +%s) - a0 ))
+    grep -iE 'timed out|stall|flight|lane' "$LOG/abort" | head -12
+    if [ "$rc" = 124 ]; then result abort FAIL "HUNG: the job outlived the step's timeout"
+    elif [ "$rc" = 0 ]; then result abort FAIL "a stalled rank and the job succeeded?"
+    elif grep -q 'timed out' "$LOG/abort"; then result abort ok "ended in $secs s with status $rc, naming the time-out"
+    else result abort FAIL "ended in $secs s with status $rc, without naming the time-out"; fi
+  else
+    result abort FAIL "no ppbench binary or no mpirun"
+  fi
+fi
+
 # ---- 5. two stages through NCCL (two GPUs) -------------------------------------------------------
 if want nccl && ! lanes_hang nccl; then
   if [ "${PPB_EXPECT_GPUS:-0}" -lt 2 ]; then
@@ -350,6 +375,8 @@ if want graphs && ! lanes_hang graphs; then
 fi
 
 # ---- 7. ceilings, layer and head vs floors; NCCL links ---------------------------------------------
+# The dense Llama-3.1-8B layer against issue 3's targets; then a layer of experts (Qwen3-30B-A3B)
+# and one of latent attention and 256 experts (DeepSeek-V3, unit 4) against their floors.
 if want bench; then
   step "ceilings and Llama-3.1-8B layer/head vs floors; NCCL send/recv and all-reduce where two GPUs"
   BENCH="$LOG/bench.txt"
@@ -360,11 +387,18 @@ if want bench; then
       --prompt 2048 --batch 8 --context 2048 --iters 20 $nccl_flag --out "$BENCH" >"$LOG/bench" 2>&1
     rc=$?
     cat "$LOG/bench"
-    if [ "$rc" = 0 ]; then
-      result bench ok "$(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')${nccl_flag:+; NCCL swept}"
-    else
-      result bench FAIL "rc=$rc"
-    fi
+    text="$(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')${nccl_flag:+; NCCL swept}"
+    for mu in "qwen3-30b-a3b 1" "deepseek-v3 4"; do
+      set -- $mu
+      step "$1 layer (unit $2) and head vs floors"
+      timeout "$(tmo 90)" "$BENCH_BIN" --model "inputs/models/$1.json" --dtype bf16 --prompt 2048 --batch 8 \
+        --context 2048 --iters 5 --unit "$2" >"$LOG/bench_$1" 2>&1
+      mrc=$?
+      cat "$LOG/bench_$1"
+      text="$text; $1 rc=$mrc"
+      [ "$mrc" != 0 ] && rc=$mrc
+    done
+    if [ "$rc" = 0 ]; then result bench ok "$text"; else result bench FAIL "$text"; fi
   else
     result bench FAIL "not built"
   fi
