@@ -201,8 +201,9 @@ void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate)
                  "each stage (2,1,1: widths summing to the ranks); a stage's ranks split its heads, MLP and "
                  "vocabulary (Megatron-style) and all-reduce twice per layer; must be identical devices of one "
                  "node. Repeat to measure several layouts in one run (--tp 1 --tp 2: PP2 against TP2); each "
-                 "layout gets the --partition splits, named e.g. uniform_tp2, balanced_tp2-1-1. auto: the balancer picks "
-                 "the widths and the split. GPUs: NCCL all-reduces, one GPU per rank")
+                 "layout gets the --partition splits, named e.g. uniform_tp2, balanced_tp2-1-1. auto: the layout with the "
+                 "most predicted tokens/s at this run's M (fill and drain included; ranks that differ: the smallest "
+                 "bottleneck stage), balanced. GPUs: NCCL all-reduces, one GPU per rank")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->capture_default_str();

@@ -532,21 +532,28 @@ PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
   const bool every = res.mode == "every layout";
   int max_groups = 0;
   for (const Slot& s : slots) max_groups = std::max(max_groups, req.groups_per_stage * s.stages);
+  if (req.groups > 0) max_groups = req.groups;
   // Every (layout, M) with its split at M (memory) and its bounds; the records stay alive for
-  // their predictors (index M - 1).
+  // their predictors (index M - 1; null for an M not searched).
   std::vector<std::unique_ptr<RunRecord>> recs;
   std::vector<std::unique_ptr<Predictor>> preds;
   std::vector<Job> jobs;
   for (int M = 1; M <= max_groups; ++M) {
+    if (req.groups > 0 && M != req.groups) {
+      recs.push_back(nullptr);
+      preds.push_back(nullptr);
+      continue;
+    }
     recs.push_back(std::make_unique<RunRecord>(M == 1 ? rec1 : plan_record(run, req.devices, M)));
     preds.push_back(std::make_unique<Predictor>(*recs.back()));
     std::optional<std::vector<std::vector<int>>> dp_widths;
     for (size_t i = 0; i < slots.size(); ++i) {
       Slot& slot = slots[i];
-      if (!slot.alive || M > std::max(1, req.groups_per_stage * slot.stages)) continue;
+      const int m_max = req.groups > 0 ? req.groups : std::max(1, req.groups_per_stage * slot.stages);
+      if (!slot.alive || M > m_max) continue;
       refresh_slot(slot, *recs.back(), sp, every, dp_widths, res);
       if (!slot.alive) {
-        res.infeasible += static_cast<size_t>(req.groups_per_stage * slot.stages - M + 1);
+        res.infeasible += static_cast<size_t>(m_max - M + 1);
         continue;
       }
       Job job{i, M, slot.widths, *slot.split};
@@ -568,6 +575,29 @@ PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
   res.warnings.assign(warnings.begin(), warnings.end());
   res.front = pareto_front(res.candidates);
   return res;
+}
+
+LayoutRanking rank_layouts_by_tokens(const RunRecord& run, int devices) {
+  PlanRequest req;
+  req.devices = devices;
+  req.groups = std::max(1, run.workload.microbatches);
+  req.max_layouts = std::numeric_limits<std::size_t>::max();
+  req.prune = false;
+  const PlanResult res = plan_layouts(run, req);
+  const std::vector<PlanCandidate>& c = res.candidates;
+  auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b)); };
+  size_t best = 0, low = 0;
+  for (size_t i = 1; i < c.size(); ++i) {
+    const PlanCandidate &x = c[i], &b = c[best], &l = c[low];
+    if (!near(x.tokens_per_s, b.tokens_per_s) ? x.tokens_per_s > b.tokens_per_s
+        : x.widths.size() != b.widths.size() ? x.widths.size() < b.widths.size()
+                                             : x.split.bottleneck_ms < b.split.bottleneck_ms)
+      best = i;
+    if (!near(x.split.bottleneck_ms, l.split.bottleneck_ms) ? x.split.bottleneck_ms < l.split.bottleneck_ms
+                                                             : x.tokens_per_s > l.tokens_per_s)
+      low = i;
+  }
+  return {c[best], c[low], c.size()};
 }
 
 std::vector<size_t> pareto_front(const std::vector<PlanCandidate>& c) {

@@ -24,6 +24,9 @@ struct PlanRequest {
   int devices = 1;  ///< N identical devices (like the file's rank 0); >= 1
   /// Largest M as a multiple of the stage count: M = 1 .. max(1, groups_per_stage x S).
   int groups_per_stage = 2;
+  /// > 0: only M = groups, for every layout (groups_per_stage ignored): `--tp auto` ranks the
+  /// layouts at the run's own M.
+  int groups = 0;
   /// Every composition of N into stage widths is evaluated when there are at most this many
   /// (mode "every layout"); beyond, per stage count only the widths with the smallest bottleneck
   /// (mode "per stage count, the smallest bottleneck"; plan_layouts' comment).
@@ -111,6 +114,22 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups);
 /// so far (not the closest). Exact: the front and the choice are those of every candidate.
 /// @throws ppb::UserError on N < 1, no layout that fits memory, a record without a profile.
 PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req);
+
+/// The layout `run --tp auto` deploys (issue 36: the planner's ranking, not the bottleneck's).
+struct LayoutRanking {
+  PlanCandidate best;            ///< the most predicted tokens/s
+  PlanCandidate min_bottleneck;  ///< the smallest bottleneck stage (what the balancer alone picks)
+  std::size_t evaluated = 0;     ///< layouts simulated
+};
+/// Every layout of `devices` devices like `run`'s rank 0 at the run's own M (plan_layouts with
+/// groups = M, every layout, unpruned), ranked by predicted tokens/s, fill and drain included:
+/// the most wins; ties (relative 1e-9) to fewer stages, then the smaller bottleneck. The
+/// bottleneck stage alone misranks where the fill and drain of M groups are a large share of a
+/// repetition (issue 36: Qwen3-0.6B at M = 2, PP2's bottleneck 1641 ms < TP2's 2014 ms, yet TP2
+/// measured 1.20x PP2's tokens/s). min_bottleneck: the smallest split.bottleneck_ms (ties to the
+/// most tokens/s).
+/// @throws ppb::UserError as plan_layouts (no layout fits memory, no profile).
+LayoutRanking rank_layouts_by_tokens(const RunRecord& run, int devices);
 
 class Predictor;
 /// Bounds of what the simulator can predict for `split` on `rec` (plan_record's, at its M):

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "balance/layout.h"
+#include "balance/plan.h"
 #include "balance/memory_report.h"
 #include "balance/problem.h"
 #include "common/format.h"
@@ -61,19 +62,36 @@ void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>
 
 namespace {
 
-/// Rank 0, --tp auto: the widths of the layout the balancer picks over every group of
-/// consecutive identical ranks at width 1 and at the profiled widths (balance::solve_layout: the
-/// smallest bottleneck, then spread, then fewer stages), recorded in the record's tp_auto_layout.
+/// Rank 0, --tp auto: the widths of the layout to deploy, recorded in the record's
+/// tp_auto_layout. Identical ranks: the most predicted tokens/s at the run's M, fill and drain
+/// included (balance::rank_layouts_by_tokens, the planner's ranking; issue 36), saying what the
+/// smallest bottleneck would have chosen where that differs. Ranks that differ (the planner
+/// lays out devices like rank 0): the smallest bottleneck over every group of consecutive
+/// identical ranks (balance::solve_layout: then spread, then fewer stages).
 std::vector<int> choose_layout(RunContext& ctx, const balance::BalanceProblem& prob) {
+  RunRecord& run = ctx.record();
+  const std::vector<int>& classes = ctx.cluster.equivalence.device_class;
+  if (std::all_of(classes.begin(), classes.end(), [&](int c) { return c == classes[0]; })) {
+    const balance::LayoutRanking r = balance::rank_layouts_by_tokens(run, ctx.ranks);
+    run.tp_auto_layout = balance::layout_label(r.best.widths);
+    std::string why = "predicted " + format_fixed(r.best.tokens_per_s, 1) + " tokens/s, the most of " +
+                      std::to_string(r.evaluated) + " layouts at M=" + std::to_string(run.workload.microbatches);
+    if (r.min_bottleneck.widths != r.best.widths)
+      why += "; the smallest bottleneck (" + format_fixed(r.min_bottleneck.split.bottleneck_ms, 2) + " ms, widths " +
+             balance::layout_label(r.min_bottleneck.widths) + ") predicts " +
+             format_fixed(r.min_bottleneck.tokens_per_s, 1) + " tokens/s";
+    ctx.progress.say("--tp auto: the balancer chose widths " + run.tp_auto_layout + " (" +
+                     r.best.split.counts_string() + " units per stage), " + why);
+    return r.best.widths;
+  }
   std::vector<int> widths = {1};
   widths.insert(widths.end(), ctx.plan.auto_widths.begin(), ctx.plan.auto_widths.end());
-  RunRecord& run = ctx.record();
-  const balance::Partition best = balance::solve_layout(
-      prob, balance::layout_candidates(run, prob, ctx.opt.objective, ctx.cluster.equivalence.device_class, widths),
-      ctx.ranks);
+  const balance::Partition best =
+      balance::solve_layout(prob, balance::layout_candidates(run, prob, ctx.opt.objective, classes, widths), ctx.ranks);
   run.tp_auto_layout = balance::layout_label(best.tp_width);
   ctx.progress.say("--tp auto: the balancer chose widths " + run.tp_auto_layout + " (" + best.counts_string() +
-                   " units per stage), predicted bottleneck " + format_fixed(best.bottleneck_ms, 2) + " ms");
+                   " units per stage), predicted bottleneck " + format_fixed(best.bottleneck_ms, 2) +
+                   " ms (ranks differ: ranked by the bottleneck stage)");
   return best.tp_width;
 }
 

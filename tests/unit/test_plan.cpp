@@ -294,6 +294,45 @@ TEST(Plan, EveryLayoutMatchesBruteForce) {
   }
 }
 
+/// run --tp auto's ranking (rank_layouts_by_tokens) against brute force: of every layout at the
+/// record's M (2), the most predicted tokens/s (ties: fewer stages, then the smaller bottleneck)
+/// and the smallest bottleneck; and at least once in these seeds the two differ (the reason for
+/// the ranking: the fill and drain of M groups, not the bottleneck stage, decide).
+TEST(Plan, TpAutoRanksLayoutsByPredictedTokens) {
+  int differ = 0;
+  for (unsigned seed = 1; seed <= 12; ++seed) {
+    const RunRecord run = make_profile(2, 6, {2}, seed);
+    for (int N : {2, 3, 4}) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " N=" + std::to_string(N));
+      const balance::LayoutRanking r = balance::rank_layouts_by_tokens(run, N);
+      const auto bf = brute_force(run, N, /*every_layout=*/true);
+      const PlanCandidate* best = nullptr;
+      const PlanCandidate* low = nullptr;
+      size_t at_m = 0;
+      for (const auto& [label, c] : bf) {
+        if (c.groups != run.workload.microbatches) continue;
+        ++at_m;
+        const double tol = 1e-9 * c.tokens_per_s;
+        if (!best || c.tokens_per_s > best->tokens_per_s + tol ||
+            (c.tokens_per_s >= best->tokens_per_s - tol &&
+             (c.widths.size() < best->widths.size() ||
+              (c.widths.size() == best->widths.size() && c.split.bottleneck_ms < best->split.bottleneck_ms))))
+          best = &c;
+        if (!low || c.split.bottleneck_ms < low->split.bottleneck_ms - 1e-9 * low->split.bottleneck_ms) low = &c;
+      }
+      ASSERT_NE(best, nullptr);
+      EXPECT_EQ(r.evaluated, at_m);
+      EXPECT_EQ(r.best.widths, best->widths);
+      EXPECT_NEAR(r.best.tokens_per_s, best->tokens_per_s, 1e-9 * best->tokens_per_s);
+      EXPECT_NEAR(r.min_bottleneck.split.bottleneck_ms, low->split.bottleneck_ms, 1e-9 * low->split.bottleneck_ms);
+      EXPECT_GE(r.best.tokens_per_s, r.min_bottleneck.tokens_per_s * (1 - 1e-12));
+      if (r.best.widths != r.min_bottleneck.widths) ++differ;
+    }
+  }
+  std::printf("the most tokens/s and the smallest bottleneck chose different layouts in %d of 36 cases\n", differ);
+  EXPECT_GT(differ, 0);
+}
+
 TEST(Plan, EveryLayoutMatchesBruteForceWithTheContentionModel) {
   const RunRecord run = make_profile(2, 5, {2}, 11, /*two_pass=*/true);
   for (int N : {2, 3, 4})
