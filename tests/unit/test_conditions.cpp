@@ -180,4 +180,30 @@ TEST(HostLoads, SummaryWarnsAndNamesQuotas) {
   EXPECT_EQ(ok.str().find("WARNING"), std::string::npos) << ok.str();
 }
 
+/// Two CUDA ranks on one GPU (gpu_check's set-up on a one-GPU machine): the summary warns that
+/// the simulator assumes a GPU per rank; ranks on two GPUs, or CPU ranks, get no such warning.
+TEST(HostLoads, SummaryWarnsWhenRanksShareAGpu) {
+  ppb::RunRecord run;
+  run.world_size = 2;
+  run.backend = "cuda";
+  run.ranks = {rank("vm", "0", 1), rank("vm", "1", 1)};
+  for (auto& r : run.ranks) {
+    r.device_name = "NVIDIA H200";
+    r.bus_id = "0000:00:06.0";
+  }
+  std::ostringstream os;
+  ppb::print_summary(os, run);
+  EXPECT_NE(os.str().find("WARNING: ranks 0, 1 share one GPU (NVIDIA H200, bus 0000:00:06.0)"), std::string::npos)
+      << os.str();
+  run.ranks[1].bus_id = "0000:00:07.0";
+  std::ostringstream two;
+  ppb::print_summary(two, run);
+  EXPECT_EQ(two.str().find("share one GPU"), std::string::npos) << two.str();
+  run.ranks[1].bus_id = run.ranks[0].bus_id;
+  run.backend = "cpu";
+  std::ostringstream cpu;
+  ppb::print_summary(cpu, run);
+  EXPECT_EQ(cpu.str().find("share one GPU"), std::string::npos) << cpu.str();
+}
+
 }  // namespace
