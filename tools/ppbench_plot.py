@@ -32,6 +32,14 @@ Writes PNG files next to the results file (or into --outdir):
       for a `ppbench profile` file too; skipped with a note on stderr for files written
       before these datasets.
 
+    tools/ppbench_plot.py PLAN.json [--outdir DIR]
+
+  <stem>_front.png  from `ppbench plan FILE.h5 --devices N --json PLAN.json` (the deployment
+      planner): every candidate layout at its predicted tokens/s per user (x: 1000 / TPOT p50)
+      and tokens/s per device (y); the Pareto front coloured, joined and labelled (layout and
+      M), dominated candidates grey; the TPOT target as a vertical line (candidates left of it
+      miss it), candidates missing the TTFT target hollow; the best under the targets starred.
+
 Requires h5py, numpy and matplotlib: on Debian/Ubuntu `apt-get install python3-h5py
 python3-matplotlib` for /usr/bin/python3 (the interpreter of this script's first line;
 `scripts/install_deps.sh --python` does it); elsewhere a virtual environment with
@@ -491,12 +499,98 @@ def plot_roofline(f, out_png):
     plt.close(fig)
 
 
+class NotAPlan(Exception):
+    """A JSON file that is not `ppbench plan --json` output."""
+
+
+def read_plan(path):
+    """The planner's JSON (`ppbench plan --json`): its candidates, front and targets.
+
+    Raises NotAPlan (the path and what is missing) when it is not one."""
+    import json
+    try:
+        with open(path) as fh:
+            plan = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise NotAPlan(f"{path}: cannot read it as JSON ({e})")
+    need = ("candidates", "front", "devices", "slo_ttft_ms", "slo_tpot_ms")
+    if not isinstance(plan, dict) or any(k not in plan for k in need):
+        raise NotAPlan(f"{path}: not `ppbench plan --json` output (needs {', '.join(need)})")
+    if not plan["candidates"]:
+        raise NotAPlan(f"{path}: the plan has no candidate")
+    return plan
+
+
+def plot_front(plan, title, out_png):
+    """The planner's Pareto front (see the module's docstring: <stem>_front.png)."""
+    c = plan["candidates"]
+    front = [i for i in plan["front"]]
+    on_front = set(front)
+    ttft_slo, tpot_slo = plan["slo_ttft_ms"], plan["slo_tpot_ms"]
+    x = np.array([k["tokens_per_s_per_user"] for k in c])
+    y = np.array([k["tokens_per_s_per_device"] for k in c])
+    misses_ttft = np.array([ttft_slo > 0 and k["ttft_p50_ms"] > ttft_slo for k in c])
+    fig, ax = plt.subplots(figsize=(9, 6))
+    rest = np.array([i not in on_front for i in range(len(c))])
+    ax.scatter(x[rest & ~misses_ttft], y[rest & ~misses_ttft], s=18, color="0.7", label="dominated")
+    ax.scatter(x[rest & misses_ttft], y[rest & misses_ttft], s=18, facecolors="none", edgecolors="0.7")
+    fx, fy = x[front], y[front]
+    ax.plot(fx, fy, "-", color="tab:blue", lw=1, zorder=2)
+    filled = [i for i in front if not misses_ttft[i]]
+    hollow = [i for i in front if misses_ttft[i]]
+    ax.scatter(x[filled], y[filled], s=40, color="tab:blue", zorder=3, label="Pareto front")
+    if hollow:
+        ax.scatter(x[hollow], y[hollow], s=40, facecolors="none", edgecolors="tab:blue", zorder=3,
+                   label=f"misses TTFT <= {ttft_slo:g} ms")
+    for i in front:
+        ax.annotate(c[i]["layout"], (x[i], y[i]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    if tpot_slo > 0:
+        ax.axvline(1000.0 / tpot_slo, color="tab:red", ls="--", lw=1, label=f"TPOT <= {tpot_slo:g} ms (right of it)")
+    best = plan.get("best")
+    if best is not None:
+        ax.scatter([x[best]], [y[best]], marker="*", s=220, color="tab:orange", zorder=4,
+                   label=f"best under the targets: {c[best]['layout']}")
+    ax.set_xlabel("tokens/s per user (1000 / TPOT p50, predicted)")
+    ax.set_ylabel("tokens/s per device (predicted)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def plan_main(args):
+    """tools/ppbench_plot.py PLAN.json: the front's plot; exit status as main's."""
+    try:
+        plan = read_plan(args.file)
+    except NotAPlan as e:
+        print(f"ppbench_plot: error: {e}", file=sys.stderr)
+        return 2
+    outdir = args.outdir or os.path.dirname(os.path.abspath(args.file))
+    try:
+        os.makedirs(outdir, exist_ok=True)
+    except OSError as e:
+        print(f"ppbench_plot: error: --outdir {args.outdir}: cannot be created ({e.strerror})", file=sys.stderr)
+        return 2
+    stem = os.path.splitext(os.path.basename(args.file))[0]
+    png = os.path.join(outdir, f"{stem}_front.png")
+    title = (f"ppbench plan: {plan['devices']} device(s), {len(plan['candidates'])} candidates, "
+             f"{len(plan['front'])} on the front ({plan.get('mode', '')})")
+    plot_front(plan, title, png)
+    print(png)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("file", help="results file written by `ppbench run` (or `ppbench profile`: the roofline only)")
+    ap.add_argument("file", help="results file written by `ppbench run` (or `ppbench profile`: the roofline only), "
+                    "or a plan written by `ppbench plan --json` (the Pareto front)")
     ap.add_argument("--iter", type=int, default=-1, help="timed repetition to draw (0-based; default: the last)")
     ap.add_argument("--outdir", help="directory for the PNG files (default: the results file's)")
     args = ap.parse_args(argv)
+    if args.file.endswith(".json"):
+        return plan_main(args)
     try:
         f = open_results(args.file)
     except NotAResultsFile as e:

@@ -200,6 +200,20 @@ say "prof_roofline.png: $size bytes"
   ! grep -q Traceback "$TMP/err6.txt" || { cat "$TMP/err6.txt"; fail "--outdir /dev/null: rc $rc6"; }
 [[ $rc7 -eq 2 ]] && grep -q "not a ppbench results file" "$TMP/err7.txt" || { cat "$TMP/err7.txt"; fail "plain HDF5: rc $rc7"; }
 [[ $rc8 -eq 2 ]] && grep -q "format_version 99.*use a newer ppbench" "$TMP/err8.txt" || { cat "$TMP/err8.txt"; fail "format 99: rc $rc8"; }
+# The planner's front (`ppbench plan --json`): a PNG of the candidates, > 20 KB; a JSON that is
+# not a plan: exit 2 naming what it lacks.
+"$BUILD/ppbench" plan "$H5" --devices 4 --slo-tpot 1 --json "$TMP/plan.json" >"$TMP/plan.txt" || fail "ppbench plan failed"
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/plan.json" --outdir "$TMP/planout" >"$TMP/plan_plot.txt" || fail "plot of the plan failed"
+[[ $(cat "$TMP/plan_plot.txt") == "$TMP/planout/plan_front.png" ]] || fail "plan plot printed '$(cat "$TMP/plan_plot.txt")'"
+size=$(stat -c %s "$TMP/planout/plan_front.png")
+(( size > 20000 )) || fail "plan_front.png is only $size bytes"
+say "plan_front.png: $size bytes"
+echo '{"devices": 2}' >"$TMP/notplan.json"
+set +e
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/notplan.json" 2>"$TMP/err11.txt"; rc11=$?
+set -e
+[[ $rc11 -eq 2 ]] && grep -q "not \`ppbench plan --json\` output" "$TMP/err11.txt" && ! grep -q Traceback "$TMP/err11.txt" ||
+  { cat "$TMP/err11.txt"; fail "not a plan: rc $rc11"; }
 # The script's newest format is the one this build writes.
 grep -q "kResultsFormatVersion = $("$PY" -c "import sys; sys.path.insert(0, '$REPO/tools'); import ppbench_plot as p; print(p.RESULTS_FORMAT_VERSION)");" \
   "$REPO/src/results/writer.h" || fail "RESULTS_FORMAT_VERSION of ppbench_plot.py differs from kResultsFormatVersion"
