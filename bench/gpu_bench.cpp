@@ -1,7 +1,7 @@
 // GPU ceilings and a one-layer / head profile against their floors (scripts/gpu_check.sh).
 //
 //   ppb_gpu_bench --model inputs/models/llama-3.1-8b.json [--dtype bf16] [--prompt 2048]
-//                 [--batch 8] [--context 2048] [--iters 20] [--unit 1] [--out FILE]
+//                 [--batch 8] [--context 2048] [--iters 20] [--unit 1] [--only CASE] [--out FILE]
 //
 // Ceilings measured in the same run: a large device-to-device copy (bytes read + written per
 // second) and a large bf16 cuBLAS GEMM (dense TFLOP/s). Each case of the CUDA stage is then
@@ -13,9 +13,12 @@
 // closing "targets:" line, where the layer is a dense one with standard attention; a layer of
 // experts (--model qwen3-30b-a3b.json) or of latent attention (deepseek-v3.json --unit 4: MLA
 // and 256 experts) is printed against its floor alone (the floors count the experts its tokens
-// reach, model::unit_bytes_moved). --unit picks the layer (default 1, the first). Writes key=value lines to --out for the PyTorch comparison
+// reach, model::unit_bytes_moved). --unit picks the layer (default 1, the first). --only
+// "layer decode" (a case's first two words) times that case alone: for a kernel profiler
+// (scripts/gpu_kernels.sh runs Nsight Compute over it). Writes key=value lines to --out for the PyTorch comparison
 // (scripts/torch_layer.py).
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -44,6 +47,7 @@ struct Args {
   std::string out;
   int prompt = 2048, batch = 8, context = 2048, iters = 20;
   int unit = 1;  ///< the layer unit profiled (1: the first layer)
+  std::string only;  ///< "" = every case; else the case whose name starts with it
 };
 
 Args parse(int argc, char** argv) {
@@ -58,6 +62,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--context") a.context = std::atoi(v.c_str());
     else if (k == "--iters") a.iters = std::atoi(v.c_str());
     else if (k == "--unit") a.unit = std::atoi(v.c_str());
+    else if (k == "--only") a.only = v;
     else throw UserError("unknown option " + k);
   }
   return a;
@@ -66,11 +71,19 @@ Args parse(int argc, char** argv) {
 /// Median milliseconds of `fn` enqueued on `lane`, timed by events around each call, with the
 /// lane held until the call is fully enqueued (backend/lane_hold.h: the GPU's work alone, not
 /// the host's launch gaps) when `hold`: only for at most kMaxHeldLaunches launches.
+/// With --only: the timed forwards (not the ceilings, not the warm-up) between
+/// cudaProfilerStart/Stop, for `ncu --profile-from-start off` (scripts/gpu_kernels.sh).
+bool g_profile_range = false;
+
 template <typename Fn>
 double time_ms(cuda::CudaLane& lane, int warmup, int iters, Fn fn, bool hold = true) {
   const cudaStream_t stream = lane.stream();
   for (int i = 0; i < warmup; ++i) fn();
   lane.synchronize();
+  // A kernel profiler runs each launch to completion before the launch returns: a held lane
+  // would wait for the very call that releases it. Unheld under one.
+  if (g_profile_range) hold = false;
+  if (g_profile_range) CUDA_CHECK(cudaProfilerStart());
   std::vector<double> ms;
   cuda::EventHandle a, b;
   for (int i = 0; i < iters; ++i) {
@@ -88,6 +101,7 @@ double time_ms(cuda::CudaLane& lane, int warmup, int iters, Fn fn, bool hold = t
     CUDA_CHECK(cudaEventElapsedTime(&t, a.get(), b.get()));
     ms.push_back(t);
   }
+  if (g_profile_range) CUDA_CHECK(cudaProfilerStop());
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -97,6 +111,7 @@ double time_ms(cuda::CudaLane& lane, int warmup, int iters, Fn fn, bool hold = t
 int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
+    g_profile_range = !a.only.empty();
     if (cuda_visible_device_count() <= 0) {
       std::fprintf(stderr, "no CUDA device visible: %s\n", cuda_unavailable_reason().c_str());
       return 3;
@@ -145,6 +160,7 @@ int main(int argc, char** argv) {
     out << "copy_gbs=" << copy_gbs << "\ngemm_tflops=" << gemm_tflops << "\n";
     std::string verdicts;
     for (const Case& c : cases) {
+      if (!a.only.empty() && c.name.rfind(a.only, 0) != 0) continue;
       StageConfig cfg;
       cfg.work.batch = c.batch;
       // KV capacity P + G = max(prompt, context + 1): room for the prefill and the decode case.
