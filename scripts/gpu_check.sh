@@ -330,10 +330,18 @@ if want bench; then
       --prompt 2048 --batch 8 --context 2048 --iters 20 $nccl_flag --out "$BENCH" >"$LOG/bench" 2>&1
     rc=$?
     cat "$LOG/bench"
+    # NCCL rows (gpu_nccl_bench.h): nccl OP SIZE TIME_US ALGBW BUSBW #WRONG; any wrong element fails.
+    nccl_note=
+    if [ -n "$nccl_flag" ] && [ "$rc" = 0 ]; then
+      wrong=$(awk '$1 == "nccl" && $3 ~ /^[0-9]+$/ && $7 != 0' "$LOG/bench" | wc -l)
+      big=$(awk '$1 == "nccl" && $3 == 268435456 { printf "%s %s GB/s busbw, ", $2, $6 }' "$LOG/bench")
+      nccl_note="; NCCL at 256 MiB: ${big}rows with wrong elements: $wrong"
+      [ "$wrong" = 0 ] || rc=1
+    fi
     if [ "$rc" = 0 ]; then
-      result bench ok "$(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')${nccl_flag:+; NCCL swept}"
+      result bench ok "$(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')$nccl_note"
     else
-      result bench FAIL "rc=$rc"
+      result bench FAIL "rc=$rc$nccl_note"
     fi
   else
     result bench FAIL "not built"
