@@ -1,7 +1,11 @@
 // GPU ceilings and a one-layer / head profile against their floors (scripts/gpu_check.sh).
 //
 //   ppb_gpu_bench --model inputs/models/llama-3.1-8b.json [--dtype bf16] [--prompt 2048]
-//                 [--batch 8] [--context 2048] [--iters 20] [--unit 1] [--only CASE] [--out FILE]
+//                 [--batch 8] [--context 2048] [--iters 20] [--unit 1] [--only CASE] [--out FILE] [--nccl]
+//
+// --nccl (two GPUs): NCCL send/recv and all-reduce sweeps 8 B .. 256 MiB between the first two
+// GPUs after the table (gpu_nccl_bench.h), in nccl-tests' columns; with fewer GPUs it stops at
+// once with status 2 and says so.
 //
 // Ceilings measured in the same run: a large device-to-device copy (bytes read + written per
 // second) and a large bf16 cuBLAS GEMM (dense TFLOP/s). Each case of the CUDA stage is then
@@ -35,6 +39,7 @@
 #include "backend/cuda/cuda_raii.h"
 #include "backend/device.h"
 #include "backend/lane_hold.h"
+#include "gpu_nccl_bench.h"
 #include "model/model_spec.h"
 
 namespace {
@@ -48,12 +53,20 @@ struct Args {
   int prompt = 2048, batch = 8, context = 2048, iters = 20;
   int unit = 1;  ///< the layer unit profiled (1: the first layer)
   std::string only;  ///< "" = every case; else the case whose name starts with it
+  bool nccl = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--nccl") {
+      a.nccl = true;
+      --i;  // a flag: no value
+      continue;
+    }
+    if (i + 1 >= argc) throw UserError("option " + k + " needs a value");
+    const std::string v = argv[i + 1];
     if (k == "--model") a.model = v;
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--out") a.out = v;
@@ -112,6 +125,7 @@ int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
     g_profile_range = !a.only.empty();
+    if (a.nccl && cuda_visible_device_count() < 2) return bench::run_nccl_sweeps(0, 0);  // says why, status 2
     if (cuda_visible_device_count() <= 0) {
       std::fprintf(stderr, "no CUDA device visible: %s\n", cuda_unavailable_reason().c_str());
       return 3;
@@ -205,7 +219,10 @@ int main(int argc, char** argv) {
     if (standard_layer)
       std::printf("\ntargets (issue 3, one %s layer): %s; and not slower than PyTorch eager (scripts/torch_layer.py)\n",
                   dtype_name(dt).c_str(), verdicts.c_str());
-    return 0;
+    return a.nccl ? bench::run_nccl_sweeps(5, a.iters) : 0;
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "ppb_gpu_bench: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ppb_gpu_bench: %s\n", e.what());
     return 1;

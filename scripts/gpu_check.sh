@@ -387,7 +387,15 @@ if want bench; then
       --prompt 2048 --batch 8 --context 2048 --iters 20 $nccl_flag --out "$BENCH" >"$LOG/bench" 2>&1
     rc=$?
     cat "$LOG/bench"
-    text="$(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')${nccl_flag:+; NCCL swept}"
+    # NCCL rows (gpu_nccl_bench.h): nccl OP SIZE TIME_US ALGBW BUSBW #WRONG; any wrong element fails.
+    nccl_note=
+    if [ -n "$nccl_flag" ] && [ "$rc" = 0 ]; then
+      wrong=$(awk '$1 == "nccl" && $3 ~ /^[0-9]+$/ && $7 != 0' "$LOG/bench" | wc -l)
+      big=$(awk '$1 == "nccl" && $3 == 268435456 { printf "%s %s GB/s busbw, ", $2, $6 }' "$LOG/bench")
+      nccl_note="; NCCL at 256 MiB: ${big}rows with wrong elements: $wrong"
+      [ "$wrong" = 0 ] || rc=1
+    fi
+    text="$(grep -E '^targets' "$LOG/bench" | sed -E 's/^targets[^:]*: //; s/;.*//')$nccl_note"
     for mu in "qwen3-30b-a3b 1" "deepseek-v3 4"; do
       set -- $mu
       step "$1 layer (unit $2) and head vs floors"
@@ -398,7 +406,7 @@ if want bench; then
       text="$text; $1 rc=$mrc"
       [ "$mrc" != 0 ] && rc=$mrc
     done
-    if [ "$rc" = 0 ]; then result bench ok "$text"; else result bench FAIL "$text"; fi
+    if [ "$rc" = 0 ]; then result bench ok "$text"; else result bench FAIL "rc=$rc; $text"; fi
   else
     result bench FAIL "not built"
   fi

@@ -55,6 +55,10 @@ class TpGroup {
   /// In place, per row i in [0, rows): the group's (value[i], id[i]) with the largest value,
   /// ties to the smallest id, a NaN never winning (tp_argmax_in_rank_order). Identical on every rank.
   virtual void allreduce_argmax(float* value, int32_t* id, int rows) = 0;
+  /// Device memory this rank's communicator of the group holds, bytes: the drop of the device's
+  /// free memory across its creation and warm-up (the NCCL group's; NVLS buffers can be
+  /// gigabytes). 0 for host groups (MPI, threads), whose buffers are the process's heap.
+  virtual size_t device_bytes() const { return 0; }
   /// Returns once every rank of the group called it (an all-reduce of one float).
   virtual void barrier() {
     float x = 0.0f;

@@ -14,4 +14,19 @@ inline std::string format_fixed(double v, int decimals) {
   return buf;
 }
 
+/// `bytes` in binary units with 3 significant digits ("8 B", "4.00 KiB", "256 MiB", "1.50 GiB";
+/// negative as "-12.0 MiB"), for progress lines and summaries.
+inline std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = bytes < 0 ? -bytes : bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s%.*f %s", bytes < 0 ? "-" : "", u == 0 ? 0 : v < 10 ? 2 : v < 100 ? 1 : 0, v, units[u]);
+  return buf;
+}
+
 }  // namespace ppb

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "results/h5.h"
+#include "results/links_io.h"
 #include "results/writer.h"
 
 namespace ppb {
@@ -256,12 +257,10 @@ void read_workload(const Group& root, RunRecord& run) {
   w.profile_iters = wl.has_attr("profile_iters") ? wl.get_attr<int>("profile_iters") : attr_or<int>(lat, "iters", 0);
 }
 
-/// /ranks: one RankInfo per rank, with the defaults of files before each dataset; the link
-/// matrices.
+/// /ranks: one RankInfo per rank, with the defaults of files before each dataset (the links:
+/// results/links_io.h).
 void read_ranks(const Group& root, RunRecord& run) {
   Group ranks = root.open_group("ranks");
-  run.link_latency_matrix_s = dataset_or_empty<double>(ranks, "link_latency_s");  // files before issue 16: none
-  run.link_bandwidth_matrix_Bps = dataset_or_empty<double>(ranks, "link_bandwidth_Bps");
   auto host = ranks.open_dataset("hostname").read_strings();
   auto dev = ranks.exists("device_name") ? ranks.open_dataset("device_name").read_strings()
                                          : std::vector<std::string>(host.size());
@@ -270,6 +269,7 @@ void read_ranks(const Group& root, RunRecord& run) {
   auto offset = dataset_or_empty<double>(ranks, "clock_offset_s");
   auto memory = dataset_or_empty<int64_t>(ranks, "memory_limit_bytes");  // files before it: 0 = unknown
   auto scratch = dataset_or_empty<int64_t>(ranks, "stage_scratch_bytes");  // files before it: 0 = unknown
+  auto tp_reserve = dataset_or_empty<int64_t>(ranks, "tp_reserve_bytes");   // files before it: 0
   auto bw = dataset_or_empty<double>(ranks, "read_bandwidth_GBps");  // files before ceilings: NaN
   auto bw_shared = dataset_or_empty<double>(ranks, "read_bandwidth_shared_GBps");
   auto gflops = dataset_or_empty<double>(ranks, "peak_gflops");
@@ -286,6 +286,7 @@ void read_ranks(const Group& root, RunRecord& run) {
     RankInfo info{host[r], r < dev.size() ? dev[r] : "", r < bus.size() ? bus[r] : "",
                   r < local.size() ? static_cast<int>(local[r]) : 0, r < offset.size() ? offset[r] : 0.0,
                   r < memory.size() ? memory[r] : 0, r < scratch.size() ? scratch[r] : 0};
+    info.tp_reserve_bytes = r < tp_reserve.size() ? tp_reserve[r] : 0;
     info.read_bandwidth_GBps = r < bw.size() ? bw[r] : nan;
     info.read_bandwidth_shared_GBps = r < bw_shared.size() ? bw_shared[r] : nan;
     info.peak_gflops = r < gflops.size() ? gflops[r] : nan;
@@ -350,6 +351,7 @@ void read_all(const Group& root, RunRecord& run) {
   read_moe(root, run);
   read_workload(root, run);
   read_ranks(root, run);
+  read_links(root, run);
   read_profile(root, run);
   for (const auto& name : partition_names(root, run.reference_partition)) run.partitions.push_back(read_partition(root, name));
   run.round_gap_s = dataset_or_empty<double>(root, "rounds/gap_s");

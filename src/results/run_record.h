@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/link_fit.h"
 #include "common/stats.h"
 
 namespace ppb {
@@ -20,6 +21,9 @@ struct RankInfo {
   /// Scratch of a stage holding every unit on the rank's backend, an upper bound of any stage's
   /// scratch: the balancer keeps it free out of memory_limit_bytes (0 = unknown, older files).
   int64_t stage_scratch_bytes = 0;
+  /// Bytes the default limit keeps free for the tensor-parallel groups' communicators
+  /// (run/memory_checks.h reserve_tp_communicators): already out of memory_limit_bytes; 0 = none.
+  int64_t tp_reserve_bytes = 0;
   /// Ceilings measured at start-up (Device::measure_*; NaN = not measured, older files):
   /// streaming read GB/s with the machine's other ranks idle, and with every rank reading at
   /// once (what holds while every stage runs); GEMM GFLOP/s in the run's dtype.
@@ -218,6 +222,16 @@ struct PartitionRecord {
   double checksum_rel_diff_first_partition = 0.0;
 };
 
+/// Values of RunRecord::link_measured_by.
+inline constexpr const char* kLinkByHostPingPong = "mpi_host_ping_pong";
+inline constexpr const char* kLinkByTransportProbe = "transport_probe";
+
+/// One size of the link probe between ranks src and dst (src led the ping-pong).
+struct LinkSweepRow {
+  int src = 0, dst = 0;
+  LinkSample sample;
+};
+
 /// The reference partition of a file without the root attribute reference_partition (written
 /// before it existed): those runs compared every partition with uniform, by name.
 inline constexpr const char* kLegacyReferencePartition = "uniform";
@@ -234,11 +248,26 @@ struct RunRecord {
   /// root attributes `<key>_version`; empty on a CPU build except what the CPU backend reports.
   std::map<std::string, std::string> library_versions;
   int world_size = 0;
-  double link_latency_s = 0.0;      ///< rank 0 <-> 1 ping-pong latency (MPI, host buffers)
-  double link_bandwidth_Bps = 0.0;  ///< rank 0 <-> 1 bandwidth, bytes/s
-  /// [R][R] each measured pair's link (MpiContext::link_matrix; /ranks/link_latency_s,
+  /// The link model the balancer and the simulators charge every message with: rank 0 <-> 1's
+  /// latency (s) and bandwidth (bytes/s), measured as link_measured_by says.
+  double link_latency_s = 0.0;
+  double link_bandwidth_Bps = 0.0;
+  /// [R][R] each measured pair's link of that model (/ranks/link_latency_s,
   /// /ranks/link_bandwidth_Bps), symmetric, NaN where not measured; empty in older files.
   std::vector<double> link_latency_matrix_s, link_bandwidth_matrix_Bps;
+  /// What measured the link model: kLinkByHostPingPong (MpiContext::link_matrix: the MPI
+  /// transport on CPU ranks, whose messages are MPI messages of host memory) or
+  /// kLinkByTransportProbe (transport/link_probe.h through the run's transport: NCCL, or MPI
+  /// staged through pinned memory, on device buffers). "" in older files (the host ping-pong).
+  std::string link_measured_by;
+  /// [R][R] the MPI host ping-pong (MpiContext::link_matrix) and the transport probe's fit
+  /// (latency, bandwidth, max relative error), whichever the model took; empty in older files.
+  std::vector<double> link_host_latency_matrix_s, link_host_bandwidth_matrix_Bps;
+  std::vector<double> link_probe_latency_matrix_s, link_probe_bandwidth_matrix_Bps, link_probe_max_rel_error;
+  /// The probe's sweeps, one row per pair and size (/ranks/link_sweep), and the seconds the
+  /// whole probe took on rank 0 (0: not probed, older files).
+  std::vector<LinkSweepRow> link_sweep;
+  double link_probe_s = 0.0;
   double run_start_s = 0.0;  ///< rank 0 monotonic time all event times are relative to
   double elapsed_s = 0.0;
   std::string model_source, model_config_json;

@@ -175,6 +175,22 @@ void print_shared_gpus(std::ostream& os, const RunRecord& run) {
   }
 }
 
+/// What measured the link line's figures, and the other measurement beside them: the transport
+/// probe's fit (rank 0 <-> 1, [0][1] of its matrices) against the MPI host ping-pong. "" for
+/// files before the probe.
+std::string link_source(const RunRecord& run) {
+  const size_t R = run.ranks.size();
+  if (run.link_measured_by.empty() || R < 2 || run.link_probe_latency_matrix_s.size() != R * R ||
+      run.link_probe_max_rel_error.size() != R * R)
+    return "";
+  const double lat = run.link_probe_latency_matrix_s[1], bw = run.link_probe_bandwidth_matrix_Bps[1];
+  const std::string fit = "within " + fmt("%.0f", 100 * run.link_probe_max_rel_error[1]) + "% of every size";
+  if (run.link_measured_by == kLinkByTransportProbe)
+    return " (the " + run.transport + " transport's probe on " + run.backend + " buffers, " + fit + ")";
+  return " (MPI host ping-pong; through the " + run.transport + " transport's lanes " + fmt("%.1f", 1e6 * lat) + " us, " +
+         fmt("%.2f", bw / 1e9) + " GB/s, " + fit + ")";
+}
+
 /// Whether the file has a measured link matrix for its ranks (issue 16).
 bool has_link_matrix(const RunRecord& run) {
   const size_t R = run.ranks.size();
@@ -348,7 +364,7 @@ void print_title(std::ostream& os, const RunRecord& run) {
      << " ==\n";
   if (run.link_bandwidth_Bps > 0)
     os << "link rank 0 <-> 1: " << fmt("%.1f", 1e6 * run.link_latency_s) << " us latency, "
-       << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s\n";
+       << fmt("%.2f", run.link_bandwidth_Bps / 1e9) << " GB/s" << link_source(run) << "\n";
 }
 
 /// A profile-only file (`ppbench profile`): one row per signature, min..max over the ranks.

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "results/conditions.h"
 #include "results/h5.h"
+#include "results/links_io.h"
 #include "results/summary.h"
 
 namespace ppb {
@@ -469,6 +470,7 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
   ranks.write_dataset("clock_offset_s", column(rs, &RankInfo::clock_offset_s)).set_attr("units", "s");
   ranks.write_dataset("memory_limit_bytes", column(rs, &RankInfo::memory_limit_bytes)).set_attr("units", "bytes");
   ranks.write_dataset("stage_scratch_bytes", column(rs, &RankInfo::stage_scratch_bytes)).set_attr("units", "bytes");
+  ranks.write_dataset("tp_reserve_bytes", column(rs, &RankInfo::tp_reserve_bytes)).set_attr("units", "bytes");
   auto bw = ranks.write_dataset("read_bandwidth_GBps", column(rs, &RankInfo::read_bandwidth_GBps));
   bw.set_attr("units", "GB/s (1e9 B/s)");
   bw.set_attr("measured", "streaming read with the machine's other ranks idle (Device::measure_read_bandwidth_GBps)");
@@ -486,22 +488,6 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
   auto pk = ranks.write_dataset("peak_gflops", column(rs, &RankInfo::peak_gflops));
   pk.set_attr("units", "GFLOP/s (1e9 FLOP/s)");
   pk.set_attr("measured", "the stages' GEMM in the run's dtype (Device::measure_gemm_gflops)");
-}
-
-/// /ranks/link_latency_s, /ranks/link_bandwidth_Bps [R][R] (issue 16), when measured.
-void write_links(Group& root, const RunRecord& run) {
-  const hs R = run.ranks.size();
-  if (R == 0 || run.link_latency_matrix_s.size() != R * R || run.link_bandwidth_matrix_Bps.size() != R * R) return;
-  Group ranks = root.open_group("ranks");
-  const char* how = "ping-pong of the pair alone (MpiContext::link_matrix, host buffers): latency = min round trip "
-                    "of 20 x 8 B / 2, bandwidth = 4 MiB / (min round trip of 5 x 4 MiB / 2); symmetric; NaN = not "
-                    "measured";
-  auto lat = ranks.write_dataset("link_latency_s", run.link_latency_matrix_s, {R, R});
-  lat.set_attr("units", "s");
-  lat.set_attr("measured", how);
-  auto bw = ranks.write_dataset("link_bandwidth_Bps", run.link_bandwidth_matrix_Bps, {R, R});
-  bw.set_attr("units", "bytes/s");
-  bw.set_attr("measured", how);
 }
 
 /// /profile/latency_ms, latency_min_ms, latency_max_ms [R][U][2]: each unit's median, fastest

@@ -39,6 +39,12 @@ struct MeasurePlan {
 struct Cluster {
   std::vector<double> clock_offsets_s;  ///< [R] each rank's clock minus rank 0's, s (every rank)
   size_t memory_limit = 0;              ///< this rank's bytes (weights + KV cache + scratch)
+  /// This rank's share of the free memory when its device was opened, before the transport
+  /// (run/startup.h: the limit is taken after it), bytes.
+  size_t free_share_at_open = 0;
+  /// The most device memory one tensor-parallel group's communicator took on any rank
+  /// (TpGroup::device_bytes, measured while the groups were profiled), bytes; 0 without groups.
+  size_t tp_group_bytes = 0;
   std::vector<double> memory_limits;    ///< [R] every rank's, bytes (every rank)
   /// Unit signatures and the ranks' device classes (every rank): splits that are the same up to
   /// swapping identical devices are benchmarked once (balance::compare_splits).

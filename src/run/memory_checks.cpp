@@ -1,8 +1,11 @@
 #include "run/memory_checks.h"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <sstream>
 
+#include "common/check.h"
 #include "pipeline/pipeline.h"
 #include "run/plan.h"
 
@@ -112,6 +115,48 @@ void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set) {
       }
     }
   });
+}
+
+namespace {
+
+/// Tensor-parallel groups this rank holds at once in the rounds, at most: one per split of each
+/// layout that puts it in a stage wider than one (the --tp auto layout is not known yet: it
+/// counts as one such layout where it may pick a width above one).
+size_t tp_groups_held_at_once(const RunContext& ctx) {
+  const int me = ctx.mpi.rank();
+  auto width_of = [&](const std::vector<int>& widths) {
+    int first = 0;
+    for (int w : widths) {
+      if (me < first + w) return w;
+      first += w;
+    }
+    return 1;
+  };
+  size_t layouts = 0;
+  for (const auto& widths : ctx.plan.layouts) layouts += width_of(widths) > 1 ? 1 : 0;
+  if (ctx.plan.tp_auto && !ctx.plan.auto_widths.empty()) ++layouts;
+  return layouts * ctx.plan.methods.size();
+}
+
+}  // namespace
+
+void reserve_tp_communicators(RunContext& ctx) {
+  unsigned long long mine = ctx.cluster.tp_group_bytes, most = 0;
+  MPI_CHECK(MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, ctx.mpi.comm()));
+  ctx.cluster.tp_group_bytes = static_cast<size_t>(most);
+  if (most == 0 || ctx.opt.memory_limit_gib > 0) return;
+  const size_t reserve = std::min(ctx.cluster.memory_limit, static_cast<size_t>(most) * tp_groups_held_at_once(ctx));
+  ctx.cluster.memory_limit -= reserve;
+  ctx.cluster.memory_limits = ctx.mpi.gather_doubles({static_cast<double>(ctx.cluster.memory_limit)});
+  const auto reserves = ctx.mpi.gather_doubles({static_cast<double>(reserve)});
+  if (!ctx.root) return;
+  for (int r = 0; r < ctx.ranks; ++r) {
+    ctx.record().ranks[r].memory_limit_bytes = static_cast<int64_t>(ctx.cluster.memory_limits[r]);
+    ctx.record().ranks[r].tp_reserve_bytes = static_cast<int64_t>(reserves[r]);
+  }
+  ctx.progress.say("memory: a tensor-parallel group's communicator took up to " + gib(double(most)) +
+                   " of device memory; each rank's limit keeps that free per group it holds in the rounds (up to " +
+                   gib(*std::max_element(reserves.begin(), reserves.end())) + ")");
 }
 
 }  // namespace ppb::run

@@ -37,6 +37,16 @@ std::pair<int64_t, int64_t> unit_bytes(const RunContext& ctx, int u);
 /// Bad input: PhaseFailed{2} naming the unit and the flags that would help.
 void check_memory_for_profile(RunContext& ctx);
 
+/// After the tensor-parallel profile (collective): the default memory limit (90% of the free
+/// memory, taken after the transport: run/startup.h) less a reserve for the tensor-parallel
+/// groups' communicators, which the rounds make beside the stages (one per benchmarked split
+/// whose stage of this rank is wider than one; --tp auto counted as one more layout): that
+/// count x the most device memory one group took on any rank while profiled
+/// (TpGroup::device_bytes; 0 on CPU ranks, whose groups hold no device memory). Updates
+/// ctx.cluster's limits and rank 0's record (/ranks/memory_limit_bytes, tp_reserve_bytes) and
+/// says it; nothing with --memory-limit (the user's figure) or without groups.
+void reserve_tp_communicators(RunContext& ctx);
+
 /// Every rank checks its stage of every partition of `set` (its shard, scratch included)
 /// against its limit before anything is built.
 void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set);

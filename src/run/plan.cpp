@@ -148,6 +148,19 @@ void print_warnings(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) std::cerr << "ppbench: warning: " << w << std::endl;
 }
 
+namespace {
+
+/// Rank 0: how the ranks' memory limits were taken, for the memory table's heading.
+std::string limit_origin(RunContext& ctx) {
+  if (ctx.opt.memory_limit_gib > 0) return "--memory-limit " + format_fixed(ctx.opt.memory_limit_gib, 2) + " GiB";
+  int64_t reserve = 0;
+  for (const RankInfo& r : ctx.record().ranks) reserve = std::max(reserve, r.tp_reserve_bytes);
+  return "90% of each rank's free memory after the transport's communicators" +
+         (reserve > 0 ? ", less up to " + gib(double(reserve)) + " kept for tensor-parallel communicators" : std::string());
+}
+
+}  // namespace
+
 PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p, const ProfileTable& prof) {
   std::string warning;
   PartitionRecord pr = ctx.predictor().describe(p, prof, &warning);
@@ -171,8 +184,8 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
     }
     const auto mr = balance::memory_report(p, prof.unit_weight_bytes, prof.unit_kv_bytes,
                                            int64_t(w.groups) * w.batch * w.max_context(), net);
-    ctx.progress.say("memory of partition " + p.solver + " (limits net of each stage's activation scratch):\n" +
-                     balance::format_memory_report(mr));
+    ctx.progress.say("memory of partition " + p.solver + " (limits: " + limit_origin(ctx) +
+                     ", net of each stage's activation scratch):\n" + balance::format_memory_report(mr));
   }
   ctx.progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +
                    (p.tensor_parallel() ? " on stages of widths " + pr.layout : "") + ", predicted bottleneck " +

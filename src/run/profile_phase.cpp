@@ -294,6 +294,7 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
               std::to_string(first + w - 1) + " at width " + std::to_string(w);
     ctx.progress.say("profile: tensor-parallel groups " + what);
     auto tp = ctx.make_tp_group(color, key);
+    if (tp) ctx.cluster.tp_group_bytes = std::max(ctx.cluster.tp_group_bytes, tp->device_bytes());
     // Ranks outside the round's groups wait without spinning (a busy wait would take a core from
     // the ranks being timed); a member's failure is rethrown after the meeting, so that every
     // rank reaches the phase's agreement instead of one waiting for the others.

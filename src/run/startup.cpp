@@ -19,11 +19,13 @@
 #include "balance/layout.h"
 #include "common/cgroup.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/format.h"
 #include "common/host_conditions.h"
 #include "common/version.h"
 #include "results/conditions.h"
 #include "run/memory_checks.h"
+#include "transport/link_probe.h"
 
 namespace ppb::run {
 
@@ -288,6 +290,65 @@ double ceiling_or_nan(const MpiContext& mpi, const char* what, Fn&& measure) {
   }
 }
 
+/// Rank 0: the links into the record: the MPI host ping-pong, the transport probe, and the link
+/// model the balancer and the simulators charge (RunRecord::link_measured_by): the host
+/// ping-pong where the pipeline's messages are MPI messages of host memory (CPU ranks: the
+/// files of those runs keep their figures), else the probe's fit through the run's own
+/// transport on device buffers (NCCL over NVLink would otherwise be priced at host-MPI speed).
+void record_links(RunContext& ctx, const MpiContext::LinkMatrix& host, const std::vector<LinkSweep>& sweeps, double probe_s) {
+  RunRecord& run = ctx.record();
+  const LinkFitMatrix fit = link_fit_matrix(sweeps, ctx.ranks);
+  const bool by_host = ctx.transport->mpi_host_messages();
+  run.link_measured_by = by_host ? kLinkByHostPingPong : kLinkByTransportProbe;
+  run.link_host_latency_matrix_s = host.latency_s;
+  run.link_host_bandwidth_matrix_Bps = host.bandwidth_Bps;
+  run.link_probe_latency_matrix_s = fit.latency_s;
+  run.link_probe_bandwidth_matrix_Bps = fit.bandwidth_Bps;
+  run.link_probe_max_rel_error = fit.max_rel_error;
+  run.link_latency_matrix_s = by_host ? host.latency_s : fit.latency_s;
+  run.link_bandwidth_matrix_Bps = by_host ? host.bandwidth_Bps : fit.bandwidth_Bps;
+  if (ctx.ranks > 1) {
+    run.link_latency_s = run.link_latency_matrix_s[1];
+    run.link_bandwidth_Bps = run.link_bandwidth_matrix_Bps[1];
+  }
+  run.link_probe_s = probe_s;
+  run.link_sweep.clear();
+  for (const LinkSweep& s : sweeps)
+    for (const LinkSample& x : s.samples) run.link_sweep.push_back({s.src, s.dst, x});
+  if (sweeps.empty() || sweeps.front().samples.empty()) return;
+  const LinkSweep& s = sweeps.front();
+  ctx.progress.say("link probe (" + run.transport + " transport, " + run.backend + " buffers): " +
+                   std::to_string(sweeps.size()) + " pair(s) in " + format_fixed(probe_s, 2) + " s; ranks " +
+                   std::to_string(s.src) + " <-> " + std::to_string(s.dst) + " " + format_fixed(1e6 * s.fit.latency_s, 1) +
+                   " us + bytes / " + format_fixed(s.fit.bandwidth_Bps / 1e9, 2) + " GB/s over 8 B.." +
+                   format_bytes(s.samples.back().bytes) + " (within " + format_fixed(100 * s.fit.max_rel_error, 0) +
+                   "% of every size; " + format_fixed(s.wall_s, 2) + " s); the link model: " +
+                   (by_host ? "the MPI host ping-pong" : "this probe"));
+}
+
+/// This rank's memory limit: --memory-limit, or 90% of its share of the free memory (ranks
+/// drawing on the same memory share it: a GPU's by the ranks on that GPU; on CPU the kernel's
+/// MemAvailable by every rank of the machine, nodes that are containers or namespaces of one
+/// machine included, and a memory cgroup's headroom by the ranks in that cgroup), measured now
+/// (issue 35 item 6): after the transport exists and the link probe has connected its links,
+/// so that NCCL's communicators and their buffers (NVLS's can take gigabytes) are allocated
+/// and what they leave is what the stages get. The tensor-parallel groups' communicators come
+/// later: reserve_tp_communicators (run/memory_checks.h) takes them out of the limit.
+void set_memory_limit(RunContext& ctx) {
+  const size_t share = shared_free_memory(ctx.mpi, ctx.device->memory_pools());
+  ctx.cluster.memory_limit = ctx.opt.memory_limit_gib > 0 ? static_cast<size_t>(ctx.opt.memory_limit_gib * (1ull << 30))
+                                                           : static_cast<size_t>(0.9 * static_cast<double>(share));
+  // What the transport took, as free memory tells it (on CPU ranks MemAvailable also moves with
+  // everything else the machine does).
+  const double took = static_cast<double>(ctx.cluster.free_share_at_open) - static_cast<double>(share);
+  const auto all = ctx.mpi.gather_doubles({took});
+  if (!ctx.root || ctx.opt.memory_limit_gib > 0) return;
+  const double most = *std::max_element(all.begin(), all.end());
+  ctx.progress.say("memory: each rank's limit is 90% of its share of the free memory after the transport was set up (" +
+                   (most > 0 ? "up to " + format_bytes(most) + " less than" : std::string("no less than")) +
+                   " at device open)");
+}
+
 }  // namespace
 
 void start_up(RunContext& ctx) {
@@ -358,13 +419,9 @@ void open_device(RunContext& ctx) {
     }
   });
   if (ctx.backend->agree_on_libraries) ctx.backend->agree_on_libraries(ctx.mpi);
-  // Ranks drawing on the same memory share it: a GPU's by the ranks on that GPU; on CPU the
-  // kernel's MemAvailable by every rank of the machine (nodes that are containers or
-  // namespaces of one machine included), and a memory cgroup's headroom by the ranks in that
-  // cgroup (a container's or a Slurm step's own), each rank taking the smaller share.
-  const size_t share = shared_free_memory(ctx.mpi, ctx.device->memory_pools());
-  ctx.cluster.memory_limit = opt.memory_limit_gib > 0 ? static_cast<size_t>(opt.memory_limit_gib * (1ull << 30))
-                                                       : static_cast<size_t>(0.9 * static_cast<double>(share));
+  // The memory limit is taken later, once the transport's communicators exist (describe_run);
+  // the share now is kept to say what they took.
+  ctx.cluster.free_share_at_open = shared_free_memory(ctx.mpi, ctx.device->memory_pools());
 }
 
 void open_transport(RunContext& ctx) {
@@ -388,18 +445,17 @@ void describe_run(RunContext& ctx) {
   // return's. On one node the balancer and the simulator use one link, ranks 0 <-> 1's; on
   // several, each boundary's (balance::node_pair_links).
   const MpiContext::LinkMatrix links = mpi.link_matrix(link_pairs(ctx.ranks));
+  std::vector<LinkSweep> sweeps;
+  const double probe_t0 = monotonic_s();
+  ctx.phase("link probe", [&] { sweeps = probe_links(mpi, *ctx.device, *ctx.transport, link_pairs(ctx.ranks)); });
+  const double probe_s = monotonic_s() - probe_t0;
   const auto hosts = mpi.gather_strings(mpi.hostname());
   const auto names = mpi.gather_strings(ctx.device->name());
   const auto buses = mpi.gather_strings(ctx.device->bus_id());
   const auto local = mpi.gatherv_ints({mpi.local_rank()});
   if (ctx.root) {
     RunRecord& run = ctx.record();
-    run.link_latency_matrix_s = links.latency_s;
-    run.link_bandwidth_matrix_Bps = links.bandwidth_Bps;
-    if (ctx.ranks > 1) {
-      run.link_latency_s = links.latency_s[1];
-      run.link_bandwidth_Bps = links.bandwidth_Bps[1];
-    }
+    record_links(ctx, links, sweeps, probe_s);
     for (int r = 0; r < ctx.ranks; ++r) {
       run.ranks.push_back({hosts[r], names[r], buses[r], local[r][0], ctx.cluster.clock_offsets_s[r]});
       run.ranks.back().machine_id = mpi.machine_ids()[r];  // gathered at start-up
@@ -407,6 +463,7 @@ void describe_run(RunContext& ctx) {
   }
   record_conditions(ctx);
   share_equivalence(ctx, hosts);
+  set_memory_limit(ctx);
   ctx.cluster.memory_limits = mpi.gather_doubles({static_cast<double>(ctx.cluster.memory_limit)});
   // The scratch of a stage of every unit bounds any stage's scratch (the balancer keeps it free).
   const auto scratch =

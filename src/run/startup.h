@@ -15,16 +15,19 @@ void start_up(RunContext& ctx);
 
 /// The backend and this rank's device (--device auto: the first backend every rank can use,
 /// agreed collectively), the workload's dtype, one GEMM library for every CPU rank, and this
-/// rank's memory limit (--memory-limit, or 90% of its share of the free memory).
+/// rank's share of the free memory now (the limit itself is taken in describe_run).
 void open_device(RunContext& ctx);
 
 /// The pipeline's transport, made by the backend (--transport).
 void open_transport(RunContext& ctx);
 
 /// The run's description into rank 0's record: versions, command line, Slurm and environment,
-/// the model, the workload, clock offsets, the link matrix, every rank's node, device, local
-/// rank, machine, conditions and memory; and, on every rank, ctx.cluster (offsets, memory
-/// limits, the split equivalence of identical devices).
+/// the model, the workload, clock offsets, the links (the MPI host ping-pong, the link probe
+/// through the transport, and the link model taken from one of them: RunRecord's
+/// link_measured_by), every rank's node, device, local rank, machine, conditions and memory;
+/// and, on every rank, ctx.cluster (offsets, the memory limits: --memory-limit, or 90% of each
+/// rank's share of the free memory measured after the transport and the probe's links exist,
+/// the split equivalence of identical devices).
 void describe_run(RunContext& ctx);
 
 /// The ceilings of every rank (read bandwidth alone and all at once, GEMM rate), each rank of a

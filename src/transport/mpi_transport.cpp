@@ -28,6 +28,7 @@ class MpiTransport final : public Transport {
  public:
   MpiTransport(const MpiContext& mpi, const MpiPollConfig& poll) : mpi_(mpi), poll_(poll) {}
   std::string name() const override { return "mpi"; }
+  bool mpi_host_messages() const override { return true; }
 
   void enqueue_send(Lane& lane, const void* buf, size_t bytes, int peer, int tag) override {
     check_size(bytes);

@@ -45,6 +45,12 @@ class Transport {
   virtual void abort() {}
   /// Library versions behind the transport ({"nccl": "2.21.5"}), for the results file.
   virtual std::map<std::string, std::string> library_versions() const { return {}; }
+  /// Whether the pipeline's messages are MPI messages of host memory, what
+  /// MpiContext::link_matrix's host ping-pong times (less the lanes' polling): the MPI
+  /// transport of CPU ranks. Where false (NCCL on device memory; MPI staged through pinned host
+  /// buffers), the run's link model comes from the link probe through this transport
+  /// (transport/link_probe.h).
+  virtual bool mpi_host_messages() const { return false; }
 };
 
 /// Polling behaviour of the MPI transport.

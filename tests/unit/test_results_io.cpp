@@ -589,6 +589,75 @@ TEST_F(ResultsIoTest, SlowestLinkIsTheBoundarysMessageOverItsLink) {
   EXPECT_EQ(summary(w).find("slowest link"), std::string::npos);
 }
 
+/// The links (results/links_io.h): the host ping-pong, the probe's fits and sweep rows and what
+/// the model took read back as written; the summary names the model's source and the other
+/// measurement; a file without them (before the probe) reads empty fields and says nothing more.
+TEST_F(ResultsIoTest, LinksRoundTripWithTheProbeAndTheSummaryNamesTheirSource) {
+  RunRecord w = make_record();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  w.link_measured_by = ppb::kLinkByTransportProbe;
+  w.transport = "nccl";
+  w.backend = "cuda";
+  w.link_host_latency_matrix_s = {nan, 6e-6, 6e-6, nan};
+  w.link_host_bandwidth_matrix_Bps = {nan, 1.2e8, 1.2e8, nan};
+  w.link_probe_latency_matrix_s = {nan, 8e-6, 8e-6, nan};
+  w.link_probe_bandwidth_matrix_Bps = {nan, 1.5e11, 1.5e11, nan};
+  w.link_probe_max_rel_error = {nan, 0.13, 0.13, nan};
+  w.link_latency_matrix_s = w.link_probe_latency_matrix_s;
+  w.link_bandwidth_matrix_Bps = w.link_probe_bandwidth_matrix_Bps;
+  w.link_latency_s = 8e-6;
+  w.link_bandwidth_Bps = 1.5e11;
+  w.link_probe_s = 0.25;
+  w.link_sweep = {{0, 1, {8, 7.5e-6, 8.1e-6, 20}}, {0, 1, {268435456, 1.7e-3, 1.8e-3, 3}}};
+  ppb::write_results(path_, w);
+  const RunRecord r = ppb::read_results(path_);
+  EXPECT_EQ(r.link_measured_by, w.link_measured_by);
+  EXPECT_EQ(r.link_probe_s, w.link_probe_s);
+  auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+    return true;
+  };
+  EXPECT_TRUE(same(r.link_host_latency_matrix_s, w.link_host_latency_matrix_s));
+  EXPECT_TRUE(same(r.link_host_bandwidth_matrix_Bps, w.link_host_bandwidth_matrix_Bps));
+  EXPECT_TRUE(same(r.link_probe_latency_matrix_s, w.link_probe_latency_matrix_s));
+  EXPECT_TRUE(same(r.link_probe_bandwidth_matrix_Bps, w.link_probe_bandwidth_matrix_Bps));
+  EXPECT_TRUE(same(r.link_probe_max_rel_error, w.link_probe_max_rel_error));
+  EXPECT_TRUE(same(r.link_latency_matrix_s, w.link_latency_matrix_s));
+  ASSERT_EQ(r.link_sweep.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(r.link_sweep[i].src, w.link_sweep[i].src);
+    EXPECT_EQ(r.link_sweep[i].dst, w.link_sweep[i].dst);
+    EXPECT_EQ(r.link_sweep[i].sample.bytes, w.link_sweep[i].sample.bytes);
+    EXPECT_EQ(r.link_sweep[i].sample.min_s, w.link_sweep[i].sample.min_s);
+    EXPECT_EQ(r.link_sweep[i].sample.median_s, w.link_sweep[i].sample.median_s);
+    EXPECT_EQ(r.link_sweep[i].sample.reps, w.link_sweep[i].sample.reps);
+  }
+  std::ostringstream out;
+  ppb::print_summary(out, r);
+  EXPECT_NE(out.str().find("link rank 0 <-> 1: 8.0 us latency, 150.00 GB/s (the nccl transport's probe on cuda buffers, "
+                           "within 13% of every size)"),
+            std::string::npos)
+      << out.str();
+  RunRecord host = w;  // a CPU run: the model is the host ping-pong, the probe beside it
+  host.link_measured_by = ppb::kLinkByHostPingPong;
+  host.transport = "mpi";
+  host.link_latency_s = 6e-6;
+  host.link_bandwidth_Bps = 1.2e8;
+  std::ostringstream out2;
+  ppb::print_summary(out2, host);
+  EXPECT_NE(out2.str().find("link rank 0 <-> 1: 6.0 us latency, 0.12 GB/s (MPI host ping-pong; through the mpi "
+                            "transport's lanes 8.0 us, 150.00 GB/s, within 13% of every size)"),
+            std::string::npos)
+      << out2.str();
+  ppb::write_results(path_, make_record());  // before the probe: nothing of it
+  const RunRecord old = ppb::read_results(path_);
+  EXPECT_EQ(old.link_measured_by, "");
+  EXPECT_TRUE(old.link_sweep.empty());
+  EXPECT_TRUE(old.link_probe_latency_matrix_s.empty());
+}
+
 /// A file written before the root attributes partition_order and reference_partition: its
 /// reference is uniform (kLegacyReferencePartition), listed first, then the others by name.
 TEST_F(ResultsIoTest, FileWithoutPartitionOrderListsItsReferenceFirst) {

@@ -49,6 +49,8 @@ class NcclTpGroup final : public TpGroup {
 
   int width() const override { return width_; }
   int rank() const override { return rank_; }
+  size_t device_bytes() const override { return device_bytes_; }
+  void set_device_bytes(size_t bytes) { device_bytes_ = bytes; }
   void allreduce_sum(float*, size_t) override { refuse("allreduce_sum"); }
   void allreduce_argmax(float*, int32_t*, int) override { refuse("allreduce_argmax"); }
   /// The profile's meeting after each rank's cache flush (MPI over the group's ranks).
@@ -72,7 +74,15 @@ class NcclTpGroup final : public TpGroup {
   ncclComm_t comm_ = nullptr;
   MPI_Comm host_comm_ = MPI_COMM_NULL;
   int width_ = 1, rank_ = 0;
+  size_t device_bytes_ = 0;
 };
+
+/// The device's free memory now, bytes (cudaMemGetInfo).
+size_t device_free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return free_b;
+}
 
 }  // namespace
 
@@ -109,10 +119,12 @@ std::unique_ptr<TpGroup> create_nccl_tp_group(const MpiContext& mpi, int color, 
   ncclResult_t rc = ncclSuccess;
   ncclComm_t comm = nullptr;
   int width = 1, rank = 0;
+  size_t free_before = 0;
   if (sub != MPI_COMM_NULL) {
     MPI_CHECK(MPI_Comm_size(sub, &width));
     MPI_CHECK(MPI_Comm_rank(sub, &rank));
     CUDA_CHECK(cudaSetDevice(cuda_device_ordinal(device)));
+    free_before = device_free_bytes();
     ncclUniqueId id{};
     if (rank == 0) rc = ncclGetUniqueId(&id);
     MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, sub));
@@ -129,7 +141,9 @@ std::unique_ptr<TpGroup> create_nccl_tp_group(const MpiContext& mpi, int color, 
   }
   if (!comm) return nullptr;
   auto group = std::make_unique<NcclTpGroup>(comm, width, rank, sub);
-  warm_up(*group);
+  warm_up(*group);  // its scratch is freed again: what stays is the communicator's
+  const size_t free_after = device_free_bytes();
+  group->set_device_bytes(free_before > free_after ? free_before - free_after : 0);
   return group;
 }
 
