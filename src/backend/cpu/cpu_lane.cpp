@@ -46,21 +46,18 @@ double CpuEvent::time_s() const {
 
 CpuLane::CpuLane(std::string name)
     : name_(std::move(name)), log_(flight::LaneLog::open(name_, [this](size_t max) { return queued(max); })) {
-  std::mutex ready_mutex;
-  std::condition_variable ready_cv;
-  bool ready = false;
-  thread_ = std::thread([&] {
-    {
-      std::lock_guard<std::mutex> lock(ready_mutex);
-      have_cpu_clock_ = pthread_getcpuclockid(pthread_self(), &cpu_clock_) == 0;
-      log_->bind_thread();
-      ready = true;
-    }
-    ready_cv.notify_all();
+  thread_ = std::thread([this] {
+    log_->bind_thread();
     run();
   });
-  std::unique_lock<std::mutex> lock(ready_mutex);
-  ready_cv.wait(lock, [&] { return ready; });
+  // The thread's CPU clock, asked from here: the constructor waits for nothing of the thread.
+  // It used to wait for the thread to report its clock through a condition variable on this
+  // constructor's stack, notified after the lock was released: a constructor that took the lock
+  // in between saw the flag, returned and reused that stack before the notify ran, and the lane
+  // thread then blocked for good in pthread_cond_broadcast on the garbage there, never running a
+  // task (the rare hang of issue 35, item 9: caught in a stack dump of a run stalled in a profile
+  // cycle under load; tests/unit/test_cpu_lane_start.cpp makes that interleaving happen every time).
+  have_cpu_clock_ = pthread_getcpuclockid(thread_.native_handle(), &cpu_clock_) == 0;
 }
 
 CpuLane::~CpuLane() {
