@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -28,12 +29,18 @@ namespace {
 constexpr int kMaxFrames = 48;
 
 /// One thread's answer. Allocated per request and never freed when the thread did not answer in
-/// time: its handler may still run later and write into it.
+/// time (its handler may still run later and write into it): kept in abandoned() instead.
 struct Request {
   int tid = 0;
   void* frames[kMaxFrames];
   std::atomic<int> count{-1};
 };
+
+/// The requests of threads that did not answer (reachable: not a leak to a leak checker).
+std::vector<std::unique_ptr<Request>>& abandoned() {
+  static auto* list = new std::vector<std::unique_ptr<Request>>;
+  return *list;
+}
 
 std::atomic<Request*> g_request{nullptr};
 
@@ -135,7 +142,10 @@ std::string stack_of(int tid, double timeout_s) {
   }
   g_request.store(nullptr, std::memory_order_release);
   const int n = r->count.load(std::memory_order_acquire);
-  if (n < 0) return "    (no answer within " + std::to_string(static_cast<int>(timeout_s * 1e3)) + " ms: signals blocked, or stuck in the kernel)\n";
+  if (n < 0) {
+    abandoned().emplace_back(r);  // thread_stacks() holds its lock: one caller at a time
+    return "    (no answer within " + std::to_string(static_cast<int>(timeout_s * 1e3)) + " ms: signals blocked, or stuck in the kernel)\n";
+  }
   std::string out = format_frames(r->frames, n, 2);  // the handler, then the signal trampoline
   delete r;  // answered: its handler has returned or only returns now
   return out;

@@ -2,6 +2,10 @@
 
 #include <time.h>
 
+#include <memory>
+#include <mutex>
+#include <vector>
+
 #include "common/check.h"
 #include "common/clock.h"
 
@@ -11,6 +15,15 @@ namespace {
 
 constexpr int kRequestTag = 1;  ///< a rank failed: send your record (payload: why)
 constexpr int kRecordTag = 2;   ///< a rank's record, to rank 0
+
+/// The texts of sends that may still be pending when the job ends: kept, never freed.
+std::string* kept_text(const std::string& text) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::unique_ptr<std::string>>;
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::make_unique<std::string>(text));
+  return kept->back().get();
+}
 
 void sleep_s(double s) {
   timespec ts{static_cast<time_t>(s), static_cast<long>((s - static_cast<double>(static_cast<time_t>(s))) * 1e9)};
@@ -64,8 +77,7 @@ void FlightExchange::ask_peers(const std::string& why) {
   for (int r = 0; r < mpi_.size(); ++r) {
     if (r == mpi_.rank()) continue;
     MPI_Request req;
-    // The buffer must outlive the send: the job ends soon, so it is never freed.
-    auto* text = new std::string(why);
+    std::string* text = kept_text(why);  // the buffer must outlive the send
     if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_CHAR, r, kRequestTag, comm_, &req) == MPI_SUCCESS)
       MPI_Request_free(&req);
   }
@@ -73,7 +85,7 @@ void FlightExchange::ask_peers(const std::string& why) {
 
 void FlightExchange::send_record(const std::string& record, double limit_s) {
   if (mpi_.is_root()) return;
-  auto* text = new std::string(record);  // never freed: the send may still be pending when we give up
+  std::string* text = kept_text(record);  // the send may still be pending when we give up
   MPI_Request req;
   if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_CHAR, 0, kRecordTag, comm_, &req) != MPI_SUCCESS)
     return;
