@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/flight_recorder.h"
 
 namespace ppb {
 
@@ -86,14 +87,19 @@ MpiContext::~MpiContext() {
 
 int MpiContext::agree(int local_status) const {
   int global = 0;
+  flight::Waiting waiting("MPI_Allreduce (agree)");
   MPI_CHECK(MPI_Allreduce(&local_status, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   return global;
 }
 
-void MpiContext::barrier() const { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+void MpiContext::barrier() const {
+  flight::Waiting waiting("MPI_Barrier");
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
 
 void MpiContext::quiet_barrier(double poll_s, const std::function<void()>& on_poll) const {
   MPI_Request req = MPI_REQUEST_NULL;
+  flight::Waiting waiting("MPI_Ibarrier (quiet barrier)");
   MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
   int done = 0;
   const auto pause = std::chrono::duration<double>(poll_s);
@@ -115,6 +121,7 @@ std::vector<std::string> MpiContext::gather_strings(const std::string& mine) con
 
 std::vector<double> MpiContext::gather_doubles(const std::vector<double>& mine) const {
   std::vector<double> all(rank_ == 0 ? mine.size() * size_ : 0);
+  flight::Waiting waiting("MPI_Gather");
   MPI_CHECK(MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data(),
                        static_cast<int>(mine.size()), MPI_DOUBLE, 0, MPI_COMM_WORLD));
   return all;
@@ -125,6 +132,7 @@ template <typename T>
 std::vector<std::vector<T>> gatherv(const std::vector<T>& mine, MPI_Datatype type, int rank, int size) {
   int count = static_cast<int>(mine.size());
   std::vector<int> counts(size), displs(size);
+  flight::Waiting waiting("MPI_Gatherv");
   MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
   std::vector<T> flat;
   if (rank == 0) {
@@ -156,6 +164,7 @@ std::vector<std::vector<int>> MpiContext::gatherv_ints(const std::vector<int>& m
 
 void MpiContext::bcast_ints(std::vector<int>& data) const {
   int n = static_cast<int>(data.size());
+  flight::Waiting waiting("MPI_Bcast");
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD));
   data.resize(n);
   MPI_CHECK(MPI_Bcast(data.data(), n, MPI_INT, 0, MPI_COMM_WORLD));
@@ -163,6 +172,7 @@ void MpiContext::bcast_ints(std::vector<int>& data) const {
 
 void MpiContext::bcast_doubles(std::vector<double>& data) const {
   int n = static_cast<int>(data.size());
+  flight::Waiting waiting("MPI_Bcast");
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD));
   data.resize(n);
   MPI_CHECK(MPI_Bcast(data.data(), n, MPI_DOUBLE, 0, MPI_COMM_WORLD));
@@ -170,6 +180,7 @@ void MpiContext::bcast_doubles(std::vector<double>& data) const {
 
 void MpiContext::bcast_string(std::string& s) const {
   int n = static_cast<int>(s.size());
+  flight::Waiting waiting("MPI_Bcast");
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD));
   s.resize(n);
   MPI_CHECK(MPI_Bcast(s.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD));

@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/flight_recorder.h"
 
 namespace ppb {
 
@@ -93,6 +94,9 @@ class StageLoop {
   /// Allocates the buffers, creates the lanes and connects the links.
   StageLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
             const PipelineConfig& cfg);
+  ~StageLoop() { flight::note("pipeline", ""); }
+  StageLoop(const StageLoop&) = delete;
+  StageLoop& operator=(const StageLoop&) = delete;
   /// Runs cfg.warmup + cfg.iters repetitions (`progress(rep, total)` after each) and returns
   /// the record.
   StageRecord run(const std::function<void(int, int)>& progress);
@@ -131,6 +135,8 @@ class StageLoop {
   void finish();
   /// "stage s (units a..b)", for messages.
   std::string describe_stage() const;
+  /// The flight recorder's tag of item i's operation `op` in the current repetition.
+  flight::Tag flight_tag(int i, const char* op) const { return {op, rep_, i % M, i / M}; }
 
   Device& device_;
   Transport& transport_;
@@ -159,6 +165,7 @@ class StageLoop {
   Lane* send_lane_ = nullptr;
 
   StageRecord rec_;
+  int rep_ = 0;  ///< the repetition being enqueued (the flight recorder's tags)
   double cpu0_[3] = {0, 0, 0};
   double wall0_ = 0.0;
 };
@@ -272,6 +279,11 @@ StageRecord StageLoop::run(const std::function<void(int, int)>& progress) {
 
 void StageLoop::run_repetition(int rep) {
   const bool timed = rep >= cfg_.warmup;
+  rep_ = rep;
+  flight::note("pipeline", describe_stage() + " of " + std::to_string(S) + ", repetition " + std::to_string(rep) + " of " +
+                               std::to_string(cfg_.warmup + cfg_.iters) + " (" + std::to_string(cfg_.warmup) +
+                               " warm-up), " + std::to_string(items) + " items of M=" + std::to_string(M) + " groups x " +
+                               std::to_string(steps) + " steps");
   RepEvents r;
   r.ev.resize(static_cast<size_t>(items) * kNumEvents);
   for (auto& e : r.ev) e = device_.create_event();
@@ -285,6 +297,7 @@ void StageLoop::run_repetition(int rep) {
     const void* in = enqueue_input(r, i, slot);
     if (fault_.active && timed && rep == cfg_.warmup && i == fault_.item) {
       // Injected fault (tests): this rank stops answering, as a stuck process would.
+      flight::Scope scope(flight_tag(i, "injected stall (PPBENCH_FAULT)"));
       compute_lane_->host_task([] {
         while (!lane_abort_requested()) {
           timespec ts{0, 100000000};
@@ -303,6 +316,7 @@ void StageLoop::run_repetition(int rep) {
 
 void StageLoop::start_repetition(int rep, bool timed) {
   // Barrier through the transport: polled, bounded by --timeout, never a hang.
+  flight::Scope scope(flight::Tag{"start of repetition", rep});
   transport_.enqueue_barrier(*compute_lane_);
   try {
     compute_lane_->synchronize();
@@ -324,6 +338,7 @@ const void* StageLoop::enqueue_input(RepEvents& r, int i, int slot) {
   const int T = t == 0 ? P : 1;
   if (first && t == 0) return prompt_[g]->data();
   if (first && S == 1) return group_tokens_[g]->data();
+  flight::Scope scope(flight_tag(i, "recv"));
   const int peer = first ? place_.last_rank : place_.prev_rank;
   const size_t bytes = stage_.input_bytes(T);
   void* dst = first ? group_tokens_[g]->data() : recv_slot_[slot]->data();
@@ -349,6 +364,7 @@ void* StageLoop::enqueue_compute(RepEvents& r, int i, int slot, const void* in) 
   const int t = i / M, g = i % M;
   const int T = t == 0 ? P : 1;
   const int pos = t == 0 ? 0 : P + t - 1;
+  flight::Scope scope(flight_tag(i, "compute"));
   // The output buffer must have been sent (if it was) before it is overwritten.
   void* out = out_slot_[slot]->data();
   if (last && S > 1) {
@@ -375,6 +391,7 @@ void StageLoop::enqueue_send(RepEvents& r, int i, void* out) {
   // step); to each receiver this rank serves (layout_placement), none for some ranks of a
   // stage wider than the next.
   const std::vector<int>& peers = last ? place_.return_ranks : place_.next_ranks;
+  flight::Scope scope(flight_tag(i, "send"));
   if ((!last || (S > 1 && t < G)) && !peers.empty()) {
     send_lane_->wait(r.at(i, kComputeEnd));
     send_lane_->record(r.at(i, kSendStart));

@@ -7,11 +7,20 @@
 
 #include "backend/lane_hold.h"
 #include "common/error.h"
+#include "common/flight_recorder.h"
 #include "common/stats.h"
 
 namespace ppb {
 
 namespace {
+
+/// The flight recorder's tag of a profiled forward of `stage` (prefill: from position 0).
+flight::Tag profile_tag(const StageExecutor& stage, int tokens, int pos) {
+  flight::Tag t;
+  t.op = tokens > 1 || pos == 0 ? "profile prefill" : "profile decode";
+  t.unit = stage.first_unit();
+  return t;
+}
 
 /// One timed forward (ms): cache flush (cold where the run's resident weights exceed the caches,
 /// Device::flush_caches), `align` where set (after the flush, so that the ranks' timed forwards
@@ -19,6 +28,7 @@ namespace {
 /// `hold` (backend/lane_hold.h).
 double time_one_forward(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out, int pos,
                         int tokens, bool hold, size_t resident_bytes, const std::function<void()>& align) {
+  flight::Scope scope(profile_tag(stage, tokens, pos));
   auto start = device.create_event();
   auto stop = device.create_event();
   if (align) {
@@ -53,8 +63,11 @@ bool held(const StageExecutor& stage, int tokens, int warmup) {
 std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
                                   void* out, int pos, int tokens, int warmup, int iters,
                                   size_t resident_bytes, const std::function<void()>& align) {
-  for (int i = 0; i < warmup; ++i) stage.enqueue_forward(lane, in, out, 0, pos, tokens);
-  lane.synchronize();
+  {
+    flight::Scope scope(profile_tag(stage, tokens, pos));
+    for (int i = 0; i < warmup; ++i) stage.enqueue_forward(lane, in, out, 0, pos, tokens);
+    lane.synchronize();
+  }
   // One forward at a time: each is timed alone, as the pipeline runs it, with the lane held
   // until the forward is enqueued so that launch gaps are not timed.
   const bool hold = held(stage, tokens, warmup);
@@ -261,6 +274,7 @@ std::pair<ProfileResult, ProfileResult> ResidentProfiler::profile_interleaved(co
   for (int w = 0; w < cfg.warmup; ++w)
     for (const Item& it : items) {
       Unit& u = units_[it.unit];
+      flight::Scope scope(profile_tag(*u.stage, it.tokens, it.pos));
       u.stage->enqueue_forward(*lane_, u.in->data(), u.out->data(), 0, it.pos, it.tokens);
     }
   lane_->synchronize();

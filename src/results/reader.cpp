@@ -382,6 +382,8 @@ RunRecord read_results(const std::string& path) {
       const std::string failure = attr_or<std::string>(root, "failure", "");
       if (!status.empty()) how += "; last status '" + status + "'";
       if (!failure.empty()) how += "; failure: " + failure;
+      if (root.exists("failure/flight_record"))
+        how += "; the ranks' flight records are in /failure/flight_record (h5dump -d /failure/flight_record)";
       throw UserError("'" + path +
                       "' is an incomplete ppbench results file (root attribute complete=" +
                       std::to_string(complete) +

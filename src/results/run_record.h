@@ -282,6 +282,10 @@ struct RunRecord {
   std::string reference_partition = kLegacyReferencePartition;
   std::string status = "running";  ///< "running: <phase>", "failed: <phase>", or "complete"
   std::string failure;              ///< the error that ended the run, "" if none
+  /// The ranks' flight records when the run failed ([world_size], common/flight_recorder.h: phase,
+  /// lanes, waits, threads' stacks; "" for a rank whose record did not reach rank 0): /failure/
+  /// flight_record. Empty when none was taken (no failure, or bad input).
+  std::vector<std::string> flight_records;
   /// Every partition validated against its serialized run and all matched ("ok"); the run's
   /// verdict in `validation`: "ok", "failed" (a mismatch, or partitions' tokens differ),
   /// "skipped" (--no-validate, and the partitions' tokens agree), "pending" (incomplete file).

@@ -728,6 +728,8 @@ void write_workload(Group& root, const RunRecord& run) {
 void write_all(h5::File& file, const RunRecord& run, bool complete) {
   Group root = file.root();
   write_root_attrs(root, run, complete);
+  if (!run.flight_records.empty())  // also before the profile: a hang can come at any phase
+    root.create_group("failure").write_strings("flight_record", run.flight_records);
   if (run.ranks.empty() || run.profile.unit_name.empty()) {  // a snapshot before the profile
     file.flush();
     return;

@@ -16,7 +16,8 @@ RunContext::RunContext(const MpiContext& mpi_context, const RunOptions& options)
       progress(mpi_context.is_root() && !options.quiet),
       phases_(mpi_context, options.timeout_s) {
   record_.run_start_s = monotonic_s();
-  phases_.set_failure_recorder([this](const std::string& why) { record_failure(why); });
+  phases_.set_failure_recorder(
+      [this](const std::string& why, const std::vector<std::string>& flight_records) { record_failure(why, flight_records); });
   phases_.set_stall_handler([this]() -> std::string {
     if (!transport) return "";
     const std::string async = transport->async_error();
@@ -59,10 +60,11 @@ void RunContext::append_snapshot() {
   append_results(output, record_);
 }
 
-void RunContext::record_failure(const std::string& why) {
+void RunContext::record_failure(const std::string& why, const std::vector<std::string>& flight_records) {
   if (!root || output.empty() || record_.world_size == 0) return;
   record_.status = "failed";
   record_.failure = why;
+  record_.flight_records = flight_records;
   record_.elapsed_s = monotonic_s() - record_.run_start_s;
   write_results(output, record_, /*complete=*/false);
   if (record_.profile.latency_ms.empty())

@@ -98,8 +98,8 @@ class RunContext {
   /// after a benchmark round.
   void append_snapshot();
   /// Rank 0: the failure in the results file (complete=0, status failed), with what was
-  /// measured.
-  void record_failure(const std::string& why);
+  /// measured and the ranks' flight records ([size], /failure/flight_record; may be empty).
+  void record_failure(const std::string& why, const std::vector<std::string>& flight_records = {});
 
   /// The tensor-parallel poll of the CPU all-reduces: on the critical path twice per layer, so
   /// the waiting lane spins (MPI_Test and sched_yield) for up to 200 us before it sleeps, and

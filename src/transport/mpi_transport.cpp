@@ -9,6 +9,7 @@
 #include "backend/device.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/flight_recorder.h"
 #include "common/watchdog.h"
 #include "mpi/mpi_context.h"
 #include "transport/transport.h"
@@ -32,6 +33,7 @@ class MpiTransport final : public Transport {
 
   void enqueue_send(Lane& lane, const void* buf, size_t bytes, int peer, int tag) override {
     check_size(bytes);
+    flight::Scope scope(flight::transfer("send", peer, tag, static_cast<long long>(bytes)));
     lane.host_task([buf, bytes, peer, tag, poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
@@ -41,6 +43,7 @@ class MpiTransport final : public Transport {
 
   void enqueue_recv(Lane& lane, void* buf, size_t bytes, int peer, int tag) override {
     check_size(bytes);
+    flight::Scope scope(flight::transfer("recv", peer, tag, static_cast<long long>(bytes)));
     lane.host_task([buf, bytes, peer, tag, poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req));
@@ -49,6 +52,9 @@ class MpiTransport final : public Transport {
   }
 
   void enqueue_barrier(Lane& lane) override {
+    flight::Tag tag = flight::current();
+    tag.op = "barrier";
+    flight::Scope scope(tag);
     lane.host_task([poll = poll_] {
       MPI_Request req;
       MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
@@ -90,6 +96,8 @@ void withdraw(MPI_Request& req, MpiRequestKind kind) {
 
 void poll_mpi_request(void* request, const MpiPollConfig& cfg, const std::string& what, MpiRequestKind kind) {
   MPI_Request& req = *static_cast<MPI_Request*>(request);
+  // What the flight recorder lists as pending on this thread: the task's tag says which transfer.
+  flight::Waiting waiting(kind == MpiRequestKind::send ? "MPI_Isend" : kind == MpiRequestKind::recv ? "MPI_Irecv" : "MPI collective");
   const double start = monotonic_s();
   double sleep = cfg.min_sleep_us;
   for (;;) {

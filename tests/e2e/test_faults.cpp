@@ -1,6 +1,8 @@
 // Reliability: a rank killed in the middle of the benchmark, and a rank that stops answering,
 // must end the job non-zero within --timeout plus a few seconds, with the results file holding
-// the profile (complete=0) and, where rank 0 lives, the failure recorded.
+// the profile (complete=0) and, where rank 0 lives, the failure recorded; a stall leaves every
+// rank's flight record (its lanes' running, queued and last items, its waits and its threads'
+// stacks) in the log and in /failure/flight_record.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -161,6 +163,104 @@ TEST(Faults, StalledRankEndsJobNamingTheWaitingStage) {
   std::string failure = root.get_attr<std::string>("failure");
   EXPECT_NE(failure.find("timed out"), std::string::npos) << failure;
   EXPECT_EQ(root.get_attr<std::string>("status"), "failed");
+}
+
+/// The lines of `log` that rank `rank` printed with its flight record ("[rank R] " stripped).
+std::string rank_lines(const std::string& log, int rank) {
+  const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  std::istringstream in(log);
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0) out += line.substr(prefix.size()) + "\n";
+  return out;
+}
+
+/// A thread's stack in a record: a "thread <tid> ..." line followed by frame "#0".
+bool has_a_stack(const std::string& record) {
+  const size_t at = record.find("\n  thread ");
+  return at != std::string::npos && record.find("\n    #0 ", at) != std::string::npos;
+}
+
+/// Issue 35, item 9: rank 1's compute lane stops at item 3 of its first timed repetition; rank
+/// 0's receive times out, and every rank's flight record (log and file) says what each was
+/// doing: rank 1's names its compute lane running that item, with its queue behind it, and
+/// every thread's stack.
+TEST(Faults, FlightRecordNamesTheStuckLaneAndItem) {
+  const std::string dir = temp_dir(), out = dir + "/flight.h5", log = dir + "/flight.log";
+  pid_t job = spawn(mpirun_env() + "PPBENCH_FAULT=stall:1:3 mpirun --oversubscribe -x PPBENCH_FAULT -np 2 " PPBENCH_BIN
+                    " run --model tests/data/tiny-llama.json --timeout 5 -o " + out, log);
+  double seconds = 0;
+  const int status = wait_for(job, 60, &seconds);
+  const std::string text = read_file(log);
+  ASSERT_NE(status, -1) << "hang\n" << text;
+  EXPECT_NE(status, 0) << text;
+  auto root = ppb::h5::File::open(out).root();
+  const auto work = root.open_group("config/workload");
+  const int64_t M = work.get_attr<int64_t>("microbatches"), warmup = work.get_attr<int64_t>("warmup");
+  // Item 3 of the first timed repetition: group 3 % M, step 3 / M.
+  const std::string stuck = "task rep " + std::to_string(warmup) + " group " + std::to_string(3 % M) + " step " +
+                            std::to_string(3 / M) + " injected stall (PPBENCH_FAULT)\n";
+  const std::string r1 = rank_lines(text, 1);
+  EXPECT_NE(r1.find("flight record: rank 1 of 2"), std::string::npos) << text;
+  EXPECT_NE(r1.find("phase 'benchmark of partition uniform'"), std::string::npos) << r1;
+  EXPECT_NE(r1.find("note: pipeline: stage 1 (units"), std::string::npos) << r1;
+  const size_t lane = r1.find("lane compute #");
+  ASSERT_NE(lane, std::string::npos) << r1;
+  const std::string compute = r1.substr(lane, r1.find('\n', lane) - lane + 1);
+  EXPECT_NE(compute.find("): running for "), std::string::npos) << compute;
+  EXPECT_NE(compute.find(" s: " + stuck), std::string::npos) << compute << "expected: " << stuck;
+  EXPECT_NE(r1.find("  queued "), std::string::npos) << r1;  // the items behind it
+  EXPECT_NE(r1.find("wait for lane #"), std::string::npos) << r1;  // recv and send wait for compute
+  EXPECT_NE(r1.find("\"lane:compute\" [lane compute #"), std::string::npos) << r1;  // its thread's stack
+  EXPECT_TRUE(has_a_stack(r1)) << r1;
+  const std::string r0 = rank_lines(text, 0);
+  EXPECT_NE(r0.find("flight record: rank 0 of 2"), std::string::npos) << text;
+  EXPECT_NE(r0.find("timed out"), std::string::npos) << r0;
+  EXPECT_TRUE(has_a_stack(r0)) << r0;
+  // The file holds both records, rank 1's naming the same lane and item.
+  ASSERT_TRUE(root.exists("failure/flight_record")) << text;
+  const auto records = root.open_group("failure").open_dataset("flight_record").read_strings();
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_NE(records[0].find("flight record: rank 0 of 2"), std::string::npos) << records[0];
+  EXPECT_NE(records[1].find("flight record: rank 1 of 2"), std::string::npos) << records[1];
+  EXPECT_NE(records[1].find(" s: " + stuck), std::string::npos) << records[1];
+  EXPECT_TRUE(has_a_stack(records[1])) << records[1];
+  std::printf("flight record of the stalled rank (%.1f s, status %d):\n%s\n", seconds, status, compute.c_str());
+}
+
+/// Every rank stuck where nothing polls (each main thread asleep at the start of the profile):
+/// no transfer times out, the watchdog ends the job after --timeout + 15 s, and each rank's
+/// flight record names the phase, the wait and the sleeping function in its main thread's stack.
+TEST(Faults, WatchdogWritesEveryRanksFlightRecord) {
+  const std::string dir = temp_dir(), out = dir + "/watchdog.h5", log = dir + "/watchdog.log";
+  pid_t job = spawn(mpirun_env() + "PPBENCH_FAULT=hang:-1:profile mpirun --oversubscribe -x PPBENCH_FAULT -np 2 " PPBENCH_BIN
+                    " run --model tests/data/tiny-llama.json --timeout 1 -o " + out, log);
+  double seconds = 0;
+  const int status = wait_for(job, 90, &seconds);
+  const std::string text = read_file(log);
+  ASSERT_NE(status, -1) << "hang\n" << text;
+  EXPECT_NE(status, 0) << text;
+  EXPECT_GT(seconds, 16.0) << text;  // the watchdog's limit: --timeout 1 s + 15 s
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    const std::string r = rank_lines(text, rank);
+    EXPECT_NE(r.find("flight record: rank " + std::to_string(rank) + " of 2"), std::string::npos) << text;
+    EXPECT_NE(r.find("phase 'profile'"), std::string::npos) << r;
+    EXPECT_NE(r.find("no progress for "), std::string::npos) << r;
+    EXPECT_NE(r.find(": sleep for injected hang (PPBENCH_FAULT), for "), std::string::npos) << r;
+    EXPECT_NE(r.find("ppb::run::PhaseRunner::hang_if_injected"), std::string::npos) << r;
+    EXPECT_TRUE(has_a_stack(r)) << r;
+  }
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<int64_t>("complete"), 0);
+  EXPECT_NE(root.get_attr<std::string>("failure").find("failed in profile: no progress for"), std::string::npos);
+  const auto records = root.open_group("failure").open_dataset("flight_record").read_strings();
+  ASSERT_EQ(records.size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(records[rank].find("flight record: rank " + std::to_string(rank) + " of 2"), std::string::npos) << records[rank];
+    EXPECT_NE(records[rank].find("injected hang"), std::string::npos) << records[rank];
+  }
+  std::printf("watchdog: job ended after %.1f s with status %d\n", seconds, status);
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // completes a fresh event state (so, as with cudaEventRecord, a later record() re-arms the event
 // without disturbing waits already enqueued on the previous state); wait(ev) enqueues a task
 // that blocks the lane until that state completes. Blocking waits sleep on a condition variable:
-// a waiting lane never spins a core away from compute.
+// a waiting lane never spins a core away from compute. Each task carries the flight recorder's
+// tag of its enqueuer (common/flight_recorder.h); the lane logs the task it runs and its last.
 #pragma once
 
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "backend/lane.h"
+#include "common/flight_recorder.h"
 
 namespace ppb {
 
@@ -26,6 +28,8 @@ struct CpuEventState {
   std::condition_variable cv;
   bool done = false;
   double time_s = 0.0;  ///< monotonic_s() at completion
+  flight::Tag tag;      ///< what was enqueued when it was recorded (the flight recorder's)
+  int lane = -1;        ///< the recording lane's flight::LaneLog id
   void complete();
   /// Blocks until done; throws InternalError if lane abort was requested meanwhile.
   void wait();
@@ -54,14 +58,21 @@ class CpuLane final : public Lane {
   double cpu_time_s() const override;
 
  private:
-  void enqueue(std::function<void()> fn);
+  struct Entry {
+    std::function<void()> fn;
+    flight::Task what;
+  };
+  void enqueue(std::function<void()> fn, const flight::Task& what);
   void run();
   void set_error(std::exception_ptr err);
+  /// The flight recorder's view of the queue (try-lock: never blocks a report).
+  flight::QueueView queued(size_t max);
 
   std::string name_;
+  std::shared_ptr<flight::LaneLog> log_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Entry> queue_;
   bool stop_ = false;
   std::exception_ptr error_;  ///< first exception thrown by a task; later tasks are skipped
   clockid_t cpu_clock_{};

@@ -145,10 +145,29 @@ CudaLane::CudaLane(int device, std::string name, std::shared_ptr<DeviceClock> cl
       counter_(sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable) {
   std::memset(counter_.get(), 0, sizeof(uint32_t));
   CUDA_CHECK(cudaHostGetDevicePointer(&counter_dev_, counter_.get(), 0));
+  log_ = flight::LaneLog::open(name_, [this](size_t max) { return queued(max); });
   thread_ = std::thread([this] { worker(); });
 }
 
+flight::QueueView CudaLane::queued(size_t max) {
+  flight::QueueView v;
+  TaskQueue& q = *queue_;
+  std::unique_lock<std::mutex> lock(q.mutex, std::try_to_lock);
+  for (int i = 0; i < 50 && !lock.owns_lock(); ++i) {
+    sleep_us(1000.0);
+    lock.try_lock();
+  }
+  if (!lock.owns_lock()) {
+    v.busy = true;
+    return v;
+  }
+  v.count = q.tasks.size();
+  for (size_t i = 0; i < q.tasks.size() && i < max; ++i) v.first.push_back(q.tasks[i].what);
+  return v;
+}
+
 CudaLane::~CudaLane() {
+  log_->close();  // first: the report must not call queued() on a lane being destroyed
   // Drain the stream unless the run is being aborted (a peer may never complete a receive).
   bool drained = false;
   for (;;) {
@@ -220,7 +239,7 @@ void CudaLane::stream_wait_counter(uint32_t value) {
 
 void CudaLane::host_task(std::function<void()> fn) {
   const uint32_t seq = ++issued_;
-  auto* item = new std::pair<std::shared_ptr<TaskQueue>, Task>(queue_, Task{seq, std::move(fn)});
+  auto* item = new std::pair<std::shared_ptr<TaskQueue>, Task>(queue_, Task{seq, std::move(fn), {"task", flight::current()}});
   const cudaError_t rc = cudaLaunchHostFunc(stream_.get(), &CudaLane::trampoline, item);
   if (rc != cudaSuccess) {
     delete item;
@@ -231,6 +250,7 @@ void CudaLane::host_task(std::function<void()> fn) {
 
 void CudaLane::worker() {
   cudaSetDevice(device_);
+  log_->bind_thread();
   for (;;) {
     Task task;
     {
@@ -246,9 +266,12 @@ void CudaLane::worker() {
       std::lock_guard<std::mutex> lock(mutex_);
       failed = static_cast<bool>(error_);
     }
+    log_->start(task.what);
     if (!failed) {
+      flight::Scope scope(task.what.tag);
       run_lane_task(task.fn, name_, [this](std::exception_ptr e) { set_error(e); });
     }
+    log_->finish();
     // Always publish, even after a failure, so the stream (and lanes waiting on it) move on.
     __atomic_store_n(static_cast<uint32_t*>(counter_.get()), task.seq, __ATOMIC_RELEASE);
     heartbeat();  // a finished task is progress, as on CpuLane (see common/watchdog.h)

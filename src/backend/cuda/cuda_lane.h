@@ -18,6 +18,12 @@
 // replaces the current one when its event completed within kMaxAnchorGapS of being recorded,
 // or when its error bound (half that gap) is below the current one's, which grows with age
 // (half its gap + the float milliseconds' rounding, 2^-24 of the elapsed time).
+//
+// The flight recorder (common/flight_recorder.h) sees a CUDA lane's host tasks (running, queued
+// on the worker, the last ones); the stream's kernels, copies and event waits are not recorded
+// (knowing which has run would need an event per operation), nor host tasks still waiting in
+// the stream for their trampoline: a report says the lane's host side is idle while its stream
+// may still be busy.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,6 +41,7 @@
 
 #include "backend/cuda/cuda_raii.h"
 #include "backend/lane.h"
+#include "common/flight_recorder.h"
 
 namespace ppb::cuda {
 
@@ -119,6 +126,7 @@ class CudaLane final : public Lane {
   struct Task {
     uint32_t seq = 0;
     std::function<void()> fn;
+    flight::Task what;
   };
   /// The worker's queue, shared with the trampolines still pending in the stream, so that one
   /// firing after the lane was destroyed (on abort) queues into live memory.
@@ -133,6 +141,8 @@ class CudaLane final : public Lane {
   void set_error(std::exception_ptr err);
   void stream_wait_counter(uint32_t value);
   void* staging(size_t bytes);
+  /// The flight recorder's view of the worker's queue (try-lock: never blocks a report).
+  flight::QueueView queued(size_t max);
 
   int device_ = 0;
   std::string name_;
@@ -144,6 +154,7 @@ class CudaLane final : public Lane {
   std::vector<PinnedMemory> staging_; ///< back() is current; older ones may still be in flight
 
   std::shared_ptr<TaskQueue> queue_ = std::make_shared<TaskQueue>();
+  std::shared_ptr<flight::LaneLog> log_;
   std::mutex mutex_;  ///< guards error_
   std::exception_ptr error_;
   std::thread thread_;
