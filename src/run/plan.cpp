@@ -155,7 +155,7 @@ std::string limit_origin(RunContext& ctx) {
   if (ctx.opt.memory_limit_gib > 0) return "--memory-limit " + format_fixed(ctx.opt.memory_limit_gib, 2) + " GiB";
   int64_t reserve = 0;
   for (const RankInfo& r : ctx.record().ranks) reserve = std::max(reserve, r.tp_reserve_bytes);
-  return "90% of each rank's free memory after the transport's communicators" +
+  return "90% of each rank's free memory once the transport was set up" +
          (reserve > 0 ? ", less up to " + gib(double(reserve)) + " kept for tensor-parallel communicators" : std::string());
 }
 

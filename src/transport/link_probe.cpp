@@ -22,9 +22,18 @@ struct ProbeEnd {
   Device& device;
   Transport& transport;
   Lane& lane;
-  Buffer& buf;
+  std::unique_ptr<Buffer>& buf;
   int peer;
   int tag;
+  /// The buffer, grown to `bytes` first where smaller (the lane is idle between sizes): a sweep
+  /// the budget stops at 64 MiB never allocates (and, on CPU, zeroes) 256 MiB.
+  void* data(size_t bytes) const {
+    if (!buf || buf->bytes() < bytes) {
+      buf.reset();
+      buf = device.allocate(bytes);
+    }
+    return buf->data();
+  }
 };
 
 /// Leader: one untimed round trip of `bytes`, then `reps` timed ones, back to back on the lane;
@@ -33,9 +42,10 @@ struct ProbeEnd {
 std::vector<double> lead_round_trips(const ProbeEnd& e, size_t bytes, int reps) {
   std::vector<std::unique_ptr<Event>> ev;
   for (int i = 0; i <= reps; ++i) ev.push_back(e.device.create_event());
+  void* buf = e.data(bytes);
   for (int i = -1; i < reps; ++i) {
-    e.transport.enqueue_send(e.lane, e.buf.data(), bytes, e.peer, e.tag);
-    e.transport.enqueue_recv(e.lane, e.buf.data(), bytes, e.peer, e.tag);
+    e.transport.enqueue_send(e.lane, buf, bytes, e.peer, e.tag);
+    e.transport.enqueue_recv(e.lane, buf, bytes, e.peer, e.tag);
     e.lane.record(*ev[i + 1]);
   }
   e.lane.synchronize();
@@ -47,9 +57,10 @@ std::vector<double> lead_round_trips(const ProbeEnd& e, size_t bytes, int reps) 
 
 /// Follower: returns `reps` + 1 messages of `bytes`.
 void follow_round_trips(const ProbeEnd& e, size_t bytes, int reps) {
+  void* buf = e.data(bytes);
   for (int i = -1; i < reps; ++i) {
-    e.transport.enqueue_recv(e.lane, e.buf.data(), bytes, e.peer, e.tag);
-    e.transport.enqueue_send(e.lane, e.buf.data(), bytes, e.peer, e.tag);
+    e.transport.enqueue_recv(e.lane, buf, bytes, e.peer, e.tag);
+    e.transport.enqueue_send(e.lane, buf, bytes, e.peer, e.tag);
   }
   e.lane.synchronize();
 }
@@ -161,18 +172,15 @@ std::vector<LinkSweep> probe_links(const MpiContext& mpi, Device& device, Transp
   const std::vector<size_t> sizes = link_sweep_sizes(agreed_max_bytes(mpi, device, cfg));
   const bool in_a_pair = std::any_of(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first == me || p.second == me; });
   std::unique_ptr<Lane> lane;
-  std::unique_ptr<Buffer> buf;
-  if (in_a_pair) {
-    lane = device.create_lane("link probe");
-    buf = device.allocate(sizes.back());
-  }
+  std::unique_ptr<Buffer> buf;  // grown by the sweeps (ProbeEnd::data)
+  if (in_a_pair) lane = device.create_lane("link probe");
   std::vector<double> mine;
   for (const auto& [a, b] : pairs) {
     mpi.quiet_barrier(1e-3);  // the others asleep: no two pairs share a link or a core while timed
     if (me != a && me != b) continue;
     const double t0 = monotonic_s();
     transport.connect({std::minmax(a, b), {std::max(a, b), std::min(a, b)}});  // sorted by (src, dst)
-    const ProbeEnd end{device, transport, *lane, *buf, me == a ? b : a, cfg.tag};
+    const ProbeEnd end{device, transport, *lane, buf, me == a ? b : a, cfg.tag};
     if (me == b) {
       follow_sweep(end, sizes);
       continue;

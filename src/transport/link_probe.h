@@ -57,8 +57,8 @@ std::vector<size_t> link_sweep_sizes(size_t max_bytes);
 /// every size's one-way times (round trip / 2) kept as their min and median, the medians fitted
 /// by fit_link.
 /// Rank a decides each size's round trips and tells b (an MPI message on the host), so the
-/// time budget needs no agreement in advance. Each rank holds one device buffer of the largest
-/// size while the probe runs. Returns every pair's sweep, in the order of `pairs`, on every
+/// time budget needs no agreement in advance. Each rank holds one device buffer, grown to the
+/// largest size its sweeps reached, while the probe runs. Returns every pair's sweep, in the order of `pairs`, on every
 /// rank. @throws ppb::InternalError for a bad pair, a transport failure or timeout (its lane's).
 std::vector<LinkSweep> probe_links(const MpiContext& mpi, Device& device, Transport& transport,
                                    const std::vector<std::pair<int, int>>& pairs, const LinkProbeConfig& cfg = {});
