@@ -319,11 +319,16 @@ if want abort && ! lanes_hang abort; then
       --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 \
       --target-ci 0 --timeout 5 -o "$LOG/abort.h5" --force >"$LOG/abort" 2>&1
     rc=$? secs=$(( $(date +%s) - a0 ))
-    grep -iE 'timed out|stall|flight|lane' "$LOG/abort" | head -12
+    grep -E 'timed out|\] lane ' "$LOG/abort" | head -12
+    # The flight recorder's report (common/flight_recorder.h): rank 1's compute lane running the
+    # injected stall.
+    fr=no
+    grep -qE '^\[rank 1\] lane compute .*injected stall' "$LOG/abort" && fr=yes
     if [ "$rc" = 124 ]; then result abort FAIL "HUNG: the job outlived the step's timeout"
     elif [ "$rc" = 0 ]; then result abort FAIL "a stalled rank and the job succeeded?"
-    elif grep -q 'timed out' "$LOG/abort"; then result abort ok "ended in $secs s with status $rc, naming the time-out"
-    else result abort FAIL "ended in $secs s with status $rc, without naming the time-out"; fi
+    elif grep -q 'timed out' "$LOG/abort" && [ "$fr" = yes ]; then
+      result abort ok "ended in $secs s with status $rc, naming the time-out; the flight record names rank 1's stalled compute lane"
+    else result abort FAIL "ended in $secs s with status $rc; time-out named: $(grep -c 'timed out' "$LOG/abort"), flight record names the stall: $fr"; fi
   else
     result abort FAIL "no ppbench binary or no mpirun"
   fi
