@@ -293,10 +293,10 @@ TEST(CudaKernels, AttentionDecodeSplitKMatchesCpu) {
 }
 
 /// Decode attention at the sizes real runs plan (H200, 132 SMs): the key chunk follows the grid
-/// (>= 2 blocks per SM over rows x KV heads) up to 512 keys and the shared memory a group's
-/// scores take. Llama-3.1-8B at B=8 and 2,048 keys: 64 row-heads, 5 splits, chunk 416 (8.7 KB);
-/// 8,192 keys: chunk 512, 16 splits; a group of 16 heads at B=64: chunk 512, 41 KB of shared
-/// memory (the kernel's limit is 48 KB). The other decode tests plan chunks of 32.
+/// (>= 8 blocks per SM over rows x KV heads) up to 512 keys and the shared memory a group's
+/// scores take. Llama-3.1-8B at B=8 and 2,048 keys: 64 row-heads, 16 splits of 128 keys;
+/// 8,192 keys: chunks of 512, 16 splits; a group of 16 heads at B=64: 5 splits of 416 keys,
+/// 35 KB of shared memory (the kernel's limit is 48 KB). The other decode tests plan chunks of 32.
 TEST(CudaKernels, AttentionDecodeAtServingSizes) {
   REQUIRE_GPU();
   const AttnCase cases[] = {

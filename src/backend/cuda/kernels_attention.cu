@@ -37,8 +37,15 @@ int decode_chunk_max(int group, int head_dim) {
   return static_cast<int>(std::min<long>(c, 512));
 }
 
+/// Blocks per SM the decode plan aims for. Each warp streams one K row (256 B) at a time, so
+/// the bytes in flight grow with the blocks: at 2 per SM (the first plan) a Llama-3.1-8B layer
+/// at B=8, 2,048 keys read its 67 MB of KV in 185 µs on an H200 (7.6% of DRAM peak, Nsight
+/// Compute, scripts/gpu_kernels.sh), half the layer's decode time. 8 asks for the most the
+/// registers allow (40 per thread x 256 threads: 6 blocks per SM).
+constexpr int kDecodeBlocksPerSm = 8;
+
 /// Chunk size and split count of a decode call over `n` keys: enough blocks to fill the GPU
-/// (>= 2 per SM) when batch x KV heads alone does not. The chunk is sized for `n_chunk` keys
+/// (>= kDecodeBlocksPerSm per SM) when batch x KV heads alone does not. The chunk is sized for `n_chunk` keys
 /// (n, or a context bucket's smallest count, so that a grid planned for a bucket still fills
 /// the GPU just past the bucket's lower edge); the splits cover all `n`.
 void decode_plan(int rows, int n_kv, int group, int head_dim, int n_chunk, int n, int* chunk, int* n_splits) {
@@ -48,7 +55,7 @@ void decode_plan(int rows, int n_kv, int group, int head_dim, int n_chunk, int n
                     std::to_string(head_dim) + " does not fit the kernel's 48 KiB of shared memory");
   }
   const int base = std::max(1, rows * n_kv);
-  const int wanted = std::max(1, (2 * sm_count() + base - 1) / base);
+  const int wanted = std::max(1, (kDecodeBlocksPerSm * sm_count() + base - 1) / base);
   int c = round_up(std::max(1, (n_chunk + wanted - 1) / wanted), 32);
   c = std::clamp(c, 32, cmax);
   *chunk = c;
@@ -61,7 +68,7 @@ void decode_plan(int rows, int n_kv, int group, int head_dim, int n_chunk, int n
 // K and V rows read once per GQA group: 8 seq x 8 KV heads x 2048 x 128 x 2 (K,V) x 2 B =
 // 67 MB per layer, 14 µs at 4.8 TB/s; FLOPs 4 x 32 heads x 128 x 2048 x 8 = 0.27 GFLOP:
 // bandwidth-bound by ~100x. One block per (key chunk, KV head, query row) so that even B=1
-// has >= 2 blocks per SM in flight; a warp per key computes the group's dot products (the K
+// has >= kDecodeBlocksPerSm blocks per SM in flight; a warp per key computes the group's dot products (the K
 // row is loaded once into registers), partial softmax per head, then each thread owns one
 // (head, dim) output and streams the chunk's V column (coalesced across the warp).
 template <typename T>
@@ -186,7 +193,8 @@ size_t attention_decode_scratch_floats(const cpu::AttentionShape& s) {
   const int rows = s.batch * s.tokens;
   const int n_max = s.window > 0 ? std::min(s.window, s.max_context) : s.max_context;
   const int cmax = std::max(32, decode_chunk_max(group, s.head_dim));
-  const int wanted = std::max(1, (2 * sm_count() + rows * s.n_kv_heads - 1) / std::max(1, rows * s.n_kv_heads));
+  const int wanted =
+      std::max(1, (kDecodeBlocksPerSm * sm_count() + rows * s.n_kv_heads - 1) / std::max(1, rows * s.n_kv_heads));
   // decode_plan's splits: <= 2 wanted while the chunk follows n_chunk >= n / 2 (a bucket's
   // smallest count), else the keys over the largest chunk.
   const int splits = std::max(2 * wanted + 1, (n_max + cmax - 1) / cmax + 1);
