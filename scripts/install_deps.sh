@@ -14,7 +14,8 @@ packages=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-d
           libdnnl-dev   # oneDNN: the CPU backend's GEMM where it beats OpenBLAS (src/backend/cpu/cpu_gemm.h)
           nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
           libboost-dev  # Boost.Math, header-only: t and normal quantiles of the gains' CIs
-          hdf5-tools)   # h5dump/h5ls: inspect results files (results/README.md), Slurm e2e checks
+          hdf5-tools    # h5dump/h5ls: inspect results files (results/README.md), Slurm e2e checks
+          xz-utils)     # the GPU bundle (scripts/gpu_check.sh --pack, test e2e_gpu_bundle)
 # apt-get install of those of the given Debian packages that are not installed yet; $1 labels
 # the message.
 install_missing() {
