@@ -8,7 +8,8 @@
 #   5. nccl: a two-stage run through NCCL, where nvidia-smi lists two GPUs
 #   6. graphs: decode replayed from CUDA graphs vs eager (--no-cuda-graphs): Qwen3-0.6B on one
 #      rank, decode tokens/s of each and the simulator's error against it
-#   7. bench: ceilings + Llama-3.1-8B layer/head vs floors (ppb_gpu_bench), NCCL send/recv and
+#   7. bench: ceilings + Llama-3.1-8B layer/head vs floors (ppb_gpu_bench), a Qwen3-30B-A3B
+#      (experts) and a DeepSeek-V3 (MLA + experts) layer vs theirs, NCCL send/recv and
 #      all-reduce sweeps where two GPUs exist
 #   8. moe: tiny DeepSeek-V3 --mtp and gpt-oss runs, a Qwen3-30B-A3B profile
 #   9. longfwd: ppbench profile of a Llama-3.1-8B layer at B=4, P=8192 (> 2,000 launches)
@@ -26,12 +27,15 @@
 #   scripts/gpu_check.sh --pack [build-dir]   on a machine WITH the build dependencies and nvcc
 #
 # The GPU machine's image may lack ppbench's build dependencies (MPI, HDF5, OpenBLAS, GTest,
-# nlohmann-json, CLI11, NCCL headers) and cannot install any. --pack builds the three binaries
-# here (sm_90) and writes BUILD/ppb-gpu-bundle.tar.xz: the binaries, the shared libraries they
+# nlohmann-json, CLI11, NCCL headers) and cannot install any. --pack builds the binaries here
+# (sm_90; a build directory already configured keeps its architectures) and writes
+# BUILD/ppb-gpu-bundle.tar.xz (or PPB_BUNDLE_OUT): the binaries, the shared libraries they
 # need (not glibc, libstdc++, the driver, cuBLAS or NCCL: those come from the GPU machine's CUDA
 # and PyTorch), and Open MPI's runtime (mpirun, its components, relocated with OPAL_PREFIX) for
 # a machine without one. Carry that one file to the GPU machine (device run: carry
-# ["build-gpu/ppb-gpu-bundle.tar.xz"]); when it is there, step 1 uses it and builds nothing.
+# ["build-gpu/ppb-gpu-bundle.tar.xz"]); when it is there, step 1 uses it, checks that every
+# library it needs resolves in it or on the machine (verify_bundle), and builds nothing.
+# scripts/gpu_kernels.sh then gives one case's kernels under Nsight Compute (docs/GPU.md).
 set -u
 cd "$(dirname "$0")/.."
 ARCH=${PPB_CUDA_ARCH:-90}
