@@ -214,6 +214,8 @@ else
   fi
 fi
 have_mpi() { [ -x "$PPB_BIN" ] && command -v mpirun >/dev/null; }
+# True when step $1 can run ppbench under mpirun; else the step fails saying why.
+need_mpi() { have_mpi && return 0; result "$1" FAIL "no ppbench binary or no mpirun"; return 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # ---- 2. resource usage ----------------------------------------------------------------------
@@ -293,21 +295,17 @@ fi
 lanes_hang() { [ "$LANES_HANG" = 1 ] && result "$1" FAIL "not run: lane host tasks hang with either stream wait (see the lane tests)"; }
 
 # ---- 4. the whole program: 2 ranks on the GPU --------------------------------------------------
-if want mpirun && ! lanes_hang mpirun; then
+if want mpirun && ! lanes_hang mpirun && need_mpi mpirun; then
   step "mpirun -np 2 ppbench run, 2 ranks sharing the GPU (MPI transport), validated"
-  if have_mpi; then
-    # The ranks are forked locally: they inherit this environment (the bundle's library path).
-    timeout "$(tmo 120)" mpirun --oversubscribe -np 2 "$PPB_BIN" run \
-      --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 \
-      --timeout 60 -o "$LOG/run.h5" --force >"$LOG/run" 2>&1
-    rc=$?
-    tail -30 "$LOG/run"
-    if [ "$rc" = 0 ]; then result mpirun ok "validated: $(grep -m1 -E '^  tokens/s' "$LOG/run" | tr -s ' ')"
-    elif [ "$rc" = 124 ]; then result mpirun FAIL "TIMED OUT"
-    else result mpirun FAIL "rc=$rc (see the run log)"; fi
-  else
-    result mpirun FAIL "no ppbench binary or no mpirun"
-  fi
+  # The ranks are forked locally: they inherit this environment (the bundle's library path).
+  timeout "$(tmo 120)" mpirun --oversubscribe -np 2 "$PPB_BIN" run \
+    --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 \
+    --timeout 60 -o "$LOG/run.h5" --force >"$LOG/run" 2>&1
+  rc=$?
+  tail -30 "$LOG/run"
+  if [ "$rc" = 0 ]; then result mpirun ok "validated: $(grep -m1 -E '^  tokens/s' "$LOG/run" | tr -s ' ')"
+  elif [ "$rc" = 124 ]; then result mpirun FAIL "TIMED OUT"
+  else result mpirun FAIL "rc=$rc (see the run log)"; fi
 fi
 
 # ---- 4b. a stalled rank on the GPU: the job must fail fast, not hang -------------------------------
@@ -315,42 +313,36 @@ fi
 # test Faults.StalledRankEndsJobNamingTheWaitingStage): rank 0's receive times out after
 # --timeout 5 s, its lanes abort (streams released, device memory given up, the transport
 # aborted) and the job ends with a non-zero status well before the step's 90 s.
-if want abort && ! lanes_hang abort; then
+if want abort && ! lanes_hang abort && need_mpi abort; then
   step "a stalled rank on the GPU: the job ends within --timeout, not a hang"
-  if have_mpi; then
-    a0=$(date +%s)
-    PPBENCH_FAULT=stall:1:3 timeout "$(tmo 90)" mpirun --oversubscribe -x PPBENCH_FAULT -np 2 "$PPB_BIN" run \
-      --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 \
-      --target-ci 0 --timeout 5 -o "$LOG/abort.h5" --force >"$LOG/abort" 2>&1
-    rc=$? secs=$(( $(date +%s) - a0 ))
-    grep -E 'timed out|\] lane ' "$LOG/abort" | head -12
-    # The flight recorder's report (common/flight_recorder.h): rank 1's compute lane running the
-    # injected stall.
-    fr=no
-    grep -qE '^\[rank 1\] lane compute .*injected stall' "$LOG/abort" && fr=yes
-    if [ "$rc" = 124 ]; then result abort FAIL "HUNG: the job outlived the step's timeout"
-    elif [ "$rc" = 0 ]; then result abort FAIL "a stalled rank and the job succeeded?"
-    elif grep -q 'timed out' "$LOG/abort" && [ "$fr" = yes ]; then
-      result abort ok "ended in $secs s with status $rc, naming the time-out; the flight record names rank 1's stalled compute lane"
-    else result abort FAIL "ended in $secs s with status $rc; time-out named: $(grep -c 'timed out' "$LOG/abort"), flight record names the stall: $fr"; fi
-  else
-    result abort FAIL "no ppbench binary or no mpirun"
-  fi
+  a0=$(date +%s)
+  PPBENCH_FAULT=stall:1:3 timeout "$(tmo 90)" mpirun --oversubscribe -x PPBENCH_FAULT -np 2 "$PPB_BIN" run \
+    --model inputs/models/qwen3-0.6b.json --device cuda --transport mpi --dtype bf16 -b 4 -p 128 -g 32 --iters 3 \
+    --target-ci 0 --timeout 5 -o "$LOG/abort.h5" --force >"$LOG/abort" 2>&1
+  rc=$? secs=$(( $(date +%s) - a0 ))
+  grep -E 'timed out|\] lane ' "$LOG/abort" | head -12
+  # The flight recorder's report (common/flight_recorder.h): rank 1's compute lane running the
+  # injected stall.
+  fr=no
+  grep -qE '^\[rank 1\] lane compute .*injected stall' "$LOG/abort" && fr=yes
+  if [ "$rc" = 124 ]; then result abort FAIL "HUNG: the job outlived the step's timeout"
+  elif [ "$rc" = 0 ]; then result abort FAIL "a stalled rank and the job succeeded?"
+  elif grep -q 'timed out' "$LOG/abort" && [ "$fr" = yes ]; then
+    result abort ok "ended in $secs s with status $rc, naming the time-out; the flight record names rank 1's stalled compute lane"
+  else result abort FAIL "ended in $secs s with status $rc; time-out named: $(grep -c 'timed out' "$LOG/abort"), flight record names the stall: $fr"; fi
 fi
 
 # ---- 5. two stages through NCCL (two GPUs) -------------------------------------------------------
 if want nccl && ! lanes_hang nccl; then
   if [ "${PPB_EXPECT_GPUS:-0}" -lt 2 ]; then
     result nccl skip "needs two GPUs (NCCL refuses two ranks on one); nvidia-smi lists ${PPB_EXPECT_GPUS:-0}"
-  elif have_mpi; then
+  elif need_mpi nccl; then
     step "mpirun -np 2 ppbench run, one GPU per rank, NCCL transport, validated"
     timeout "$(tmo 120)" mpirun -np 2 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda \
       --transport nccl --dtype bf16 -b 4 -p 128 -g 32 --iters 3 --target-ci 0 --timeout 60 -o "$LOG/nccl.h5" --force >"$LOG/nccl" 2>&1
     rc=$?
     tail -20 "$LOG/nccl"
     if [ "$rc" = 0 ]; then result nccl ok "validated"; elif [ "$rc" = 124 ]; then result nccl FAIL "TIMED OUT"; else result nccl FAIL "rc=$rc"; fi
-  else
-    result nccl FAIL "no ppbench binary or no mpirun"
   fi
 fi
 
@@ -359,27 +351,23 @@ fi
 # ~11 launches of a few µs against ~25-35 µs of GPU work); replayed from a graph, one launch per
 # step. The profile times what the pipeline runs, so the simulator's decode error should be small
 # both ways; the gain is the ratio of the two decode tokens/s, measured one after the other.
-if want graphs && ! lanes_hang graphs; then
+if want graphs && ! lanes_hang graphs && need_mpi graphs; then
   step "decode A/B: CUDA graphs vs eager (--no-cuda-graphs), Qwen3-0.6B, one rank"
-  if have_mpi; then
-    declare -A DEC SIM RC
-    for mode in graphs eager; do
-      extra=
-      [ "$mode" = eager ] && extra=--no-cuda-graphs
-      timeout "$(tmo 75)" mpirun -np 1 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
-        -b 4 -p 128 -g 64 --iters 3 --target-ci 0 --partition uniform $extra --timeout 60 -o "$LOG/$mode.h5" --force >"$LOG/$mode" 2>&1
-      RC[$mode]=$?
-      grep -E '^  (tokens/s|simulator)' "$LOG/$mode"
-      DEC[$mode]=$(grep -m1 -oE 'tokens/s [0-9.]+ \(decode [0-9.]+' "$LOG/$mode" | awk '{print $4}')
-      SIM[$mode]=$(grep -m1 -oE '\([-+0-9.]+% vs measured' "$LOG/$mode" | grep -oE '[-+0-9.]+%')
-    done
-    if [ "${RC[graphs]}" = 0 ] && [ "${RC[eager]}" = 0 ] && [ -n "${DEC[graphs]}" ] && [ -n "${DEC[eager]}" ]; then
-      result graphs ok "decode tok/s graphs ${DEC[graphs]} vs eager ${DEC[eager]} ($(awk -v a="${DEC[graphs]}" -v b="${DEC[eager]}" 'BEGIN {printf "%.2fx", a / b}')); simulator decode error graphs ${SIM[graphs]:-?}, eager ${SIM[eager]:-?}"
-    else
-      result graphs FAIL "rc graphs=${RC[graphs]} eager=${RC[eager]} (124: timed out)"
-    fi
+  declare -A DEC SIM RC
+  for mode in graphs eager; do
+    extra=
+    [ "$mode" = eager ] && extra=--no-cuda-graphs
+    timeout "$(tmo 75)" mpirun -np 1 "$PPB_BIN" run --model inputs/models/qwen3-0.6b.json --device cuda --dtype bf16 \
+      -b 4 -p 128 -g 64 --iters 3 --target-ci 0 --partition uniform $extra --timeout 60 -o "$LOG/$mode.h5" --force >"$LOG/$mode" 2>&1
+    RC[$mode]=$?
+    grep -E '^  (tokens/s|simulator)' "$LOG/$mode"
+    DEC[$mode]=$(grep -m1 -oE 'tokens/s [0-9.]+ \(decode [0-9.]+' "$LOG/$mode" | awk '{print $4}')
+    SIM[$mode]=$(grep -m1 -oE '\([-+0-9.]+% vs measured' "$LOG/$mode" | grep -oE '[-+0-9.]+%')
+  done
+  if [ "${RC[graphs]}" = 0 ] && [ "${RC[eager]}" = 0 ] && [ -n "${DEC[graphs]}" ] && [ -n "${DEC[eager]}" ]; then
+    result graphs ok "decode tok/s graphs ${DEC[graphs]} vs eager ${DEC[eager]} ($(awk -v a="${DEC[graphs]}" -v b="${DEC[eager]}" 'BEGIN {printf "%.2fx", a / b}')); simulator decode error graphs ${SIM[graphs]:-?}, eager ${SIM[eager]:-?}"
   else
-    result graphs FAIL "no ppbench binary or no mpirun"
+    result graphs FAIL "rc graphs=${RC[graphs]} eager=${RC[eager]} (124: timed out)"
   fi
 fi
 
@@ -425,46 +413,38 @@ fi
 # The tiny DeepSeek-V3 (MLA, grouped sigmoid router, shared experts, MTP module) and gpt-oss
 # (sinks, biased experts) on 2 ranks sharing the GPU, validated; then a profile of Qwen3-30B-A3B
 # (48 MoE layers of 128 experts, top-8), whose decode reads only the experts its tokens reach.
-if want moe && ! lanes_hang moe; then
+if want moe && ! lanes_hang moe && need_mpi moe; then
   step "mixture of experts on the GPU: tiny DeepSeek-V3 --mtp and gpt-oss runs, Qwen3-30B-A3B profile"
-  if have_mpi; then
-    moe="" bad=0
-    for cfg in "tests/data/tiny-deepseek-v3.json --mtp" tests/data/tiny-gpt-oss.json; do
-      name=$(basename "${cfg%% *}" .json)
-      # shellcheck disable=SC2086  # cfg carries the flag
-      timeout "$(tmo 60)" mpirun --oversubscribe -np 2 "$PPB_BIN" run --model $cfg --device cuda --transport mpi \
-        --dtype bf16 -b 4 -p 64 -g 16 --iters 2 --target-ci 0 --timeout 45 -o "$LOG/$name.h5" --force >"$LOG/$name" 2>&1
-      mrc=$?
-      grep -E 'experts|validation' "$LOG/$name" | head -4
-      moe="$moe$name rc=$mrc; "
-      [ "$mrc" != 0 ] && bad=1
-    done
-    timeout "$(tmo 80)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/qwen3-30b-a3b.json --device cuda \
-      --dtype bf16 -b 8 -p 512 -g 4 --profile-warmup 1 --profile-iters 3 -o "$LOG/moe_profile.h5" --force >"$LOG/moe_profile" 2>&1
+  moe="" bad=0
+  for cfg in "tests/data/tiny-deepseek-v3.json --mtp" tests/data/tiny-gpt-oss.json; do
+    name=$(basename "${cfg%% *}" .json)
+    # shellcheck disable=SC2086  # cfg carries the flag
+    timeout "$(tmo 60)" mpirun --oversubscribe -np 2 "$PPB_BIN" run --model $cfg --device cuda --transport mpi \
+      --dtype bf16 -b 4 -p 64 -g 16 --iters 2 --target-ci 0 --timeout 45 -o "$LOG/$name.h5" --force >"$LOG/$name" 2>&1
     mrc=$?
-    tail -8 "$LOG/moe_profile"
+    grep -E 'experts|validation' "$LOG/$name" | head -4
+    moe="$moe$name rc=$mrc; "
     [ "$mrc" != 0 ] && bad=1
-    if [ "$bad" = 0 ]; then result moe ok "${moe}qwen3-30b-a3b profile rc=0"; else result moe FAIL "${moe}qwen3-30b-a3b profile rc=$mrc"; fi
-  else
-    result moe FAIL "no ppbench binary or no mpirun"
-  fi
+  done
+  timeout "$(tmo 80)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/qwen3-30b-a3b.json --device cuda \
+    --dtype bf16 -b 8 -p 512 -g 4 --profile-warmup 1 --profile-iters 3 -o "$LOG/moe_profile.h5" --force >"$LOG/moe_profile" 2>&1
+  mrc=$?
+  tail -8 "$LOG/moe_profile"
+  [ "$mrc" != 0 ] && bad=1
+  if [ "$bad" = 0 ]; then result moe ok "${moe}qwen3-30b-a3b profile rc=0"; else result moe FAIL "${moe}qwen3-30b-a3b profile rc=$mrc"; fi
 fi
 
 # ---- 9. a forward of more launches than a stream queues: profiled, never held --------------------
-if want longfwd && ! lanes_hang longfwd; then
+if want longfwd && ! lanes_hang longfwd && need_mpi longfwd; then
   step "ppbench profile: Llama-3.1-8B layer at B=4, P=8192 (> 2,000 launches per forward)"
-  if have_mpi; then
-    timeout "$(tmo 100)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/llama-3.1-8b.json --device cuda \
-      --dtype bf16 -b 4 -p 8192 -g 1 --profile-warmup 1 --profile-iters 2 --profile-contexts 1 \
-      -o "$LOG/longfwd.h5" --force >"$LOG/longfwd" 2>&1
-    rc=$?
-    tail -12 "$LOG/longfwd"
-    if [ "$rc" = 0 ]; then result longfwd ok "profiled without a hang"
-    elif [ "$rc" = 124 ]; then result longfwd FAIL "TIMED OUT: a held forward of > 2,000 launches hangs"
-    else result longfwd FAIL "rc=$rc"; fi
-  else
-    result longfwd FAIL "no ppbench binary or no mpirun"
-  fi
+  timeout "$(tmo 100)" mpirun -np 1 "$PPB_BIN" profile --model inputs/models/llama-3.1-8b.json --device cuda \
+    --dtype bf16 -b 4 -p 8192 -g 1 --profile-warmup 1 --profile-iters 2 --profile-contexts 1 \
+    -o "$LOG/longfwd.h5" --force >"$LOG/longfwd" 2>&1
+  rc=$?
+  tail -12 "$LOG/longfwd"
+  if [ "$rc" = 0 ]; then result longfwd ok "profiled without a hang"
+  elif [ "$rc" = 124 ]; then result longfwd FAIL "TIMED OUT: a held forward of > 2,000 launches hangs"
+  else result longfwd FAIL "rc=$rc"; fi
 fi
 
 # ---- 10. tensor parallelism (two GPUs) ------------------------------------------------------------
@@ -473,7 +453,7 @@ fi
 if want tp && ! lanes_hang tp; then
   if [ "${PPB_EXPECT_GPUS:-0}" -lt 2 ]; then
     result tp skip "tensor parallelism needs two GPUs; nvidia-smi lists ${PPB_EXPECT_GPUS:-0}"
-  elif have_mpi; then
+  elif need_mpi tp; then
     step "tensor parallelism: the width-2 stage test, then mpirun -np 2 ppbench run --tp 1 --tp 2"
     tp_test="not built"
     if [ -x "$TEST_BIN" ]; then
@@ -490,8 +470,6 @@ if want tp && ! lanes_hang tp; then
     else
       result tp FAIL "test $tp_test; run rc=$rc (124: timed out)"
     fi
-  else
-    result tp FAIL "no ppbench binary or no mpirun"
   fi
 fi
 

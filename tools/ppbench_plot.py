@@ -560,6 +560,27 @@ def plot_front(plan, title, out_png):
     plt.close(fig)
 
 
+def output_dir(args):
+    """The directory the PNG files go to (--outdir, else the input's); None, with the error on
+    stderr, when --outdir exists and is not a directory."""
+    outdir = args.outdir or os.path.dirname(os.path.abspath(args.file))
+    if os.path.exists(outdir) and not os.path.isdir(outdir):
+        print(f"ppbench_plot: error: --outdir {args.outdir}: exists and is not a directory; give a directory "
+              "(created when missing)", file=sys.stderr)
+        return None
+    return outdir
+
+
+def make_output_dir(outdir, args):
+    """Creates `outdir` when missing; False, with the error on stderr, when it cannot be."""
+    try:
+        os.makedirs(outdir, exist_ok=True)
+    except OSError as e:
+        print(f"ppbench_plot: error: --outdir {args.outdir}: cannot be created ({e.strerror})", file=sys.stderr)
+        return False
+    return True
+
+
 def plan_main(args):
     """tools/ppbench_plot.py PLAN.json: the front's plot; exit status as main's."""
     try:
@@ -567,11 +588,8 @@ def plan_main(args):
     except NotAPlan as e:
         print(f"ppbench_plot: error: {e}", file=sys.stderr)
         return 2
-    outdir = args.outdir or os.path.dirname(os.path.abspath(args.file))
-    try:
-        os.makedirs(outdir, exist_ok=True)
-    except OSError as e:
-        print(f"ppbench_plot: error: --outdir {args.outdir}: cannot be created ({e.strerror})", file=sys.stderr)
+    outdir = output_dir(args)
+    if outdir is None or not make_output_dir(outdir, args):
         return 2
     stem = os.path.splitext(os.path.basename(args.file))[0]
     png = os.path.join(outdir, f"{stem}_front.png")
@@ -596,11 +614,9 @@ def main(argv=None):
     except NotAResultsFile as e:
         print(f"ppbench_plot: error: {e}", file=sys.stderr)
         return 2
-    outdir = args.outdir or os.path.dirname(os.path.abspath(args.file))
-    if os.path.exists(outdir) and not os.path.isdir(outdir):
+    outdir = output_dir(args)
+    if outdir is None:
         f.close()
-        print(f"ppbench_plot: error: --outdir {args.outdir}: exists and is not a directory; give a directory "
-              "(created when missing)", file=sys.stderr)
         return 2
     with f:
         names = partition_names(f)
@@ -616,10 +632,7 @@ def main(argv=None):
         if not benchmarked:
             print(f"ppbench_plot: note: {args.file}: no benchmarked partition (a `ppbench profile` file): "
                   "the roofline only", file=sys.stderr)
-        try:
-            os.makedirs(outdir, exist_ok=True)
-        except OSError as e:
-            print(f"ppbench_plot: error: --outdir {args.outdir}: cannot be created ({e.strerror})", file=sys.stderr)
+        if not make_output_dir(outdir, args):
             return 2
         stem = os.path.splitext(os.path.basename(args.file))[0]
         written = []

@@ -251,12 +251,7 @@ int layout_command(const BalanceOptions& opt) {
   }
   if (!opt.json_out.empty()) {
     auto to_json = [](const balance::Partition& part) {
-      json j;
-      j["tp_width"] = part.tp_width;
-      j["first_unit"] = part.first_unit;
-      j["last_unit"] = part.last_unit;
-      j["first_device"] = part.device_rank;
-      j["predicted_stage_ms"] = part.predicted_stage_ms;
+      json j = layout_json(part, part.tp_width);
       j["bottleneck_ms"] = part.bottleneck_ms;
       j["spread_ms"] = part.spread_ms;
       return j;

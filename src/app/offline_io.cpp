@@ -185,4 +185,12 @@ void write_json_file(const std::string& path, const json& j) {
 }
 
 
+json layout_json(const balance::Partition& split, const std::vector<int>& widths) {
+  return {{"tp_width", widths},
+          {"first_unit", split.first_unit},
+          {"last_unit", split.last_unit},
+          {"first_device", split.device_rank},
+          {"predicted_stage_ms", split.predicted_stage_ms}};
+}
+
 }  // namespace ppb::offline

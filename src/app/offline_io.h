@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "balance/partition.h"
 #include "common/error.h"
 #include "results/run_record.h"
 
@@ -73,5 +74,10 @@ std::string run_objective(const RunRecord& run);
 void check_json_out(const std::string& out, const std::string& input, bool force);
 /// Writes `j` to `path`, indented. @throws ppb::UserError when it cannot be written.
 void write_json_file(const std::string& path, const json& j);
+
+/// A layout's split as the --json outputs of `balance --tp auto` and `plan` give it: tp_width
+/// (`widths`, [S]), first_unit, last_unit, first_device ([S] each) and predicted_stage_ms ([S],
+/// ms in the balancer's objective).
+json layout_json(const balance::Partition& split, const std::vector<int>& widths);
 
 }  // namespace ppb::offline

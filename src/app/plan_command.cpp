@@ -161,21 +161,18 @@ void print_csv(const balance::PlanResult& r, double slo_ttft, double slo_tpot) {
 }
 
 json candidate_json(const balance::PlanCandidate& c) {
-  return {{"layout", c.label},
-          {"tp_width", c.widths},
-          {"groups", c.groups},
-          {"batch", c.batch},
-          {"first_unit", c.split.first_unit},
-          {"last_unit", c.split.last_unit},
-          {"first_device", c.split.device_rank},
-          {"predicted_stage_ms", c.split.predicted_stage_ms},
-          {"predicted_phase_ms", c.phase_ms},
-          {"tokens_per_s", c.tokens_per_s},
-          {"tokens_per_s_per_device", c.tokens_per_s_per_device},
-          {"ttft_p50_ms", c.ttft_p50_ms},
-          {"tpot_p50_ms", c.tpot_p50_ms},
-          {"tokens_per_s_per_user", c.tokens_per_s_per_user},
-          {"busiest_stage", c.bottleneck_stage}};
+  json j = layout_json(c.split, c.widths);
+  j.update({{"layout", c.label},
+            {"groups", c.groups},
+            {"batch", c.batch},
+            {"predicted_phase_ms", c.phase_ms},
+            {"tokens_per_s", c.tokens_per_s},
+            {"tokens_per_s_per_device", c.tokens_per_s_per_device},
+            {"ttft_p50_ms", c.ttft_p50_ms},
+            {"tpot_p50_ms", c.tpot_p50_ms},
+            {"tokens_per_s_per_user", c.tokens_per_s_per_user},
+            {"busiest_stage", c.bottleneck_stage}});
+  return j;
 }
 
 json plan_json(const PlanOptions& opt, const balance::PlanResult& r, const std::optional<balance::PlanResult>& more,
