@@ -13,6 +13,7 @@
 #include "run/options.h"
 #include "run/phase.h"
 #include "run/plan.h"
+#include "run/plan_points.h"
 #include "run/profile_phase.h"
 #include "run/round_hooks.h"
 #include "run/rounds.h"
@@ -69,6 +70,7 @@ int run_phases(run::RunContext& ctx) {
   // complete file and the summary.
   share_measurements(ctx, set);
   compare_with_reference(ctx, set);
+  plan_verdict(ctx);
   cross_calibrate_partitions(ctx);
   ctx.phase("write after the benchmark", [&] { ctx.snapshot("write"); });
   return finish_run(ctx, set);

@@ -181,6 +181,7 @@ std::vector<SimTarget> simulation_targets(const SimulateOptions& opt, const RunR
     t.split.device_rank.resize(S);
     for (int k = 0; k < S; ++k) t.split.device_rank[k] = k;
     t.split.tp_width.assign(S, 1);
+    t.split.groups = run.workload.microbatches;
     for (const PartitionRecord& pr : run.partitions)
       if (pr.measured && balance::compare_splits(balance::partition_of(pr), t.split) == balance::Sameness::identical) {
         t.name = pr.name;
@@ -229,7 +230,7 @@ PartitionMetrics measured_metrics(const PartitionRecord& pr, const std::string& 
 /// the replay of the measured steps and the measurement with the errors (the run's workload only).
 json simulate_target(const SimTarget& t, const balance::Predictor& pred, const RunRecord& run, bool same_workload,
                      const std::string& run_workload, const std::string& input) {
-  const balance::SimConfig& cfg = pred.sim_config();
+  const balance::SimConfig cfg = pred.sim_for(t.split);  // the partition's own M unless -M was given
   const PartitionRecord* pr = t.record;
   const ProfileTable profile =
       pr && !pr->calibration_factor.empty()
@@ -299,9 +300,12 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
               << ": the simulation uses the step times profiled and measured at B=" << wl.batch
               << " (the step time of a B=" << cfg.batch << " step is not measured); -b scales only the tokens "
               << "per step and the activation bytes" << std::endl;
-  const std::vector<SimTarget> targets = simulation_targets(opt, run);
-  for (const SimTarget& t : targets) check_sim_size(cfg, static_cast<size_t>(t.split.num_stages()));
+  std::vector<SimTarget> targets = simulation_targets(opt, run);
   balance::Predictor pred(sim);
+  for (SimTarget& t : targets) {
+    if (opt.microbatches > 0) t.split.groups = 0;  // -M for every partition; else each its own (run --plan)
+    check_sim_size(pred.sim_for(t.split), static_cast<size_t>(t.split.num_stages()));
+  }
   pred.set_eager_sends(cfg.eager_sends);
   std::printf("simulate: %s, M=%d G=%d B=%d, %s, link %s\n", opt.input.c_str(), cfg.groups, cfg.gen_len, cfg.batch,
               cfg.overlap ? "overlap" : "no overlap", link.c_str());
@@ -310,7 +314,8 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
                 "workload and not compared with the prediction, which holds only for the run's own M, G, B and "
                 "overlap)\n", run_workload);
   for (const SimTarget& t : targets)
-    out["partitions"][t.name] = simulate_target(t, pred, sim, same_workload, run_workload, opt.input);
+    out["partitions"][t.name] = simulate_target(
+        t, pred, sim, same_workload && (!t.record || pred.sim_for(t.split).groups == t.record->groups), run_workload, opt.input);
   out["link_bandwidth_GBps"] = sim.link_bandwidth_Bps / 1e9;
   out["link_latency_us"] = sim.link_latency_s * 1e6;
   out["run_workload"] = {{"microbatches", wl.microbatches}, {"gen_len", wl.gen_len}, {"batch", wl.batch},

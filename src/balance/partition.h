@@ -27,6 +27,10 @@ struct Partition {
   /// everywhere, one rank per stage.
   std::vector<int> tp_width;
 
+  /// M request groups in flight this split runs (issue 36: `run --plan` measures one layout at
+  /// several M); 0 = the run's (workload M). Splits of different M are different measurements.
+  int groups = 0;
+
   int num_stages() const { return static_cast<int>(first_unit.size()); }
   int width(int stage) const { return tp_width.empty() ? 1 : tp_width[stage]; }
   /// Whether some stage is wider than one rank.
@@ -62,7 +66,8 @@ enum class Sameness {
   equivalent,  ///< the same stages up to order: equal up to swapping identical devices
 };
 
-/// Whether splits `a` and `b` run the same stages (issue 13, "say what is the same"):
+/// Whether splits `a` and `b` run the same stages (issue 13, "say what is the same") at the same
+/// M (Partition::groups: different M is always different):
 /// identical (first/last units, device order and tensor-parallel widths), or, without tensor
 /// parallelism in either, with `eq` filled, equivalent: a one-to-one
 /// matching of their stages such that matched stages hold the same number of units of every

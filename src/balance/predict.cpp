@@ -24,6 +24,7 @@ Partition partition_of(const PartitionRecord& pr) {
   p.device_rank = pr.device_rank;
   p.tp_width = pr.tp_width;
   if (p.tp_width.size() != p.first_unit.size()) p.tp_width.assign(p.first_unit.size(), 1);
+  p.groups = pr.groups;
   return p;
 }
 
@@ -140,7 +141,7 @@ std::vector<SimStage> Predictor::sim_stages(const Partition& p, const std::vecto
 PhasePrediction Predictor::contended_phases(const Partition& p, const StageSums& sums) const {
   PhasePrediction out;
   try {
-    const auto m = contended_step_times(sim_stages(p, sums.alone), sim_stages(p, sums.together), stage_machines(p), sim_);
+    const auto m = contended_step_times(sim_stages(p, sums.alone), sim_stages(p, sums.together), stage_machines(p), sim_for(p));
     if (!m.converged)
       out.warning = "the contention model did not settle for partition " + p.solver + " in " +
                     std::to_string(m.iterations) + " simulations; its predictions are the last iterate's";
@@ -177,7 +178,7 @@ std::vector<double> Predictor::stage_costs(const Partition& p, const std::vector
 }
 
 PartitionMetrics Predictor::simulate(const Partition& p, const std::vector<double>& phase_ms) const {
-  return simulate_pipeline(sim_stages(p, phase_ms), sim_).metrics;
+  return simulate_pipeline(sim_stages(p, phase_ms), sim_for(p)).metrics;
 }
 
 PartitionRecord Predictor::describe(const Partition& p, const ProfileTable& prof, std::string* warning) const {
@@ -190,6 +191,7 @@ PartitionRecord Predictor::describe(const Partition& p, const ProfileTable& prof
   pr.device_rank = p.device_rank;
   for (int k = 0; k < S; ++k) pr.tp_width.push_back(p.width(k));
   pr.layout = layout_label(pr.tp_width);
+  pr.groups = sim_for(p).groups;
   for (int k = 0; k < S; ++k) pr.handoff_copies.push_back(S == 1 ? 0 : handoff_copies(p.width(k), p.width((k + 1) % S)));
   PhasePrediction phases = predicted_phases(p, prof);
   if (warning) *warning = phases.warning;
@@ -298,7 +300,7 @@ EventShape events_shape(const SimConfig& sim, const std::vector<double>& events,
 std::vector<StepSample> step_samples(const Predictor& pred, PartitionRecord& pr, const StageSums& sums, bool two_passes) {
   const Partition p = partition_of(pr);
   const int S = p.num_stages();
-  const EventShape sh = events_shape(pred.sim_config(), pr.events, S);
+  const EventShape sh = events_shape(pred.sim_for(p), pr.events, S);
   const std::vector<double> share = step_overlap(pr.events, sh, pred.stage_machines(p));
   const auto [over_pre, over_dec] = overlap_of_steps(pr.events, sh, share);
   pr.stage_overlap.clear();
@@ -400,7 +402,7 @@ void cross_calibrate(const Predictor& pred, RunRecord& run, std::vector<std::str
 std::vector<StageMeasurement> stage_measurements(const Predictor& pred, const Partition& p, const ProfileTable& prof,
                                                  const std::vector<double>& events) {
   const int S = p.num_stages();
-  const EventShape sh = events_shape(pred.sim_config(), events, S);
+  const EventShape sh = events_shape(pred.sim_for(p), events, S);
   // Against the profile as measured (an adaptive split's own predictions are from an earlier
   // calibrated table), through the contention model where the profile has two passes: the
   // factors scale both passes of that table.

@@ -59,6 +59,13 @@ class Predictor {
   Objective objective() const { return objective_; }
   /// The simulator's pipeline: the run's M, G, B and overlap.
   const SimConfig& sim_config() const { return sim_; }
+  /// The simulator's pipeline for `p`: sim_config() at p's own M where it has one
+  /// (Partition::groups > 0; `run --plan` measures one layout at several M).
+  SimConfig sim_for(const Partition& p) const {
+    SimConfig s = sim_;
+    if (p.groups > 0) s.groups = p.groups;
+    return s;
+  }
   /// Eager sends in every simulation (`simulate --eager`; the run's pipeline is rendezvous).
   void set_eager_sends(bool eager) { sim_.eager_sends = eager; }
   int ranks() const { return static_cast<int>(device_class_.size()); }

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "results/h5.h"
 #include "results/links_io.h"
+#include "results/plan_io.h"
 #include "results/writer.h"
 
 namespace ppb {
@@ -75,6 +76,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.tp_width = to_int(dataset_or_empty<int64_t>(part, "tp_width"));
   if (p.tp_width.size() != p.first_unit.size()) p.tp_width.assign(p.first_unit.size(), 1);  // older files
   p.layout = attr_or<std::string>(part, "layout", "1");
+  p.groups = attr_or<int>(part, "microbatches", 0);  // 0 in older files: the workload's (read_run)
   p.handoff_copies = to_int(dataset_or_empty<int64_t>(part, "handoff_copies"));
   auto pred = part.open_dataset("predicted_stage_ms");
   p.predicted_stage_ms = pred.read<double>();
@@ -352,8 +354,11 @@ void read_all(const Group& root, RunRecord& run) {
   read_workload(root, run);
   read_ranks(root, run);
   read_links(root, run);
+  read_plan(root, run);
   read_profile(root, run);
   for (const auto& name : partition_names(root, run.reference_partition)) run.partitions.push_back(read_partition(root, name));
+  for (PartitionRecord& p : run.partitions)
+    if (p.groups <= 0) p.groups = run.workload.microbatches;
   run.round_gap_s = dataset_or_empty<double>(root, "rounds/gap_s");
 }
 

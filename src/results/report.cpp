@@ -90,7 +90,7 @@ std::vector<ReportRow> report_rows(const std::string& file, const RunRecord& run
     r.batch = run.workload.batch;
     r.prompt_len = run.workload.prompt_len;
     r.gen_len = run.workload.gen_len;
-    r.microbatches = run.workload.microbatches;
+    r.microbatches = partition_groups(run, p);
     r.tokens_per_s = metric(p, "tokens_per_s");
     r.decode_tokens_per_s = metric(p, "decode_tokens_per_s");
     r.ttft_p50_ms = metric(p, "ttft_p50_ms");

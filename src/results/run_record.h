@@ -127,6 +127,10 @@ struct PartitionRecord {
   std::vector<int> tp_width;
   /// The layout as --tp spells it: "1" (one rank per stage), "2", "2,1,1".
   std::string layout = "1";
+  /// M request groups in flight this partition ran (/partitions/<name> attribute microbatches):
+  /// the workload's, or its own for `run --plan`'s points (issue 36); the events' and tokens'
+  /// group axis. 0 only before it is filled (the reader fills the workload's for older files).
+  int groups = 0;
   /// [S] copies of each item's output that one sending rank of stage k sends (the hand-off to
   /// stage k + 1; for the last stage, the token return to stage 0): ceil(width(k+1) / width(k))
   /// (pipeline.h layout_placement); each link carries one copy. Empty in older files.
@@ -239,6 +243,35 @@ inline constexpr const char* kLegacyReferencePartition = "uniform";
 /// against uniform is what the machine's noise alone makes of two identical splits).
 inline constexpr const char* kControlPartition = "uniform_control";
 
+/// `run --plan K` (issue 36): the planner's search on the run's own profile for its ranks, every
+/// candidate it evaluated, its Pareto front, the points measured and the verdict (/plan).
+struct PlanRecord {
+  int devices = 0;  ///< N searched (the run's ranks); 0 = no plan in this run
+  int points = 0;   ///< K asked for (--plan K)
+  std::string mode;  ///< balance::PlanResult::mode
+  int64_t layouts_possible = 0, layouts_evaluated = 0, infeasible = 0, pruned = 0;
+  /// One row per (layout, M) candidate simulated, in search order.
+  struct Candidate {
+    std::string label;   ///< "PP2 M4", "TP2 M1" (balance::plan_label)
+    std::string widths;  ///< the layout as --tp spells it: "1,1", "2"
+    std::string counts;  ///< units per stage: "15,15"
+    int groups = 0, batch = 0;
+    double tokens_per_s = 0, tokens_per_s_per_device = 0, ttft_p50_ms = 0, tpot_p50_ms = 0, tokens_per_s_per_user = 0;
+    int bottleneck_stage = 0;
+    bool on_front = false;
+    std::string measured_as;  ///< the partition that measured it ("" = not measured)
+  };
+  std::vector<Candidate> candidates;
+  std::vector<int> front;   ///< indices into candidates, tokens/s per user descending
+  std::string curve_layout;  ///< the widths of the layout whose M curve was measured (strategy 3)
+  /// The verdict: the measured point the planner predicted best (most tokens/s), the one that
+  /// measured best, and whether they are the same or the predicted best's tokens/s is within the
+  /// paired 95% CI of the measured best's (1/0; -1 = not decided: fewer than two points).
+  std::string predicted_best, measured_best;
+  int best_within_ci = -1;
+  PairedComparison best_cmp;  ///< predicted best / measured best, paired by round
+};
+
 struct RunRecord {
   std::string ppbench_version, created_utc, command_line, backend, transport, mpi_version, hdf5_version;
   std::string slurm_job_id, slurm_job_name, slurm_nodelist, slurm_array_task_id;
@@ -318,6 +351,7 @@ struct RunRecord {
   std::string adaptive_status;
   /// --tp auto: the widths the balancer chose ("2,1,1"; "" without it).
   std::string tp_auto_layout;
+  PlanRecord plan;  ///< --plan K (plan.devices = 0 without it)
   /// MoE (/moe): tokens routed to each expert [layers][experts] row-major (rows: the model's
   /// layers, then its MTP modules when run; dense layers 0) in partition expert_tokens_partition's
   /// last timed repetition; empty without MoE layers. expert_skew: --expert-skew.
@@ -326,5 +360,10 @@ struct RunRecord {
   std::string expert_tokens_partition;
   double expert_skew = 0.0;
 };
+
+/// The M partition `p` of `run` ran: its own (PartitionRecord::groups) or the workload's.
+inline int partition_groups(const RunRecord& run, const PartitionRecord& p) {
+  return p.groups > 0 ? p.groups : run.workload.microbatches;
+}
 
 }  // namespace ppb

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/stats.h"
 #include "common/transfer.h"
+#include "results/plan_summary.h"
 #include "results/conditions.h"
 
 namespace ppb {
@@ -670,6 +671,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   for (const auto& p : run.partitions) print_partition(os, run, p);
   print_balance_gain(os, run);
   print_layouts(os, run);
+  print_plan(os, run);
   for (const auto& p : run.partitions) {
     if (p.name != kControlPartition || (p.gain_verdict != "faster" && p.gain_verdict != "slower")) continue;
     os << "WARNING: the A/A control (the uniform split benchmarked twice) differs significantly from uniform: "

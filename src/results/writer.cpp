@@ -11,6 +11,7 @@
 #include "results/conditions.h"
 #include "results/h5.h"
 #include "results/links_io.h"
+#include "results/plan_io.h"
 #include "results/summary.h"
 
 namespace ppb {
@@ -61,7 +62,7 @@ template <class Fn>
 void for_each_benchmark_rows(const RunRecord& run, const PartitionRecord& p, Fn&& fn) {
   const auto& w = run.workload;
   const hs S = p.first_unit.size();
-  fn("events", p.events, std::vector<hs>{static_cast<hs>(w.microbatches), static_cast<hs>(w.gen_len + 1), S, 6},
+  fn("events", p.events, std::vector<hs>{static_cast<hs>(partition_groups(run, p)), static_cast<hs>(w.gen_len + 1), S, 6},
      SetAttrs([](h5::Dataset& ev) {
        ev.set_attr("units", "s");
        ev.set_attr("clock", "rank 0 CLOCK_MONOTONIC, seconds since the run started (ranks mapped by clock_offset_s)");
@@ -362,7 +363,7 @@ void write_validation(Group& root, const RunRecord& run, const PartitionRecord& 
   val.set_attr("checksum", p.checksum);
   val.set_attr("reference_checksum", p.reference_checksum);
   val.set_attr("reference", "serialized run: one lane per stage, a barrier after every item");
-  std::vector<hs> tdims{static_cast<hs>(w.microbatches), static_cast<hs>(w.gen_len + 1), static_cast<hs>(w.batch)};
+  std::vector<hs> tdims{static_cast<hs>(partition_groups(run, p)), static_cast<hs>(w.gen_len + 1), static_cast<hs>(w.batch)};
   if (p.tokens.size() == tdims[0] * tdims[1] * tdims[2]) val.write_dataset("tokens", p.tokens, tdims);
   if (p.reference_tokens.size() == tdims[0] * tdims[1] * tdims[2])
     val.write_dataset("reference_tokens", p.reference_tokens, tdims);
@@ -417,6 +418,7 @@ void write_split(Group& root, const RunRecord& run, const PartitionRecord& p) {
     tw.set_attr("content", "tensor-parallel width of each stage: stage k runs on ranks device_rank[k] .. "
                            "device_rank[k] + tp_width[k] - 1");
     part.set_attr("layout", p.layout);
+    part.set_attr("microbatches", static_cast<int64_t>(partition_groups(run, p)));
     if (p.handoff_copies.size() == S) {
       auto hc = part.write_dataset("handoff_copies", p.handoff_copies);
       hc.set_attr("content", "copies of each item's output one rank of stage k sends to stage k + 1 (the last stage: "
@@ -739,6 +741,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   write_ranks(root, run.ranks);
   write_links(root, run);
   write_profile(root, run, !complete);
+  write_plan(root, run);
 
   for (const auto& part : run.partitions) write_partition(root, run, part, !complete);
   if (!run.round_gap_s.empty()) {

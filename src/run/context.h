@@ -33,6 +33,9 @@ struct MeasurePlan {
   std::vector<std::vector<int>> layouts;
   bool tp_auto = false;
   std::vector<int> auto_widths;
+  /// --plan K: the planner's K front points are added to the uniform split (run/plan_points.h);
+  /// auto_widths are profiled for its layouts.
+  int plan_points = 0;
 };
 
 /// Facts about the ranks, from start-up on.

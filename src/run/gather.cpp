@@ -16,22 +16,24 @@ namespace {
 /// Issue 14's bound on the final-hidden-state checksum across layouts (fp32, sums reordered).
 constexpr double kLayoutChecksumTol = 1e-4;
 
-/// Doubles of one repetition of one stage: [M][G+1][kNumEvents].
-size_t rep_events(const Workload& w) { return static_cast<size_t>(w.groups) * (w.gen_len + 1) * kNumEvents; }
+/// Doubles of one repetition of one stage of partition `p`: [M][G+1][kNumEvents] (its own M).
+size_t rep_events(const RunContext& ctx, const balance::Partition& p) {
+  return static_cast<size_t>(partition_groups(ctx, p)) * (ctx.workload.gen_len + 1) * kNumEvents;
+}
 
 /// Appends repetition `rep` of every stage (their ranks' slices `slice[k]`, this rank's clock) to
 /// partition record `pr`'s events on rank 0's clock, and its per-repetition metrics.
 void append_repetition(const RunContext& ctx, const balance::Partition& p, PartitionRecord& pr,
                        const std::vector<const double*>& slice, int round) {
   const Workload& w = ctx.workload;
-  const int S = p.num_stages(), steps = w.gen_len + 1;
-  const EventShape one{1, w.groups, steps, S};
-  std::vector<double> events(rep_events(w) * S, std::nan(""));
+  const int S = p.num_stages(), steps = w.gen_len + 1, M = partition_groups(ctx, p);
+  const EventShape one{1, M, steps, S};
+  std::vector<double> events(rep_events(ctx, p) * S, std::nan(""));
   // A tensor-parallel stage's timeline is its first rank's (the group computes in lockstep).
   for (int k = 0; k < S; ++k) {
     const int r = p.device_rank[k];
     const double shift = ctx.cluster.clock_offsets_s[r] + ctx.record().run_start_s;
-    for (int g = 0; g < w.groups; ++g)
+    for (int g = 0; g < M; ++g)
       for (int t = 0; t < steps; ++t)
         for (int x = 0; x < kNumEvents; ++x)
           events[one.index(0, g, t, k, x)] = slice[k][(static_cast<size_t>(g) * steps + t) * kNumEvents + x] - shift;
@@ -103,16 +105,20 @@ void validate_record(RunContext& ctx, const balance::Partition& p, PartitionReco
   pr.checksum_match = pr.validated && pr.checksum == pr.reference_checksum;
   // Across partitions and layouts: the same tokens, and the same final hidden states but for the
   // order of the tensor-parallel sums (fp32: within kLayoutChecksumTol relative).
+  // Group g's prompts depend on (seed, g) alone (pipeline.cpp prompt_token), so partitions of
+  // different M (`run --plan`) compare the groups both ran: the tokens are [M][G+1][B], the
+  // common groups their first rows.
   const PartitionRecord& first = ctx.record().partitions[0];
+  const size_t common = std::min(pr.tokens.size(), first.tokens.size());
   pr.tokens_differing_first_partition = 0;
-  for (size_t i = 0; i < pr.tokens.size(); ++i)
-    pr.tokens_differing_first_partition += i >= first.tokens.size() || pr.tokens[i] != first.tokens[i] ? 1 : 0;
+  for (size_t i = 0; i < common; ++i) pr.tokens_differing_first_partition += pr.tokens[i] != first.tokens[i] ? 1 : 0;
+  const bool same_tokens = std::equal(pr.tokens.begin(), pr.tokens.begin() + static_cast<std::ptrdiff_t>(common), first.tokens.begin());
   pr.checksum_rel_diff_first_partition = first.checksum != 0.0 ? std::fabs(pr.checksum / first.checksum - 1.0) : 0.0;
   // Judged in f32 and within a layout (the same sums in the same order); across layouts in
   // f16/bf16 the reordered sums round at 2^-8: reported, not judged.
   const bool judged = ctx.workload.dtype == DType::f32 || pr.layout == first.layout;
   pr.tokens_match_first_partition =
-      group_agrees && (!judged || (pr.tokens == first.tokens && pr.checksum_rel_diff_first_partition <= kLayoutChecksumTol));
+      group_agrees && (!judged || (same_tokens && (pr.groups != first.groups || pr.checksum_rel_diff_first_partition <= kLayoutChecksumTol)));
 }
 
 /// Rank 0: every metric of DESIGN.md §3 of partition `pr` from all its events, and the
@@ -120,7 +126,7 @@ void validate_record(RunContext& ctx, const balance::Partition& p, PartitionReco
 void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRecord& pr) {
   const Workload& w = ctx.workload;
   const int S = p.num_stages();
-  const EventShape sh{static_cast<int>(pr.rep_round.size()), w.groups, w.gen_len + 1, S};
+  const EventShape sh{static_cast<int>(pr.rep_round.size()), partition_groups(ctx, p), w.gen_len + 1, S};
   const auto m = compute_metrics(pr.events, sh, w.batch, w.gen_len);
   pr.stage_compute_ms.clear();
   pr.measured_stage_ms.clear();
@@ -163,13 +169,13 @@ void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRec
 }  // namespace
 
 void gather_round(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& benches) {
-  const size_t per_rep = rep_events(ctx.workload);
   // Each bench's new repetitions and their offset in every rank's message (every rank took the
   // same turns, so the offsets are the same on every rank).
   std::vector<size_t> fresh(benches.size()), offset(benches.size());
   std::vector<double> mine;  // each bench's new repetitions, in bench order
   for (size_t i = 0; i < benches.size(); ++i) {
     const Bench& b = benches[i];
+    const size_t per_rep = rep_events(ctx, set.splits[b.pi]);
     const size_t have = b.rec.events.size() / per_rep;
     if (have < b.reps_gathered) throw InternalError("gather_round: a partition lost repetitions");
     fresh[i] = have - b.reps_gathered;
@@ -181,6 +187,7 @@ void gather_round(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& 
     Bench& b = benches[i];
     if (ctx.root) {
       const balance::Partition& p = set.splits[b.pi];
+      const size_t per_rep = rep_events(ctx, p);
       for (size_t j = 0; j < fresh[i]; ++j) {
         std::vector<const double*> slice;
         for (int k = 0; k < p.num_stages(); ++k) slice.push_back(all[p.device_rank[k]].data() + offset[i] + j * per_rep);

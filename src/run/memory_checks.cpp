@@ -102,7 +102,7 @@ void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set) {
       const StagePlacement place = set.placement(p, ctx.mpi.rank());
       const int k = place.stage;
       // Exactly what the stage allocates (CUDA or CPU), scratch included: this rank's shard.
-      const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], ctx.workload.groups, place.tp_width, place.tp_rank);
+      const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], partition_groups(ctx, p), place.tp_width, place.tp_rank);
       if (b.total() > ctx.cluster.memory_limit) {
         std::ostringstream os;
         os << "partition " << p.solver << ": stage " << k << " (units " << ctx.spec.units[p.first_unit[k]].name << ".."
@@ -135,6 +135,8 @@ size_t tp_groups_held_at_once(const RunContext& ctx) {
   size_t layouts = 0;
   for (const auto& widths : ctx.plan.layouts) layouts += width_of(widths) > 1 ? 1 : 0;
   if (ctx.plan.tp_auto && !ctx.plan.auto_widths.empty()) ++layouts;
+  // --plan: its K points and its curve (at most 8) may each put this rank in a wide stage.
+  if (ctx.plan.plan_points > 0 && !ctx.plan.auto_widths.empty()) layouts += static_cast<size_t>(ctx.plan.plan_points) + 8;
   return layouts * ctx.plan.methods.size();
 }
 

@@ -89,6 +89,11 @@ RunOptions parse_run_options(const RunFlags& f) {
     if (t == "auto") o.tp_auto = true;
     else o.layouts.push_back(t);
   }
+  check_range("--plan", f.plan, 0, 16);
+  o.plan_points = f.plan;
+  if (o.plan_points > 0 && (f.partition != "both" || f.tp != std::vector<std::string>{"1"}))
+    throw UserError("--plan " + std::to_string(f.plan) + " chooses the partitions itself (the planner's front points "
+                    "and the uniform split as the reference): drop --partition and --tp");
   o.warmup = f.warmup;
   o.iters = f.iters;
   o.target_ci_pct = f.target_ci_pct;

@@ -27,6 +27,7 @@ struct RunFlags {
   std::string objective = "workload";
   std::string order = "rank";
   std::vector<std::string> tp = {"1"};
+  int plan = 0;  ///< --plan K: measure the planner's K best front points (0 = off)
   int warmup = 1;
   int iters = 2;
   double target_ci_pct = 5;
@@ -95,6 +96,10 @@ struct RunOptions {
   /// at start-up; tp_auto: --tp auto (the balancer adds the layout it picks).
   std::vector<std::string> layouts = {"1"};
   bool tp_auto = false;
+  /// --plan K (issue 36): the planner's search on this run's profile for its ranks (every layout,
+  /// M = 1 .. 2S), and the K front points with the most predicted tokens/s, the chosen layout's
+  /// curve over M and the uniform split measured in the rounds; 0 = off.
+  int plan_points = 0;
   int warmup = 1, iters = 2;         ///< untimed and (at least) timed repetitions per partition
   double target_ci_pct = 5;          ///< 0 = exactly --iters rounds
   double max_time_s = 120;

@@ -10,6 +10,7 @@
 #include "balance/problem.h"
 #include "common/format.h"
 #include "run/memory_checks.h"
+#include "run/plan_points.h"
 
 namespace ppb::run {
 
@@ -37,6 +38,7 @@ void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>
       flat.insert(flat.end(), p.first_unit.begin(), p.first_unit.end());
       flat.insert(flat.end(), p.device_rank.begin(), p.device_rank.end());
       for (int k = 0; k < S; ++k) flat.push_back(p.width(k));
+      flat.push_back(p.groups);
       names += p.solver + "\n";
     }
   mpi.bcast_ints(flat);
@@ -56,6 +58,7 @@ void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>
       p.tp_width.push_back(flat.at(at + 2 * S + k));
     }
     at += 3 * static_cast<size_t>(S);
+    p.groups = flat.at(at++);
     parts.push_back(std::move(p));
   }
 }
@@ -119,8 +122,16 @@ std::vector<balance::Partition> solve_partitions(RunContext& ctx) {
       balance::Partition p = pp ? balance::make_split(prob, req) : balance::make_layout_split(lp, req, widths);
       p.solver = balance::method_name(method) + balance::layout_suffix(widths);
       if (p.tp_width.empty()) p.tp_width.assign(p.num_stages(), 1);
+      p.groups = ctx.workload.groups;
       parts.push_back(std::move(p));
     }
+  }
+  if (ctx.plan.plan_points > 0) {
+    const std::vector<int>& classes = ctx.cluster.equivalence.device_class;
+    if (!std::all_of(classes.begin(), classes.end(), [&](int c) { return c == classes[0]; }))
+      ctx.progress.say("--plan: note: the ranks differ; the planner lays out devices like rank 0's");
+    std::vector<balance::Partition> more = plan_points(ctx);
+    parts.insert(parts.end(), more.begin(), more.end());
   }
   return parts;
 }
@@ -168,8 +179,9 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
   pr.validated = false;  // until its serialized run, after the rounds (gather_final)
   const int S = p.num_stages();
   const Workload& w = ctx.workload;
+  const int M = partition_groups(ctx, p);
   for (int k = 0; k < S; ++k) {
-    const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], w.groups, p.width(k), 0);  // the group's first shard
+    const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], M, p.width(k), 0);  // the group's first shard
     pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
     pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
   }
@@ -180,10 +192,10 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
     for (int k = 0; k < S; ++k) {
       const int d = p.device_rank[k];
       net[d] = std::max<int64_t>(1, static_cast<int64_t>(ctx.cluster.memory_limits[d]) -
-                                        static_cast<int64_t>(stage_bytes(ctx, p.first_unit[k], p.last_unit[k], w.groups).scratch));
+                                        static_cast<int64_t>(stage_bytes(ctx, p.first_unit[k], p.last_unit[k], M).scratch));
     }
     const auto mr = balance::memory_report(p, prof.unit_weight_bytes, prof.unit_kv_bytes,
-                                           int64_t(w.groups) * w.batch * w.max_context(), net);
+                                           int64_t(M) * w.batch * w.max_context(), net);
     ctx.progress.say("memory of partition " + p.solver + " (limits: " + limit_origin(ctx) +
                      ", net of each stage's activation scratch):\n" + balance::format_memory_report(mr));
   }

@@ -37,9 +37,15 @@ class PartitionSet {
   bool measured_alone(size_t i, const balance::SplitEquivalence& eq) const;
 };
 
+/// The M partition `p` runs: its own (balance::Partition::groups, `run --plan`'s points) or the
+/// run's (workload groups).
+inline int partition_groups(const RunContext& ctx, const balance::Partition& p) {
+  return p.groups > 0 ? p.groups : ctx.workload.groups;
+}
+
 /// The one MPI codec of partitions: rank 0's `parts` to every rank (its splits, layouts and
 /// names). Collective; on the other ranks `parts` is replaced.
-/// Encoding: per partition S, then S first units, S device ranks, S widths; names one per line.
+/// Encoding: per partition S, then S first units, S device ranks, S widths, M; names one per line.
 void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>& parts, int units);
 
 /// The plan phase: rank 0 solves each --partition split of each layout (and --tp auto's layout:

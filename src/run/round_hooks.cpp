@@ -119,6 +119,7 @@ std::vector<balance::Partition> AdaptiveHook::solve(RunContext& ctx, const Parti
   req.stages = ctx.ranks;
   req.order = ctx.opt.order;
   balance::Partition p = balance::make_split(balance::problem_from_run(calibrated, ctx.opt.objective), req);
+  p.groups = ctx.workload.groups;  // compared with the run's splits at the run's M
   for (const balance::Partition& q : set.splits) {
     if (balance::compare_splits(q, p, ctx.cluster.equivalence) != balance::Sameness::different) {
       pending_ = false;
@@ -132,6 +133,7 @@ std::vector<balance::Partition> AdaptiveHook::solve(RunContext& ctx, const Parti
   if (solves_ >= kMaxSolves) pending_ = false;  // this one is the last
   p.solver = next_adaptive_name(set);
   p.tp_width.assign(p.num_stages(), 1);
+  p.groups = ctx.workload.groups;
   PartitionRecord pr = describe_partition(ctx, p, calibrated.profile);
   pr.calibration_factor = factors;
   pr.calibrated_from = from;

@@ -33,12 +33,14 @@ namespace {
 size_t stage_total_bytes(const RunContext& ctx, const balance::Partition& p) {
   const StagePlacement place = PartitionSet::placement(p, ctx.mpi.rank());
   const int k = place.stage;
-  return stage_bytes(ctx, p.first_unit[k], p.last_unit[k], ctx.workload.groups, place.tp_width, place.tp_rank).total();
+  return stage_bytes(ctx, p.first_unit[k], p.last_unit[k], partition_groups(ctx, p), place.tp_width, place.tp_rank).total();
 }
 
-PipelineConfig pipeline_config(const RunContext& ctx) {
+/// The pipeline of partition `p`: the run's workload at p's M.
+PipelineConfig pipeline_config(const RunContext& ctx, const balance::Partition& p) {
   PipelineConfig pc;
   pc.work = ctx.workload;
+  pc.work.groups = partition_groups(ctx, p);
   pc.warmup = ctx.opt.warmup;
   pc.iters = ctx.opt.iters;
   pc.vocab = ctx.spec.vocab;
@@ -50,7 +52,7 @@ void build_stage(RunContext& ctx, const PartitionSet& set, Bench& b) {
   const balance::Partition& p = set.splits[b.pi];
   ctx.phase("build of partition " + p.solver, [&] {
     b.stage = ctx.device->create_stage(ctx.spec, p.first_unit[b.place.stage], p.last_unit[b.place.stage],
-                                       stage_config(ctx, ctx.workload.groups, b.place.tp_width, b.place.tp_rank, b.tp.get()));
+                                       stage_config(ctx, partition_groups(ctx, p), b.place.tp_width, b.place.tp_rank, b.tp.get()));
   });
 }
 
@@ -72,7 +74,7 @@ void append_record(StageRecord& to, const StageRecord& one) {
 void take_turn(RunContext& ctx, const PartitionSet& set, Bench& b, int round) {
   const balance::Partition& p = set.splits[b.pi];
   if (!b.stage) build_stage(ctx, set, b);
-  PipelineConfig pc = pipeline_config(ctx);
+  PipelineConfig pc = pipeline_config(ctx, p);
   pc.iters = 1;
   pc.warmup = b.resident && b.warmed ? 0 : ctx.opt.warmup;
   StageRecord one;
@@ -266,7 +268,7 @@ void validate_benches(RunContext& ctx, const PartitionSet& set, std::vector<Benc
     const balance::Partition& p = set.splits[b.pi];
     if (!b.stage) build_stage(ctx, set, b);
     ctx.phase("validation of partition " + p.solver, [&] {
-      PipelineConfig vc = pipeline_config(ctx);
+      PipelineConfig vc = pipeline_config(ctx, p);
       vc.warmup = 0;
       vc.iters = 1;
       vc.mode = LaneMode::serialized;

@@ -109,7 +109,9 @@ void resolve_layouts(const RunOptions& opt, const model::ModelSpec& spec, int ra
     if (std::find(plan.layouts.begin(), plan.layouts.end(), widths) == plan.layouts.end()) plan.layouts.push_back(widths);
   }
   if (plan.layouts.empty() && !plan.tp_auto) plan.layouts.push_back(std::vector<int>(ranks, 1));
-  for (int w = 2; plan.tp_auto && w <= ranks; ++w)
+  // --plan profiles every width the heads allow, as --tp auto does, for the planner's layouts.
+  const bool widths_wanted = plan.tp_auto || opt.plan_points > 0;
+  for (int w = 2; widths_wanted && w <= ranks; ++w)
     if (tp_unsupported_reason(spec, w).empty()) plan.auto_widths.push_back(w);
   if (plan.tp_auto && plan.auto_widths.empty() && ranks >= 2)
     throw UserError("--tp auto: no width from 2 to " + std::to_string(ranks) + " splits " + opt.model_path + " (width 2: " +
@@ -363,6 +365,11 @@ void start_up(RunContext& ctx) {
     MeasurePlan& plan = ctx.plan;
     plan.methods = opt.partition.methods;
     plan.adaptive = opt.partition.adaptive;  // solved during the benchmark, not now
+    plan.plan_points = opt.plan_points;
+    if (plan.plan_points > 0) {  // the reference: uniform at the default layout; the rest from the planner
+      plan.methods = {balance::Method::uniform};
+      plan.adaptive = false;
+    }
     // One rank has one split (all units): benchmarking it twice would only measure noise.
     if (ctx.ranks == 1) {
       plan.methods.resize(1);
