@@ -239,6 +239,8 @@ std::vector<double> Predictor::predict_again(const Partition& p, const std::vect
   metrics[prefix + "tokens_per_s"] = sim.tokens_per_s;
   metrics[prefix + "decode_tokens_per_s"] = sim.decode_tokens_per_s;
   metrics[prefix + "decode_error"] = measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+  metrics[prefix + "ttft_p50_ms"] = sim.ttft_p50_ms;
+  metrics[prefix + "tpot_p50_ms"] = sim.tpot_p50_ms;
   return cost;
 }
 
@@ -261,6 +263,8 @@ void add_simulated_metrics(const Predictor& pred, const Partition& p, PartitionR
     pr.metrics["simulated_decode_tokens_per_s"] = sim.decode_tokens_per_s;
     pr.metrics["simulated_decode_error"] =
         measured_decode_tok_s > 0 ? sim.decode_tokens_per_s / measured_decode_tok_s - 1.0 : 0.0;
+    pr.metrics["simulated_ttft_p50_ms"] = sim.ttft_p50_ms;
+    pr.metrics["simulated_tpot_p50_ms"] = sim.tpot_p50_ms;
   } catch (const std::exception& e) {
     warnings.push_back("the simulator failed for partition " + p.solver + ": " + e.what());
   }

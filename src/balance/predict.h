@@ -112,7 +112,8 @@ class Predictor {
   /// The stage bytes (device-specific) are left to the caller. `warning`: as PhasePrediction's.
   PartitionRecord describe(const Partition& p, const ProfileTable& prof, std::string* warning = nullptr) const;
 
-  /// Stores `<prefix>tokens_per_s`, `<prefix>decode_tokens_per_s` and `<prefix>decode_error`
+  /// Stores `<prefix>tokens_per_s`, `<prefix>decode_tokens_per_s`, `<prefix>ttft_p50_ms`,
+  /// `<prefix>tpot_p50_ms` and `<prefix>decode_error`
   /// (against `measured_decode_tok_s`; 0 where that is not > 0) of the simulation of `p` from
   /// `phase_ms` in `metrics`, and returns stage_costs of `phase_ms`.
   /// @throws what simulate_pipeline throws.
@@ -142,7 +143,8 @@ Partition partition_of(const PartitionRecord& pr);
 std::optional<ProfileTable> rounds_profile(const RunRecord& run);
 
 /// The simulator's predictions of a measured partition stored beside its measurement:
-/// simulated_{tokens_per_s, decode_tokens_per_s, decode_error} from pr.predicted_phase_ms, and,
+/// simulated_{tokens_per_s, decode_tokens_per_s, ttft_p50_ms, tpot_p50_ms, decode_error} from
+/// pr.predicted_phase_ms, and,
 /// where the run took profile cycles between rounds (`seen`, rounds_profile) and `p` has one rank
 /// per stage, predicted_{phase,stage}_rounds_ms and simulated_rounds_*. A failing prediction
 /// costs only itself: its message is appended to `warnings`.

@@ -52,7 +52,8 @@ void print_front(std::ostream& os, const PlanRecord& plan) {
 
 void print_measured(std::ostream& os, const RunRecord& run) {
   const PlanRecord& plan = run.plan;
-  os << "plan: measured points, predicted (before the rounds) / measured, error = predicted / measured - 1:\n";
+  os << "plan: measured points, predicted (the planner's, before the rounds; then, where there is one, cross-calibrated "
+        "from the other points' stages measured in the same rounds) / measured, error = predicted / measured - 1:\n";
   char line[320];
   std::snprintf(line, sizeof(line), "  %-20s %-6s %3s %-26s %-26s %-26s %s\n", "point", "widths", "M", "tokens/s",
                 "TTFT p50 ms", "TPOT p50 ms", ("tokens/s vs " + run.reference_partition).c_str());
@@ -71,6 +72,12 @@ void print_measured(std::ostream& os, const RunRecord& run) {
                   pair_text("%7.1f", c.ttft_p50_ms, metric(*p, "ttft_p50_ms")).c_str(),
                   pair_text("%6.2f", c.tpot_p50_ms, metric(*p, "tpot_p50_ms")).c_str(), gain.c_str(),
                   c.on_front ? "" : "  (curve)");
+    os << line;
+    if (!p->metrics.count("simulated_cross_ttft_p50_ms")) continue;  // one rank per stage, calibrated by the others
+    std::snprintf(line, sizeof(line), "  %-20s %-6s %3s %-26s %-26s %-26s\n", "  cross-calibrated", "", "",
+                  pair_text("%8.1f", metric(*p, "simulated_cross_tokens_per_s"), metric(*p, "tokens_per_s")).c_str(),
+                  pair_text("%7.1f", metric(*p, "simulated_cross_ttft_p50_ms"), metric(*p, "ttft_p50_ms")).c_str(),
+                  pair_text("%6.2f", metric(*p, "simulated_cross_tpot_p50_ms"), metric(*p, "tpot_p50_ms")).c_str());
     os << line;
   }
 }
