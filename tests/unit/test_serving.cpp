@@ -1,0 +1,303 @@
+// The serving scenario's pure parts (issue 37): arrivals against vLLM's definition and an
+// independent reference, length specs, both trace formats, the metrics against hand-computed
+// per-request times, and the continuous-batching scheduler on hand-made schedules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "serving/arrivals.h"
+#include "serving/trace.h"
+#include "user_error_of.h"
+
+namespace ppb::serving {
+namespace {
+
+using ppb::test::error_of;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// ---- arrivals -------------------------------------------------------------------------------
+
+// Mean gap and squared coefficient of variation of n Gamma(K, theta = 1/(R K)) gaps: the mean is
+// 1/R and CV^2 = 1/K. Tolerances are 5 standard errors of each estimator for this n:
+//  - mean: SE = sigma / sqrt(n) with sigma = sqrt(K) theta = (1/R) / sqrt(K).
+//  - CV^2 = s^2 / xbar^2, by the delta method: Var(c^)/c^2 = Var(s^2)/sigma^4
+//    + 4 Var(xbar)/mu^2 - 4 Cov(s^2, xbar)/(sigma^2 mu), with Gamma's moments mu = K theta,
+//    sigma^2 = K theta^2, mu3 = 2 K theta^3, excess kurtosis 6/K: Var(s^2)/sigma^4 = (2 + 6/K)/n,
+//    Var(xbar)/mu^2 = 1/(K n), Cov(s^2, xbar) = mu3 / n gives 2/(K n); so the relative SE of
+//    CV^2 is sqrt((2 + 2/K) / n) (K = 0.5, n = 200,000: 0.55%, 5 SE = 2.7%).
+TEST(ServingArrivals, GapsHaveMeanOneOverRateAndCv2OneOverShape) {
+  const int n = 200000;
+  const double rate = 8.0;
+  for (double k : {0.5, 1.0, 4.0}) {
+    std::mt19937_64 rng(42);
+    const std::vector<double> gaps = draw_gaps({rate, k, true}, n, rng);
+    ASSERT_EQ(gaps.size(), static_cast<std::size_t>(n));
+    const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / n;
+    double ss = 0.0;
+    for (double g : gaps) ss += (g - mean) * (g - mean);
+    const double var = ss / (n - 1);
+    const double cv2 = var / (mean * mean);
+    const double mean_se = (1.0 / rate) / std::sqrt(k) / std::sqrt(static_cast<double>(n));
+    EXPECT_NEAR(mean, 1.0 / rate, 5 * mean_se) << "K = " << k;
+    const double cv2_se = (1.0 / k) * std::sqrt((2.0 + 2.0 / k) / n);
+    EXPECT_NEAR(cv2, 1.0 / k, 5 * cv2_se) << "K = " << k;
+  }
+}
+
+// An independent implementation of vLLM's get_request: gamma(shape = K, scale = 1/(R K)) with
+// the same engine and seed, running sums, and the rescale to N / R.
+TEST(ServingArrivals, EqualsAnIndependentReferenceOfVllmsDefinition) {
+  const double rate = 3.5, k = 0.7;
+  const int n = 500;
+  ScenarioSpec spec;
+  spec.arrivals = {rate, k, /*rescale_to_rate=*/false};
+  spec.requests = n;
+  spec.prompt_lens = parse_length_spec("fixed:16", "--prompt-lens");
+  spec.gen_lens = parse_length_spec("fixed:4", "--gen-lens");
+  spec.max_prompt_len = spec.max_gen_len = 64;
+  spec.seed = 1234;
+
+  std::mt19937_64 ref_rng(1234);
+  std::gamma_distribution<double> ref_gamma(k, 1.0 / (rate * k));
+  std::vector<double> ref_gaps(n), ref(n);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) {
+    ref_gaps[i] = ref_gamma(ref_rng);
+    ref[i] = sum += ref_gaps[i];
+  }
+
+  std::mt19937_64 rng(1234);
+  const std::vector<double> gaps = draw_gaps(spec.arrivals, n, rng);
+  const std::vector<Request> raw = generate_requests(spec);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(raw[i].arrival_s, ref[i]) << i;  // bitwise: same engine, same distribution
+    ASSERT_EQ(gaps[i], ref_gaps[i]) << i;
+  }
+  EXPECT_GT(raw[0].arrival_s, 0.0);  // one gap before the first request, as in vLLM
+
+  spec.arrivals.rescale_to_rate = true;
+  const std::vector<Request> scaled = generate_requests(spec);
+  const double factor = (n / rate) / ref.back();
+  for (int i = 0; i < n; ++i) ASSERT_EQ(scaled[i].arrival_s, ref[i] * factor) << i;
+  EXPECT_NEAR(scaled.back().arrival_s, n / rate, 1e-12 * n / rate);
+}
+
+TEST(ServingArrivals, SameSeedSameRequestsOtherSeedOthers) {
+  ScenarioSpec spec;
+  spec.arrivals = {2.0, 1.0, true};
+  spec.requests = 64;
+  spec.prompt_lens = parse_length_spec("lognormal:128,0.8", "--prompt-lens");
+  spec.gen_lens = parse_length_spec("uniform:1,64", "--gen-lens");
+  spec.max_prompt_len = 512;
+  spec.max_gen_len = 64;
+  spec.seed = 7;
+  const std::vector<Request> a = generate_requests(spec), b = generate_requests(spec);
+  ASSERT_EQ(a.size(), 64u);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].arrival_s, b[i].arrival_s);
+    EXPECT_EQ(a[i].prompt_len, b[i].prompt_len);
+    EXPECT_EQ(a[i].gen_len, b[i].gen_len);
+    if (i > 0) EXPECT_GE(a[i].arrival_s, a[i - 1].arrival_s);
+  }
+  // Streams are independent: other output lengths leave arrivals and prompts as they were.
+  ScenarioSpec other_gen = spec;
+  other_gen.gen_lens = parse_length_spec("fixed:3", "--gen-lens");
+  const std::vector<Request> c = generate_requests(other_gen);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(c[i].arrival_s, a[i].arrival_s);
+    EXPECT_EQ(c[i].prompt_len, a[i].prompt_len);
+    EXPECT_EQ(c[i].gen_len, 3);
+  }
+  spec.seed = 8;
+  const std::vector<Request> d = generate_requests(spec);
+  int same = 0;
+  for (std::size_t i = 0; i + 1 < a.size(); ++i) same += d[i].arrival_s == a[i].arrival_s;
+  EXPECT_EQ(same, 0);
+  // ... but the last arrival is N / R whatever the seed (vLLM's rescale).
+  EXPECT_NEAR(d.back().arrival_s, 32.0, 1e-12);
+  EXPECT_NEAR(a.back().arrival_s, 32.0, 1e-12);
+}
+
+TEST(ServingArrivals, InfiniteRateAllAtZeroInfiniteBurstinessConstantGaps) {
+  std::mt19937_64 rng(1);
+  const std::vector<double> t0 = arrival_times({kInf, 1.0, true}, draw_gaps({kInf, 1.0, true}, 5, rng));
+  EXPECT_EQ(t0, std::vector<double>(5, 0.0));
+  const ArrivalSpec regular{4.0, kInf, true};
+  const std::vector<double> t = arrival_times(regular, draw_gaps(regular, 4, rng));
+  EXPECT_EQ(t, (std::vector<double>{0.25, 0.5, 0.75, 1.0}));
+}
+
+TEST(ServingArrivals, InvalidRateOrBurstinessNamesTheFlag) {
+  std::mt19937_64 rng(1);
+  const std::string rate = error_of([&] { draw_gaps({0.0, 1.0, true}, 3, rng); });
+  EXPECT_TRUE(contains(rate, "--request-rate 0")) << rate;
+  EXPECT_TRUE(contains(rate, "> 0")) << rate;
+  const std::string k = error_of([&] { draw_gaps({1.0, -2.0, true}, 3, rng); });
+  EXPECT_TRUE(contains(k, "--burstiness -2")) << k;
+  const std::string nan = error_of([&] { validate({std::nan(""), 1.0, true}); });
+  EXPECT_TRUE(contains(nan, "--request-rate")) << nan;
+  ScenarioSpec spec;
+  spec.requests = 0;
+  EXPECT_TRUE(contains(error_of([&] { generate_requests(spec); }), "--requests 0"));
+}
+
+// ---- lengths --------------------------------------------------------------------------------
+
+TEST(ServingLengths, ParsesTheThreeFormsAndNamesTheFlagOnBadInput) {
+  const LengthSpec f = parse_length_spec("fixed:7", "--gen-lens");
+  EXPECT_EQ(f.kind, LengthSpec::Kind::fixed);
+  EXPECT_EQ(f.n, 7);
+  const LengthSpec u = parse_length_spec("uniform:3,9", "--gen-lens");
+  EXPECT_EQ(u.kind, LengthSpec::Kind::uniform);
+  EXPECT_EQ(u.lo, 3);
+  EXPECT_EQ(u.hi, 9);
+  const LengthSpec l = parse_length_spec("lognormal:256,0.5", "--prompt-lens");
+  EXPECT_EQ(l.kind, LengthSpec::Kind::lognormal);
+  EXPECT_EQ(l.median, 256.0);
+  EXPECT_EQ(l.sigma, 0.5);
+  EXPECT_EQ(l.text, "lognormal:256,0.5");
+  for (const char* bad : {"fixed:0", "fixed:x", "uniform:5", "uniform:9,3", "uniform:0,3",
+                          "lognormal:-1,1", "lognormal:10,-1", "lognormal:10", "poisson:4",
+                          "256", "fixed:3,4"}) {
+    const std::string e = error_of([&] { parse_length_spec(bad, "--prompt-lens"); });
+    EXPECT_TRUE(contains(e, std::string("--prompt-lens '") + bad + "'")) << e;
+    EXPECT_TRUE(contains(e, "uniform:a,b")) << e;  // says what would be valid
+  }
+}
+
+TEST(ServingLengths, ClampsToOneAndTheContextLimit) {
+  std::mt19937_64 rng(3);
+  EXPECT_EQ(draw_length(parse_length_spec("fixed:5000", "--prompt-lens"), 100, rng), 100);
+  EXPECT_EQ(draw_length(parse_length_spec("lognormal:1000,0", "--prompt-lens"), 64, rng), 64);
+  EXPECT_EQ(draw_length(parse_length_spec("lognormal:0.2,0", "--prompt-lens"), 64, rng), 1);
+  EXPECT_EQ(draw_length(parse_length_spec("lognormal:37,0", "--prompt-lens"), 64, rng), 37);
+  const LengthSpec u = parse_length_spec("uniform:1,10", "--gen-lens");
+  std::vector<int> seen(11, 0);
+  for (int i = 0; i < 2000; ++i) {
+    const int v = draw_length(u, 5, rng);
+    ASSERT_GE(v, 1);
+    ASSERT_LE(v, 5);
+    ++seen[v];
+  }
+  // 1..4 each ~10% of the draws, 5 takes 5..10 (~60%).
+  EXPECT_GT(seen[1], 100);
+  EXPECT_GT(seen[5], 1000);
+}
+
+// The sample median of n lognormal draws estimates exp(mu) = median: its log has standard error
+// sigma * sqrt(pi / (2 n)) (the median of a normal sample); 5 SE with sigma = 1, n = 20001 is
+// 4.4%, plus 1 token for the rounding to integers.
+TEST(ServingLengths, LognormalHasTheGivenMedian) {
+  const LengthSpec spec = parse_length_spec("lognormal:256,1.0", "--prompt-lens");
+  std::mt19937_64 rng(11);
+  const int n = 20001;
+  std::vector<int> v(n);
+  for (int& x : v) x = draw_length(spec, 1 << 30, rng);
+  std::nth_element(v.begin(), v.begin() + n / 2, v.end());
+  const double tol = 5 * 1.0 * std::sqrt(M_PI / (2.0 * n));
+  EXPECT_GE(v[n / 2], 256.0 * std::exp(-tol) - 1);
+  EXPECT_LE(v[n / 2], 256.0 * std::exp(tol) + 1);
+}
+
+// ---- traces ---------------------------------------------------------------------------------
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "ppb_serving_" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ServingTrace, ReadsPpbenchsOwnFormat) {
+  const std::string path = write_file("own.csv",
+                                      "arrival_s,prompt_len,gen_len\n"
+                                      "0,16,4\n"
+                                      "0.25,300,8\r\n"
+                                      "\n"
+                                      "1.5,0,2\n");
+  const Trace t = read_trace(path, 256, 64);
+  EXPECT_EQ(t.format, Trace::Format::ppbench);
+  ASSERT_EQ(t.requests.size(), 3u);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);
+  EXPECT_EQ(t.requests[1].arrival_s, 0.25);
+  EXPECT_EQ(t.requests[1].prompt_len, 256);  // clamped from 300
+  EXPECT_EQ(t.requests[1].gen_len, 8);
+  EXPECT_EQ(t.requests[2].prompt_len, 1);    // clamped from 0
+  EXPECT_EQ(t.requests[2].gen_len, 2);
+  EXPECT_EQ(t.clamped_rows, 2);
+}
+
+// The first rows of AzureLLMInferenceTrace_code.csv as published, and a midnight crossing.
+TEST(ServingTrace, ReadsTheAzure2023TraceAsItIs) {
+  const std::string path = write_file("azure.csv",
+                                      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                      "2023-11-16 18:17:03.9799600,4808,10\n"
+                                      "2023-11-16 18:17:04.0319600,3180,8\n"
+                                      "2023-11-16 18:17:04.0781490,110,27\n"
+                                      "2023-11-17 00:00:00,7,1\n");
+  const Trace t = read_trace(path, 4096, 64);
+  EXPECT_EQ(t.format, Trace::Format::azure2023);
+  EXPECT_STREQ(format_name(t.format), "azure2023");
+  ASSERT_EQ(t.requests.size(), 4u);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);
+  EXPECT_NEAR(t.requests[1].arrival_s, 0.052, 1e-12);
+  EXPECT_NEAR(t.requests[2].arrival_s, 0.098189, 1e-12);
+  EXPECT_NEAR(t.requests[3].arrival_s, 20576.02004, 1e-9);
+  EXPECT_EQ(t.requests[0].prompt_len, 4096);  // 4808 clamped to the context
+  EXPECT_EQ(t.requests[0].gen_len, 10);
+  EXPECT_EQ(t.requests[2].prompt_len, 110);
+  EXPECT_EQ(t.requests[2].gen_len, 27);
+  EXPECT_EQ(t.clamped_rows, 1);
+}
+
+TEST(ServingTrace, DatetimesAgainstKnownEpochSeconds) {
+  long long ns = -1;
+  ASSERT_TRUE(parse_datetime_ns("1970-01-01 00:00:00", ns));
+  EXPECT_EQ(ns, 0);
+  ASSERT_TRUE(parse_datetime_ns("2000-03-01T00:00:00", ns));
+  EXPECT_EQ(ns, 11017LL * 86400 * 1000000000LL);
+  ASSERT_TRUE(parse_datetime_ns("2024-02-29 12:00:00.5", ns));
+  EXPECT_EQ(ns, 1709208000LL * 1000000000LL + 500000000LL);
+  ASSERT_TRUE(parse_datetime_ns("2023-11-16 18:17:03.9799600", ns));
+  EXPECT_EQ(ns, 1700158623LL * 1000000000LL + 979960000LL);
+  for (const char* bad : {"2023-02-29 00:00:00", "2023-13-01 00:00:00", "2023-11-16",
+                          "2023-11-16 24:00:00", "2023-11-16 18:17:03.", "2023-11-16 18:17:03,5",
+                          "2023-11-16 18:17:03.1234567890"})
+    EXPECT_FALSE(parse_datetime_ns(bad, ns)) << bad;
+}
+
+TEST(ServingTrace, ErrorsNameTheFileTheLineAndTheField) {
+  const std::string a = write_file("bad_time.csv",
+                                   "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                   "2023-11-16 18:17:03.9799600,4808,10\n"
+                                   "2023-11-16 25:17:04,3180,8\n");
+  std::string e = error_of([&] { read_trace(a, 100, 100); });
+  EXPECT_TRUE(contains(e, a + " line 3, field TIMESTAMP")) << e;
+  const std::string b = write_file("bad_len.csv", "arrival_s,prompt_len,gen_len\n0,4,-1\n");
+  e = error_of([&] { read_trace(b, 100, 100); });
+  EXPECT_TRUE(contains(e, b + " line 2, field gen_len: '-1'")) << e;
+  const std::string c = write_file("backwards.csv", "arrival_s,prompt_len,gen_len\n2,4,1\n1,4,1\n");
+  e = error_of([&] { read_trace(c, 100, 100); });
+  EXPECT_TRUE(contains(e, c + " line 3, field arrival_s")) << e;
+  const std::string d = write_file("header.csv", "time,in,out\n0,1,1\n");
+  e = error_of([&] { read_trace(d, 100, 100); });
+  EXPECT_TRUE(contains(e, d + " line 1: header 'time,in,out'")) << e;
+  const std::string f = write_file("fields.csv", "arrival_s,prompt_len,gen_len\n0,1\n");
+  e = error_of([&] { read_trace(f, 100, 100); });
+  EXPECT_TRUE(contains(e, f + " line 2: 2 fields, expected 3")) << e;
+  e = error_of([&] { read_trace("/nonexistent/trace.csv", 100, 100); });
+  EXPECT_TRUE(contains(e, "/nonexistent/trace.csv: cannot open")) << e;
+}
+
+}  // namespace
+}  // namespace ppb::serving
