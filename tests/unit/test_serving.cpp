@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "serving/arrivals.h"
+#include "serving/request_metrics.h"
 #include "serving/trace.h"
 #include "user_error_of.h"
 
@@ -297,6 +298,130 @@ TEST(ServingTrace, ErrorsNameTheFileTheLineAndTheField) {
   EXPECT_TRUE(contains(e, f + " line 2: 2 fields, expected 3")) << e;
   e = error_of([&] { read_trace("/nonexistent/trace.csv", 100, 100); });
   EXPECT_TRUE(contains(e, "/nonexistent/trace.csv: cannot open")) << e;
+}
+
+
+// ---- metrics --------------------------------------------------------------------------------
+
+RequestTimes times(double arrival, double admitted, std::vector<double> tokens, int prompt) {
+  RequestTimes r;
+  r.arrival_s = arrival;
+  r.admitted_s = admitted;
+  r.first_token_s = tokens.front();
+  r.finish_s = tokens.back();
+  r.gen_len = static_cast<int>(tokens.size());
+  r.token_s = std::move(tokens);
+  r.prompt_len = prompt;
+  return r;
+}
+
+// Three requests by hand (seconds):
+//   A: arrival 0,   admitted 0.5, tokens 1, 1.25, 1.5, 2 (out 4), prompt 10:
+//      queue 0.5, TTFT 1, E2E 2, TPOT (2 - 1)/3 = 1/3, ITL 0.25 0.25 0.5
+//   B: arrival 0.5, admitted 0.5, token 1.5 (out 1), prompt 20:
+//      queue 0, TTFT 1, E2E 1, no TPOT (out = 1), no ITL
+//   C: arrival 1,   admitted 2,   tokens 2.5, 3 (out 2), prompt 30:
+//      queue 1, TTFT 1.5, E2E 2, TPOT 0.5, ITL 0.5
+// Duration 3 - 0 = 3 s. numpy-linear percentiles of sorted x at h = p/100 (n - 1):
+//   TTFT [1, 1, 1.5]: mean 7/6, p50 1, p90 x1 + 0.8 (x2 - x1) = 1.4, p99 1.49
+//   TPOT [1/3, 1/2]:  mean 5/12, p50 1/3 + 0.5/6, p90 1/3 + 0.9/6, p99 1/3 + 0.99/6
+//   ITL [0.25, 0.25, 0.5, 0.5]: mean 0.375, p50 (h 1.5) 0.375, p90 (h 2.7) 0.5, p99 0.5
+//   E2E [1, 2, 2]: mean 5/3, p50 p90 p99 2;  queue [0, 0.5, 1]: mean 0.5, p50 0.5, p90 0.9, p99 0.99
+std::vector<RequestTimes> hand_made_requests() {
+  return {times(0.0, 0.5, {1.0, 1.25, 1.5, 2.0}, 10), times(0.5, 0.5, {1.5}, 20),
+          times(1.0, 2.0, {2.5, 3.0}, 30)};
+}
+
+void expect_summary(const LatencySummary& s, std::size_t n, double mean, double p50, double p90,
+                    double p99) {
+  EXPECT_EQ(s.n, n);
+  EXPECT_NEAR(s.mean_ms, mean, 1e-9);
+  EXPECT_NEAR(s.p50_ms, p50, 1e-9);
+  EXPECT_NEAR(s.p90_ms, p90, 1e-9);
+  EXPECT_NEAR(s.p99_ms, p99, 1e-9);
+}
+
+TEST(ServingMetrics, PerRequestLatenciesByHand) {
+  const std::vector<RequestTimes> r = hand_made_requests();
+  const RequestLatency a = request_latency(r[0]);
+  EXPECT_DOUBLE_EQ(a.queue_s, 0.5);
+  EXPECT_DOUBLE_EQ(a.ttft_s, 1.0);
+  EXPECT_DOUBLE_EQ(a.e2e_s, 2.0);
+  EXPECT_DOUBLE_EQ(a.tpot_s, 1.0 / 3.0);
+  EXPECT_EQ(a.itl_s, (std::vector<double>{0.25, 0.25, 0.5}));
+  const RequestLatency b = request_latency(r[1]);
+  EXPECT_TRUE(std::isnan(b.tpot_s));  // out = 1: no TPOT, as vLLM
+  EXPECT_TRUE(b.itl_s.empty());
+  EXPECT_DOUBLE_EQ(b.ttft_s, 1.0);
+  const RequestLatency c = request_latency(r[2]);
+  EXPECT_DOUBLE_EQ(c.queue_s, 1.0);
+  EXPECT_DOUBLE_EQ(c.tpot_s, 0.5);
+}
+
+TEST(ServingMetrics, RunMetricsByHand) {
+  const ServingMetrics m = serving_metrics(hand_made_requests(), GoodputSpec{});
+  EXPECT_EQ(m.completed, 3u);
+  EXPECT_EQ(m.total_input_tokens, 60);
+  EXPECT_EQ(m.total_output_tokens, 7);
+  EXPECT_DOUBLE_EQ(m.duration_s, 3.0);
+  EXPECT_DOUBLE_EQ(m.request_throughput, 1.0);
+  EXPECT_DOUBLE_EQ(m.output_tokens_per_s, 7.0 / 3.0);
+  EXPECT_DOUBLE_EQ(m.total_tokens_per_s, 67.0 / 3.0);
+  expect_summary(m.ttft, 3, 7000.0 / 6.0, 1000.0, 1400.0, 1490.0);
+  const double third = 1000.0 / 3.0, sixth = 1000.0 / 6.0;
+  expect_summary(m.tpot, 2, 5000.0 / 12.0, third + 0.5 * sixth, third + 0.9 * sixth,
+                 third + 0.99 * sixth);
+  expect_summary(m.itl, 4, 375.0, 375.0, 500.0, 500.0);
+  expect_summary(m.e2e, 3, 5000.0 / 3.0, 2000.0, 2000.0, 2000.0);
+  expect_summary(m.queue, 3, 500.0, 500.0, 900.0, 990.0);
+  EXPECT_EQ(m.good, 0u);
+  EXPECT_TRUE(std::isnan(m.goodput_req_per_s));  // no --goodput: none
+  EXPECT_TRUE(std::isnan(m.slo_attainment));
+  // The duration counts from the scenario's start, not from the first arrival.
+  EXPECT_DOUBLE_EQ(serving_metrics(hand_made_requests(), GoodputSpec{}, -1.0).duration_s, 4.0);
+}
+
+TEST(ServingMetrics, GoodputIsRequestsMeetingEveryLimitPerSecond) {
+  // ttft:1000 tpot:400: A (TTFT 1 <= 1, TPOT 1/3) and B (TTFT 1, TPOT counted as 0) meet both,
+  // C (TTFT 1.5) not: 2 good requests in 3 s.
+  ServingMetrics m = serving_metrics(hand_made_requests(), parse_goodput({"ttft:1000", "tpot:400"}));
+  EXPECT_EQ(m.good, 2u);
+  EXPECT_DOUBLE_EQ(m.goodput_req_per_s, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(m.slo_attainment, 2.0 / 3.0);
+  // tpot:300 fails A (1/3 s) and C (0.5 s); B's out = 1 never fails a TPOT limit.
+  m = serving_metrics(hand_made_requests(), parse_goodput({"tpot:300"}));
+  EXPECT_EQ(m.good, 1u);
+  // e2e:1999 (vLLM's key e2el too): only B (E2E 1 s).
+  m = serving_metrics(hand_made_requests(), parse_goodput({"e2el:1999"}));
+  EXPECT_EQ(m.good, 1u);
+  EXPECT_DOUBLE_EQ(m.slo_attainment, 1.0 / 3.0);
+  m = serving_metrics(hand_made_requests(), parse_goodput({"e2e:2000 ttft:1500"}));
+  EXPECT_EQ(m.good, 3u);
+  EXPECT_DOUBLE_EQ(m.goodput_req_per_s, 1.0);
+}
+
+TEST(ServingMetrics, GoodputSpecErrorsSayWhatIsValid) {
+  const GoodputSpec g = parse_goodput({"ttft:250.5", "tpot:0"});
+  EXPECT_EQ(g.ttft_ms, 250.5);
+  EXPECT_EQ(g.tpot_ms, 0.0);
+  EXPECT_TRUE(std::isnan(g.e2e_ms));
+  for (const char* bad : {"ttft", "ttft:", "ttft:-1", "itl:5", "ttft:5:6", "tpot:abc"}) {
+    const std::string e = error_of([&] { parse_goodput({bad}); });
+    EXPECT_TRUE(contains(e, std::string("--goodput '") + bad + "'")) << e;
+    EXPECT_TRUE(contains(e, "KEY ttft, tpot or e2e")) << e;
+  }
+  EXPECT_TRUE(contains(error_of([&] { parse_goodput({"ttft:1", "ttft:2"}); }), "given twice"));
+}
+
+TEST(ServingMetrics, InconsistentTimesAreAnInternalError) {
+  RequestTimes r = times(1.0, 0.5, {2.0}, 4);  // admitted before it arrived
+  EXPECT_THROW(request_latency(r), InternalError);
+  r = times(0.0, 0.0, {2.0, 1.0}, 4);  // tokens out of order
+  EXPECT_THROW(request_latency(r), InternalError);
+  r = times(0.0, 0.0, {1.0, 2.0}, 4);
+  r.gen_len = 3;  // fewer token times than output tokens
+  EXPECT_THROW(request_latency(r), InternalError);
+  EXPECT_THROW(serving_metrics({}, GoodputSpec{}), InternalError);
 }
 
 }  // namespace
