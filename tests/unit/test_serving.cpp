@@ -3,6 +3,7 @@
 // per-request times, and the continuous-batching scheduler on hand-made schedules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "common/error.h"
 #include "serving/arrivals.h"
 #include "serving/request_metrics.h"
+#include "serving/scheduler.h"
 #include "serving/trace.h"
 #include "user_error_of.h"
 
@@ -422,6 +424,189 @@ TEST(ServingMetrics, InconsistentTimesAreAnInternalError) {
   r.gen_len = 3;  // fewer token times than output tokens
   EXPECT_THROW(request_latency(r), InternalError);
   EXPECT_THROW(serving_metrics({}, GoodputSpec{}), InternalError);
+}
+
+
+// ---- scheduler ------------------------------------------------------------------------------
+
+void expect_row(const BatchRow& r, int request, int slot, int position, int tokens, bool prefill) {
+  EXPECT_EQ(r.request, request);
+  EXPECT_EQ(r.slot, slot);
+  EXPECT_EQ(r.position, position);
+  EXPECT_EQ(r.tokens, tokens);
+  EXPECT_EQ(r.prefill, prefill);
+}
+
+// One group of 2 slots. r0 (P 3, G 2) and r1 (P 2, G 3) arrive at 0, r2 (P 4, G 1) at 0.5,
+// while both slots are held: it waits until r0 leaves after step 2, then takes r0's slot 0.
+// Steps end at 1, 2, 3.
+std::vector<Request> three_requests() { return {{0.0, 3, 2}, {0.0, 2, 3}, {0.5, 4, 1}}; }
+
+TEST(ServingScheduler, HandMadeScheduleMixedSteps) {
+  Scheduler s(three_requests(), {1, 2, StepPolicy::mixed});
+  const Step& s1 = s.next_step(0, 0.0);
+  EXPECT_EQ(s1.admitted, (std::vector<int>{0, 1}));  // FCFS, lowest slot first
+  ASSERT_EQ(s1.rows.size(), 2u);
+  expect_row(s1.rows[0], 0, 0, 0, 3, true);
+  expect_row(s1.rows[1], 1, 1, 0, 2, true);
+  EXPECT_EQ(s1.total_tokens(), 5);
+  EXPECT_TRUE(s.in_flight(0));
+  s.complete_step(0, 1.0);
+
+  EXPECT_EQ(s.waiting(1.0), 1);  // r2 arrived at 0.5; no free slot
+  const Step& s2 = s.next_step(0, 1.0);
+  EXPECT_TRUE(s2.admitted.empty());
+  ASSERT_EQ(s2.rows.size(), 2u);
+  expect_row(s2.rows[0], 0, 0, 3, 1, false);  // ragged: r0 decodes at 3, r1 at 2
+  expect_row(s2.rows[1], 1, 1, 2, 1, false);
+  s.complete_step(0, 2.0);  // r0's 2nd token: it leaves, slot 0 is free
+  EXPECT_EQ(s.running(0), 1);
+
+  const Step& s3 = s.next_step(0, 2.0);
+  EXPECT_EQ(s3.admitted, (std::vector<int>{2}));
+  ASSERT_EQ(s3.rows.size(), 2u);
+  expect_row(s3.rows[0], 2, 0, 0, 4, true);  // r2 prefilled in r0's old slot ...
+  expect_row(s3.rows[1], 1, 1, 3, 1, false);  // ... beside r1's decode at position 3
+  s.complete_step(0, 3.0);
+  EXPECT_TRUE(s.finished());
+  EXPECT_TRUE(s.next_step(0, 3.0).rows.empty());
+  EXPECT_FALSE(s.in_flight(0));
+  EXPECT_EQ(s.slot_of(2), 0);
+  EXPECT_EQ(s.group_of(2), 0);
+
+  const std::vector<RequestTimes>& t = s.times();
+  EXPECT_EQ(t[0].token_s, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(t[1].token_s, (std::vector<double>{1.0, 2.0, 3.0}));
+  EXPECT_EQ(t[2].token_s, (std::vector<double>{3.0}));
+  EXPECT_EQ(t[2].admitted_s, 2.0);
+  EXPECT_EQ(t[2].first_token_s, 3.0);
+  EXPECT_EQ(t[1].finish_s, 3.0);
+  // The recorded times feed the metrics: r2 queued 1.5 s, TTFT 2.5 s.
+  const ServingMetrics m = serving_metrics(t, GoodputSpec{});
+  EXPECT_EQ(m.completed, 3u);
+  EXPECT_DOUBLE_EQ(m.duration_s, 3.0);
+  EXPECT_DOUBLE_EQ(m.queue.p99_ms, 1000.0 * (0.0 + 0.98 * 1.5));  // sorted [0, 0, 1.5]
+  EXPECT_DOUBLE_EQ(request_latency(t[2]).ttft_s, 2.5);
+  EXPECT_EQ(m.total_output_tokens, 6);
+}
+
+// vLLM V0's default: a step that admits a request runs only its prefill; r1's decode waits.
+TEST(ServingScheduler, PrefillFirstStepsHoldTheDecodes) {
+  Scheduler s(three_requests(), {1, 2, StepPolicy::prefill_first});
+  EXPECT_EQ(s.next_step(0, 0.0).rows.size(), 2u);  // two prefills, nothing running yet
+  s.complete_step(0, 1.0);
+  EXPECT_EQ(s.next_step(0, 1.0).rows.size(), 2u);  // two decodes
+  s.complete_step(0, 2.0);
+  const Step& s3 = s.next_step(0, 2.0);
+  ASSERT_EQ(s3.rows.size(), 1u);
+  expect_row(s3.rows[0], 2, 0, 0, 4, true);
+  s.complete_step(0, 3.0);
+  EXPECT_FALSE(s.finished());
+  const Step& s4 = s.next_step(0, 3.0);
+  ASSERT_EQ(s4.rows.size(), 1u);
+  expect_row(s4.rows[0], 1, 1, 3, 1, false);
+  s.complete_step(0, 4.0);
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{1.0, 2.0, 4.0}));
+}
+
+// Two groups of one slot: a waiting request goes to the group whose next step starts first.
+TEST(ServingScheduler, TwoGroupsShareOneFcfsQueue) {
+  Scheduler s({{0.0, 2, 1}, {0.0, 2, 3}, {0.1, 5, 2}}, {2, 1, StepPolicy::mixed});
+  EXPECT_EQ(s.next_step(0, 0.0).admitted, (std::vector<int>{0}));
+  EXPECT_EQ(s.next_step(1, 0.05).admitted, (std::vector<int>{1}));
+  s.complete_step(0, 1.0);  // r0 (G 1) leaves group 0
+  s.complete_step(1, 1.05);
+  const Step& g1 = s.next_step(1, 1.05);  // group 1 is full: r1 decodes, r2 keeps waiting
+  EXPECT_TRUE(g1.admitted.empty());
+  ASSERT_EQ(g1.rows.size(), 1u);
+  expect_row(g1.rows[0], 1, 0, 2, 1, false);
+  EXPECT_EQ(s.waiting(1.05), 1);
+  const Step& g0 = s.next_step(0, 1.1);
+  EXPECT_EQ(g0.admitted, (std::vector<int>{2}));
+  EXPECT_EQ(g0.group, 0);
+  EXPECT_EQ(s.group_of(2), 0);
+  EXPECT_EQ(s.group_of(1), 1);
+  EXPECT_EQ(s.times()[2].admitted_s, 1.1);
+}
+
+TEST(ServingScheduler, NothingArrivedGivesAnEmptyStep) {
+  Scheduler s({{5.0, 4, 2}}, {1, 1, StepPolicy::mixed});
+  EXPECT_TRUE(s.next_step(0, 0.0).rows.empty());
+  EXPECT_FALSE(s.in_flight(0));
+  EXPECT_EQ(s.waiting(0.0), 0);
+  EXPECT_EQ(s.next_arrival_s(), 5.0);
+  const Step& step = s.next_step(0, 5.0);
+  EXPECT_EQ(step.admitted, (std::vector<int>{0}));
+  EXPECT_EQ(s.next_arrival_s(), kInf);
+  EXPECT_EQ(s.times()[0].admitted_s, 5.0);
+}
+
+TEST(ServingScheduler, MisuseAndBadConfigAreCaught) {
+  Scheduler s(three_requests(), {1, 2, StepPolicy::mixed});
+  s.next_step(0, 0.0);
+  EXPECT_THROW(s.next_step(0, 0.5), InternalError);     // a step already in flight
+  EXPECT_THROW(s.complete_step(0, -1.0), InternalError);  // ends before it started
+  s.complete_step(0, 1.0);
+  EXPECT_THROW(s.complete_step(0, 2.0), InternalError);  // nothing in flight
+  EXPECT_THROW(s.next_step(0, 0.9), InternalError);      // before the previous step ended
+  EXPECT_THROW(s.next_step(1, 1.0), InternalError);      // no group 1
+  EXPECT_TRUE(contains(error_of([] { Scheduler({}, {0, 1, StepPolicy::mixed}); }),
+                       "-M/--microbatches 0"));
+  EXPECT_TRUE(contains(error_of([] { Scheduler({}, {1, 0, StepPolicy::mixed}); }), "-b/--batch 0"));
+  EXPECT_TRUE(contains(error_of([] { Scheduler({{0.0, 0, 1}}, {1, 1, StepPolicy::mixed}); }),
+                       "request 0: prompt_len 0"));
+}
+
+// A simulator drives the scheduler: each group's step lasts 10 ms + 0.1 ms per token, groups
+// run side by side. Whatever the arrivals, every request gets its gen_len tokens at
+// consecutive positions, a group never holds more than B requests, and admission is FCFS.
+TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
+  for (StepPolicy policy : {StepPolicy::mixed, StepPolicy::prefill_first}) {
+    ScenarioSpec spec;
+    spec.arrivals = {200.0, 0.5, true};
+    spec.requests = 300;
+    spec.prompt_lens = parse_length_spec("lognormal:64,0.8", "--prompt-lens");
+    spec.gen_lens = parse_length_spec("uniform:1,24", "--gen-lens");
+    spec.max_prompt_len = 256;
+    spec.max_gen_len = 24;
+    spec.seed = 5;
+    const std::vector<Request> reqs = generate_requests(spec);
+    const int groups = 3, slots = 4;
+    Scheduler s(reqs, {groups, slots, policy});
+    std::vector<double> ready(groups, 0.0);
+    std::vector<int> next_pos(reqs.size(), 0);
+    int steps = 0;
+    while (!s.finished()) {
+      const int g = static_cast<int>(std::min_element(ready.begin(), ready.end()) - ready.begin());
+      ASSERT_LT(ready[g], kInf);
+      const Step& step = s.next_step(g, ready[g]);
+      if (step.rows.empty()) {
+        ready[g] = s.next_arrival_s();
+        continue;
+      }
+      ASSERT_LE(step.rows.size(), static_cast<std::size_t>(slots));
+      for (const BatchRow& row : step.rows) {
+        ASSERT_EQ(row.position, next_pos[row.request]) << "request " << row.request;
+        next_pos[row.request] += row.tokens;
+        if (row.prefill) ASSERT_EQ(row.tokens, reqs[row.request].prompt_len);
+      }
+      ready[g] += 0.010 + 1e-4 * step.total_tokens();
+      s.complete_step(g, ready[g]);
+      ++steps;
+    }
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      const RequestTimes& t = s.times()[i];
+      ASSERT_EQ(t.token_s.size(), static_cast<std::size_t>(reqs[i].gen_len));
+      // The last token out is not fed back: P + G - 1 positions were run.
+      EXPECT_EQ(next_pos[i], reqs[i].prompt_len + reqs[i].gen_len - 1);
+      EXPECT_GE(t.admitted_s, t.arrival_s);
+      if (i > 0) EXPECT_GE(t.admitted_s, s.times()[i - 1].admitted_s);  // FCFS
+    }
+    const ServingMetrics m = serving_metrics(s.times(), GoodputSpec{});
+    EXPECT_EQ(m.completed, reqs.size());
+    EXPECT_GT(steps, 0);
+  }
 }
 
 }  // namespace
