@@ -208,7 +208,7 @@ TEST(ServingLengths, LognormalHasTheGivenMedian) {
   std::vector<int> v(n);
   for (int& x : v) x = draw_length(spec, 1 << 30, rng);
   std::nth_element(v.begin(), v.begin() + n / 2, v.end());
-  const double tol = 5 * 1.0 * std::sqrt(M_PI / (2.0 * n));
+  const double tol = 5 * 1.0 * std::sqrt(std::acos(-1.0) / (2.0 * n));
   EXPECT_GE(v[n / 2], 256.0 * std::exp(-tol) - 1);
   EXPECT_LE(v[n / 2], 256.0 * std::exp(tol) + 1);
 }
