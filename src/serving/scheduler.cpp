@@ -1,0 +1,144 @@
+// Continuous batching per request group (the model is described in scheduler.h).
+#include "serving/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "common/error.h"
+
+namespace ppb::serving {
+
+int Step::total_tokens() const {
+  int n = 0;
+  for (const BatchRow& r : rows) n += r.tokens;
+  return n;
+}
+
+Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
+    : requests_(std::move(requests)), config_(config) {
+  if (config_.groups < 1)
+    throw UserError("-M/--microbatches " + std::to_string(config_.groups) +
+                    ": the serving scenario needs at least 1 group");
+  if (config_.slots < 1)
+    throw UserError("-b/--batch " + std::to_string(config_.slots) +
+                    ": the serving scenario needs at least 1 slot per group");
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    const Request& r = requests_[i];
+    if (r.prompt_len < 1 || r.gen_len < 1 || !std::isfinite(r.arrival_s) || r.arrival_s < 0.0)
+      throw UserError("request " + std::to_string(i) + ": prompt_len " +
+                      std::to_string(r.prompt_len) + ", gen_len " + std::to_string(r.gen_len) +
+                      ", arrival " + std::to_string(r.arrival_s) +
+                      " s: lengths must be >= 1 and the arrival a time >= 0");
+  }
+  fcfs_.resize(requests_.size());
+  std::iota(fcfs_.begin(), fcfs_.end(), 0);
+  std::stable_sort(fcfs_.begin(), fcfs_.end(), [this](int a, int b) {
+    return requests_[a].arrival_s < requests_[b].arrival_s;
+  });
+  state_.resize(requests_.size());
+  times_.resize(requests_.size());
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    times_[i].arrival_s = requests_[i].arrival_s;
+    times_[i].prompt_len = requests_[i].prompt_len;
+    times_[i].gen_len = requests_[i].gen_len;
+  }
+  groups_.resize(static_cast<std::size_t>(config_.groups));
+  for (int g = 0; g < config_.groups; ++g) {
+    groups_[g].slot_owner.assign(static_cast<std::size_t>(config_.slots), -1);
+    groups_[g].step.group = g;
+  }
+}
+
+void Scheduler::admit(int g, double now_s) {
+  Group& group = groups_[g];
+  for (int slot = 0; slot < config_.slots && head_ < fcfs_.size(); ++slot) {
+    if (group.slot_owner[slot] != -1) continue;
+    const int id = fcfs_[head_];
+    if (requests_[id].arrival_s > now_s) break;
+    ++head_;
+    group.slot_owner[slot] = id;
+    state_[id].group = g;
+    state_[id].slot = slot;
+    times_[id].admitted_s = now_s;
+    group.step.admitted.push_back(id);
+  }
+}
+
+const Step& Scheduler::next_step(int g, double now_s) {
+  if (g < 0 || g >= config_.groups)
+    throw InternalError("scheduler: group " + std::to_string(g) + " out of range");
+  Group& group = groups_[g];
+  if (group.in_flight)
+    throw InternalError("scheduler: group " + std::to_string(g) + " already has a step in flight");
+  if (!(now_s >= group.last_end_s))
+    throw InternalError("scheduler: group " + std::to_string(g) + "'s step at " +
+                        std::to_string(now_s) + " s starts before its previous one ended");
+  group.step.start_s = now_s;
+  group.step.admitted.clear();
+  group.step.rows.clear();
+  admit(g, now_s);
+  const bool prefill_only =
+      config_.policy == StepPolicy::prefill_first && !group.step.admitted.empty();
+  for (int slot = 0; slot < config_.slots; ++slot) {
+    const int id = group.slot_owner[slot];
+    if (id == -1) continue;
+    const int produced = state_[id].produced;
+    const bool prefill = produced == 0;
+    if (prefill_only && !prefill) continue;  // V0: decodes wait out a prefill step
+    BatchRow row;
+    row.request = id;
+    row.slot = slot;
+    row.prefill = prefill;
+    row.position = prefill ? 0 : requests_[id].prompt_len + produced - 1;
+    row.tokens = prefill ? requests_[id].prompt_len : 1;
+    group.step.rows.push_back(row);
+  }
+  group.in_flight = !group.step.rows.empty();
+  return group.step;
+}
+
+void Scheduler::complete_step(int g, double end_s) {
+  if (g < 0 || g >= config_.groups || !groups_[g].in_flight)
+    throw InternalError("scheduler: group " + std::to_string(g) + " has no step in flight");
+  Group& group = groups_[g];
+  if (!(end_s >= group.step.start_s))
+    throw InternalError("scheduler: group " + std::to_string(g) + "'s step ends at " +
+                        std::to_string(end_s) + " s, before it started");
+  for (const BatchRow& row : group.step.rows) {
+    State& s = state_[row.request];
+    RequestTimes& t = times_[row.request];
+    ++s.produced;
+    t.token_s.push_back(end_s);
+    if (row.prefill) t.first_token_s = end_s;
+    if (s.produced == requests_[row.request].gen_len) {
+      t.finish_s = end_s;
+      s.finished = true;
+      ++finished_;
+      group.slot_owner[row.slot] = -1;
+    }
+  }
+  group.in_flight = false;
+  group.last_end_s = end_s;
+}
+
+bool Scheduler::in_flight(int g) const { return groups_.at(g).in_flight; }
+
+double Scheduler::next_arrival_s() const {
+  return head_ < fcfs_.size() ? requests_[fcfs_[head_]].arrival_s
+                              : std::numeric_limits<double>::infinity();
+}
+
+int Scheduler::waiting(double now_s) const {
+  int n = 0;
+  for (std::size_t i = head_; i < fcfs_.size() && requests_[fcfs_[i]].arrival_s <= now_s; ++i) ++n;
+  return n;
+}
+
+int Scheduler::running(int g) const {
+  const auto& owners = groups_.at(g).slot_owner;
+  return static_cast<int>(std::count_if(owners.begin(), owners.end(), [](int id) { return id != -1; }));
+}
+
+}  // namespace ppb::serving

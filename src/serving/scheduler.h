@@ -1,0 +1,133 @@
+// Continuous batching per request group (issue 37's engine), as a pure, discrete model: which
+// requests each step of each group runs, at which positions, and when each request's tokens
+// came out. It owns no clock: the caller says when a group's step starts (next_step) and when
+// it ended (complete_step), so the real pipeline (times measured) and a simulator (times
+// predicted) drive the same schedule.
+//
+// The model:
+//  - M groups, each an independent batch with B slots (a slot = one row of the group's KV
+//    cache), as vLLM's virtual engines under pipeline parallelism are (one scheduler and KV
+//    cache per virtual engine, vllm/engine/llm_engine.py).
+//  - One FCFS queue of arrived requests, shared by the groups: when a group forms its next step
+//    at time t, it admits from the head of the queue the requests that arrived at or before t,
+//    into its free slots (lowest slot first), until the head has not arrived yet or the group
+//    has no free slot. So a waiting request goes to the group whose next step starts first
+//    (work-conserving; requests are admitted strictly in arrival order, ties by index). vLLM V0
+//    instead binds a request, on arrival, to the virtual engine with the fewest unfinished
+//    requests, where it waits even if another engine frees a slot first.
+//  - A step: every admitted request is prefilled whole in that step (its prompt_len tokens at
+//    positions 0..prompt_len-1, giving its first output token) and every running request
+//    decodes one token at its own position (prompt_len + tokens out so far - 1). StepPolicy
+//    says whether both kinds share a step:
+//      mixed (default): yes. This is iteration-level scheduling (Orca, OSDI'22) and what vLLM
+//        V1's scheduler does (running requests first, then waiting ones, under one token
+//        budget; vllm/v1/core/sched/scheduler.py) when --max-num-batched-tokens is large
+//        enough that no prompt is chunked: ppbench has no token budget.
+//      prefill_first: vLLM V0's default scheduler (vllm/core/scheduler.py `_schedule_default`,
+//        chunked prefill off): "Don't schedule decodes if prefills are scheduled": a step that
+//        admits any request runs only those prefills; the running requests wait for the next
+//        step. (V0's prefill token budget is not modelled: every arrived request that has a
+//        slot is admitted.)
+//  - A request leaves when its gen_len-th output token comes out (the prefill gives the first,
+//    each decode one more): its slot is free for the group's next step.
+//  - A group has at most one step in flight (a pipeline's group waits for its token before its
+//    next step).
+#pragma once
+
+#include <limits>
+#include <vector>
+
+#include "serving/arrivals.h"
+#include "serving/request_metrics.h"
+
+namespace ppb::serving {
+
+enum class StepPolicy { mixed, prefill_first };
+
+struct SchedulerConfig {
+  int groups = 1;  ///< M: independent batches (virtual engines), >= 1
+  int slots = 1;   ///< B: requests per group at once (KV-cache rows), >= 1
+  StepPolicy policy = StepPolicy::mixed;
+};
+
+/// One row of a step's ragged batch: a request and the tokens it runs.
+struct BatchRow {
+  int request = -1;   ///< index into the scheduler's request list
+  int slot = -1;      ///< its KV-cache row in the group, 0..B-1
+  int position = 0;   ///< position of this row's first token (prefill 0; decode prompt_len + k - 1)
+  int tokens = 0;     ///< tokens this step: prompt_len (prefill) or 1 (decode)
+  bool prefill = false;
+};
+
+/// What a group runs in one step.
+struct Step {
+  int group = -1;
+  double start_s = 0.0;        ///< when it was formed (the caller's now)
+  std::vector<int> admitted;   ///< requests admitted at this step, in FCFS order
+  std::vector<BatchRow> rows;  ///< ordered by slot; empty: nothing to run
+  /// Tokens the stages process in this step: sum of rows' tokens.
+  int total_tokens() const;
+};
+
+class Scheduler {
+ public:
+  /// `requests` on the caller's clock (arrival_s, seconds). Throws ppb::UserError naming
+  /// -M/--microbatches or -b/--batch when groups or slots < 1, and on a request with
+  /// prompt_len or gen_len < 1 or a non-finite or negative arrival.
+  Scheduler(std::vector<Request> requests, SchedulerConfig config);
+
+  /// Forms group g's next step at the caller's time now_s (s): admissions (above), then the
+  /// ragged batch. A step with rows is in flight until complete_step(g); one without rows (the
+  /// group has nothing running and nothing arrived to admit) is not: call again later, e.g. at
+  /// next_arrival_s(). The reference is valid until the next call for g.
+  /// Throws ppb::InternalError if g is out of range, has a step in flight, or now_s is before
+  /// the end of its previous step.
+  const Step& next_step(int g, double now_s);
+
+  /// Group g's step in flight ended at end_s (s, >= its start): each row's request gets an
+  /// output token at end_s; a request with its gen_len tokens finishes and frees its slot.
+  /// Throws ppb::InternalError if g has no step in flight or end_s < its start.
+  void complete_step(int g, double end_s);
+
+  bool in_flight(int g) const;
+  /// Every request finished.
+  bool finished() const { return finished_ == static_cast<int>(requests_.size()); }
+  /// Arrival time of the first request not yet admitted; +inf when none is left.
+  double next_arrival_s() const;
+  /// Requests arrived by now_s and not yet admitted.
+  int waiting(double now_s) const;
+  /// Requests holding a slot of group g.
+  int running(int g) const;
+
+  const std::vector<Request>& requests() const { return requests_; }
+  /// Per request, its times so far (valid in full once it finished; shape [N]).
+  const std::vector<RequestTimes>& times() const { return times_; }
+  /// Group and slot each request was admitted to (-1 before admission).
+  int group_of(int request) const { return state_.at(request).group; }
+  int slot_of(int request) const { return state_.at(request).slot; }
+
+ private:
+  struct State {
+    int group = -1, slot = -1;
+    int produced = 0;  ///< output tokens out so far
+    bool finished = false;
+  };
+  struct Group {
+    std::vector<int> slot_owner;  ///< request per slot, -1 free
+    bool in_flight = false;
+    double last_end_s = -std::numeric_limits<double>::infinity();
+    Step step;
+  };
+  void admit(int g, double now_s);
+
+  std::vector<Request> requests_;
+  SchedulerConfig config_;
+  std::vector<int> fcfs_;  ///< request indices by (arrival_s, index)
+  std::size_t head_ = 0;   ///< first of fcfs_ not admitted
+  std::vector<State> state_;
+  std::vector<RequestTimes> times_;
+  std::vector<Group> groups_;
+  int finished_ = 0;
+};
+
+}  // namespace ppb::serving

@@ -1,0 +1,613 @@
+// The serving scenario's pure parts (issue 37): arrivals against vLLM's definition and an
+// independent reference, length specs, both trace formats, the metrics against hand-computed
+// per-request times, and the continuous-batching scheduler on hand-made schedules.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "serving/arrivals.h"
+#include "serving/request_metrics.h"
+#include "serving/scheduler.h"
+#include "serving/trace.h"
+#include "user_error_of.h"
+
+namespace ppb::serving {
+namespace {
+
+using ppb::test::error_of;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// ---- arrivals -------------------------------------------------------------------------------
+
+// Mean gap and squared coefficient of variation of n Gamma(K, theta = 1/(R K)) gaps: the mean is
+// 1/R and CV^2 = 1/K. Tolerances are 5 standard errors of each estimator for this n:
+//  - mean: SE = sigma / sqrt(n) with sigma = sqrt(K) theta = (1/R) / sqrt(K).
+//  - CV^2 = s^2 / xbar^2, by the delta method: Var(c^)/c^2 = Var(s^2)/sigma^4
+//    + 4 Var(xbar)/mu^2 - 4 Cov(s^2, xbar)/(sigma^2 mu), with Gamma's moments mu = K theta,
+//    sigma^2 = K theta^2, mu3 = 2 K theta^3, excess kurtosis 6/K: Var(s^2)/sigma^4 = (2 + 6/K)/n,
+//    Var(xbar)/mu^2 = 1/(K n), Cov(s^2, xbar) = mu3 / n gives 2/(K n); so the relative SE of
+//    CV^2 is sqrt((2 + 2/K) / n) (K = 0.5, n = 200,000: 0.55%, 5 SE = 2.7%).
+TEST(ServingArrivals, GapsHaveMeanOneOverRateAndCv2OneOverShape) {
+  const int n = 200000;
+  const double rate = 8.0;
+  for (double k : {0.5, 1.0, 4.0}) {
+    std::mt19937_64 rng(42);
+    const std::vector<double> gaps = draw_gaps({rate, k, true}, n, rng);
+    ASSERT_EQ(gaps.size(), static_cast<std::size_t>(n));
+    const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / n;
+    double ss = 0.0;
+    for (double g : gaps) ss += (g - mean) * (g - mean);
+    const double var = ss / (n - 1);
+    const double cv2 = var / (mean * mean);
+    const double mean_se = (1.0 / rate) / std::sqrt(k) / std::sqrt(static_cast<double>(n));
+    EXPECT_NEAR(mean, 1.0 / rate, 5 * mean_se) << "K = " << k;
+    const double cv2_se = (1.0 / k) * std::sqrt((2.0 + 2.0 / k) / n);
+    EXPECT_NEAR(cv2, 1.0 / k, 5 * cv2_se) << "K = " << k;
+  }
+}
+
+// An independent implementation of vLLM's get_request: gamma(shape = K, scale = 1/(R K)) with
+// the same engine and seed, running sums, and the rescale to N / R.
+TEST(ServingArrivals, EqualsAnIndependentReferenceOfVllmsDefinition) {
+  const double rate = 3.5, k = 0.7;
+  const int n = 500;
+  ScenarioSpec spec;
+  spec.arrivals = {rate, k, /*rescale_to_rate=*/false};
+  spec.requests = n;
+  spec.prompt_lens = parse_length_spec("fixed:16", "--prompt-lens");
+  spec.gen_lens = parse_length_spec("fixed:4", "--gen-lens");
+  spec.max_prompt_len = spec.max_gen_len = 64;
+  spec.seed = 1234;
+
+  std::mt19937_64 ref_rng(1234);
+  std::gamma_distribution<double> ref_gamma(k, 1.0 / (rate * k));
+  std::vector<double> ref_gaps(n), ref(n);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) {
+    ref_gaps[i] = ref_gamma(ref_rng);
+    ref[i] = sum += ref_gaps[i];
+  }
+
+  std::mt19937_64 rng(1234);
+  const std::vector<double> gaps = draw_gaps(spec.arrivals, n, rng);
+  const std::vector<Request> raw = generate_requests(spec);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(raw[i].arrival_s, ref[i]) << i;  // bitwise: same engine, same distribution
+    ASSERT_EQ(gaps[i], ref_gaps[i]) << i;
+  }
+  EXPECT_GT(raw[0].arrival_s, 0.0);  // one gap before the first request, as in vLLM
+
+  spec.arrivals.rescale_to_rate = true;
+  const std::vector<Request> scaled = generate_requests(spec);
+  const double factor = (n / rate) / ref.back();
+  for (int i = 0; i < n; ++i) ASSERT_EQ(scaled[i].arrival_s, ref[i] * factor) << i;
+  EXPECT_NEAR(scaled.back().arrival_s, n / rate, 1e-12 * n / rate);
+}
+
+TEST(ServingArrivals, SameSeedSameRequestsOtherSeedOthers) {
+  ScenarioSpec spec;
+  spec.arrivals = {2.0, 1.0, true};
+  spec.requests = 64;
+  spec.prompt_lens = parse_length_spec("lognormal:128,0.8", "--prompt-lens");
+  spec.gen_lens = parse_length_spec("uniform:1,64", "--gen-lens");
+  spec.max_prompt_len = 512;
+  spec.max_gen_len = 64;
+  spec.seed = 7;
+  const std::vector<Request> a = generate_requests(spec), b = generate_requests(spec);
+  ASSERT_EQ(a.size(), 64u);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].arrival_s, b[i].arrival_s);
+    EXPECT_EQ(a[i].prompt_len, b[i].prompt_len);
+    EXPECT_EQ(a[i].gen_len, b[i].gen_len);
+    if (i > 0) EXPECT_GE(a[i].arrival_s, a[i - 1].arrival_s);
+  }
+  // Streams are independent: other output lengths leave arrivals and prompts as they were.
+  ScenarioSpec other_gen = spec;
+  other_gen.gen_lens = parse_length_spec("fixed:3", "--gen-lens");
+  const std::vector<Request> c = generate_requests(other_gen);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(c[i].arrival_s, a[i].arrival_s);
+    EXPECT_EQ(c[i].prompt_len, a[i].prompt_len);
+    EXPECT_EQ(c[i].gen_len, 3);
+  }
+  spec.seed = 8;
+  const std::vector<Request> d = generate_requests(spec);
+  int same = 0;
+  for (std::size_t i = 0; i + 1 < a.size(); ++i) same += d[i].arrival_s == a[i].arrival_s;
+  EXPECT_EQ(same, 0);
+  // ... but the last arrival is N / R whatever the seed (vLLM's rescale).
+  EXPECT_NEAR(d.back().arrival_s, 32.0, 1e-12);
+  EXPECT_NEAR(a.back().arrival_s, 32.0, 1e-12);
+}
+
+TEST(ServingArrivals, InfiniteRateAllAtZeroInfiniteBurstinessConstantGaps) {
+  std::mt19937_64 rng(1);
+  const std::vector<double> t0 = arrival_times({kInf, 1.0, true}, draw_gaps({kInf, 1.0, true}, 5, rng));
+  EXPECT_EQ(t0, std::vector<double>(5, 0.0));
+  const ArrivalSpec regular{4.0, kInf, true};
+  const std::vector<double> t = arrival_times(regular, draw_gaps(regular, 4, rng));
+  EXPECT_EQ(t, (std::vector<double>{0.25, 0.5, 0.75, 1.0}));
+}
+
+TEST(ServingArrivals, InvalidRateOrBurstinessNamesTheFlag) {
+  std::mt19937_64 rng(1);
+  const std::string rate = error_of([&] { draw_gaps({0.0, 1.0, true}, 3, rng); });
+  EXPECT_TRUE(contains(rate, "--request-rate 0")) << rate;
+  EXPECT_TRUE(contains(rate, "> 0")) << rate;
+  const std::string k = error_of([&] { draw_gaps({1.0, -2.0, true}, 3, rng); });
+  EXPECT_TRUE(contains(k, "--burstiness -2")) << k;
+  const std::string nan = error_of([&] { validate({std::nan(""), 1.0, true}); });
+  EXPECT_TRUE(contains(nan, "--request-rate")) << nan;
+  ScenarioSpec spec;
+  spec.requests = 0;
+  EXPECT_TRUE(contains(error_of([&] { generate_requests(spec); }), "--requests 0"));
+}
+
+// ---- lengths --------------------------------------------------------------------------------
+
+TEST(ServingLengths, ParsesTheThreeFormsAndNamesTheFlagOnBadInput) {
+  const LengthSpec f = parse_length_spec("fixed:7", "--gen-lens");
+  EXPECT_EQ(f.kind, LengthSpec::Kind::fixed);
+  EXPECT_EQ(f.n, 7);
+  const LengthSpec u = parse_length_spec("uniform:3,9", "--gen-lens");
+  EXPECT_EQ(u.kind, LengthSpec::Kind::uniform);
+  EXPECT_EQ(u.lo, 3);
+  EXPECT_EQ(u.hi, 9);
+  const LengthSpec l = parse_length_spec("lognormal:256,0.5", "--prompt-lens");
+  EXPECT_EQ(l.kind, LengthSpec::Kind::lognormal);
+  EXPECT_EQ(l.median, 256.0);
+  EXPECT_EQ(l.sigma, 0.5);
+  EXPECT_EQ(l.text, "lognormal:256,0.5");
+  for (const char* bad : {"fixed:0", "fixed:x", "uniform:5", "uniform:9,3", "uniform:0,3",
+                          "lognormal:-1,1", "lognormal:10,-1", "lognormal:10", "poisson:4",
+                          "256", "fixed:3,4"}) {
+    const std::string e = error_of([&] { parse_length_spec(bad, "--prompt-lens"); });
+    EXPECT_TRUE(contains(e, std::string("--prompt-lens '") + bad + "'")) << e;
+    EXPECT_TRUE(contains(e, "uniform:a,b")) << e;  // says what would be valid
+  }
+}
+
+TEST(ServingLengths, ClampsToOneAndTheContextLimit) {
+  std::mt19937_64 rng(3);
+  EXPECT_EQ(draw_length(parse_length_spec("fixed:5000", "--prompt-lens"), 100, rng), 100);
+  EXPECT_EQ(draw_length(parse_length_spec("lognormal:1000,0", "--prompt-lens"), 64, rng), 64);
+  EXPECT_EQ(draw_length(parse_length_spec("lognormal:0.2,0", "--prompt-lens"), 64, rng), 1);
+  EXPECT_EQ(draw_length(parse_length_spec("lognormal:37,0", "--prompt-lens"), 64, rng), 37);
+  const LengthSpec u = parse_length_spec("uniform:1,10", "--gen-lens");
+  std::vector<int> seen(11, 0);
+  for (int i = 0; i < 2000; ++i) {
+    const int v = draw_length(u, 5, rng);
+    ASSERT_GE(v, 1);
+    ASSERT_LE(v, 5);
+    ++seen[v];
+  }
+  // 1..4 each ~10% of the draws, 5 takes 5..10 (~60%).
+  EXPECT_GT(seen[1], 100);
+  EXPECT_GT(seen[5], 1000);
+}
+
+// The sample median of n lognormal draws estimates exp(mu) = median: its log has standard error
+// sigma * sqrt(pi / (2 n)) (the median of a normal sample); 5 SE with sigma = 1, n = 20001 is
+// 4.4%, plus 1 token for the rounding to integers.
+TEST(ServingLengths, LognormalHasTheGivenMedian) {
+  const LengthSpec spec = parse_length_spec("lognormal:256,1.0", "--prompt-lens");
+  std::mt19937_64 rng(11);
+  const int n = 20001;
+  std::vector<int> v(n);
+  for (int& x : v) x = draw_length(spec, 1 << 30, rng);
+  std::nth_element(v.begin(), v.begin() + n / 2, v.end());
+  const double tol = 5 * 1.0 * std::sqrt(std::acos(-1.0) / (2.0 * n));
+  EXPECT_GE(v[n / 2], 256.0 * std::exp(-tol) - 1);
+  EXPECT_LE(v[n / 2], 256.0 * std::exp(tol) + 1);
+}
+
+// ---- traces ---------------------------------------------------------------------------------
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "ppb_serving_" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ServingTrace, ReadsPpbenchsOwnFormat) {
+  const std::string path = write_file("own.csv",
+                                      "arrival_s,prompt_len,gen_len\n"
+                                      "0,16,4\n"
+                                      "0.25,300,8\r\n"
+                                      "\n"
+                                      "1.5,0,2\n");
+  const Trace t = read_trace(path, 256, 64);
+  EXPECT_EQ(t.format, Trace::Format::ppbench);
+  ASSERT_EQ(t.requests.size(), 3u);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);
+  EXPECT_EQ(t.requests[1].arrival_s, 0.25);
+  EXPECT_EQ(t.requests[1].prompt_len, 256);  // clamped from 300
+  EXPECT_EQ(t.requests[1].gen_len, 8);
+  EXPECT_EQ(t.requests[2].prompt_len, 1);    // clamped from 0
+  EXPECT_EQ(t.requests[2].gen_len, 2);
+  EXPECT_EQ(t.clamped_rows, 2);
+}
+
+// The first rows of AzureLLMInferenceTrace_code.csv as published, and a midnight crossing.
+TEST(ServingTrace, ReadsTheAzure2023TraceAsItIs) {
+  const std::string path = write_file("azure.csv",
+                                      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                      "2023-11-16 18:17:03.9799600,4808,10\n"
+                                      "2023-11-16 18:17:04.0319600,3180,8\n"
+                                      "2023-11-16 18:17:04.0781490,110,27\n"
+                                      "2023-11-17 00:00:00,7,1\n");
+  const Trace t = read_trace(path, 4096, 64);
+  EXPECT_EQ(t.format, Trace::Format::azure2023);
+  EXPECT_STREQ(format_name(t.format), "azure2023");
+  ASSERT_EQ(t.requests.size(), 4u);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);
+  EXPECT_NEAR(t.requests[1].arrival_s, 0.052, 1e-12);
+  EXPECT_NEAR(t.requests[2].arrival_s, 0.098189, 1e-12);
+  EXPECT_NEAR(t.requests[3].arrival_s, 20576.02004, 1e-9);
+  EXPECT_EQ(t.requests[0].prompt_len, 4096);  // 4808 clamped to the context
+  EXPECT_EQ(t.requests[0].gen_len, 10);
+  EXPECT_EQ(t.requests[2].prompt_len, 110);
+  EXPECT_EQ(t.requests[2].gen_len, 27);
+  EXPECT_EQ(t.clamped_rows, 1);
+}
+
+TEST(ServingTrace, DatetimesAgainstKnownEpochSeconds) {
+  long long ns = -1;
+  ASSERT_TRUE(parse_datetime_ns("1970-01-01 00:00:00", ns));
+  EXPECT_EQ(ns, 0);
+  ASSERT_TRUE(parse_datetime_ns("2000-03-01T00:00:00", ns));
+  EXPECT_EQ(ns, 11017LL * 86400 * 1000000000LL);
+  ASSERT_TRUE(parse_datetime_ns("2024-02-29 12:00:00.5", ns));
+  EXPECT_EQ(ns, 1709208000LL * 1000000000LL + 500000000LL);
+  ASSERT_TRUE(parse_datetime_ns("2023-11-16 18:17:03.9799600", ns));
+  EXPECT_EQ(ns, 1700158623LL * 1000000000LL + 979960000LL);
+  for (const char* bad : {"2023-02-29 00:00:00", "2023-13-01 00:00:00", "2023-11-16",
+                          "2023-11-16 24:00:00", "2023-11-16 18:17:03.", "2023-11-16 18:17:03,5",
+                          "2023-11-16 18:17:03.1234567890"})
+    EXPECT_FALSE(parse_datetime_ns(bad, ns)) << bad;
+}
+
+TEST(ServingTrace, ErrorsNameTheFileTheLineAndTheField) {
+  const std::string a = write_file("bad_time.csv",
+                                   "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                   "2023-11-16 18:17:03.9799600,4808,10\n"
+                                   "2023-11-16 25:17:04,3180,8\n");
+  std::string e = error_of([&] { read_trace(a, 100, 100); });
+  EXPECT_TRUE(contains(e, a + " line 3, field TIMESTAMP")) << e;
+  const std::string b = write_file("bad_len.csv", "arrival_s,prompt_len,gen_len\n0,4,-1\n");
+  e = error_of([&] { read_trace(b, 100, 100); });
+  EXPECT_TRUE(contains(e, b + " line 2, field gen_len: '-1'")) << e;
+  const std::string c = write_file("backwards.csv", "arrival_s,prompt_len,gen_len\n2,4,1\n1,4,1\n");
+  e = error_of([&] { read_trace(c, 100, 100); });
+  EXPECT_TRUE(contains(e, c + " line 3, field arrival_s")) << e;
+  const std::string d = write_file("header.csv", "time,in,out\n0,1,1\n");
+  e = error_of([&] { read_trace(d, 100, 100); });
+  EXPECT_TRUE(contains(e, d + " line 1: header 'time,in,out'")) << e;
+  const std::string f = write_file("fields.csv", "arrival_s,prompt_len,gen_len\n0,1\n");
+  e = error_of([&] { read_trace(f, 100, 100); });
+  EXPECT_TRUE(contains(e, f + " line 2: 2 fields, expected 3")) << e;
+  e = error_of([&] { read_trace("/nonexistent/trace.csv", 100, 100); });
+  EXPECT_TRUE(contains(e, "/nonexistent/trace.csv: cannot open")) << e;
+}
+
+
+// ---- metrics --------------------------------------------------------------------------------
+
+RequestTimes times(double arrival, double admitted, std::vector<double> tokens, int prompt) {
+  RequestTimes r;
+  r.arrival_s = arrival;
+  r.admitted_s = admitted;
+  r.first_token_s = tokens.front();
+  r.finish_s = tokens.back();
+  r.gen_len = static_cast<int>(tokens.size());
+  r.token_s = std::move(tokens);
+  r.prompt_len = prompt;
+  return r;
+}
+
+// Three requests by hand (seconds):
+//   A: arrival 0,   admitted 0.5, tokens 1, 1.25, 1.5, 2 (out 4), prompt 10:
+//      queue 0.5, TTFT 1, E2E 2, TPOT (2 - 1)/3 = 1/3, ITL 0.25 0.25 0.5
+//   B: arrival 0.5, admitted 0.5, token 1.5 (out 1), prompt 20:
+//      queue 0, TTFT 1, E2E 1, no TPOT (out = 1), no ITL
+//   C: arrival 1,   admitted 2,   tokens 2.5, 3 (out 2), prompt 30:
+//      queue 1, TTFT 1.5, E2E 2, TPOT 0.5, ITL 0.5
+// Duration 3 - 0 = 3 s. numpy-linear percentiles of sorted x at h = p/100 (n - 1):
+//   TTFT [1, 1, 1.5]: mean 7/6, p50 1, p90 x1 + 0.8 (x2 - x1) = 1.4, p99 1.49
+//   TPOT [1/3, 1/2]:  mean 5/12, p50 1/3 + 0.5/6, p90 1/3 + 0.9/6, p99 1/3 + 0.99/6
+//   ITL [0.25, 0.25, 0.5, 0.5]: mean 0.375, p50 (h 1.5) 0.375, p90 (h 2.7) 0.5, p99 0.5
+//   E2E [1, 2, 2]: mean 5/3, p50 p90 p99 2;  queue [0, 0.5, 1]: mean 0.5, p50 0.5, p90 0.9, p99 0.99
+std::vector<RequestTimes> hand_made_requests() {
+  return {times(0.0, 0.5, {1.0, 1.25, 1.5, 2.0}, 10), times(0.5, 0.5, {1.5}, 20),
+          times(1.0, 2.0, {2.5, 3.0}, 30)};
+}
+
+void expect_summary(const LatencySummary& s, std::size_t n, double mean, double p50, double p90,
+                    double p99) {
+  EXPECT_EQ(s.n, n);
+  EXPECT_NEAR(s.mean_ms, mean, 1e-9);
+  EXPECT_NEAR(s.p50_ms, p50, 1e-9);
+  EXPECT_NEAR(s.p90_ms, p90, 1e-9);
+  EXPECT_NEAR(s.p99_ms, p99, 1e-9);
+}
+
+TEST(ServingMetrics, PerRequestLatenciesByHand) {
+  const std::vector<RequestTimes> r = hand_made_requests();
+  const RequestLatency a = request_latency(r[0]);
+  EXPECT_DOUBLE_EQ(a.queue_s, 0.5);
+  EXPECT_DOUBLE_EQ(a.ttft_s, 1.0);
+  EXPECT_DOUBLE_EQ(a.e2e_s, 2.0);
+  EXPECT_DOUBLE_EQ(a.tpot_s, 1.0 / 3.0);
+  EXPECT_EQ(a.itl_s, (std::vector<double>{0.25, 0.25, 0.5}));
+  const RequestLatency b = request_latency(r[1]);
+  EXPECT_TRUE(std::isnan(b.tpot_s));  // out = 1: no TPOT, as vLLM
+  EXPECT_TRUE(b.itl_s.empty());
+  EXPECT_DOUBLE_EQ(b.ttft_s, 1.0);
+  const RequestLatency c = request_latency(r[2]);
+  EXPECT_DOUBLE_EQ(c.queue_s, 1.0);
+  EXPECT_DOUBLE_EQ(c.tpot_s, 0.5);
+}
+
+TEST(ServingMetrics, RunMetricsByHand) {
+  const ServingMetrics m = serving_metrics(hand_made_requests(), GoodputSpec{});
+  EXPECT_EQ(m.completed, 3u);
+  EXPECT_EQ(m.total_input_tokens, 60);
+  EXPECT_EQ(m.total_output_tokens, 7);
+  EXPECT_DOUBLE_EQ(m.duration_s, 3.0);
+  EXPECT_DOUBLE_EQ(m.request_throughput, 1.0);
+  EXPECT_DOUBLE_EQ(m.output_tokens_per_s, 7.0 / 3.0);
+  EXPECT_DOUBLE_EQ(m.total_tokens_per_s, 67.0 / 3.0);
+  expect_summary(m.ttft, 3, 7000.0 / 6.0, 1000.0, 1400.0, 1490.0);
+  const double third = 1000.0 / 3.0, sixth = 1000.0 / 6.0;
+  expect_summary(m.tpot, 2, 5000.0 / 12.0, third + 0.5 * sixth, third + 0.9 * sixth,
+                 third + 0.99 * sixth);
+  expect_summary(m.itl, 4, 375.0, 375.0, 500.0, 500.0);
+  expect_summary(m.e2e, 3, 5000.0 / 3.0, 2000.0, 2000.0, 2000.0);
+  expect_summary(m.queue, 3, 500.0, 500.0, 900.0, 990.0);
+  EXPECT_EQ(m.good, 0u);
+  EXPECT_TRUE(std::isnan(m.goodput_req_per_s));  // no --goodput: none
+  EXPECT_TRUE(std::isnan(m.slo_attainment));
+  // The duration counts from the scenario's start, not from the first arrival.
+  EXPECT_DOUBLE_EQ(serving_metrics(hand_made_requests(), GoodputSpec{}, -1.0).duration_s, 4.0);
+}
+
+TEST(ServingMetrics, GoodputIsRequestsMeetingEveryLimitPerSecond) {
+  // ttft:1000 tpot:400: A (TTFT 1 <= 1, TPOT 1/3) and B (TTFT 1, TPOT counted as 0) meet both,
+  // C (TTFT 1.5) not: 2 good requests in 3 s.
+  ServingMetrics m = serving_metrics(hand_made_requests(), parse_goodput({"ttft:1000", "tpot:400"}));
+  EXPECT_EQ(m.good, 2u);
+  EXPECT_DOUBLE_EQ(m.goodput_req_per_s, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(m.slo_attainment, 2.0 / 3.0);
+  // tpot:300 fails A (1/3 s) and C (0.5 s); B's out = 1 never fails a TPOT limit.
+  m = serving_metrics(hand_made_requests(), parse_goodput({"tpot:300"}));
+  EXPECT_EQ(m.good, 1u);
+  // e2e:1999 (vLLM's key e2el too): only B (E2E 1 s).
+  m = serving_metrics(hand_made_requests(), parse_goodput({"e2el:1999"}));
+  EXPECT_EQ(m.good, 1u);
+  EXPECT_DOUBLE_EQ(m.slo_attainment, 1.0 / 3.0);
+  m = serving_metrics(hand_made_requests(), parse_goodput({"e2e:2000 ttft:1500"}));
+  EXPECT_EQ(m.good, 3u);
+  EXPECT_DOUBLE_EQ(m.goodput_req_per_s, 1.0);
+}
+
+TEST(ServingMetrics, GoodputSpecErrorsSayWhatIsValid) {
+  const GoodputSpec g = parse_goodput({"ttft:250.5", "tpot:0"});
+  EXPECT_EQ(g.ttft_ms, 250.5);
+  EXPECT_EQ(g.tpot_ms, 0.0);
+  EXPECT_TRUE(std::isnan(g.e2e_ms));
+  for (const char* bad : {"ttft", "ttft:", "ttft:-1", "itl:5", "ttft:5:6", "tpot:abc"}) {
+    const std::string e = error_of([&] { parse_goodput({bad}); });
+    EXPECT_TRUE(contains(e, std::string("--goodput '") + bad + "'")) << e;
+    EXPECT_TRUE(contains(e, "KEY ttft, tpot or e2e")) << e;
+  }
+  EXPECT_TRUE(contains(error_of([&] { parse_goodput({"ttft:1", "ttft:2"}); }), "given twice"));
+}
+
+TEST(ServingMetrics, InconsistentTimesAreAnInternalError) {
+  RequestTimes r = times(1.0, 0.5, {2.0}, 4);  // admitted before it arrived
+  EXPECT_THROW(request_latency(r), InternalError);
+  r = times(0.0, 0.0, {2.0, 1.0}, 4);  // tokens out of order
+  EXPECT_THROW(request_latency(r), InternalError);
+  r = times(0.0, 0.0, {1.0, 2.0}, 4);
+  r.gen_len = 3;  // fewer token times than output tokens
+  EXPECT_THROW(request_latency(r), InternalError);
+  EXPECT_THROW(serving_metrics({}, GoodputSpec{}), InternalError);
+}
+
+
+// ---- scheduler ------------------------------------------------------------------------------
+
+void expect_row(const BatchRow& r, int request, int slot, int position, int tokens, bool prefill) {
+  EXPECT_EQ(r.request, request);
+  EXPECT_EQ(r.slot, slot);
+  EXPECT_EQ(r.position, position);
+  EXPECT_EQ(r.tokens, tokens);
+  EXPECT_EQ(r.prefill, prefill);
+}
+
+// One group of 2 slots. r0 (P 3, G 2) and r1 (P 2, G 3) arrive at 0, r2 (P 4, G 1) at 0.5,
+// while both slots are held: it waits until r0 leaves after step 2, then takes r0's slot 0.
+// Steps end at 1, 2, 3.
+std::vector<Request> three_requests() { return {{0.0, 3, 2}, {0.0, 2, 3}, {0.5, 4, 1}}; }
+
+TEST(ServingScheduler, HandMadeScheduleMixedSteps) {
+  Scheduler s(three_requests(), {1, 2, StepPolicy::mixed});
+  const Step& s1 = s.next_step(0, 0.0);
+  EXPECT_EQ(s1.admitted, (std::vector<int>{0, 1}));  // FCFS, lowest slot first
+  ASSERT_EQ(s1.rows.size(), 2u);
+  expect_row(s1.rows[0], 0, 0, 0, 3, true);
+  expect_row(s1.rows[1], 1, 1, 0, 2, true);
+  EXPECT_EQ(s1.total_tokens(), 5);
+  EXPECT_TRUE(s.in_flight(0));
+  s.complete_step(0, 1.0);
+
+  EXPECT_EQ(s.waiting(1.0), 1);  // r2 arrived at 0.5; no free slot
+  const Step& s2 = s.next_step(0, 1.0);
+  EXPECT_TRUE(s2.admitted.empty());
+  ASSERT_EQ(s2.rows.size(), 2u);
+  expect_row(s2.rows[0], 0, 0, 3, 1, false);  // ragged: r0 decodes at 3, r1 at 2
+  expect_row(s2.rows[1], 1, 1, 2, 1, false);
+  s.complete_step(0, 2.0);  // r0's 2nd token: it leaves, slot 0 is free
+  EXPECT_EQ(s.running(0), 1);
+
+  const Step& s3 = s.next_step(0, 2.0);
+  EXPECT_EQ(s3.admitted, (std::vector<int>{2}));
+  ASSERT_EQ(s3.rows.size(), 2u);
+  expect_row(s3.rows[0], 2, 0, 0, 4, true);  // r2 prefilled in r0's old slot ...
+  expect_row(s3.rows[1], 1, 1, 3, 1, false);  // ... beside r1's decode at position 3
+  s.complete_step(0, 3.0);
+  EXPECT_TRUE(s.finished());
+  EXPECT_TRUE(s.next_step(0, 3.0).rows.empty());
+  EXPECT_FALSE(s.in_flight(0));
+  EXPECT_EQ(s.slot_of(2), 0);
+  EXPECT_EQ(s.group_of(2), 0);
+
+  const std::vector<RequestTimes>& t = s.times();
+  EXPECT_EQ(t[0].token_s, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(t[1].token_s, (std::vector<double>{1.0, 2.0, 3.0}));
+  EXPECT_EQ(t[2].token_s, (std::vector<double>{3.0}));
+  EXPECT_EQ(t[2].admitted_s, 2.0);
+  EXPECT_EQ(t[2].first_token_s, 3.0);
+  EXPECT_EQ(t[1].finish_s, 3.0);
+  // The recorded times feed the metrics: r2 queued 1.5 s, TTFT 2.5 s.
+  const ServingMetrics m = serving_metrics(t, GoodputSpec{});
+  EXPECT_EQ(m.completed, 3u);
+  EXPECT_DOUBLE_EQ(m.duration_s, 3.0);
+  EXPECT_DOUBLE_EQ(m.queue.p99_ms, 1000.0 * (0.0 + 0.98 * 1.5));  // sorted [0, 0, 1.5]
+  EXPECT_DOUBLE_EQ(request_latency(t[2]).ttft_s, 2.5);
+  EXPECT_EQ(m.total_output_tokens, 6);
+}
+
+// vLLM V0's default: a step that admits a request runs only its prefill; r1's decode waits.
+TEST(ServingScheduler, PrefillFirstStepsHoldTheDecodes) {
+  Scheduler s(three_requests(), {1, 2, StepPolicy::prefill_first});
+  EXPECT_EQ(s.next_step(0, 0.0).rows.size(), 2u);  // two prefills, nothing running yet
+  s.complete_step(0, 1.0);
+  EXPECT_EQ(s.next_step(0, 1.0).rows.size(), 2u);  // two decodes
+  s.complete_step(0, 2.0);
+  const Step& s3 = s.next_step(0, 2.0);
+  ASSERT_EQ(s3.rows.size(), 1u);
+  expect_row(s3.rows[0], 2, 0, 0, 4, true);
+  s.complete_step(0, 3.0);
+  EXPECT_FALSE(s.finished());
+  const Step& s4 = s.next_step(0, 3.0);
+  ASSERT_EQ(s4.rows.size(), 1u);
+  expect_row(s4.rows[0], 1, 1, 3, 1, false);
+  s.complete_step(0, 4.0);
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{1.0, 2.0, 4.0}));
+}
+
+// Two groups of one slot: a waiting request goes to the group whose next step starts first.
+TEST(ServingScheduler, TwoGroupsShareOneFcfsQueue) {
+  Scheduler s({{0.0, 2, 1}, {0.0, 2, 3}, {0.1, 5, 2}}, {2, 1, StepPolicy::mixed});
+  EXPECT_EQ(s.next_step(0, 0.0).admitted, (std::vector<int>{0}));
+  EXPECT_EQ(s.next_step(1, 0.05).admitted, (std::vector<int>{1}));
+  s.complete_step(0, 1.0);  // r0 (G 1) leaves group 0
+  s.complete_step(1, 1.05);
+  const Step& g1 = s.next_step(1, 1.05);  // group 1 is full: r1 decodes, r2 keeps waiting
+  EXPECT_TRUE(g1.admitted.empty());
+  ASSERT_EQ(g1.rows.size(), 1u);
+  expect_row(g1.rows[0], 1, 0, 2, 1, false);
+  EXPECT_EQ(s.waiting(1.05), 1);
+  const Step& g0 = s.next_step(0, 1.1);
+  EXPECT_EQ(g0.admitted, (std::vector<int>{2}));
+  EXPECT_EQ(g0.group, 0);
+  EXPECT_EQ(s.group_of(2), 0);
+  EXPECT_EQ(s.group_of(1), 1);
+  EXPECT_EQ(s.times()[2].admitted_s, 1.1);
+}
+
+TEST(ServingScheduler, NothingArrivedGivesAnEmptyStep) {
+  Scheduler s({{5.0, 4, 2}}, {1, 1, StepPolicy::mixed});
+  EXPECT_TRUE(s.next_step(0, 0.0).rows.empty());
+  EXPECT_FALSE(s.in_flight(0));
+  EXPECT_EQ(s.waiting(0.0), 0);
+  EXPECT_EQ(s.next_arrival_s(), 5.0);
+  const Step& step = s.next_step(0, 5.0);
+  EXPECT_EQ(step.admitted, (std::vector<int>{0}));
+  EXPECT_EQ(s.next_arrival_s(), kInf);
+  EXPECT_EQ(s.times()[0].admitted_s, 5.0);
+}
+
+TEST(ServingScheduler, MisuseAndBadConfigAreCaught) {
+  Scheduler s(three_requests(), {1, 2, StepPolicy::mixed});
+  s.next_step(0, 0.0);
+  EXPECT_THROW(s.next_step(0, 0.5), InternalError);     // a step already in flight
+  EXPECT_THROW(s.complete_step(0, -1.0), InternalError);  // ends before it started
+  s.complete_step(0, 1.0);
+  EXPECT_THROW(s.complete_step(0, 2.0), InternalError);  // nothing in flight
+  EXPECT_THROW(s.next_step(0, 0.9), InternalError);      // before the previous step ended
+  EXPECT_THROW(s.next_step(1, 1.0), InternalError);      // no group 1
+  EXPECT_TRUE(contains(error_of([] { Scheduler({}, {0, 1, StepPolicy::mixed}); }),
+                       "-M/--microbatches 0"));
+  EXPECT_TRUE(contains(error_of([] { Scheduler({}, {1, 0, StepPolicy::mixed}); }), "-b/--batch 0"));
+  EXPECT_TRUE(contains(error_of([] { Scheduler({{0.0, 0, 1}}, {1, 1, StepPolicy::mixed}); }),
+                       "request 0: prompt_len 0"));
+}
+
+// A simulator drives the scheduler: each group's step lasts 10 ms + 0.1 ms per token, groups
+// run side by side. Whatever the arrivals, every request gets its gen_len tokens at
+// consecutive positions, a group never holds more than B requests, and admission is FCFS.
+TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
+  for (StepPolicy policy : {StepPolicy::mixed, StepPolicy::prefill_first}) {
+    ScenarioSpec spec;
+    spec.arrivals = {200.0, 0.5, true};
+    spec.requests = 300;
+    spec.prompt_lens = parse_length_spec("lognormal:64,0.8", "--prompt-lens");
+    spec.gen_lens = parse_length_spec("uniform:1,24", "--gen-lens");
+    spec.max_prompt_len = 256;
+    spec.max_gen_len = 24;
+    spec.seed = 5;
+    const std::vector<Request> reqs = generate_requests(spec);
+    const int groups = 3, slots = 4;
+    Scheduler s(reqs, {groups, slots, policy});
+    std::vector<double> ready(groups, 0.0);
+    std::vector<int> next_pos(reqs.size(), 0);
+    int steps = 0;
+    while (!s.finished()) {
+      const int g = static_cast<int>(std::min_element(ready.begin(), ready.end()) - ready.begin());
+      ASSERT_LT(ready[g], kInf);
+      const Step& step = s.next_step(g, ready[g]);
+      if (step.rows.empty()) {
+        ready[g] = s.next_arrival_s();
+        continue;
+      }
+      ASSERT_LE(step.rows.size(), static_cast<std::size_t>(slots));
+      for (const BatchRow& row : step.rows) {
+        ASSERT_EQ(row.position, next_pos[row.request]) << "request " << row.request;
+        next_pos[row.request] += row.tokens;
+        if (row.prefill) ASSERT_EQ(row.tokens, reqs[row.request].prompt_len);
+      }
+      ready[g] += 0.010 + 1e-4 * step.total_tokens();
+      s.complete_step(g, ready[g]);
+      ++steps;
+    }
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      const RequestTimes& t = s.times()[i];
+      ASSERT_EQ(t.token_s.size(), static_cast<std::size_t>(reqs[i].gen_len));
+      // The last token out is not fed back: P + G - 1 positions were run.
+      EXPECT_EQ(next_pos[i], reqs[i].prompt_len + reqs[i].gen_len - 1);
+      EXPECT_GE(t.admitted_s, t.arrival_s);
+      if (i > 0) EXPECT_GE(t.admitted_s, s.times()[i - 1].admitted_s);  // FCFS
+    }
+    const ServingMetrics m = serving_metrics(s.times(), GoodputSpec{});
+    EXPECT_EQ(m.completed, reqs.size());
+    EXPECT_GT(steps, 0);
+  }
+}
+
+}  // namespace
+}  // namespace ppb::serving
