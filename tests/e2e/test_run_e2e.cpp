@@ -1026,6 +1026,80 @@ TEST(RunE2E, TensorParallelAutoPicksALayoutAndMeasuresIt) {
             (std::vector<int64_t>{2}));
 }
 
+/// `run --plan K` (issue 36): the planner's search on the run's profile is stored whole, its K
+/// front points with the most predicted tokens/s and the best layout's every M are measured each
+/// at its own M (the file's group axis follows it), validated against serialized runs and
+/// against uniform's tokens over the groups both ran, and the verdict names the right points.
+TEST(RunE2E, PlanMeasuresTheFrontPointsEachAtItsOwnM) {
+  const std::string out = temp_dir() + "/plan.h5";
+  const int G = 3, B = 2;
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json -p 8 -g 3 -b 2 --iters 2 --plan 3 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  auto plan = root.open_group("plan");
+  EXPECT_EQ(plan.get_attr<int64_t>("devices"), 2);
+  const auto label = plan.open_dataset("label").read_strings();
+  const auto widths = plan.open_dataset("widths").read_strings();
+  const auto measured_as = plan.open_dataset("measured_as").read_strings();
+  const auto groups = plan.open_dataset("groups").read<int64_t>();
+  const auto tps = plan.open_dataset("tokens_per_s").read<double>();
+  const auto on_front = plan.open_dataset("on_front").read<int64_t>();
+  const auto front = plan.open_dataset("front").read<int64_t>();
+  // Two devices: PP2 at M = 1..4 and TP2 at M = 1..2, every one simulated (nothing pruned).
+  ASSERT_EQ(label.size(), 6u);
+  EXPECT_EQ(plan.get_attr<int64_t>("pruned"), 0);
+  ASSERT_FALSE(front.empty());
+  for (const int64_t i : front) EXPECT_EQ(on_front.at(static_cast<size_t>(i)), 1);
+  // The K = 3 front points with the most predicted tokens/s are measured; so is the best
+  // layout at every M.
+  std::vector<int64_t> by_tps = front;
+  std::stable_sort(by_tps.begin(), by_tps.end(), [&](int64_t a, int64_t b) { return tps[a] > tps[b]; });
+  for (size_t j = 0; j < std::min<size_t>(3, by_tps.size()); ++j)
+    EXPECT_FALSE(measured_as[static_cast<size_t>(by_tps[j])].empty()) << label[static_cast<size_t>(by_tps[j])];
+  const std::string curve = plan.get_attr<std::string>("curve_layout");
+  EXPECT_EQ(curve, widths[static_cast<size_t>(by_tps[0])]);
+  const auto uniform_tokens = root.open_group("validation/uniform").open_dataset("tokens").read<int64_t>();
+  EXPECT_EQ(root.open_group("partitions/uniform").get_attr<int64_t>("microbatches"), 2);  // the run's M: one per stage
+  std::string predicted_best, measured_best;
+  double best_pred = -1, best_meas = -1;
+  for (size_t i = 0; i < label.size(); ++i) {
+    SCOPED_TRACE(label[i]);
+    if (widths[i] == curve) EXPECT_FALSE(measured_as[i].empty());
+    if (measured_as[i].empty()) continue;
+    const std::string name = measured_as[i];
+    EXPECT_EQ(root.open_group("partitions/" + name).get_attr<int64_t>("microbatches"), groups[i]);
+    auto bench = root.open_group("benchmark/" + name);
+    const auto dims = bench.open_dataset("events").dims();
+    ASSERT_EQ(dims.size(), 5u);
+    EXPECT_EQ(static_cast<int64_t>(dims[1]), groups[i]);  // [I, M, G+1, S, 6] at its own M
+    EXPECT_DOUBLE_EQ(bench.get_attr<double>("plan_predicted_tokens_per_s"), tps[i]);
+    EXPECT_GT(bench.get_attr<double>("plan_predicted_ttft_p50_ms"), 0.0);
+    auto val = root.open_group("validation/" + name);
+    EXPECT_EQ(val.get_attr<int64_t>("tokens_match"), 1);
+    const auto tokens = val.open_dataset("tokens").read<int64_t>();
+    ASSERT_EQ(tokens.size(), static_cast<size_t>(groups[i] * (G + 1) * B));
+    // Group g's prompts depend on g alone: the groups both ran generated the same tokens.
+    const size_t common = std::min(tokens.size(), uniform_tokens.size());
+    EXPECT_TRUE(std::equal(tokens.begin(), tokens.begin() + static_cast<long>(common), uniform_tokens.begin()));
+    if (tps[i] > best_pred) best_pred = tps[i], predicted_best = name;
+    if (bench.get_attr<double>("tokens_per_s") > best_meas) best_meas = bench.get_attr<double>("tokens_per_s"), measured_best = name;
+  }
+  EXPECT_EQ(root.get_attr<std::string>("plan_predicted_best"), predicted_best);
+  EXPECT_EQ(root.get_attr<std::string>("plan_measured_best"), measured_best);
+  const int64_t within = root.get_attr<int64_t>("plan_best_within_ci");
+  if (predicted_best == measured_best) EXPECT_EQ(within, 1);
+  else EXPECT_EQ(within, -1);  // 2 rounds: no CI
+  EXPECT_NE(r.output.find("plan: predicted best " + predicted_best), std::string::npos) << r.output;
+  // `report` prints the same front; `simulate` predicts each point at its own M.
+  auto rep = run(PPBENCH_BIN " report " + out);
+  EXPECT_EQ(rep.status, 0) << rep.output;
+  EXPECT_NE(rep.output.find("on the Pareto front"), std::string::npos) << rep.output;
+  auto sim = run(PPBENCH_BIN " simulate " + out);
+  EXPECT_EQ(sim.status, 0) << sim.output;
+  EXPECT_NE(sim.output.find("partition " + predicted_best + ":"), std::string::npos) << sim.output;
+}
+
 struct BadCase {
   std::string name;
   int np;
@@ -1082,6 +1156,8 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"tp widths do not sum to the ranks", 2, tiny + "--tp 1,2", "sum to 3 ranks"},
       {"tp width does not split the heads", 4, tiny + "--tp 3,1", "widths that work: 1, 2, 4"},
       {"tp width not a number", 2, tiny + "--tp two", "not a width"},
+      {"plan with a layout", 2, tiny + "--plan 2 --tp 2", "drop --partition and --tp"},
+      {"plan too many points", 2, tiny + "--plan 17", "--plan"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

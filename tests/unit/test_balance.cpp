@@ -383,6 +383,12 @@ TEST(SameSplit, EquivalentUpToSwappingIdenticalDevices) {
   EXPECT_EQ(ppb::balance::compare_splits(a, counts({6, 7, 5, 6}, {0, 1, 2, 3}), eq), Sameness::different);
   EXPECT_EQ(ppb::balance::same_split_as({a, counts({8, 5, 5, 6}, {0, 1, 2, 3}), b}, 2, eq), 0);
   EXPECT_EQ(ppb::balance::same_split_as({a, b}, 1), -1);
+  // The same split at another M (run --plan) is another measurement, identical or equivalent.
+  Partition a4 = a, b4 = b;
+  a4.groups = b4.groups = 4;
+  EXPECT_EQ(ppb::balance::compare_splits(a, a4, eq), Sameness::different);
+  EXPECT_EQ(ppb::balance::compare_splits(a, b4, eq), Sameness::different);
+  EXPECT_EQ(ppb::balance::compare_splits(a4, b4, eq), Sameness::equivalent);
   // Rank 2 is another kind of device (a CPU quota, an older GPU): its 5 layers are not rank 1's.
   ppb::balance::SplitEquivalence mixed = eq;
   mixed.device_class = {0, 0, 1, 0};

@@ -679,6 +679,68 @@ TEST_F(ResultsIoTest, FileWithoutPartitionOrderListsItsReferenceFirst) {
   EXPECT_EQ(r.partitions[1].name, "balanced");
 }
 
+// run --plan's search and verdict (/plan, the root's plan_* attributes) and each partition's own
+// M (/partitions/<name> microbatches; the workload's where a file has none) read back as written.
+TEST_F(ResultsIoTest, PlanAndEachPartitionsMRoundTrip) {
+  RunRecord w = make_record();
+  EXPECT_EQ(ppb::partition_groups(w, w.partitions[0]), w.workload.microbatches);  // 0: the workload's
+  ppb::PlanRecord& p = w.plan;
+  p.devices = 2;
+  p.points = 1;
+  p.mode = "every layout";
+  p.layouts_possible = 2;
+  p.layouts_evaluated = 2;
+  p.curve_layout = "1";
+  p.predicted_best = p.measured_best = "uniform";
+  p.best_within_ci = 1;
+  p.best_cmp = ppb::PairedComparison{1.0, 1.0, 1.0, 2};
+  for (int m = 1; m <= 2; ++m) {
+    ppb::PlanRecord::Candidate c;
+    c.label = "PP2 M" + std::to_string(m);
+    c.widths = "1,1";
+    c.counts = "2,2";
+    c.groups = m;
+    c.batch = 1;
+    c.tokens_per_s = 10.0 * m;
+    c.tokens_per_s_per_device = 5.0 * m;
+    c.ttft_p50_ms = 100.0 + m;
+    c.tpot_p50_ms = 20.0 * m;
+    c.tokens_per_s_per_user = 1000.0 / c.tpot_p50_ms;
+    c.bottleneck_stage = m - 1;
+    c.on_front = true;
+    c.measured_as = m == 2 ? "uniform" : "";
+    p.candidates.push_back(c);
+  }
+  p.front = {0, 1};
+  ppb::write_results(path_, w);
+  const RunRecord r = ppb::read_results(path_);
+  EXPECT_EQ(r.partitions[0].groups, w.workload.microbatches);
+  {
+    auto root = ppb::h5::File::open(path_).root();
+    EXPECT_EQ(root.get_attr<std::string>("plan_predicted_best"), "uniform");
+    EXPECT_EQ(root.get_attr<int64_t>("plan_best_within_ci"), 1);
+  }
+  const ppb::PlanRecord& q = r.plan;
+  EXPECT_EQ(q.devices, 2);
+  EXPECT_EQ(q.mode, p.mode);
+  EXPECT_EQ(q.curve_layout, "1");
+  EXPECT_EQ(q.measured_best, "uniform");
+  EXPECT_EQ(q.best_cmp.n, 2);
+  EXPECT_EQ(q.front, p.front);
+  ASSERT_EQ(q.candidates.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(q.candidates[i].label, p.candidates[i].label);
+    EXPECT_EQ(q.candidates[i].groups, p.candidates[i].groups);
+    EXPECT_EQ(q.candidates[i].measured_as, p.candidates[i].measured_as);
+    EXPECT_EQ(q.candidates[i].tokens_per_s, p.candidates[i].tokens_per_s);
+    EXPECT_EQ(q.candidates[i].tpot_p50_ms, p.candidates[i].tpot_p50_ms);
+    EXPECT_EQ(q.candidates[i].bottleneck_stage, p.candidates[i].bottleneck_stage);
+  }
+  std::ostringstream os;
+  ppb::print_summary(os, r);
+  EXPECT_NE(os.str().find("plan: predicted best uniform, measured best uniform: the same point"), std::string::npos) << os.str();
+}
+
 TEST_F(ResultsIoTest, UnmeasuredPartitionHasNoBenchmark) {
   RunRecord w = make_record();
   w.partitions[1].measured = false;
