@@ -39,6 +39,10 @@ Writes PNG files next to the results file (or into --outdir):
       and tokens/s per device (y); the Pareto front coloured, joined and labelled (layout and
       M), dominated candidates grey; the TPOT target as a vertical line (candidates left of it
       miss it), candidates missing the TTFT target hollow; the best under the targets starred.
+      Also drawn for a results file of `ppbench run --plan K` (from /plan): each measured point
+      as a black cross joined to its prediction, and a second panel with the best layout's
+      tokens/s against M (strategy 3's groups-in-flight curve), predicted line and measured
+      crosses.
 
 Requires h5py, numpy and matplotlib: on Debian/Ubuntu `apt-get install python3-h5py
 python3-matplotlib` for /usr/bin/python3 (the interpreter of this script's first line;
@@ -521,8 +525,67 @@ def read_plan(path):
     return plan
 
 
+def plan_of_results(f):
+    """/plan of a `run --plan` results file as the planner's JSON has it, each measured point's
+    measurement added (`measured`: tokens/s per device and per user, TTFT/TPOT p50 and tokens/s
+    measured); None without /plan."""
+    if "plan" not in f:
+        return None
+    g = f["plan"]
+    n = len(g["label"])
+    devices = int(g.attrs["devices"])
+    cands = []
+    for i in range(n):
+        c = {"layout": text(g["label"][i]), "widths": text(g["widths"][i]), "groups": int(g["groups"][i]),
+             "tokens_per_s": float(g["tokens_per_s"][i]),
+             "tokens_per_s_per_device": float(g["tokens_per_s_per_device"][i]),
+             "tokens_per_s_per_user": float(g["tokens_per_s_per_user"][i]),
+             "ttft_p50_ms": float(g["ttft_p50_ms"][i]), "tpot_p50_ms": float(g["tpot_p50_ms"][i])}
+        name = text(g["measured_as"][i])
+        if name and f"benchmark/{name}" in f:
+            a = f[f"benchmark/{name}"].attrs
+            c["measured"] = {"name": name, "tokens_per_s": float(a["tokens_per_s"]),
+                             "tokens_per_s_per_device": float(a["tokens_per_s"]) / devices,
+                             "tokens_per_s_per_user": 1000.0 / float(a["tpot_p50_ms"]),
+                             "ttft_p50_ms": float(a["ttft_p50_ms"]), "tpot_p50_ms": float(a["tpot_p50_ms"])}
+        cands.append(c)
+    return {"devices": devices, "candidates": cands, "front": [int(i) for i in g["front"][()]],
+            "slo_ttft_ms": 0.0, "slo_tpot_ms": 0.0, "mode": text(g.attrs["mode"]),
+            "curve_layout": text(g.attrs["curve_layout"]), "predicted_best": text(g.attrs["predicted_best"]),
+            "measured_best": text(g.attrs["measured_best"])}
+
+
+def plot_measured_points(ax, c):
+    """Each measured candidate's measurement over its prediction: a black cross joined to it."""
+    done = False
+    for k in c:
+        m = k.get("measured")
+        if not m:
+            continue
+        ax.plot([k["tokens_per_s_per_user"], m["tokens_per_s_per_user"]],
+                [k["tokens_per_s_per_device"], m["tokens_per_s_per_device"]], ":", color="k", lw=0.8, zorder=4)
+        ax.scatter([m["tokens_per_s_per_user"]], [m["tokens_per_s_per_device"]], marker="x", s=50, color="k",
+                   zorder=5, label=None if done else "measured (joined to its prediction)")
+        done = True
+
+
+def plot_curve(ax, plan):
+    """The best layout's tokens/s against M: predicted line, measured crosses (strategy 3)."""
+    pts = sorted((k for k in plan["candidates"] if k["widths"] == plan["curve_layout"]), key=lambda k: k["groups"])
+    ax.plot([k["groups"] for k in pts], [k["tokens_per_s"] for k in pts], "o-", color="tab:blue", label="predicted")
+    meas = [k for k in pts if k.get("measured")]
+    ax.scatter([k["groups"] for k in meas], [k["measured"]["tokens_per_s"] for k in meas], marker="x", s=60,
+               color="k", zorder=4, label="measured")
+    ax.set_xlabel("M groups in flight")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(f"layout {plan['curve_layout']}: groups in flight", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot_front(plan, title, out_png):
-    """The planner's Pareto front (see the module's docstring: <stem>_front.png)."""
+    """The planner's Pareto front (see the module's docstring: <stem>_front.png); with a results
+    file's plan, the measured points over the predicted ones and the groups-in-flight curve."""
     c = plan["candidates"]
     front = [i for i in plan["front"]]
     on_front = set(front)
@@ -530,7 +593,11 @@ def plot_front(plan, title, out_png):
     x = np.array([k["tokens_per_s_per_user"] for k in c])
     y = np.array([k["tokens_per_s_per_device"] for k in c])
     misses_ttft = np.array([ttft_slo > 0 and k["ttft_p50_ms"] > ttft_slo for k in c])
-    fig, ax = plt.subplots(figsize=(9, 6))
+    measured = any(k.get("measured") for k in c)
+    if measured:
+        fig, (ax, ax_curve) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(9, 6))
     rest = np.array([i not in on_front for i in range(len(c))])
     ax.scatter(x[rest & ~misses_ttft], y[rest & ~misses_ttft], s=18, color="0.7", label="dominated")
     ax.scatter(x[rest & misses_ttft], y[rest & misses_ttft], s=18, facecolors="none", edgecolors="0.7")
@@ -550,8 +617,12 @@ def plot_front(plan, title, out_png):
     if best is not None:
         ax.scatter([x[best]], [y[best]], marker="*", s=220, color="tab:orange", zorder=4,
                    label=f"best under the targets: {c[best]['layout']}")
-    ax.set_xlabel("tokens/s per user (1000 / TPOT p50, predicted)")
-    ax.set_ylabel("tokens/s per device (predicted)")
+    if measured:
+        plot_measured_points(ax, c)
+        plot_curve(ax_curve, plan)
+    what = "predicted; crosses: measured" if measured else "predicted"
+    ax.set_xlabel(f"tokens/s per user (1000 / TPOT p50, {what})")
+    ax.set_ylabel(f"tokens/s per device ({what})")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
@@ -655,6 +726,12 @@ def main(argv=None):
         if not missing:
             png = os.path.join(outdir, f"{stem}_roofline.png")
             plot_roofline(f, png)
+            written.append(png)
+        plan = plan_of_results(f)
+        if plan is not None:
+            png = os.path.join(outdir, f"{stem}_front.png")
+            plot_front(plan, f"ppbench run --plan: {plan['devices']} device(s), {len(plan['candidates'])} candidates, "
+                       f"predicted best {plan['predicted_best']}, measured best {plan['measured_best']}", png)
             written.append(png)
     for p in written:
         print(p)

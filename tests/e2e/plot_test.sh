@@ -208,6 +208,15 @@ say "prof_roofline.png: $size bytes"
 size=$(stat -c %s "$TMP/planout/plan_front.png")
 (( size > 20000 )) || fail "plan_front.png is only $size bytes"
 say "plan_front.png: $size bytes"
+# A `run --plan` file: its front with the measured points and the groups-in-flight curve.
+mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 8 -g 4 --iters 2 --target-ci 0 --plan 2 \
+  -o "$TMP/planrun.h5" >"$TMP/planrun.log" 2>&1 || { cat "$TMP/planrun.log"; fail "ppbench run --plan failed"; }
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/planrun.h5" --outdir "$TMP/planrunout" >"$TMP/planrun_plot.txt" ||
+  fail "plot of the --plan run failed"
+grep -qx "$TMP/planrunout/planrun_front.png" "$TMP/planrun_plot.txt" || fail "no planrun_front.png: $(cat "$TMP/planrun_plot.txt")"
+size=$(stat -c %s "$TMP/planrunout/planrun_front.png")
+(( size > 30000 )) || fail "planrun_front.png is only $size bytes"
+say "planrun_front.png (measured points, curve): $size bytes"
 echo '{"devices": 2}' >"$TMP/notplan.json"
 set +e
 "$PY" "$REPO/tools/ppbench_plot.py" "$TMP/notplan.json" 2>"$TMP/err11.txt"; rc11=$?
