@@ -429,9 +429,11 @@ double metric_or_nan(const PartitionRecord& p, const std::string& key) {
 
 /// The partition's title line (name, solver, layout, the split it shares a measurement with)
 /// and, for an adaptive split, the calibration it was solved from.
-void print_partition_header(std::ostream& os, const PartitionRecord& p) {
+void print_partition_header(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
   const bool tp = std::any_of(p.tp_width.begin(), p.tp_width.end(), [](int w) { return w > 1; });
-  os << "\npartition " << p.name << " (solver " << p.solver << (tp ? ", layout --tp " + p.layout : std::string()) << ")"
+  const int M = partition_groups(run, p);
+  os << "\npartition " << p.name << " (solver " << p.solver << (tp ? ", layout --tp " + p.layout : std::string())
+     << (M != run.workload.microbatches ? ", M=" + std::to_string(M) : std::string()) << ")"
      << (p.same_as.empty()                  ? ""
          : p.same_as_reason == "equivalent" ? ": its split " + p.solver_split + " is " + p.same_as +
                                                   "'s with identical devices' stages in another order (the same "
@@ -586,7 +588,7 @@ void print_validation(std::ostream& os, const RunRecord& run, const PartitionRec
 /// One partition: its stages predicted against measured, where the profile did not hold, its
 /// figures, simulator, gain against the reference partition and validation.
 void print_partition(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
-  print_partition_header(os, p);
+  print_partition_header(os, run, p);
   print_stage_table(os, run, p);
   if (!p.measured) return;
   print_stage_warnings(os, p);
