@@ -26,11 +26,9 @@ double metric(const PartitionRecord& p, const char* key) {
   return it == p.metrics.end() ? std::nan("") : it->second;
 }
 
-/// "  123.4 / 120.1  +2.7%": predicted / measured and the error (predicted / measured - 1).
+/// "  123.4 /   120.1   +2.7%": predicted / measured and the error (predicted / measured - 1).
 std::string pair_text(const char* f, double pred, double meas) {
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), "%s", (fmt(f, pred) + " / " + fmt(f, meas) + " " + fmt("%+6.1f%%", 100 * (pred / meas - 1))).c_str());
-  return buf;
+  return fmt(f, pred) + " / " + fmt(f, meas) + " " + fmt("%+6.1f%%", 100 * (pred / meas - 1));
 }
 
 void print_front(std::ostream& os, const PlanRecord& plan) {
