@@ -1,4 +1,4 @@
-// Attention kernels of the CUDA stage (twin: cpu::attention in backend/cpu/cpu_ops.cpp).
+// Attention kernels of the CUDA stage (twins: cpu::attention and cpu::attention_ragged in backend/cpu/cpu_ops.cpp).
 #include <cublas_v2.h>
 
 #include <algorithm>
