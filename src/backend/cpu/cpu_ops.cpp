@@ -184,6 +184,57 @@ void mask_softmax_row(float* row, int n, int lo, int hi, float softcap, const fl
   for (int j = hi + 1; j < n; ++j) row[j] = 0.0f;
 }
 
+/// attention() of one sequence: q, out [T, n_heads, head_dim] at positions [pos0, pos0 + T);
+/// kb, vb that sequence's cache [max_context, n_kv_heads, head_dim]. s gives everything else
+/// (its batch, tokens and pos0 are not read). The one path of attention and attention_ragged,
+/// so a ragged row gives the bits a batch of one at its position gives.
+void attention_sequence(float* out, const float* q, const float* kb, const float* vb, int T, int pos0,
+                        const AttentionShape& s, float* scratch) {
+  const int hd = s.head_dim;
+  const int q_stride = s.n_heads * hd;     // floats between consecutive tokens of q / out
+  const int kv_stride = s.n_kv_heads * hd; // floats between consecutive positions of the cache
+  const int group = s.n_heads / s.n_kv_heads;
+  if (T == 1 && group <= kAttentionQueryBlock) {
+    // Decode: the `group` query heads of a KV head are contiguous rows of q (stride hd) that
+    // attend the same keys, so each KV head takes one product for its scores and one for
+    // P V, `group` rows each, instead of two per query head (per-call overhead is most of a
+    // decode product this small).
+    const int p = pos0;
+    const int k_begin = s.window > 0 ? std::max(0, p - s.window + 1) : 0;
+    const int n = p + 1 - k_begin;
+    for (int g = 0; g < s.n_kv_heads; ++g) {
+      const size_t q_off = static_cast<size_t>(g) * group * hd;
+      const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
+      sgemm(true, group, n, hd, s.scale, q + q_off, hd, kb + kv_off, kv_stride, 0.0f, scratch, n);
+      for (int r = 0; r < group; ++r)
+        mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, 0, n - 1, s.softcap,
+                         s.sinks != nullptr ? s.sinks + g * group + r : nullptr);
+      sgemm(false, group, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, hd);
+    }
+    return;
+  }
+  for (int h = 0; h < s.n_heads; ++h) {
+    const int g = h / group;
+    for (int t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
+      const int tq = std::min(kAttentionQueryBlock, T - t0);
+      const int p_first = pos0 + t0;
+      const int p_last = p_first + tq - 1;
+      const int k_begin = s.window > 0 ? std::max(0, p_first - s.window + 1) : 0;
+      const int n = p_last + 1 - k_begin;
+      const size_t q_off = static_cast<size_t>(t0) * q_stride + static_cast<size_t>(h) * hd;
+      const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
+      sgemm(true, tq, n, hd, s.scale, q + q_off, q_stride, kb + kv_off, kv_stride, 0.0f, scratch, n);
+      for (int r = 0; r < tq; ++r) {
+        const int pr = p_first + r;
+        const int lo = (s.window > 0 ? std::max(0, pr - s.window + 1) : 0) - k_begin;
+        mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, lo, pr - k_begin, s.softcap,
+                         s.sinks != nullptr ? s.sinks + h : nullptr);
+      }
+      sgemm(false, tq, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, q_stride);
+    }
+  }
+}
+
 }  // namespace
 
 // Napkin math, per sequence and query head, n = attended keys (<= pos0 + T):
@@ -194,53 +245,46 @@ void mask_softmax_row(float* row, int n, int lo, int hi, float softcap, const fl
 // keys up to the block's last position, skipping ~half of the causal triangle.
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache,
                const AttentionShape& s, float* scratch) {
-  const int T = s.tokens;
-  const int hd = s.head_dim;
-  const int q_stride = s.n_heads * hd;     // floats between consecutive tokens of q / out
-  const int kv_stride = s.n_kv_heads * hd; // floats between consecutive positions of the cache
-  const int group = s.n_heads / s.n_kv_heads;
-  for (int b = 0; b < s.batch; ++b) {
-    const float* kb = k_cache + static_cast<size_t>(b) * s.max_context * kv_stride;
-    const float* vb = v_cache + static_cast<size_t>(b) * s.max_context * kv_stride;
-    if (T == 1 && group <= kAttentionQueryBlock) {
-      // Decode: the `group` query heads of a KV head are contiguous rows of q (stride hd) that
-      // attend the same keys, so each KV head takes one product for its scores and one for
-      // P V, `group` rows each, instead of two per query head (per-call overhead is most of a
-      // decode product this small).
-      const int p = s.pos0;
-      const int k_begin = s.window > 0 ? std::max(0, p - s.window + 1) : 0;
-      const int n = p + 1 - k_begin;
-      for (int g = 0; g < s.n_kv_heads; ++g) {
-        const size_t q_off = static_cast<size_t>(b) * q_stride + static_cast<size_t>(g) * group * hd;
-        const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
-        sgemm(true, group, n, hd, s.scale, q + q_off, hd, kb + kv_off, kv_stride, 0.0f, scratch, n);
-        for (int r = 0; r < group; ++r)
-          mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, 0, n - 1, s.softcap,
-                           s.sinks != nullptr ? s.sinks + g * group + r : nullptr);
-        sgemm(false, group, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, hd);
-      }
-      continue;
-    }
-    for (int h = 0; h < s.n_heads; ++h) {
-      const int g = h / group;
-      for (int t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
-        const int tq = std::min(kAttentionQueryBlock, T - t0);
-        const int p_first = s.pos0 + t0;
-        const int p_last = p_first + tq - 1;
-        const int k_begin = s.window > 0 ? std::max(0, p_first - s.window + 1) : 0;
-        const int n = p_last + 1 - k_begin;
-        const size_t q_off = (static_cast<size_t>(b) * T + t0) * q_stride + static_cast<size_t>(h) * hd;
-        const size_t kv_off = static_cast<size_t>(k_begin) * kv_stride + static_cast<size_t>(g) * hd;
-        sgemm(true, tq, n, hd, s.scale, q + q_off, q_stride, kb + kv_off, kv_stride, 0.0f, scratch, n);
-        for (int r = 0; r < tq; ++r) {
-          const int pr = p_first + r;
-          const int lo = (s.window > 0 ? std::max(0, pr - s.window + 1) : 0) - k_begin;
-          mask_softmax_row(scratch + static_cast<size_t>(r) * n, n, lo, pr - k_begin, s.softcap,
-                           s.sinks != nullptr ? s.sinks + h : nullptr);
-        }
-        sgemm(false, tq, hd, n, 1.0f, scratch, n, vb + kv_off, kv_stride, 0.0f, out + q_off, q_stride);
-      }
-    }
+  const size_t seq_q = static_cast<size_t>(s.tokens) * s.n_heads * s.head_dim;  // floats of q per sequence
+  const size_t seq_kv = static_cast<size_t>(s.max_context) * s.n_kv_heads * s.head_dim;
+  for (int b = 0; b < s.batch; ++b)
+    attention_sequence(out + b * seq_q, q + b * seq_q, k_cache + b * seq_kv, v_cache + b * seq_kv, s.tokens,
+                       s.pos0, s, scratch);
+}
+
+// Napkin math: attention()'s per sequence, each row r with T = n_r at pos0 = pos_r: a batch of
+// decodes costs what attention() costs at B = rows (the cache rows read once per KV head), a
+// prefill row what a B = 1 prefill of n_r tokens costs. Validating the rows is O(rows).
+void attention_ragged(float* out, const float* q, const float* k_cache, const float* v_cache,
+                      const AttentionShape& s, const RaggedBatch& rb, float* scratch) {
+  check_ragged_batch(rb, s.batch, s.max_context);
+  const size_t tok_q = static_cast<size_t>(s.n_heads) * s.head_dim;  // floats of q per token
+  const size_t seq_kv = static_cast<size_t>(s.max_context) * s.n_kv_heads * s.head_dim;
+  for (int r = 0; r < rb.rows; ++r) {
+    const int n = rb.offset[r + 1] - rb.offset[r];
+    if (n == 0) continue;
+    const size_t q0 = static_cast<size_t>(rb.offset[r]) * tok_q;
+    const size_t kv0 = static_cast<size_t>(rb.slot[r]) * seq_kv;
+    attention_sequence(out + q0, q + q0, k_cache + kv0, v_cache + kv0, n, rb.pos[r], s, scratch);
+  }
+}
+
+void check_ragged_batch(const RaggedBatch& rb, int n_slots, int max_context) {
+  auto fail = [&](int r, const std::string& what) {
+    throw InternalError("ragged attention: row " + std::to_string(r) + " of " + std::to_string(rb.rows) + ": " + what);
+  };
+  if (rb.rows < 0) throw InternalError("ragged attention: " + std::to_string(rb.rows) + " rows");
+  if (rb.rows > 0 && (rb.slot == nullptr || rb.pos == nullptr || rb.offset == nullptr))
+    throw InternalError("ragged attention: null slot, pos or offset array");
+  if (rb.rows > 0 && rb.offset[0] != 0) fail(0, "offset[0] = " + std::to_string(rb.offset[0]) + ", not 0");
+  for (int r = 0; r < rb.rows; ++r) {
+    const int n = rb.offset[r + 1] - rb.offset[r];
+    if (rb.slot[r] < 0 || rb.slot[r] >= n_slots)
+      fail(r, "slot " + std::to_string(rb.slot[r]) + " outside [0, " + std::to_string(n_slots) + ")");
+    if (n < 0) fail(r, "offsets decrease (" + std::to_string(n) + " tokens)");
+    if (rb.pos[r] < 0 || static_cast<long>(rb.pos[r]) + n > max_context)
+      fail(r, "positions [" + std::to_string(rb.pos[r]) + ", " + std::to_string(static_cast<long>(rb.pos[r]) + n) +
+                  ") outside the cache's [0, " + std::to_string(max_context) + ")");
   }
 }
 

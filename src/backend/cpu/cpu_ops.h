@@ -101,6 +101,39 @@ size_t attention_scratch_floats(int max_context);
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache,
                const AttentionShape& s, float* scratch);
 
+/// A ragged batch (continuous batching, issue 37): row r is one request with its own cache
+/// slot, its pos_r tokens already cached and n_r new tokens (a prefill's prompt, or 1 for a
+/// decode). Its query tokens are packed: row r's are token rows [offset[r], offset[r + 1]) of
+/// q / out, so n_r = offset[r + 1] - offset[r] (flash-attention's cu_seqlens_q, vLLM's
+/// query_start_loc). Host arrays for cpu::attention_ragged; device arrays for the CUDA twin.
+struct RaggedBatch {
+  int rows = 0;
+  const int32_t* slot = nullptr;    ///< [rows] the row's sequence in the cache, in [0, slots)
+  const int32_t* pos = nullptr;     ///< [rows] tokens already cached: the row's first new position
+  const int32_t* offset = nullptr;  ///< [rows + 1] packed token offsets, offset[0] = 0, non-decreasing
+};
+
+/// Checks a ragged batch against a cache of `n_slots` sequences of `max_context` positions:
+/// offset[0] = 0, n_r >= 0, slot_r in [0, n_slots), 0 <= pos_r and pos_r + n_r <= max_context.
+/// Two rows may share a slot (attention only reads the cache).
+/// @throws ppb::InternalError naming the first bad row (a scheduler bug, not a user's error).
+void check_ragged_batch(const RaggedBatch& rb, int n_slots, int max_context);
+
+/// Causal grouped-query attention over a ragged batch: for each row r, attention() of one
+/// sequence (the same code path, so bitwise what attention() with batch 1, tokens n_r,
+/// pos0 pos_r over that slot's cache gives): query token t of row r is at position pos_r + t
+/// and attends the keys of its slot at positions [max(0, p - window + 1), p], p = pos_r + t,
+/// with attention()'s scale, softcap, sliding window and sinks (HF eager_attention_forward,
+/// modeling_llama.py / modeling_gemma2.py; GptOssAttention's sinks). Rows with n_r = 0 write
+/// nothing.
+/// q, out [offset[rows], n_heads, head_dim] (packed token rows: row 0's, then row 1's, ...);
+/// k_cache, v_cache [s.batch = slots, s.max_context, n_kv_heads, head_dim], each row's slot
+/// holding positions [0, pos_r + n_r) (the new ones already written). s.tokens and s.pos0 are
+/// not read. scratch >= attention_scratch_floats(s.max_context) floats.
+/// @throws ppb::InternalError from check_ragged_batch(rb, s.batch, s.max_context).
+void attention_ragged(float* out, const float* q, const float* k_cache, const float* v_cache,
+                      const AttentionShape& s, const RaggedBatch& rb, float* scratch);
+
 /// Gated MLP activation: out = act(gate) * up, elementwise over n values (HF LlamaMLP /
 /// GemmaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))).
 /// silu(g) = g / (1 + e^-g); gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))

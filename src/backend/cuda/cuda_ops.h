@@ -172,6 +172,29 @@ void attention_prefill(cublasHandle_t handle, void* out, const void* q, const vo
 /// Elements of `scores` (and of `probs`) attention_prefill needs.
 size_t attention_prefill_scratch_elems(const cpu::AttentionShape& s, int query_block);
 
+/// cpu::attention_ragged (continuous batching: row r at its own slot, position pos_r and n_r
+/// new tokens) as one flash-decoding launch over the packed query tokens: one block per (key
+/// chunk, KV head, token) computes attention_decode's partial for its token's own slot and
+/// position, attention_decode's merge follows. Any mix of decodes and (short) prefills; a long
+/// prompt re-reads its keys per token (kernels_attention.cu's napkin math): give it
+/// attention_prefill instead. Sinks, window and softcap as attention_decode.
+/// rb: device arrays (slot, pos [rows], offset [rows + 1], cpu::RaggedBatch's meaning) with
+/// rb.rows (host) >= 1; tokens (host) = offset[rows], the packed query rows of q and out
+/// [tokens, n_heads, head_dim]; caches [s.batch = slots, s.max_context, n_kv_heads, head_dim];
+/// s.tokens and s.pos0 are not read. plan_keys (host) >= every token's attended keys
+/// (max_r min(window, pos_r + n_r)), <= the cache's: the chunks and the grid are planned for it.
+/// partial: attention_ragged_scratch_floats(s, tokens, plan_keys) floats.
+/// A kernel cannot throw: a row whose slot or positions fall outside the cache or whose keys
+/// exceed plan_keys leaves its tokens' outputs zero and sets *bad = 1 (where non-null; the
+/// caller reads it after synchronising, as embedding's bad_token).
+/// @throws ppb::InternalError if rows < 1, tokens > 65535 or plan_keys is outside [1, the
+/// cache's keys]; ppb::UserError for head_dim > 256 or a GQA group too large for shared memory.
+void attention_ragged(void* out, const void* q, const void* k_cache, const void* v_cache, const cpu::AttentionShape& s,
+                      const cpu::RaggedBatch& rb, int tokens, int plan_keys, float* partial, int* bad, DType t,
+                      cudaStream_t stream);
+/// Floats of `partial` attention_ragged needs (0 for no tokens).
+size_t attention_ragged_scratch_floats(const cpu::AttentionShape& s, int tokens, int plan_keys);
+
 // ---- mixture of experts (twins: cpu::route_tokens, CpuStage::moe_mlp) ------------------------
 //
 // A MoE layer on the GPU, without a host round trip (so that it runs inside a held lane and a

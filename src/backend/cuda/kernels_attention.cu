@@ -1,4 +1,4 @@
-// Attention kernels of the CUDA stage (twin: cpu::attention in backend/cpu/cpu_ops.cpp).
+// Attention kernels of the CUDA stage (twins: cpu::attention and cpu::attention_ragged in backend/cpu/cpu_ops.cpp).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -67,24 +67,30 @@ void decode_plan(int rows, int n_kv, int group, int head_dim, int n_chunk, int n
 
 }  // namespace
 
-// Napkin math (flash-decoding, Dao et al. 2023), Llama-3-8B decode B=8 at context 2048, bf16:
-// K and V rows read once per GQA group: 8 seq x 8 KV heads x 2048 x 128 x 2 (K,V) x 2 B =
-// 67 MB per layer, 14 µs at 4.8 TB/s; FLOPs 4 x 32 heads x 128 x 2048 x 8 = 0.27 GFLOP:
-// bandwidth-bound by ~100x. One block per (key chunk, KV head, query row) so that even B=1
-// has >= kDecodeBlocksPerSm blocks per SM in flight; a warp per key computes the group's dot products (the K
-// row is loaded once into registers), partial softmax per head, then each thread owns one
-// (head, dim) output and streams the chunk's V column (coalesced across the warp).
+/// Writes the empty partial (m = -inf, l = 0: the merge skips it) of query row r's heads of KV
+/// head g for key chunk `split`.
+__device__ __forceinline__ void empty_partial(float* m_part, float* l_part, const DecodeParams& p, int split, int g,
+                                              int r) {
+  const int group = p.n_heads / p.n_kv_heads;
+  for (int j = threadIdx.x; j < group; j += blockDim.x) {
+    const size_t i = (static_cast<size_t>(r) * p.n_heads + g * group + j) * p.n_splits + split;
+    m_part[i] = -INFINITY;
+    l_part[i] = 0.0f;
+  }
+}
+
+/// The body of both decode kernels: the partial softmax and P V of query row r (q and the
+/// partials' row; its `group` heads of KV head g), at position pos over cache sequence b, for
+/// key chunk `split`.
 template <typename T>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(float* o_part, float* m_part, float* l_part,
-                                                                           const T* q, const T* k_cache,
-                                                                           const T* v_cache, DecodeParams p) {
+__device__ __forceinline__ void decode_chunk(float* o_part, float* m_part, float* l_part, const T* q, const T* k_cache,
+                                             const T* v_cache, const DecodeParams& p, int split, int g, int r, int b,
+                                             int pos) {
   extern __shared__ float smem[];
   const int group = p.n_heads / p.n_kv_heads, hd = p.head_dim;
   float* q_s = smem;                      // [group][hd]
   float* s_s = q_s + group * hd;          // [group][chunk]
   float* ml = s_s + group * p.chunk;      // m [group], l [group]
-  const int split = blockIdx.x, g = blockIdx.y, r = blockIdx.z;
-  const int b = r / p.tokens, t = r % p.tokens, pos = (p.pos0_dev ? *p.pos0_dev : p.pos0) + t;
   const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
   const int start = lo + split * p.chunk;
   const int len = min(pos + 1, start + p.chunk) - start;
@@ -92,10 +98,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(float*
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   auto part = [&](int j) { return (static_cast<size_t>(r) * p.n_heads + h0 + j) * p.n_splits + split; };
   if (len <= 0) {  // this row attends to fewer chunks: an empty partial
-    for (int j = threadIdx.x; j < group; j += blockDim.x) {
-      m_part[part(j)] = -INFINITY;
-      l_part[part(j)] = 0.0f;
-    }
+    empty_partial(m_part, l_part, p, split, g, r);
     return;
   }
   for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
@@ -161,6 +164,22 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(float*
     m_part[part(threadIdx.x)] = ml[threadIdx.x];
     l_part[part(threadIdx.x)] = ml[group + threadIdx.x];
   }
+}
+
+// Napkin math (flash-decoding, Dao et al. 2023), Llama-3-8B decode B=8 at context 2048, bf16:
+// K and V rows read once per GQA group: 8 seq x 8 KV heads x 2048 x 128 x 2 (K,V) x 2 B =
+// 67 MB per layer, 14 µs at 4.8 TB/s; FLOPs 4 x 32 heads x 128 x 2048 x 8 = 0.27 GFLOP:
+// bandwidth-bound by ~100x. One block per (key chunk, KV head, query row) so that even B=1
+// has >= kDecodeBlocksPerSm blocks per SM in flight; a warp per key computes the group's dot products (the K
+// row is loaded once into registers), partial softmax per head, then each thread owns one
+// (head, dim) output and streams the chunk's V column (coalesced across the warp).
+template <typename T>
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(float* o_part, float* m_part, float* l_part,
+                                                                           const T* q, const T* k_cache,
+                                                                           const T* v_cache, DecodeParams p) {
+  const int r = blockIdx.z;
+  const int b = r / p.tokens, t = r % p.tokens, pos = (p.pos0_dev ? *p.pos0_dev : p.pos0) + t;
+  decode_chunk<T>(o_part, m_part, l_part, q, k_cache, v_cache, p, blockIdx.x, blockIdx.y, r, b, pos);
 }
 
 // Napkin math: reads n_splits x (head_dim + 2) floats per (row, head): B=8 x 32 heads x 8
@@ -239,6 +258,107 @@ void attention_decode(void* out, const void* q, const void* k_cache, const void*
                                                                       static_cast<const T*>(v_cache), p);
     CUDA_CHECK(cudaGetLastError());
     attention_combine_kernel<T><<<static_cast<unsigned>(rows * s.n_heads), 128, 0, stream>>>(
+        static_cast<T*>(out), o_part, m_part, l_part, s.head_dim, p.n_splits, s.sinks, s.n_heads);
+  });
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- ragged batches (continuous batching, issue 37) ----------------------------------------
+
+namespace {
+
+/// The device view of a cpu::RaggedBatch, with what the kernel checks it against.
+struct RaggedParams {
+  const int32_t* slot;
+  const int32_t* pos;
+  const int32_t* offset;
+  int rows, n_slots;
+  int* bad;  // set to 1 where a row is outside the cache or the plan; null = not reported
+};
+
+/// Chunk and split count of a ragged call: decode_plan over `tokens` query rows, every row's
+/// keys within plan_keys (so the chunks are sized for the longest row; shorter rows' blocks
+/// past their last key write empty partials, as a bucket's do).
+void ragged_plan(const cpu::AttentionShape& s, int tokens, int plan_keys, int* chunk, int* n_splits) {
+  decode_plan(tokens, s.n_kv_heads, s.n_heads / s.n_kv_heads, s.head_dim, plan_keys, plan_keys, chunk, n_splits);
+}
+
+}  // namespace
+
+// Napkin math: a decode row costs what attention_decode's row costs (its slot's K/V rows read
+// once per KV head and chunk: bandwidth-bound, 14 µs for Llama-3-8B's 67 MB at B=8, ctx 2048).
+// A prefill row of n tokens is n query rows here, each reading its own keys: n x (keys) K/V
+// rows per KV head instead of the tensor-core path's once per query block of attention_prefill,
+// e.g. a 512-token prompt at hd 128, 8 KV heads, bf16: 512 x 256 avg keys x 8 x 128 x 4 B =
+// 0.5 GB, ~0.1 ms at 4.8 TB/s, against ~4 MB for attention_prefill. Fine for the chunked
+// prefills and decode-heavy steps of a serving step; a long prompt is better sent to
+// attention_prefill (batch 1 at its slot). Launch geometry: one 256-thread block per (key
+// chunk, KV head, packed query token): grid (n_splits, n_kv_heads, tokens), every block
+// independent (no serialisation across rows or tokens); the block finds its row by a binary
+// search of `offset` (log2(rows) reads, from L1/L2), then runs decode_chunk at its own slot and
+// position; attention_combine_kernel merges the splits of each (token, head).
+template <typename T>
+__global__ void __launch_bounds__(kDecodeThreads) attention_ragged_kernel(float* o_part, float* m_part, float* l_part,
+                                                                           const T* q, const T* k_cache,
+                                                                           const T* v_cache, DecodeParams p,
+                                                                           RaggedParams rb) {
+  const int i = blockIdx.z;  // packed query token
+  int r = 0, hi = rb.rows - 1;  // the last row with offset[r] <= i (empty rows before it skipped)
+  while (r < hi) {
+    const int mid = (r + hi + 1) / 2;
+    if (rb.offset[mid] <= i) r = mid;
+    else hi = mid - 1;
+  }
+  const int slot = rb.slot[r], pos0 = rb.pos[r], n = rb.offset[r + 1] - rb.offset[r];
+  const int pos = pos0 + (i - rb.offset[r]);
+  const int keys = p.window > 0 ? min(p.window, pos + 1) : pos + 1;
+  const bool ok = i < rb.offset[r + 1] && slot >= 0 && slot < rb.n_slots && pos0 >= 0 && n >= 0 &&
+                  pos0 + n <= p.max_context && keys <= p.chunk * p.n_splits;
+  if (!ok) {  // the token's output is left as zeros (the merge of empty partials), reported in *bad
+    empty_partial(m_part, l_part, p, blockIdx.x, blockIdx.y, i);
+    if (rb.bad != nullptr && threadIdx.x == 0) atomicExch(rb.bad, 1);
+    return;
+  }
+  decode_chunk<T>(o_part, m_part, l_part, q, k_cache, v_cache, p, blockIdx.x, blockIdx.y, i, slot, pos);
+}
+
+size_t attention_ragged_scratch_floats(const cpu::AttentionShape& s, int tokens, int plan_keys) {
+  if (tokens <= 0 || plan_keys <= 0) return 0;
+  int chunk = 0, n_splits = 0;
+  ragged_plan(s, tokens, plan_keys, &chunk, &n_splits);
+  return static_cast<size_t>(tokens) * s.n_heads * n_splits * (s.head_dim + 2);
+}
+
+void attention_ragged(void* out, const void* q, const void* k_cache, const void* v_cache, const cpu::AttentionShape& s,
+                      const cpu::RaggedBatch& rb, int tokens, int plan_keys, float* partial, int* bad, DType t,
+                      cudaStream_t stream) {
+  if (tokens == 0) return;
+  if (s.head_dim > kMaxHeadDim) {
+    throw UserError("ragged attention supports head_dim <= " + std::to_string(kMaxHeadDim) + ", got " +
+                    std::to_string(s.head_dim));
+  }
+  const int cache_keys = s.window > 0 ? std::min(s.window, s.max_context) : s.max_context;
+  if (tokens < 0 || tokens > 65535 || rb.rows <= 0 || plan_keys < 1 || plan_keys > cache_keys) {  // grid.z <= 65535
+    throw InternalError("attention_ragged: " + std::to_string(tokens) + " tokens in " + std::to_string(rb.rows) +
+                        " rows planned for " + std::to_string(plan_keys) + " keys (the cache holds " +
+                        std::to_string(cache_keys) + ")");
+  }
+  DecodeParams p{1, 0, s.max_context, s.n_heads, s.n_kv_heads, s.head_dim, s.window, s.scale, s.softcap, 0, 0, nullptr};
+  ragged_plan(s, tokens, plan_keys, &p.chunk, &p.n_splits);
+  const RaggedParams r{rb.slot, rb.pos, rb.offset, rb.rows, s.batch, bad};
+  const size_t parts = static_cast<size_t>(tokens) * s.n_heads * p.n_splits;
+  float* o_part = partial;
+  float* m_part = o_part + parts * s.head_dim;
+  float* l_part = m_part + parts;
+  const int group = s.n_heads / s.n_kv_heads;
+  const size_t smem = (static_cast<size_t>(group) * s.head_dim + static_cast<size_t>(group) * p.chunk + 2 * group) * sizeof(float);
+  const dim3 grid(p.n_splits, s.n_kv_heads, tokens);
+  PPB_DISPATCH_DTYPE(t, T, {
+    attention_ragged_kernel<T><<<grid, kDecodeThreads, smem, stream>>>(o_part, m_part, l_part, static_cast<const T*>(q),
+                                                                      static_cast<const T*>(k_cache),
+                                                                      static_cast<const T*>(v_cache), p, r);
+    CUDA_CHECK(cudaGetLastError());
+    attention_combine_kernel<T><<<static_cast<unsigned>(tokens * s.n_heads), 128, 0, stream>>>(
         static_cast<T*>(out), o_part, m_part, l_part, s.head_dim, p.n_splits, s.sinks, s.n_heads);
   });
   CUDA_CHECK(cudaGetLastError());
