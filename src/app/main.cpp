@@ -210,7 +210,8 @@ void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate)
   run.add_option("--plan", opt.plan,
                  "K: the deployment planner on this run's own profile (the ranks' layouts: stages x tensor-parallel "
                  "widths x M groups in flight, M = 1..2S; as `ppbench plan FILE --devices R`), then measure its K "
-                 "front points with the most predicted tokens/s, the best layout at every M (the groups-in-flight "
+                 "front points with the most predicted tokens/s (filled from the candidates off the front where it "
+                 "has fewer), the best layout at every M (the groups-in-flight "
                  "curve) and the uniform split (the reference) in the interleaved rounds: predicted against "
                  "measured tokens/s, TTFT and TPOT per point, and whether the predicted best measured best (/plan). "
                  "Replaces --partition and --tp; 0 = off")

@@ -37,7 +37,7 @@ int run_phases(run::RunContext& ctx) {
 
   // 3. Profile every unit on every rank (and every tensor-parallel group a layout needs).
   const ProfileOutcome profile = profile_units(ctx);
-  profile_tp_groups(ctx);
+  profile_tp_groups(ctx, profile.cycles);
   reserve_tp_communicators(ctx);  // their communicators' device memory, measured just now
   ctx.phase("write of the profile", [&] { ctx.snapshot("balance"); });
   if (ctx.opt.profile_only) return finish_profile_only(ctx);

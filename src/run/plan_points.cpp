@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <set>
 
 #include "balance/layout.h"
@@ -19,6 +20,15 @@ std::string plan_point_name(const std::string& label) {
 }
 
 namespace {
+
+/// Whether candidate a ranks before b: more predicted tokens/s (equal within a relative 1e-9, as
+/// balance::rank_layouts_by_tokens: one stage at M = 1 and 2 simulate the same rate), then more
+/// tokens/s per user.
+bool ranks_before(const balance::PlanCandidate& a, const balance::PlanCandidate& b) {
+  const double tol = 1e-9 * std::max(std::fabs(a.tokens_per_s), std::fabs(b.tokens_per_s));
+  if (std::fabs(a.tokens_per_s - b.tokens_per_s) > tol) return a.tokens_per_s > b.tokens_per_s;
+  return a.tokens_per_s_per_user > b.tokens_per_s_per_user;
+}
 
 /// The candidates of the best layout (`best`'s widths) at every M the search holds, ascending;
 /// at most kMaxCurve of them, evenly spaced over the M's, the first, the last and `best` kept.
@@ -68,6 +78,16 @@ PlanRecord plan_record_of(const balance::PlanResult& res, int points) {
   return pr;
 }
 
+/// ranks_before of two stored candidates.
+bool ranks_before_record(const PlanRecord::Candidate& a, const PlanRecord::Candidate& b) {
+  balance::PlanCandidate x, y;
+  x.tokens_per_s = a.tokens_per_s;
+  x.tokens_per_s_per_user = a.tokens_per_s_per_user;
+  y.tokens_per_s = b.tokens_per_s;
+  y.tokens_per_s_per_user = b.tokens_per_s_per_user;
+  return ranks_before(x, y);
+}
+
 }  // namespace
 
 std::vector<balance::Partition> plan_points(RunContext& ctx) {
@@ -78,20 +98,27 @@ std::vector<balance::Partition> plan_points(RunContext& ctx) {
   const balance::PlanResult res = balance::plan_layouts(run, req);
   for (const std::string& w : res.warnings) ctx.progress.say("--plan: note: " + w);
   run.plan = plan_record_of(res, ctx.plan.plan_points);
-  std::vector<size_t> front = res.front;
   const auto& c = res.candidates;
-  std::stable_sort(front.begin(), front.end(), [&](size_t a, size_t b) {
-    return c[a].tokens_per_s != c[b].tokens_per_s ? c[a].tokens_per_s > c[b].tokens_per_s
-                                                  : c[a].tokens_per_s_per_user > c[b].tokens_per_s_per_user;
-  });
-  std::vector<size_t> chosen(front.begin(), front.begin() + std::min<size_t>(front.size(), ctx.plan.plan_points));
-  const size_t best = chosen.front();
+  const auto by_rank = [&](size_t a, size_t b) { return ranks_before(c[a], c[b]); };
+  std::vector<size_t> front = res.front;
+  std::stable_sort(front.begin(), front.end(), by_rank);
+  const size_t K = static_cast<size_t>(ctx.plan.plan_points);
+  std::vector<size_t> chosen(front.begin(), front.begin() + std::min(front.size(), K));
+  // A front of fewer than K points (one layout dominating: TP2 on two CPU ranks) is filled with
+  // the next candidates off it, in the same order, so that K points are measured.
+  std::vector<size_t> rest;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!run.plan.candidates[i].on_front) rest.push_back(i);
+  std::stable_sort(rest.begin(), rest.end(), by_rank);
+  for (size_t j = 0; chosen.size() < K && j < rest.size(); ++j) chosen.push_back(rest[j]);
+  const size_t best = chosen.front(), k_points = chosen.size();
   run.plan.curve_layout = balance::layout_label(c[best].widths);
   for (const size_t i : curve_of(res, best))
     if (std::find(chosen.begin(), chosen.end(), i) == chosen.end()) chosen.push_back(i);
   std::vector<balance::Partition> parts;
   std::string said;
-  for (const size_t i : chosen) {
+  for (size_t j = 0; j < chosen.size(); ++j) {
+    const size_t i = chosen[j];
     balance::Partition p = c[i].split;
     p.solver = plan_point_name(c[i].label);
     p.algorithm = "plan";
@@ -100,14 +127,15 @@ std::vector<balance::Partition> plan_points(RunContext& ctx) {
     run.plan.candidates[i].measured_as = p.solver;
     said += "\n  " + c[i].label + ": " + p.counts_string() + " units per stage, predicted " +
             format_fixed(c[i].tokens_per_s, 1) + " tokens/s, TTFT p50 " + format_fixed(c[i].ttft_p50_ms, 1) +
-            " ms, TPOT p50 " + format_fixed(c[i].tpot_p50_ms, 2) + " ms" + (c[i].groups == c[best].groups &&
-            c[i].widths == c[best].widths ? " (predicted best)" : "") + (run.plan.candidates[i].on_front ? "" : " (curve)");
+            " ms, TPOT p50 " + format_fixed(c[i].tpot_p50_ms, 2) + " ms" + (i == best ? " (predicted best)" : "") +
+            (run.plan.candidates[i].on_front ? "" : j < k_points ? " (off the front)" : " (curve)");
     parts.push_back(std::move(p));
   }
   ctx.progress.say("--plan " + std::to_string(ctx.plan.plan_points) + ": " + std::to_string(c.size()) +
                    " candidates of " + std::to_string(res.layouts_evaluated) + " layouts simulated, " +
                    std::to_string(res.front.size()) + " on the front; measuring " + std::to_string(parts.size()) +
-                   " (the front's most tokens/s, then layout " + run.plan.curve_layout + " at every M):" + said);
+                   " (the front's most tokens/s, then the next off it up to " + std::to_string(K) + ", then layout " +
+                   run.plan.curve_layout + " at every M):" + said);
   return parts;
 }
 
@@ -125,7 +153,7 @@ void plan_verdict(RunContext& ctx) {
     it->metrics["plan_predicted_tokens_per_s"] = c.tokens_per_s;
     it->metrics["plan_predicted_ttft_p50_ms"] = c.ttft_p50_ms;
     it->metrics["plan_predicted_tpot_p50_ms"] = c.tpot_p50_ms;
-    if (!pb || c.tokens_per_s > pb->tokens_per_s) {
+    if (!pb || ranks_before_record(c, *pb)) {
       pb = &c;
       pbr = &*it;
     }

@@ -245,8 +245,9 @@ std::vector<std::pair<int, int>> tp_groups_needed(const RunContext& ctx) {
 }
 
 /// This rank's part of a tensor-parallel group's profile: its shard of every unit timed with
-/// the group; the group's first rank appends [U][2] latency, min and max to `mine`.
-void profile_group(RunContext& ctx, TpGroup& tp, std::vector<double>& mine) {
+/// the group, `cycles` times; the group's first rank appends [U][2] latency (the mean of the
+/// cycles' medians), min and max (over every cycle) to `mine`.
+void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>& mine) {
   ProfileConfig pc = profile_config(ctx);  // cold or warm as the width-1 profile
   pc.tp_width = tp.width();
   pc.tp_rank = tp.rank();
@@ -254,7 +255,22 @@ void profile_group(RunContext& ctx, TpGroup& tp, std::vector<double>& mine) {
   // Each rank flushes its caches before a timed forward; without a meeting after the flushes,
   // the first all-reduce of the forward would time a peer's flush.
   pc.align = [group = &tp] { group->barrier(); };
-  const ProfileResult prof = profile_model(*ctx.device, ctx.spec, pc);
+  ProfileResult prof = profile_model(*ctx.device, ctx.spec, pc);
+  for (int k = 1; k < cycles; ++k) {
+    const ProfileResult more = profile_model(*ctx.device, ctx.spec, pc);
+    for (size_t u = 0; u < prof.prefill_ms.size(); ++u) {
+      prof.prefill_ms[u] += more.prefill_ms[u];
+      prof.decode_ms[u] += more.decode_ms[u];
+      prof.prefill_min_ms[u] = std::min(prof.prefill_min_ms[u], more.prefill_min_ms[u]);
+      prof.decode_min_ms[u] = std::min(prof.decode_min_ms[u], more.decode_min_ms[u]);
+      prof.prefill_max_ms[u] = std::max(prof.prefill_max_ms[u], more.prefill_max_ms[u]);
+      prof.decode_max_ms[u] = std::max(prof.decode_max_ms[u], more.decode_max_ms[u]);
+    }
+  }
+  for (size_t u = 0; u < prof.prefill_ms.size(); ++u) {
+    prof.prefill_ms[u] /= cycles;
+    prof.decode_ms[u] /= cycles;
+  }
   if (tp.rank() != 0) return;
   for (const auto& [pre, dec] : {std::pair{&prof.prefill_ms, &prof.decode_ms}, std::pair{&prof.prefill_min_ms, &prof.decode_min_ms},
                                  std::pair{&prof.prefill_max_ms, &prof.decode_max_ms}}) {
@@ -277,7 +293,7 @@ std::vector<std::vector<std::pair<int, int>>> group_rounds(const std::vector<std
 }
 
 /// One round of groups profiled at once (collective), gathered into rank 0's /profile/tp.
-void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>& round) {
+void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>& round, int cycles) {
   const MpiContext& mpi = ctx.mpi;
   const int U = ctx.spec.num_units();
   int color = -1, key = 0;
@@ -292,7 +308,8 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
     for (const auto& [first, w] : round)
       what += (what.empty() ? "" : ", ") + std::string("ranks ") + std::to_string(first) + ".." +
               std::to_string(first + w - 1) + " at width " + std::to_string(w);
-    ctx.progress.say("profile: tensor-parallel groups " + what);
+    ctx.progress.say("profile: tensor-parallel groups " + what +
+                     (cycles > 1 ? ", " + std::to_string(cycles) + " cycles as the width-1 profile" : std::string()));
     auto tp = ctx.make_tp_group(color, key);
     if (tp) ctx.cluster.tp_group_bytes = std::max(ctx.cluster.tp_group_bytes, tp->device_bytes());
     // Ranks outside the round's groups wait without spinning (a busy wait would take a core from
@@ -301,7 +318,7 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
     std::exception_ptr failed;
     if (tp) {
       try {
-        profile_group(ctx, *tp, mine);
+        profile_group(ctx, *tp, cycles, mine);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -411,11 +428,12 @@ ProfileOutcome profile_units(RunContext& ctx) {
   const bool interleaved = units != nullptr;
   units.reset();  // its units' memory, before the stages are built
   if (cycles.together.empty()) return outcome;  // the phase ended on a peer's failure (it threw there)
+  outcome.cycles = static_cast<int>(cycles.together.size());
   gather_profile(ctx, cycles, two_passes, interleaved);
   return outcome;
 }
 
-void profile_tp_groups(RunContext& ctx) {
+void profile_tp_groups(RunContext& ctx, int cycles) {
   const auto groups = tp_groups_needed(ctx);
   if (groups.empty()) return;
   const std::vector<int>& cls = ctx.cluster.equivalence.device_class;
@@ -429,7 +447,7 @@ void profile_tp_groups(RunContext& ctx) {
                           "'s node (/ranks: hostname, device, CPU quota, threads); a stage's ranks must be "
                           "identical devices of one node");
   });
-  for (const auto& round : group_rounds(groups)) profile_group_round(ctx, round);
+  for (const auto& round : group_rounds(groups)) profile_group_round(ctx, round, std::max(1, cycles));
 }
 
 }  // namespace ppb::run

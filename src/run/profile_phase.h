@@ -32,6 +32,8 @@ struct ProfileOutcome {
   /// --contention auto): the balancer solves on the together table, predictions go through the
   /// contention model, and the profile may be taken again between rounds.
   bool two_passes = false;
+  /// Cycles of the whole profile its tables average (every rank: the same number).
+  int cycles = 1;
 };
 
 /// The profile's settings from the run's options and workload. resident_bytes: this machine's
@@ -65,6 +67,10 @@ ProfileOutcome profile_units(RunContext& ctx);
 /// others in later rounds; ranks outside a round's groups wait. Rank 0 keeps each group's first
 /// rank's tables in /profile/tp. A group must be identical devices of one node (bad input
 /// otherwise: the all-reduce would cross the network and a stage run at its slowest rank's pace).
-void profile_tp_groups(RunContext& ctx);
+/// Each group is profiled `cycles` times (the width-1 profile's cycles, ProfileOutcome::cycles)
+/// and its table is the mean of the cycles' medians, min and max over all of them, as the
+/// width-1 table: one cycle's medians moved run to run by up to +-12% on a shared VM (issue 36:
+/// Qwen3-0.6B TP2 predicted 28.9, 32.8, 34.9 tokens/s in three runs of one cycle each).
+void profile_tp_groups(RunContext& ctx, int cycles = 1);
 
 }  // namespace ppb::run

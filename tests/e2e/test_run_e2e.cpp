@@ -1057,6 +1057,8 @@ TEST(RunE2E, PlanMeasuresTheFrontPointsEachAtItsOwnM) {
   std::stable_sort(by_tps.begin(), by_tps.end(), [&](int64_t a, int64_t b) { return tps[a] > tps[b]; });
   for (size_t j = 0; j < std::min<size_t>(3, by_tps.size()); ++j)
     EXPECT_FALSE(measured_as[static_cast<size_t>(by_tps[j])].empty()) << label[static_cast<size_t>(by_tps[j])];
+  // A front of fewer than 3 points is filled from the candidates off it: 3 points at least.
+  EXPECT_GE(std::count_if(measured_as.begin(), measured_as.end(), [](const std::string& s) { return !s.empty(); }), 3);
   const std::string curve = plan.get_attr<std::string>("curve_layout");
   EXPECT_EQ(curve, widths[static_cast<size_t>(by_tps[0])]);
   const auto uniform_tokens = root.open_group("validation/uniform").open_dataset("tokens").read<int64_t>();
