@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "balance/calibrate.h"
 #include "balance/contention.h"
@@ -361,6 +362,60 @@ bool cross_predict(const Predictor& pred, PartitionRecord& pr, const StageSums& 
   return true;
 }
 
+/// Whether partition record `pr` is a tensor-parallel split the TP cross-calibration can use: measured on
+/// its own, with its mean steps and its predicted steps per stage.
+bool tp_cross_source(const PartitionRecord& pr) {
+  const size_t S2 = 2 * pr.first_unit.size();
+  return pr.measured && pr.same_as.empty() && partition_of(pr).tensor_parallel() && pr.stage_compute_mean_ms.size() == S2 &&
+         pr.predicted_phase_ms.size() == S2;
+}
+
+/// Whether stage k of `a` and stage l of `b` run the same units on the same group of ranks.
+bool same_stage(const PartitionRecord& a, size_t k, const PartitionRecord& b, size_t l) {
+  const auto width = [](const PartitionRecord& p, size_t s) { return p.tp_width.size() > s ? p.tp_width[s] : 1; };
+  return a.first_unit[k] == b.first_unit[l] && a.last_unit[k] == b.last_unit[l] && a.device_rank[k] == b.device_rank[l] &&
+         width(a, k) == width(b, l);
+}
+
+/// Cross-calibration of the tensor-parallel splits (the contention model does not cover a group's
+/// profile): each stage's predicted prefill and decode step scaled by Σ measured mean step /
+/// Σ predicted step of the same stage (same units, same group of ranks) in the *other* measured
+/// tensor-parallel splits (e.g. one layout at two M, `run --plan`), which ran in the same rounds;
+/// nothing where some stage has no such twin. Fills what cross_predict fills but the contention
+/// fit (cross_level / cross_contention / cross_fit stay empty).
+void cross_calibrate_tp(const Predictor& pred, RunRecord& run) {
+  const size_t N = run.partitions.size();
+  for (size_t i = 0; i < N; ++i) {
+    PartitionRecord& pr = run.partitions[i];
+    if (!tp_cross_source(pr)) continue;
+    std::vector<double> phase = pr.predicted_phase_ms;
+    std::set<std::string> by;
+    bool every_stage = true;
+    for (size_t k = 0; k < pr.first_unit.size() && every_stage; ++k)
+      for (size_t ph = 0; ph < 2; ++ph) {
+        double measured = 0.0, predicted = 0.0;
+        for (size_t j = 0; j < N; ++j) {
+          const PartitionRecord& o = run.partitions[j];
+          if (j == i || !tp_cross_source(o)) continue;
+          for (size_t l = 0; l < o.first_unit.size(); ++l)
+            if (same_stage(pr, k, o, l) && o.stage_compute_mean_ms[2 * l + ph] > 0) {
+              measured += o.stage_compute_mean_ms[2 * l + ph];
+              predicted += o.predicted_phase_ms[2 * l + ph];
+              by.insert(o.name);
+            }
+        }
+        if (!(predicted > 0)) every_stage = false;
+        else phase[2 * k + ph] *= measured / predicted;
+      }
+    if (!every_stage) continue;
+    pr.predicted_phase_cross_ms = phase;
+    pr.cross_calibrated_by.clear();
+    for (const std::string& n : by) pr.cross_calibrated_by += (pr.cross_calibrated_by.empty() ? "" : ",") + n;
+    const double decode = pr.metrics.count("decode_tokens_per_s") ? pr.metrics.at("decode_tokens_per_s") : 0.0;
+    pr.predicted_stage_cross_ms = pred.predict_again(partition_of(pr), phase, "simulated_cross_", decode, pr.metrics);
+  }
+}
+
 }  // namespace
 
 void cross_calibrate(const Predictor& pred, RunRecord& run, std::vector<std::string>& warnings) {
@@ -384,6 +439,7 @@ void cross_calibrate(const Predictor& pred, RunRecord& run, std::vector<std::str
     }
     cross_predict(pred, run.partitions[i], sums[i], others, by, two_passes, warnings);
   }
+  cross_calibrate_tp(pred, run);
   for (PartitionRecord& pr : run.partitions) {  // a shared measurement: its partition's cross prediction
     if (!pr.measured || pr.same_as.empty()) continue;
     for (const PartitionRecord& o : run.partitions)
@@ -397,7 +453,7 @@ void cross_calibrate(const Predictor& pred, RunRecord& run, std::vector<std::str
         pr.stage_overlap = o.stage_overlap;
         pr.cross_calibrated_by = o.cross_calibrated_by;
         for (const char* k : {"simulated_cross_tokens_per_s", "simulated_cross_decode_tokens_per_s",
-                              "simulated_cross_decode_error"})
+                              "simulated_cross_decode_error", "simulated_cross_ttft_p50_ms", "simulated_cross_tpot_p50_ms"})
           if (o.metrics.count(k)) pr.metrics[k] = o.metrics.at(k);
       }
   }

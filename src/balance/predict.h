@@ -161,6 +161,11 @@ void add_simulated_metrics(const Predictor& pred, const Partition& p, PartitionR
 /// cross_fit, stage_overlap, cross_calibrated_by and the simulated_cross_* metrics of
 /// run.partitions; a partition sharing another's measurement takes that one's. Predictions are
 /// from run.profile as measured (an adaptive split's own record is from a calibrated table).
+/// Tensor-parallel splits (whose groups' profiles the contention model does not cover): each
+/// stage's predicted prefill and decode steps scaled by the measured / predicted mean steps of
+/// the same stage (same units on the same group of ranks) in the *other* measured
+/// tensor-parallel splits, where every stage has such a twin (e.g. one layout at two M in `run
+/// --plan`); no contention fit (cross_level / cross_contention / cross_fit empty).
 /// The contention model's warnings (PhasePrediction::warning) are appended to `warnings`.
 /// @throws what the model and simulator throw (the caller keeps the run, warned).
 void cross_calibrate(const Predictor& pred, RunRecord& run, std::vector<std::string>& warnings);

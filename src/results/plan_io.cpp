@@ -58,6 +58,9 @@ void write_plan(Group& root, const RunRecord& run) {
   g.write_strings("counts", column<std::string>(c, [](const auto& x) { return x.counts; }));
   g.write_strings("measured_as", column<std::string>(c, [](const auto& x) { return x.measured_as; }))
       .set_attr("content", "the partition (/benchmark/<name>) that measured the candidate; empty: not measured");
+  g.write_strings("role", column<std::string>(c, [](const auto& x) { return x.role; }))
+      .set_attr("content", "why it was measured: front (one of the K), next (off the front, filling the K), curve "
+                           "(the best layout at another M); empty: not measured");
   g.write_dataset("groups", column<int>(c, [](const auto& x) { return x.groups; })).set_attr("content", "M groups in flight");
   g.write_dataset("batch", column<int>(c, [](const auto& x) { return x.batch; })).set_attr("content", "B sequences per group");
   g.write_dataset("bottleneck_stage", column<int>(c, [](const auto& x) { return x.bottleneck_stage; }));
@@ -95,6 +98,7 @@ void read_plan(const Group& root, RunRecord& run) {
   const auto widths = g.open_dataset("widths").read_strings();
   const auto counts = g.open_dataset("counts").read_strings();
   const auto measured = g.open_dataset("measured_as").read_strings();
+  const auto role = g.exists("role") ? g.open_dataset("role").read_strings() : std::vector<std::string>(label.size());
   const auto groups = g.open_dataset("groups").read<int64_t>();
   const auto batch = g.open_dataset("batch").read<int64_t>();
   const auto stage = g.open_dataset("bottleneck_stage").read<int64_t>();
@@ -110,6 +114,7 @@ void read_plan(const Group& root, RunRecord& run) {
     c.widths = widths.at(i);
     c.counts = counts.at(i);
     c.measured_as = measured.at(i);
+    c.role = role.at(i);
     c.groups = static_cast<int>(groups.at(i));
     c.batch = static_cast<int>(batch.at(i));
     c.bottleneck_stage = static_cast<int>(stage.at(i));

@@ -69,7 +69,7 @@ void print_measured(std::ostream& os, const RunRecord& run) {
                   c.groups, pair_text("%8.1f", c.tokens_per_s, metric(*p, "tokens_per_s")).c_str(),
                   pair_text("%7.1f", c.ttft_p50_ms, metric(*p, "ttft_p50_ms")).c_str(),
                   pair_text("%6.2f", c.tpot_p50_ms, metric(*p, "tpot_p50_ms")).c_str(), gain.c_str(),
-                  c.on_front ? "" : "  (curve)");
+                  c.role == "next" ? "  (off the front)" : c.role == "curve" ? "  (curve)" : "");
     os << line;
     if (!p->metrics.count("simulated_cross_ttft_p50_ms")) continue;  // one rank per stage, calibrated by the others
     std::snprintf(line, sizeof(line), "  %-20s %-6s %3s %-26s %-26s %-26s\n", "  cross-calibrated", "", "",

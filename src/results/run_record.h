@@ -260,6 +260,9 @@ struct PlanRecord {
     int bottleneck_stage = 0;
     bool on_front = false;
     std::string measured_as;  ///< the partition that measured it ("" = not measured)
+    /// Why it was measured: "front" (one of the K), "next" (off the front, filling the K),
+    /// "curve" (the best layout at another M); "" = not measured.
+    std::string role;
   };
   std::vector<Candidate> candidates;
   std::vector<int> front;   ///< indices into candidates, tokens/s per user descending

@@ -125,10 +125,11 @@ std::vector<balance::Partition> plan_points(RunContext& ctx) {
     p.groups = c[i].groups;
     if (p.tp_width.empty()) p.tp_width.assign(p.num_stages(), 1);
     run.plan.candidates[i].measured_as = p.solver;
+    run.plan.candidates[i].role = j >= k_points ? "curve" : run.plan.candidates[i].on_front ? "front" : "next";
     said += "\n  " + c[i].label + ": " + p.counts_string() + " units per stage, predicted " +
             format_fixed(c[i].tokens_per_s, 1) + " tokens/s, TTFT p50 " + format_fixed(c[i].ttft_p50_ms, 1) +
             " ms, TPOT p50 " + format_fixed(c[i].tpot_p50_ms, 2) + " ms" + (i == best ? " (predicted best)" : "") +
-            (run.plan.candidates[i].on_front ? "" : j < k_points ? " (off the front)" : " (curve)");
+            (j >= k_points ? " (curve)" : run.plan.candidates[i].on_front ? "" : " (off the front)");
     parts.push_back(std::move(p));
   }
   ctx.progress.say("--plan " + std::to_string(ctx.plan.plan_points) + ": " + std::to_string(c.size()) +

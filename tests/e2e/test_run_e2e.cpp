@@ -1070,6 +1070,9 @@ TEST(RunE2E, PlanMeasuresTheFrontPointsEachAtItsOwnM) {
     if (widths[i] == curve) EXPECT_FALSE(measured_as[i].empty());
     if (measured_as[i].empty()) continue;
     const std::string name = measured_as[i];
+    const std::string role = plan.open_dataset("role").read_strings()[i];
+    EXPECT_TRUE(role == "front" || role == "next" || role == "curve") << role;
+    EXPECT_EQ(role == "front", on_front[i] == 1 && role != "curve");
     EXPECT_EQ(root.open_group("partitions/" + name).get_attr<int64_t>("microbatches"), groups[i]);
     auto bench = root.open_group("benchmark/" + name);
     const auto dims = bench.open_dataset("events").dims();
@@ -1086,6 +1089,29 @@ TEST(RunE2E, PlanMeasuresTheFrontPointsEachAtItsOwnM) {
     EXPECT_TRUE(std::equal(tokens.begin(), tokens.begin() + static_cast<long>(common), uniform_tokens.begin()));
     if (tps[i] > best_pred) best_pred = tps[i], predicted_best = name;
     if (bench.get_attr<double>("tokens_per_s") > best_meas) best_meas = bench.get_attr<double>("tokens_per_s"), measured_best = name;
+  }
+  // Tensor-parallel points of one layout cross-calibrate each other: each stage's predicted steps
+  // scaled by the others' measured / predicted mean steps of the same stage.
+  std::vector<std::string> tp_points;
+  for (size_t i = 0; i < label.size(); ++i)
+    if (!measured_as[i].empty() && widths[i] == "2") tp_points.push_back(measured_as[i]);
+  for (const std::string& name : tp_points) {
+    if (tp_points.size() < 2) break;
+    SCOPED_TRACE(name);
+    auto part = root.open_group("partitions/" + name);
+    ASSERT_TRUE(part.exists("predicted_phase_cross_ms"));
+    const auto pred = part.open_dataset("predicted_phase_ms").read<double>();
+    const auto cross = part.open_dataset("predicted_phase_cross_ms").read<double>();
+    for (size_t ph = 0; ph < 2; ++ph) {
+      double meas = 0, pr = 0;
+      for (const std::string& other : tp_points) {
+        if (other == name) continue;
+        meas += root.open_group("benchmark/" + other).open_dataset("stage_compute_mean_ms").read<double>()[ph];
+        pr += root.open_group("partitions/" + other).open_dataset("predicted_phase_ms").read<double>()[ph];
+      }
+      EXPECT_NEAR(cross[ph], pred[ph] * meas / pr, 1e-9 * cross[ph]);
+    }
+    EXPECT_GT(root.open_group("benchmark/" + name).get_attr<double>("simulated_cross_tokens_per_s"), 0.0);
   }
   EXPECT_EQ(root.get_attr<std::string>("plan_predicted_best"), predicted_best);
   EXPECT_EQ(root.get_attr<std::string>("plan_measured_best"), measured_best);

@@ -298,6 +298,49 @@ TEST(Plan, EveryLayoutMatchesBruteForce) {
 /// record's M (2), the most predicted tokens/s (ties: fewer stages, then the smaller bottleneck)
 /// and the smallest bottleneck; and at least once in these seeds the two differ (the reason for
 /// the ranking: the fill and drain of M groups, not the bottleneck stage, decide).
+// run --plan measures one tensor-parallel layout at several M: each such point is predicted again
+// from the others' measured / predicted steps of the same stage (balance::cross_calibrate), and
+// a point without a twin gets no cross-calibrated prediction.
+TEST(Plan, TensorParallelPointsCrossCalibrateEachOther) {
+  RunRecord r = make_profile(2, 6, {2}, 11);
+  const balance::Predictor pred(r);
+  const double factor[2] = {1.25, 0.8};  // measured / predicted, prefill and decode
+  for (int M : {1, 2}) {
+    balance::Partition p;
+    p.solver = "plan-tp2-m" + std::to_string(M);
+    p.first_unit = {0};
+    p.last_unit = {5};
+    p.device_rank = {0};
+    p.tp_width = {2};
+    p.groups = M;
+    p.predicted_stage_ms = {1.0};  // the solver's evaluation, which describe keeps for a TP stage
+    PartitionRecord pr = pred.describe(p, r.profile);
+    pr.measured = true;
+    pr.stage_compute_mean_ms = {pr.predicted_phase_ms[0] * factor[0], pr.predicted_phase_ms[1] * factor[1]};
+    pr.metrics["decode_tokens_per_s"] = 1.0;
+    r.partitions.push_back(pr);
+  }
+  std::vector<std::string> warnings;
+  balance::cross_calibrate(pred, r, warnings);
+  for (const PartitionRecord& pr : r.partitions) {
+    SCOPED_TRACE(pr.name);
+    ASSERT_EQ(pr.predicted_phase_cross_ms.size(), 2u);
+    for (int ph = 0; ph < 2; ++ph)
+      EXPECT_NEAR(pr.predicted_phase_cross_ms[ph], pr.predicted_phase_ms[ph] * factor[ph], 1e-12 * pr.predicted_phase_ms[ph]);
+    EXPECT_EQ(pr.cross_calibrated_by, pr.name == "plan-tp2-m1" ? "plan-tp2-m2" : "plan-tp2-m1");
+    const auto sim = pred.simulate(balance::partition_of(pr), pr.predicted_phase_cross_ms);
+    EXPECT_DOUBLE_EQ(pr.metrics.at("simulated_cross_tokens_per_s"), sim.tokens_per_s);
+    EXPECT_DOUBLE_EQ(pr.metrics.at("simulated_cross_tpot_p50_ms"), sim.tpot_p50_ms);
+  }
+  // Alone, a tensor-parallel point has no twin: no cross-calibrated prediction.
+  r.partitions.resize(1);
+  r.partitions[0].predicted_phase_cross_ms.clear();
+  r.partitions[0].metrics.erase("simulated_cross_tokens_per_s");
+  balance::cross_calibrate(pred, r, warnings);
+  EXPECT_TRUE(r.partitions[0].predicted_phase_cross_ms.empty());
+  EXPECT_EQ(r.partitions[0].metrics.count("simulated_cross_tokens_per_s"), 0u);
+}
+
 TEST(Plan, TpAutoRanksLayoutsByPredictedTokens) {
   int differ = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {

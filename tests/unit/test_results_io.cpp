@@ -709,6 +709,7 @@ TEST_F(ResultsIoTest, PlanAndEachPartitionsMRoundTrip) {
     c.bottleneck_stage = m - 1;
     c.on_front = true;
     c.measured_as = m == 2 ? "uniform" : "";
+    c.role = m == 2 ? "front" : "";
     p.candidates.push_back(c);
   }
   p.front = {0, 1};
@@ -732,6 +733,7 @@ TEST_F(ResultsIoTest, PlanAndEachPartitionsMRoundTrip) {
     EXPECT_EQ(q.candidates[i].label, p.candidates[i].label);
     EXPECT_EQ(q.candidates[i].groups, p.candidates[i].groups);
     EXPECT_EQ(q.candidates[i].measured_as, p.candidates[i].measured_as);
+    EXPECT_EQ(q.candidates[i].role, p.candidates[i].role);
     EXPECT_EQ(q.candidates[i].tokens_per_s, p.candidates[i].tokens_per_s);
     EXPECT_EQ(q.candidates[i].tpot_p50_ms, p.candidates[i].tpot_p50_ms);
     EXPECT_EQ(q.candidates[i].bottleneck_stage, p.candidates[i].bottleneck_stage);
