@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <tuple>
 
 #include "balance/calibrate.h"
 #include "balance/contention.h"
@@ -118,6 +119,21 @@ std::vector<int> Predictor::stage_machines(const Partition& p) const {
   return node;
 }
 
+Predictor::BoundaryLink Predictor::boundary_link(const Partition& p, int k) const {
+  const int S = p.num_stages(), next = (k + 1) % S;
+  BoundaryLink l;
+  l.copies = handoff_copies(p.width(k), p.width(next));
+  // On several nodes each boundary's own link (the balancer's), else the run's one link.
+  std::tie(l.latency_s, l.bandwidth_Bps) = pair_links_.measured(p.device_rank[k], p.device_rank[next], device_class_.size())
+                                               .value_or(std::make_pair(link_latency_s_, link_bandwidth_Bps_));
+  return l;
+}
+
+double Predictor::message_bytes(bool last_stage, int rows, double tokens) const {
+  // boundary_message_bytes of one sequence of `tokens` tokens: [tokens, hidden] elements.
+  return last_stage ? boundary_message_bytes(true, rows, 1, hidden_, dtype_bytes_) : tokens * hidden_ * dtype_bytes_;
+}
+
 std::vector<SimStage> Predictor::sim_stages(const Partition& p, const std::vector<double>& phase_ms) const {
   const int S = p.num_stages();
   std::vector<SimStage> st(S);
@@ -125,13 +141,10 @@ std::vector<SimStage> Predictor::sim_stages(const Partition& p, const std::vecto
     st[k].prefill_ms = phase_ms[2 * k];
     st[k].decode_ms = phase_ms[2 * k + 1];
     if (S == 1) continue;  // one stage: no transfer at all (the token stays on its device)
-    const int next = (k + 1) % S;
-    const int copies = handoff_copies(p.width(k), p.width(next));
-    // On several nodes each boundary's own link (the balancer's), else the run's one link.
-    const auto [lat, bw] = pair_links_.measured(p.device_rank[k], p.device_rank[next], device_class_.size())
-                               .value_or(std::make_pair(link_latency_s_, link_bandwidth_Bps_));
+    const BoundaryLink l = boundary_link(p, k);
     auto xfer_ms = [&](int tokens) {
-      return copies * link_transfer_ms(lat, bw, boundary_message_bytes(k == S - 1, sim_.batch, tokens, hidden_, dtype_bytes_));
+      return l.copies * link_transfer_ms(l.latency_s, l.bandwidth_Bps,
+                                         message_bytes(k == S - 1, sim_.batch, static_cast<double>(sim_.batch) * tokens));
     };
     st[k].send_prefill_ms = xfer_ms(prompt_len_);
     st[k].send_decode_ms = xfer_ms(1);

@@ -85,6 +85,21 @@ class Predictor {
   /// stages on one machine slow each other, even on different MPI nodes).
   std::vector<int> stage_machines(const Partition& p) const;
 
+  /// The link stage k of `p` sends its output over (to stage k + 1; from the last stage the token
+  /// return to stage 0): each node pair's measured link on several nodes (node_pair_links), else
+  /// the run's one link; `copies` = handoff_copies of the two stages' widths (each copy crosses
+  /// the link once).
+  struct BoundaryLink {
+    double latency_s = 0.0;
+    double bandwidth_Bps = 0.0;  ///< <= 0: latency only (link_transfer_ms)
+    int copies = 1;
+  };
+  BoundaryLink boundary_link(const Partition& p, int k) const;
+  /// Bytes of one message of stage k's output for `rows` sequences and `tokens` tokens in all
+  /// (boundary_message_bytes with the run's hidden size and dtype): the hidden states of every
+  /// token ([tokens, hidden]) across a boundary, or, from the last stage, `rows` int32 token ids.
+  double message_bytes(bool last_stage, int rows, double tokens) const;
+
   /// The simulator's stages of `p`: compute step times from `phase_ms` ([S][2] ms) and each
   /// boundary's transfer (boundary_message_bytes, handoff_copies) over its measured link (each
   /// node pair's on several nodes, else the run's one link).
