@@ -1,0 +1,171 @@
+// The serving simulator (the model is described in pipeline_sim.h).
+#include "serving/pipeline_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+#include <string>
+
+#include "common/error.h"
+
+namespace ppb::serving {
+
+StepShape step_shape(const Step& step) {
+  StepShape s;
+  double context_sum = 0.0;
+  for (const BatchRow& r : step.rows) {
+    ++s.rows;
+    if (r.prefill) {
+      ++s.prefill_rows;
+      s.prefill_tokens += r.tokens;
+    } else {
+      ++s.decode_rows;
+      context_sum += r.position;
+    }
+  }
+  s.decode_context_mean = s.decode_rows > 0 ? context_sum / s.decode_rows : 0.0;
+  s.tokens = s.prefill_tokens + s.decode_rows;
+  return s;
+}
+
+std::vector<Request> scale_arrivals(const std::vector<Request>& unit_rate, double rate) {
+  if (!(rate > 0.0) || !std::isfinite(rate))
+    throw InternalError("scale_arrivals: rate " + std::to_string(rate) + " is not finite and > 0");
+  std::vector<Request> out = unit_rate;
+  for (Request& r : out) r.arrival_s /= rate;
+  return out;
+}
+
+namespace {
+
+/// An event of the simulation: group g's step is ready at resource `hop` (kind hop), its tokens
+/// are out (kind done), or the group forms its next step (kind form), at time t (s).
+struct Event {
+  enum Kind { form, hop, done };
+  double t = 0.0;
+  long long seq = 0;  ///< insertion order: equal times are served in the order they became ready
+  Kind kind = form;
+  int group = 0;
+  int hop_index = 0;  ///< resource: 2k = compute of stage k, 2k + 1 = link k (overlap only)
+};
+
+struct Later {
+  bool operator()(const Event& a, const Event& b) const {
+    return a.t != b.t ? a.t > b.t : a.seq > b.seq;
+  }
+};
+
+/// One step's cost at each resource (s), in the order it crosses them, and the last stage's
+/// compute alone (its tokens are out then, before its send where the send holds the same lane).
+struct StepCosts {
+  std::vector<double> hop_s;
+  double last_compute_s = 0.0;
+};
+
+StepCosts step_costs(const StepCostModel& costs, const StepShape& shape, bool overlap) {
+  const int S = costs.stages();
+  StepCosts out;
+  std::vector<double>& c = out.hop_s;
+  c.reserve(2 * static_cast<std::size_t>(S));
+  auto checked = [](double ms, const char* what, int k) {
+    if (!(ms >= 0.0) || !std::isfinite(ms))
+      throw InternalError(std::string("serving simulator: the step's ") + what + " of stage " + std::to_string(k) +
+                          " is " + std::to_string(ms) + " ms (must be finite and >= 0)");
+    return ms * 1e-3;
+  };
+  for (int k = 0; k < S; ++k) {
+    const double compute = checked(costs.compute_ms(k, shape), "compute", k);
+    const double send = S > 1 ? checked(costs.transfer_ms(k, shape), "transfer", k) : 0.0;
+    if (overlap) {
+      c.push_back(compute);
+      if (S > 1) c.push_back(send);
+    } else {
+      c.push_back(compute + send);
+    }
+    out.last_compute_s = compute;
+  }
+  return out;
+}
+
+/// The simulation's state and its event loop.
+class ServingSim {
+ public:
+  ServingSim(const std::vector<Request>& requests, const StepCostModel& costs, const PipelineSimConfig& config)
+      : sched_(requests, config.scheduler), costs_(costs), overlap_(config.overlap) {
+    const int S = costs.stages();
+    if (S < 1) throw InternalError("serving simulator: the cost model has no stage");
+    hops_ = overlap_ && S > 1 ? 2 * S : S;
+    last_compute_ = overlap_ && S > 1 ? 2 * (S - 1) : S - 1;
+    free_at_.assign(static_cast<std::size_t>(hops_), 0.0);
+    result_.stage_busy_s.assign(static_cast<std::size_t>(S), 0.0);
+    group_costs_.resize(static_cast<std::size_t>(config.scheduler.groups));
+  }
+
+  PipelineSimResult run() {
+    for (int g = 0; g < static_cast<int>(group_costs_.size()); ++g) push(0.0, Event::form, g, 0);
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      if (e.kind == Event::form) form(e.group, e.t);
+      else if (e.kind == Event::hop) hop(e);
+      else sched_.complete_step(e.group, e.t);
+    }
+    if (!sched_.finished())
+      throw InternalError("serving simulator: the events ran out before every request finished");
+    result_.times = sched_.times();
+    return std::move(result_);
+  }
+
+ private:
+  void push(double t, Event::Kind kind, int g, int hop_index) {
+    events_.push(Event{t, seq_++, kind, g, hop_index});
+  }
+
+  void form(int g, double t) {
+    const Step& step = sched_.next_step(g, t);
+    if (step.rows.empty()) {
+      const double next = sched_.next_arrival_s();
+      if (std::isfinite(next)) push(std::max(next, t), Event::form, g, 0);
+      return;
+    }
+    ++result_.steps;
+    group_costs_[g] = step_costs(costs_, step_shape(step), overlap_);
+    push(t, Event::hop, g, 0);
+  }
+
+  void hop(const Event& e) {
+    const int j = e.hop_index;
+    const double cost = group_costs_[e.group].hop_s[j];
+    const double start = std::max(e.t, free_at_[j]);
+    const double end = start + cost;
+    free_at_[j] = end;
+    const bool compute = !(overlap_ && hops_ > 1) || j % 2 == 0;
+    if (compute) result_.stage_busy_s[overlap_ && hops_ > 1 ? j / 2 : j] += cost;
+    if (j == last_compute_) {
+      const double out = start + group_costs_[e.group].last_compute_s;  // = end with overlap
+      push(out, Event::done, e.group, j);
+      result_.end_s = std::max(result_.end_s, out);
+    }
+    if (j + 1 < hops_) push(end, Event::hop, e.group, j + 1);
+    else push(end, Event::form, e.group, 0);  // the token is back at stage 0
+  }
+
+  Scheduler sched_;
+  const StepCostModel& costs_;
+  bool overlap_ = true;
+  int hops_ = 1, last_compute_ = 0;
+  std::vector<double> free_at_;                  ///< [hops] when each resource is free (s)
+  std::vector<StepCosts> group_costs_;  ///< [M] the costs of each group's step in flight
+  std::priority_queue<Event, std::vector<Event>, Later> events_;
+  long long seq_ = 0;
+  PipelineSimResult result_;
+};
+
+}  // namespace
+
+PipelineSimResult simulate_serving(const std::vector<Request>& requests, const StepCostModel& costs,
+                                   const PipelineSimConfig& config) {
+  return ServingSim(requests, costs, config).run();
+}
+
+}  // namespace ppb::serving
