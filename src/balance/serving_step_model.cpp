@@ -1,0 +1,115 @@
+// A stage's step time for a ragged serving batch (the model and its assumptions are in
+// serving_step_model.h).
+#include "balance/serving_step_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+#include "common/transfer.h"
+
+namespace ppb::balance {
+
+double decode_step_ms(const StageStepProfile& s, double context) {
+  const std::size_t C = s.contexts.size();
+  if (C < 2 || s.decode_ms.size() < 2) return s.decode_ms.at(0);
+  if (context <= s.contexts.front()) return s.decode_ms.front();
+  if (context >= s.contexts.back()) return s.decode_ms.back();
+  std::size_t i = 0;
+  while (i + 2 < C && context > s.contexts[i + 1]) ++i;
+  const double c0 = s.contexts[i], c1 = s.contexts[i + 1];
+  if (!(c1 > c0)) return s.decode_ms[i];
+  const double f = (context - c0) / (c1 - c0);
+  return s.decode_ms[i] + f * (s.decode_ms[i + 1] - s.decode_ms[i]);
+}
+
+double stage_step_ms(const StageStepProfile& s, const serving::StepShape& shape) {
+  if (shape.decode_rows > s.decode_rows)
+    throw InternalError("serving step model: a step of " + std::to_string(shape.decode_rows) +
+                        " decode rows, more than the profiled " + std::to_string(s.decode_rows));
+  const double prefill = static_cast<double>(shape.prefill_tokens) / s.prefill_tokens * s.prefill_ms;
+  const double decode = shape.decode_rows > 0 ? decode_step_ms(s, shape.decode_context_mean) : 0.0;
+  return prefill + decode;
+}
+
+namespace {
+
+/// [C] the sum over units first..last of rank r's decode step at each profiled context.
+std::vector<double> context_curve(const ProfileTable& prof, std::size_t r, int first, int last) {
+  const std::size_t U = prof.unit_name.size(), C = prof.decode_contexts.size();
+  std::vector<double> curve(C, 0.0);
+  for (int u = first; u <= last; ++u)
+    for (std::size_t c = 0; c < C; ++c) curve[c] += prof.decode_context_ms[(r * U + static_cast<std::size_t>(u)) * C + c];
+  return curve;
+}
+
+/// Checks stage k of `p` against the profile's units and ranks.
+void check_stage(const Partition& p, int k, std::size_t units, std::size_t ranks) {
+  const int first = p.first_unit.at(k), last = p.last_unit.at(k), r = p.device_rank.at(k);
+  if (first < 0 || last < first || static_cast<std::size_t>(last) >= units || r < 0 ||
+      static_cast<std::size_t>(r + p.width(k)) > ranks)
+    throw UserError("partition " + p.solver + ", stage " + std::to_string(k) + ": units " + std::to_string(first) +
+                    ".." + std::to_string(last) + " on rank " + std::to_string(r) + " (width " +
+                    std::to_string(p.width(k)) + ") are outside the profile's " + std::to_string(units) +
+                    " units and " + std::to_string(ranks) + " ranks");
+}
+
+}  // namespace
+
+std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Predictor& pred, const Partition& p) {
+  const ProfileTable& prof = run.profile;
+  const WorkloadInfo& w = run.workload;
+  if (w.batch < 1 || w.prompt_len < 1)
+    throw UserError("the run's workload lacks B or P (B=" + std::to_string(w.batch) + ", P=" +
+                    std::to_string(w.prompt_len) + "): no profiled step to scale");
+  const std::size_t U = prof.unit_name.size();
+  const std::size_t R = U > 0 ? prof.latency_ms.size() / (2 * U) : 0;
+  const std::size_t C = prof.decode_contexts.size();
+  const bool have_contexts = C > 0 && prof.decode_context_ms.size() == R * U * C;
+  std::vector<StageStepProfile> out;
+  for (int k = 0; k < p.num_stages(); ++k) {
+    check_stage(p, k, U, R);
+    const auto [pre, dec] = pred.stage_sums(prof, p, k);  // latency_ms: the together table
+    if (!std::isfinite(pre) || !std::isfinite(dec))
+      throw UserError("partition " + p.solver + ", stage " + std::to_string(k) + " is tensor-parallel of width " +
+                      std::to_string(p.width(k)) + " and the file has no group profile at that width");
+    StageStepProfile s;
+    s.prefill_ms = pre;
+    s.prefill_tokens = static_cast<double>(w.batch) * w.prompt_len;
+    s.decode_rows = w.batch;
+    if (!have_contexts) {
+      s.decode_ms = {dec};  // assumption 6: constant in context
+      out.push_back(std::move(s));
+      continue;
+    }
+    for (int c : prof.decode_contexts) s.contexts.push_back(c);
+    s.decode_ms = context_curve(prof, static_cast<std::size_t>(p.device_rank[k]), p.first_unit[k], p.last_unit[k]);
+    if (p.width(k) > 1) {  // assumption 5: the group's mean, the first rank's shape
+      double mean = 0.0;
+      for (double d : s.decode_ms) mean += d / static_cast<double>(C);
+      for (double& d : s.decode_ms) d = mean > 0.0 ? d * (dec / mean) : dec;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p)
+    : pred_(pred), stages_(stage_step_profiles(run, pred, p)) {
+  for (int k = 0; k < p.num_stages(); ++k) links_.push_back(pred.boundary_link(p, k));
+}
+
+double ProfileStepCosts::compute_ms(int k, const serving::StepShape& s) const {
+  return stage_step_ms(stages_.at(k), s);
+}
+
+double ProfileStepCosts::transfer_ms(int k, const serving::StepShape& s) const {
+  const int S = stages();
+  if (S == 1) return 0.0;  // one stage: the token stays on its device
+  const Predictor::BoundaryLink& l = links_.at(k);
+  const double bytes = pred_.message_bytes(k == S - 1, s.rows, static_cast<double>(s.tokens));
+  return l.copies * link_transfer_ms(l.latency_s, l.bandwidth_Bps, bytes);
+}
+
+}  // namespace ppb::balance

@@ -1,0 +1,96 @@
+// A stage's step time for a ragged serving batch (issue 38), from the profile of a results file:
+// the cost model the serving simulator (serving/pipeline_sim.h) plays a partition with.
+//
+// What the profile timed, per unit and rank (results/run_record.h ProfileTable, the workload's
+// B rows, P prompt tokens, G decode steps):
+//  - prefill: one forward of B sequences of P tokens, B·P tokens (latency_ms, phase 0);
+//  - decode: one forward of B sequences of one token each, all at KV-cache context c, for each
+//    c of decode_contexts (evenly spaced in [P, P+G-1]; decode_context_ms [R][U][C]).
+// Where the profile has two passes (alone, then all ranks of a machine together: latency_alone_ms
+// non-empty), both tables are the together pass's, the one the balancer solves on; the contention
+// model between the passes (balance/contention.h) is not applied here.
+//
+// The model, for stage k (units first..last on rank r) and a step of shape s (StepShape):
+//   prefill(s) = (s.prefill_tokens / (B·P)) x sum_u latency_ms[r][u][prefill]
+//   decode(s)  = s.decode_rows > 0 ? sum_u D_u(clamp(s.decode_context_mean)) : 0
+//   step(s)    = prefill(s) + decode(s)
+// with D_u(c) the unit's decode step interpolated linearly in c between the profiled contexts,
+// c clamped to [first, last] profiled context. Assumptions, each a simplification:
+//  1. Prefill cost is linear in tokens: the profiled step's per-token cost at any prompt length
+//     and row count (the attention term, quadratic in a prompt's length, and a GEMM's lower
+//     efficiency at few tokens are not modelled; the head's once-per-row logits are counted per
+//     token). Exact at the profiled point: B prompts of P tokens.
+//  2. A decode step costs the same for 1..B rows (memory-bound: each step reads the unit's
+//     weights once, whatever the rows); B rows at the profiled contexts are the profiled points.
+//     Steps of more than B rows are refused (the serving B may not exceed the profile's).
+//  3. A decode step's rows at different contexts cost as all rows at their mean context (exact
+//     where the step is linear in context, as KV reads are).
+//  4. A mixed step (prefills and decodes in one forward) costs the sum of both parts (no
+//     overlap of the two within a forward).
+//  5. A tensor-parallel stage has no context table (the group's profile is latency_ms [U][2]):
+//     its decode step is the group's mean over contexts times the shape, in context, of its first
+//     rank's width-1 curve (D(c) / mean D over the profiled contexts).
+//  6. A profile without decode_context_ms (older files) gives a decode step constant in context:
+//     the profile's decode phase (the mean over its contexts).
+// Profile points that would make it better (not taken by the profiler today): prefill at several
+// token counts (1 row of P tokens, B rows, and longer prompts: the quadratic term and small-batch
+// efficiency), decode at several row counts (1, B/2, B: where the memory-bound assumption ends),
+// a mixed step (prefill + decode rows in one forward), and contexts beyond P + G - 1 (clamped now).
+//
+// Pure C++ (no MPI, device or HDF5): functions of a RunRecord and a Partition.
+#pragma once
+
+#include <vector>
+
+#include "balance/partition.h"
+#include "balance/predict.h"
+#include "results/run_record.h"
+#include "serving/pipeline_sim.h"
+
+namespace ppb::balance {
+
+/// One stage's profiled points for the step-time model (ms, tokens).
+struct StageStepProfile {
+  double prefill_ms = 0.0;             ///< one profiled prefill step of the stage (B·P tokens)
+  double prefill_tokens = 1.0;         ///< B·P: the tokens of that step (> 0)
+  int decode_rows = 1;                 ///< B: the rows of a profiled decode step
+  std::vector<double> contexts;        ///< [C] ascending KV-cache contexts (tokens); empty = constant
+  std::vector<double> decode_ms;       ///< [C] the stage's decode step at each (or [1]: constant)
+};
+
+/// The stage's decode step (ms) at `context` tokens: linear between the profiled contexts,
+/// clamped to their range; decode_ms[0] with fewer than two contexts.
+double decode_step_ms(const StageStepProfile& s, double context);
+
+/// The model's step time of a stage (ms) for a step of shape `shape` (file comment).
+/// @throws ppb::InternalError when shape.decode_rows exceeds the profiled rows s.decode_rows.
+double stage_step_ms(const StageStepProfile& s, const serving::StepShape& shape);
+
+/// The profiled points of every stage of `p` from `run`'s profile (latency_ms and
+/// decode_context_ms, the together tables; a tensor-parallel stage from its group's profile,
+/// assumption 5), [S].
+/// @throws ppb::UserError when a stage's units or rank are outside the profile, a
+///         tensor-parallel stage has no group profile, or the workload lacks B or P.
+std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Predictor& pred, const Partition& p);
+
+/// The serving simulator's cost model of partition `p` of `run`: each stage's step time from
+/// stage_step_profiles, each boundary's transfer over its measured link (Predictor::boundary_link:
+/// the hidden states of every token of the step, or the rows' token ids from the last stage,
+/// times the hand-off copies), as the closed simulator charges its steps. Keeps a reference to
+/// `pred` (and through it to `run`): both must outlive it.
+class ProfileStepCosts final : public serving::StepCostModel {
+ public:
+  /// @throws what stage_step_profiles throws.
+  ProfileStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p);
+  int stages() const override { return static_cast<int>(stages_.size()); }
+  double compute_ms(int k, const serving::StepShape& s) const override;
+  double transfer_ms(int k, const serving::StepShape& s) const override;
+  const std::vector<StageStepProfile>& profiles() const { return stages_; }
+
+ private:
+  const Predictor& pred_;
+  std::vector<StageStepProfile> stages_;
+  std::vector<Predictor::BoundaryLink> links_;  ///< [S]
+};
+
+}  // namespace ppb::balance
