@@ -72,6 +72,43 @@ void add_plan_command(CLI::App& app) {
   pl->callback([] { run_and_exit([] { return plan_command(plan); }); });
 }
 
+/// `ppbench serve-search` (issue 38): its flags and help.
+void add_serve_search_command(CLI::App& app) {
+  static ServeSearchOptions ss;
+  auto* c = app.add_subcommand("serve-search", "the highest request rate each partition serves within TTFT/TPOT "
+                                               "limits, by bisection on the serving simulator from a profile (no MPI)");
+  c->add_option("input", ss.input, "results .h5 of `ppbench run` (its partitions) or `ppbench profile` (the uniform "
+                                   "split of its ranks)")
+      ->required();
+  c->add_option("--slo-ttft", ss.slo_ttft_ms, "TTFT limit, ms (> 0)")->required();
+  c->add_option("--slo-tpot", ss.slo_tpot_ms, "TPOT limit, ms (> 0)")->required();
+  c->add_option("--attainment", ss.attainment, "share of requests that must meet both limits, (0, 1]")
+      ->capture_default_str();
+  c->add_flag("--mlperf", ss.mlperf, "MLPerf's Server rule instead: p99 TTFT and p99 TPOT each within its limit, "
+                                     "with LoadGen's early stopping and at least 100 queries");
+  c->add_option("--requests", ss.requests, "N requests per simulated scenario")->capture_default_str();
+  c->add_option("--prompt-lens", ss.prompt_lens, "fixed:n | uniform:a,b | lognormal:median,sigma (default fixed:P of "
+                                                 "the file)");
+  c->add_option("--gen-lens", ss.gen_lens, "output tokens, same forms (default fixed:G of the file)");
+  c->add_option("--burstiness", ss.burstiness, "Gamma shape of the gaps (1 = Poisson, vLLM's definition)")
+      ->capture_default_str();
+  c->add_option("--seed", ss.seed, "arrivals and lengths")->capture_default_str();
+  c->add_option("-M,--microbatches", ss.microbatches, "groups in flight (0 = each partition's own)")
+      ->capture_default_str();
+  c->add_option("-b,--batch", ss.batch, "slots per group (0 = the file's B; at most the file's B)")
+      ->capture_default_str();
+  c->add_option("--partition-name", ss.partition_name, "only this partition of the file");
+  c->add_option("--json", ss.json_out, "write every search's probes and answer as JSON to this file (not the input; "
+                                       "an existing file only with --force)");
+  c->add_flag("--force", ss.force, "overwrite an existing --json file");
+  c->footer(
+      "One scenario for every rate: N requests drawn from the seed at 1 request/s, their arrivals divided by R.\n"
+      "The rate is bracketed by doubling (halving) from a light load, then bisected to 1% of the rate.\n"
+      "Step times: prefill linear in tokens, decode at the rows' mean context, from the profile (docs/OFFLINE.md).\n"
+      "Example: ppbench serve-search results/run.h5 --slo-ttft 2000 --slo-tpot 200 --attainment 0.99");
+  c->callback([] { run_and_exit([] { return serve_search_command(ss); }); });
+}
+
 }  // namespace
 
 void add_offline_commands(CLI::App& app) {
@@ -168,6 +205,7 @@ void add_offline_commands(CLI::App& app) {
   s->callback([] { run_and_exit([] { return simulate_command(sim); }); });
 
   add_plan_command(app);
+  add_serve_search_command(app);
 }
 
 }  // namespace ppb

@@ -4,6 +4,7 @@
 // and the output are documented in docs/OFFLINE.md.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "balance/solver.h"
@@ -70,6 +71,38 @@ struct PlanOptions {
 /// @throws ppb::UserError (exit 2) naming the flag: --devices < 1 or more than the model can
 ///         use, a --batch other than the file's B, a negative target or --top, an unusable --json.
 int plan_command(const PlanOptions& opt);
+
+/// Options of `ppbench serve-search FILE.h5 --slo-ttft MS --slo-tpot MS ...` (issue 38, offline).
+struct ServeSearchOptions {
+  std::string input;           ///< results .h5 of `ppbench run` or `ppbench profile`
+  double slo_ttft_ms = 0;      ///< TTFT limit, ms > 0 (required)
+  double slo_tpot_ms = 0;      ///< TPOT limit, ms > 0 (required)
+  double attainment = 0.9;     ///< share of requests meeting both limits, (0, 1]
+  bool mlperf = false;         ///< MLPerf's Server rule (p99 of each, early stopping) instead
+  int requests = 1000;         ///< N requests per simulated scenario, 1..1e6 (>= 100 with --mlperf)
+  std::string prompt_lens;     ///< --prompt-lens spec; "" = fixed:P of the file
+  std::string gen_lens;        ///< --gen-lens spec; "" = fixed:G of the file
+  double burstiness = 1.0;     ///< Gamma shape K > 0 (1 = Poisson)
+  uint64_t seed = 0;           ///< arrivals and lengths
+  int microbatches = 0;        ///< -M groups; 0 = each partition's own (or the workload's)
+  int batch = 0;               ///< -b slots per group; 0 = the file's B (at most the file's B)
+  std::string partition_name;  ///< only this partition; "" = every partition of the file
+  std::string json_out;        ///< --json FILE (never the input; an existing file only with force)
+  bool force = false;
+};
+
+/// `ppbench serve-search` (issue 38, offline; no MPI): for each measured partition of the file
+/// (or the one named; a file without partitions: the uniform split of its ranks), the highest
+/// request rate whose simulated scenario meets the SLO (serving/rate_search.h: attainment, or
+/// MLPerf's rule), by bracket and bisection over the serving simulator
+/// (serving/pipeline_sim.h) with step costs from the profile (balance/serving_step_model.h);
+/// printed per partition and per device, with TTFT/TPOT p50/p99, goodput and output tokens/s at
+/// that rate. Returns the exit status (0).
+/// @throws ppb::UserError (exit 2) naming the flag: a missing or non-positive --slo-ttft or
+///         --slo-tpot, --attainment outside (0, 1], --requests out of range (or < 100 with
+///         --mlperf), a bad --prompt-lens / --gen-lens / --burstiness, -M < 0, -b < 0 or above
+///         the file's B, an unknown --partition-name, an unusable --json.
+int serve_search_command(const ServeSearchOptions& opt);
 
 /// Options of `ppbench describe --model M.json ...`.
 struct DescribeOptions {

@@ -1,0 +1,274 @@
+// `ppbench serve-search FILE.h5 --slo-ttft MS --slo-tpot MS` (issue 38, offline part): the
+// highest request rate each partition of a results file serves within the SLO, found by
+// bisection on the serving simulator (serving/pipeline_sim.h) with step costs from the file's
+// profile (balance/serving_step_model.h). No MPI, no device. docs/OFFLINE.md.
+//
+// One scenario for every rate: N requests drawn once from the seed at rate 1 request/s
+// (generate_requests), and at rate R the same requests with every arrival divided by R
+// (scale_arrivals: equal to drawing at R, Gamma's scale property), so a probe differs from
+// another only by the rate.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "app/offline_commands.h"
+#include "app/offline_io.h"
+#include "balance/partition.h"
+#include "balance/predict.h"
+#include "balance/serving_step_model.h"
+#include "common/error.h"
+#include "results/run_record.h"
+#include "serving/arrivals.h"
+#include "serving/pipeline_sim.h"
+#include "serving/rate_search.h"
+#include "serving/request_metrics.h"
+
+namespace ppb {
+
+using namespace offline;
+
+namespace {
+
+/// Lengths are clamped to this many tokens each (a results file does not record the model's
+/// context; the step model clamps contexts to the profiled ones anyway).
+constexpr int kMaxLen = 32768;
+constexpr int kMaxRequests = 1000000;
+
+/// Flags checked before the file is read (exit 2, naming the flag).
+void check_serve_flags(const ServeSearchOptions& opt) {
+  if (!(opt.slo_ttft_ms > 0) || !(opt.slo_ttft_ms <= kMaxMs))
+    throw UserError("--slo-ttft MS is required: the TTFT limit in ms, > 0 and <= 1e12 (got " + sig(opt.slo_ttft_ms) + ")");
+  if (!(opt.slo_tpot_ms > 0) || !(opt.slo_tpot_ms <= kMaxMs))
+    throw UserError("--slo-tpot MS is required: the TPOT limit in ms, > 0 and <= 1e12 (got " + sig(opt.slo_tpot_ms) + ")");
+  if (!(opt.attainment > 0) || !(opt.attainment <= 1))
+    throw UserError("--attainment " + sig(opt.attainment) + ": the share of requests that must meet both limits, in (0, 1], "
+                    "e.g. 0.9 or 0.99");
+  if (opt.requests < 1 || opt.requests > kMaxRequests)
+    throw UserError("--requests " + std::to_string(opt.requests) + ": between 1 and " + std::to_string(kMaxRequests));
+  if (opt.mlperf && opt.requests < serving::kMlperfMinQueries)
+    throw UserError("--requests " + std::to_string(opt.requests) + " with --mlperf: MLPerf's Server runs need at least " +
+                    std::to_string(serving::kMlperfMinQueries) + " queries (LoadGen's min_query_count), and its early "
+                    "stopping at least " + std::to_string(serving::mlperf_min_queries(0)) + " to pass at all");
+  if (!(opt.burstiness > 0) || std::isnan(opt.burstiness))
+    throw UserError("--burstiness " + sig(opt.burstiness) + ": the Gamma shape K of the gaps, > 0 (1 = Poisson, inf = "
+                    "constant gaps)");
+  if (opt.microbatches < 0 || opt.microbatches > 65536)
+    throw UserError("-M " + std::to_string(opt.microbatches) + ": groups in flight, 1..65536 (0 = each partition's own)");
+  if (opt.batch < 0) throw UserError("-b " + std::to_string(opt.batch) + ": slots per group, >= 1 (0 = the file's B)");
+  serving::parse_length_spec(opt.prompt_lens.empty() ? "fixed:1" : opt.prompt_lens, "--prompt-lens");
+  serving::parse_length_spec(opt.gen_lens.empty() ? "fixed:1" : opt.gen_lens, "--gen-lens");
+}
+
+/// The partitions to search: the file's (or the one named), else the uniform split of its ranks.
+std::vector<balance::Partition> partitions_to_search(const RunRecord& run, const ServeSearchOptions& opt) {
+  std::vector<balance::Partition> out;
+  std::string names;
+  for (const PartitionRecord& pr : run.partitions) {
+    names += (names.empty() ? "" : ", ") + pr.name;
+    if (opt.partition_name.empty() || pr.name == opt.partition_name) out.push_back(balance::partition_of(pr));
+  }
+  if (!opt.partition_name.empty() && out.empty())
+    throw UserError("--partition-name '" + opt.partition_name + "': " + opt.input + " has " +
+                    (names.empty() ? std::string("no partitions") : "the partitions " + names));
+  if (out.empty()) {  // a `ppbench profile` file: the uniform split of its ranks
+    const int U = static_cast<int>(run.profile.unit_name.size());
+    const int R = static_cast<int>(run.profile.latency_ms.size() / (2 * static_cast<std::size_t>(U)));
+    balance::Partition p = balance::solve_uniform(U, std::min(U, R));
+    p.solver = "uniform (not measured)";
+    out.push_back(p);
+  }
+  return out;
+}
+
+/// One partition's search and the metrics at its answer.
+struct SearchOutcome {
+  std::string name;
+  int devices = 1, groups = 1, slots = 1;
+  serving::RateSearchResult search;
+  serving::ServingMetrics at_rate;  ///< at search.rate (found or unbounded)
+  bool have_metrics = false;
+  double seconds = 0.0;
+};
+
+/// The mean E2E (s) of the first few requests each served alone: the light-load scale of the
+/// search's first probe.
+double mean_solo_e2e_s(const std::vector<serving::Request>& unit, const serving::StepCostModel& costs,
+                       const serving::PipelineSimConfig& cfg) {
+  const std::size_t n = std::min<std::size_t>(unit.size(), 8);
+  double sum = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    serving::Request alone = unit[i];
+    alone.arrival_s = 0.0;
+    sum += serving::simulate_serving({alone}, costs, cfg).times[0].finish_s;
+  }
+  return sum / static_cast<double>(n);
+}
+
+SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& pred, const balance::Partition& p,
+                               const std::vector<serving::Request>& unit, const ServeSearchOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchOutcome out;
+  out.name = p.solver;
+  out.devices = 0;
+  for (int k = 0; k < p.num_stages(); ++k) out.devices += p.width(k);
+  out.groups = opt.microbatches > 0 ? opt.microbatches : (p.groups > 0 ? p.groups : run.workload.microbatches);
+  out.slots = opt.batch > 0 ? opt.batch : run.workload.batch;
+  const balance::ProfileStepCosts costs(run, pred, p);
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = out.groups;
+  cfg.scheduler.slots = out.slots;
+  cfg.overlap = run.workload.overlap;
+  serving::SloTarget slo;
+  slo.ttft_ms = opt.slo_ttft_ms;
+  slo.tpot_ms = opt.slo_tpot_ms;
+  slo.attainment = opt.attainment;
+  slo.mlperf = opt.mlperf;
+  auto play = [&](double rate) { return serving::simulate_serving(serving::scale_arrivals(unit, rate), costs, cfg); };
+  serving::RateSearchOptions so;
+  so.start_rate = 0.1 / mean_solo_e2e_s(unit, costs, cfg);
+  so.min_rate = so.start_rate / 1024.0;
+  so.max_rate = so.start_rate * 1073741824.0;
+  out.search = serving::search_max_rate([&](double rate) { return serving::judge_requests(play(rate).times, slo); }, so);
+  if (out.search.outcome != serving::RateSearchResult::Outcome::none) {
+    serving::GoodputSpec limits;
+    limits.ttft_ms = opt.slo_ttft_ms;
+    limits.tpot_ms = opt.slo_tpot_ms;
+    out.at_rate = serving::serving_metrics(play(out.search.rate).times, limits);
+    out.have_metrics = true;
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+const char* outcome_name(serving::RateSearchResult::Outcome o) {
+  return o == serving::RateSearchResult::Outcome::found ? "found"
+         : o == serving::RateSearchResult::Outcome::none ? "none" : "unbounded";
+}
+
+void print_outcome(const SearchOutcome& o) {
+  const auto& s = o.search;
+  const auto& m = o.at_rate;
+  if (!o.have_metrics) {
+    std::printf("%-24s %7d %4d x %-3d  no rate meets the SLO: failed down to %s req/s\n", o.name.c_str(), o.devices,
+                o.groups, o.slots, sig(s.failing_rate).c_str());
+    return;
+  }
+  std::printf("%-24s %7d %4d x %-3d %11s%s %11s %8.4f %8s/%-8s %8s/%-8s %9s %10s %4zu %6.2f\n", o.name.c_str(), o.devices,
+              o.groups, o.slots, sig(s.rate).c_str(), s.outcome == serving::RateSearchResult::Outcome::unbounded ? "+" : " ",
+              sig(s.rate / o.devices).c_str(), m.slo_attainment, sig(m.ttft.p50_ms).c_str(),
+              sig(m.ttft.p99_ms).c_str(), sig(m.tpot.p50_ms).c_str(), sig(m.tpot.p99_ms).c_str(),
+              sig(m.goodput_req_per_s).c_str(), sig(m.output_tokens_per_s).c_str(), s.probes.size(), o.seconds);
+}
+
+json outcome_json(const SearchOutcome& o) {
+  json probes = json::array();
+  for (const auto& p : o.search.probes)
+    probes.push_back({{"rate", p.rate}, {"pass", p.verdict.pass}, {"attainment", p.verdict.attainment},
+                      {"ttft_p99_ms", p.verdict.ttft_p99_ms}, {"tpot_p99_ms", p.verdict.tpot_p99_ms},
+                      {"early_stopping", p.verdict.early_stopping}});
+  json j = {{"name", o.name}, {"devices", o.devices}, {"groups", o.groups}, {"slots", o.slots},
+            {"outcome", outcome_name(o.search.outcome)}, {"failing_rate", o.search.failing_rate},
+            {"non_monotone_probes", o.search.non_monotone}, {"search_seconds", o.seconds}, {"probes", probes}};
+  if (o.have_metrics) {
+    const auto& m = o.at_rate;
+    j["max_rate_req_per_s"] = o.search.rate;
+    j["max_rate_per_device"] = o.search.rate / o.devices;
+    j["at_max_rate"] = {{"attainment", m.slo_attainment},   {"goodput_req_per_s", m.goodput_req_per_s},
+                        {"ttft_p50_ms", m.ttft.p50_ms},     {"ttft_p99_ms", m.ttft.p99_ms},
+                        {"tpot_p50_ms", m.tpot.p50_ms},     {"tpot_p99_ms", m.tpot.p99_ms},
+                        {"request_throughput", m.request_throughput}, {"output_tokens_per_s", m.output_tokens_per_s},
+                        {"duration_s", m.duration_s}};
+  }
+  return j;
+}
+
+/// The scenario's requests at 1 request/s (checked lengths: a file's P and G by default).
+std::vector<serving::Request> unit_rate_requests(const RunRecord& run, const ServeSearchOptions& opt) {
+  serving::ScenarioSpec spec;
+  spec.arrivals = {1.0, opt.burstiness, true};
+  spec.requests = opt.requests;
+  spec.prompt_lens = serving::parse_length_spec(
+      opt.prompt_lens.empty() ? "fixed:" + std::to_string(run.workload.prompt_len) : opt.prompt_lens, "--prompt-lens");
+  spec.gen_lens = serving::parse_length_spec(
+      opt.gen_lens.empty() ? "fixed:" + std::to_string(run.workload.gen_len) : opt.gen_lens, "--gen-lens");
+  spec.max_prompt_len = kMaxLen;
+  spec.max_gen_len = kMaxLen;
+  spec.seed = opt.seed;
+  return serving::generate_requests(spec);
+}
+
+void print_header(const RunRecord& run, const ServeSearchOptions& opt, const std::vector<serving::Request>& unit) {
+  std::printf("serve-search %s: TTFT <= %s ms, TPOT <= %s ms, ", opt.input.c_str(), sig(opt.slo_ttft_ms).c_str(),
+              sig(opt.slo_tpot_ms).c_str());
+  if (opt.mlperf)
+    std::printf("MLPerf Server rule (p99 of each within its limit, early stopping, >= %d queries)\n",
+                serving::kMlperfMinQueries);
+  else
+    std::printf("attainment >= %s (requests meeting both)\n", sig(opt.attainment).c_str());
+  long long prompt = 0, out = 0;
+  for (const auto& r : unit) prompt += r.prompt_len, out += r.gen_len;
+  std::printf("scenario: %d requests, Gamma gaps of shape %s (1 = Poisson), seed %llu, mean prompt %.1f, mean output "
+              "%.1f tokens; at rate R the arrivals of rate 1 divided by R\n",
+              opt.requests, sig(opt.burstiness).c_str(), static_cast<unsigned long long>(opt.seed),
+              static_cast<double>(prompt) / unit.size(), static_cast<double>(out) / unit.size());
+  std::printf("step model: the profile's %s table (B=%d P=%d), prefill linear in tokens, decode at the rows' mean "
+              "context (balance/serving_step_model.h); bisection to 1%% of the rate\n",
+              run.profile.latency_alone_ms.empty() ? "one-pass" : "together", run.workload.batch, run.workload.prompt_len);
+  std::printf("%-24s %7s %-10s %12s %11s %8s %17s %17s %9s %10s %4s %6s\n", "partition", "devices", "M x B",
+              "max req/s", "per device", "attain", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "goodput", "out tok/s",
+              "prob", "s");
+}
+
+/// Notes under the table: monotonicity, MLPerf's minimum duration.
+void print_notes(const std::vector<SearchOutcome>& all, const ServeSearchOptions& opt) {
+  for (const SearchOutcome& o : all) {
+    if (o.search.non_monotone > 0)
+      std::printf("note: %s: %d probe(s) passed above a failing rate: attainment is not monotone in the rate at N = %d "
+                  "(which requests share a step moves with the rate); the answer is a pass with a failure within 1%% "
+                  "above it\n", o.name.c_str(), o.search.non_monotone, opt.requests);
+    if (o.search.outcome == serving::RateSearchResult::Outcome::unbounded)
+      std::printf("note: %s: every probed rate passed (up to %s req/s): the SLO does not bind\n", o.name.c_str(),
+                  sig(o.search.rate).c_str());
+    if (opt.mlperf && o.have_metrics && o.at_rate.duration_s < 600.0)
+      std::printf("note: %s: MLPerf's minimum duration (600 s) is not met: the scenario lasts %s s at %s req/s; "
+                  "--requests %s or more would span it\n", o.name.c_str(), sig(o.at_rate.duration_s).c_str(),
+                  sig(o.search.rate).c_str(), num(std::ceil(600.0 * o.search.rate), 0).c_str());
+  }
+}
+
+}  // namespace
+
+int serve_search_command(const ServeSearchOptions& opt) {
+  check_serve_flags(opt);
+  check_json_out(opt.json_out, opt.input, opt.force);
+  const RunRecord run = read_run(opt.input);
+  if (opt.batch > run.workload.batch)
+    throw UserError("-b " + std::to_string(opt.batch) + ": " + opt.input + " profiled decode steps of B=" +
+                    std::to_string(run.workload.batch) + " rows only; the step model does not extrapolate past them: "
+                    "give -b 1.." + std::to_string(run.workload.batch) + ", or profile at a larger B");
+  const balance::Predictor pred(run);
+  const std::vector<balance::Partition> parts = partitions_to_search(run, opt);
+  const std::vector<serving::Request> unit = unit_rate_requests(run, opt);
+  print_header(run, opt, unit);
+  std::vector<SearchOutcome> all;
+  json out = json::array();
+  for (const balance::Partition& p : parts) {
+    all.push_back(search_partition(run, pred, p, unit, opt));
+    print_outcome(all.back());
+    out.push_back(outcome_json(all.back()));
+  }
+  print_notes(all, opt);
+  if (!opt.json_out.empty())
+    write_json_file(opt.json_out,
+                    {{"input", opt.input},
+                     {"slo", {{"ttft_ms", opt.slo_ttft_ms}, {"tpot_ms", opt.slo_tpot_ms}, {"attainment", opt.attainment},
+                              {"rule", opt.mlperf ? "mlperf" : "attainment"}}},
+                     {"scenario", {{"requests", opt.requests}, {"burstiness", opt.burstiness}, {"seed", opt.seed},
+                                   {"prompt_lens", opt.prompt_lens}, {"gen_lens", opt.gen_lens}}},
+                     {"partitions", out}});
+  return 0;
+}
+
+}  // namespace ppb

@@ -1,0 +1,544 @@
+// The serving simulator and the rate search (issue 38, offline part): the event-driven simulator
+// on hand-made cases with exact times (one and two stages, queueing when slots are full), the
+// profile's step-time model against hand-computed values, MLPerf's rule against LoadGen's
+// numbers, the bisection against a brute-force scan of the simulator, `ppbench serve-search`'s
+// bad inputs (UserError: exit status 2, naming the flag) and its output, and the time of a
+// 70B-class search on 8 devices.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "app/offline_commands.h"
+#include "balance/partition.h"
+#include "balance/predict.h"
+#include "balance/serving_step_model.h"
+#include "common/error.h"
+#include "results/writer.h"
+#include "serving/arrivals.h"
+#include "serving/pipeline_sim.h"
+#include "serving/rate_search.h"
+#include "user_error_of.h"
+
+namespace ppb {
+namespace {
+
+namespace fs = std::filesystem;
+using serving::Request;
+using serving::RequestTimes;
+using serving::StepShape;
+using test::error_of;
+
+/// Fixed step costs: stage k computes pre_ms[k] per prefill token plus dec_ms[k] when the step
+/// has decode rows; every transfer of stage k takes xfer_ms[k].
+class FixedCosts final : public serving::StepCostModel {
+ public:
+  FixedCosts(std::vector<double> pre, std::vector<double> dec, std::vector<double> xfer)
+      : pre_(std::move(pre)), dec_(std::move(dec)), xfer_(std::move(xfer)) {}
+  int stages() const override { return static_cast<int>(pre_.size()); }
+  double compute_ms(int k, const StepShape& s) const override {
+    return pre_[k] * static_cast<double>(s.prefill_tokens) + (s.decode_rows > 0 ? dec_[k] : 0.0);
+  }
+  double transfer_ms(int k, const StepShape&) const override { return xfer_[k]; }
+
+ private:
+  std::vector<double> pre_, dec_, xfer_;
+};
+
+Request req(double arrival_s, int prompt, int gen) {
+  Request r;
+  r.arrival_s = arrival_s;
+  r.prompt_len = prompt;
+  r.gen_len = gen;
+  return r;
+}
+
+void expect_tokens(const RequestTimes& t, const std::vector<double>& ms, double admitted_ms) {
+  ASSERT_EQ(t.token_s.size(), ms.size());
+  for (std::size_t i = 0; i < ms.size(); ++i) EXPECT_NEAR(t.token_s[i], ms[i] * 1e-3, 1e-12) << "token " << i;
+  EXPECT_NEAR(t.admitted_s, admitted_ms * 1e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(t.first_token_s, t.token_s.front());
+  EXPECT_DOUBLE_EQ(t.finish_s, t.token_s.back());
+}
+
+// ---- the simulator on hand-made cases -------------------------------------------------------
+
+// One stage, one group of 2 slots: 1 ms per prefill token, 5 ms per decode step.
+//  t=0: r0 alone (r1 arrives at 2 ms): prefill 4 tokens, 4 ms -> r0's token 1 at 4 ms.
+//  t=4: r1 admitted (queue 2 ms); r0 decodes + r1 prefills 2 tokens: 2 + 5 = 7 ms -> 11 ms.
+//  t=11: both decode: 5 ms -> 16 ms, both finish.
+TEST(ServingSim, OneStageMixedStepsHaveExactTimes) {
+  const FixedCosts costs({1.0}, {5.0}, {0.0});
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 1;
+  cfg.scheduler.slots = 2;
+  const auto r = serving::simulate_serving({req(0.0, 4, 3), req(0.002, 2, 2)}, costs, cfg);
+  expect_tokens(r.times[0], {4, 11, 16}, 0);
+  expect_tokens(r.times[1], {11, 16}, 4);
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_NEAR(r.stage_busy_s[0], 0.016, 1e-12);
+  EXPECT_NEAR(r.end_s, 0.016, 1e-12);
+  const auto l1 = serving::request_latency(r.times[1]);
+  EXPECT_NEAR(l1.ttft_s, 0.009, 1e-12);   // 11 - 2 ms
+  EXPECT_NEAR(l1.queue_s, 0.002, 1e-12);  // admitted at 4 ms
+  EXPECT_NEAR(l1.tpot_s, 0.005, 1e-12);
+}
+
+// Two stages, M = 2 groups of 1 slot, three requests at t = 0: the third waits for a free slot.
+// Stage 0: 1 ms per prefill token, 2 ms per decode; stage 1: 2 ms per token, 3 ms per decode;
+// link 0 takes 0.5 ms, the token return 0.25 ms. Each resource serves FIFO, one at a time:
+//  g0 (r0, 2 tokens): c0 0-2, link 2-2.5, c1 2.5-6.5 -> token; return 6.5-6.75.
+//  g1 (r1, 1 token):  c0 2-3 (waits for g0), link 3-3.5, c1 6.5-8.5 (waits) -> token; return -8.75.
+//  g0 decode: c0 6.75-8.75, link 8.75-9.25, c1 9.25-12.25 -> r0 done; return -12.5.
+//  g1 decode: c0 8.75-10.75, link -11.25, c1 12.25-15.25 (waits) -> r1 done.
+//  g0 admits r2 at 12.5 (queue 12.5 ms): c0 12.5-13.5, link -14, c1 15.25-17.25 (waits).
+TEST(ServingSim, TwoStagesQueueWhenSlotsAreFull) {
+  const FixedCosts costs({1.0, 2.0}, {2.0, 3.0}, {0.5, 0.25});
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 2;
+  cfg.scheduler.slots = 1;
+  const auto r = serving::simulate_serving({req(0, 2, 2), req(0, 1, 2), req(0, 1, 1)}, costs, cfg);
+  expect_tokens(r.times[0], {6.5, 12.25}, 0);
+  expect_tokens(r.times[1], {8.5, 15.25}, 0);
+  expect_tokens(r.times[2], {17.25}, 12.5);
+  EXPECT_EQ(r.steps, 5);
+  EXPECT_NEAR(r.stage_busy_s[0], 0.008, 1e-12);  // 2 + 1 + 2 + 2 + 1 ms
+  EXPECT_NEAR(r.stage_busy_s[1], 0.014, 1e-12);  // 4 + 2 + 3 + 3 + 2 ms
+  const auto m = serving::serving_metrics(r.times, {});
+  EXPECT_NEAR(m.ttft.p50_ms, 8.5, 1e-9);
+  EXPECT_NEAR(m.queue.mean_ms, 12.5 / 3, 1e-9);
+}
+
+// --no-overlap: a stage's send holds its compute lane, and the tokens are out before the return.
+// One request (prompt 1, two tokens) on the costs above: c0 + send 0-1.5, c1 1.5-3.5 (token),
+// return -3.75; decode c0 + send 3.75-6.25, c1 6.25-9.25 (token).
+TEST(ServingSim, WithoutOverlapTheSendHoldsTheComputeLane) {
+  const FixedCosts costs({1.0, 2.0}, {2.0, 3.0}, {0.5, 0.25});
+  serving::PipelineSimConfig cfg;
+  cfg.overlap = false;
+  const auto r = serving::simulate_serving({req(0, 1, 2)}, costs, cfg);
+  expect_tokens(r.times[0], {3.5, 9.25}, 0);
+  EXPECT_NEAR(r.stage_busy_s[0], 0.0015 + 0.0025, 1e-12);
+  EXPECT_NEAR(r.stage_busy_s[1], 0.00225 + 0.00325, 1e-12);
+}
+
+// An idle group waits for the next arrival; a later arrival goes to the group whose step forms
+// first. One stage, 2 groups of 1 slot, 10 ms per prefill token.
+TEST(ServingSim, IdleGroupsWakeAtTheNextArrival) {
+  const FixedCosts costs({10.0}, {1.0}, {0.0});
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 2;
+  const auto r = serving::simulate_serving({req(0.1, 1, 1), req(0.105, 1, 1)}, costs, cfg);
+  expect_tokens(r.times[0], {110}, 100);  // g0 wakes at 100 ms
+  expect_tokens(r.times[1], {120}, 105);  // g1 wakes at 105 ms, waits for the stage until 110
+}
+
+TEST(ServingSim, ScaledArrivalsEqualTheArrivalsDrawnAtThatRate) {
+  serving::ScenarioSpec spec;
+  spec.requests = 500;
+  spec.prompt_lens = serving::parse_length_spec("uniform:1,50", "--prompt-lens");
+  spec.gen_lens = serving::parse_length_spec("lognormal:20,0.5", "--gen-lens");
+  spec.max_prompt_len = spec.max_gen_len = 100;
+  spec.seed = 7;
+  for (double k : {0.5, 1.0, 3.0}) {
+    spec.arrivals = {1.0, k, true};
+    const auto unit = serving::generate_requests(spec);
+    spec.arrivals = {3.7, k, true};
+    const auto direct = serving::generate_requests(spec);
+    const auto scaled = serving::scale_arrivals(unit, 3.7);
+    for (std::size_t i = 0; i < direct.size(); ++i) {
+      EXPECT_NEAR(scaled[i].arrival_s, direct[i].arrival_s, 1e-12 * (1 + direct[i].arrival_s)) << i;
+      EXPECT_EQ(scaled[i].prompt_len, direct[i].prompt_len);
+      EXPECT_EQ(scaled[i].gen_len, direct[i].gen_len);
+    }
+  }
+}
+
+// ---- the step-time model on a tiny synthetic profile ----------------------------------------
+
+/// R ranks on one machine, 3 units (embed, layer.0, head), B=2 P=4 G=9 M=2; contexts 4, 8, 12.
+/// Rank r's table is rank 0's times (1 + r).
+RunRecord tiny_profile(int R) {
+  RunRecord r;
+  r.ppbench_version = "test";
+  r.created_utc = "2026-01-02T03:04:05Z";
+  r.backend = "cpu";
+  r.transport = "mpi";
+  r.world_size = R;
+  r.model_source = "m.json";
+  r.model_config_json = "{}";
+  r.model_attrs_num = {{"hidden_size", 64}};
+  r.workload = {2, 4, 9, 2, "f32", 1, 2, 0, 3, true, 7, "workload"};
+  r.link_latency_s = 2e-6;
+  r.link_bandwidth_Bps = 5e9;
+  for (int k = 0; k < R; ++k) {
+    RankInfo info{"node01", "Xeon", "", k, 0.0};
+    info.machine_id = "m0";
+    r.ranks.push_back(info);
+  }
+  auto& p = r.profile;
+  p.unit_name = {"embed", "layer.0", "head"};
+  p.unit_signature = {0, 1, 2};
+  p.signature_name = {"embed", "layer", "head"};
+  p.unit_params = {100, 100, 100};
+  p.unit_weight_bytes = {1000, 1000, 3000};
+  p.unit_kv_bytes = {0, 400, 0};
+  p.decode_contexts = {4, 8, 12};
+  const std::vector<double> lat = {1.0, 0.2, 3.0, 1.6, 0.5, 0.4};           // [U][2]
+  const std::vector<double> ctx = {0.1, 0.2, 0.3, 1.0, 1.4, 2.4, 0.4, 0.4, 0.4};  // [U][C]
+  for (int k = 0; k < R; ++k) {
+    for (double v : lat) p.latency_ms.push_back(v * (1 + k));
+    for (double v : ctx) p.decode_context_ms.push_back(v * (1 + k));
+  }
+  p.latency_min_ms = p.latency_max_ms = p.latency_ms;
+  p.cost_ms.assign(static_cast<std::size_t>(R) * 3, 1.0);
+  r.validation = "n/a";
+  r.status = "complete";
+  return r;
+}
+
+StepShape shape(long long prefill_tokens, int decode_rows, double context) {
+  StepShape s;
+  s.prefill_tokens = prefill_tokens;
+  s.prefill_rows = prefill_tokens > 0 ? 1 : 0;
+  s.decode_rows = decode_rows;
+  s.decode_context_mean = context;
+  s.rows = s.prefill_rows + decode_rows;
+  s.tokens = prefill_tokens + decode_rows;
+  return s;
+}
+
+// Stage 0 = embed + layer.0 on rank 0: prefill 1 + 3 = 4 ms for B·P = 8 tokens; decode curve
+// 0.1+1.0, 0.2+1.4, 0.3+2.4 = 1.1, 1.6, 2.7 ms at contexts 4, 8, 12. Stage 1 = head on rank 1:
+// prefill 0.5 x 2 = 1 ms, decode 0.8 ms at every context.
+TEST(ServingStepModel, MatchesHandComputedValues) {
+  const RunRecord run = tiny_profile(2);
+  const balance::Predictor pred(run);
+  balance::Partition p = balance::parse_manual("2,1", 3, 2);
+  const balance::ProfileStepCosts costs(run, pred, p);
+  ASSERT_EQ(costs.stages(), 2);
+  EXPECT_NEAR(costs.compute_ms(0, shape(8, 0, 0)), 4.0, 1e-12);           // the profiled prefill
+  EXPECT_NEAR(costs.compute_ms(0, shape(12, 0, 0)), 6.0, 1e-12);          // 12 / 8 x 4
+  EXPECT_NEAR(costs.compute_ms(0, shape(0, 2, 7)), 1.1 + 0.75 * 0.5, 1e-12);  // between 4 and 8
+  EXPECT_NEAR(costs.compute_ms(0, shape(0, 1, 10)), 1.6 + 0.5 * 1.1, 1e-12);  // 1 row = 2 rows
+  EXPECT_NEAR(costs.compute_ms(0, shape(12, 2, 7)), 6.0 + 1.475, 1e-12);  // mixed: the sum
+  EXPECT_NEAR(costs.compute_ms(0, shape(0, 2, 2)), 1.1, 1e-12);           // clamped below
+  EXPECT_NEAR(costs.compute_ms(0, shape(0, 2, 40)), 2.7, 1e-12);          // clamped above
+  EXPECT_NEAR(costs.compute_ms(1, shape(4, 1, 9)), 0.5 + 0.8, 1e-12);
+  EXPECT_THROW(costs.compute_ms(0, shape(0, 3, 8)), InternalError);  // more rows than B = 2
+  // Transfers: 14 tokens x 64 x 4 bytes over 2 us + 5 GB/s; the return: 3 rows x 4 bytes.
+  EXPECT_NEAR(costs.transfer_ms(0, shape(12, 2, 7)), 1e3 * (2e-6 + 14 * 64 * 4 / 5e9), 1e-15);
+  EXPECT_NEAR(costs.transfer_ms(1, shape(12, 2, 7)), 1e3 * (2e-6 + 3 * 4 / 5e9), 1e-15);
+}
+
+// A tensor-parallel stage: its group's mean decode (over contexts) shaped by its first rank's
+// width-1 curve: group decode sum 0.1 + 0.6 + 0.2 = 0.9 ms; rank 0's curve over the 3 units
+// 1.5, 2.0, 3.1 (mean 2.2) -> 0.9 x 1.5 / 2.2 at context 4.
+TEST(ServingStepModel, TensorParallelStageTakesTheGroupsMeanAndTheRanksShape) {
+  RunRecord run = tiny_profile(2);
+  ProfileTable::TpGroupProfile g;
+  g.first_rank = 0;
+  g.width = 2;
+  g.latency_ms = {0.5, 0.1, 1.5, 0.6, 0.25, 0.2};
+  g.latency_min_ms = g.latency_max_ms = g.latency_ms;
+  run.profile.tp.push_back(g);
+  const balance::Predictor pred(run);
+  balance::Partition p = balance::parse_manual("3", 3, 1);
+  p.tp_width = {2};
+  const balance::ProfileStepCosts costs(run, pred, p);
+  EXPECT_NEAR(costs.compute_ms(0, shape(8, 0, 0)), 2.25, 1e-12);
+  EXPECT_NEAR(costs.compute_ms(0, shape(0, 2, 4)), 0.9 * 1.5 / 2.2, 1e-12);
+  EXPECT_NEAR(costs.compute_ms(0, shape(0, 2, 12)), 0.9 * 3.1 / 2.2, 1e-12);
+  EXPECT_EQ(costs.transfer_ms(0, shape(8, 0, 0)), 0.0);  // one stage: no transfer
+}
+
+// ---- MLPerf's rule --------------------------------------------------------------------------
+
+TEST(ServingMlperf, EarlyStoppingMatchesLoadGensCounts) {
+  // t = 0: 0.99^n < 0.01 from n = 459; t = 1: n = 662, LoadGen's MultiStream min_query_count
+  // (mlperf.conf *.MultiStream.min_query_count = 662), the same bound at the 99th percentile.
+  EXPECT_EQ(serving::mlperf_min_queries(0), 459);
+  EXPECT_EQ(serving::mlperf_min_queries(1), 662);
+  EXPECT_FALSE(serving::mlperf_early_stopping(458, 0));
+  EXPECT_TRUE(serving::mlperf_early_stopping(459, 0));
+  EXPECT_FALSE(serving::mlperf_early_stopping(661, 1));
+  EXPECT_NEAR(serving::binomial_cdf(1, 3, 0.5), 0.5, 1e-12);
+  EXPECT_NEAR(serving::binomial_cdf(0, 10, 0.1), std::pow(0.9, 10), 1e-12);
+  std::vector<double> v;
+  for (int i = 1; i <= 200; ++i) v.push_back(201 - i);
+  EXPECT_EQ(serving::loadgen_percentile(v, 0.99), 199.0);  // sorted index floor(200 x 0.99) = 198
+  EXPECT_EQ(serving::loadgen_percentile({3, 1, 2}, 0.99), 3.0);
+}
+
+/// n requests of 3 tokens at 10 ms apart each: TTFT 100 ms, TPOT (E2E - TTFT) / 2 = 20 ms, and
+/// `slow` of them TTFT 300 ms.
+std::vector<RequestTimes> hand_times(int n, int slow) {
+  std::vector<RequestTimes> out;
+  for (int i = 0; i < n; ++i) {
+    RequestTimes t;
+    t.arrival_s = 0.01 * i;
+    t.admitted_s = t.arrival_s;
+    const double ttft = i < slow ? 0.3 : 0.1;
+    t.token_s = {t.arrival_s + ttft, t.arrival_s + ttft + 0.02, t.arrival_s + ttft + 0.04};
+    t.first_token_s = t.token_s.front();
+    t.finish_s = t.token_s.back();
+    t.prompt_len = 5;
+    t.gen_len = 3;
+    out.push_back(t);
+  }
+  return out;
+}
+
+TEST(ServingMlperf, JudgeAppliesP99EarlyStoppingAndTheMinimumQueries) {
+  serving::SloTarget slo;
+  slo.ttft_ms = 200;
+  slo.tpot_ms = 50;
+  slo.mlperf = true;
+  auto v = serving::judge_requests(hand_times(500, 0), slo);
+  EXPECT_TRUE(v.pass);
+  EXPECT_NEAR(v.ttft_p99_ms, 100, 1e-9);
+  EXPECT_NEAR(v.tpot_p99_ms, 20, 1e-9);
+  v = serving::judge_requests(hand_times(500, 1), slo);  // p99 fine, early stopping needs 662
+  EXPECT_NEAR(v.ttft_p99_ms, 100, 1e-9);
+  EXPECT_EQ(v.ttft_over, 1);
+  EXPECT_FALSE(v.early_stopping);
+  EXPECT_FALSE(v.pass);
+  EXPECT_TRUE(serving::judge_requests(hand_times(700, 1), slo).pass);
+  EXPECT_FALSE(serving::judge_requests(hand_times(99, 0), slo).pass);  // < 100 queries
+  slo.mlperf = false;  // attainment: 499 of 500
+  slo.attainment = 0.998;
+  v = serving::judge_requests(hand_times(500, 1), slo);
+  EXPECT_NEAR(v.attainment, 0.998, 1e-12);
+  EXPECT_TRUE(v.pass);
+  slo.attainment = 0.999;
+  EXPECT_FALSE(serving::judge_requests(hand_times(500, 1), slo).pass);
+}
+
+// ---- the bisection against a brute-force scan -----------------------------------------------
+
+struct ScanCase {
+  const char* name;
+  double burstiness;
+  const char* prompts;
+  const char* outputs;
+};
+
+TEST(ServingRateSearch, BisectionMatchesABruteForceScan) {
+  const FixedCosts costs({0.05, 0.04}, {2.0, 1.5}, {0.1, 0.05});
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 2;
+  cfg.scheduler.slots = 4;
+  serving::SloTarget slo;
+  slo.ttft_ms = 150;
+  slo.tpot_ms = 12;
+  slo.attainment = 0.9;
+  for (const ScanCase& c : {ScanCase{"constant gaps, fixed lengths", INFINITY, "fixed:64", "fixed:16"},
+                            ScanCase{"Poisson, lognormal lengths", 1.0, "lognormal:64,0.5", "lognormal:16,0.5"}}) {
+    serving::ScenarioSpec spec;
+    spec.arrivals = {1.0, c.burstiness, true};
+    spec.requests = 200;
+    spec.prompt_lens = serving::parse_length_spec(c.prompts, "--prompt-lens");
+    spec.gen_lens = serving::parse_length_spec(c.outputs, "--gen-lens");
+    spec.max_prompt_len = spec.max_gen_len = 1000;
+    spec.seed = 3;
+    const auto unit = serving::generate_requests(spec);
+    auto judge = [&](double rate) {
+      return serving::judge_requests(serving::simulate_serving(serving::scale_arrivals(unit, rate), costs, cfg).times, slo);
+    };
+    serving::RateSearchOptions so;
+    so.start_rate = 1.0;
+    const auto s = serving::search_max_rate(judge, so);
+    ASSERT_EQ(s.outcome, serving::RateSearchResult::Outcome::found) << c.name;
+    EXPECT_LE(s.failing_rate - s.rate, 0.01 * s.rate);
+    // The scan: 0.2% steps over [0.5, 1.5] x the answer; the transitions pass -> fail on it.
+    const double step = 0.002 * s.rate;
+    std::vector<double> transitions;
+    bool prev = true;
+    int inversions = 0;
+    for (double r = 0.5 * s.rate; r <= 1.5 * s.rate; r += step) {
+      const bool pass = judge(r).pass;
+      if (prev && !pass) transitions.push_back(r - step);  // the last passing rate before it
+      inversions += !prev && pass ? 1 : 0;
+      prev = pass;
+    }
+    ASSERT_FALSE(transitions.empty()) << c.name;
+    std::printf("%s: bisection %.4f req/s (%zu probes, %d non-monotone), scan's first transition %.4f, %zu "
+                "transition(s), %d fail->pass inversion(s)\n",
+                c.name, s.rate, s.probes.size(), s.non_monotone, transitions.front(), transitions.size(), inversions);
+    // The bisection ends on a pass-to-fail transition of the scan, within the tolerance plus a step;
+    // where the scan is monotone, on its only one.
+    double nearest = transitions.front();
+    for (double t : transitions)
+      if (std::abs(t - s.rate) < std::abs(nearest - s.rate)) nearest = t;
+    EXPECT_NEAR(s.rate, nearest, 0.01 * s.rate + step) << c.name;
+    if (inversions == 0) EXPECT_NEAR(s.rate, transitions.front(), 0.01 * s.rate + step) << c.name;
+  }
+}
+
+TEST(ServingRateSearch, BracketsDownwardsAndReportsNoneOrUnbounded) {
+  auto threshold = [](double t) {
+    return [t](double rate) {
+      serving::RateVerdict v;
+      v.pass = rate <= t;
+      return v;
+    };
+  };
+  serving::RateSearchOptions so;
+  so.start_rate = 100.0;
+  auto s = serving::search_max_rate(threshold(3.3), so);  // halves 100 -> 50 -> ... -> 3.125
+  ASSERT_EQ(s.outcome, serving::RateSearchResult::Outcome::found);
+  EXPECT_LE(s.rate, 3.3);
+  EXPECT_GT(s.failing_rate, 3.3);
+  EXPECT_GE(s.rate, 3.3 / 1.01);
+  EXPECT_EQ(s.non_monotone, 0);
+  so.min_rate = 1.0;
+  EXPECT_EQ(serving::search_max_rate(threshold(0.5), so).outcome, serving::RateSearchResult::Outcome::none);
+  so.max_rate = 1000.0;
+  EXPECT_EQ(serving::search_max_rate(threshold(1e6), so).outcome, serving::RateSearchResult::Outcome::unbounded);
+}
+
+// ---- the command ----------------------------------------------------------------------------
+
+class ServeSearchCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ppb_serve_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    file_ = (dir_ / "profile.h5").string();
+    write_results(file_, tiny_profile(2));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  ServeSearchOptions opts() {
+    ServeSearchOptions o;
+    o.input = file_;
+    o.slo_ttft_ms = 50;
+    o.slo_tpot_ms = 10;
+    o.requests = 100;
+    return o;
+  }
+  fs::path dir_;
+  std::string file_;
+};
+
+TEST_F(ServeSearchCommandTest, BadInputsNameTheFlag) {
+  auto err = [&](auto change) {
+    ServeSearchOptions o = opts();
+    change(o);
+    return error_of([&] { serve_search_command(o); });
+  };
+  EXPECT_NE(err([](auto& o) { o.slo_ttft_ms = 0; }).find("--slo-ttft"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.slo_tpot_ms = -1; }).find("--slo-tpot"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.attainment = 1.5; }).find("--attainment"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.requests = 0; }).find("--requests"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.mlperf = true; o.requests = 50; }).find("--requests 50 with --mlperf"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.burstiness = 0; }).find("--burstiness"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.prompt_lens = "normal:3"; }).find("--prompt-lens"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.gen_lens = "fixed:0"; }).find("--gen-lens"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.microbatches = -1; }).find("-M"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.batch = 3; }).find("-b 3"), std::string::npos);  // the file's B is 2
+  EXPECT_NE(err([](auto& o) { o.partition_name = "nope"; }).find("--partition-name 'nope'"), std::string::npos);
+  EXPECT_NE(err([&](auto& o) { o.json_out = file_; }).find("input"), std::string::npos);
+  EXPECT_NE(err([&](auto& o) { o.input = (dir_ / "missing.h5").string(); }), "no error");
+}
+
+TEST_F(ServeSearchCommandTest, PrintsTheRatePerPartitionAndPerDevice) {
+  ServeSearchOptions o = opts();
+  o.json_out = (dir_ / "s.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(serve_search_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("uniform (not measured)"), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(std::ifstream(o.json_out));
+  const auto& p = j["partitions"][0];
+  EXPECT_EQ(p["outcome"], "found") << out;
+  EXPECT_EQ(p["devices"], 2);
+  const double rate = p["max_rate_req_per_s"].get<double>();
+  EXPECT_GT(rate, 0.0);
+  EXPECT_DOUBLE_EQ(p["max_rate_per_device"].get<double>(), rate / 2);
+  EXPECT_GE(p["at_max_rate"]["attainment"].get<double>(), 0.9);
+  const auto& last = p["probes"].back();
+  EXPECT_LE(p["failing_rate"].get<double>() - rate, 0.01 * rate + 1e-12);
+  EXPECT_FALSE(last.is_null());
+  std::printf("%s", out.c_str());
+}
+
+// ---- a 70B-class search on 8 devices ---------------------------------------------------------
+
+/// A Llama-3.1-70B-like profile on 8 H200-like ranks (one pass): embed, 80 layers, head
+/// (82 units); B=16 P=512 G=256, M=8. Napkin numbers: a layer's bf16 weights are ~1.7 GB, read
+/// at ~4.8 TB/s in ~0.36 ms per decode step (+ KV reads growing with the context); its prefill
+/// of 16 x 512 tokens is 2 x 0.86e9 x 8192 = 1.4e13 FLOP, ~20 ms at ~700 TFLOP/s; the head
+/// (8192 x 128256) ~0.45 ms per decode step.
+RunRecord llama70b_profile() {
+  const int R = 8, U = 82;
+  RunRecord r = tiny_profile(R);
+  r.model_attrs_num = {{"hidden_size", 8192}};
+  r.workload = {16, 512, 256, 8, "bf16", 1, 2, 0, 3, true, 7, "workload"};
+  r.link_latency_s = 5e-6;
+  r.link_bandwidth_Bps = 50e9;
+  auto& p = r.profile;
+  p = ProfileTable{};
+  p.decode_contexts = {512, 597, 682, 767};
+  p.signature_name = {"embed", "layer", "head"};
+  for (int u = 0; u < U; ++u) {
+    p.unit_name.push_back(u == 0 ? "embed" : u == U - 1 ? "head" : "layer." + std::to_string(u - 1));
+    p.unit_signature.push_back(u == 0 ? 0 : u == U - 1 ? 2 : 1);
+    p.unit_params.push_back(u == 0 || u == U - 1 ? 1050000000 : 856000000);
+    p.unit_weight_bytes.push_back(2 * p.unit_params.back());
+    p.unit_kv_bytes.push_back(u == 0 || u == U - 1 ? 0 : 1 << 20);
+  }
+  for (int k = 0; k < R; ++k)
+    for (int u = 0; u < U; ++u) {
+      const bool layer = u > 0 && u < U - 1;
+      const double pre = u == 0 ? 0.2 : layer ? 20.0 : 1.5, dec = u == 0 ? 0.02 : layer ? 0.38 : 0.45;
+      p.latency_ms.insert(p.latency_ms.end(), {pre, dec});
+      for (int c = 0; c < 4; ++c) p.decode_context_ms.push_back(layer ? 0.35 + 0.02 * c : dec);
+    }
+  p.latency_min_ms = p.latency_max_ms = p.latency_ms;
+  p.cost_ms.assign(static_cast<std::size_t>(R) * U, 1.0);
+  return r;
+}
+
+TEST_F(ServeSearchCommandTest, A70BClassSearchOnEightDevices) {
+  const std::string path = (dir_ / "llama70b.h5").string();
+  write_results(path, llama70b_profile());
+  ServeSearchOptions o;
+  o.input = path;
+  o.slo_ttft_ms = 2000;  // MLPerf's llama2-70b Server limits (loadgen/mlperf.conf)
+  o.slo_tpot_ms = 200;
+  o.attainment = 0.99;
+  o.requests = 1000;
+  o.prompt_lens = "lognormal:512,0.5";
+  o.gen_lens = "lognormal:256,0.5";
+  o.json_out = (dir_ / "70b.json").string();
+  const auto t0 = std::chrono::steady_clock::now();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(serve_search_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto j = nlohmann::json::parse(std::ifstream(o.json_out));
+  const auto& p = j["partitions"][0];
+  std::printf("serve-search, 82 units on 8 devices, 1000 requests: %.2f s (%zu probes)\n%s", s, p["probes"].size(),
+              out.c_str());
+  EXPECT_EQ(p["outcome"], "found");
+  EXPECT_EQ(p["devices"], 8);
+  EXPECT_GE(p["at_max_rate"]["attainment"].get<double>(), 0.99);
+  // Issue 38 asks under 30 s here; a generous bound (sanitized builds run several times slower).
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_LT(s, 300.0);
+#else
+  EXPECT_LT(s, 30.0);
+#endif
+}
+
+}  // namespace
+}  // namespace ppb
