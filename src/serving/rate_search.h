@@ -20,9 +20,9 @@
 //         t = 1, n >= 662 (LoadGen's MultiStream min_query_count, the same bound);
 //      3. the minimum query count, LoadGen's default min_query_count = 100 (loadgen/test_settings.h;
 //         mlperf.conf sets none for the LLM Server runs).
-//    Not applied: the minimum duration (mlperf.conf *.Server.min_duration = 600000 ms: the
-//    queries must span 600 s, so n >= 600 x rate; the search keeps n fixed over rates, so it is
-//    reported, not enforced), and the query sampling from the dataset (the lengths here are drawn
+//    Not applied: the minimum duration (mlperf.conf *.Server.min_duration = 600000 ms: the last
+//    query scheduled at >= 600 s, results.cc MinDurationMet, so n >= 600 x rate; the search keeps
+//    n fixed over rates, so it is reported, not enforced), and the query sampling from the dataset (the lengths here are drawn
 //    from --prompt-lens / --gen-lens). TPOT per request is ppbench's (E2E - TTFT) / (out - 1)
 //    (vLLM's); LoadGen's own per-sample TPOT computation (loadgen/logging.cc) was not checked
 //    line by line against it.
