@@ -151,8 +151,10 @@ void print_outcome(const SearchOutcome& o) {
   const auto& s = o.search;
   const auto& m = o.at_rate;
   if (!o.have_metrics) {
-    std::printf("%-24s %7d %4d x %-3d  no rate meets the SLO: failed down to %s req/s\n", o.name.c_str(), o.devices,
-                o.groups, o.slots, sig(s.failing_rate).c_str());
+    const serving::RateVerdict& v = s.probes.back().verdict;  // the lowest rate probed
+    std::printf("%-24s %7d %4d x %-3d  no rate meets the SLO: at %s req/s still attainment %.4f, TTFT p99 %s ms, "
+                "TPOT p99 %s ms\n", o.name.c_str(), o.devices, o.groups, o.slots, sig(s.probes.back().rate).c_str(),
+                v.attainment, sig(v.ttft_p99_ms).c_str(), sig(v.tpot_p99_ms).c_str());
     return;
   }
   std::printf("%-24s %7d %4d x %-3d %11s%s %11s %8.4f %8s/%-8s %8s/%-8s %9s %10s %4zu %6.2f\n", o.name.c_str(), o.devices,

@@ -551,6 +551,22 @@ TEST_F(ServeSearchCommandTest, PrintsTheRatePerPartitionAndPerDevice) {
   std::printf("%s", mlperf_out.c_str());
 }
 
+// A TTFT limit below a lone request's prefill: no rate passes (the search halves 10 times below
+// its light-load start and stops), and the JSON has no maximum rate.
+TEST_F(ServeSearchCommandTest, SaysSoWhenNoRateMeetsTheSlo) {
+  ServeSearchOptions o = opts();
+  o.slo_ttft_ms = 0.001;
+  o.json_out = (dir_ / "none.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(serve_search_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("no rate meets the SLO"), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(std::ifstream(o.json_out));
+  EXPECT_EQ(j["partitions"][0]["outcome"], "none");
+  EXPECT_FALSE(j["partitions"][0].contains("max_rate_req_per_s"));
+  EXPECT_EQ(j["partitions"][0]["probes"].size(), 11u);  // the start and 10 halvings
+}
+
 // ---- a 70B-class search on 8 devices ---------------------------------------------------------
 
 /// A Llama-3.1-70B-like profile on 8 H200-like ranks (one pass): embed, 80 layers, head
