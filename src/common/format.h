@@ -14,6 +14,14 @@ inline std::string format_fixed(double v, int decimals) {
   return buf;
 }
 
+/// `v` through printf format `f`, which takes exactly one double ("%+6.1f%%", "%8.1f"): widths
+/// and signs format_fixed does not give. For summaries' columns, never for stored values.
+inline std::string format_printf(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
 /// `bytes` in binary units with 3 significant digits ("8 B", "4.00 KiB", "256 MiB", "1.50 GiB";
 /// negative as "-12.0 MiB"), for progress lines and summaries.
 inline std::string format_bytes(double bytes) {

@@ -5,15 +5,14 @@
 #include <cstdio>
 #include <string>
 
+#include "common/format.h"
+#include "results/summary.h"
+
 namespace ppb {
 
 namespace {
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
+std::string fmt(const char* f, double v) { return format_printf(f, v); }
 
 const PartitionRecord* measured(const RunRecord& run, const std::string& name) {
   for (const PartitionRecord& p : run.partitions)
@@ -21,10 +20,7 @@ const PartitionRecord* measured(const RunRecord& run, const std::string& name) {
   return nullptr;
 }
 
-double metric(const PartitionRecord& p, const char* key) {
-  const auto it = p.metrics.find(key);
-  return it == p.metrics.end() ? std::nan("") : it->second;
-}
+double metric(const PartitionRecord& p, const char* key) { return metric_or_nan(p, key); }
 
 /// "  123.4 /   120.1   +2.7%": predicted / measured and the error (predicted / measured - 1).
 std::string pair_text(const char* f, double pred, double meas) {
@@ -60,11 +56,7 @@ void print_measured(std::ostream& os, const RunRecord& run) {
     if (c.measured_as.empty()) continue;
     const PartitionRecord* p = measured(run, c.measured_as);
     if (!p) continue;
-    std::string gain = "-";
-    if (!std::isnan(p->gain.ratio)) {
-      gain = fmt("%.3fx", p->gain.ratio);
-      if (!std::isnan(p->gain.ci_low)) gain += " [" + fmt("%.3f", p->gain.ci_low) + ", " + fmt("%.3f", p->gain.ci_high) + "]";
-    }
+    const std::string gain = std::isnan(p->gain.ratio) ? "-" : ratio_ci_text(p->gain.ratio, p->gain);
     std::snprintf(line, sizeof(line), "  %-20s %-6s %3d %-26s %-26s %-26s %s%s\n", c.measured_as.c_str(), c.widths.c_str(),
                   c.groups, pair_text("%8.1f", c.tokens_per_s, metric(*p, "tokens_per_s")).c_str(),
                   pair_text("%7.1f", c.ttft_p50_ms, metric(*p, "ttft_p50_ms")).c_str(),
@@ -111,8 +103,7 @@ void print_plan(std::ostream& os, const RunRecord& run) {
     return;
   }
   const PairedComparison& c = plan.best_cmp;
-  os << "; " << plan.predicted_best << " / " << plan.measured_best << " tokens/s " << fmt("%.3fx", c.ratio);
-  if (!std::isnan(c.ci_low)) os << " [" << fmt("%.3f", c.ci_low) << ", " << fmt("%.3f", c.ci_high) << "]";
+  os << "; " << plan.predicted_best << " / " << plan.measured_best << " tokens/s " << ratio_ci_text(c.ratio, c);
   os << (plan.best_within_ci == 1   ? ": within the 95% CI (no significant difference)\n"
          : plan.best_within_ci == 0 ? ": the predicted best measured significantly slower\n"
                                     : ": too few rounds for a CI\n");

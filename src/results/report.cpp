@@ -16,10 +16,7 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-double metric(const PartitionRecord& p, const char* key) {
-  auto it = p.metrics.find(key);
-  return it == p.metrics.end() ? kNaN : it->second;
-}
+double metric(const PartitionRecord& p, const char* key) { return metric_or_nan(p, key); }
 
 std::string counts_of(const PartitionRecord& p) {
   std::string c;

@@ -364,6 +364,12 @@ struct RunRecord {
   double expert_skew = 0.0;
 };
 
+/// Metric `key` of partition `p` (its /benchmark/<name> attribute), NaN where it has none.
+inline double metric_or_nan(const PartitionRecord& p, const std::string& key) {
+  const auto it = p.metrics.find(key);
+  return it != p.metrics.end() ? it->second : std::numeric_limits<double>::quiet_NaN();
+}
+
 /// The M partition `p` of `run` ran: its own (PartitionRecord::groups) or the workload's.
 inline int partition_groups(const RunRecord& run, const PartitionRecord& p) {
   return p.groups > 0 ? p.groups : run.workload.microbatches;

@@ -11,6 +11,7 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/format.h"
 #include "common/stats.h"
 #include "common/transfer.h"
 #include "results/plan_summary.h"
@@ -19,17 +20,12 @@
 namespace ppb {
 namespace {
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
+std::string fmt(const char* f, double v) { return format_printf(f, v); }
 
 /// "1.024x [0.991, 1.058]", or "1.024x (no CI: n = 2 < 5)".
 std::string gain_text(double ratio, const PairedComparison& c) {
-  std::string t = fmt("%.3fx", ratio);
-  if (!std::isnan(c.ci_low)) return t + " [" + fmt("%.3f", c.ci_low) + ", " + fmt("%.3f", c.ci_high) + "]";
-  if (c.n > 0) return t + " (no CI: n = " + std::to_string(c.n) + " < " + std::to_string(kMinPairsForCI) + ")";
+  const std::string t = ratio_ci_text(ratio, c);
+  if (std::isnan(c.ci_low) && c.n > 0) return t + " (no CI: n = " + std::to_string(c.n) + " < " + std::to_string(kMinPairsForCI) + ")";
   return t;
 }
 
@@ -422,11 +418,6 @@ void print_column_legend(std::ostream& os, const RunRecord& run) {
 }
 
 /// A metric of partition `p`, NaN where it has none.
-double metric_or_nan(const PartitionRecord& p, const std::string& key) {
-  const auto it = p.metrics.find(key);
-  return it != p.metrics.end() ? it->second : NAN;
-}
-
 /// The partition's title line (name, solver, layout, the split it shares a measurement with)
 /// and, for an adaptive split, the calibration it was solved from.
 void print_partition_header(std::ostream& os, const RunRecord& run, const PartitionRecord& p) {
@@ -660,6 +651,12 @@ void print_balance_gain(std::ostream& os, const RunRecord& run) {
 }
 
 }  // namespace
+
+std::string ratio_ci_text(double ratio, const PairedComparison& c) {
+  std::string t = format_printf("%.3fx", ratio);
+  if (!std::isnan(c.ci_low)) t += " [" + format_printf("%.3f", c.ci_low) + ", " + format_printf("%.3f", c.ci_high) + "]";
+  return t;
+}
 
 void print_summary(std::ostream& os, const RunRecord& run) {
   print_title(os, run);

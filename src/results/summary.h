@@ -22,5 +22,9 @@ void print_summary(std::ostream& os, const RunRecord& run);
 /// False when either is missing (older files, unmeasured partitions).
 bool outside_profile_spread(const PartitionRecord& p, size_t k);
 
+/// "1.024x [0.991, 1.058]": a ratio and, where it has one, its CI (c.ci_low / c.ci_high, three
+/// decimals); "1.024x" without a CI.
+std::string ratio_ci_text(double ratio, const PairedComparison& c);
+
 
 }  // namespace ppb

@@ -23,8 +23,10 @@ namespace {
 
 /// Whether candidate a ranks before b: more predicted tokens/s (equal within a relative 1e-9, as
 /// balance::rank_layouts_by_tokens: one stage at M = 1 and 2 simulate the same rate), then more
-/// tokens/s per user.
-bool ranks_before(const balance::PlanCandidate& a, const balance::PlanCandidate& b) {
+/// tokens/s per user. A candidate as searched (balance::PlanCandidate) or as stored
+/// (PlanRecord::Candidate).
+template <class Candidate>
+bool ranks_before(const Candidate& a, const Candidate& b) {
   const double tol = 1e-9 * std::max(std::fabs(a.tokens_per_s), std::fabs(b.tokens_per_s));
   if (std::fabs(a.tokens_per_s - b.tokens_per_s) > tol) return a.tokens_per_s > b.tokens_per_s;
   return a.tokens_per_s_per_user > b.tokens_per_s_per_user;
@@ -76,16 +78,6 @@ PlanRecord plan_record_of(const balance::PlanResult& res, int points) {
     pr.candidates[i].on_front = true;
   }
   return pr;
-}
-
-/// ranks_before of two stored candidates.
-bool ranks_before_record(const PlanRecord::Candidate& a, const PlanRecord::Candidate& b) {
-  balance::PlanCandidate x, y;
-  x.tokens_per_s = a.tokens_per_s;
-  x.tokens_per_s_per_user = a.tokens_per_s_per_user;
-  y.tokens_per_s = b.tokens_per_s;
-  y.tokens_per_s_per_user = b.tokens_per_s_per_user;
-  return ranks_before(x, y);
 }
 
 }  // namespace
@@ -154,7 +146,7 @@ void plan_verdict(RunContext& ctx) {
     it->metrics["plan_predicted_tokens_per_s"] = c.tokens_per_s;
     it->metrics["plan_predicted_ttft_p50_ms"] = c.ttft_p50_ms;
     it->metrics["plan_predicted_tpot_p50_ms"] = c.tpot_p50_ms;
-    if (!pb || ranks_before_record(c, *pb)) {
+    if (!pb || ranks_before(c, *pb)) {
       pb = &c;
       pbr = &*it;
     }
