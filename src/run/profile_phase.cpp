@@ -245,8 +245,8 @@ std::vector<std::pair<int, int>> tp_groups_needed(const RunContext& ctx) {
 }
 
 /// This rank's part of a tensor-parallel group's profile: its shard of every unit timed with
-/// the group, `cycles` times; the group's first rank appends [U][2] latency (the mean of the
-/// cycles' medians), min and max (over every cycle) to `mine`.
+/// the group, `cycles` times, pooled as the width-1 profile's cycles are (pool_cycles); the
+/// group's first rank appends [U][2] latency, min and max to `mine`.
 void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>& mine) {
   ProfileConfig pc = profile_config(ctx);  // cold or warm as the width-1 profile
   pc.tp_width = tp.width();
@@ -255,22 +255,9 @@ void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>
   // Each rank flushes its caches before a timed forward; without a meeting after the flushes,
   // the first all-reduce of the forward would time a peer's flush.
   pc.align = [group = &tp] { group->barrier(); };
-  ProfileResult prof = profile_model(*ctx.device, ctx.spec, pc);
-  for (int k = 1; k < cycles; ++k) {
-    const ProfileResult more = profile_model(*ctx.device, ctx.spec, pc);
-    for (size_t u = 0; u < prof.prefill_ms.size(); ++u) {
-      prof.prefill_ms[u] += more.prefill_ms[u];
-      prof.decode_ms[u] += more.decode_ms[u];
-      prof.prefill_min_ms[u] = std::min(prof.prefill_min_ms[u], more.prefill_min_ms[u]);
-      prof.decode_min_ms[u] = std::min(prof.decode_min_ms[u], more.decode_min_ms[u]);
-      prof.prefill_max_ms[u] = std::max(prof.prefill_max_ms[u], more.prefill_max_ms[u]);
-      prof.decode_max_ms[u] = std::max(prof.decode_max_ms[u], more.decode_max_ms[u]);
-    }
-  }
-  for (size_t u = 0; u < prof.prefill_ms.size(); ++u) {
-    prof.prefill_ms[u] /= cycles;
-    prof.decode_ms[u] /= cycles;
-  }
+  std::vector<ProfileResult> runs;
+  for (int k = 0; k < cycles; ++k) runs.push_back(profile_model(*ctx.device, ctx.spec, pc));
+  const ProfileResult prof = pool_cycles(runs);  // as the width-1 profile's cycles
   if (tp.rank() != 0) return;
   for (const auto& [pre, dec] : {std::pair{&prof.prefill_ms, &prof.decode_ms}, std::pair{&prof.prefill_min_ms, &prof.decode_min_ms},
                                  std::pair{&prof.prefill_max_ms, &prof.decode_max_ms}}) {

@@ -68,8 +68,7 @@ ProfileOutcome profile_units(RunContext& ctx);
 /// rank's tables in /profile/tp. A group must be identical devices of one node (bad input
 /// otherwise: the all-reduce would cross the network and a stage run at its slowest rank's pace).
 /// Each group is profiled `cycles` times (the width-1 profile's cycles, ProfileOutcome::cycles)
-/// and its table is the mean of the cycles' medians, min and max over all of them, as the
-/// width-1 table: one cycle's medians moved run to run by up to +-12% on a shared VM (issue 36:
+/// and its tables pooled as the width-1 profile's (pool_cycles): one cycle's medians moved run to run by up to +-12% on a shared VM (issue 36:
 /// Qwen3-0.6B TP2 predicted 28.9, 32.8, 34.9 tokens/s in three runs of one cycle each).
 void profile_tp_groups(RunContext& ctx, int cycles = 1);
 
