@@ -30,6 +30,7 @@
 #include "balance/solver.h"
 #include "common/error.h"
 #include "results/writer.h"
+#include "synthetic_run.h"
 #include "user_error_of.h"
 
 namespace ppb {
@@ -45,25 +46,8 @@ RunRecord make_profile(int R, int U, const std::vector<int>& tp_widths, unsigned
                        int64_t memory_limit = 0) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> pre(1.0, 5.0), dec(0.1, 1.0);
-  RunRecord r;
-  r.ppbench_version = "test";
-  r.created_utc = "2026-01-02T03:04:05Z";
-  r.backend = "cpu";
-  r.transport = "mpi";
-  r.world_size = R;
-  r.model_source = "m.json";
-  r.model_config_json = "{}";
-  r.model_attrs_num = {{"hidden_size", 64}};
-  r.workload = {2, 4, 3, 2, "f32", 1, 2, 0, 3, true, 7, "workload"};
+  RunRecord r = ppb_test::synthetic_run(R, {2, 4, 3, 2, "f32", 1, 2, 0, 3, true, 7, "workload"}, memory_limit);
   if (two_pass) r.workload.profile_passes = "alone+together";
-  r.link_latency_s = 2e-6;
-  r.link_bandwidth_Bps = 5e9;
-  for (int k = 0; k < R; ++k) {
-    RankInfo info{"node01", "Xeon", "", k, 0.0};
-    info.machine_id = "m0";
-    info.memory_limit_bytes = memory_limit;
-    r.ranks.push_back(info);
-  }
   auto& p = r.profile;
   for (int u = 0; u < U; ++u) {
     p.unit_name.push_back(u == 0 ? "embed" : u == U - 1 ? "head" : "layer." + std::to_string(u - 1));
@@ -90,8 +74,6 @@ RunRecord make_profile(int R, int U, const std::vector<int>& tp_widths, unsigned
     g.latency_min_ms = g.latency_max_ms = g.latency_ms;
     p.tp.push_back(g);
   }
-  r.validation = "n/a";
-  r.status = "complete";
   r.reference_partition = "";
   return r;
 }

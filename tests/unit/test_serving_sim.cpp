@@ -31,6 +31,7 @@
 #include "serving/arrivals.h"
 #include "serving/pipeline_sim.h"
 #include "serving/rate_search.h"
+#include "synthetic_run.h"
 #include "user_error_of.h"
 
 namespace ppb {
@@ -232,23 +233,7 @@ TEST(ServingSim, ScaledArrivalsEqualTheArrivalsDrawnAtThatRate) {
 /// R ranks on one machine, 3 units (embed, layer.0, head), B=2 P=4 G=9 M=2; contexts 4, 8, 12.
 /// Rank r's table is rank 0's times (1 + r).
 RunRecord tiny_profile(int R) {
-  RunRecord r;
-  r.ppbench_version = "test";
-  r.created_utc = "2026-01-02T03:04:05Z";
-  r.backend = "cpu";
-  r.transport = "mpi";
-  r.world_size = R;
-  r.model_source = "m.json";
-  r.model_config_json = "{}";
-  r.model_attrs_num = {{"hidden_size", 64}};
-  r.workload = {2, 4, 9, 2, "f32", 1, 2, 0, 3, true, 7, "workload"};
-  r.link_latency_s = 2e-6;
-  r.link_bandwidth_Bps = 5e9;
-  for (int k = 0; k < R; ++k) {
-    RankInfo info{"node01", "Xeon", "", k, 0.0};
-    info.machine_id = "m0";
-    r.ranks.push_back(info);
-  }
+  RunRecord r = ppb_test::synthetic_run(R, {2, 4, 9, 2, "f32", 1, 2, 0, 3, true, 7, "workload"});
   auto& p = r.profile;
   p.unit_name = {"embed", "layer.0", "head"};
   p.unit_signature = {0, 1, 2};
@@ -265,8 +250,6 @@ RunRecord tiny_profile(int R) {
   }
   p.latency_min_ms = p.latency_max_ms = p.latency_ms;
   p.cost_ms.assign(static_cast<std::size_t>(R) * 3, 1.0);
-  r.validation = "n/a";
-  r.status = "complete";
   return r;
 }
 
