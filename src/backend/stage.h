@@ -45,6 +45,24 @@ struct StageBytes {
   size_t total() const { return weights + kv_cache + scratch; }
 };
 
+/// One step of continuous batching for StageExecutor::enqueue_forward_ragged (issue 37): row r
+/// is one request in KV-cache row (slot) slot[r] of the group, in [0, B), with pos[r] tokens
+/// already cached and tokens[r] >= 1 new tokens at positions [pos[r], pos[r] + tokens[r]) (a
+/// prefill: pos 0 and its prompt; a decode: 1 token). The rows' tokens are packed in row order:
+/// row r's are token rows [offset(r), offset(r) + tokens[r]) of the input and of a non-head
+/// output, offset(r) = tokens[0] + ... + tokens[r-1] (flash-attention's cu_seqlens_q). No two
+/// rows share a slot; rows <= B.
+struct RaggedStep {
+  std::vector<int32_t> slot, pos, tokens;  ///< [rows] each
+  int rows() const { return static_cast<int>(slot.size()); }
+  /// Sum of tokens: the token rows of the input.
+  int total_tokens() const {
+    int n = 0;
+    for (int32_t t : tokens) n += t;
+    return n;
+  }
+};
+
 /// The units [first, last] of a model, instantiated on a device with weights and KV caches.
 ///
 /// Input of a forward: int32 token ids [B, T] if the stage holds `embed`, else activations
@@ -64,6 +82,19 @@ class StageExecutor {
   /// `in`/`out` are device pointers that stay valid until the enqueued work completes.
   virtual void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos,
                                int tokens) = 0;
+  /// Bytes of the input / output of one ragged forward of `rows` rows and `total_tokens` packed
+  /// tokens (RaggedStep): ids int32 [total_tokens] or activations [total_tokens, hidden] in;
+  /// token ids int32 [rows] (head) or activations [total_tokens, hidden] out.
+  virtual size_t ragged_input_bytes(int total_tokens) const = 0;
+  virtual size_t ragged_output_bytes(int rows, int total_tokens) const = 0;
+  /// Enqueues one ragged forward on `lane` (continuous batching, RaggedStep): group `group`'s
+  /// KV cache gets K/V of every row's new positions in the row's slot; every row attends its
+  /// own slot's positions [0, pos + t] (window rules as enqueue_forward's). With the head, the
+  /// output is each row's greedy token at its last new position, [rows]. `step` is copied.
+  /// The same bits as enqueue_forward where every row has the same pos and tokens and the rows
+  /// are slots 0..B-1 in order. @throws InternalError on a step outside the stage's shape
+  /// (rows > B, a slot out of range or twice, pos + tokens > max_context, tokens < 1).
+  virtual void enqueue_forward_ragged(Lane& lane, const void* in, void* out, int group, const RaggedStep& step) = 0;
   /// Sum (in double) of the final hidden states entering the head, over every forward since
   /// the last reset_checksum(); 0 if the stage has no head. Call after the lane synchronised.
   virtual double checksum() const = 0;

@@ -27,6 +27,11 @@ class SlowEnqueueStage final : public StageExecutor {
   int last_unit() const override { return 0; }
   size_t input_bytes(int) const override { return 4; }
   size_t output_bytes(int) const override { return 4; }
+  size_t ragged_input_bytes(int) const override { return 4; }
+  size_t ragged_output_bytes(int, int) const override { return 4; }
+  void enqueue_forward_ragged(Lane&, const void*, void*, int, const RaggedStep&) override {
+    throw InternalError("SlowEnqueueStage runs no ragged forward");
+  }
   void enqueue_forward(Lane& lane, const void*, void*, int, int, int) override {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(enqueue_ms_));
     const double run = run_ms_;

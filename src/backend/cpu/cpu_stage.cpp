@@ -121,6 +121,12 @@ class CpuStage final : public StageExecutor {
     return has_head_ ? n * sizeof(int32_t) : n * tokens * hidden_ * sizeof(float);
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
+  // Ragged forward (issue 37): not built yet on this backend.
+  size_t ragged_input_bytes(int total_tokens) const override { return 0; }
+  size_t ragged_output_bytes(int rows, int total_tokens) const override { return 0; }
+  void enqueue_forward_ragged(Lane&, const void*, void*, int, const RaggedStep&) override {
+    throw InternalError("this backend's stage has no ragged forward yet (issue 37)");
+  }
   double checksum() const override { return checksum_; }
   void reset_checksum() override {
     checksum_ = 0.0;

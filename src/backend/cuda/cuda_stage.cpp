@@ -99,6 +99,12 @@ class CudaStage final : public StageExecutor {
     return plan_.has_head ? n * sizeof(int32_t) : n * tokens * hidden_ * dt_;
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
+  // Ragged forward (issue 37): not built yet on this backend.
+  size_t ragged_input_bytes(int total_tokens) const override { return 0; }
+  size_t ragged_output_bytes(int rows, int total_tokens) const override { return 0; }
+  void enqueue_forward_ragged(Lane&, const void*, void*, int, const RaggedStep&) override {
+    throw InternalError("this backend's stage has no ragged forward yet (issue 37)");
+  }
   double checksum() const override;
   void reset_checksum() override;
   size_t weight_bytes() const override { return plan_.bytes.weights; }
