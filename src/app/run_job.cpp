@@ -17,6 +17,7 @@
 #include "run/profile_phase.h"
 #include "run/round_hooks.h"
 #include "run/rounds.h"
+#include "run/serving_rounds.h"
 #include "run/startup.h"
 
 namespace ppb {
@@ -49,6 +50,12 @@ int run_phases(run::RunContext& ctx) {
   describe_partitions(ctx, set);
   ctx.phase("write of the partitions", [&] { ctx.snapshot("benchmark"); });
   check_memory_of_partitions(ctx, set);
+
+  if (ctx.opt.scenario.on()) {
+    // 5'. Requests that arrive (issue 37): every partition under the same scenario, validated.
+    run_serving_benchmark(ctx, set);
+    return finish_serving_run(ctx, set);
+  }
 
   // 5. Benchmark every distinct split in interleaved rounds until the stop rule says stop,
   // profile cycles and the adaptive re-solve between rounds; validate against serialized runs.

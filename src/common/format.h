@@ -1,6 +1,7 @@
 // Number formatting for what people read (progress lines, summaries).
 #pragma once
 
+#include <cstdarg>
 #include <cstdio>
 #include <string>
 
@@ -19,6 +20,20 @@ inline std::string format_fixed(double v, int decimals) {
 inline std::string format_printf(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+/// printf of any arguments into a string (a progress line of several figures); at most 1023
+/// characters, the rest cut. For what people read, never for stored values.
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+inline std::string format_line(const char* f, ...) {
+  char buf[1024];
+  va_list args;
+  va_start(args, f);
+  std::vsnprintf(buf, sizeof buf, f, args);
+  va_end(args);
   return buf;
 }
 

@@ -10,6 +10,7 @@
 #include "results/h5.h"
 #include "results/links_io.h"
 #include "results/plan_io.h"
+#include "results/serving_io.h"
 #include "results/writer.h"
 
 namespace ppb {
@@ -355,6 +356,7 @@ void read_all(const Group& root, RunRecord& run) {
   read_ranks(root, run);
   read_links(root, run);
   read_plan(root, run);
+  read_serving(root, run);
   read_profile(root, run);
   for (const auto& name : partition_names(root, run.reference_partition)) run.partitions.push_back(read_partition(root, name));
   for (PartitionRecord& p : run.partitions)

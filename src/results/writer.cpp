@@ -12,6 +12,7 @@
 #include "results/h5.h"
 #include "results/links_io.h"
 #include "results/plan_io.h"
+#include "results/serving_io.h"
 #include "results/summary.h"
 
 namespace ppb {
@@ -742,6 +743,7 @@ void write_all(h5::File& file, const RunRecord& run, bool complete) {
   write_links(root, run);
   write_profile(root, run, !complete);
   write_plan(root, run);
+  write_serving(root, run);
 
   for (const auto& part : run.partitions) write_partition(root, run, part, !complete);
   if (!run.round_gap_s.empty()) {

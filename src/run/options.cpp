@@ -1,5 +1,6 @@
 #include "run/options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -137,6 +138,18 @@ RunOptions parse_run_options(const RunFlags& f) {
   o.quiet = f.quiet;
   o.profile_only = f.profile_only;
   o.command_line = f.command_line;
+  o.scenario = parse_scenario_options(f);
+  if (o.scenario.on()) {
+    // The profile and the balancer take the scenario's mean request (RunOptions::scenario).
+    double prompt = 0, gen = 0;
+    for (const serving::Request& r : o.scenario.requests) {
+      prompt += r.prompt_len;
+      gen += r.gen_len;
+    }
+    const double n = static_cast<double>(o.scenario.requests.size());
+    o.prompt_len = std::max(1, static_cast<int>(std::lround(prompt / n)));
+    o.gen_len = std::max(1, static_cast<int>(std::lround(gen / n)));
+  }
   return o;
 }
 

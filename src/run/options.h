@@ -12,6 +12,9 @@
 #include "balance/problem.h"
 #include "balance/solver.h"
 #include "common/dtype.h"
+#include "serving/arrivals.h"
+#include "serving/request_metrics.h"
+#include "serving/scheduler.h"
 
 namespace ppb {
 
@@ -56,6 +59,14 @@ struct RunFlags {
   bool quiet = false;
   bool profile_only = false;  ///< `ppbench profile`
   std::string command_line;
+  // The serving scenario (issue 37; main.cpp's help text says each).
+  std::string scenario = "closed";
+  double request_rate = 0.0;  ///< 0 = not given
+  double burstiness = 1.0;
+  int requests = 64;
+  std::string prompt_lens, gen_lens, trace;
+  std::vector<std::string> goodput;
+  std::string step_policy = "mixed";
 };
 
 namespace run {
@@ -79,6 +90,27 @@ struct PartitionRequest {
   std::string manual;                    ///< Method::manual: units per stage ("9,8,7,8")
   bool adaptive = false;
   std::string text;                      ///< the flag as given, for messages
+};
+
+/// --scenario: closed batches (every figure before issue 37), or requests that arrive.
+enum class ScenarioKind { closed, poisson, gamma, trace };
+
+/// The serving scenario as the flags give it (issue 37; pipeline/serving_pipeline.h runs it).
+struct ScenarioOptions {
+  ScenarioKind kind = ScenarioKind::closed;
+  std::string kind_text = "closed";
+  /// Its requests, drawn (poisson, gamma: serving::generate_requests from --seed) or read
+  /// (trace) once here, the same on every rank: prompts clamped to [1, -p], outputs to [1, -g].
+  std::vector<serving::Request> requests;
+  serving::ScenarioSpec spec;   ///< arrivals, N, lengths, seed (poisson, gamma)
+  std::string trace_path, trace_format;
+  int trace_clamped_rows = 0;
+  serving::GoodputSpec goodput;  ///< --goodput (none given: goodput not computed)
+  std::string goodput_text;
+  serving::StepPolicy policy = serving::StepPolicy::mixed;
+  std::string policy_text = "mixed";
+  int max_prompt_len = 1, max_gen_len = 1;  ///< -p, -g: the longest request the stages hold
+  bool on() const { return kind != ScenarioKind::closed; }
 };
 
 /// The typed, checked options of one run.
@@ -121,7 +153,16 @@ struct RunOptions {
   bool force = false, quiet = false, profile_only = false;
   std::string command_line;
   std::string objective_text = "workload";  ///< as given, for the record and messages
+  /// --scenario. With requests that arrive, -p and -g are the longest prompt and output a request
+  /// may have, and prompt_len / gen_len (what the profile times and the balancer balances) are the
+  /// scenario's mean prompt and output lengths, rounded.
+  ScenarioOptions scenario;
 };
+
+/// The --scenario flags of `flags` typed and checked (run/scenario_options.cpp); for a scenario
+/// of requests that arrive, their requests drawn or read.
+/// @throws ppb::UserError naming the flag, the value and what would be valid.
+ScenarioOptions parse_scenario_options(const RunFlags& flags);
 
 /// Checks and types every flag of `flags` (ranges, names, their combinations), the same way on
 /// every rank: what needs the model or the devices is checked at start-up.

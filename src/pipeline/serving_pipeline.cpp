@@ -1,0 +1,482 @@
+#include "pipeline/serving_pipeline.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <sstream>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/events.h"
+#include "common/flight_recorder.h"
+#include "common/watchdog.h"
+
+namespace ppb {
+
+size_t serving_header_ints(int slots) { return 4 + 3 * static_cast<size_t>(slots); }
+
+std::vector<ScheduledStep> alone_schedule(const std::vector<serving::Request>& requests, const std::vector<int>& which) {
+  std::vector<ScheduledStep> out;
+  for (int q : which) {
+    const serving::Request& r = requests.at(q);
+    out.push_back({0, {{q, 0, 0, r.prompt_len}}});
+    for (int k = 1; k < r.gen_len; ++k) out.push_back({0, {{q, 0, r.prompt_len + k - 1, 1}}});
+  }
+  return out;
+}
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// Message tags: above the closed pipeline's item tags (< 32000), within MPI's guaranteed 32767.
+constexpr int kHeaderTag = 32100, kPayloadTag = 32101, kReturnTag = 32102;
+enum HeaderKind : int32_t { kEnd = 0, kStep = 1 };
+
+void sleep_s(double s) {
+  if (!(s > 0)) return;
+  s = std::min(s, 0.05);
+  timespec ts{static_cast<time_t>(s), static_cast<long>((s - std::floor(s)) * 1e9)};
+  nanosleep(&ts, nullptr);
+}
+
+/// One stage's part of a scenario: buffers per group, three lanes, the step loop of stage 0
+/// (live or replayed) or of a later stage.
+class ServingLoop {
+ public:
+  ServingLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
+              const ServingConfig& cfg, const std::vector<serving::Request>& requests);
+  ~ServingLoop() { flight::note("serving", ""); }
+  /// Stage 0 live (the scheduler), or a follower.
+  ServingRecord run_live();
+  /// Stage 0 replays `schedule` one step at a time, or a follower.
+  ServingRecord run_replay(const std::vector<ScheduledStep>& schedule);
+
+ private:
+  struct StepEvents {
+    std::unique_ptr<Event> ev[kNumEvents];
+    bool has_recv = false, has_send = false;
+  };
+  void allocate_buffers();
+  void connect_links();
+  /// The transport barrier that starts the scenario; returns its t = 0 (monotonic s).
+  double start();
+  StepEvents& new_step(int rows, int tokens);
+  /// Stage 0: enqueues group g's step (its input ids, the forward, the header and payload
+  /// sends, the token return and the flag that says it is back).
+  void launch(int g, const std::vector<ScheduledRow>& rows);
+  /// Stage 0: whether group g's tokens are back; waits until then or until monotonic `deadline`.
+  bool wait_return(int g, double deadline);
+  /// Stage 0: group g's step is back: its tokens appended to its requests; returns the step's
+  /// end (monotonic s: the token return's end, or the forward's with one stage).
+  double take_return(int g, const std::vector<ScheduledRow>& rows);
+  /// A later stage: runs the steps stage 0 sends until its end header.
+  void follow();
+  void send_end();
+  void drain();
+  ServingRecord finish(double t0);
+  std::string describe_stage() const;
+
+  Device& device_;
+  Transport& transport_;
+  StageExecutor& stage_;
+  const StagePlacement& place_;
+  const ServingConfig& cfg_;
+  const std::vector<serving::Request>& requests_;
+  const int M, B, S;
+  const bool first, last;
+  const size_t header_ints_;
+  int max_tokens_ = 1;  ///< the most packed tokens a step can have: B x the longest prompt
+
+  // Buffers (before the lanes: the lanes are destroyed, and drained, first).
+  std::vector<std::unique_ptr<Buffer>> in_, out_, header_out_;
+  std::vector<std::vector<int32_t>> header_out_host_;
+  std::unique_ptr<Buffer> header_in_[2];
+  std::vector<int32_t> header_in_host_[2];
+  // Stage 0: input ids, token returns, and the flag each return sets.
+  std::vector<std::vector<int32_t>> ids_host_, return_host_;
+  std::vector<std::unique_ptr<Buffer>> return_;
+  std::unique_ptr<std::atomic<bool>[]> returned_;
+  std::vector<StepEvents*> return_events_;  ///< [M] the step in flight's events
+
+  std::unique_ptr<Lane> compute_, recv_, send_;
+  std::vector<std::unique_ptr<StepEvents>> steps_;
+  ServingRecord rec_;
+};
+
+ServingLoop::ServingLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
+                         const ServingConfig& cfg, const std::vector<serving::Request>& requests)
+    : device_(device),
+      transport_(transport),
+      stage_(stage),
+      place_(place),
+      cfg_(cfg),
+      requests_(requests),
+      M(cfg.groups),
+      B(cfg.slots),
+      S(place.num_stages),
+      first(place.stage == 0),
+      last(place.stage == place.num_stages - 1),
+      header_ints_(serving_header_ints(cfg.slots)) {
+  if (place.tp_width != 1) throw UserError("the serving scenario runs no tensor-parallel stage yet (--tp 1)");
+  if (M < 1 || B < 1) throw InternalError("run_serving: groups and slots must be >= 1");
+  int longest = 1;
+  for (const serving::Request& r : requests_) longest = std::max(longest, r.prompt_len);
+  max_tokens_ = B * longest;
+  allocate_buffers();
+  compute_ = device_.create_lane("compute");
+  recv_ = device_.create_lane("recv");
+  send_ = device_.create_lane("send");
+  connect_links();
+}
+
+void ServingLoop::allocate_buffers() {
+  in_.resize(M);
+  out_.resize(M);
+  header_out_.resize(M);
+  header_out_host_.assign(M, std::vector<int32_t>(header_ints_, 0));
+  for (int g = 0; g < M; ++g) {
+    in_[g] = device_.allocate(stage_.ragged_input_bytes(max_tokens_));
+    out_[g] = device_.allocate(stage_.ragged_output_bytes(B, max_tokens_));
+    header_out_[g] = device_.allocate(header_ints_ * sizeof(int32_t));
+  }
+  for (int h = 0; h < 2; ++h) {
+    header_in_[h] = device_.allocate(header_ints_ * sizeof(int32_t));
+    header_in_host_[h].assign(header_ints_, 0);
+  }
+  if (first) {
+    ids_host_.assign(M, std::vector<int32_t>(max_tokens_, 0));
+    return_host_.assign(M, std::vector<int32_t>(B, 0));
+    return_.resize(M);
+    for (auto& r : return_) r = device_.allocate(static_cast<size_t>(B) * sizeof(int32_t));
+    returned_.reset(new std::atomic<bool>[M]);
+    for (int g = 0; g < M; ++g) returned_[g] = false;
+    return_events_.assign(M, nullptr);
+  }
+}
+
+void ServingLoop::connect_links() {
+  const int me = place_.rank;
+  std::vector<std::pair<int, int>> links;
+  if (place_.prev_rank >= 0) links.emplace_back(place_.prev_rank, me);
+  for (int r : place_.next_ranks) links.emplace_back(me, r);
+  if (S > 1 && first) links.emplace_back(place_.last_rank, me);
+  if (S > 1 && last)
+    for (int r : place_.return_ranks) links.emplace_back(me, r);
+  std::sort(links.begin(), links.end());
+  links.erase(std::unique(links.begin(), links.end()), links.end());
+  transport_.connect(links);
+}
+
+std::string ServingLoop::describe_stage() const {
+  std::ostringstream os;
+  os << "serving stage " << place_.stage << " (units " << stage_.first_unit() << ".." << stage_.last_unit() << ")";
+  return os.str();
+}
+
+double ServingLoop::start() {
+  flight::note("serving", describe_stage() + " of " + std::to_string(S) + ", " + std::to_string(requests_.size()) +
+                              " requests, M=" + std::to_string(M) + " groups of B=" + std::to_string(B) + " slots");
+  stage_.reset_checksum();
+  flight::Scope scope(flight::Tag{"start of the scenario"});
+  transport_.enqueue_barrier(*compute_);
+  try {
+    compute_->synchronize();
+  } catch (const std::exception& e) {
+    request_lane_abort();
+    transport_.abort();
+    throw InternalError(describe_stage() + ", start: " + e.what());
+  }
+  return monotonic_s();
+}
+
+ServingLoop::StepEvents& ServingLoop::new_step(int rows, int tokens) {
+  steps_.push_back(std::make_unique<StepEvents>());
+  for (auto& e : steps_.back()->ev) e = device_.create_event();
+  rec_.step_rows.push_back(rows);
+  rec_.step_tokens.push_back(tokens);
+  return *steps_.back();
+}
+
+void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows) {
+  RaggedStep rs;
+  std::vector<int32_t>& ids = ids_host_[g];
+  int n = 0;
+  for (const ScheduledRow& row : rows) {
+    const serving::Request& q = requests_.at(row.request);
+    rs.slot.push_back(row.slot);
+    rs.pos.push_back(row.position);
+    rs.tokens.push_back(row.tokens);
+    if (n + row.tokens > max_tokens_) throw InternalError("serving: a step of more than B x the longest prompt tokens");
+    for (int t = 0; t < row.tokens; ++t) {
+      const int p = row.position + t;
+      // Position p's input: the prompt's token, or output token p - prompt_len (DESIGN.md).
+      ids[n++] = p < q.prompt_len ? prompt_token(cfg_.seed, row.request, 0, p, cfg_.vocab)
+                                  : rec_.tokens.at(row.request).at(p - q.prompt_len);
+    }
+  }
+  const int R = rs.rows();
+  StepEvents& e = new_step(R, n);
+  returned_[g] = false;
+  return_events_[g] = &e;
+  flight::Scope scope(flight::Tag{"serving step", -1, g});
+  compute_->copy(in_[g]->data(), ids.data(), static_cast<size_t>(n) * sizeof(int32_t));
+  compute_->record(*e.ev[kComputeStart]);
+  stage_.enqueue_forward_ragged(*compute_, in_[g]->data(), out_[g]->data(), g, rs);
+  compute_->record(*e.ev[kComputeEnd]);
+  std::atomic<bool>* flag = &returned_[g];
+  if (S == 1) {
+    compute_->copy(return_host_[g].data(), out_[g]->data(), static_cast<size_t>(R) * sizeof(int32_t));
+    compute_->host_task([flag] { *flag = true; });
+    return;
+  }
+  std::vector<int32_t>& h = header_out_host_[g];
+  h[0] = kStep;
+  h[1] = g;
+  h[2] = R;
+  h[3] = n;
+  for (int r = 0; r < R; ++r) {
+    h[4 + r] = rs.slot[r];
+    h[4 + B + r] = rs.pos[r];
+    h[4 + 2 * B + r] = rs.tokens[r];
+  }
+  send_->copy(header_out_[g]->data(), h.data(), header_ints_ * sizeof(int32_t));
+  for (int peer : place_.next_ranks) transport_.enqueue_send(*send_, header_out_[g]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
+  send_->wait(*e.ev[kComputeEnd]);
+  send_->record(*e.ev[kSendStart]);
+  for (int peer : place_.next_ranks)
+    transport_.enqueue_send(*send_, out_[g]->data(), stage_.ragged_output_bytes(R, n), peer, kPayloadTag);
+  send_->record(*e.ev[kSendEnd]);
+  e.has_send = true;
+  recv_->record(*e.ev[kRecvStart]);
+  transport_.enqueue_recv(*recv_, return_[g]->data(), static_cast<size_t>(R) * sizeof(int32_t), place_.last_rank, kReturnTag);
+  recv_->record(*e.ev[kRecvEnd]);
+  e.has_recv = true;
+  recv_->copy(return_host_[g].data(), return_[g]->data(), static_cast<size_t>(R) * sizeof(int32_t));
+  recv_->host_task([flag] { *flag = true; });
+}
+
+bool ServingLoop::wait_return(int g, double deadline) {
+  double sleep = 20e-6;
+  while (!returned_[g]) {
+    if (lane_abort_requested()) throw InternalError(describe_stage() + ": the run is being aborted");
+    const double now = monotonic_s();
+    if (now >= deadline) return false;
+    heartbeat();  // waiting for a step or an arrival is progress: the scenario's clock runs
+    sleep_s(std::min(sleep, deadline - now));
+    sleep = std::min(sleep * 2, 200e-6);
+  }
+  return true;
+}
+
+double ServingLoop::take_return(int g, const std::vector<ScheduledRow>& rows) {
+  StepEvents& e = *return_events_[g];
+  Event& end = S == 1 ? *e.ev[kComputeEnd] : *e.ev[kRecvEnd];
+  end.synchronize();
+  for (size_t r = 0; r < rows.size(); ++r) rec_.tokens.at(rows[r].request).push_back(return_host_[g][r]);
+  returned_[g] = false;
+  return end.time_s();
+}
+
+ServingRecord ServingLoop::run_live() {
+  const double t0 = start();
+  if (!first) {
+    follow();
+    return finish(t0);
+  }
+  rec_.tokens.assign(requests_.size(), {});
+  serving::Scheduler sched(requests_, {M, B, cfg_.policy});
+  std::deque<int> fifo;                  // groups in flight, in the order they were sent
+  std::vector<size_t> in_flight(M, 0);  // each group's step in rec_.schedule
+  const double inf = std::numeric_limits<double>::infinity();
+  while (!sched.finished()) {
+    for (int g = 0; g < M; ++g) {
+      if (sched.in_flight(g)) continue;
+      const serving::Step& st = sched.next_step(g, monotonic_s() - t0);
+      if (st.rows.empty()) continue;
+      ScheduledStep s{g, {}, st.start_s, kNaN};
+      for (const serving::BatchRow& br : st.rows) s.rows.push_back({br.request, br.slot, br.position, br.tokens});
+      launch(g, s.rows);
+      in_flight[g] = rec_.schedule.size();
+      rec_.schedule.push_back(std::move(s));
+      fifo.push_back(g);
+    }
+    const double arrival = sched.next_arrival_s();
+    if (fifo.empty()) {
+      if (!(arrival < inf)) throw InternalError("serving: requests left, none in flight and none to arrive");
+      wait_return(0, t0 + arrival);  // nothing in flight: sleep until the arrival (returns false)
+      continue;
+    }
+    // A group is idle: an arrival may give it work before the oldest step is back.
+    const double deadline = static_cast<int>(fifo.size()) < M && arrival < inf ? t0 + arrival : inf;
+    const int g = fifo.front();
+    if (!wait_return(g, deadline)) continue;
+    fifo.pop_front();
+    ScheduledStep& s = rec_.schedule[in_flight[g]];
+    s.end_s = take_return(g, s.rows) - t0;
+    sched.complete_step(g, std::max(s.end_s, s.start_s));
+  }
+  send_end();
+  rec_.times = sched.times();
+  rec_.group.resize(requests_.size());
+  rec_.slot.resize(requests_.size());
+  for (size_t q = 0; q < requests_.size(); ++q) {
+    rec_.group[q] = sched.group_of(static_cast<int>(q));
+    rec_.slot[q] = sched.slot_of(static_cast<int>(q));
+  }
+  return finish(t0);
+}
+
+ServingRecord ServingLoop::run_replay(const std::vector<ScheduledStep>& schedule) {
+  const double t0 = start();
+  if (!first) {
+    follow();
+    return finish(t0);
+  }
+  rec_.tokens.assign(requests_.size(), {});
+  for (const ScheduledStep& s : schedule) {
+    if (s.group < 0 || s.group >= M) throw InternalError("replay_serving: a step of group " + std::to_string(s.group));
+    launch(s.group, s.rows);
+    wait_return(s.group, std::numeric_limits<double>::infinity());
+    const double end = take_return(s.group, s.rows) - t0;
+    rec_.schedule.push_back({s.group, s.rows, end, end});
+  }
+  send_end();
+  return finish(t0);
+}
+
+void ServingLoop::send_end() {
+  if (S == 1) return;
+  std::vector<int32_t>& h = header_out_host_[0];
+  // Group 0's header buffer is free: every step of every group is back.
+  std::fill(h.begin(), h.end(), 0);
+  h[0] = kEnd;
+  send_->copy(header_out_[0]->data(), h.data(), header_ints_ * sizeof(int32_t));
+  for (int peer : place_.next_ranks) transport_.enqueue_send(*send_, header_out_[0]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
+}
+
+void ServingLoop::follow() {
+  const size_t hbytes = header_ints_ * sizeof(int32_t);
+  std::unique_ptr<Event> header_ready[2] = {device_.create_event(), device_.create_event()};
+  std::vector<StepEvents*> sent(M, nullptr);  // each group's last step, whose send frees out_[g]
+  auto post_header = [&](int h) {
+    transport_.enqueue_recv(*recv_, header_in_[h]->data(), hbytes, place_.prev_rank, kHeaderTag);
+    recv_->copy(header_in_host_[h].data(), header_in_[h]->data(), hbytes);
+    recv_->record(*header_ready[h]);
+  };
+  post_header(0);
+  for (int i = 0;; ++i) {
+    const int h = i % 2;
+    {
+      flight::Scope scope(flight::Tag{"serving header", -1, -1, i});
+      header_ready[h]->synchronize();
+    }
+    const std::vector<int32_t>& hd = header_in_host_[h];
+    if (hd[0] == kEnd) {
+      if (!last)
+        for (int peer : place_.next_ranks) {
+          send_->copy(header_out_[0]->data(), hd.data(), hbytes);
+          transport_.enqueue_send(*send_, header_out_[0]->data(), hbytes, peer, kHeaderTag);
+        }
+      return;
+    }
+    const int g = hd[1], R = hd[2], n = hd[3];
+    if (hd[0] != kStep || g < 0 || g >= M || R < 1 || R > B || n < R || n > max_tokens_)
+      throw InternalError(describe_stage() + ": a malformed step header (kind " + std::to_string(hd[0]) + ", group " +
+                          std::to_string(g) + ", rows " + std::to_string(R) + ", tokens " + std::to_string(n) + ")");
+    RaggedStep rs;
+    rs.slot.assign(hd.begin() + 4, hd.begin() + 4 + R);
+    rs.pos.assign(hd.begin() + 4 + B, hd.begin() + 4 + B + R);
+    rs.tokens.assign(hd.begin() + 4 + 2 * B, hd.begin() + 4 + 2 * B + R);
+    StepEvents& e = new_step(R, n);
+    flight::Scope scope(flight::Tag{"serving step", -1, g, i});
+    recv_->record(*e.ev[kRecvStart]);
+    transport_.enqueue_recv(*recv_, in_[g]->data(), stage_.ragged_input_bytes(n), place_.prev_rank, kPayloadTag);
+    recv_->record(*e.ev[kRecvEnd]);
+    e.has_recv = true;
+    post_header(1 - h);  // the next header arrives while this step computes
+    if (!last) {
+      // This header leaves with the step; its host copy is free once the group's last send is.
+      if (sent[g]) sent[g]->ev[kSendEnd]->synchronize();
+      header_out_host_[g] = hd;
+    }
+    compute_->wait(*e.ev[kRecvEnd]);
+    if (sent[g]) compute_->wait(*sent[g]->ev[kSendEnd]);  // out_[g] was sent
+    compute_->record(*e.ev[kComputeStart]);
+    stage_.enqueue_forward_ragged(*compute_, in_[g]->data(), out_[g]->data(), g, rs);
+    compute_->record(*e.ev[kComputeEnd]);
+    if (!last) {
+      send_->copy(header_out_[g]->data(), header_out_host_[g].data(), hbytes);
+      for (int peer : place_.next_ranks) transport_.enqueue_send(*send_, header_out_[g]->data(), hbytes, peer, kHeaderTag);
+    }
+    send_->wait(*e.ev[kComputeEnd]);
+    send_->record(*e.ev[kSendStart]);
+    const std::vector<int>& peers = last ? place_.return_ranks : place_.next_ranks;
+    const int tag = last ? kReturnTag : kPayloadTag;
+    for (int peer : peers) transport_.enqueue_send(*send_, out_[g]->data(), stage_.ragged_output_bytes(R, n), peer, tag);
+    send_->record(*e.ev[kSendEnd]);
+    e.has_send = true;
+    sent[g] = &e;
+  }
+}
+
+void ServingLoop::drain() {
+  try {
+    compute_->synchronize();
+    recv_->synchronize();
+    send_->synchronize();
+  } catch (const std::exception& e) {
+    request_lane_abort();
+    transport_.abort();
+    throw InternalError(describe_stage() + ": " + e.what());
+  }
+}
+
+ServingRecord ServingLoop::finish(double t0) {
+  drain();
+  rec_.wall_s = monotonic_s() - t0;
+  rec_.start_monotonic_s = t0;
+  rec_.events.assign(steps_.size() * kNumEvents, kNaN);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const StepEvents& e = *steps_[i];
+    for (int k = 0; k < kNumEvents; ++k) {
+      const bool present = k <= kRecvEnd ? e.has_recv : (k >= kSendStart ? e.has_send : true);
+      if (present) rec_.events[i * kNumEvents + k] = e.ev[k]->time_s();
+    }
+  }
+  if (last) rec_.checksum = stage_.checksum();
+  return std::move(rec_);
+}
+
+}  // namespace
+
+ServingRecord run_serving(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
+                          const ServingConfig& cfg, const std::vector<serving::Request>& requests) {
+  ServingLoop loop(device, transport, stage, place, cfg, requests);
+  try {
+    return loop.run_live();
+  } catch (...) {
+    request_lane_abort();
+    transport.abort();
+    throw;
+  }
+}
+
+ServingRecord replay_serving(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
+                             const ServingConfig& cfg, const std::vector<serving::Request>& requests,
+                             const std::vector<ScheduledStep>& schedule) {
+  ServingLoop loop(device, transport, stage, place, cfg, requests);
+  try {
+    return loop.run_replay(schedule);
+  } catch (...) {
+    request_lane_abort();
+    transport.abort();
+    throw;
+  }
+}
+
+}  // namespace ppb

@@ -1,0 +1,181 @@
+#include "results/serving_io.h"
+
+#include <string>
+#include <vector>
+
+namespace ppb {
+
+namespace {
+
+using h5::Group;
+
+void ds(Group& g, const char* name, const std::vector<double>& v, const char* units, const char* content) {
+  auto d = g.write_dataset(name, v);
+  d.set_attr("units", units);
+  d.set_attr("content", content);
+}
+
+void write_gain(Group& g, const std::string& key, const PairedComparison& c) {
+  g.set_attr(key, c.ratio);
+  g.set_attr(key + "_ci_low", c.ci_low);
+  g.set_attr(key + "_ci_high", c.ci_high);
+  g.set_attr(key + "_n", static_cast<int64_t>(c.n));
+}
+
+PairedComparison read_gain(const Group& g, const std::string& key) {
+  PairedComparison c;
+  if (!g.has_attr(key)) return c;
+  c.ratio = g.get_attr<double>(key);
+  c.ci_low = g.get_attr<double>(key + "_ci_low");
+  c.ci_high = g.get_attr<double>(key + "_ci_high");
+  c.n = static_cast<int>(g.get_attr<int64_t>(key + "_n"));
+  return c;
+}
+
+/// The scalar attributes of a partition's scenario, name -> member (one list for both ways).
+template <class P, class Fn>
+void for_each_scalar(P& p, Fn&& fn) {
+  fn("output_tokens_per_s", p.output_tokens_per_s);
+  fn("total_tokens_per_s", p.total_tokens_per_s);
+  fn("request_throughput", p.request_throughput);
+  fn("ttft_mean_ms", p.ttft_mean_ms), fn("ttft_p50_ms", p.ttft_p50_ms), fn("ttft_p90_ms", p.ttft_p90_ms), fn("ttft_p99_ms", p.ttft_p99_ms);
+  fn("tpot_mean_ms", p.tpot_mean_ms), fn("tpot_p50_ms", p.tpot_p50_ms), fn("tpot_p90_ms", p.tpot_p90_ms), fn("tpot_p99_ms", p.tpot_p99_ms);
+  fn("itl_p50_ms", p.itl_p50_ms), fn("itl_p99_ms", p.itl_p99_ms), fn("e2e_p50_ms", p.e2e_p50_ms), fn("e2e_p99_ms", p.e2e_p99_ms);
+  fn("queue_p50_ms", p.queue_p50_ms), fn("queue_p99_ms", p.queue_p99_ms);
+  fn("goodput_req_per_s", p.goodput_req_per_s), fn("slo_attainment", p.slo_attainment);
+  fn("step_rows_mean", p.step_rows_mean);
+}
+
+/// The per-round datasets, name -> member.
+template <class P, class Fn>
+void for_each_round_series(P& p, Fn&& fn) {
+  fn("rep_duration_s", p.rep_duration_s, "s");
+  fn("rep_output_tokens_per_s", p.rep_output_tokens_per_s, "tokens/s");
+  fn("rep_request_throughput", p.rep_request_throughput, "requests/s");
+  fn("rep_goodput_req_per_s", p.rep_goodput_req_per_s, "requests/s");
+  fn("rep_slo_attainment", p.rep_slo_attainment, "fraction");
+  fn("rep_ttft_p50_ms", p.rep_ttft_p50_ms, "ms"), fn("rep_ttft_p99_ms", p.rep_ttft_p99_ms, "ms");
+  fn("rep_tpot_p50_ms", p.rep_tpot_p50_ms, "ms"), fn("rep_tpot_p99_ms", p.rep_tpot_p99_ms, "ms");
+}
+
+void write_partition(Group& root, const ServingPartitionRecord& p) {
+  Group b = root.require_group("benchmark").create_group(p.name);
+  b.set_attr("scenario", "requests that arrive (/scenario); latencies pooled over every round's requests, rates "
+                         "over the rounds' total time; requests/ holds the last round");
+  b.set_attr("microbatches", static_cast<int64_t>(p.groups));
+  b.set_attr("slots", static_cast<int64_t>(p.slots));
+  b.set_attr("steps", static_cast<int64_t>(p.steps));
+  for_each_scalar(p, [&](const char* k, double v) { b.set_attr(k, v); });
+  write_gain(b, "tokens_gain", p.tokens_gain);
+  write_gain(b, "goodput_gain", p.goodput_gain);
+  write_gain(b, "ttft_p99_gain", p.ttft_p99_gain);
+  write_gain(b, "tpot_p99_gain", p.tpot_p99_gain);
+  b.set_attr("validated", static_cast<int64_t>(p.validated));
+  b.set_attr("replay_tokens_differing", static_cast<int64_t>(p.replay_tokens_differing));
+  b.set_attr("alone_requests", static_cast<int64_t>(p.alone_requests));
+  b.set_attr("alone_tokens_differing", static_cast<int64_t>(p.alone_tokens_differing));
+  b.write_dataset("rep_round", p.rep_round).set_attr("content", "the round of each repetition (0-based)");
+  for_each_round_series(p, [&](const char* k, const std::vector<double>& v, const char* u) { ds(b, k, v, u, "per round"); });
+  Group r = b.create_group("requests");
+  r.set_attr("content", "one row per request of the last round; times in s from the scenario's start (stage 0's clock)");
+  ds(r, "arrival_s", p.arrival_s, "s", "arrived");
+  ds(r, "admitted_s", p.admitted_s, "s", "got a slot: its prefill step was formed");
+  ds(r, "first_token_s", p.first_token_s, "s", "its first output token was back on stage 0");
+  ds(r, "finish_s", p.finish_s, "s", "its last output token was back on stage 0");
+  r.write_dataset("prompt_len", p.prompt_len);
+  r.write_dataset("gen_len", p.gen_len).set_attr("content", "output tokens, the prefill's first included");
+  r.write_dataset("group", p.group).set_attr("content", "the group in flight it ran in");
+  r.write_dataset("slot", p.slot).set_attr("content", "its KV-cache row in the group");
+  std::vector<int64_t> offset{0};
+  for (int g : p.gen_len) offset.push_back(offset.back() + g);
+  r.write_dataset("token_offset", offset).set_attr("content", "request q's tokens are [token_offset[q], token_offset[q+1])");
+  ds(r, "token_s", p.token_s, "s", "when each output token was back on stage 0");
+  r.write_dataset("tokens", p.tokens).set_attr("content", "the output token ids (greedy)");
+}
+
+}  // namespace
+
+void write_serving(Group& root, const RunRecord& run) {
+  const ServingRunRecord& s = run.serving;
+  if (s.kind.empty()) return;
+  Group g = root.create_group("scenario");
+  g.set_attr("kind", s.kind);
+  g.set_attr("request_rate", s.request_rate);
+  g.set_attr("burstiness", s.burstiness);
+  g.set_attr("requests", static_cast<int64_t>(s.requests));
+  g.set_attr("seed", static_cast<int64_t>(s.seed));
+  g.set_attr("prompt_lens", s.prompt_lens);
+  g.set_attr("gen_lens", s.gen_lens);
+  g.set_attr("trace", s.trace);
+  g.set_attr("trace_format", s.trace_format);
+  g.set_attr("step_policy", s.policy);
+  g.set_attr("goodput", s.goodput);
+  g.set_attr("max_prompt_len", static_cast<int64_t>(s.max_prompt_len));
+  g.set_attr("max_gen_len", static_cast<int64_t>(s.max_gen_len));
+  g.set_attr("rounds", static_cast<int64_t>(s.rounds));
+  g.set_attr("stop_reason", s.stop_reason);
+  ds(g, "arrival_s", s.arrival_s, "s", "each request's arrival, from the scenario's start");
+  g.write_dataset("prompt_len", s.prompt_len);
+  g.write_dataset("gen_len", s.gen_len);
+  std::vector<std::string> names;
+  for (const auto& p : s.partitions) names.push_back(p.name);
+  g.set_attr("partitions", names);
+  for (const auto& p : s.partitions) write_partition(root, p);
+}
+
+void read_serving(const Group& root, RunRecord& run) {
+  if (!root.exists("scenario")) return;
+  const Group g = root.open_group("scenario");
+  ServingRunRecord& s = run.serving;
+  s.kind = g.get_attr<std::string>("kind");
+  s.request_rate = g.get_attr<double>("request_rate");
+  s.burstiness = g.get_attr<double>("burstiness");
+  s.requests = static_cast<int>(g.get_attr<int64_t>("requests"));
+  s.seed = static_cast<uint64_t>(g.get_attr<int64_t>("seed"));
+  s.prompt_lens = g.get_attr<std::string>("prompt_lens");
+  s.gen_lens = g.get_attr<std::string>("gen_lens");
+  s.trace = g.get_attr<std::string>("trace");
+  s.trace_format = g.get_attr<std::string>("trace_format");
+  s.policy = g.get_attr<std::string>("step_policy");
+  s.goodput = g.get_attr<std::string>("goodput");
+  s.max_prompt_len = static_cast<int>(g.get_attr<int64_t>("max_prompt_len"));
+  s.max_gen_len = static_cast<int>(g.get_attr<int64_t>("max_gen_len"));
+  s.rounds = static_cast<int>(g.get_attr<int64_t>("rounds"));
+  s.stop_reason = g.get_attr<std::string>("stop_reason");
+  s.arrival_s = g.open_dataset("arrival_s").read<double>();
+  s.prompt_len = g.open_dataset("prompt_len").read<int>();
+  s.gen_len = g.open_dataset("gen_len").read<int>();
+  for (const std::string& name : g.get_attr<std::vector<std::string>>("partitions")) {
+    const Group b = root.open_group("benchmark/" + name);
+    ServingPartitionRecord p;
+    p.name = name;
+    p.groups = static_cast<int>(b.get_attr<int64_t>("microbatches"));
+    p.slots = static_cast<int>(b.get_attr<int64_t>("slots"));
+    p.steps = static_cast<int>(b.get_attr<int64_t>("steps"));
+    for_each_scalar(p, [&](const char* k, double& v) { v = b.get_attr<double>(k); });
+    p.tokens_gain = read_gain(b, "tokens_gain");
+    p.goodput_gain = read_gain(b, "goodput_gain");
+    p.ttft_p99_gain = read_gain(b, "ttft_p99_gain");
+    p.tpot_p99_gain = read_gain(b, "tpot_p99_gain");
+    p.validated = b.get_attr<int64_t>("validated") != 0;
+    p.replay_tokens_differing = static_cast<int>(b.get_attr<int64_t>("replay_tokens_differing"));
+    p.alone_requests = static_cast<int>(b.get_attr<int64_t>("alone_requests"));
+    p.alone_tokens_differing = static_cast<int>(b.get_attr<int64_t>("alone_tokens_differing"));
+    p.rep_round = b.open_dataset("rep_round").read<int>();
+    for_each_round_series(p, [&](const char* k, std::vector<double>& v, const char*) { v = b.open_dataset(k).read<double>(); });
+    const Group r = b.open_group("requests");
+    p.arrival_s = r.open_dataset("arrival_s").read<double>();
+    p.admitted_s = r.open_dataset("admitted_s").read<double>();
+    p.first_token_s = r.open_dataset("first_token_s").read<double>();
+    p.finish_s = r.open_dataset("finish_s").read<double>();
+    p.prompt_len = r.open_dataset("prompt_len").read<int>();
+    p.gen_len = r.open_dataset("gen_len").read<int>();
+    p.group = r.open_dataset("group").read<int>();
+    p.slot = r.open_dataset("slot").read<int>();
+    p.token_s = r.open_dataset("token_s").read<double>();
+    p.tokens = r.open_dataset("tokens").read<int32_t>();
+    s.partitions.push_back(std::move(p));
+  }
+}
+
+}  // namespace ppb

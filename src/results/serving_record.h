@@ -1,0 +1,65 @@
+// What a serving scenario (issue 37: `ppbench run --scenario poisson|gamma|trace`) measured, as
+// rank 0 holds it for the results file (results/serving_io.h writes and reads it; results/
+// README.md, "/scenario" and "/benchmark/<name>/requests").
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/stats.h"
+
+namespace ppb {
+
+/// One partition's scenario: its requests in the last round, its rounds, its comparison with the
+/// reference and its validation.
+struct ServingPartitionRecord {
+  std::string name;  ///< the partition (/partitions/<name>)
+  int groups = 0, slots = 0;  ///< M groups in flight, B slots each
+  // ---- the last round, one entry per request [N], scenario clock (s from its start) ----
+  std::vector<double> arrival_s, admitted_s, first_token_s, finish_s;
+  std::vector<int> prompt_len, gen_len, group, slot;
+  std::vector<double> token_s;     ///< [sum of gen_len] each output token's time, request after request
+  std::vector<int32_t> tokens;     ///< [sum of gen_len] the output token ids, same order
+  int steps = 0;                   ///< steps the groups ran in the last round
+  double step_rows_mean = 0.0;     ///< rows per step, mean over the last round's steps
+  // ---- per round (one entry per round the partition took part in) ----
+  std::vector<int> rep_round;
+  std::vector<double> rep_duration_s, rep_output_tokens_per_s, rep_request_throughput, rep_goodput_req_per_s;
+  std::vector<double> rep_ttft_p50_ms, rep_ttft_p99_ms, rep_tpot_p50_ms, rep_tpot_p99_ms, rep_slo_attainment;
+  // ---- pooled over every round's requests (latencies) and mean over rounds (rates) ----
+  double output_tokens_per_s = 0, total_tokens_per_s = 0, request_throughput = 0;
+  double ttft_mean_ms = 0, ttft_p50_ms = 0, ttft_p90_ms = 0, ttft_p99_ms = 0;
+  double tpot_mean_ms = 0, tpot_p50_ms = 0, tpot_p90_ms = 0, tpot_p99_ms = 0;
+  double itl_p50_ms = 0, itl_p99_ms = 0, e2e_p50_ms = 0, e2e_p99_ms = 0, queue_p50_ms = 0, queue_p99_ms = 0;
+  double goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
+  double slo_attainment = std::numeric_limits<double>::quiet_NaN();
+  // ---- against the reference partition, paired by round (n = 0: none) ----
+  /// Gains > 1 favour this partition: tokens/s and goodput this / reference; the p99 latencies
+  /// reference / this (compare_paired on 1 / latency).
+  PairedComparison tokens_gain, goodput_gain, ttft_p99_gain, tpot_p99_gain;
+  // ---- validation ----
+  bool validated = false;          ///< the serialized replay ran (off with --no-validate)
+  int replay_tokens_differing = -1;  ///< output tokens of the last round that the replay gave otherwise
+  int alone_requests = 0;          ///< requests also run alone (batch of one)
+  int alone_tokens_differing = -1; ///< their output tokens that differ from the last round's (batch invariance)
+};
+
+/// The scenario of a run and every partition's measurement of it. kind "" = a closed-batch run.
+struct ServingRunRecord {
+  std::string kind;      ///< "poisson", "gamma", "trace"
+  double request_rate = std::numeric_limits<double>::quiet_NaN();  ///< requests/s (trace: N / last arrival)
+  double burstiness = 1.0;
+  int requests = 0;
+  uint64_t seed = 0;
+  std::string prompt_lens, gen_lens, trace, trace_format, policy, goodput;
+  int max_prompt_len = 0, max_gen_len = 0;
+  std::vector<double> arrival_s;   ///< [N] the scenario's arrivals (s)
+  std::vector<int> prompt_len, gen_len;  ///< [N]
+  std::vector<ServingPartitionRecord> partitions;
+  int rounds = 0;
+  std::string stop_reason;
+};
+
+}  // namespace ppb

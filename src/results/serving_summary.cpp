@@ -1,0 +1,69 @@
+#include "results/serving_summary.h"
+
+#include <cmath>
+
+#include "common/format.h"
+#include "results/summary.h"
+
+namespace ppb {
+
+std::string serving_scenario_text(const ServingRunRecord& s) {
+  std::string out = s.kind == "trace" ? "trace " + s.trace + " (" + s.trace_format + ")"
+                                      : format_line("rate %g req/s", s.request_rate) +
+                                            (s.kind == "gamma" ? format_line(", burstiness %g", s.burstiness) : "");
+  if (s.kind != "trace") out += ", prompts " + s.prompt_lens + ", outputs " + s.gen_lens;
+  return out;
+}
+
+namespace {
+
+std::string gain_or_dash(const PairedComparison& c) {
+  return c.n > 0 && std::isfinite(c.ratio) ? ratio_ci_text(c.ratio, c) : "-";
+}
+
+void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
+  os << format_line("  %-12s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "partition", "out tok/s", "req/s", "TTFT p50",
+                    "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p99", "E2E p99", "queue p99");
+  for (const ServingPartitionRecord& p : s.partitions)
+    os << format_line("  %-12s %9.1f %9.3f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", p.name.c_str(),
+                      p.output_tokens_per_s, p.request_throughput, p.ttft_p50_ms, p.ttft_p90_ms, p.ttft_p99_ms,
+                      p.tpot_p50_ms, p.tpot_p99_ms, p.itl_p99_ms, p.e2e_p99_ms, p.queue_p99_ms);
+  os << "  (latencies in ms, over every round's requests; rates over the rounds' total time)\n";
+}
+
+}  // namespace
+
+void print_serving_summary(std::ostream& os, const RunRecord& run) {
+  const ServingRunRecord& s = run.serving;
+  if (s.kind.empty()) return;
+  os << "\nserving scenario: " << s.kind << ", " << s.requests << " requests, " << serving_scenario_text(s) << "; "
+     << s.policy << " steps; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
+  print_latency_table(os, s);
+  if (!s.goodput.empty()) {
+    os << "  goodput (" << s.goodput << "):\n";
+    for (const ServingPartitionRecord& p : s.partitions)
+      os << format_line("  %-12s %.3f req/s, attainment %.1f%%\n", p.name.c_str(), p.goodput_req_per_s, 100.0 * p.slo_attainment);
+  }
+  bool header = false;
+  for (const ServingPartitionRecord& p : s.partitions) {
+    if (p.tokens_gain.n == 0) continue;
+    if (!header) os << "  against " << run.reference_partition << " (paired by round, 95% CI; > 1 favours the partition):\n";
+    header = true;
+    os << "  " << p.name << ": output tokens/s " << gain_or_dash(p.tokens_gain) << ", TTFT p99 " << gain_or_dash(p.ttft_p99_gain)
+       << ", TPOT p99 " << gain_or_dash(p.tpot_p99_gain);
+    if (!s.goodput.empty()) os << ", goodput " << gain_or_dash(p.goodput_gain);
+    os << "\n";
+  }
+  for (const ServingPartitionRecord& p : s.partitions) {
+    if (!p.validated) {
+      os << "  validation of " << p.name << ": skipped\n";
+      continue;
+    }
+    os << format_line("  validation of %s: %d of %zu tokens differ from the serialized replay (%s); %d of the first %d "
+                      "requests' tokens differ when each runs alone (batch invariance)\n",
+                      p.name.c_str(), p.replay_tokens_differing, p.tokens.size(),
+                      p.replay_tokens_differing == 0 ? "ok" : "FAILED", p.alone_tokens_differing, p.alone_requests);
+  }
+}
+
+}  // namespace ppb

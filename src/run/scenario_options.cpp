@@ -1,0 +1,102 @@
+// --scenario and its flags (issue 37), typed and checked for parse_run_options.
+#include <cmath>
+#include <sstream>
+
+#include "common/error.h"
+#include "run/options.h"
+#include "serving/trace.h"
+
+namespace ppb::run {
+
+namespace {
+
+bool given(double rate) { return rate != 0.0; }
+
+/// What the flags of a closed run may not carry.
+void refuse_serving_flags_on_closed(const RunFlags& f) {
+  const char* flag = given(f.request_rate) ? "--request-rate"
+                     : !f.trace.empty()     ? "--trace"
+                     : !f.prompt_lens.empty() ? "--prompt-lens"
+                     : !f.gen_lens.empty()  ? "--gen-lens"
+                     : !f.goodput.empty()   ? "--goodput"
+                     : f.burstiness != 1.0  ? "--burstiness"
+                                            : nullptr;
+  if (flag)
+    throw UserError(std::string(flag) + " describes requests that arrive; add --scenario poisson, gamma or trace "
+                    "(the default --scenario closed runs closed batches of B sequences of P and G tokens)");
+}
+
+/// The flags the serving engine does not take (yet), each refused with why.
+void refuse_unsupported(const RunFlags& f) {
+  if (f.plan > 0) throw UserError("--plan ranks layouts by closed batches; it does not take --scenario yet");
+  if (f.tp != std::vector<std::string>{"1"})
+    throw UserError("--scenario runs one rank per stage (--tp 1): a tensor-parallel stage's ranks would need each "
+                    "step's schedule broadcast to them, which the serving engine does not do yet");
+  if (f.mtp) throw UserError("--scenario does not run the MTP modules (--mtp) yet");
+  if (f.control) throw UserError("--control is a closed-batch A/A check; it does not take --scenario");
+  if (f.partition == "adaptive")
+    throw UserError("--partition adaptive re-solves from closed-batch rounds; with --scenario use uniform, seed, "
+                    "balanced, both, all or a manual split");
+  if (f.no_overlap) throw UserError("--no-overlap is a closed-batch A/B; the serving engine always overlaps");
+}
+
+}  // namespace
+
+ScenarioOptions parse_scenario_options(const RunFlags& f) {
+  ScenarioOptions s;
+  s.kind_text = f.scenario;
+  if (f.scenario == "closed") {
+    refuse_serving_flags_on_closed(f);
+    return s;
+  }
+  if (f.scenario == "poisson") s.kind = ScenarioKind::poisson;
+  else if (f.scenario == "gamma") s.kind = ScenarioKind::gamma;
+  else if (f.scenario == "trace") s.kind = ScenarioKind::trace;
+  else
+    throw UserError("--scenario '" + f.scenario + "' is unknown; valid: closed (closed batches, the default), poisson "
+                    "(--request-rate R), gamma (--request-rate R --burstiness K), trace (--trace FILE.csv)");
+  refuse_unsupported(f);
+  s.max_prompt_len = f.prompt_len;
+  s.max_gen_len = f.gen_len;
+  if (f.step_policy == "mixed") s.policy = serving::StepPolicy::mixed;
+  else if (f.step_policy == "prefill-first") s.policy = serving::StepPolicy::prefill_first;
+  else throw UserError("--step-policy '" + f.step_policy + "' is unknown; valid: mixed (prefills join decodes in one step, "
+                       "vLLM V1), prefill-first (a step with prefills runs only them, vLLM V0)");
+  s.policy_text = f.step_policy;
+  s.goodput = serving::parse_goodput(f.goodput);
+  for (const std::string& g : f.goodput) s.goodput_text += (s.goodput_text.empty() ? "" : " ") + g;
+  if (s.kind == ScenarioKind::trace) {
+    if (f.trace.empty()) throw UserError("--scenario trace needs --trace FILE.csv (arrival_s,prompt_len,gen_len, or an Azure 2023 trace)");
+    if (given(f.request_rate) || !f.prompt_lens.empty() || !f.gen_lens.empty() || f.burstiness != 1.0)
+      throw UserError("--scenario trace takes arrivals and lengths from --trace; drop --request-rate, --burstiness, "
+                      "--prompt-lens and --gen-lens");
+    serving::Trace t = serving::read_trace(f.trace, s.max_prompt_len, s.max_gen_len);
+    s.trace_path = f.trace;
+    s.trace_format = serving::format_name(t.format);
+    s.trace_clamped_rows = t.clamped_rows;
+    s.requests = std::move(t.requests);
+    s.spec.requests = static_cast<int>(s.requests.size());
+    s.spec.seed = f.seed;
+    return s;
+  }
+  if (!given(f.request_rate)) throw UserError("--scenario " + f.scenario + " needs --request-rate R (requests/s, > 0; inf: all at t = 0)");
+  if (s.kind == ScenarioKind::poisson && f.burstiness != 1.0)
+    throw UserError("--scenario poisson has burstiness 1 (exponential gaps); for --burstiness " +
+                    std::to_string(f.burstiness) + " use --scenario gamma");
+  if (!f.trace.empty()) throw UserError("--trace goes with --scenario trace, not " + f.scenario);
+  if (f.requests < 1 || f.requests > 1000000)
+    throw UserError("--requests must be in [1, 1000000], got " + std::to_string(f.requests));
+  s.spec.arrivals.request_rate = f.request_rate;
+  s.spec.arrivals.burstiness = f.burstiness;
+  serving::validate(s.spec.arrivals);
+  s.spec.requests = f.requests;
+  s.spec.prompt_lens = serving::parse_length_spec(f.prompt_lens.empty() ? "fixed:" + std::to_string(f.prompt_len) : f.prompt_lens, "--prompt-lens");
+  s.spec.gen_lens = serving::parse_length_spec(f.gen_lens.empty() ? "fixed:" + std::to_string(f.gen_len) : f.gen_lens, "--gen-lens");
+  s.spec.max_prompt_len = s.max_prompt_len;
+  s.spec.max_gen_len = s.max_gen_len;
+  s.spec.seed = f.seed;
+  s.requests = serving::generate_requests(s.spec);
+  return s;
+}
+
+}  // namespace ppb::run

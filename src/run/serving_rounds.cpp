@@ -1,0 +1,438 @@
+#include "run/serving_rounds.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <sstream>
+
+#include "common/clock.h"
+#include "common/format.h"
+#include "pipeline/serving_pipeline.h"
+#include "results/serving_summary.h"
+#include "results/summary.h"
+#include "results/writer.h"
+#include "run/memory_checks.h"
+#include "serving/request_metrics.h"
+
+namespace ppb::run {
+
+namespace {
+
+/// The stage of a serving partition: B slots, M groups, a context for the longest request.
+StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition& p) {
+  StageConfig sc = stage_config(ctx, partition_groups(ctx, p));
+  sc.work.prompt_len = ctx.opt.scenario.max_prompt_len;
+  sc.work.gen_len = ctx.opt.scenario.max_gen_len;
+  return sc;
+}
+
+ServingConfig serving_config(const RunContext& ctx, const balance::Partition& p) {
+  ServingConfig c;
+  c.groups = partition_groups(ctx, p);
+  c.slots = ctx.workload.batch;
+  c.policy = ctx.opt.scenario.policy;
+  c.seed = ctx.workload.seed;
+  c.vocab = ctx.spec.vocab;
+  return c;
+}
+
+/// One partition under the scenario on this rank.
+struct ServingBench {
+  size_t pi = 0;
+  StagePlacement place;
+  std::unique_ptr<StageExecutor> stage;
+  bool resident = true, warmed = false;
+  ServingRecord last;  ///< its last round (stage 0's rank: the schedule its replay plays)
+};
+
+/// What stage 0 of a partition recorded, on rank 0.
+struct Stage0View {
+  std::vector<serving::RequestTimes> times;
+  std::vector<int> group, slot;
+  std::vector<int32_t> tokens;  ///< [sum of gen_len] request after request
+  int steps = 0;
+  double rows_mean = 0;
+};
+
+/// Collective: stage 0's part of `rec` on rank 0 (one gatherv of doubles: per request its four
+/// times, group, slot, then every request's token times and token ids; then steps and rows).
+Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool stage0) {
+  const auto& reqs = ctx.opt.scenario.requests;
+  std::vector<double> mine;
+  if (stage0) {
+    for (size_t q = 0; q < reqs.size(); ++q) {
+      const bool timed = q < rec.times.size();
+      const serving::RequestTimes t = timed ? rec.times[q] : serving::RequestTimes{};
+      mine.insert(mine.end(), {t.arrival_s, t.admitted_s, t.first_token_s, t.finish_s,
+                               static_cast<double>(q < rec.group.size() ? rec.group[q] : -1),
+                               static_cast<double>(q < rec.slot.size() ? rec.slot[q] : -1)});
+    }
+    for (size_t q = 0; q < reqs.size(); ++q)
+      for (int k = 0; k < reqs[q].gen_len; ++k) {
+        const bool timed = q < rec.times.size() && k < static_cast<int>(rec.times[q].token_s.size());
+        mine.push_back(timed ? rec.times[q].token_s[k] : std::numeric_limits<double>::quiet_NaN());
+      }
+    for (size_t q = 0; q < reqs.size(); ++q)
+      for (int k = 0; k < reqs[q].gen_len; ++k) {
+        const auto& tk = rec.tokens.at(q);
+        mine.push_back(k < static_cast<int>(tk.size()) ? tk[k] : -1);
+      }
+    double rows = 0;
+    for (int r : rec.step_rows) rows += r;
+    mine.push_back(static_cast<double>(rec.step_rows.size()));
+    mine.push_back(rec.step_rows.empty() ? 0.0 : rows / static_cast<double>(rec.step_rows.size()));
+  }
+  const std::vector<std::vector<double>> all = ctx.mpi.gatherv_doubles(mine);
+  Stage0View v;
+  if (!ctx.root) return v;
+  const std::vector<double>* from = nullptr;
+  for (const auto& a : all)
+    if (!a.empty()) from = &a;
+  if (!from) throw InternalError("serving: no rank sent stage 0's record");
+  const std::vector<double>& d = *from;
+  size_t i = 0;
+  const size_t N = reqs.size();
+  v.times.resize(N);
+  v.group.resize(N);
+  v.slot.resize(N);
+  for (size_t q = 0; q < N; ++q, i += 6) {
+    serving::RequestTimes& t = v.times[q];
+    t = {d[i], d[i + 1], d[i + 2], d[i + 3], {}, reqs[q].prompt_len, reqs[q].gen_len};
+    v.group[q] = static_cast<int>(d[i + 4]);
+    v.slot[q] = static_cast<int>(d[i + 5]);
+  }
+  for (size_t q = 0; q < N; ++q) v.times[q].token_s.assign(d.begin() + i, d.begin() + i + reqs[q].gen_len), i += reqs[q].gen_len;
+  for (size_t q = 0; q < N; ++q)
+    for (int k = 0; k < reqs[q].gen_len; ++k) v.tokens.push_back(static_cast<int32_t>(d[i++]));
+  v.steps = static_cast<int>(d[i]);
+  v.rows_mean = d[i + 1];
+  return v;
+}
+
+/// A warm-up: one prefill step of the first min(B, N) requests in every group, then one decode.
+std::vector<ScheduledStep> warmup_schedule(const std::vector<serving::Request>& reqs, int groups, int slots) {
+  std::vector<ScheduledStep> out;
+  const int n = std::min<int>(slots, static_cast<int>(reqs.size()));
+  for (int g = 0; g < groups; ++g) {
+    ScheduledStep pre{g, {}}, dec{g, {}};
+    for (int r = 0; r < n; ++r) {
+      pre.rows.push_back({r, r, 0, reqs[r].prompt_len});
+      if (reqs[r].gen_len > 1) dec.rows.push_back({r, r, reqs[r].prompt_len, 1});
+    }
+    out.push_back(pre);
+    if (!dec.rows.empty()) out.push_back(dec);
+  }
+  return out;
+}
+
+/// Rank 0: the scenario's description in the record.
+void record_scenario(RunContext& ctx) {
+  const ScenarioOptions& s = ctx.opt.scenario;
+  ServingRunRecord& r = ctx.record().serving;
+  r.kind = s.kind_text;
+  r.requests = static_cast<int>(s.requests.size());
+  r.seed = ctx.workload.seed;
+  r.burstiness = s.spec.arrivals.burstiness;
+  r.request_rate = s.spec.arrivals.request_rate;
+  if (s.kind == ScenarioKind::trace && !s.requests.empty() && s.requests.back().arrival_s > 0)
+    r.request_rate = static_cast<double>(s.requests.size()) / s.requests.back().arrival_s;
+  r.prompt_lens = s.spec.prompt_lens.text;
+  r.gen_lens = s.spec.gen_lens.text;
+  r.trace = s.trace_path;
+  r.trace_format = s.trace_format;
+  r.policy = s.policy_text;
+  r.goodput = s.goodput_text;
+  r.max_prompt_len = s.max_prompt_len;
+  r.max_gen_len = s.max_gen_len;
+  for (const serving::Request& q : s.requests) {
+    r.arrival_s.push_back(q.arrival_s);
+    r.prompt_len.push_back(q.prompt_len);
+    r.gen_len.push_back(q.gen_len);
+  }
+}
+
+/// Rank 0: one round's measurement of partition j into its record.
+void record_round(RunContext& ctx, ServingPartitionRecord& p, const Stage0View& v, int round,
+                  std::vector<std::vector<serving::RequestTimes>>& all_rounds) {
+  const serving::ServingMetrics m = serving::serving_metrics(v.times, ctx.opt.scenario.goodput);
+  p.rep_round.push_back(round);
+  p.rep_duration_s.push_back(m.duration_s);
+  p.rep_output_tokens_per_s.push_back(m.output_tokens_per_s);
+  p.rep_request_throughput.push_back(m.request_throughput);
+  p.rep_goodput_req_per_s.push_back(m.goodput_req_per_s);
+  p.rep_slo_attainment.push_back(m.slo_attainment);
+  p.rep_ttft_p50_ms.push_back(m.ttft.p50_ms);
+  p.rep_ttft_p99_ms.push_back(m.ttft.p99_ms);
+  p.rep_tpot_p50_ms.push_back(m.tpot.p50_ms);
+  p.rep_tpot_p99_ms.push_back(m.tpot.p99_ms);
+  p.arrival_s.clear(), p.admitted_s.clear(), p.first_token_s.clear(), p.finish_s.clear(), p.token_s.clear();
+  p.prompt_len.clear(), p.gen_len.clear();
+  for (const serving::RequestTimes& t : v.times) {
+    p.arrival_s.push_back(t.arrival_s);
+    p.admitted_s.push_back(t.admitted_s);
+    p.first_token_s.push_back(t.first_token_s);
+    p.finish_s.push_back(t.finish_s);
+    p.prompt_len.push_back(t.prompt_len);
+    p.gen_len.push_back(t.gen_len);
+    p.token_s.insert(p.token_s.end(), t.token_s.begin(), t.token_s.end());
+  }
+  p.group = v.group;
+  p.slot = v.slot;
+  p.tokens = v.tokens;
+  p.steps = v.steps;
+  p.step_rows_mean = v.rows_mean;
+  all_rounds.push_back(v.times);
+}
+
+/// Rank 0: the partition's metrics pooled over its rounds (latencies over every round's
+/// requests; rates as the rounds' total work over their total time).
+void pool_rounds(ServingPartitionRecord& p, const std::vector<std::vector<serving::RequestTimes>>& rounds,
+                 const serving::GoodputSpec& slo) {
+  std::vector<double> ttft, tpot, itl, e2e, queue;
+  double duration = 0, out_tokens = 0, all_tokens = 0, good = 0, completed = 0;
+  for (const auto& times : rounds) {
+    const serving::ServingMetrics m = serving::serving_metrics(times, slo);
+    duration += m.duration_s;
+    out_tokens += static_cast<double>(m.total_output_tokens);
+    all_tokens += static_cast<double>(m.total_output_tokens + m.total_input_tokens);
+    good += static_cast<double>(m.good);
+    completed += static_cast<double>(m.completed);
+    for (const serving::RequestTimes& t : times) {
+      const serving::RequestLatency l = serving::request_latency(t);
+      ttft.push_back(l.ttft_s), tpot.push_back(l.tpot_s), e2e.push_back(l.e2e_s), queue.push_back(l.queue_s);
+      itl.insert(itl.end(), l.itl_s.begin(), l.itl_s.end());
+    }
+  }
+  const serving::LatencySummary a = serving::summarize_ms(ttft), b = serving::summarize_ms(tpot);
+  p.ttft_mean_ms = a.mean_ms, p.ttft_p50_ms = a.p50_ms, p.ttft_p90_ms = a.p90_ms, p.ttft_p99_ms = a.p99_ms;
+  p.tpot_mean_ms = b.mean_ms, p.tpot_p50_ms = b.p50_ms, p.tpot_p90_ms = b.p90_ms, p.tpot_p99_ms = b.p99_ms;
+  const serving::LatencySummary i = serving::summarize_ms(itl), e = serving::summarize_ms(e2e), q = serving::summarize_ms(queue);
+  p.itl_p50_ms = i.p50_ms, p.itl_p99_ms = i.p99_ms, p.e2e_p50_ms = e.p50_ms, p.e2e_p99_ms = e.p99_ms;
+  p.queue_p50_ms = q.p50_ms, p.queue_p99_ms = q.p99_ms;
+  p.output_tokens_per_s = out_tokens / duration;
+  p.total_tokens_per_s = all_tokens / duration;
+  p.request_throughput = completed / duration;
+  if (slo.any()) {
+    p.goodput_req_per_s = good / duration;
+    p.slo_attainment = good / completed;
+  }
+}
+
+std::vector<double> inverse(const std::vector<double>& v) {
+  std::vector<double> out;
+  for (double x : v) out.push_back(1.0 / x);
+  return out;
+}
+
+/// Rank 0: every partition against the reference, paired by round; whether every tokens/s
+/// gain's CI is within `target_pct` (true when there is none to wait for).
+bool compare_serving(ServingRunRecord& s, const std::string& reference, double target_pct) {
+  const ServingPartitionRecord* ref = nullptr;
+  for (const auto& p : s.partitions)
+    if (p.name == reference) ref = &p;
+  bool narrow = true;
+  for (auto& p : s.partitions) {
+    if (!ref || &p == ref) continue;
+    p.tokens_gain = compare_paired(ref->rep_output_tokens_per_s, p.rep_output_tokens_per_s);
+    p.goodput_gain = compare_paired(ref->rep_goodput_req_per_s, p.rep_goodput_req_per_s);
+    p.ttft_p99_gain = compare_paired(inverse(ref->rep_ttft_p99_ms), inverse(p.rep_ttft_p99_ms));
+    p.tpot_p99_gain = compare_paired(inverse(ref->rep_tpot_p99_ms), inverse(p.rep_tpot_p99_ms));
+    const double hw = p.tokens_gain.half_width();
+    narrow = narrow && std::isfinite(hw) && hw * 100.0 <= target_pct;
+  }
+  return narrow;
+}
+
+/// The stages of every partition, side by side where every rank can hold them all.
+std::vector<ServingBench> build_benches(RunContext& ctx, const PartitionSet& set) {
+  std::vector<ServingBench> benches;
+  size_t bytes = 0;
+  for (size_t i = 0; i < set.size(); ++i) {
+    const balance::Partition& p = set.splits[i];
+    ServingBench b;
+    b.pi = i;
+    b.place = PartitionSet::placement(p, ctx.mpi.rank());
+    const int k = b.place.stage;
+    ctx.phase("memory check of the scenario's stages", [&] {
+      bytes += ctx.device->stage_bytes(ctx.spec, p.first_unit[k], p.last_unit[k], serving_stage_config(ctx, p)).total();
+    });
+    benches.push_back(std::move(b));
+  }
+  bool resident = false;
+  ctx.phase("memory check of the scenario's stages", [&] { resident = ctx.mpi.agree(bytes <= ctx.cluster.memory_limit ? 0 : 1) == 0; });
+  for (ServingBench& b : benches) b.resident = resident;
+  return benches;
+}
+
+void build_stage(RunContext& ctx, const PartitionSet& set, ServingBench& b) {
+  const balance::Partition& p = set.splits[b.pi];
+  ctx.phase("build of partition " + p.solver + " for the scenario", [&] {
+    b.stage = ctx.device->create_stage(ctx.spec, p.first_unit[b.place.stage], p.last_unit[b.place.stage], serving_stage_config(ctx, p));
+  });
+}
+
+/// One partition's turn: its warm-up on its first turn (every turn when rebuilt), then the scenario.
+ServingRecord take_turn(RunContext& ctx, const PartitionSet& set, ServingBench& b) {
+  const balance::Partition& p = set.splits[b.pi];
+  if (!b.stage) build_stage(ctx, set, b);
+  const ServingConfig sc = serving_config(ctx, p);
+  const auto& reqs = ctx.opt.scenario.requests;
+  ServingRecord rec;
+  ctx.phase("scenario of partition " + p.solver, [&] {
+    if (!b.warmed || !b.resident)
+      (void)replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, warmup_schedule(reqs, sc.groups, sc.slots));
+    rec = run_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs);
+  });
+  b.warmed = true;
+  if (!b.resident) b.stage.reset();
+  return rec;
+}
+
+/// Rank 0 decides whether the rounds stop (then broadcast): --iters done and every gain narrow
+/// enough, or the next round would end after --max-time.
+bool stop_rounds(RunContext& ctx, int rounds, double elapsed_s, double round_s, bool narrow, std::string& why) {
+  std::vector<int> stop{0};
+  if (ctx.root) {
+    const bool min_done = rounds >= ctx.opt.iters;
+    if (min_done && (narrow || ctx.opt.target_ci_pct == 0)) {
+      stop[0] = 1;
+      why = ctx.opt.target_ci_pct == 0 ? "--iters rounds done" : "every gain's 95% CI within --target-ci";
+    } else if (min_done && elapsed_s + round_s > ctx.opt.max_time_s) {
+      stop[0] = 1;
+      why = "--max-time: another round would end after it";
+    }
+  }
+  ctx.mpi.bcast_ints(stop);
+  return stop[0] == 1;
+}
+
+/// The rounds: every partition once per round, in an order rotated by one per round.
+void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches,
+                 std::vector<std::vector<std::vector<serving::RequestTimes>>>& all) {
+  const double t0 = monotonic_s();
+  for (int round = 0;; ++round) {
+    const double r0 = monotonic_s();
+    for (size_t j = 0; j < benches.size(); ++j) {
+      ServingBench& b = benches[(j + round) % benches.size()];
+      b.last = take_turn(ctx, set, b);
+      Stage0View v;
+      ctx.phase("gather of the scenario", [&] { v = gather_stage0(ctx, b.last, b.place.stage == 0); });
+      if (!ctx.root) continue;
+      ServingPartitionRecord& pr = ctx.record().serving.partitions[b.pi];
+      record_round(ctx, pr, v, round, all[b.pi]);
+      ctx.progress.say(format_line("round %d, %-10s %d requests in %.1f s: %.1f output tokens/s, TTFT p99 %.0f ms, "
+                                     "TPOT p99 %.1f ms",
+                                     round + 1, pr.name.c_str(), static_cast<int>(v.times.size()), pr.rep_duration_s.back(),
+                                     pr.rep_output_tokens_per_s.back(), pr.rep_ttft_p99_ms.back(), pr.rep_tpot_p99_ms.back()));
+    }
+    bool narrow = false;
+    if (ctx.root) narrow = compare_serving(ctx.record().serving, set.reference, ctx.opt.target_ci_pct);
+    std::string why;
+    const double now = monotonic_s();
+    if (stop_rounds(ctx, round + 1, now - t0, now - r0, narrow, why)) {
+      if (ctx.root) {
+        ctx.record().serving.rounds = round + 1;
+        ctx.record().serving.stop_reason = why;
+      }
+      return;
+    }
+  }
+}
+
+/// Counts the tokens of `got` that differ from `want` (both request after request).
+int differing(const std::vector<int32_t>& want, const std::vector<int32_t>& got) {
+  int n = 0;
+  for (size_t i = 0; i < want.size(); ++i) n += (i >= got.size() || got[i] != want[i]) ? 1 : 0;
+  return n;
+}
+
+/// Validation: the last round's schedule replayed serialized; the first requests alone.
+void validate(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
+  const auto& reqs = ctx.opt.scenario.requests;
+  const int alone_n = std::min<int>(8, static_cast<int>(reqs.size()));
+  std::vector<int> alone(alone_n);
+  for (int i = 0; i < alone_n; ++i) alone[i] = i;
+  for (ServingBench& b : benches) {
+    const balance::Partition& p = set.splits[b.pi];
+    if (!b.stage) build_stage(ctx, set, b);
+    const ServingConfig sc = serving_config(ctx, p);
+    ServingRecord replay, solo;
+    ctx.phase("validation of partition " + p.solver, [&] {
+      replay = replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, b.last.schedule);
+      solo = replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, alone_schedule(reqs, alone));
+    });
+    Stage0View rv, sv;
+    ctx.phase("gather of the validation", [&] {
+      rv = gather_stage0(ctx, replay, b.place.stage == 0);
+      sv = gather_stage0(ctx, solo, b.place.stage == 0);
+    });
+    b.stage.reset();
+    if (!ctx.root) continue;
+    ServingPartitionRecord& pr = ctx.record().serving.partitions[b.pi];
+    pr.validated = true;
+    pr.replay_tokens_differing = differing(pr.tokens, rv.tokens);
+    size_t n_alone_tokens = 0;
+    for (int q = 0; q < alone_n; ++q) n_alone_tokens += static_cast<size_t>(reqs[q].gen_len);
+    const std::vector<int32_t> want(pr.tokens.begin(), pr.tokens.begin() + n_alone_tokens);
+    const std::vector<int32_t> got(sv.tokens.begin(), sv.tokens.begin() + n_alone_tokens);
+    pr.alone_requests = alone_n;
+    pr.alone_tokens_differing = differing(want, got);
+    ctx.progress.say(format_line("validation of %s: %d of %zu tokens differ from the serialized replay; %d of %zu of "
+                                   "the first %d requests run alone (batch invariance)",
+                                   pr.name.c_str(), pr.replay_tokens_differing, pr.tokens.size(),
+                                   pr.alone_tokens_differing, n_alone_tokens, alone_n));
+  }
+}
+
+}  // namespace
+
+void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
+  if (ctx.root) {
+    record_scenario(ctx);
+    for (const balance::Partition& p : set.splits) {
+      ServingPartitionRecord pr;
+      pr.name = p.solver;
+      pr.groups = partition_groups(ctx, p);
+      pr.slots = ctx.workload.batch;
+      ctx.record().serving.partitions.push_back(pr);
+    }
+    ctx.progress.say(format_line("scenario %s: %zu requests, %s; M=%d groups of B=%d slots, %s steps",
+                                   ctx.opt.scenario.kind_text.c_str(), ctx.opt.scenario.requests.size(),
+                                   serving_scenario_text(ctx.record().serving).c_str(), ctx.workload.groups,
+                                   ctx.workload.batch, ctx.opt.scenario.policy_text.c_str()));
+  }
+  std::vector<ServingBench> benches = build_benches(ctx, set);
+  for (ServingBench& b : benches)
+    if (b.resident) build_stage(ctx, set, b);
+  std::vector<std::vector<std::vector<serving::RequestTimes>>> all(set.size());
+  play_rounds(ctx, set, benches, all);
+  if (ctx.root)
+    for (size_t j = 0; j < set.size(); ++j) pool_rounds(ctx.record().serving.partitions[j], all[j], ctx.opt.scenario.goodput);
+  if (ctx.opt.validate) validate(ctx, set, benches);
+}
+
+int finish_serving_run(RunContext& ctx, const PartitionSet& set) {
+  (void)set;
+  ctx.phase("write", [&] {
+    if (!ctx.root) return;
+    RunRecord& run = ctx.record();
+    bool failed = false, validated = true;
+    for (const ServingPartitionRecord& p : run.serving.partitions) {
+      validated = validated && p.validated;
+      failed = failed || (p.validated && p.replay_tokens_differing != 0);
+    }
+    run.validation = failed ? "failed" : validated ? "ok" : "skipped";
+    run.validation_ok = run.validation == "ok";
+    run.elapsed_s = monotonic_s() - run.run_start_s;
+    run.status = "complete";
+    write_results(ctx.output, run);
+    print_summary(std::cout, run);
+    print_serving_summary(std::cout, run);
+    std::cout << "results: " << ctx.output << std::endl;
+  });
+  return ctx.mpi.agree(ctx.root && ctx.record().validation == "failed" ? 1 : 0);
+}
+
+}  // namespace ppb::run
