@@ -32,6 +32,12 @@ Writes PNG files next to the results file (or into --outdir):
       for a `ppbench profile` file too; skipped with a note on stderr for files written
       before these datasets.
 
+  <stem>_serving.png  for a serving scenario's file (`ppbench run --scenario ...`, /scenario),
+      instead of the closed-batch plots: the TTFT and TPOT CDFs of every partition's requests
+      (the last round; --goodput's limits as red lines), and per partition its request
+      timeline: each request's queue (grey), prefill to its first token (orange) and decode
+      (blue), on the scenario's clock.
+
     tools/ppbench_plot.py PLAN.json [--outdir DIR]
 
   <stem>_front.png  from `ppbench plan FILE.h5 --devices N --json PLAN.json` (the deployment
@@ -631,6 +637,67 @@ def plot_front(plan, title, out_png):
     plt.close(fig)
 
 
+def serving_partitions(f):
+    """The partitions of a serving scenario's file (/scenario attribute partitions), in order."""
+    return [text(n) for n in f["scenario"].attrs["partitions"]]
+
+
+def request_times(f, name):
+    """(arrival, admitted, first token, finish, token_s split per request) of the last round, s."""
+    r = f[f"benchmark/{name}/requests"]
+    offset = r["token_offset"][()]
+    token_s = r["token_s"][()]
+    per = [token_s[offset[q]:offset[q + 1]] for q in range(len(offset) - 1)]
+    return r["arrival_s"][()], r["admitted_s"][()], r["first_token_s"][()], r["finish_s"][()], per
+
+
+def plot_serving(f, out_png):
+    """<stem>_serving.png: TTFT and TPOT CDFs per partition (the last round's requests) and each
+    partition's request timeline (queue, prefill, decode per request)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    names = serving_partitions(f)
+    sc = f["scenario"].attrs
+    fig = plt.figure(figsize=(13, 4.2 + 3.2 * len(names)))
+    gs = fig.add_gridspec(1 + len(names), 2)
+    ax_ttft, ax_tpot = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1])
+    for name in names:
+        arrival, admitted, first, finish, per = request_times(f, name)
+        ttft = np.sort((first - arrival) * 1e3)
+        tpot = np.sort([(t[-1] - t[0]) / (len(t) - 1) * 1e3 for t in per if len(t) > 1])
+        for ax, v in ((ax_ttft, ttft), (ax_tpot, tpot)):
+            if len(v):
+                ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=name)
+    for ax, what in ((ax_ttft, "TTFT (ms)"), (ax_tpot, "TPOT (ms)")):
+        ax.set_xlabel(what)
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    for ax, key in ((ax_ttft, "ttft"), (ax_tpot, "tpot")):
+        goodput = text(sc.get("goodput", ""))
+        for item in goodput.split():
+            k, _, ms = item.partition(":")
+            if k == key:
+                ax.axvline(float(ms), color="red", ls="--", lw=1)
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(gs[1 + i, :])
+        arrival, admitted, first, finish, _ = request_times(f, name)
+        y = np.arange(len(arrival))
+        ax.barh(y, admitted - arrival, left=arrival, color="0.8", label="queue")
+        ax.barh(y, first - admitted, left=admitted, color="tab:orange", label="prefill (to first token)")
+        ax.barh(y, finish - first, left=first, color="tab:blue", alpha=0.6, label="decode")
+        ax.set_ylabel(f"{name}: request")
+        ax.set_xlabel("s since the scenario's start (last round)")
+        ax.invert_yaxis()
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{text(sc['kind'])} scenario: {int(sc['requests'])} requests, rate {float(sc['request_rate']):g} req/s")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
 def output_dir(args):
     """The directory the PNG files go to (--outdir, else the input's); None, with the error on
     stderr, when --outdir exists and is not a directory."""
@@ -690,6 +757,13 @@ def main(argv=None):
         f.close()
         return 2
     with f:
+        if "scenario" in f:
+            if not make_output_dir(outdir, args):
+                return 2
+            png = os.path.join(outdir, os.path.splitext(os.path.basename(args.file))[0] + "_serving.png")
+            plot_serving(f, png)
+            print(png)
+            return 0
         names = partition_names(f)
         benchmarked = any(f"benchmark/{name}" in f for name in names)
         missing = [d for d in ROOFLINE_DATASETS if d not in f]

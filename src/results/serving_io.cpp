@@ -44,6 +44,10 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("queue_p50_ms", p.queue_p50_ms), fn("queue_p99_ms", p.queue_p99_ms);
   fn("goodput_req_per_s", p.goodput_req_per_s), fn("slo_attainment", p.slo_attainment);
   fn("step_rows_mean", p.step_rows_mean);
+  fn("simulated_output_tokens_per_s", p.simulated_output_tokens_per_s);
+  fn("simulated_ttft_p50_ms", p.simulated_ttft_p50_ms), fn("simulated_ttft_p99_ms", p.simulated_ttft_p99_ms);
+  fn("simulated_tpot_p50_ms", p.simulated_tpot_p50_ms), fn("simulated_tpot_p99_ms", p.simulated_tpot_p99_ms);
+  fn("simulated_goodput_req_per_s", p.simulated_goodput_req_per_s), fn("simulated_slo_attainment", p.simulated_slo_attainment);
 }
 
 /// The per-round datasets, name -> member.
@@ -112,6 +116,8 @@ void write_serving(Group& root, const RunRecord& run) {
   g.set_attr("goodput", s.goodput);
   g.set_attr("max_prompt_len", static_cast<int64_t>(s.max_prompt_len));
   g.set_attr("max_gen_len", static_cast<int64_t>(s.max_gen_len));
+  g.set_attr("objective_decode_rows", s.objective_decode_rows);
+  g.set_attr("objective_gen_len", static_cast<int64_t>(s.objective_gen_len));
   g.set_attr("rounds", static_cast<int64_t>(s.rounds));
   g.set_attr("stop_reason", s.stop_reason);
   ds(g, "arrival_s", s.arrival_s, "s", "each request's arrival, from the scenario's start");
@@ -140,6 +146,8 @@ void read_serving(const Group& root, RunRecord& run) {
   s.goodput = g.get_attr<std::string>("goodput");
   s.max_prompt_len = static_cast<int>(g.get_attr<int64_t>("max_prompt_len"));
   s.max_gen_len = static_cast<int>(g.get_attr<int64_t>("max_gen_len"));
+  s.objective_decode_rows = g.get_attr<double>("objective_decode_rows");
+  s.objective_gen_len = static_cast<int>(g.get_attr<int64_t>("objective_gen_len"));
   s.rounds = static_cast<int>(g.get_attr<int64_t>("rounds"));
   s.stop_reason = g.get_attr<std::string>("stop_reason");
   s.arrival_s = g.open_dataset("arrival_s").read<double>();

@@ -39,6 +39,15 @@ struct ServingPartitionRecord {
   /// Gains > 1 favour this partition: tokens/s and goodput this / reference; the p99 latencies
   /// reference / this (compare_paired on 1 / latency).
   PairedComparison tokens_gain, goodput_gain, ttft_p99_gain, tpot_p99_gain;
+  // ---- predicted before the rounds by the serving simulator from the profile (issue 38:
+  // serving/pipeline_sim.h with balance::ProfileStepCosts), the same requests and scheduler ----
+  double simulated_output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+  double simulated_ttft_p50_ms = std::numeric_limits<double>::quiet_NaN();
+  double simulated_ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double simulated_tpot_p50_ms = std::numeric_limits<double>::quiet_NaN();
+  double simulated_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double simulated_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
+  double simulated_slo_attainment = std::numeric_limits<double>::quiet_NaN();
   // ---- validation ----
   bool validated = false;          ///< the serialized replay ran (off with --no-validate)
   int replay_tokens_differing = -1;  ///< output tokens of the last round that the replay gave otherwise
@@ -57,6 +66,11 @@ struct ServingRunRecord {
   int max_prompt_len = 0, max_gen_len = 0;
   std::vector<double> arrival_s;   ///< [N] the scenario's arrivals (s)
   std::vector<int> prompt_len, gen_len;  ///< [N]
+  /// The balancer's objective for the scenario (run/plan.cpp scenario_objective_gen_len): the
+  /// mean decode rows per decode step at the offered load (simulated on the uniform split), and
+  /// the workload objective's G that weighs prefill against decode as the scenario does.
+  double objective_decode_rows = std::numeric_limits<double>::quiet_NaN();
+  int objective_gen_len = 0;
   std::vector<ServingPartitionRecord> partitions;
   int rounds = 0;
   std::string stop_reason;

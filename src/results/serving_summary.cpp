@@ -31,6 +31,25 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
   os << "  (latencies in ms, over every round's requests; rates over the rounds' total time)\n";
 }
 
+std::string vs(double predicted, double measured) {
+  if (!std::isfinite(predicted) || !std::isfinite(measured) || measured == 0) return format_line("%9s", "-");
+  return format_line("%9.1f (%+5.1f%%)", predicted, 100.0 * (predicted / measured - 1.0));
+}
+
+/// The serving simulator's prediction from the profile against the measurement (issue 38).
+void print_predictions(std::ostream& os, const ServingRunRecord& s) {
+  bool any = false;
+  for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.simulated_output_tokens_per_s);
+  if (!any) return;
+  os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured):\n";
+  os << format_line("  %-12s %18s %18s %18s %18s %18s\n", "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                    "TPOT p99");
+  for (const ServingPartitionRecord& p : s.partitions)
+    os << "  " << format_line("%-12s", p.name.c_str()) << " " << vs(p.simulated_output_tokens_per_s, p.output_tokens_per_s)
+       << " " << vs(p.simulated_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.simulated_ttft_p99_ms, p.ttft_p99_ms) << " "
+       << vs(p.simulated_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.simulated_tpot_p99_ms, p.tpot_p99_ms) << "\n";
+}
+
 }  // namespace
 
 void print_serving_summary(std::ostream& os, const RunRecord& run) {
@@ -39,6 +58,7 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
   os << "\nserving scenario: " << s.kind << ", " << s.requests << " requests, " << serving_scenario_text(s) << "; "
      << s.policy << " steps; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
   print_latency_table(os, s);
+  print_predictions(os, s);
   if (!s.goodput.empty()) {
     os << "  goodput (" << s.goodput << "):\n";
     for (const ServingPartitionRecord& p : s.partitions)

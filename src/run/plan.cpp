@@ -1,6 +1,7 @@
 #include "run/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <sstream>
 
@@ -8,6 +9,8 @@
 #include "balance/plan.h"
 #include "balance/memory_report.h"
 #include "balance/problem.h"
+#include "balance/serving_step_model.h"
+#include "serving/pipeline_sim.h"
 #include "common/format.h"
 #include "run/memory_checks.h"
 #include "run/plan_points.h"
@@ -98,12 +101,56 @@ std::vector<int> choose_layout(RunContext& ctx, const balance::BalanceProblem& p
   return best.tp_width;
 }
 
+/// Rank 0, with a serving scenario (issue 37): the gen_len of the workload objective that weighs
+/// prefill against decode as the scenario does at its offered load. Per request a stage does
+/// P̄ prefill tokens (the scenario's mean prompt) and Ḡ - 1 decode rows (its mean output less
+/// the prefill's token); a decode step serves r̄ rows at once for about the price of one (the
+/// decode of up to B rows is memory-bound: serving_step_model.h), so a request costs
+/// P̄ x (prefill per token) + (Ḡ - 1) / r̄ decode steps. The objective's terms per group of B
+/// sequences, prefill(B x P) + G x decode(B), are B times that with P = P̄ and
+/// G = B (Ḡ - 1) / r̄. r̄, the mean decode rows per decode step, depends on the load: the
+/// serving simulator plays the scenario's requests on the uniform split from the profile
+/// (balance::ProfileStepCosts) and counts them. At saturation r̄ = B and G = Ḡ - 1 (the closed
+/// objective); at a light load r̄ -> 1 and decode weighs B times more.
+int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& prob) {
+  RunRecord& run = ctx.record();
+  const ScenarioOptions& sc = ctx.opt.scenario;
+  balance::SplitRequest req;
+  req.method = balance::Method::uniform;
+  req.stages = ctx.ranks;
+  balance::Partition uniform = balance::make_split(prob, req);
+  uniform.tp_width.assign(uniform.num_stages(), 1);
+  uniform.groups = ctx.workload.groups;
+  const balance::Predictor pred(run);
+  const balance::ProfileStepCosts costs(run, pred, uniform);
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler = {ctx.workload.groups, ctx.workload.batch, sc.policy};
+  const serving::PipelineSimResult sim = serving::simulate_serving(sc.requests, costs, cfg);
+  double gen = 0;
+  for (const serving::Request& r : sc.requests) gen += r.gen_len - 1;
+  gen /= static_cast<double>(sc.requests.size());
+  const double rows = sim.decode_steps > 0 ? static_cast<double>(sim.decode_rows) / static_cast<double>(sim.decode_steps) : 1.0;
+  const int G = std::max(1, static_cast<int>(std::lround(ctx.workload.batch * gen / rows)));
+  run.serving.objective_decode_rows = rows;
+  run.serving.objective_gen_len = G;
+  ctx.progress.say(format_line("scenario objective: %.2f decode rows per decode step at the offered load (of B=%d; "
+                               "simulated on the uniform split), mean output %.1f tokens after the first: the split "
+                               "is balanced on prefill(B x P=%d) + %d x decode(B)",
+                               rows, ctx.workload.batch, gen, ctx.workload.prompt_len, G));
+  return G;
+}
+
 /// Rank 0: every split the plan asks for, solved (DESIGN.md §6) on the balancer's problem built
 /// from the record exactly as `ppbench balance FILE.h5` rebuilds it from the file; a layout with
 /// tensor-parallel stages solves over its stages' groups (balance::layout_problem).
 std::vector<balance::Partition> solve_partitions(RunContext& ctx) {
+  balance::BalanceProblem prob = balance::problem_from_run(ctx.record(), ctx.opt.objective);
+  if (ctx.opt.scenario.on()) {
+    RunRecord weighted = ctx.record();
+    weighted.workload.gen_len = scenario_objective_gen_len(ctx, prob);
+    prob = balance::problem_from_run(weighted, ctx.opt.objective);
+  }
   const RunRecord& run = ctx.record();
-  const balance::BalanceProblem prob = balance::problem_from_run(run, ctx.opt.objective);
   std::vector<std::vector<int>> layouts = ctx.plan.layouts;
   if (ctx.plan.tp_auto) {
     const std::vector<int> widths = choose_layout(ctx, prob);

@@ -8,12 +8,14 @@
 #include <sstream>
 
 #include "common/clock.h"
+#include "balance/serving_step_model.h"
 #include "common/format.h"
 #include "pipeline/serving_pipeline.h"
 #include "results/serving_summary.h"
 #include "results/summary.h"
 #include "results/writer.h"
 #include "run/memory_checks.h"
+#include "serving/pipeline_sim.h"
 #include "serving/request_metrics.h"
 
 namespace ppb::run {
@@ -245,6 +247,29 @@ bool compare_serving(ServingRunRecord& s, const std::string& reference, double t
   return narrow;
 }
 
+/// Rank 0: each partition's scenario predicted from the profile (issue 38): the serving
+/// simulator on the same requests, M, B and step policy, step costs from the profile's together
+/// table (balance::ProfileStepCosts). A model that cannot predict a partition leaves NaN (said).
+void predict_partitions(RunContext& ctx, const PartitionSet& set) {
+  const ScenarioOptions& sc = ctx.opt.scenario;
+  for (size_t j = 0; j < set.size(); ++j) {
+    ServingPartitionRecord& pr = ctx.record().serving.partitions[j];
+    try {
+      const balance::ProfileStepCosts costs(ctx.record(), ctx.predictor(), set.splits[j]);
+      serving::PipelineSimConfig cfg;
+      cfg.scheduler = {pr.groups, pr.slots, sc.policy};
+      const serving::PipelineSimResult sim = serving::simulate_serving(sc.requests, costs, cfg);
+      const serving::ServingMetrics m = serving::serving_metrics(sim.times, sc.goodput);
+      pr.simulated_output_tokens_per_s = m.output_tokens_per_s;
+      pr.simulated_ttft_p50_ms = m.ttft.p50_ms, pr.simulated_ttft_p99_ms = m.ttft.p99_ms;
+      pr.simulated_tpot_p50_ms = m.tpot.p50_ms, pr.simulated_tpot_p99_ms = m.tpot.p99_ms;
+      pr.simulated_goodput_req_per_s = m.goodput_req_per_s, pr.simulated_slo_attainment = m.slo_attainment;
+    } catch (const std::exception& e) {
+      ctx.progress.say("no prediction of " + pr.name + "'s scenario: " + e.what());
+    }
+  }
+}
+
 /// The stages of every partition, side by side where every rank can hold them all.
 std::vector<ServingBench> build_benches(RunContext& ctx, const PartitionSet& set) {
   std::vector<ServingBench> benches;
@@ -403,6 +428,7 @@ void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
                                    serving_scenario_text(ctx.record().serving).c_str(), ctx.workload.groups,
                                    ctx.workload.batch, ctx.opt.scenario.policy_text.c_str()));
   }
+  if (ctx.root) predict_partitions(ctx, set);
   std::vector<ServingBench> benches = build_benches(ctx, set);
   for (ServingBench& b : benches)
     if (b.resident) build_stage(ctx, set, b);

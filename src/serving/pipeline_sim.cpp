@@ -129,7 +129,12 @@ class ServingSim {
       return;
     }
     ++result_.steps;
-    group_costs_[g] = step_costs(costs_, step_shape(step), overlap_);
+    const StepShape shape = step_shape(step);
+    if (shape.decode_rows > 0) {
+      ++result_.decode_steps;
+      result_.decode_rows += shape.decode_rows;
+    }
+    group_costs_[g] = step_costs(costs_, shape, overlap_);
     push(t, Event::hop, g, 0);
   }
 

@@ -75,6 +75,8 @@ struct PipelineSimConfig {
 struct PipelineSimResult {
   std::vector<RequestTimes> times;   ///< [N] every request's times (all finished)
   long long steps = 0;               ///< steps run (with rows), all groups
+  long long decode_steps = 0;        ///< steps with at least one decode row
+  long long decode_rows = 0;         ///< decode rows over all steps (sum of gen_len - 1)
   std::vector<double> stage_busy_s;  ///< [S] seconds each stage's compute resource was held
   double end_s = 0.0;                ///< the last token out
 };
