@@ -357,6 +357,10 @@ void CpuStage::allocate_scratch(const ScratchSizes& z) {
   const size_t B = static_cast<size_t>(cfg_.work.batch);
   const size_t max_tokens = B * static_cast<size_t>(cfg_.work.max_context());
   x_.resize(max_tokens * H);
+  uniform_slot_.resize(B);
+  for (size_t b = 0; b < B; ++b) uniform_slot_[b] = static_cast<int32_t>(b);
+  uniform_pos_.resize(B);
+  uniform_offset_.assign(B + 1, 0);
   if (!mtp_.empty()) {
     mtp_cat_.resize(max_tokens * 2 * H);
     draft_.resize(B);

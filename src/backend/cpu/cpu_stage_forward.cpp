@@ -23,35 +23,54 @@ void CpuStage::enqueue_forward(Lane& lane, const void* in, void* out, int group,
                         ", tokens=" + std::to_string(tokens) + ") is outside the stage's groups=" +
                         std::to_string(cfg_.work.groups) + ", max_context=" + std::to_string(cfg_.work.max_context()));
   }
-  lane.host_task([this, in, out, group, pos, tokens] { forward(in, out, group, pos, tokens); });
+  lane.host_task([this, in, out, group, pos, tokens] { forward(in, out, group, uniform_rows(pos, tokens)); });
 }
 
-void CpuStage::forward(const void* in, void* out, int group, int pos, int tokens) {
-  const size_t rows = static_cast<size_t>(cfg_.work.batch) * tokens;
-  if (has_embed_) {
-    cpu::embedding(x_.data(), static_cast<const int32_t*>(in), rows, embed_, vocab_,
-                   static_cast<int>(hidden_), embed_scale_);
-  } else {
-    std::memcpy(x_.data(), in, rows * hidden_ * sizeof(float));
-  }
-  for (const LayerWeights& w : layers_) layer_forward(w, group, pos, tokens);
-  if (has_head_) {
-    head_forward(static_cast<int32_t*>(out), tokens);
-    if (!mtp_.empty()) mtp_forward(static_cast<const int32_t*>(out), group, pos, tokens);
-  } else {
-    std::memcpy(out, x_.data(), rows * hidden_ * sizeof(float));
-  }
+void CpuStage::enqueue_forward_ragged(Lane& lane, const void* in, void* out, int group, const RaggedStep& step) {
+  check_ragged_step(step, group, cfg_.work);
+  // The task owns its copy of the rows: the caller's step may be gone before the lane runs it.
+  struct Rows {
+    std::vector<int32_t> slot, pos, offset;
+  };
+  Rows rows{step.slot, step.pos, std::vector<int32_t>(step.slot.size() + 1, 0)};
+  for (int r = 0; r < step.rows(); ++r) rows.offset[r + 1] = rows.offset[r] + step.tokens[r];
+  lane.host_task([this, in, out, group, rows = std::move(rows)] {
+    forward(in, out, group, {static_cast<int>(rows.slot.size()), rows.slot.data(), rows.pos.data(), rows.offset.data()});
+  });
 }
 
-void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int tokens) {
-  const LayerShape& s = w.shape;
+cpu::RaggedBatch CpuStage::uniform_rows(int pos, int tokens) {
   const int B = cfg_.work.batch;
-  const int M = B * tokens;
+  for (int b = 0; b < B; ++b) {
+    uniform_pos_[b] = pos;
+    uniform_offset_[b + 1] = (b + 1) * tokens;
+  }
+  return {B, uniform_slot_.data(), uniform_pos_.data(), uniform_offset_.data()};
+}
+
+void CpuStage::forward(const void* in, void* out, int group, const cpu::RaggedBatch& rows) {
+  const size_t M = static_cast<size_t>(rows.offset[rows.rows]);  // token rows
+  if (has_embed_) {
+    cpu::embedding(x_.data(), static_cast<const int32_t*>(in), M, embed_, vocab_, static_cast<int>(hidden_),
+                   embed_scale_);
+  } else {
+    std::memcpy(x_.data(), in, M * hidden_ * sizeof(float));
+  }
+  for (const LayerWeights& w : layers_) layer_forward(w, group, rows);
+  if (has_head_) {
+    head_forward(static_cast<int32_t*>(out), rows);
+    if (!mtp_.empty()) mtp_forward(static_cast<const int32_t*>(out), group, rows);
+  } else {
+    std::memcpy(out, x_.data(), M * hidden_ * sizeof(float));
+  }
+}
+
+// The whole layer works on the M packed token rows of the step (norms, projections, MLP, MoE,
+// the TP all-reduces); only RoPE, the KV-cache write and the attention go row by row.
+void CpuStage::layer_forward(const LayerWeights& w, int group, const cpu::RaggedBatch& rows) {
+  const LayerShape& s = w.shape;
+  const int M = rows.offset[rows.rows];
   const int H = static_cast<int>(hidden_);
-  const int hd = s.head_dim;
-  const int nq = s.n_heads * hd;     // this rank's heads
-  const int nkv = s.n_kv_heads * hd;
-  const int I = w.intermediate;      // this rank's slice
   const float eps = static_cast<float>(s.rms_eps);
   const size_t MH = static_cast<size_t>(M) * H;
   float* x = x_.data();
@@ -60,36 +79,9 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
   // Attention block.
   cpu::rmsnorm(h, x, w.input_norm, M, H, eps, s.norm_plus_one);
   if (s.is_mla()) {
-    mla_attention(w, group, pos, tokens, h);
+    mla_attention(w, group, rows, h);
   } else {
-    cpu::linear(q_.data(), h, w.q, w.q_bias, M, nq, H);
-    cpu::linear(k_.data(), h, w.k, w.k_bias, M, nkv, H);
-    cpu::linear(v_.data(), h, w.v, w.v_bias, M, nkv, H);
-    if (s.qk_norm) {
-      cpu::rmsnorm(q_.data(), q_.data(), w.q_norm, static_cast<size_t>(M) * s.n_heads, hd, eps, s.norm_plus_one);
-      cpu::rmsnorm(k_.data(), k_.data(), w.k_norm, static_cast<size_t>(M) * s.n_kv_heads, hd, eps, s.norm_plus_one);
-    }
-    const RopeTable& rt = ropes_[w.rope_table];
-    cpu::rope(q_.data(), B, tokens, s.n_heads, hd, pos, rt.cos.data(), rt.sin.data());
-    cpu::rope(k_.data(), B, tokens, s.n_kv_heads, hd, pos, rt.cos.data(), rt.sin.data());
-    float* kc = w.k_cache[group];
-    float* vc = w.v_cache[group];
-    cpu::kv_cache_write(kc, k_.data(), B, tokens, pos, cfg_.work.max_context(), nkv);
-    cpu::kv_cache_write(vc, v_.data(), B, tokens, pos, cfg_.work.max_context(), nkv);
-    cpu::AttentionShape as;
-    as.batch = B;
-    as.tokens = tokens;
-    as.pos0 = pos;
-    as.max_context = cfg_.work.max_context();
-    as.n_heads = s.n_heads;
-    as.n_kv_heads = s.n_kv_heads;
-    as.head_dim = hd;
-    as.window = s.sliding_window;
-    as.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale : 1.0 / std::sqrt(static_cast<double>(hd)));
-    as.softcap = static_cast<float>(s.attn_softcap);
-    as.sinks = w.sinks;
-    cpu::attention(attn_.data(), q_.data(), kc, vc, as, scores_.data());
-    cpu::linear(h, attn_.data(), w.o, w.o_bias, M, H, nq);
+    self_attention(w, group, rows, h);
   }
   if (tp_width_ > 1) tp_->allreduce_sum(h, MH);  // row-parallel o_proj: sum the ranks' partials
   if (s.sandwich_norm) cpu::rmsnorm(h, h, w.post_attention_norm, M, H, eps, s.norm_plus_one);
@@ -101,11 +93,49 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
   if (s.is_moe()) {
     moe_mlp(w, M, h);
   } else {
-    gated_mlp(h, h, M, I, {w.gate, w.up, w.down}, s);
+    gated_mlp(h, h, M, w.intermediate, {w.gate, w.up, w.down}, s);
   }
   if (tp_width_ > 1) tp_->allreduce_sum(h, MH);  // row-parallel down_proj
   if (s.sandwich_norm) cpu::rmsnorm(h, h, w.post_feedforward_norm, M, H, eps, s.norm_plus_one);
   cpu::add_inplace(x, h, MH);
+}
+
+void CpuStage::self_attention(const LayerWeights& w, int group, const cpu::RaggedBatch& rows, float* out) {
+  const LayerShape& s = w.shape;
+  const int M = rows.offset[rows.rows];
+  const int H = static_cast<int>(hidden_);
+  const int hd = s.head_dim;
+  const int nq = s.n_heads * hd;  // this rank's heads
+  const int nkv = s.n_kv_heads * hd;
+  const float eps = static_cast<float>(s.rms_eps);
+  const int ctx = cfg_.work.max_context();
+  const float* hn = out;  // the normed input; overwritten only by the final o_proj
+  cpu::linear(q_.data(), hn, w.q, w.q_bias, M, nq, H);
+  cpu::linear(k_.data(), hn, w.k, w.k_bias, M, nkv, H);
+  cpu::linear(v_.data(), hn, w.v, w.v_bias, M, nkv, H);
+  if (s.qk_norm) {
+    cpu::rmsnorm(q_.data(), q_.data(), w.q_norm, static_cast<size_t>(M) * s.n_heads, hd, eps, s.norm_plus_one);
+    cpu::rmsnorm(k_.data(), k_.data(), w.k_norm, static_cast<size_t>(M) * s.n_kv_heads, hd, eps, s.norm_plus_one);
+  }
+  const RopeTable& rt = ropes_[w.rope_table];
+  cpu::rope_ragged(q_.data(), rows, s.n_heads, hd, rt.cos.data(), rt.sin.data());
+  cpu::rope_ragged(k_.data(), rows, s.n_kv_heads, hd, rt.cos.data(), rt.sin.data());
+  float* kc = w.k_cache[group];
+  float* vc = w.v_cache[group];
+  cpu::kv_cache_write_ragged(kc, k_.data(), rows, ctx, nkv);
+  cpu::kv_cache_write_ragged(vc, v_.data(), rows, ctx, nkv);
+  cpu::AttentionShape as;
+  as.batch = cfg_.work.batch;  // the group's slots
+  as.max_context = ctx;
+  as.n_heads = s.n_heads;
+  as.n_kv_heads = s.n_kv_heads;
+  as.head_dim = hd;
+  as.window = s.sliding_window;
+  as.scale = static_cast<float>(s.attn_scale > 0.0 ? s.attn_scale : 1.0 / std::sqrt(static_cast<double>(hd)));
+  as.softcap = static_cast<float>(s.attn_softcap);
+  as.sinks = w.sinks;
+  cpu::attention_ragged(attn_.data(), q_.data(), kc, vc, as, rows, scores_.data());
+  cpu::linear(out, attn_.data(), w.o, w.o_bias, M, H, nq);
 }
 
 // Absorbed MLA (DeepSeek-V2 paper §2.1.2; DeepSeek-V3 inference/model.py, attn_impl "absorb"):
@@ -115,10 +145,10 @@ void CpuStage::layer_forward(const LayerWeights& w, int group, int pos, int toke
 // q_lat . c_kv + q_rope . k_rope; outputs sum_j p_j [c_kv, k_rope]_j, of which the first
 // kv_lora_rank features are o_lat. Equal, up to rounding, to expanding k_nope = W_UK c_kv and
 // v = W_UV c_kv per position (tests/unit/test_cpu_ops.cpp checks it against that form).
-void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out) {
+void CpuStage::mla_attention(const LayerWeights& w, int group, const cpu::RaggedBatch& rows, float* out) {
   const LayerShape& s = w.shape;
   const model::MlaShape& a = s.mla;
-  const int B = cfg_.work.batch, M = B * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
+  const int M = rows.offset[rows.rows], H = static_cast<int>(hidden_), nh = s.n_heads, ctx = cfg_.work.max_context();
   const int nope = a.qk_nope, rd = a.qk_rope, qk = nope + rd, L = a.kv_lora_rank, D = L + rd, vd = a.v_head_dim;
   const float eps = static_cast<float>(s.rms_eps);
   const float* hn = out;  // the normed input; overwritten only by the final o_proj
@@ -137,10 +167,10 @@ void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int toke
   const RopeTable& rt = ropes_[w.rope_table];
   float* r = mla_rope_.data();
   for (int m = 0; m < M; ++m) std::memcpy(r + static_cast<size_t>(m) * rd, kva + static_cast<size_t>(m) * D + L, rd * sizeof(float));
-  cpu::rope(r, B, tokens, 1, rd, pos, rt.cos.data(), rt.sin.data());
+  cpu::rope_ragged(r, rows, 1, rd, rt.cos.data(), rt.sin.data());
   for (int m = 0; m < M; ++m) std::memcpy(kva + static_cast<size_t>(m) * D + L, r + static_cast<size_t>(m) * rd, rd * sizeof(float));
   float* cache = w.k_cache[group];
-  cpu::kv_cache_write(cache, kva, B, tokens, pos, cfg_.work.max_context(), D);
+  cpu::kv_cache_write_ragged(cache, kva, rows, ctx, D);
   // Absorbed queries [M, nh, D]: q_lat then the rotated q_rope.
   float* qa = mla_q_.data();
   for (int h = 0; h < nh; ++h)
@@ -150,20 +180,18 @@ void CpuStage::mla_attention(const LayerWeights& w, int group, int pos, int toke
     for (int h = 0; h < nh; ++h)
       std::memcpy(r + (static_cast<size_t>(m) * nh + h) * rd, q + static_cast<size_t>(m) * nh * qk + static_cast<size_t>(h) * qk + nope,
                   rd * sizeof(float));
-  cpu::rope(r, B, tokens, nh, rd, pos, rt.cos.data(), rt.sin.data());
+  cpu::rope_ragged(r, rows, nh, rd, rt.cos.data(), rt.sin.data());
   for (int m = 0; m < M; ++m)
     for (int h = 0; h < nh; ++h)
       std::memcpy(qa + (static_cast<size_t>(m) * nh + h) * D + L, r + (static_cast<size_t>(m) * nh + h) * rd, rd * sizeof(float));
   cpu::AttentionShape as;
-  as.batch = B;
-  as.tokens = tokens;
-  as.pos0 = pos;
-  as.max_context = cfg_.work.max_context();
+  as.batch = cfg_.work.batch;  // the group's slots
+  as.max_context = ctx;
   as.n_heads = nh;
   as.n_kv_heads = 1;
   as.head_dim = D;
   as.scale = static_cast<float>(s.attn_scale);
-  cpu::attention(attn_.data(), qa, cache, cache, as, scores_.data());
+  cpu::attention_ragged(attn_.data(), qa, cache, cache, as, rows, scores_.data());
   // Each head's values: W_UV [v, kv_lora] times its o_lat.
   float* values = mla_values_.data();
   for (int h = 0; h < nh; ++h)
@@ -237,57 +265,58 @@ void CpuStage::moe_mlp(const LayerWeights& w, int rows, float* out) {
 // prompt's ids; the cost is the module's either way), and the drafts are not verified: the
 // pipeline's tokens stay the main model's. The modules' last hidden states join the checksum,
 // so that validation covers them.
-void CpuStage::mtp_forward(const int32_t* tokens, int group, int pos, int T) {
-  const int B = cfg_.work.batch, M = B * T, H = static_cast<int>(hidden_);
-  std::copy(tokens, tokens + B, draft_.begin());
+void CpuStage::mtp_forward(const int32_t* tokens, int group, const cpu::RaggedBatch& rows) {
+  const int R = rows.rows, M = rows.offset[R], H = static_cast<int>(hidden_);
+  std::copy(tokens, tokens + R, draft_.begin());
   float* cat = mtp_cat_.data();
   for (const MtpModule& mod : mtp_) {
-    for (int m = 0; m < M; ++m) {
-      const float* e = mtp_embed_ + static_cast<size_t>(draft_[m / T]) * H;
-      cpu::rmsnorm(cat + static_cast<size_t>(m) * 2 * H, e, mod.enorm, 1, H, mtp_eps_, false);
-      cpu::rmsnorm(cat + static_cast<size_t>(m) * 2 * H + H, x_.data() + static_cast<size_t>(m) * H, mod.hnorm, 1, H,
-                   mtp_eps_, false);
+    for (int r = 0; r < R; ++r) {
+      const float* e = mtp_embed_ + static_cast<size_t>(draft_[r]) * H;  // the row's draft, every token
+      for (int m = rows.offset[r]; m < rows.offset[r + 1]; ++m) {
+        cpu::rmsnorm(cat + static_cast<size_t>(m) * 2 * H, e, mod.enorm, 1, H, mtp_eps_, false);
+        cpu::rmsnorm(cat + static_cast<size_t>(m) * 2 * H + H, x_.data() + static_cast<size_t>(m) * H, mod.hnorm, 1, H,
+                     mtp_eps_, false);
+      }
     }
     cpu::linear(x_.data(), cat, mod.eh_proj, nullptr, M, H, 2 * H);
-    layer_forward(mod.layer, group, pos, T);
+    layer_forward(mod.layer, group, rows);
     float* last = last_rows_.data();
-    double sum = 0.0;
-    for (int b = 0; b < B; ++b) {
-      const float* row = x_.data() + (static_cast<size_t>(b) * T + T - 1) * H;
-      std::memcpy(last + static_cast<size_t>(b) * H, row, H * sizeof(float));
-      for (int j = 0; j < H; ++j) sum += row[j];
-    }
-    checksum_ += sum;
-    cpu::rmsnorm(last, last, mod.shared_norm, B, H, mtp_eps_, false);
-    cpu::linear(logits_.data(), last, lm_head_, nullptr, B, vocab_local_, H);
-    cpu::argmax_rows(draft_.data(), logits_.data(), B, vocab_local_);
+    checksum_ += gather_last_rows(rows);
+    cpu::rmsnorm(last, last, mod.shared_norm, R, H, mtp_eps_, false);
+    cpu::linear(logits_.data(), last, lm_head_, nullptr, R, vocab_local_, H);
+    cpu::argmax_rows(draft_.data(), logits_.data(), R, vocab_local_);
   }
 }
 
-void CpuStage::head_forward(int32_t* out, int tokens) {
-  const int B = cfg_.work.batch;
+double CpuStage::gather_last_rows(const cpu::RaggedBatch& rows) {
   const size_t H = hidden_;
-  float* last = last_rows_.data();
   double sum = 0.0;
-  for (int b = 0; b < B; ++b) {
-    const float* row = x_.data() + (static_cast<size_t>(b) * tokens + tokens - 1) * H;
-    std::memcpy(last + b * H, row, H * sizeof(float));
+  for (int r = 0; r < rows.rows; ++r) {
+    const float* row = x_.data() + static_cast<size_t>(rows.offset[r + 1] - 1) * H;
+    std::memcpy(last_rows_.data() + r * H, row, H * sizeof(float));
     for (size_t j = 0; j < H; ++j) sum += row[j];
   }
-  checksum_ += sum;
-  cpu::rmsnorm(last, last, final_norm_, B, static_cast<int>(H), final_eps_, final_norm_plus_one_);
+  return sum;
+}
+
+void CpuStage::head_forward(int32_t* out, const cpu::RaggedBatch& rows) {
+  const int R = rows.rows;
+  const size_t H = hidden_;
+  float* last = last_rows_.data();
+  checksum_ += gather_last_rows(rows);
+  cpu::rmsnorm(last, last, final_norm_, R, static_cast<int>(H), final_eps_, final_norm_plus_one_);
   const int V = vocab_local_;
-  cpu::linear(logits_.data(), last, lm_head_, nullptr, B, V, static_cast<int>(H));
-  if (final_softcap_ > 0.0f) cpu::softcap_inplace(logits_.data(), logits_.size(), final_softcap_);
-  cpu::argmax_rows(out, logits_.data(), B, V);
+  cpu::linear(logits_.data(), last, lm_head_, nullptr, R, V, static_cast<int>(H));
+  if (final_softcap_ > 0.0f) cpu::softcap_inplace(logits_.data(), static_cast<size_t>(R) * V, final_softcap_);
+  cpu::argmax_rows(out, logits_.data(), R, V);
   if (tp_width_ > 1) {
     // Vocabulary-parallel head: this rank's best token (ties: its lowest id, argmax_rows), then
     // the group's best, ties to the lowest id: width 1's answer.
-    for (int b = 0; b < B; ++b) {
-      best_[b] = logits_[static_cast<size_t>(b) * V + out[b]];
-      out[b] += static_cast<int32_t>(vocab_begin_);
+    for (int r = 0; r < R; ++r) {
+      best_[r] = logits_[static_cast<size_t>(r) * V + out[r]];
+      out[r] += static_cast<int32_t>(vocab_begin_);
     }
-    tp_->allreduce_argmax(best_.data(), out, B);
+    tp_->allreduce_argmax(best_.data(), out, R);
   }
 }
 

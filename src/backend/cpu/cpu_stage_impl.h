@@ -2,6 +2,7 @@
 // uniform and ragged): internal to the CPU backend, create_cpu_stage (cpu_stage.h) is its interface.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -11,7 +12,6 @@
 #include "backend/stage.h"
 #include "backend/tensor_parallel.h"
 #include "backend/weights.h"
-#include "common/error.h"
 #include "model/model_spec.h"
 
 namespace ppb::cpu {
@@ -79,21 +79,23 @@ class CpuStage final : public StageExecutor {
 
   int first_unit() const override { return first_; }
   int last_unit() const override { return last_; }
-  size_t input_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.work.batch) * tokens;
-    return has_embed_ ? n * sizeof(int32_t) : n * hidden_ * sizeof(float);
-  }
+  // A uniform forward's bytes are those of its B rows of T tokens as a ragged step.
+  size_t input_bytes(int tokens) const override { return ragged_input_bytes(cfg_.work.batch * tokens); }
   size_t output_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.work.batch);
-    return has_head_ ? n * sizeof(int32_t) : n * tokens * hidden_ * sizeof(float);
+    return ragged_output_bytes(cfg_.work.batch, cfg_.work.batch * tokens);
   }
   void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
-  // Ragged forward (issue 37): not built yet on this backend.
-  size_t ragged_input_bytes(int total_tokens) const override { return 0; }
-  size_t ragged_output_bytes(int rows, int total_tokens) const override { return 0; }
-  void enqueue_forward_ragged(Lane&, const void*, void*, int, const RaggedStep&) override {
-    throw InternalError("this backend's stage has no ragged forward yet (issue 37)");
+  size_t ragged_input_bytes(int total_tokens) const override {
+    const size_t n = static_cast<size_t>(total_tokens);
+    return has_embed_ ? n * sizeof(int32_t) : n * hidden_ * sizeof(float);
   }
+  size_t ragged_output_bytes(int rows, int total_tokens) const override {
+    return has_head_ ? static_cast<size_t>(rows) * sizeof(int32_t)
+                     : static_cast<size_t>(total_tokens) * hidden_ * sizeof(float);
+  }
+  /// StageExecutor's, checked by check_ragged_step before anything is enqueued. The MTP modules
+  /// (--mtp) run on a ragged step as on a uniform one: each row drafts from its own head token.
+  void enqueue_forward_ragged(Lane& lane, const void* in, void* out, int group, const RaggedStep& step) override;
   double checksum() const override { return checksum_; }
   void reset_checksum() override {
     checksum_ = 0.0;
@@ -146,9 +148,18 @@ class CpuStage final : public StageExecutor {
   /// --mtp: the MTP modules after the head (their norms, eh_proj, layer; the draft tokens'
   /// embedding table unless this stage holds embed's).
   void add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z);
-  void forward(const void* in, void* out, int group, int pos, int tokens);
-  void layer_forward(const LayerWeights& w, int group, int pos, int tokens);
-  void mla_attention(const LayerWeights& w, int group, int pos, int tokens, float* out);
+  /// The rows of a uniform forward of T = `tokens` tokens at `pos`: sequence b is row b, in
+  /// slot b, its tokens [b T, (b + 1) T); in uniform_slot_, uniform_pos_, uniform_offset_.
+  cpu::RaggedBatch uniform_rows(int pos, int tokens);
+  /// One forward of group `group` over `rows` (uniform or ragged, checked by the caller): in
+  /// [offset[rows]] ids or [offset[rows], H] activations; out [rows] ids or [offset[rows], H].
+  void forward(const void* in, void* out, int group, const cpu::RaggedBatch& rows);
+  /// x_ [offset[rows], H] through one decoder layer; the rows' K/V into their slots of `group`.
+  void layer_forward(const LayerWeights& w, int group, const cpu::RaggedBatch& rows);
+  /// layer_forward's attention (GQA and its variants; mla_attention: MLA's): out [offset[rows], H]
+  /// holds the normed input and gets the attention block's output (before any TP all-reduce).
+  void self_attention(const LayerWeights& w, int group, const cpu::RaggedBatch& rows, float* out);
+  void mla_attention(const LayerWeights& w, int group, const cpu::RaggedBatch& rows, float* out);
   void moe_mlp(const LayerWeights& w, int rows, float* out);
   /// One gated MLP's weights [I, H], [I, H], [H, I] and optional biases [I], [I], [H].
   struct MlpWeights {
@@ -158,8 +169,12 @@ class CpuStage final : public StageExecutor {
   /// out[rows, H] = down(act(gate(in)) * up(in)) with the layer's activation (HF LlamaMLP; gpt-oss
   /// experts with biases and the clamp); out may alias in. Scratch: gate_, up_ [rows, I].
   void gated_mlp(float* out, const float* in, int rows, int I, const MlpWeights& w, const model::LayerShape& s);
-  void mtp_forward(const int32_t* tokens, int group, int pos, int T);
-  void head_forward(int32_t* out, int tokens);
+  /// The MTP modules after the head; `tokens` [rows] the head's tokens, each row's draft input.
+  void mtp_forward(const int32_t* tokens, int group, const cpu::RaggedBatch& rows);
+  /// Copies each row's last token row of x_ to last_rows_ [rows, H]; returns their sum (double).
+  double gather_last_rows(const cpu::RaggedBatch& rows);
+  /// Each row's last token through the final norm, lm_head and argmax: out [rows].
+  void head_forward(int32_t* out, const cpu::RaggedBatch& rows);
 
   int first_ = 0;
   int last_ = 0;
@@ -189,7 +204,10 @@ class CpuStage final : public StageExecutor {
   cpu::AlignedFloats kv_store_;
   size_t kv_bytes_ = 0;
 
-  // Scratch, sized once for batch * max_context tokens.
+  // Scratch, sized once for batch * max_context tokens: a uniform forward of up to max_context
+  // tokens per sequence, or a ragged step (at most B rows of at most max_context tokens each,
+  // check_ragged_step). scores_ holds one query block of one row (attention_ragged, as
+  // attention, runs its rows one after the other): attention_scratch_floats(max_context).
   cpu::AlignedFloatVector x_, h_, q_, k_, v_, attn_, gate_, up_, scores_, last_rows_, logits_;
   // MLA: q's low-rank part, [c_kv, k_rope] rows, absorbed queries, RoPE staging, per-head values.
   cpu::AlignedFloatVector mla_qa_, mla_kva_, mla_q_, mla_rope_, mla_values_;
@@ -198,6 +216,8 @@ class CpuStage final : public StageExecutor {
   std::vector<int32_t> route_experts_;
   std::vector<int> expert_count_, expert_slots_;
   std::vector<float> best_;  // the head's [B] largest local logits (width > 1)
+  // uniform_rows: slots 0..B-1 [B], the rows' pos [B], their offsets [B + 1].
+  std::vector<int32_t> uniform_slot_, uniform_pos_, uniform_offset_;
 
   // --mtp (model::ModelSpec::mtp): the multi-token-prediction modules after the head.
   struct MtpModule {
