@@ -1,6 +1,7 @@
 #include "backend/stage.h"
 
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -21,6 +22,31 @@ void check_stage_layer(const model::LayerShape& s, int hidden, int layer) {
                     " experts=" + std::to_string(s.moe.n_experts) + " top_k=" + std::to_string(s.moe.top_k) +
                     " (need n_kv_heads | n_heads, an even head_dim or MLA rope dim, hidden = model hidden, "
                     "1 <= top_k <= experts)");
+  }
+}
+
+void check_ragged_step(const RaggedStep& step, int group, const Workload& work) {
+  const int B = work.batch, ctx = work.max_context(), rows = step.rows();
+  const std::string what = "ragged step of group " + std::to_string(group) + " (" + std::to_string(rows) + " rows)";
+  if (group < 0 || group >= work.groups)
+    throw InternalError(what + ": the group is outside the stage's [0, " + std::to_string(work.groups) + ")");
+  if (step.pos.size() != step.slot.size() || step.tokens.size() != step.slot.size())
+    throw InternalError(what + ": slot, pos and tokens have " + std::to_string(step.slot.size()) + ", " +
+                        std::to_string(step.pos.size()) + " and " + std::to_string(step.tokens.size()) + " entries");
+  if (rows < 1 || rows > B)
+    throw InternalError(what + ": a step has 1 to B = " + std::to_string(B) + " rows");
+  std::vector<int> row_of_slot(B, -1);
+  for (int r = 0; r < rows; ++r) {
+    const int32_t slot = step.slot[r], pos = step.pos[r], n = step.tokens[r];
+    const std::string row = what + ", row " + std::to_string(r) + " (slot " + std::to_string(slot) + ", pos " +
+                            std::to_string(pos) + ", tokens " + std::to_string(n) + "): ";
+    if (slot < 0 || slot >= B) throw InternalError(row + "the slot is outside [0, " + std::to_string(B) + ")");
+    if (row_of_slot[slot] >= 0)
+      throw InternalError(row + "row " + std::to_string(row_of_slot[slot]) + " has the same slot");
+    row_of_slot[slot] = r;
+    if (n < 1) throw InternalError(row + "a row has at least one new token");
+    if (pos < 0 || static_cast<long>(pos) + n > ctx)
+      throw InternalError(row + "positions outside the cache's [0, " + std::to_string(ctx) + ")");
   }
 }
 

@@ -90,10 +90,15 @@ class StageExecutor {
   /// Enqueues one ragged forward on `lane` (continuous batching, RaggedStep): group `group`'s
   /// KV cache gets K/V of every row's new positions in the row's slot; every row attends its
   /// own slot's positions [0, pos + t] (window rules as enqueue_forward's). With the head, the
-  /// output is each row's greedy token at its last new position, [rows]. `step` is copied.
+  /// output is each row's greedy token at its last new position, [rows]. `step` is copied (the
+  /// caller's object may be gone before the lane runs the work); `in`/`out` as enqueue_forward's.
   /// The same bits as enqueue_forward where every row has the same pos and tokens and the rows
-  /// are slots 0..B-1 in order. @throws InternalError on a step outside the stage's shape
-  /// (rows > B, a slot out of range or twice, pos + tokens > max_context, tokens < 1).
+  /// are slots 0..B-1 in order. A row's results equal its request's alone up to rounding (the
+  /// step's token rows share each GEMM). MTP modules (--mtp): the CPU stage runs them, each row
+  /// drafting from its own head token; another backend may refuse them (InternalError).
+  /// @throws InternalError (check_ragged_step) on a step outside the stage's shape (a group
+  /// out of range, no rows or rows > B, a slot out of range or twice, tokens < 1, pos < 0,
+  /// pos + tokens > max_context), before anything is enqueued.
   virtual void enqueue_forward_ragged(Lane& lane, const void* in, void* out, int group, const RaggedStep& step) = 0;
   /// Sum (in double) of the final hidden states entering the head, over every forward since
   /// the last reset_checksum(); 0 if the stage has no head. Call after the lane synchronised.
@@ -121,6 +126,15 @@ class StageExecutor {
   /// Decode forwards captured in CUDA graphs so far (0 on the CPU, or with cuda_graphs off).
   virtual size_t decode_graphs() const { return 0; }
 };
+
+/// Checks a ragged step against the shape a stage is built for (enqueue_forward_ragged's
+/// refusals, every backend's): group in [0, work.groups); slot, pos and tokens of one length,
+/// 1 <= rows <= B; each row's slot in [0, B) and no slot twice, tokens >= 1, pos >= 0 and
+/// pos + tokens <= work.max_context(). Then total_tokens <= B * max_context, the token rows a
+/// stage's scratch holds (each row fits one sequence's context, and there are at most B rows).
+/// @throws ppb::InternalError naming the group or the first bad row (a scheduler's bug, not a
+///         user's error).
+void check_ragged_step(const RaggedStep& step, int group, const Workload& work);
 
 /// Checks that a stage can build decoder layer `layer` of shape s in a model of hidden size
 /// `hidden` (every backend's rule): attention heads that group (n_kv_heads | n_heads, an even

@@ -145,6 +145,39 @@ TEST(RaggedAttention, UniformRowsEqualTheBatchedCall) {
   }
 }
 
+/// rope_ragged and kv_cache_write_ragged (the stage's per-row RoPE and cache writes) on the
+/// brief's step: each row's tokens rotated at its own positions, bitwise rope() of the row alone;
+/// each row's K rows in its slot at its positions, every other cache entry untouched (NaN).
+TEST(RaggedAttention, RopeAndCacheWriteRowByRow) {
+  const std::vector<RaggedRow> rows = ppb_ragged_test::brief_step();
+  const RaggedArrays a = ppb_ragged_test::ragged_arrays(rows);
+  const int heads = 3, hd = 8, half = hd / 2, ctx = ppb_ragged_test::kBriefContext;
+  const size_t tok = static_cast<size_t>(heads) * hd;
+  fvec cos_t(static_cast<size_t>(ctx) * half), sin_t(cos_t.size());
+  const std::vector<double> inv{1.0, 0.1, 0.01, 0.001};
+  cpu::rope_tables(cos_t.data(), sin_t.data(), inv.data(), half, ctx);
+  const fvec x0 = random_floats(a.tokens() * tok, 8);
+  fvec x = x0;
+  cpu::rope_ragged(x.data(), a.view(), heads, hd, cos_t.data(), sin_t.data());
+  fvec cache(static_cast<size_t>(ppb_ragged_test::kBriefSlots) * ctx * tok, std::numeric_limits<float>::quiet_NaN());
+  cpu::kv_cache_write_ragged(cache.data(), x.data(), a.view(), ctx, static_cast<int>(tok));
+  std::vector<bool> written(cache.size() / tok, false);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RaggedRow& row = rows[r];
+    fvec one(x0.begin() + a.offset[r] * tok, x0.begin() + a.offset[r + 1] * tok);
+    cpu::rope(one.data(), 1, row.n, heads, hd, row.pos, cos_t.data(), sin_t.data());
+    EXPECT_EQ(std::memcmp(one.data(), x.data() + a.offset[r] * tok, one.size() * sizeof(float)), 0) << "row " << r;
+    for (int t = 0; t < row.n; ++t) {
+      const size_t at = static_cast<size_t>(row.slot) * ctx + row.pos + t;
+      written[at] = true;
+      EXPECT_EQ(std::memcmp(cache.data() + at * tok, x.data() + (a.offset[r] + t) * tok, tok * sizeof(float)), 0)
+          << "row " << r << " token " << t;
+    }
+  }
+  for (size_t p = 0; p < written.size(); ++p)
+    if (!written[p]) ASSERT_TRUE(std::isnan(cache[p * tok])) << "cache position " << p << " written";
+}
+
 /// A scheduler's bug is refused by name before anything is read: a slot outside the cache,
 /// positions past its capacity, a negative position, offsets that decrease or do not start at 0.
 TEST(RaggedAttention, RejectsRowsOutsideTheCache) {

@@ -288,6 +288,22 @@ void check_ragged_batch(const RaggedBatch& rb, int n_slots, int max_context) {
   }
 }
 
+// Napkin math: rope()'s and kv_cache_write()'s over the packed tokens (the same bytes as a
+// uniform batch of as many tokens), one call per row.
+void rope_ragged(float* x, const RaggedBatch& rb, int n_heads, int head_dim, const float* cos_table,
+                 const float* sin_table) {
+  const size_t tok = static_cast<size_t>(n_heads) * head_dim;
+  for (int r = 0; r < rb.rows; ++r)
+    rope(x + rb.offset[r] * tok, 1, rb.offset[r + 1] - rb.offset[r], n_heads, head_dim, rb.pos[r], cos_table, sin_table);
+}
+
+void kv_cache_write_ragged(float* cache, const float* src, const RaggedBatch& rb, int max_context, int row) {
+  const size_t seq = static_cast<size_t>(max_context) * row;  // floats of one slot
+  for (int r = 0; r < rb.rows; ++r)
+    kv_cache_write(cache + rb.slot[r] * seq, src + static_cast<size_t>(rb.offset[r]) * row, 1,
+                   rb.offset[r + 1] - rb.offset[r], rb.pos[r], max_context, row);
+}
+
 // Napkin math: ~20 FLOPs (one exp or tanh) per element, 12 bytes moved; B*T*I elements
 // (decode Llama-3-8B B=8: 8 x 14336 = 115 k, ~0.1 ms scalar).
 void gated_activation(float* out, const float* gate, const float* up, size_t n, model::Activation act,

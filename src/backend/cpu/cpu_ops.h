@@ -134,6 +134,21 @@ void check_ragged_batch(const RaggedBatch& rb, int n_slots, int max_context);
 void attention_ragged(float* out, const float* q, const float* k_cache, const float* v_cache,
                       const AttentionShape& s, const RaggedBatch& rb, float* scratch);
 
+/// RoPE of a ragged batch, in place: row r's tokens (rows [offset[r], offset[r + 1]) of x) are
+/// at positions pos_r, pos_r + 1, ...: rope(x + offset[r] * n_heads * head_dim, 1, n_r, ...,
+/// pos_r) for each row, so each row is bitwise rope() of that row alone, and a batch whose rows
+/// are B sequences of T tokens at one pos0 is bitwise rope(x, B, T, ..., pos0). rb.slot is not
+/// read; the caller has checked rb (check_ragged_batch).
+/// x [offset[rows], n_heads, head_dim]; cos/sin tables [>= max_r(pos_r + n_r), head_dim / 2].
+void rope_ragged(float* x, const RaggedBatch& rb, int n_heads, int head_dim, const float* cos_table,
+                 const float* sin_table);
+
+/// Copies a ragged batch's new K or V rows into its rows' slots: cache[slot_r, pos_r + t, :] =
+/// src[offset[r] + t, :] for t < n_r (kv_cache_write of each row at batch 1 into its slot).
+/// src [offset[rows], row]; cache [slots, max_context, row]; the caller has checked rb
+/// (check_ragged_batch): every row's positions fit the cache.
+void kv_cache_write_ragged(float* cache, const float* src, const RaggedBatch& rb, int max_context, int row);
+
 /// Gated MLP activation: out = act(gate) * up, elementwise over n values (HF LlamaMLP /
 /// GemmaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))).
 /// silu(g) = g / (1 + e^-g); gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))

@@ -29,6 +29,12 @@ namespace ppb {
 ///   head:  the last position of each sequence: checksum += sum(x); logits = lm_head(norm(x));
 ///          optional final softcap; greedy argmax -> int32 [B]
 ///
+/// A ragged step (enqueue_forward_ragged, continuous batching) runs the same body: the layer
+/// works on the step's packed token rows (norms, projections, MLP, MoE, the tensor-parallel
+/// all-reduces), RoPE, the KV-cache write and the attention go row by row in the row's slot
+/// (cpu::rope_ragged, kv_cache_write_ragged, attention_ragged), the head reads each row's last
+/// token. A uniform forward is the ragged step of slots 0..B-1 at one pos and T.
+///
 /// Each forward runs entirely inside one lane.host_task(), so it executes on the lane's thread.
 /// Forwards of one executor share its scratch buffers: enqueue them on a single lane.
 /// @throws ppb::UserError if cfg.work.dtype is not f32 ("the CPU backend computes in f32; use
