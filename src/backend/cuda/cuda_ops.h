@@ -94,11 +94,17 @@ struct QkvShape {
   /// Where non-null, the kernel reads pos0 from this device int instead of `pos0`: a forward
   /// captured in a CUDA graph is replayed at every position of its context bucket.
   const int* pos0_dev = nullptr;
+  /// A ragged step (continuous batching, issue 37): where both are non-null, device int32 arrays
+  /// [batch * tokens] giving each token row its position and its cache sequence (slot), in place
+  /// of (pos0 + row % tokens, row / tokens); pos0 and pos0_dev are then not read.
+  const int32_t* token_pos = nullptr;
+  const int32_t* token_slot = nullptr;
 };
 
 /// Everything between the fused QKV GEMM and attention, in one pass: per token row and head,
 /// + bias (if non-null, [nq + 2 nkv]), q/k RMSNorm over head_dim (if qk_norm), RoPE on q and k
-/// (cos/sin fp32 [>= pos0 + tokens, head_dim/2]), q -> q_out, k/v -> the caches at pos0 + t.
+/// (cos/sin fp32 [>= pos0 + tokens, head_dim/2]), q -> q_out, k/v -> the caches at pos0 + t
+/// (s.token_pos / s.token_slot: at each row's own position and slot, a ragged step's).
 /// Twins: cpu::linear's bias, cpu::rmsnorm(rows*heads, head_dim), cpu::rope, cpu::kv_cache_write.
 /// qkv [batch*tokens, (n_heads + 2 n_kv_heads) * head_dim] (q | k | v); q_out [batch*tokens,
 /// n_heads*head_dim]; caches [batch, max_context, n_kv_heads, head_dim].
@@ -128,6 +134,11 @@ void argmax_of_pairs(int32_t* out, const ArgmaxPair* pairs, int width, int rows,
 /// x [batch, tokens, hidden]; last [batch, hidden].
 void gather_last_rows(void* last, const void* x, int batch, int tokens, int hidden, double* checksum, DType t,
                       cudaStream_t stream);
+/// gather_last_rows for a ragged step: last[r, :] = x[index[r], :] for r < rows (index: device
+/// int32 [rows], each row's last new token in the packed x [*, hidden]), *checksum += their sum
+/// in gather_last_rows' order (the same bits where index[b] = b tokens + tokens - 1).
+void gather_rows(void* last, const void* x, const int32_t* index, int rows, int hidden, double* checksum, DType t,
+                 cudaStream_t stream);
 
 // ---- matrix products ------------------------------------------------------------------------
 
@@ -288,6 +299,10 @@ struct MlaCallShape {
   float eps = 1e-6f;     ///< kv_a_layernorm's epsilon
   float scale = 1.0f;    ///< softmax scale (LayerShape::attn_scale: YaRN's mscale^2 included)
   const int* pos0_dev = nullptr;
+  /// A ragged step's per-token position and cache sequence, as QkvShape's (mla_kv_cache_write
+  /// reads both, mla_absorb_queries token_pos; mla_attention neither: call it per row).
+  const int32_t* token_pos = nullptr;
+  const int32_t* token_slot = nullptr;
 };
 
 /// The new tokens' latent rows into the cache: per row m = (b, t) of kva [batch*tokens, D] (the
@@ -329,9 +344,11 @@ void mla_values(cublasHandle_t handle, void* values, const void* o_lat, const vo
 
 /// The MTP module's input rows: cat[m, :H] = RMSNorm(embed[draft[m / tokens]], enorm) and
 /// cat[m, H:] = RMSNorm(x[m], hnorm) (plain norms), m < batch * tokens. cat [batch*tokens, 2H];
-/// embed [vocab, H]; draft int32 [batch] device; x [batch*tokens, H].
+/// embed [vocab, H]; draft int32 [batch] device; x [batch*tokens, H]. token_row (a ragged step:
+/// device int32 [batch * tokens], each packed token's row) replaces m / tokens where non-null.
 void mtp_concat(void* cat, const int32_t* draft, const void* embed, const void* x, const void* enorm,
-                const void* hnorm, int batch, int tokens, int hidden, float eps, DType t, cudaStream_t stream);
+                const void* hnorm, int batch, int tokens, int hidden, float eps, DType t, cudaStream_t stream,
+                const int32_t* token_row = nullptr);
 
 /// *dst = value, one thread: sets a CUDA graph's device-side parameter (the decode position)
 /// in stream order before the graph is launched.

@@ -1,3 +1,6 @@
+// The CUDA stage's construction (cuda_stage_impl.h): weights generated on the device, KV
+// caches, RoPE tables, scratch; its records (checksum, expert counts) and create_cuda_stage.
+// The forwards: cuda_stage_forward.cpp, cuda_stage_ragged.cpp.
 #include "backend/cuda/cuda_stage.h"
 
 #include <cublas_v2.h>
@@ -6,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,11 +17,11 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
-#include "backend/cuda/cuda_lane.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_raii.h"
+#include "backend/cuda/cuda_ragged_plan.h"
+#include "backend/cuda/cuda_stage_impl.h"
 #include "backend/cuda/cuda_stage_plan.h"
-#include "backend/decode_graphs.h"
 #include "backend/tensor_parallel.h"
 #include "backend/weights.h"
 #include "common/error.h"
@@ -28,13 +31,6 @@ namespace ppb {
 namespace cuda {
 namespace {
 
-using model::LayerShape;
-using model::UnitKind;
-
-// Decode graphs a stage keeps (groups x context buckets; backend/decode_graphs.h): beyond it,
-// decode runs eagerly. 64 groups x 11 buckets (64 .. 65536 keys) fit.
-constexpr size_t kMaxDecodeGraphs = 1024;
-
 /// "1.23 GiB", for messages.
 std::string gib(size_t bytes) {
   char buf[32];
@@ -42,210 +38,9 @@ std::string gib(size_t bytes) {
   return buf;
 }
 
-/// Device pointers of one decoder layer's weights and caches; null where the layer has no such
-/// tensor.
-struct LayerWeights {
-  StagePlan::Layer plan;
-  void* qkv = nullptr;       // [nq + 2 nkv, H]: q_proj | k_proj | v_proj
-  void* o = nullptr;         // [H, nq] (MLA: [H, n_heads v])
-  void* gate_up = nullptr;   // [2 I, H]: gate_proj | up_proj (a MoE layer's shared experts)
-  void* down = nullptr;      // [H, I]
-  void* bias = nullptr;      // [nq + 2 nkv] or null
-  void* o_bias = nullptr;    // [H] (gpt-oss)
-  float* sinks = nullptr;    // [n_heads] fp32 (gpt-oss)
-  void* input_norm = nullptr;
-  void* post_attention_norm = nullptr;
-  void* pre_feedforward_norm = nullptr;
-  void* post_feedforward_norm = nullptr;
-  void* q_norm = nullptr;
-  void* k_norm = nullptr;
-  // Multi-head latent attention; q_b is Tensor::q_proj [n_heads (nope + R), H] when q_lora_rank is 0.
-  void* q_a = nullptr;        // [q_lora, H]
-  void* q_a_norm = nullptr;   // [q_lora]
-  void* q_b = nullptr;        // [n_heads (nope + R), q_lora]
-  void* kv_a = nullptr;       // [L + R, H]
-  void* kv_a_norm = nullptr;  // [L]
-  void* kv_b = nullptr;       // [n_heads (nope + v), L]
-  // Mixture of experts.
-  void* router = nullptr;           // [E, H]
-  void* router_bias = nullptr;      // [E] (gpt-oss)
-  float* correction = nullptr;      // [E] fp32 (DeepSeek-V3's e_score_correction_bias)
-  void* expert_gate_up = nullptr;   // [E, 2 I_e, H]: per expert gate | up
-  void* expert_down = nullptr;      // [E, H, I_e]
-  void* expert_gate_up_bias = nullptr;  // [E, 2 I_e] (gpt-oss)
-  void* expert_down_bias = nullptr;     // [E, H]
-  double* skew_log_p = nullptr;     // [E] --expert-skew's popularity law; null: the router's choice
-  uint64_t skew_key = 0;
-  int64_t* expert_tokens = nullptr; // [E] tokens routed to each expert since reset_checksum()
-  // [groups] -> [batch, max_context, n_kv, hd]; MLA: one latent cache [batch, max_context, L + R]
-  // per group, in k_cache and v_cache alike.
-  std::vector<void*> k_cache, v_cache;
-};
+}  // namespace
 
-/// A stage on one GPU. Not thread-safe: its forwards are enqueued from one thread, on one lane
-/// at a time (they share x_, the scratch, the cuBLAS handle and the decode graphs).
-class CudaStage final : public StageExecutor {
- public:
-  CudaStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
-
-  int first_unit() const override { return first_; }
-  int last_unit() const override { return last_; }
-  size_t input_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.work.batch) * tokens;
-    return plan_.has_embed ? n * sizeof(int32_t) : n * hidden_ * dt_;
-  }
-  size_t output_bytes(int tokens) const override {
-    const size_t n = static_cast<size_t>(cfg_.work.batch);
-    return plan_.has_head ? n * sizeof(int32_t) : n * tokens * hidden_ * dt_;
-  }
-  void enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) override;
-  // Ragged forward (issue 37): not built yet on this backend.
-  size_t ragged_input_bytes(int total_tokens) const override { return 0; }
-  size_t ragged_output_bytes(int rows, int total_tokens) const override { return 0; }
-  void enqueue_forward_ragged(Lane&, const void*, void*, int, const RaggedStep&) override {
-    throw InternalError("this backend's stage has no ragged forward yet (issue 37)");
-  }
-  double checksum() const override;
-  void reset_checksum() override;
-  size_t weight_bytes() const override { return plan_.bytes.weights; }
-  size_t kv_cache_bytes() const override { return plan_.bytes.kv_cache; }
-  size_t launches_per_forward(int tokens) const override {
-    // A decode forward beyond the graph cap runs eagerly: its eager bound, then.
-    if (tokens == 1 && cfg_.cuda_graphs && graphs_.size() >= kMaxDecodeGraphs) {
-      StageConfig eager = cfg_;
-      eager.cuda_graphs = false;
-      return plan_launches(plan_, eager, tokens);
-    }
-    return plan_launches(plan_, cfg_, tokens);
-  }
-  size_t decode_graphs() const override { return graphs_.size(); }
-  std::vector<std::vector<int64_t>> expert_tokens() const override;
-  void prepare_forward(int group, int pos, int tokens) override {
-    if (tokens == 1 && cfg_.cuda_graphs && group >= 0 && group < cfg_.work.groups && pos >= 0 && pos < cfg_.work.max_context())
-      (void)decode_graph(group, pos);
-  }
-
- private:
-  void* alloc(size_t bytes);
-  void* alloc_elems(size_t n) { return alloc(n * dt_); }
-  /// Rows [row0, row0 + rows) of the projection [*, fan_in] (all of it: row0 = 0, rows = out).
-  void* proj(size_t rows, size_t fan_in, int unit, Tensor t, void* dst = nullptr, size_t row0 = 0);
-  void* norm(size_t n, int unit, Tensor t, bool plus_one);
-  /// Points the stage's cuBLAS handle at stream `st` with its fixed workspace.
-  void bind_cublas(cudaStream_t st);
-  /// One decoder layer over rows [b0, b0 + nb) of `x`. Decode (tokens == 1) plans attention for
-  /// context bucket `bucket` (backend/decode_graphs.h); pos_dev non-null: the kernels read the
-  /// position there (a graph's replay), `pos` being a position of the bucket.
-  void layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens, int group,
-                     int bucket = 0, const int* pos_dev = nullptr);
-  /// The layers `ls` over x_ [B, tokens, H]: in one pass per layer, or (a prefill longer than
-  /// plan_.rows rows) chunk by chunk, sequence by sequence. Decode plans attention for `bucket`.
-  void run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, int pos, int tokens, int group, int bucket = 0,
-                  const int* pos_dev = nullptr);
-  /// Attention sub-blocks of layer_forward over rows [b0, b0 + nb): the normed input in h_, the
-  /// output (before any all-reduce) into h_.
-  void gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group, int bucket,
-                     const int* pos_dev);
-  void mla_attention_block(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group,
-                           int bucket, const int* pos_dev);
-  /// The MoE MLP of M rows: the normed input in h_, the output into h_ (routed sum + shared experts).
-  void moe_mlp(const LayerWeights& w, cudaStream_t st, int M);
-  /// The gated MLP of `w` (dense, or a MoE layer's shared experts) over M rows of h_, into h_.
-  void dense_mlp(const LayerWeights& w, cudaStream_t st, int M);
-  /// --mtp: the MTP modules after the head (CpuStage::mtp_forward): from the head's tokens
-  /// `head_tokens` [B] (device), each module drafts the next token; their last hidden rows join
-  /// the checksum.
-  void mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos, int tokens, int group, int bucket = 0,
-                   const int* pos_dev = nullptr);
-  /// One decoder layer's weights and caches (a main layer or an MTP module's).
-  LayerWeights make_layer(const StagePlan::Layer& l);
-  /// make_layer's MLA attention: q (low-rank or whole), kv_a, kv_b, o; one latent cache per group.
-  void add_mla_weights(LayerWeights& w, const StagePlan::Layer& l);
-  /// make_layer's attention of this rank's heads: q|k|v rows, o columns, biases, q/k norms,
-  /// sinks; K and V caches per group.
-  void add_attention_weights(LayerWeights& w, const StagePlan::Layer& l);
-  /// make_layer's router, routed experts (expert-major blocks), expert counters and --expert-skew law.
-  void add_expert_weights(LayerWeights& w, const StagePlan::Layer& l);
-  /// The constructor's check of the plan against the GPU's free memory.
-  /// @throws ppb::UserError naming the stage, its bytes and the free bytes.
-  void check_free_memory(int first, int last) const;
-  /// Key of the embedding table's weights (embed, a tied lm_head, the MTP modules' table).
-  uint64_t embed_key() const { return weight_key(cfg_.work.seed, 0, static_cast<uint64_t>(Tensor::embed)); }
-  /// The constructor's embedding table and head (final norm, this rank's lm_head rows).
-  void make_embed_and_head(const model::ModelSpec& m, int last);
-  /// The constructor's RoPE cos/sin tables [max_context, dims/2] of every plan_.ropes entry.
-  void upload_rope_tables();
-  /// The constructor's --mtp modules: the draft tokens' table, per module its norms, eh_proj and
-  /// layer, their input rows and draft tokens.
-  void make_mtp_modules(const model::ModelSpec& m);
-  /// The constructor's scratch: activations of plan_.rows rows, attention, MLA, MoE, the head's.
-  void allocate_scratch();
-  void* bias_weights(size_t n, int unit, Tensor t, void* dst = nullptr, size_t first = 0);
-  float* f32_weights(size_t n, int unit, Tensor t, float scale);
-  /// The head over x_ [B, tokens, H]: last rows, final norm, lm_head, softcap, argmax -> out [B].
-  void head_forward(cudaStream_t st, int tokens, int32_t* out);
-  /// The instantiated decode graph of (group, the bucket of pos), captured on first use; null
-  /// beyond kMaxDecodeGraphs (the caller then runs the forward eagerly).
-  cudaGraphExec_t decode_graph(int group, int pos);
-  char* at(void* base, size_t elems) const { return static_cast<char*>(base) + elems * dt_; }
-
-  int first_ = 0, last_ = 0;
-  StageConfig cfg_;
-  StagePlan plan_;
-  size_t hidden_ = 0, dt_ = 4;
-  int vocab_ = 0;
-  TpGroup* tp_ = nullptr;  // width > 1: the NCCL group of the stage's ranks
-  float embed_scale_ = 1.0f, final_softcap_ = 0.0f, final_eps_ = 1e-6f;
-  bool final_norm_plus_one_ = false;
-
-  Stream init_stream_;     // weight generation, checksum reads: private, so never waits on a lane
-  Stream capture_stream_;  // decode graphs are captured here: nothing of a lane's stream is captured
-  CublasHandle cublas_;
-  std::vector<DeviceMemory> memory_;
-  void* workspace_ = nullptr;
-  void* embed_ = nullptr;
-  void* final_norm_ = nullptr;
-  void* lm_head_ = nullptr;
-  std::vector<LayerWeights> layers_;
-  /// --mtp: the MTP modules after the head.
-  struct MtpModule {
-    void* enorm = nullptr;        // [H]
-    void* hnorm = nullptr;        // [H]
-    void* eh_proj = nullptr;      // [H, 2H]
-    void* shared_norm = nullptr;  // [H]
-  };
-  std::vector<MtpModule> mtp_;
-  std::vector<LayerWeights> mtp_layers_;  // module k's decoder layer
-  void* mtp_embed_ = nullptr;   // the draft tokens' embedding table (embed_ where this stage has it)
-  void* mtp_cat_ = nullptr;     // [B x context, 2H]
-  int32_t* draft_ = nullptr;    // [B]
-  std::vector<float*> rope_cos_, rope_sin_;
-  // Scratch.
-  void* x_ = nullptr;
-  void *h_ = nullptr, *qkv_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *gu_ = nullptr, *act_ = nullptr;
-  float* scores_ = nullptr;
-  void* probs_ = nullptr;
-  // MLA scratch: q_a rows, latent rows, absorbed queries, latent outputs.
-  void *mla_qa_ = nullptr, *mla_kva_ = nullptr, *mla_qabs_ = nullptr, *mla_olat_ = nullptr;
-  // MoE scratch.
-  float* moe_logits_ = nullptr;     // [rows, E] fp32
-  int32_t* route_experts_ = nullptr;  // [rows, top_k]
-  float* route_weights_ = nullptr;    // [rows, top_k]
-  MoeDispatch dispatch_;
-  void *moe_gu_ = nullptr, *moe_act_ = nullptr, *moe_y_ = nullptr, *moe_sum_ = nullptr;
-  float* partial_ = nullptr;
-  void* last_rows_ = nullptr;
-  float* logits_ = nullptr;
-  ArgmaxPair* pairs_ = nullptr;      // width > 1: this rank's best (logit, id) per row [B]
-  ArgmaxPair* all_pairs_ = nullptr;  // width > 1: the group's [width][B]
-  double* checksum_dev_ = nullptr;
-  int* bad_token_dev_ = nullptr;
-  int* pos_dev_ = nullptr;              // a decode graph's position, set before each replay
-  int32_t* graph_tokens_ = nullptr;     // [B] a decode graph's input tokens (embedding stage)
-  int32_t* graph_out_ = nullptr;        // [B] a decode graph's output tokens (head stage)
-  // Last: destroyed first, before the memory their nodes point into is freed.
-  std::map<std::pair<int, int>, GraphExecHandle> graphs_;  // (group, context bucket) -> decode graph
-};
+using model::LayerShape;
 
 void* CudaStage::alloc(size_t bytes) {
   memory_.emplace_back(bytes);
@@ -556,292 +351,16 @@ void CudaStage::allocate_scratch() {
   }
   checksum_dev_ = static_cast<double*>(alloc(sizeof(double)));
   bad_token_dev_ = static_cast<int*>(alloc(sizeof(int)));
+  bad_ragged_dev_ = static_cast<int*>(alloc(sizeof(int)));
+  ragged_meta_ = static_cast<int32_t*>(alloc(ragged_meta_ints(cfg_.work.batch, B * ctx) * sizeof(int32_t)));
   pos_dev_ = static_cast<int*>(alloc(sizeof(int)));
   graph_tokens_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
   graph_out_ = static_cast<int32_t*>(alloc(B * sizeof(int32_t)));
-}
-
-void CudaStage::bind_cublas(cudaStream_t st) {
-  cublasHandle_t hb = cublas_.get();
-  CUBLAS_CHECK(cublasSetStream(hb, st));
-  // After cublasSetStream (which resets it): a fixed workspace keeps cuBLAS's algorithm choice,
-  // hence the bits, independent of the stream (pipelined and serialized runs must agree), and
-  // lets cuBLAS run inside a stream capture (no allocation of its own).
-  CUBLAS_CHECK(cublasSetWorkspace(hb, workspace_, kCublasWorkspaceBytes));
-}
-
-void CudaStage::enqueue_forward(Lane& lane, const void* in, void* out, int group, int pos, int tokens) {
-  if (group < 0 || group >= cfg_.work.groups || pos < 0 || tokens < 1 || pos + tokens > cfg_.work.max_context()) {
-    throw InternalError("enqueue_forward(group=" + std::to_string(group) + ", pos=" + std::to_string(pos) +
-                        ", tokens=" + std::to_string(tokens) + ") is outside the stage's groups=" +
-                        std::to_string(cfg_.work.groups) + ", max_context=" + std::to_string(cfg_.work.max_context()));
-  }
-  const cudaStream_t st = as_cuda_lane(lane).stream();
-  const int B = cfg_.work.batch;
-  const size_t rows = static_cast<size_t>(B) * tokens;
-  const size_t H = hidden_;
-  if (tokens == 1 && cfg_.cuda_graphs) {
-    if (cudaGraphExec_t graph = decode_graph(group, pos)) {
-      // Replay: the position and the input into the graph's fixed buffers, one launch for every
-      // kernel of the stage, the output out of them. Stream order makes the buffers safe: the
-      // stage's forwards all run on one stream (x_ and the scratch are shared anyway).
-      set_device_int(pos_dev_, pos, st);
-      if (plan_.has_embed) {
-        CUDA_CHECK(cudaMemcpyAsync(graph_tokens_, in, B * sizeof(int32_t), cudaMemcpyDefault, st));
-      } else {
-        CUDA_CHECK(cudaMemcpyAsync(x_, in, rows * H * dt_, cudaMemcpyDefault, st));
-      }
-      CUDA_CHECK(cudaGraphLaunch(graph, st));
-      if (plan_.has_head) {
-        CUDA_CHECK(cudaMemcpyAsync(out, graph_out_, B * sizeof(int32_t), cudaMemcpyDefault, st));
-      } else {
-        CUDA_CHECK(cudaMemcpyAsync(out, x_, rows * H * dt_, cudaMemcpyDefault, st));
-      }
-      return;
-    }
-  }
-  bind_cublas(st);
-  if (plan_.has_embed) {
-    embedding(x_, static_cast<const int32_t*>(in), rows, embed_, vocab_, static_cast<int>(H), embed_scale_,
-              bad_token_dev_, cfg_.work.dtype, st);
-  } else {
-    CUDA_CHECK(cudaMemcpyAsync(x_, in, rows * H * dt_, cudaMemcpyDefault, st));
-  }
-  // Decode is planned per context bucket, as its graph would be: the same bits either way.
-  const int bucket = tokens == 1 ? decode_context_bucket(pos, cfg_.work.max_context()) : 0;
-  run_layers(layers_.data(), layers_.size(), st, pos, tokens, group, bucket);
-  if (plan_.has_head) {
-    head_forward(st, tokens, static_cast<int32_t*>(out));
-    if (!mtp_.empty()) mtp_forward(st, static_cast<const int32_t*>(out), pos, tokens, group, bucket);
-  } else {
-    CUDA_CHECK(cudaMemcpyAsync(out, x_, rows * H * dt_, cudaMemcpyDefault, st));
-  }
-}
-
-void CudaStage::run_layers(const LayerWeights* ls, size_t n, cudaStream_t st, int pos, int tokens, int group,
-                           int bucket, const int* pos_dev) {
-  if (n == 0) return;
-  const int B = cfg_.work.batch;
-  if (static_cast<size_t>(B) * tokens <= static_cast<size_t>(plan_.rows)) {
-    for (size_t i = 0; i < n; ++i)
-      layer_forward(ls[i], st, static_cast<char*>(x_), 0, B, pos, tokens, group, bucket, pos_dev);
-    return;
-  }
-  // Chunked prefill, sequence by sequence: chunk c of a sequence runs every layer after chunk
-  // c-1 wrote its keys and values into the cache.
-  for (int b = 0; b < B; ++b) {
-    for (int t0 = 0; t0 < tokens; t0 += plan_.rows) {
-      const int tc = std::min(plan_.rows, tokens - t0);
-      char* xb = at(x_, (static_cast<size_t>(b) * tokens + t0) * hidden_);
-      for (size_t i = 0; i < n; ++i) layer_forward(ls[i], st, xb, b, 1, pos + t0, tc, group);
-    }
-  }
-}
-
-void CudaStage::mtp_forward(cudaStream_t st, const int32_t* head_tokens, int pos, int tokens, int group, int bucket,
-                            const int* pos_dev) {
-  const int B = cfg_.work.batch, H = static_cast<int>(hidden_), V = static_cast<int>(plan_.vocab_local);
-  const DType t = cfg_.work.dtype;
-  const float eps = final_eps_;  // the model's rms_norm_eps (CpuStage's mtp_eps_)
-  CUDA_CHECK(cudaMemcpyAsync(draft_, head_tokens, static_cast<size_t>(B) * sizeof(int32_t), cudaMemcpyDefault, st));
-  for (size_t k = 0; k < mtp_.size(); ++k) {
-    const MtpModule& mod = mtp_[k];
-    mtp_concat(mtp_cat_, draft_, mtp_embed_, x_, mod.enorm, mod.hnorm, B, tokens, H, eps, t, st);
-    linear(cublas_.get(), x_, cuda_type(t), mtp_cat_, mod.eh_proj, t, B * tokens, H, 2 * H);
-    run_layers(&mtp_layers_[k], 1, st, pos, tokens, group, bucket, pos_dev);
-    gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, t, st);
-    rmsnorm(last_rows_, last_rows_, mod.shared_norm, B, H, eps, false, t, st);
-    linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, t, B, V, H);
-    argmax_rows(draft_, logits_, B, V, st);
-  }
-}
-
-void CudaStage::head_forward(cudaStream_t st, int tokens, int32_t* out) {
-  const int B = cfg_.work.batch, H = static_cast<int>(hidden_);
-  gather_last_rows(last_rows_, x_, B, tokens, H, checksum_dev_, cfg_.work.dtype, st);
-  rmsnorm(last_rows_, last_rows_, final_norm_, B, H, final_eps_, final_norm_plus_one_, cfg_.work.dtype, st);
-  const int V = static_cast<int>(plan_.vocab_local);  // this rank's vocabulary slice (all at width 1)
-  linear(cublas_.get(), logits_, CUDA_R_32F, last_rows_, lm_head_, cfg_.work.dtype, B, V, H);
-  if (final_softcap_ > 0.0f) softcap_inplace(logits_, static_cast<size_t>(B) * V, final_softcap_, st);
-  if (!tp_) {
-    argmax_rows(out, logits_, B, V, st);
-    return;
-  }
-  // Vocabulary-parallel: this rank's best (logit, id) per row, the group's pairs, their best.
-  argmax_pairs(pairs_, logits_, B, V, static_cast<int>(plan_.vocab_begin), st);
-  tp_->enqueue_allgather(pairs_, all_pairs_, static_cast<size_t>(B) * sizeof(ArgmaxPair), st);
-  argmax_of_pairs(out, all_pairs_, tp_->width(), B, st);
-}
-
-cudaGraphExec_t CudaStage::decode_graph(int group, int pos) {
-  const int bucket = decode_context_bucket(pos, cfg_.work.max_context());
-  const std::pair<int, int> key{group, bucket};
-  if (auto it = graphs_.find(key); it != graphs_.end()) return it->second.get();
-  if (graphs_.size() >= kMaxDecodeGraphs) return nullptr;
-  // Captured on a private stream in thread-local mode: another thread's CUDA calls (the
-  // transport's, other lanes') neither join nor break the capture. Nothing captured runs now.
-  const cudaStream_t cs = capture_stream_.get();
-  bind_cublas(cs);
-  CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
-  try {
-    if (plan_.has_embed) {
-      embedding(x_, graph_tokens_, static_cast<size_t>(cfg_.work.batch), embed_, vocab_, static_cast<int>(hidden_),
-                embed_scale_, bad_token_dev_, cfg_.work.dtype, cs);
-    }
-    run_layers(layers_.data(), layers_.size(), cs, pos, 1, group, bucket, pos_dev_);
-    if (plan_.has_head) {
-      head_forward(cs, 1, graph_out_);
-      if (!mtp_.empty()) mtp_forward(cs, graph_out_, pos, 1, group, bucket, pos_dev_);
-    }
-  } catch (...) {
-    cudaGraph_t partial = nullptr;
-    (void)cudaStreamEndCapture(cs, &partial);
-    if (partial) (void)cudaGraphDestroy(partial);
-    (void)cudaGetLastError();  // an invalidated capture's error, not to be blamed on a later launch
-    throw;
-  }
-  cudaGraph_t raw = nullptr;
-  CUDA_CHECK(cudaStreamEndCapture(cs, &raw));
-  const GraphHandle graph(raw);
-  cudaGraphExec_t exec = nullptr;
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph.get(), 0));
-  return graphs_.emplace(key, GraphExecHandle(exec)).first->second.get();
-}
-
-void CudaStage::layer_forward(const LayerWeights& w, cudaStream_t st, char* x, int b0, int nb, int pos, int tokens,
-                              int group, int bucket, const int* pos_dev) {
-  const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.work.dtype;
-  const int M = nb * tokens, H = static_cast<int>(hidden_);
-  const float eps = static_cast<float>(s.rms_eps);
-  const bool p1 = s.norm_plus_one;
-
-  // Attention block.
-  rmsnorm(h_, x, w.input_norm, M, H, eps, p1, t, st);
-  if (s.is_mla()) {
-    mla_attention_block(w, st, b0, nb, pos, tokens, group, bucket, pos_dev);
-  } else {
-    gqa_attention(w, st, b0, nb, pos, tokens, group, bucket, pos_dev);
-  }
-  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel o_proj
-  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_attention_norm, M, H, eps, p1, t, st);
-  // x += attention output; h = pre-MLP norm(x).
-  add_rmsnorm(x, h_, h_, s.sandwich_norm ? w.pre_feedforward_norm : w.post_attention_norm, M, H, eps, p1, t, st);
-
-  // MLP block.
-  if (s.is_moe()) {
-    moe_mlp(w, st, M);
-  } else {
-    dense_mlp(w, st, M);
-  }
-  if (tp_) tp_->enqueue_allreduce_sum(h_, static_cast<size_t>(M) * H, t, st);  // row-parallel down_proj
-  if (s.sandwich_norm) rmsnorm(h_, h_, w.post_feedforward_norm, M, H, eps, p1, t, st);
-  add_inplace(x, h_, static_cast<size_t>(M) * H, t, st);
-}
-
-void CudaStage::gqa_attention(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens, int group,
-                              int bucket, const int* pos_dev) {
-  const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.work.dtype;
-  cublasHandle_t hb = cublas_.get();
-  const int M = nb * tokens, H = static_cast<int>(hidden_), hd = s.head_dim;
-  const int nq = s.n_heads * hd, nkv = s.n_kv_heads * hd;
-  const size_t cache_off = static_cast<size_t>(b0) * cfg_.work.max_context() * nkv;
-  void* kc = at(w.k_cache[group], cache_off);
-  void* vc = at(w.v_cache[group], cache_off);
-  linear(hb, qkv_, cuda_type(t), h_, w.qkv, t, M, nq + 2 * nkv, H);
-  QkvShape qs;
-  qs.batch = nb;
-  qs.tokens = tokens;
-  qs.pos0 = pos;
-  qs.max_context = cfg_.work.max_context();
-  qs.n_heads = s.n_heads;
-  qs.n_kv_heads = s.n_kv_heads;
-  qs.head_dim = hd;
-  qs.qk_norm = s.qk_norm;
-  qs.plus_one = s.norm_plus_one;
-  qs.eps = static_cast<float>(s.rms_eps);
-  qs.pos0_dev = pos_dev;
-  qkv_rope_cache(q_, kc, vc, qkv_, w.bias, w.q_norm, w.k_norm, rope_cos_[w.plan.rope], rope_sin_[w.plan.rope], qs, t, st);
-  cpu::AttentionShape as = attention_shape(s, nb, tokens, pos, cfg_.work.max_context());
-  as.sinks = w.sinks;
-  if (tokens == 1) {
-    attention_decode(attn_, q_, kc, vc, as, partial_, t, st, bucket > 0 ? decode_plan_keys(bucket, s.sliding_window) : 0,
-                     pos_dev);
-  } else {
-    attention_prefill(hb, attn_, q_, kc, vc, as, plan_.query_block, scores_, probs_, t, st);
-  }
-  linear(hb, h_, cuda_type(t), attn_, w.o, t, M, H, nq);
-  if (w.o_bias) add_bias_rows(h_, false, w.o_bias, static_cast<size_t>(M), H, t, st);
-}
-
-// Absorbed MLA (CpuStage::mla_attention): q (through q_a and its norm where q_lora_rank > 0),
-// the latent rows into the cache, the absorbed queries, MQA over the latent cache, each head's
-// values through W_UV, o_proj.
-void CudaStage::mla_attention_block(const LayerWeights& w, cudaStream_t st, int b0, int nb, int pos, int tokens,
-                                    int group, int bucket, const int* pos_dev) {
-  const LayerShape& s = w.plan.shape;
-  const model::MlaShape& a = s.mla;
-  const DType t = cfg_.work.dtype;
-  cublasHandle_t hb = cublas_.get();
-  const int M = nb * tokens, H = static_cast<int>(hidden_), nh = s.n_heads;
-  const int qk = a.qk_nope + a.qk_rope, D = a.kv_lora_rank + a.qk_rope;
-  const float eps = static_cast<float>(s.rms_eps);
-  if (a.q_lora_rank > 0) {
-    linear(hb, mla_qa_, cuda_type(t), h_, w.q_a, t, M, a.q_lora_rank, H);
-    rmsnorm(mla_qa_, mla_qa_, w.q_a_norm, M, a.q_lora_rank, eps, false, t, st);
-    linear(hb, q_, cuda_type(t), mla_qa_, w.q_b, t, M, nh * qk, a.q_lora_rank);
-  } else {
-    linear(hb, q_, cuda_type(t), h_, w.q_b, t, M, nh * qk, H);
-  }
-  linear(hb, mla_kva_, cuda_type(t), h_, w.kv_a, t, M, D, H);
-  MlaCallShape ms = mla_call_shape(s, nb, tokens, pos, cfg_.work.max_context());
-  ms.pos0_dev = pos_dev;
-  void* cache = at(w.k_cache[group], static_cast<size_t>(b0) * cfg_.work.max_context() * D);
-  const float* cos_t = rope_cos_[w.plan.rope];
-  const float* sin_t = rope_sin_[w.plan.rope];
-  mla_kv_cache_write(cache, mla_kva_, w.kv_a_norm, cos_t, sin_t, ms, t, st);
-  mla_absorb_queries(hb, mla_qabs_, q_, w.kv_b, cos_t, sin_t, ms, t, st);
-  mla_attention(hb, mla_olat_, mla_qabs_, cache, ms, plan_.mla_query_block, scores_, probs_, t, st,
-                tokens == 1 && bucket > 0 ? decode_plan_keys(bucket, 0) : 0);
-  mla_values(hb, attn_, mla_olat_, w.kv_b, ms, t, st);
-  linear(hb, h_, cuda_type(t), attn_, w.o, t, M, H, nh * a.v_head_dim);
-}
-
-void CudaStage::dense_mlp(const LayerWeights& w, cudaStream_t st, int M) {
-  const LayerShape& s = w.plan.shape;
-  const DType t = cfg_.work.dtype;
-  cublasHandle_t hb = cublas_.get();
-  const int H = static_cast<int>(hidden_), I = s.intermediate;
-  linear(hb, gu_, cuda_type(t), h_, w.gate_up, t, M, 2 * I, H);
-  gated_activation(act_, gu_, M, I, s.act, t, st, static_cast<float>(s.swiglu_limit));
-  linear(hb, h_, cuda_type(t), act_, w.down, t, M, H, I);
-}
-
-// Routed experts over only the rows routed to each (CpuStage::moe_mlp), without a host round
-// trip: the router, the choice, the rows sorted by expert, two grouped GEMMs around the
-// activation, each token's weighted sum in expert order; then the shared experts added.
-void CudaStage::moe_mlp(const LayerWeights& w, cudaStream_t st, int M) {
-  const LayerShape& s = w.plan.shape;
-  const model::MoeShape& e = s.moe;
-  const DType t = cfg_.work.dtype;
-  const int H = static_cast<int>(hidden_), E = e.n_experts, k = e.top_k, Ie = e.expert_intermediate;
-  const int choices = M * k, tiles = moe_max_tiles(choices, E);
-  linear(cublas_.get(), moe_logits_, CUDA_R_32F, h_, w.router, t, M, E, H);
-  if (w.router_bias) add_bias_rows(moe_logits_, true, w.router_bias, static_cast<size_t>(M), E, t, st);
-  route_tokens(route_experts_, route_weights_, moe_logits_, M, e, w.correction, w.skew_log_p, w.skew_key, st);
-  moe_dispatch(dispatch_, route_experts_, M, k, E, w.expert_tokens, st);
-  moe_grouped_linear(moe_gu_, h_, /*gather=*/true, w.expert_gate_up, w.expert_gate_up_bias, dispatch_, 2 * Ie, H, tiles,
-                     t, st);
-  gated_activation(moe_act_, moe_gu_, static_cast<size_t>(choices), Ie, s.act, t, st, static_cast<float>(s.swiglu_limit));
-  moe_grouped_linear(moe_y_, moe_act_, /*gather=*/false, w.expert_down, w.expert_down_bias, dispatch_, H, Ie, tiles, t,
-                     st);
-  if (s.intermediate > 0) {  // shared experts: every token, then the routed sum added
-    moe_combine(moe_sum_, moe_y_, route_weights_, route_experts_, dispatch_, M, k, H, t, st);
-    dense_mlp(w, st, M);
-    add_inplace(h_, moe_sum_, static_cast<size_t>(M) * H, t, st);
-  } else {
-    moe_combine(h_, moe_y_, route_weights_, route_experts_, dispatch_, M, k, H, t, st);
+  // Pinned copies of ragged steps' metadata, allocated now rather than inside a forward
+  // (cudaHostAlloc may synchronize the device): 64 KiB holds a step of ~2,000 tokens.
+  for (int i = 0; i < kMetaStagingBuffers; ++i) {
+    meta_staging_.push_back(std::make_unique<MetaStaging>());
+    meta_staging_.back()->host = PinnedMemory(kMetaStagingBytes);
   }
 }
 
@@ -863,15 +382,20 @@ std::vector<std::vector<int64_t>> CudaStage::expert_tokens() const {
 }
 
 double CudaStage::checksum() const {
-  if (!plan_.has_head && !plan_.has_embed) return 0.0;
   double sum = 0.0;
-  int bad = 0;
+  int bad = 0, bad_ragged = 0;
   CUDA_CHECK(cudaMemcpyAsync(&sum, checksum_dev_, sizeof sum, cudaMemcpyDeviceToHost, init_stream_.get()));
   CUDA_CHECK(cudaMemcpyAsync(&bad, bad_token_dev_, sizeof bad, cudaMemcpyDeviceToHost, init_stream_.get()));
+  CUDA_CHECK(cudaMemcpyAsync(&bad_ragged, bad_ragged_dev_, sizeof bad_ragged, cudaMemcpyDeviceToHost,
+                             init_stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
   if (bad) {
     throw InternalError("stage units [" + std::to_string(first_) + ", " + std::to_string(last_) +
                         "]: a token id outside [0, " + std::to_string(vocab_) + ") reached the embedding");
+  }
+  if (bad_ragged) {  // the host checked every row: the ragged plan's keys or slots are wrong
+    throw InternalError("stage units [" + std::to_string(first_) + ", " + std::to_string(last_) +
+                        "]: a ragged step's attention met a token outside its slot or its planned keys");
   }
   return plan_.has_head ? sum : 0.0;
 }
@@ -885,8 +409,6 @@ void CudaStage::reset_checksum() {
                                    init_stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(init_stream_.get()));
 }
-
-}  // namespace
 
 std::unique_ptr<StageExecutor> create_cuda_stage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg) {
   return std::make_unique<CudaStage>(m, first, last, cfg);

@@ -22,6 +22,12 @@ namespace ppb::cuda {
 /// gate|up GEMM, activation, down GEMM. Forwards of more than a scratch's worth of tokens run
 /// sequence by sequence in chunks (chunked prefill: earlier chunks are in the KV cache).
 ///
+/// The ragged forward of continuous batching (enqueue_forward_ragged, issue 37;
+/// cuda_stage_ragged.cpp) runs the same layer body over a step's packed tokens: per-token
+/// positions and slots for RoPE and the cache writes, attention_ragged (a long prompt row:
+/// attention_prefill alone), MLA per row; a step that is enqueue_forward's (slots 0..B-1 in
+/// order, one pos and token count) runs enqueue_forward's eager launches, hence its bits.
+///
 /// Everything is enqueued on the lane's stream (a CudaLane); the host never waits. Forwards of
 /// one executor share its scratch: enqueue them on a single lane.
 /// @throws ppb::UserError for an invalid range/config/shape (the CPU stage's messages), or when

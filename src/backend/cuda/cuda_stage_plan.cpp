@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_ragged_plan.h"
 #include "backend/weights.h"
 #include "common/error.h"
 
@@ -312,6 +313,8 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
   // The vocabulary-parallel head's (value, id) pairs: this rank's [B] and the group's [width][B].
   if (p.has_head && cfg.tp_width > 1) scratch += (1 + static_cast<size_t>(cfg.tp_width)) * B * sizeof(ArgmaxPair);
   scratch += 2 * B * sizeof(int32_t) + 64;  // a decode graph's token input, token output and position
+  // A ragged step's metadata (at most B x context tokens) and its attention's error flag.
+  scratch += ragged_meta_ints(cfg.work.batch, B * ctx) * sizeof(int32_t) + sizeof(int);
   p.bytes.weights = b.weight_elems * dt + b.weight_f32 * sizeof(float);
   p.bytes.kv_cache = b.kv_elems * dt;
   p.bytes.scratch = scratch;

@@ -262,8 +262,9 @@ __global__ void qkv_rope_cache_kernel(T* q_out, T* k_cache, T* v_cache, const T*
   const int head = blockIdx.y * (blockDim.x >> 5) + warp;
   if (head >= n_total) return;
   const size_t row = blockIdx.x;  // rows in x: gridDim.y stops at 65535, x at 2^31 - 1
-  const int b = static_cast<int>(row / s.tokens), t = static_cast<int>(row % s.tokens);
-  const int p = (s.pos0_dev ? *s.pos0_dev : s.pos0) + t;
+  const bool ragged = s.token_pos != nullptr && s.token_slot != nullptr;
+  const int b = ragged ? s.token_slot[row] : static_cast<int>(row / s.tokens);
+  const int p = ragged ? s.token_pos[row] : (s.pos0_dev ? *s.pos0_dev : s.pos0) + static_cast<int>(row % s.tokens);
   const T* src = qkv + row * static_cast<size_t>(n_total) * hd + static_cast<size_t>(head) * hd;
   const T* bsrc = bias ? bias + static_cast<size_t>(head) * hd : nullptr;
   const bool is_q = head < s.n_heads, is_k = !is_q && head < s.n_heads + s.n_kv_heads;
@@ -464,6 +465,34 @@ void gather_last_rows(void* last, const void* x, int batch, int tokens, int hidd
   PPB_DISPATCH_DTYPE(t, T,
                      gather_last_rows_kernel<T><<<1, kRowReduceThreads, 0, stream>>>(static_cast<T*>(last), static_cast<const T*>(x),
                                                                         batch, tokens, hidden, checksum));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Napkin math: gather_last_rows' (rows x hidden values, one block, latency-bound); the index
+// read per value comes from L1. The same loop and reduction tree: the same checksum bits for
+// the same rows in the same order.
+template <typename T>
+__global__ void __launch_bounds__(kRowReduceThreads) gather_rows_kernel(T* last, const T* x, const int32_t* index,
+                                                                        int rows, int hidden, double* checksum) {
+  __shared__ double red[32];
+  double sum = 0.0;
+  const size_t n = static_cast<size_t>(rows) * hidden;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const size_t r = i / hidden, j = i % hidden;
+    const T v = x[static_cast<size_t>(index[r]) * hidden + j];
+    last[i] = v;
+    sum += static_cast<double>(to_f32(v));
+  }
+  sum = block_sum(sum, red);
+  if (threadIdx.x == 0) *checksum += sum;
+}
+
+void gather_rows(void* last, const void* x, const int32_t* index, int rows, int hidden, double* checksum, DType t,
+                 cudaStream_t stream) {
+  if (rows <= 0) return;
+  PPB_DISPATCH_DTYPE(t, T,
+                     gather_rows_kernel<T><<<1, kRowReduceThreads, 0, stream>>>(
+                         static_cast<T*>(last), static_cast<const T*>(x), index, rows, hidden, checksum));
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -46,8 +46,9 @@ __global__ void mla_kv_cache_write_kernel(T* cache, const T* kva, const T* w, co
   __shared__ float red[32];
   const int L = s.kv_lora_rank, R = s.qk_rope, D = L + R, half = R / 2;
   const size_t row = blockIdx.x;  // b * tokens + t
-  const int b = static_cast<int>(row / s.tokens), t = static_cast<int>(row % s.tokens);
-  const int p = (s.pos0_dev ? *s.pos0_dev : s.pos0) + t;
+  const bool ragged = s.token_pos != nullptr && s.token_slot != nullptr;
+  const int b = ragged ? s.token_slot[row] : static_cast<int>(row / s.tokens);
+  const int p = ragged ? s.token_pos[row] : (s.pos0_dev ? *s.pos0_dev : s.pos0) + static_cast<int>(row % s.tokens);
   const T* x = kva + row * D;
   T* dst = cache + (static_cast<size_t>(b) * s.max_context + p) * D;
   rmsnorm_row(dst, x, w, L, s.eps, /*plus_one=*/false, red);
@@ -81,14 +82,15 @@ void mla_kv_cache_write(void* cache, const void* kva, const void* kv_norm, const
 // decode launch-bound. One thread per rotated pair.
 template <typename T>
 __global__ void mla_query_rope_kernel(T* qa, const T* q, const float* cos_t, const float* sin_t, size_t n, int tokens,
-                                      int nh, int nope, int R, int L, int pos0, const int* pos0_dev) {
+                                      int nh, int nope, int R, int L, int pos0, const int* pos0_dev,
+                                      const int32_t* token_pos) {
   const int half = R / 2, qk = nope + R, D = L + R;
   const int base = pos0_dev ? *pos0_dev : pos0;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int k = static_cast<int>(i % half);
     const size_t mh = i / half;  // m * nh + h
-    const int p = base + static_cast<int>((mh / nh) % tokens);
+    const int p = token_pos ? token_pos[mh / nh] : base + static_cast<int>((mh / nh) % tokens);
     const T* src = q + mh * qk + nope;
     T* dst = qa + mh * D + L;
     const float x1 = to_f32(src[k]), x2 = to_f32(src[k + half]);
@@ -125,7 +127,7 @@ void mla_absorb_queries(cublasHandle_t handle, void* qa, const void* q, const vo
   PPB_DISPATCH_DTYPE(t, T,
                      mla_query_rope_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(
                          static_cast<T*>(qa), static_cast<const T*>(q), cos_table, sin_table, n, s.tokens, nh, nope, R,
-                         L, s.pos0, s.pos0_dev));
+                         L, s.pos0, s.pos0_dev, s.token_pos));
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -250,18 +252,20 @@ void mla_values(cublasHandle_t handle, void* values, const void* o_lat, const vo
 // launch-bound, prefill of 4096 tokens 235 MB, ~50 µs. One block per (row, half).
 template <typename T>
 __global__ void mtp_concat_kernel(T* cat, const int32_t* draft, const T* embed, const T* x, const T* enorm,
-                                  const T* hnorm, int tokens, int hidden, float eps) {
+                                  const T* hnorm, int tokens, int hidden, float eps, const int32_t* token_row) {
   __shared__ float red[32];
   const size_t m = blockIdx.x;
   const bool second = blockIdx.y == 1;
-  const T* src = second ? x + m * hidden : embed + static_cast<size_t>(draft[m / tokens]) * hidden;
+  const int row = token_row ? token_row[m] : static_cast<int>(m / tokens);
+  const T* src = second ? x + m * hidden : embed + static_cast<size_t>(draft[row]) * hidden;
   const T* w = second ? hnorm : enorm;
   T* dst = cat + m * 2 * hidden + (second ? hidden : 0);
   rmsnorm_row(dst, src, w, hidden, eps, /*plus_one=*/false, red);
 }
 
 void mtp_concat(void* cat, const int32_t* draft, const void* embed, const void* x, const void* enorm,
-                const void* hnorm, int batch, int tokens, int hidden, float eps, DType t, cudaStream_t stream) {
+                const void* hnorm, int batch, int tokens, int hidden, float eps, DType t, cudaStream_t stream,
+                const int32_t* token_row) {
   const size_t rows = static_cast<size_t>(batch) * tokens;
   if (rows == 0) return;
   if (rows > 0x7fffffffu) throw InternalError("mtp_concat: too many rows");
@@ -269,7 +273,7 @@ void mtp_concat(void* cat, const int32_t* draft, const void* embed, const void* 
   PPB_DISPATCH_DTYPE(t, T,
                      mtp_concat_kernel<T><<<grid, norm_block(hidden), 0, stream>>>(
                          static_cast<T*>(cat), draft, static_cast<const T*>(embed), static_cast<const T*>(x),
-                         static_cast<const T*>(enorm), static_cast<const T*>(hnorm), tokens, hidden, eps));
+                         static_cast<const T*>(enorm), static_cast<const T*>(hnorm), tokens, hidden, eps, token_row));
   CUDA_CHECK(cudaGetLastError());
 }
 
