@@ -101,7 +101,9 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   p.stage_floor_phase_ms = dataset_or_empty<double>(part, "stage_floor_phase_ms");
 
   const std::string bench_path = "benchmark/" + name;
-  p.measured = root.is_group(bench_path);
+  // A serving scenario's /benchmark/<name> holds its requests, not closed-batch repetitions
+  // (results/serving_io.h reads it).
+  p.measured = root.is_group(bench_path) && !root.exists("scenario");
   if (!p.measured) return p;
   Group bench = root.open_group(bench_path);
   p.events = bench.open_dataset("events").read<double>();

@@ -79,8 +79,8 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
       os << "  validation of " << p.name << ": skipped\n";
       continue;
     }
-    os << format_line("  validation of %s: %d of %zu tokens differ from the serialized replay (%s); %d of the first %d "
-                      "requests' tokens differ when each runs alone (batch invariance)\n",
+    os << format_line("  validation of %s: %d of %zu tokens differ from the serialized replay (%s); %d tokens of the "
+                      "first %d requests differ when each runs alone (batch invariance)\n",
                       p.name.c_str(), p.replay_tokens_differing, p.tokens.size(),
                       p.replay_tokens_differing == 0 ? "ok" : "FAILED", p.alone_tokens_differing, p.alone_requests);
   }

@@ -1,4 +1,5 @@
 #include "results/summary.h"
+#include "results/serving_summary.h"
 
 #include <algorithm>
 #include <iomanip>
@@ -666,6 +667,19 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   print_shared_gpus(os, run);
   print_links(os, run);
   print_profile_only(os, run);
+  if (!run.serving.kind.empty()) {
+    // A serving scenario: the splits, then its own figures (results/serving_summary.h).
+    for (const auto& p : run.partitions) {
+      os << "partition " << p.name << ": units";
+      for (size_t k = 0; k < p.first_unit.size(); ++k)
+        os << (k ? " | " : " ") << p.first_unit[k] << ".." << p.last_unit[k] << " on rank " << p.device_rank[k];
+      os << "\n";
+    }
+    print_serving_summary(os, run);
+    os << "validation: " << (run.validation == "ok" ? "OK" : run.validation == "skipped" ? "skipped (--no-validate)"
+                             : run.validation == "pending" ? "pending (incomplete run)" : "FAILED") << "\n";
+    return;
+  }
   print_column_legend(os, run);
   for (const auto& p : run.partitions) print_partition(os, run, p);
   print_balance_gain(os, run);

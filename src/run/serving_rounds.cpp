@@ -404,8 +404,8 @@ void validate(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench
     const std::vector<int32_t> got(sv.tokens.begin(), sv.tokens.begin() + n_alone_tokens);
     pr.alone_requests = alone_n;
     pr.alone_tokens_differing = differing(want, got);
-    ctx.progress.say(format_line("validation of %s: %d of %zu tokens differ from the serialized replay; %d of %zu of "
-                                   "the first %d requests run alone (batch invariance)",
+    ctx.progress.say(format_line("validation of %s: %d of %zu tokens differ from the serialized replay; %d of the %zu "
+                                 "tokens of the first %d requests differ when each runs alone (batch invariance)",
                                    pr.name.c_str(), pr.replay_tokens_differing, pr.tokens.size(),
                                    pr.alone_tokens_differing, n_alone_tokens, alone_n));
   }
@@ -455,7 +455,6 @@ int finish_serving_run(RunContext& ctx, const PartitionSet& set) {
     run.status = "complete";
     write_results(ctx.output, run);
     print_summary(std::cout, run);
-    print_serving_summary(std::cout, run);
     std::cout << "results: " << ctx.output << std::endl;
   });
   return ctx.mpi.agree(ctx.root && ctx.record().validation == "failed" ? 1 : 0);
