@@ -80,6 +80,21 @@ void write_partition(Group& root, const ServingPartitionRecord& p) {
   b.set_attr("alone_tokens_differing", static_cast<int64_t>(p.alone_tokens_differing));
   b.write_dataset("rep_round", p.rep_round).set_attr("content", "the round of each repetition (0-based)");
   for_each_round_series(p, [&](const char* k, const std::vector<double>& v, const char* u) { ds(b, k, v, u, "per round"); });
+  if (p.stages > 0 && !p.step_group.empty()) {
+    const hsize_t n = p.step_group.size(), S = static_cast<hsize_t>(p.stages);
+    Group st = b.create_group("steps");
+    st.set_attr("content", "the last round's steps in the order stage 0 sent them (every stage runs them in that order)");
+    st.write_dataset("group", p.step_group);
+    st.write_dataset("prefill_tokens", p.step_prefill_tokens).set_attr("content", "tokens of the rows prefilled in the step");
+    st.write_dataset("decode_rows", p.step_decode_rows);
+    ds(st, "decode_context", p.step_decode_context, "tokens", "the decode rows' mean position (0 without decode rows)");
+    auto cs = st.write_dataset("compute_start_s", p.step_compute_start_s, {n, S});
+    cs.set_attr("units", "s");
+    cs.set_attr("content", "[step][stage] the step's compute start on that stage, from its rank's start barrier");
+    auto cm = st.write_dataset("compute_ms", p.step_compute_ms, {n, S});
+    cm.set_attr("units", "ms");
+    cm.set_attr("content", "[step][stage] the step's compute on that stage");
+  }
   Group r = b.create_group("requests");
   r.set_attr("content", "one row per request of the last round; times in s from the scenario's start (stage 0's clock)");
   ds(r, "arrival_s", p.arrival_s, "s", "arrived");
@@ -171,6 +186,17 @@ void read_serving(const Group& root, RunRecord& run) {
     p.alone_tokens_differing = static_cast<int>(b.get_attr<int64_t>("alone_tokens_differing"));
     p.rep_round = b.open_dataset("rep_round").read<int>();
     for_each_round_series(p, [&](const char* k, std::vector<double>& v, const char*) { v = b.open_dataset(k).read<double>(); });
+    if (b.exists("steps")) {
+      const Group st = b.open_group("steps");
+      p.step_group = st.open_dataset("group").read<int>();
+      p.step_prefill_tokens = st.open_dataset("prefill_tokens").read<int>();
+      p.step_decode_rows = st.open_dataset("decode_rows").read<int>();
+      p.step_decode_context = st.open_dataset("decode_context").read<double>();
+      p.step_compute_start_s = st.open_dataset("compute_start_s").read<double>();
+      const h5::Dataset cm = st.open_dataset("compute_ms");
+      p.step_compute_ms = cm.read<double>();
+      p.stages = static_cast<int>(cm.dims().at(1));
+    }
     const Group r = b.open_group("requests");
     p.arrival_s = r.open_dataset("arrival_s").read<double>();
     p.admitted_s = r.open_dataset("admitted_s").read<double>();

@@ -23,6 +23,12 @@ struct ServingPartitionRecord {
   std::vector<double> token_s;     ///< [sum of gen_len] each output token's time, request after request
   std::vector<int32_t> tokens;     ///< [sum of gen_len] the output token ids, same order
   int steps = 0;                   ///< steps the groups ran in the last round
+  int stages = 0;                  ///< S: the partition's stages
+  /// The last round's steps in the order stage 0 sent them [steps]: the group, the prefill rows'
+  /// tokens, the decode rows and their mean position; and per step and stage [steps][S] its
+  /// compute start (s from that stage's rank's start barrier) and duration (ms).
+  std::vector<int> step_group, step_prefill_tokens, step_decode_rows;
+  std::vector<double> step_decode_context, step_compute_start_s, step_compute_ms;
   double step_rows_mean = 0.0;     ///< rows per step, mean over the last round's steps
   // ---- per round (one entry per round the partition took part in) ----
   std::vector<int> rep_round;

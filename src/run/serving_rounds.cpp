@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "balance/serving_step_model.h"
+#include "common/events.h"
 #include "common/format.h"
 #include "pipeline/serving_pipeline.h"
 #include "results/serving_summary.h"
@@ -111,6 +112,50 @@ Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool s
   v.steps = static_cast<int>(d[i]);
   v.rows_mean = d[i + 1];
   return v;
+}
+
+/// Collective: every stage's steps of `rec` into rank 0's record `pr` (each rank sends its
+/// stage, its steps' compute start, s from its own start barrier, and duration, ms; stage 0 also
+/// each step's group, prefill tokens, decode rows and their mean position).
+void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePlacement& place, ServingPartitionRecord* pr) {
+  const size_t n = rec.step_rows.size();
+  std::vector<double> mine{static_cast<double>(place.stage), static_cast<double>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    const double a = rec.events[i * kNumEvents + kComputeStart], e = rec.events[i * kNumEvents + kComputeEnd];
+    mine.push_back(a - rec.start_monotonic_s);
+    mine.push_back((e - a) * 1e3);
+  }
+  if (place.stage == 0 && place.tp_rank == 0)
+    for (const ScheduledStep& st : rec.schedule) {
+      double prefill = 0, decode = 0, context = 0;
+      for (const ScheduledRow& row : st.rows) {
+        if (row.position == 0) prefill += row.tokens;
+        else decode += 1, context += row.position;
+      }
+      mine.insert(mine.end(), {static_cast<double>(st.group), prefill, decode, decode > 0 ? context / decode : 0.0});
+    }
+  const std::vector<std::vector<double>> all = ctx.mpi.gatherv_doubles(mine);
+  if (!ctx.root) return;
+  const int S = place.num_stages;
+  pr->stages = S;
+  pr->step_compute_start_s.assign(n * S, std::numeric_limits<double>::quiet_NaN());
+  pr->step_compute_ms = pr->step_compute_start_s;
+  for (const std::vector<double>& d : all) {
+    const int k = static_cast<int>(d.at(0));
+    const size_t m = std::min(n, static_cast<size_t>(d.at(1)));
+    for (size_t i = 0; i < m; ++i) {
+      pr->step_compute_start_s[i * S + k] = d[2 + 2 * i];
+      pr->step_compute_ms[i * S + k] = d[3 + 2 * i];
+    }
+    if (k != 0 || d.size() < 2 + 2 * static_cast<size_t>(d[1]) + 4 * n) continue;
+    pr->step_group.clear(), pr->step_prefill_tokens.clear(), pr->step_decode_rows.clear(), pr->step_decode_context.clear();
+    for (size_t i = 0, j = 2 + 2 * static_cast<size_t>(d[1]); i < n; ++i, j += 4) {
+      pr->step_group.push_back(static_cast<int>(d[j]));
+      pr->step_prefill_tokens.push_back(static_cast<int>(d[j + 1]));
+      pr->step_decode_rows.push_back(static_cast<int>(d[j + 2]));
+      pr->step_decode_context.push_back(d[j + 3]);
+    }
+  }
 }
 
 /// A warm-up: one prefill step of the first min(B, N) requests in every group, then one decode.
@@ -343,7 +388,11 @@ void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBe
       ServingBench& b = benches[(j + round) % benches.size()];
       b.last = take_turn(ctx, set, b);
       Stage0View v;
-      ctx.phase("gather of the scenario", [&] { v = gather_stage0(ctx, b.last, b.place.stage == 0); });
+      ServingPartitionRecord* steps_to = ctx.root ? &ctx.record().serving.partitions[b.pi] : nullptr;
+      ctx.phase("gather of the scenario", [&] {
+        v = gather_stage0(ctx, b.last, b.place.stage == 0);
+        gather_steps(ctx, b.last, b.place, steps_to);
+      });
       if (!ctx.root) continue;
       ServingPartitionRecord& pr = ctx.record().serving.partitions[b.pi];
       record_round(ctx, pr, v, round, all[b.pi]);

@@ -223,6 +223,16 @@ set +e
 set -e
 [[ $rc11 -eq 2 ]] && grep -q "not \`ppbench plan --json\` output" "$TMP/err11.txt" && ! grep -q Traceback "$TMP/err11.txt" ||
   { cat "$TMP/err11.txt"; fail "not a plan: rc $rc11"; }
+# A serving scenario's file: its CDFs and request timelines (<stem>_serving.png), and `report`.
+mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 12 -g 6 --iters 1 --target-ci 0 \
+  --scenario poisson --request-rate 50 --requests 12 --prompt-lens uniform:2,12 --gen-lens uniform:1,6 --goodput ttft:50 \
+  -o "$TMP/serve.h5" >"$TMP/serve.log" 2>&1 || { cat "$TMP/serve.log"; fail "ppbench run --scenario failed"; }
+"$BUILD/ppbench" report "$TMP/serve.h5" | grep -q "serving scenario: poisson, 12 requests" || fail "report printed no scenario"
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/serve.h5" --outdir "$TMP/serveout" >"$TMP/serve_plot.txt" || fail "plot of the scenario failed"
+grep -qx "$TMP/serveout/serve_serving.png" "$TMP/serve_plot.txt" || fail "no serve_serving.png: $(cat "$TMP/serve_plot.txt")"
+size=$(stat -c %s "$TMP/serveout/serve_serving.png")
+(( size > 30000 )) || fail "serve_serving.png is only $size bytes"
+say "serve_serving.png (CDFs, request timelines): $size bytes"
 # The script's newest format is the one this build writes.
 grep -q "kResultsFormatVersion = $("$PY" -c "import sys; sys.path.insert(0, '$REPO/tools'); import ppbench_plot as p; print(p.RESULTS_FORMAT_VERSION)");" \
   "$REPO/src/results/writer.h" || fail "RESULTS_FORMAT_VERSION of ppbench_plot.py differs from kResultsFormatVersion"

@@ -42,8 +42,9 @@ std::string mpirun(int np) {
 }
 
 /// Checks one partition's requests against the scenario and the definitions of the metrics.
+/// slo_ttft_ms / slo_tpot_ms: the run's --goodput limits (NaN: none given).
 void check_requests(ppb::h5::Group& root, const std::string& part, const std::vector<double>& arrivals,
-                    const std::vector<int64_t>& gen_len) {
+                    const std::vector<int64_t>& gen_len, double slo_ttft_ms = NAN, double slo_tpot_ms = NAN) {
   SCOPED_TRACE(part);
   auto b = root.open_group("benchmark/" + part);
   auto r = b.open_group("requests");
@@ -61,6 +62,7 @@ void check_requests(ppb::h5::Group& root, const std::string& part, const std::ve
   ASSERT_EQ(static_cast<size_t>(offset.back()), token_s.size());
   ASSERT_EQ(tokens.size(), token_s.size());
   std::vector<double> ttft;
+  int good = 0;
   for (size_t q = 0; q < N; ++q) {
     EXPECT_DOUBLE_EQ(arrival[q], arrivals[q]) << "every split sees the scenario's arrivals";
     EXPECT_EQ(gen[q], gen_len[q]);
@@ -70,7 +72,24 @@ void check_requests(ppb::h5::Group& root, const std::string& part, const std::ve
     EXPECT_DOUBLE_EQ(token_s[offset[q]], first[q]);
     EXPECT_DOUBLE_EQ(token_s[offset[q + 1] - 1], finish[q]);
     ttft.push_back((first[q] - arrival[q]) * 1e3);
+    // vLLM's goodput rule: TPOT = (E2E - TTFT) / (out - 1), 0 for one token; limits inclusive.
+    const double tpot = gen[q] > 1 ? (finish[q] - first[q]) / (gen[q] - 1) * 1e3 : 0.0;
+    good += ttft.back() <= slo_ttft_ms && tpot <= slo_tpot_ms ? 1 : 0;
   }
+  // The steps: every prompt prefilled once, every later token one decode row; each step timed
+  // on each of the two stages.
+  auto st = b.open_group("steps");
+  const auto prefill = st.open_dataset("prefill_tokens").read<int64_t>();
+  const auto decode = st.open_dataset("decode_rows").read<int64_t>();
+  const auto prompt = r.open_dataset("prompt_len").read<int64_t>();
+  int64_t want_prefill = 0, want_decode = 0, got_prefill = 0, got_decode = 0;
+  for (size_t q = 0; q < N; ++q) want_prefill += prompt[q], want_decode += gen[q] - 1;
+  for (size_t i = 0; i < prefill.size(); ++i) got_prefill += prefill[i], got_decode += decode[i];
+  EXPECT_EQ(got_prefill, want_prefill);
+  EXPECT_EQ(got_decode, want_decode);
+  auto cm = st.open_dataset("compute_ms");
+  ASSERT_EQ(cm.dims(), (std::vector<hsize_t>{prefill.size(), 2}));
+  for (double ms : cm.read<double>()) EXPECT_GT(ms, 0.0);
   // The stored p50 is over every round's requests; this round's TTFTs bound it loosely.
   const double p50 = b.get_attr<double>("ttft_p50_ms");
   EXPECT_GT(p50, 0.0);
@@ -80,9 +99,13 @@ void check_requests(ppb::h5::Group& root, const std::string& part, const std::ve
   EXPECT_EQ(b.get_attr<int64_t>("validated"), 1);
   EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
   EXPECT_GE(b.get_attr<int64_t>("alone_tokens_differing"), 0);
-  const double att = b.get_attr<double>("slo_attainment");
-  EXPECT_GE(att, 0.0);
-  EXPECT_LE(att, 1.0);
+  const auto rep_att = b.open_dataset("rep_slo_attainment").read<double>();
+  if (std::isnan(slo_ttft_ms)) {
+    EXPECT_TRUE(std::isnan(b.get_attr<double>("slo_attainment")));
+  } else {
+    // The last round's attainment, recomputed from its requests.
+    EXPECT_DOUBLE_EQ(rep_att.back(), static_cast<double>(good) / static_cast<double>(N));
+  }
 }
 
 TEST(ServingE2E, PoissonScenarioRunsEverySplitUnderTheSameArrivals) {
@@ -113,7 +136,7 @@ TEST(ServingE2E, PoissonScenarioRunsEverySplitUnderTheSameArrivals) {
     EXPECT_GE(gen[q], 1);
     EXPECT_LE(gen[q], 8);
   }
-  for (const char* part : {"uniform", "balanced"}) check_requests(root, part, arrivals, gen);
+  for (const char* part : {"uniform", "balanced"}) check_requests(root, part, arrivals, gen, 500.0, 100.0);
   auto bal = root.open_group("benchmark/balanced");
   EXPECT_EQ(bal.get_attr<int64_t>("tokens_gain_n"), 3);
   EXPECT_TRUE(std::isfinite(bal.get_attr<double>("tokens_gain")));
