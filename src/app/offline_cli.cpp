@@ -98,6 +98,9 @@ void add_serve_search_command(CLI::App& app) {
   c->add_option("-b,--batch", ss.batch, "slots per group (0 = the file's B; at most the file's B)")
       ->capture_default_str();
   c->add_option("--partition-name", ss.partition_name, "only this partition of the file");
+  c->add_flag("--calibrated", ss.calibrated,
+              "a file of `ppbench run --scenario`: scale the step model per rank and band of step tokens by the steps "
+              "its scenario measured (the profile's model misses small-prefill GEMM costs: DESIGN.md)");
   c->add_option("--json", ss.json_out, "write every search's probes and answer as JSON to this file (not the input; "
                                        "an existing file only with --force)");
   c->add_flag("--force", ss.force, "overwrite an existing --json file");

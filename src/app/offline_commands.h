@@ -87,6 +87,9 @@ struct ServeSearchOptions {
   int microbatches = 0;        ///< -M groups; 0 = each partition's own (or the workload's)
   int batch = 0;               ///< -b slots per group; 0 = the file's B (at most the file's B)
   std::string partition_name;  ///< only this partition; "" = every partition of the file
+  /// --calibrated: a serving scenario's file: the step model scaled per rank by its measured
+  /// steps (balance/serving_calibration.h)
+  bool calibrated = false;
   std::string json_out;        ///< --json FILE (never the input; an existing file only with force)
   bool force = false;
 };

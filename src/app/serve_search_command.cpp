@@ -9,6 +9,7 @@
 // another only by the rate.
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -17,6 +18,7 @@
 #include "app/offline_io.h"
 #include "balance/partition.h"
 #include "balance/predict.h"
+#include "balance/serving_calibration.h"
 #include "balance/serving_step_model.h"
 #include "common/error.h"
 #include "results/run_record.h"
@@ -106,8 +108,27 @@ double mean_solo_e2e_s(const std::vector<serving::Request>& unit, const serving:
   return sum / static_cast<double>(n);
 }
 
+/// --calibrated: the step model of every partition scaled per rank by the steps the file's
+/// serving scenario measured (balance::calibrate_steps over all its partitions).
+/// @throws UserError when the file has no measured serving steps.
+std::vector<balance::StepCalibration> file_calibration(const RunRecord& run, const balance::Predictor& pred,
+                                                       const ServeSearchOptions& opt) {
+  bool steps = false;
+  std::vector<balance::Partition> parts;
+  for (const ServingPartitionRecord& sp : run.serving.partitions) {
+    steps = steps || !sp.step_group.empty();
+    for (const PartitionRecord& pr : run.partitions)
+      if (pr.name == sp.name) parts.push_back(balance::partition_of(pr));
+  }
+  if (!steps || parts.size() != run.serving.partitions.size())
+    throw UserError("--calibrated: " + opt.input + " has no measured serving steps (it is not a file of `ppbench run "
+                    "--scenario`); drop --calibrated to search on the profile alone");
+  return balance::calibrate_steps(run, pred, parts, "");
+}
+
 SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& pred, const balance::Partition& p,
-                               const std::vector<serving::Request>& unit, const ServeSearchOptions& opt) {
+                               const std::vector<serving::Request>& unit, const ServeSearchOptions& opt,
+                               const std::vector<balance::StepCalibration>& calibration) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchOutcome out;
   out.name = p.solver;
@@ -115,7 +136,10 @@ SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& p
   for (int k = 0; k < p.num_stages(); ++k) out.devices += p.width(k);
   out.groups = opt.microbatches > 0 ? opt.microbatches : (p.groups > 0 ? p.groups : run.workload.microbatches);
   out.slots = opt.batch > 0 ? opt.batch : run.workload.batch;
-  const balance::ProfileStepCosts costs(run, pred, p);
+  std::unique_ptr<serving::StepCostModel> model;
+  if (calibration.empty()) model = std::make_unique<balance::ProfileStepCosts>(run, pred, p);
+  else model = std::make_unique<balance::CalibratedStepCosts>(run, pred, p, calibration);
+  const serving::StepCostModel& costs = *model;
   serving::PipelineSimConfig cfg;
   cfg.scheduler.groups = out.groups;
   cfg.scheduler.slots = out.slots;
@@ -256,11 +280,16 @@ int serve_search_command(const ServeSearchOptions& opt) {
   const balance::Predictor pred(run);
   const std::vector<balance::Partition> parts = partitions_to_search(run, opt);
   const std::vector<serving::Request> unit = unit_rate_requests(run, opt);
+  const std::vector<balance::StepCalibration> calibration =
+      opt.calibrated ? file_calibration(run, pred, opt) : std::vector<balance::StepCalibration>{};
   print_header(run, opt, unit);
+  if (opt.calibrated)
+    std::printf("step model calibrated per rank and token band by the file's measured serving steps "
+                "(balance/serving_calibration.h)\n");
   std::vector<SearchOutcome> all;
   json out = json::array();
   for (const balance::Partition& p : parts) {
-    all.push_back(search_partition(run, pred, p, unit, opt));
+    all.push_back(search_partition(run, pred, p, unit, opt, calibration));
     print_outcome(all.back());
     out.push_back(outcome_json(all.back()));
   }

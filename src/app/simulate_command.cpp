@@ -12,11 +12,13 @@
 #include "balance/partition.h"
 #include "balance/predict.h"
 #include "balance/problem.h"
+#include "balance/serving_calibration.h"
 #include "balance/simulator.h"
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/transfer.h"
 #include "results/run_record.h"
+#include "results/serving_summary.h"
 
 namespace ppb {
 
@@ -324,6 +326,39 @@ void simulate_results_file(const SimulateOptions& opt, balance::SimConfig& cfg, 
 
 }  // namespace
 
+/// A serving scenario's file (`run --scenario`): its scenario played again by the serving
+/// simulator on each partition, from the profile and cross-calibrated by the other partitions'
+/// measured steps (balance::predict_serving), printed against the measurement.
+int simulate_scenario_file(const SimulateOptions& opt, RunRecord run) {
+  if (opt.microbatches > 0 || opt.batch > 0 || !opt.partition.empty())
+    throw UserError(opt.input + " is a serving scenario's file: simulate replays its scenario on its partitions "
+                    "as they ran; drop -M, -b and --partition");
+  const balance::Predictor pred(run);
+  std::vector<balance::Partition> parts;
+  for (const ServingPartitionRecord& sp : run.serving.partitions)
+    for (const PartitionRecord& pr : run.partitions)
+      if (pr.name == sp.name) parts.push_back(balance::partition_of(pr));
+  const std::string why = balance::predict_serving(run, pred, parts);
+  if (!why.empty()) std::cerr << "ppbench simulate: note: not predicted: " << why << std::endl;
+  print_serving_summary(std::cout, run);
+  json out;
+  for (const ServingPartitionRecord& p : run.serving.partitions)
+    out["partitions"].push_back({{"name", p.name},
+                                 {"simulated_output_tokens_per_s", p.simulated_output_tokens_per_s},
+                                 {"simulated_ttft_p50_ms", p.simulated_ttft_p50_ms},
+                                 {"simulated_ttft_p99_ms", p.simulated_ttft_p99_ms},
+                                 {"simulated_tpot_p50_ms", p.simulated_tpot_p50_ms},
+                                 {"simulated_tpot_p99_ms", p.simulated_tpot_p99_ms},
+                                 {"simulated_cross_output_tokens_per_s", p.cross_output_tokens_per_s},
+                                 {"simulated_cross_ttft_p50_ms", p.cross_ttft_p50_ms},
+                                 {"simulated_cross_ttft_p99_ms", p.cross_ttft_p99_ms},
+                                 {"simulated_cross_tpot_p50_ms", p.cross_tpot_p50_ms},
+                                 {"simulated_cross_tpot_p99_ms", p.cross_tpot_p99_ms},
+                                 {"cross_calibrated_by", p.cross_calibrated_by}});
+  if (!opt.json_out.empty()) write_json_file(opt.json_out, out);
+  return 0;
+}
+
 int simulate_command(const SimulateOptions& opt) {
   balance::SimConfig cfg;
   cfg.eager_sends = opt.eager_sends;
@@ -341,6 +376,10 @@ int simulate_command(const SimulateOptions& opt) {
   if (!opt.partition_name.empty() && !opt.partition.empty())
     throw UserError("--partition and --partition-name: give one (a split to predict, or a partition of the run)");
   check_json_out(opt.json_out, opt.input, opt.force);
+  if (results) {
+    RunRecord run = read_run(opt.input);
+    if (!run.serving.kind.empty()) return simulate_scenario_file(opt, std::move(run));
+  }
   if (!results) simulate_stage_json(opt, cfg, out);
   else simulate_results_file(opt, cfg, out);
   std::cout.flush();

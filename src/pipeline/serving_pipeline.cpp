@@ -70,7 +70,8 @@ class ServingLoop {
   /// sends, the token return and the flag that says it is back).
   void launch(int g, const std::vector<ScheduledRow>& rows);
   /// Stage 0: whether group g's tokens are back; waits until then or until monotonic `deadline`.
-  bool wait_return(int g, double deadline);
+  /// `idle`: nothing is in flight (the wait is for an arrival: it beats the watchdog's heart).
+  bool wait_return(int g, double deadline, bool idle = false);
   /// Stage 0: group g's step is back: its tokens appended to its requests; returns the step's
   /// end (monotonic s: the token return's end, or the forward's with one stage).
   double take_return(int g, const std::vector<ScheduledRow>& rows);
@@ -260,13 +261,15 @@ void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows) {
   recv_->host_task([flag] { *flag = true; });
 }
 
-bool ServingLoop::wait_return(int g, double deadline) {
+bool ServingLoop::wait_return(int g, double deadline, bool idle) {
   double sleep = 20e-6;
   while (!returned_[g]) {
     if (lane_abort_requested()) throw InternalError(describe_stage() + ": the run is being aborted");
     const double now = monotonic_s();
     if (now >= deadline) return false;
-    heartbeat();  // waiting for a step or an arrival is progress: the scenario's clock runs
+    // Nothing in flight, waiting for an arrival: the scenario's clock is the progress. While a
+    // step is in flight the lanes' own tasks are (a return that never comes trips the watchdog).
+    if (idle) heartbeat();
     sleep_s(std::min(sleep, deadline - now));
     sleep = std::min(sleep * 2, 200e-6);
   }
@@ -308,7 +311,7 @@ ServingRecord ServingLoop::run_live() {
     const double arrival = sched.next_arrival_s();
     if (fifo.empty()) {
       if (!(arrival < inf)) throw InternalError("serving: requests left, none in flight and none to arrive");
-      wait_return(0, t0 + arrival);  // nothing in flight: sleep until the arrival (returns false)
+      wait_return(0, t0 + arrival, true);  // nothing in flight: sleep until the arrival (returns false)
       continue;
     }
     // A group is idle: an arrival may give it work before the oldest step is back.

@@ -1,5 +1,6 @@
 #include "results/serving_io.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,10 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("simulated_ttft_p50_ms", p.simulated_ttft_p50_ms), fn("simulated_ttft_p99_ms", p.simulated_ttft_p99_ms);
   fn("simulated_tpot_p50_ms", p.simulated_tpot_p50_ms), fn("simulated_tpot_p99_ms", p.simulated_tpot_p99_ms);
   fn("simulated_goodput_req_per_s", p.simulated_goodput_req_per_s), fn("simulated_slo_attainment", p.simulated_slo_attainment);
+  fn("simulated_cross_output_tokens_per_s", p.cross_output_tokens_per_s);
+  fn("simulated_cross_ttft_p50_ms", p.cross_ttft_p50_ms), fn("simulated_cross_ttft_p99_ms", p.cross_ttft_p99_ms);
+  fn("simulated_cross_tpot_p50_ms", p.cross_tpot_p50_ms), fn("simulated_cross_tpot_p99_ms", p.cross_tpot_p99_ms);
+  fn("simulated_cross_goodput_req_per_s", p.cross_goodput_req_per_s), fn("simulated_cross_slo_attainment", p.cross_slo_attainment);
 }
 
 /// The per-round datasets, name -> member.
@@ -74,6 +79,7 @@ void write_partition(Group& root, const ServingPartitionRecord& p) {
   write_gain(b, "goodput_gain", p.goodput_gain);
   write_gain(b, "ttft_p99_gain", p.ttft_p99_gain);
   write_gain(b, "tpot_p99_gain", p.tpot_p99_gain);
+  b.set_attr("cross_calibrated_by", p.cross_calibrated_by);
   b.set_attr("validated", static_cast<int64_t>(p.validated));
   b.set_attr("replay_tokens_differing", static_cast<int64_t>(p.replay_tokens_differing));
   b.set_attr("alone_requests", static_cast<int64_t>(p.alone_requests));
@@ -161,8 +167,10 @@ void read_serving(const Group& root, RunRecord& run) {
   s.goodput = g.get_attr<std::string>("goodput");
   s.max_prompt_len = static_cast<int>(g.get_attr<int64_t>("max_prompt_len"));
   s.max_gen_len = static_cast<int>(g.get_attr<int64_t>("max_gen_len"));
-  s.objective_decode_rows = g.get_attr<double>("objective_decode_rows");
-  s.objective_gen_len = static_cast<int>(g.get_attr<int64_t>("objective_gen_len"));
+  if (g.has_attr("objective_gen_len")) {
+    s.objective_decode_rows = g.get_attr<double>("objective_decode_rows");
+    s.objective_gen_len = static_cast<int>(g.get_attr<int64_t>("objective_gen_len"));
+  }
   s.rounds = static_cast<int>(g.get_attr<int64_t>("rounds"));
   s.stop_reason = g.get_attr<std::string>("stop_reason");
   s.arrival_s = g.open_dataset("arrival_s").read<double>();
@@ -175,11 +183,15 @@ void read_serving(const Group& root, RunRecord& run) {
     p.groups = static_cast<int>(b.get_attr<int64_t>("microbatches"));
     p.slots = static_cast<int>(b.get_attr<int64_t>("slots"));
     p.steps = static_cast<int>(b.get_attr<int64_t>("steps"));
-    for_each_scalar(p, [&](const char* k, double& v) { v = b.get_attr<double>(k); });
+    // Attributes a file of an earlier build of the format may lack read as NaN.
+    for_each_scalar(p, [&](const char* k, double& v) {
+      v = b.has_attr(k) ? b.get_attr<double>(k) : std::numeric_limits<double>::quiet_NaN();
+    });
     p.tokens_gain = read_gain(b, "tokens_gain");
     p.goodput_gain = read_gain(b, "goodput_gain");
     p.ttft_p99_gain = read_gain(b, "ttft_p99_gain");
     p.tpot_p99_gain = read_gain(b, "tpot_p99_gain");
+    p.cross_calibrated_by = b.has_attr("cross_calibrated_by") ? b.get_attr<std::string>("cross_calibrated_by") : "";
     p.validated = b.get_attr<int64_t>("validated") != 0;
     p.replay_tokens_differing = static_cast<int>(b.get_attr<int64_t>("replay_tokens_differing"));
     p.alone_requests = static_cast<int>(b.get_attr<int64_t>("alone_requests"));

@@ -54,6 +54,17 @@ struct ServingPartitionRecord {
   double simulated_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
   double simulated_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
   double simulated_slo_attainment = std::numeric_limits<double>::quiet_NaN();
+  // ---- predicted after the rounds, the same way, from the profile calibrated per rank by the
+  // other partitions' measured steps (balance/serving_calibration.h); NaN where no other
+  // partition measured steps; cross_calibrated_by: their names, comma-separated ----
+  double cross_output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+  double cross_ttft_p50_ms = std::numeric_limits<double>::quiet_NaN();
+  double cross_ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double cross_tpot_p50_ms = std::numeric_limits<double>::quiet_NaN();
+  double cross_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double cross_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
+  double cross_slo_attainment = std::numeric_limits<double>::quiet_NaN();
+  std::string cross_calibrated_by;
   // ---- validation ----
   bool validated = false;          ///< the serialized replay ran (off with --no-validate)
   int replay_tokens_differing = -1;  ///< output tokens of the last round that the replay gave otherwise

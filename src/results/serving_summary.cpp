@@ -38,8 +38,9 @@ std::string vs(double predicted, double measured) {
 
 /// The serving simulator's prediction from the profile against the measurement (issue 38).
 void print_predictions(std::ostream& os, const ServingRunRecord& s) {
-  bool any = false;
+  bool any = false, cross = false;
   for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.simulated_output_tokens_per_s);
+  for (const ServingPartitionRecord& p : s.partitions) cross = cross || std::isfinite(p.cross_output_tokens_per_s);
   if (!any) return;
   os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured):\n";
   os << format_line("  %-12s %18s %18s %18s %18s %18s\n", "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
@@ -48,6 +49,13 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s) {
     os << "  " << format_line("%-12s", p.name.c_str()) << " " << vs(p.simulated_output_tokens_per_s, p.output_tokens_per_s)
        << " " << vs(p.simulated_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.simulated_ttft_p99_ms, p.ttft_p99_ms) << " "
        << vs(p.simulated_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.simulated_tpot_p99_ms, p.tpot_p99_ms) << "\n";
+  if (!cross) return;
+  os << "  cross-calibrated (the profile scaled per rank and token band by the other partitions' measured steps):\n";
+  for (const ServingPartitionRecord& p : s.partitions)
+    os << "  " << format_line("%-12s", p.name.c_str()) << " " << vs(p.cross_output_tokens_per_s, p.output_tokens_per_s)
+       << " " << vs(p.cross_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.cross_ttft_p99_ms, p.ttft_p99_ms) << " "
+       << vs(p.cross_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.cross_tpot_p99_ms, p.tpot_p99_ms)
+       << (p.cross_calibrated_by.empty() ? "" : "  by " + p.cross_calibrated_by) << "\n";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/clock.h"
+#include "balance/serving_calibration.h"
 #include "balance/serving_step_model.h"
 #include "common/events.h"
 #include "common/format.h"
@@ -292,27 +293,12 @@ bool compare_serving(ServingRunRecord& s, const std::string& reference, double t
   return narrow;
 }
 
-/// Rank 0: each partition's scenario predicted from the profile (issue 38): the serving
-/// simulator on the same requests, M, B and step policy, step costs from the profile's together
-/// table (balance::ProfileStepCosts). A model that cannot predict a partition leaves NaN (said).
+/// Rank 0: every partition's scenario predicted (balance::predict_serving: from the profile
+/// before the rounds; after them also cross-calibrated by the other partitions' steps); what
+/// could not be predicted is said, not fatal.
 void predict_partitions(RunContext& ctx, const PartitionSet& set) {
-  const ScenarioOptions& sc = ctx.opt.scenario;
-  for (size_t j = 0; j < set.size(); ++j) {
-    ServingPartitionRecord& pr = ctx.record().serving.partitions[j];
-    try {
-      const balance::ProfileStepCosts costs(ctx.record(), ctx.predictor(), set.splits[j]);
-      serving::PipelineSimConfig cfg;
-      cfg.scheduler = {pr.groups, pr.slots, sc.policy};
-      const serving::PipelineSimResult sim = serving::simulate_serving(sc.requests, costs, cfg);
-      const serving::ServingMetrics m = serving::serving_metrics(sim.times, sc.goodput);
-      pr.simulated_output_tokens_per_s = m.output_tokens_per_s;
-      pr.simulated_ttft_p50_ms = m.ttft.p50_ms, pr.simulated_ttft_p99_ms = m.ttft.p99_ms;
-      pr.simulated_tpot_p50_ms = m.tpot.p50_ms, pr.simulated_tpot_p99_ms = m.tpot.p99_ms;
-      pr.simulated_goodput_req_per_s = m.goodput_req_per_s, pr.simulated_slo_attainment = m.slo_attainment;
-    } catch (const std::exception& e) {
-      ctx.progress.say("no prediction of " + pr.name + "'s scenario: " + e.what());
-    }
-  }
+  const std::string why = balance::predict_serving(ctx.record(), ctx.predictor(), set.splits);
+  if (!why.empty()) ctx.progress.say("serving prediction incomplete: " + why);
 }
 
 /// The stages of every partition, side by side where every rank can hold them all.
@@ -483,8 +469,10 @@ void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
     if (b.resident) build_stage(ctx, set, b);
   std::vector<std::vector<std::vector<serving::RequestTimes>>> all(set.size());
   play_rounds(ctx, set, benches, all);
-  if (ctx.root)
+  if (ctx.root) {
     for (size_t j = 0; j < set.size(); ++j) pool_rounds(ctx.record().serving.partitions[j], all[j], ctx.opt.scenario.goodput);
+    predict_partitions(ctx, set);
+  }
   if (ctx.opt.validate) validate(ctx, set, benches);
 }
 

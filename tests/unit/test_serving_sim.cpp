@@ -23,6 +23,7 @@
 #include "app/offline_commands.h"
 #include "balance/partition.h"
 #include "balance/predict.h"
+#include "balance/serving_calibration.h"
 #include "balance/serving_step_model.h"
 #include "balance/simulator.h"
 #include "common/error.h"
@@ -306,6 +307,72 @@ TEST(ServingStepModel, TensorParallelStageTakesTheGroupsMeanAndTheRanksShape) {
   EXPECT_NEAR(costs.compute_ms(0, shape(0, 2, 4)), 0.9 * 1.5 / 2.2, 1e-12);
   EXPECT_NEAR(costs.compute_ms(0, shape(0, 2, 12)), 0.9 * 3.1 / 2.2, 1e-12);
   EXPECT_EQ(costs.transfer_ms(0, shape(8, 0, 0)), 0.0);  // one stage: no transfer
+}
+
+// ---- the step model calibrated on measured steps --------------------------------------------
+
+/// A serving partition record of `p` whose steps measured `factor(shape)` x the model's compute.
+ServingPartitionRecord measured_steps(const std::string& name, const balance::ProfileStepCosts& model, int S,
+                                      const std::vector<StepShape>& shapes, double (*factor)(const StepShape&, int)) {
+  ServingPartitionRecord sp;
+  sp.name = name;
+  sp.stages = S;
+  for (const StepShape& s : shapes) {
+    sp.step_group.push_back(0);
+    sp.step_prefill_tokens.push_back(static_cast<int>(s.prefill_tokens));
+    sp.step_decode_rows.push_back(s.decode_rows);
+    sp.step_decode_context.push_back(s.decode_context_mean);
+    for (int k = 0; k < S; ++k) {
+      sp.step_compute_start_s.push_back(0.0);
+      sp.step_compute_ms.push_back(model.compute_ms(k, s) * factor(s, k));
+    }
+  }
+  return sp;
+}
+
+// The uniform split's steps measured 1.2x the model on decode, 2x on steps of <= 16 token rows
+// with prefill, 3x on 17-32 (none beyond): the calibration recovers exactly those factors per
+// rank (rank 1 measured 1.5x what rank 0 did), the bands without samples take the nearest
+// band's, the partition being predicted is left out, and the calibrated model of another split
+// is its profile model times its ranks' factors.
+TEST(ServingCalibration, RecoversPerRankAndBandFactorsFromTheOtherSplitsSteps) {
+  const RunRecord base = tiny_profile(2);
+  const balance::Predictor pred(base);
+  const balance::Partition a = balance::parse_manual("2,1", 3, 2), b = balance::parse_manual("1,2", 3, 2);
+  const balance::ProfileStepCosts model_a(base, pred, a), model_b(base, pred, b);
+  const std::vector<StepShape> shapes = {shape(0, 2, 5), shape(0, 1, 9), shape(8, 2, 6), shape(12, 0, 0),
+                                         shape(20, 1, 7), shape(30, 2, 4), shape(0, 2, 11)};
+  auto factor = [](const StepShape& s, int k) {
+    const double rank = k == 0 ? 1.0 : 1.5;  // split a: stage k on rank k
+    return rank * (s.prefill_rows == 0 ? 1.2 : s.tokens <= 16 ? 2.0 : 3.0);
+  };
+  RunRecord run = base;
+  run.serving.partitions = {measured_steps("a", model_a, 2, shapes, factor), ServingPartitionRecord{}};
+  run.serving.partitions[1].name = "b";  // no steps: contributes nothing
+  const auto calib = balance::calibrate_steps(run, pred, {a, b}, "b");
+  ASSERT_EQ(calib.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const double rank = r == 0 ? 1.0 : 1.5;
+    EXPECT_NEAR(calib[r].decode_factor, 1.2 * rank, 1e-12);
+    EXPECT_EQ(calib[r].decode_samples, 3);
+    EXPECT_NEAR(calib[r].prefill_factor[0], 2.0 * rank, 1e-12);
+    EXPECT_NEAR(calib[r].prefill_factor[1], 3.0 * rank, 1e-12);
+    EXPECT_EQ(calib[r].prefill_samples[0], 2);
+    EXPECT_EQ(calib[r].prefill_samples[1], 2);
+    for (size_t band = 2; band < calib[r].prefill_factor.size(); ++band)
+      EXPECT_NEAR(calib[r].prefill_factor[band], 3.0 * rank, 1e-12) << "the nearest band's";
+  }
+  EXPECT_EQ(balance::step_token_band(16), 0);
+  EXPECT_EQ(balance::step_token_band(17), 1);
+  EXPECT_EQ(balance::step_token_band(1000), 4);
+  // Excluding the only partition with steps leaves factors of 1.
+  const auto none = balance::calibrate_steps(run, pred, {a, b}, "a");
+  EXPECT_EQ(none[0].decode_factor, 1.0);
+  EXPECT_EQ(none[1].prefill_factor[0], 1.0);
+  const balance::CalibratedStepCosts cb(run, pred, b, calib);
+  for (const StepShape& s : shapes)
+    for (int k = 0; k < 2; ++k)
+      EXPECT_NEAR(cb.compute_ms(k, s), model_b.compute_ms(k, s) * factor(s, k), 1e-12);
 }
 
 // ---- MLPerf's rule --------------------------------------------------------------------------

@@ -1,0 +1,159 @@
+#include "balance/serving_calibration.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/stats.h"
+
+namespace ppb::balance {
+
+int step_token_band(long long tokens) {
+  int b = 0;
+  while (b < static_cast<int>(kStepTokenBands.size()) && tokens > kStepTokenBands[b]) ++b;
+  return b;
+}
+
+double StepCalibration::factor(const serving::StepShape& s) const {
+  return s.prefill_rows > 0 ? prefill_factor.at(step_token_band(s.tokens)) : decode_factor;
+}
+
+namespace {
+
+/// The shape of measured step i of `sp` (its rows are not stored: prefill rows count as one).
+serving::StepShape measured_shape(const ServingPartitionRecord& sp, size_t i) {
+  serving::StepShape s;
+  s.prefill_tokens = sp.step_prefill_tokens[i];
+  s.prefill_rows = s.prefill_tokens > 0 ? 1 : 0;
+  s.decode_rows = sp.step_decode_rows[i];
+  s.decode_context_mean = sp.step_decode_context[i];
+  s.rows = s.prefill_rows + s.decode_rows;
+  s.tokens = s.prefill_tokens + s.decode_rows;
+  return s;
+}
+
+/// The ratios gathered for one rank: decode-only steps, and steps with prefill per band.
+struct Ratios {
+  std::vector<double> decode;
+  std::vector<std::vector<double>> prefill = std::vector<std::vector<double>>(kStepTokenBands.size() + 1);
+};
+
+StepCalibration fit(const Ratios& r) {
+  StepCalibration c;
+  c.decode_samples = static_cast<int>(r.decode.size());
+  if (!r.decode.empty()) c.decode_factor = percentile(r.decode, 50.0);
+  const int n = static_cast<int>(r.prefill.size());
+  for (int b = 0; b < n; ++b) c.prefill_samples[b] = static_cast<int>(r.prefill[b].size());
+  for (int b = 0; b < n; ++b) {
+    // The band's own median, or the nearest band's with samples (below first on a tie).
+    for (int d = 0; d < n; ++d) {
+      const int lo = b - d, hi = b + d;
+      const std::vector<double>* v = lo >= 0 && !r.prefill[lo].empty() ? &r.prefill[lo]
+                                     : hi < n && !r.prefill[hi].empty() ? &r.prefill[hi] : nullptr;
+      if (v) {
+        c.prefill_factor[b] = percentile(*v, 50.0);
+        break;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predictor& pred,
+                                             const std::vector<Partition>& parts, const std::string& exclude) {
+  std::vector<Ratios> ratios(static_cast<size_t>(run.world_size));
+  const auto& sps = run.serving.partitions;
+  for (size_t j = 0; j < sps.size() && j < parts.size(); ++j) {
+    const ServingPartitionRecord& sp = sps[j];
+    if (sp.name == exclude || sp.step_group.empty() || sp.stages != parts[j].num_stages()) continue;
+    const ProfileStepCosts model(run, pred, parts[j]);
+    const int S = sp.stages;
+    for (size_t i = 0; i < sp.step_group.size(); ++i) {
+      const serving::StepShape s = measured_shape(sp, i);
+      for (int k = 0; k < S; ++k) {
+        const double meas = sp.step_compute_ms[i * S + k], want = model.compute_ms(k, s);
+        if (!(meas > 0) || !(want > 0) || !std::isfinite(meas)) continue;
+        Ratios& r = ratios.at(static_cast<size_t>(parts[j].device_rank[k]));
+        (s.prefill_rows > 0 ? r.prefill[step_token_band(s.tokens)] : r.decode).push_back(meas / want);
+      }
+    }
+  }
+  std::vector<StepCalibration> out;
+  for (const Ratios& r : ratios) out.push_back(fit(r));
+  return out;
+}
+
+CalibratedStepCosts::CalibratedStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p,
+                                         std::vector<StepCalibration> by_rank)
+    : base_(run, pred, p), by_rank_(std::move(by_rank)) {
+  for (int k = 0; k < p.num_stages(); ++k) rank_.push_back(p.device_rank[k]);
+}
+
+double CalibratedStepCosts::compute_ms(int k, const serving::StepShape& s) const {
+  return base_.compute_ms(k, s) * by_rank_.at(static_cast<size_t>(rank_.at(k))).factor(s);
+}
+
+}  // namespace ppb::balance
+
+namespace ppb::balance {
+
+namespace {
+
+/// The stored scenario as requests, its policy and limits.
+struct StoredScenario {
+  std::vector<serving::Request> requests;
+  serving::StepPolicy policy = serving::StepPolicy::mixed;
+  serving::GoodputSpec slo;
+};
+
+StoredScenario stored_scenario(const ServingRunRecord& s) {
+  StoredScenario out;
+  for (size_t q = 0; q < s.arrival_s.size(); ++q) out.requests.push_back({s.arrival_s[q], s.prompt_len.at(q), s.gen_len.at(q)});
+  out.policy = s.policy == "prefill-first" ? serving::StepPolicy::prefill_first : serving::StepPolicy::mixed;
+  std::vector<std::string> items;
+  if (!s.goodput.empty()) items.push_back(s.goodput);
+  out.slo = serving::parse_goodput(items);
+  return out;
+}
+
+/// The simulator's metrics of `costs` on the stored scenario with p's M and B.
+serving::ServingMetrics play(const StoredScenario& sc, const ServingPartitionRecord& p, const serving::StepCostModel& costs) {
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler = {p.groups, p.slots, sc.policy};
+  return serving::serving_metrics(serving::simulate_serving(sc.requests, costs, cfg).times, sc.slo);
+}
+
+}  // namespace
+
+std::string predict_serving(RunRecord& run, const Predictor& pred, const std::vector<Partition>& parts) {
+  const StoredScenario sc = stored_scenario(run.serving);
+  std::string why;
+  auto& sps = run.serving.partitions;
+  for (size_t j = 0; j < sps.size() && j < parts.size(); ++j) {
+    ServingPartitionRecord& p = sps[j];
+    try {
+      const serving::ServingMetrics m = play(sc, p, ProfileStepCosts(run, pred, parts[j]));
+      p.simulated_output_tokens_per_s = m.output_tokens_per_s;
+      p.simulated_ttft_p50_ms = m.ttft.p50_ms, p.simulated_ttft_p99_ms = m.ttft.p99_ms;
+      p.simulated_tpot_p50_ms = m.tpot.p50_ms, p.simulated_tpot_p99_ms = m.tpot.p99_ms;
+      p.simulated_goodput_req_per_s = m.goodput_req_per_s, p.simulated_slo_attainment = m.slo_attainment;
+      std::string by;
+      for (const auto& other : sps)
+        if (other.name != p.name && !other.step_group.empty()) by += (by.empty() ? "" : ",") + other.name;
+      if (by.empty()) continue;
+      const CalibratedStepCosts costs(run, pred, parts[j], calibrate_steps(run, pred, parts, p.name));
+      const serving::ServingMetrics c = play(sc, p, costs);
+      p.cross_calibrated_by = by;
+      p.cross_output_tokens_per_s = c.output_tokens_per_s;
+      p.cross_ttft_p50_ms = c.ttft.p50_ms, p.cross_ttft_p99_ms = c.ttft.p99_ms;
+      p.cross_tpot_p50_ms = c.tpot.p50_ms, p.cross_tpot_p99_ms = c.tpot.p99_ms;
+      p.cross_goodput_req_per_s = c.goodput_req_per_s, p.cross_slo_attainment = c.slo_attainment;
+    } catch (const std::exception& e) {
+      why += (why.empty() ? "" : "; ") + p.name + ": " + e.what();
+    }
+  }
+  return why;
+}
+
+}  // namespace ppb::balance

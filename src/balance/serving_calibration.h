@@ -1,0 +1,83 @@
+// The serving step model calibrated on the steps a run measured (issue 38): each partition's
+// scenario predicted again from the profile scaled per rank by what the *other* partitions'
+// steps on that rank measured in the same rounds, as the closed benchmark's cross-calibration
+// does for whole stages (balance/contention.h).
+//
+// Why: the profile's step model (serving_step_model.h) takes prefill as linear in tokens from
+// one profiled point (B·P tokens). The steps measured on the CPU backend show a GEMM whose cost
+// per token is far from constant at the small token counts continuous batching makes: a mixed
+// step of 14 prompt tokens and 3 decode rows (17 token rows) took 247 ms on a stage whose step
+// of 12 + 3 took 108 ms and whose profile says 149 ms (Qwen3-0.6B, 2 ranks: the small-M kernel
+// takes up to 16 rows, the GEMM library above). A factor per band of a step's tokens, measured
+// on the other splits' stages of the same rank, carries that shape without another profile.
+//
+// The calibration, per rank r: for every measured step of every other partition whose stage k
+// runs on r, the ratio measured compute / ProfileStepCosts' compute for the step's shape; the
+// median ratio of its decode-only steps (decode_factor), and of its steps with prefill rows per
+// band of the step's token rows (prefill tokens + decode rows): [1, 16], [17, 32], [33, 64],
+// [65, 128], [129, inf) (prefill_factor; a band without samples takes the nearest band's, and
+// a rank without samples factor 1). Pure C++.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "balance/predict.h"
+#include "balance/serving_step_model.h"
+#include "results/run_record.h"
+
+namespace ppb::balance {
+
+/// Upper bounds (inclusive) of the token bands of StepCalibration (the last is unbounded).
+inline const std::vector<int> kStepTokenBands = {16, 32, 64, 128};
+
+/// One rank's factors: measured / modelled step compute.
+struct StepCalibration {
+  double decode_factor = 1.0;
+  std::vector<double> prefill_factor = std::vector<double>(kStepTokenBands.size() + 1, 1.0);  ///< [bands]
+  int decode_samples = 0;
+  std::vector<int> prefill_samples = std::vector<int>(kStepTokenBands.size() + 1, 0);
+  /// The factor for a step of shape `s`.
+  double factor(const serving::StepShape& s) const;
+};
+
+/// The band of a step of `tokens` token rows, in [0, kStepTokenBands.size()].
+int step_token_band(long long tokens);
+
+/// Per rank [R], the calibration from the measured steps (ServingPartitionRecord::step_*) of
+/// every serving partition of `run` except `exclude` (a name), each against its own
+/// ProfileStepCosts; `parts`: the balance::Partition of each of run.serving.partitions, same
+/// order. Partitions without steps contribute nothing.
+std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predictor& pred,
+                                             const std::vector<Partition>& parts, const std::string& exclude);
+
+/// ProfileStepCosts of `p` with each stage's compute scaled by its rank's calibration.
+class CalibratedStepCosts final : public serving::StepCostModel {
+ public:
+  /// `by_rank` [R]; keeps references to `run`'s and `pred`'s data through ProfileStepCosts.
+  CalibratedStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p, std::vector<StepCalibration> by_rank);
+  int stages() const override { return base_.stages(); }
+  double compute_ms(int k, const serving::StepShape& s) const override;
+  double transfer_ms(int k, const serving::StepShape& s) const override { return base_.transfer_ms(k, s); }
+
+ private:
+  ProfileStepCosts base_;
+  std::vector<int> rank_;  ///< [S] the rank of each stage
+  std::vector<StepCalibration> by_rank_;
+};
+
+}  // namespace ppb::balance
+
+namespace ppb::balance {
+
+/// The scenario of run.serving (its requests: arrival_s, prompt_len, gen_len; each partition's
+/// M and B; the step policy and --goodput limits as stored) played by the serving simulator on
+/// each serving partition (`parts`: its balance::Partition, same order): simulated_* from the
+/// profile (ProfileStepCosts), and, where another partition measured steps, cross_* from the
+/// profile calibrated by them (calibrate_steps; cross_calibrated_by names them). A partition the
+/// model cannot predict keeps NaN; its message is returned ("" when every one was predicted).
+/// Used by `run --scenario` (rank 0, before and after the rounds) and by `ppbench simulate` on a
+/// scenario's file.
+std::string predict_serving(RunRecord& run, const Predictor& pred, const std::vector<Partition>& parts);
+
+}  // namespace ppb::balance
