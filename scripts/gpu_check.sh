@@ -84,11 +84,12 @@ if [ "${1:-}" = "--pack" ]; then
   # 90); a new one is configured for sm_$ARCH alone.
   [ -f "$BUILD/CMakeCache.txt" ] ||
     cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
-  cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla ppb_gpu_bench ppbench
+  cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla test_cuda_ragged test_cuda_stage_ragged ppb_gpu_bench ppbench
   OUT_FILE=${PPB_BUNDLE_OUT:-$BUILD/$BUNDLE_NAME}
   st=$(mktemp -d)
   mkdir -p "$st/bin" "$st/lib" "$st/ompi/usr/bin" "$st/ompi/usr/lib/x86_64-linux-gnu" "$st/ompi/usr/share"
   cp "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cuda_moe" "$BUILD/tests/test_cuda_mla" \
+    "$BUILD/tests/test_cuda_ragged" "$BUILD/tests/test_cuda_stage_ragged" \
     "$BUILD/src/backend/cuda/ppb_gpu_bench" "$BUILD/ppbench" "$st/bin/"
   # Open MPI as Debian lays it out (prefix /usr; OPAL_PREFIX moves every path under it).
   ompi_lib=/usr/lib/x86_64-linux-gnu/openmpi
@@ -194,7 +195,7 @@ if [ -f "$BUILD/$BUNDLE_NAME" ]; then
   if tar -C "$B" -xJf "$BUILD/$BUNDLE_NAME" 2>/dev/null ||
      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUILD/$BUNDLE_NAME" "$B"; then
     TEST_BIN=$B/bin/test_cuda_kernels BENCH_BIN=$B/bin/ppb_gpu_bench PPB_BIN=$B/bin/ppbench
-    MOE_TEST_BINS="$B/bin/test_cuda_moe $B/bin/test_cuda_mla"
+    MOE_TEST_BINS="$B/bin/test_cuda_moe $B/bin/test_cuda_mla $B/bin/test_cuda_ragged $B/bin/test_cuda_stage_ragged"
     use_bundle "$B"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     if verify_bundle "$B"; then result binaries ok "bundle"; else result binaries FAIL "bundle: libraries missing (above)"; fi
@@ -204,9 +205,9 @@ if [ -f "$BUILD/$BUNDLE_NAME" ]; then
 else
   step "binaries: build ($BUILD, sm_$ARCH)"
   TEST_BIN=$BUILD/tests/test_cuda_kernels BENCH_BIN=$BUILD/src/backend/cuda/ppb_gpu_bench PPB_BIN=$BUILD/ppbench
-  MOE_TEST_BINS="$BUILD/tests/test_cuda_moe $BUILD/tests/test_cuda_mla"
+  MOE_TEST_BINS="$BUILD/tests/test_cuda_moe $BUILD/tests/test_cuda_mla $BUILD/tests/test_cuda_ragged $BUILD/tests/test_cuda_stage_ragged"
   if timeout "$(tmo 300)" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$LOG/cfg" 2>&1 &&
-     timeout "$(tmo 300)" cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla ppb_gpu_bench ppbench >"$LOG/build" 2>&1; then
+     timeout "$(tmo 300)" cmake --build "$BUILD" -j"$JOBS" --target test_cuda_kernels test_cuda_moe test_cuda_mla test_cuda_ragged test_cuda_stage_ragged ppb_gpu_bench ppbench >"$LOG/build" 2>&1; then
     result binaries ok "built in $(( $(date +%s) - t0 )) s"
   else
     tail -30 "$LOG/cfg" "$LOG/build" 2>/dev/null
@@ -267,7 +268,8 @@ if want tests && [ -x "$TEST_BIN" ]; then
     text="$text; lanes rc=$lrc $(gtest_sum "$LOG/lanes")"
   fi
   [ "$lrc" != 0 ] && rc=$lrc
-  # Issue 15's kernels (router, dispatch, grouped expert GEMMs, combine; MLA, sinks, MTP input).
+  # Issue 15's kernels (router, dispatch, grouped expert GEMMs, combine; MLA, sinks, MTP input);
+  # issue 37's ragged attention and the stage's ragged forward against its CPU twin.
   for tb in $MOE_TEST_BINS; do
     [ -x "$tb" ] || { text="$text; $(basename "$tb") not built"; rc=1; continue; }
     timeout "$(tmo 60)" "$tb" --gtest_brief=1 >"$LOG/$(basename "$tb")" 2>&1

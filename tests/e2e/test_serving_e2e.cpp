@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -137,6 +138,13 @@ TEST(ServingE2E, PoissonScenarioRunsEverySplitUnderTheSameArrivals) {
     EXPECT_LE(gen[q], 8);
   }
   for (const char* part : {"uniform", "balanced"}) check_requests(root, part, arrivals, gen, 500.0, 100.0);
+  // The balancer's objective: G = B (mean output - 1) / decode rows per decode step (B = 3).
+  const double rows = sc.get_attr<double>("objective_decode_rows");
+  EXPECT_GE(rows, 1.0);
+  EXPECT_LE(rows, 3.0);
+  double mean_decode = 0;
+  for (int64_t g : gen) mean_decode += static_cast<double>(g - 1) / 24.0;
+  EXPECT_EQ(sc.get_attr<int64_t>("objective_gen_len"), std::max<int64_t>(1, std::lround(3 * mean_decode / rows)));
   auto bal = root.open_group("benchmark/balanced");
   EXPECT_EQ(bal.get_attr<int64_t>("tokens_gain_n"), 3);
   EXPECT_TRUE(std::isfinite(bal.get_attr<double>("tokens_gain")));
