@@ -54,7 +54,7 @@ int run_phases(run::RunContext& ctx) {
   if (ctx.opt.scenario.on()) {
     // 5'. Requests that arrive (issue 37): every partition under the same scenario, validated.
     run_serving_benchmark(ctx, set);
-    return finish_serving_run(ctx, set);
+    return finish_serving_run(ctx);
   }
 
   // 5. Benchmark every distinct split in interleaved rounds until the stop rule says stop,

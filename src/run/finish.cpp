@@ -87,6 +87,17 @@ void cross_calibrate_partitions(RunContext& ctx) {
   print_warnings(warnings);
 }
 
+void write_complete(RunContext& ctx, const std::string& validation) {
+  RunRecord& run = ctx.record();
+  run.validation = validation;
+  run.validation_ok = run.validation == "ok";
+  run.elapsed_s = monotonic_s() - run.run_start_s;
+  run.status = "complete";
+  write_results(ctx.output, run);
+  print_summary(std::cout, run);
+  std::cout << "results: " << ctx.output << std::endl;
+}
+
 int finish_run(RunContext& ctx, const PartitionSet& set) {
   ctx.phase("write", [&] {
     if (!ctx.root) return;
@@ -108,13 +119,7 @@ int finish_run(RunContext& ctx, const PartitionSet& set) {
       run.balance_verdict = bal->gain_verdict;
       run.decode_balance_verdict = bal->decode_gain_verdict;
     }
-    run.validation = failed ? "failed" : all_validated ? "ok" : "skipped";
-    run.validation_ok = run.validation == "ok";
-    run.elapsed_s = monotonic_s() - run.run_start_s;
-    run.status = "complete";
-    write_results(ctx.output, run);
-    print_summary(std::cout, run);
-    std::cout << "results: " << ctx.output << std::endl;
+    write_complete(ctx, failed ? "failed" : all_validated ? "ok" : "skipped");
   });
   return ctx.mpi.agree(ctx.root && ctx.record().validation == "failed" ? 1 : 0);
 }

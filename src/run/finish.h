@@ -4,6 +4,8 @@
 // summary printed.
 #pragma once
 
+#include <string>
+
 #include "balance/predict.h"
 #include "run/context.h"
 #include "run/plan.h"
@@ -25,6 +27,10 @@ void compare_with_reference(RunContext& ctx, const PartitionSet& set);
 /// Rank 0: the cross-calibrated predictions of every measured split of one rank per stage
 /// (balance::cross_calibrate); a failure costs only these predictions (warned).
 void cross_calibrate_partitions(RunContext& ctx);
+
+/// Rank 0: the run's verdict `validation` ("ok", "failed", "skipped") recorded, status complete,
+/// the whole file written and the summary printed with the file's name (every finish's last step).
+void write_complete(RunContext& ctx, const std::string& validation);
 
 /// The complete results file and the summary (rank 0): the run's verdicts (balanced against the
 /// reference), validation, status "complete". Returns the exit status every rank agrees on: 1

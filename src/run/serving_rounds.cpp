@@ -16,6 +16,7 @@
 #include "results/serving_summary.h"
 #include "results/summary.h"
 #include "results/writer.h"
+#include "run/finish.h"
 #include "run/memory_checks.h"
 #include "serving/pipeline_sim.h"
 #include "serving/request_metrics.h"
@@ -476,8 +477,7 @@ void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
   if (ctx.opt.validate) validate(ctx, set, benches);
 }
 
-int finish_serving_run(RunContext& ctx, const PartitionSet& set) {
-  (void)set;
+int finish_serving_run(RunContext& ctx) {
   ctx.phase("write", [&] {
     if (!ctx.root) return;
     RunRecord& run = ctx.record();
@@ -486,13 +486,7 @@ int finish_serving_run(RunContext& ctx, const PartitionSet& set) {
       validated = validated && p.validated;
       failed = failed || (p.validated && p.replay_tokens_differing != 0);
     }
-    run.validation = failed ? "failed" : validated ? "ok" : "skipped";
-    run.validation_ok = run.validation == "ok";
-    run.elapsed_s = monotonic_s() - run.run_start_s;
-    run.status = "complete";
-    write_results(ctx.output, run);
-    print_summary(std::cout, run);
-    std::cout << "results: " << ctx.output << std::endl;
+    write_complete(ctx, failed ? "failed" : validated ? "ok" : "skipped");
   });
   return ctx.mpi.agree(ctx.root && ctx.record().validation == "failed" ? 1 : 0);
 }

@@ -21,6 +21,6 @@ void run_serving_benchmark(RunContext& ctx, const PartitionSet& set);
 
 /// The finish of a serving run (rank 0: the complete file and the summary with the latency
 /// table). Returns the status every rank agrees on: 1 when a replay's tokens differ, else 0.
-int finish_serving_run(RunContext& ctx, const PartitionSet& set);
+int finish_serving_run(RunContext& ctx);
 
 }  // namespace ppb::run
