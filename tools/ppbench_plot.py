@@ -37,6 +37,11 @@ Writes PNG files next to the results file (or into --outdir):
       (the last round; --goodput's limits as red lines), and per partition its request
       timeline: each request's queue (grey), prefill to its first token (orange) and decode
       (blue), on the scenario's clock.
+  <stem>_rate.png  with it, for `run --request-rate search` (/rate_search): per partition
+      against the request rate, the calibrated simulator's prediction (line) of SLO
+      attainment, goodput, p99 TTFT and p99 TPOT, and the measured points (pilot, 0.9 R*,
+      1.1 R*; pooled over the rounds, bars: the rounds' 95% t-interval of the mean); the
+      target attainment and the SLO limits as red lines, R* as a dotted line.
 
     tools/ppbench_plot.py PLAN.json [--outdir DIR]
 
@@ -698,6 +703,73 @@ def plot_serving(f, out_png):
     plt.close(fig)
 
 
+# Student's t quantiles (two-sided 95%) by degrees of freedom, for the rounds' intervals.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def round_interval(values):
+    """Half-width of the 95% t-interval of the mean of per-round values (0 for fewer than 2)."""
+    import numpy as np
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return 0.0
+    return T95.get(len(v) - 1, 1.96) * float(np.std(v, ddof=1)) / np.sqrt(len(v))
+
+
+def rate_search_points(f, name):
+    """The measured points of partition `name`: (label, rate, group) for the pilot, the rate below
+    R* (/benchmark) and above it (/rate_search/above), where the file has them."""
+    rs = f["rate_search"]
+    out = []
+    for label, rate, path in (("pilot", rs.attrs["pilot_rate"], f"rate_search/pilot/{name}"),
+                              ("0.9 R*", rs.attrs["rate_below"], f"benchmark/{name}"),
+                              ("1.1 R*", rs.attrs["rate_above"], f"rate_search/above/{name}")):
+        if path in f:
+            out.append((label, float(rate), f[path]))
+    return out
+
+
+def plot_rate_search(f, out_png):
+    """<stem>_rate.png: per partition the predicted curves over rates and the measured points."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rs = f["rate_search"]
+    a = rs.attrs
+    names = [text(n) for n in a["partitions"]]
+    panels = (("attainment", "slo_attainment", "rep_slo_attainment", "SLO attainment"),
+              ("goodput_req_per_s", "goodput_req_per_s", "rep_goodput_req_per_s", "goodput (req/s)"),
+              ("ttft_p99_ms", "ttft_p99_ms", "rep_ttft_p99_ms", "TTFT p99 (ms)"),
+              ("tpot_p99_ms", "tpot_p99_ms", "rep_tpot_p99_ms", "TPOT p99 (ms)"))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(names):
+        c = colours[i % len(colours)]
+        pred = rs[f"predicted/{name}"]
+        for ax, (curve, pooled, rep, _) in zip(axes.flat, panels):
+            ax.plot(pred["rate"][()], pred[curve][()], color=c, label=f"{name} predicted")
+            for k, (label, rate, g) in enumerate(rate_search_points(f, name)):
+                ax.errorbar([rate], [float(g.attrs[pooled])], yerr=[round_interval(g[rep][()])], fmt="o", color=c,
+                            capsize=3, label=f"{name} measured" if k == 0 else None)
+    for ax, (_, _, _, what) in zip(axes.flat, panels):
+        ax.axvline(float(a["max_rate"]), color="0.4", ls=":", lw=1)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    axes[0, 0].axhline(float(a["attainment_target"]), color="red", ls="--", lw=1)
+    axes[1, 0].axhline(float(a["slo_ttft_ms"]), color="red", ls="--", lw=1)
+    axes[1, 1].axhline(float(a["slo_tpot_ms"]), color="red", ls="--", lw=1)
+    axes[0, 0].legend(fontsize=8, loc="lower left")
+    verdict = {1: "confirmed", 0: "NOT confirmed"}.get(int(a["confirmed"]), "not measured")
+    fig.suptitle(f"rate search: R* = {float(a['max_rate']):.3g} req/s ({text(a['searched_partition'])}), "
+                 f"TTFT <= {float(a['slo_ttft_ms']):g} ms, TPOT <= {float(a['slo_tpot_ms']):g} ms for "
+                 f"{100 * float(a['attainment_target']):g}% of requests: {verdict}")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
 def output_dir(args):
     """The directory the PNG files go to (--outdir, else the input's); None, with the error on
     stderr, when --outdir exists and is not a directory."""
@@ -763,6 +835,10 @@ def main(argv=None):
             png = os.path.join(outdir, os.path.splitext(os.path.basename(args.file))[0] + "_serving.png")
             plot_serving(f, png)
             print(png)
+            if "rate_search" in f:
+                png = os.path.join(outdir, os.path.splitext(os.path.basename(args.file))[0] + "_rate.png")
+                plot_rate_search(f, png)
+                print(png)
             return 0
         names = partition_names(f)
         benchmarked = any(f"benchmark/{name}" in f for name in names)

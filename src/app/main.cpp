@@ -201,7 +201,14 @@ void add_scenario_options(CLI::App& run, ppb::RunFlags& opt) {
       ->capture_default_str();
   run.add_option("--request-rate", opt.request_rate,
                  "R: requests per second of poisson and gamma (inf: every request at t = 0); the arrival times are "
-                 "vLLM's (Gamma gaps, rescaled so that the last arrival is at N / R)");
+                 "vLLM's (Gamma gaps, rescaled so that the last arrival is at N / R). search: the highest rate that "
+                 "meets --goodput's TTFT and TPOT limits for --attainment of the requests, predicted by the serving "
+                 "simulator (calibrated by one pilot round at the profile's prediction) and measured at 0.9x and "
+                 "1.1x that rate to confirm it");
+  run.add_option("--attainment", opt.attainment,
+                 "with --request-rate search: the share of requests that must meet both --goodput limits, in (0, 1] "
+                 "(0.9: DistServe's goodput target; 0.99)")
+      ->capture_default_str();
   run.add_option("--burstiness", opt.burstiness,
                  "K: the Gamma shape of --scenario gamma's gaps (vLLM's --burstiness: 1 = Poisson, < 1 burstier, "
                  "> 1 more regular)")

@@ -25,6 +25,7 @@
 #include "serving/arrivals.h"
 #include "serving/pipeline_sim.h"
 #include "serving/rate_search.h"
+#include "serving/simulated_rate.h"
 #include "serving/request_metrics.h"
 
 namespace ppb {
@@ -94,20 +95,6 @@ struct SearchOutcome {
   double seconds = 0.0;
 };
 
-/// The mean E2E (s) of the first few requests each served alone: the light-load scale of the
-/// search's first probe.
-double mean_solo_e2e_s(const std::vector<serving::Request>& unit, const serving::StepCostModel& costs,
-                       const serving::PipelineSimConfig& cfg) {
-  const std::size_t n = std::min<std::size_t>(unit.size(), 8);
-  double sum = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    serving::Request alone = unit[i];
-    alone.arrival_s = 0.0;
-    sum += serving::simulate_serving({alone}, costs, cfg).times[0].finish_s;
-  }
-  return sum / static_cast<double>(n);
-}
-
 /// --calibrated: the step model of every partition scaled per rank by the steps the file's
 /// serving scenario measured (balance::calibrate_steps over all its partitions).
 /// @throws UserError when the file has no measured serving steps.
@@ -149,17 +136,12 @@ SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& p
   slo.tpot_ms = opt.slo_tpot_ms;
   slo.attainment = opt.attainment;
   slo.mlperf = opt.mlperf;
-  auto play = [&](double rate) { return serving::simulate_serving(serving::scale_arrivals(unit, rate), costs, cfg); };
-  serving::RateSearchOptions so;
-  so.start_rate = 0.1 / mean_solo_e2e_s(unit, costs, cfg);
-  so.min_rate = so.start_rate / 1024.0;
-  so.max_rate = so.start_rate * 1073741824.0;
-  out.search = serving::search_max_rate([&](double rate) { return serving::judge_requests(play(rate).times, slo); }, so);
+  out.search = serving::search_simulated_rate(unit, costs, cfg, slo);
   if (out.search.outcome != serving::RateSearchResult::Outcome::none) {
     serving::GoodputSpec limits;
     limits.ttft_ms = opt.slo_ttft_ms;
     limits.tpot_ms = opt.slo_tpot_ms;
-    out.at_rate = serving::serving_metrics(play(out.search.rate).times, limits);
+    out.at_rate = serving::simulate_at_rate(unit, out.search.rate, costs, cfg, limits);
     out.have_metrics = true;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

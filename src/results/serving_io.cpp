@@ -67,8 +67,9 @@ void for_each_round_series(P& p, Fn&& fn) {
   fn("rep_tpot_p50_ms", p.rep_tpot_p50_ms, "ms"), fn("rep_tpot_p99_ms", p.rep_tpot_p99_ms, "ms");
 }
 
-void write_partition(Group& root, const ServingPartitionRecord& p) {
-  Group b = root.require_group("benchmark").create_group(p.name);
+/// Partition p's scenario as the group parent/<name> (/benchmark/<name>, or the rate search's).
+void write_partition(Group& parent, const ServingPartitionRecord& p) {
+  Group b = parent.create_group(p.name);
   b.set_attr("scenario", "requests that arrive (/scenario); latencies pooled over every round's requests, rates "
                          "over the rounds' total time; requests/ holds the last round");
   b.set_attr("microbatches", static_cast<int64_t>(p.groups));
@@ -118,6 +119,137 @@ void write_partition(Group& root, const ServingPartitionRecord& p) {
   r.write_dataset("tokens", p.tokens).set_attr("content", "the output token ids (greedy)");
 }
 
+/// The group b (/benchmark/<name>, or the rate search's) as partition `name`'s record.
+ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
+  ServingPartitionRecord p;
+  p.name = name;
+  p.groups = static_cast<int>(b.get_attr<int64_t>("microbatches"));
+  p.slots = static_cast<int>(b.get_attr<int64_t>("slots"));
+  p.steps = static_cast<int>(b.get_attr<int64_t>("steps"));
+  // Attributes a file of an earlier build of the format may lack read as NaN.
+  for_each_scalar(p, [&](const char* k, double& v) {
+    v = b.has_attr(k) ? b.get_attr<double>(k) : std::numeric_limits<double>::quiet_NaN();
+  });
+  p.tokens_gain = read_gain(b, "tokens_gain");
+  p.goodput_gain = read_gain(b, "goodput_gain");
+  p.ttft_p99_gain = read_gain(b, "ttft_p99_gain");
+  p.tpot_p99_gain = read_gain(b, "tpot_p99_gain");
+  p.cross_calibrated_by = b.has_attr("cross_calibrated_by") ? b.get_attr<std::string>("cross_calibrated_by") : "";
+  p.validated = b.get_attr<int64_t>("validated") != 0;
+  p.replay_tokens_differing = static_cast<int>(b.get_attr<int64_t>("replay_tokens_differing"));
+  p.alone_requests = static_cast<int>(b.get_attr<int64_t>("alone_requests"));
+  p.alone_tokens_differing = static_cast<int>(b.get_attr<int64_t>("alone_tokens_differing"));
+  p.rep_round = b.open_dataset("rep_round").read<int>();
+  for_each_round_series(p, [&](const char* k, std::vector<double>& v, const char*) { v = b.open_dataset(k).read<double>(); });
+  if (b.exists("steps")) {
+    const Group st = b.open_group("steps");
+    p.step_group = st.open_dataset("group").read<int>();
+    p.step_prefill_tokens = st.open_dataset("prefill_tokens").read<int>();
+    p.step_decode_rows = st.open_dataset("decode_rows").read<int>();
+    p.step_decode_context = st.open_dataset("decode_context").read<double>();
+    p.step_compute_start_s = st.open_dataset("compute_start_s").read<double>();
+    const h5::Dataset cm = st.open_dataset("compute_ms");
+    p.step_compute_ms = cm.read<double>();
+    p.stages = static_cast<int>(cm.dims().at(1));
+  }
+  const Group r = b.open_group("requests");
+  p.arrival_s = r.open_dataset("arrival_s").read<double>();
+  p.admitted_s = r.open_dataset("admitted_s").read<double>();
+  p.first_token_s = r.open_dataset("first_token_s").read<double>();
+  p.finish_s = r.open_dataset("finish_s").read<double>();
+  p.prompt_len = r.open_dataset("prompt_len").read<int>();
+  p.gen_len = r.open_dataset("gen_len").read<int>();
+  p.group = r.open_dataset("group").read<int>();
+  p.slot = r.open_dataset("slot").read<int>();
+  p.token_s = r.open_dataset("token_s").read<double>();
+  p.tokens = r.open_dataset("tokens").read<int32_t>();
+  return p;
+}
+
+/// The rate search's scalar attributes, name -> member (one list for both ways).
+template <class R, class Fn>
+void for_each_search_scalar(R& r, Fn&& fn) {
+  fn("attainment_target", r.attainment_target);
+  fn("slo_ttft_ms", r.slo_ttft_ms), fn("slo_tpot_ms", r.slo_tpot_ms);
+  fn("pilot_rate", r.pilot_rate), fn("max_rate", r.max_rate);
+  fn("rate_below", r.rate_below), fn("rate_above", r.rate_above);
+}
+
+template <class R, class Fn>
+void for_each_search_partition_scalar(R& r, Fn&& fn) {
+  fn("profile_max_rate", r.profile_max_rate), fn("calibrated_max_rate", r.calibrated_max_rate);
+  fn("predicted_attainment_below", r.predicted_attainment_below);
+  fn("predicted_attainment_above", r.predicted_attainment_above);
+  fn("measured_attainment_below", r.measured_attainment_below);
+  fn("measured_attainment_above", r.measured_attainment_above);
+}
+
+/// The curve's datasets, name -> member, units.
+template <class R, class Fn>
+void for_each_curve(R& r, Fn&& fn) {
+  fn("rate", r.curve_rate, "requests/s");
+  fn("attainment", r.curve_attainment, "fraction");
+  fn("goodput_req_per_s", r.curve_goodput_req_per_s, "requests/s");
+  fn("output_tokens_per_s", r.curve_output_tokens_per_s, "tokens/s");
+  fn("ttft_p50_ms", r.curve_ttft_p50_ms, "ms"), fn("ttft_p99_ms", r.curve_ttft_p99_ms, "ms");
+  fn("tpot_p50_ms", r.curve_tpot_p50_ms, "ms"), fn("tpot_p99_ms", r.curve_tpot_p99_ms, "ms");
+}
+
+void write_measured(Group& g, const char* name, const std::vector<ServingPartitionRecord>& parts, int rounds,
+                    double rate, const char* content) {
+  Group m = g.create_group(name);
+  m.set_attr("content", content);
+  m.set_attr("request_rate", rate);
+  m.set_attr("rounds", static_cast<int64_t>(rounds));
+  for (const ServingPartitionRecord& p : parts) write_partition(m, p);
+}
+
+void write_rate_search(Group& root, const RateSearchRecord& r) {
+  Group g = root.create_group("rate_search");
+  g.set_attr("content", "--request-rate search: the highest rate meeting the SLO, predicted (serving simulator from the "
+                        "profile, then calibrated by the pilot round's steps) and measured at rate_below (the scenario of "
+                        "/benchmark) and rate_above (above/)");
+  for_each_search_scalar(r, [&](const char* k, double v) { g.set_attr(k, v); });
+  g.set_attr("searched_partition", r.searched_partition);
+  g.set_attr("confirmed", static_cast<int64_t>(r.confirmed));
+  std::vector<std::string> names;
+  for (const RateSearchPartitionRecord& p : r.partitions) names.push_back(p.name);
+  g.set_attr("partitions", names);
+  Group pred = g.create_group("predicted");
+  pred.set_attr("content", "per partition: its highest rates (profile, calibrated) and the calibrated simulator's curve over "
+                           "rates; the measured attainment at rate_below and rate_above");
+  for (const RateSearchPartitionRecord& p : r.partitions) {
+    Group q = pred.create_group(p.name);
+    for_each_search_partition_scalar(p, [&](const char* k, double v) { q.set_attr(k, v); });
+    q.set_attr("outcome", p.outcome);
+    for_each_curve(p, [&](const char* k, const std::vector<double>& v, const char* u) {
+      ds(q, k, v, u, "the calibrated simulator at each rate of the curve");
+    });
+  }
+  write_measured(g, "pilot", r.pilot, r.pilot_rounds, r.pilot_rate, "every partition at pilot_rate, one round");
+  write_measured(g, "above", r.above, r.above_rounds, r.rate_above, "every partition at rate_above, in rounds");
+}
+
+void read_rate_search(const Group& g, RateSearchRecord& r) {
+  r.on = true;
+  for_each_search_scalar(r, [&](const char* k, double& v) { v = g.get_attr<double>(k); });
+  r.searched_partition = g.get_attr<std::string>("searched_partition");
+  r.confirmed = static_cast<int>(g.get_attr<int64_t>("confirmed"));
+  for (const std::string& name : g.get_attr<std::vector<std::string>>("partitions")) {
+    const Group q = g.open_group("predicted/" + name);
+    RateSearchPartitionRecord p;
+    p.name = name;
+    for_each_search_partition_scalar(p, [&](const char* k, double& v) { v = q.get_attr<double>(k); });
+    p.outcome = q.get_attr<std::string>("outcome");
+    for_each_curve(p, [&](const char* k, std::vector<double>& v, const char*) { v = q.open_dataset(k).read<double>(); });
+    r.partitions.push_back(std::move(p));
+    if (g.exists("pilot/" + name)) r.pilot.push_back(read_partition(g.open_group("pilot/" + name), name));
+    if (g.exists("above/" + name)) r.above.push_back(read_partition(g.open_group("above/" + name), name));
+  }
+  r.pilot_rounds = static_cast<int>(g.open_group("pilot").get_attr<int64_t>("rounds"));
+  r.above_rounds = static_cast<int>(g.open_group("above").get_attr<int64_t>("rounds"));
+}
+
 }  // namespace
 
 void write_serving(Group& root, const RunRecord& run) {
@@ -147,7 +279,11 @@ void write_serving(Group& root, const RunRecord& run) {
   std::vector<std::string> names;
   for (const auto& p : s.partitions) names.push_back(p.name);
   g.set_attr("partitions", names);
-  for (const auto& p : s.partitions) write_partition(root, p);
+  for (const auto& p : s.partitions) {
+    Group bench = root.require_group("benchmark");
+    write_partition(bench, p);
+  }
+  if (s.rate_search.on) write_rate_search(root, s.rate_search);
 }
 
 void read_serving(const Group& root, RunRecord& run) {
@@ -176,52 +312,9 @@ void read_serving(const Group& root, RunRecord& run) {
   s.arrival_s = g.open_dataset("arrival_s").read<double>();
   s.prompt_len = g.open_dataset("prompt_len").read<int>();
   s.gen_len = g.open_dataset("gen_len").read<int>();
-  for (const std::string& name : g.get_attr<std::vector<std::string>>("partitions")) {
-    const Group b = root.open_group("benchmark/" + name);
-    ServingPartitionRecord p;
-    p.name = name;
-    p.groups = static_cast<int>(b.get_attr<int64_t>("microbatches"));
-    p.slots = static_cast<int>(b.get_attr<int64_t>("slots"));
-    p.steps = static_cast<int>(b.get_attr<int64_t>("steps"));
-    // Attributes a file of an earlier build of the format may lack read as NaN.
-    for_each_scalar(p, [&](const char* k, double& v) {
-      v = b.has_attr(k) ? b.get_attr<double>(k) : std::numeric_limits<double>::quiet_NaN();
-    });
-    p.tokens_gain = read_gain(b, "tokens_gain");
-    p.goodput_gain = read_gain(b, "goodput_gain");
-    p.ttft_p99_gain = read_gain(b, "ttft_p99_gain");
-    p.tpot_p99_gain = read_gain(b, "tpot_p99_gain");
-    p.cross_calibrated_by = b.has_attr("cross_calibrated_by") ? b.get_attr<std::string>("cross_calibrated_by") : "";
-    p.validated = b.get_attr<int64_t>("validated") != 0;
-    p.replay_tokens_differing = static_cast<int>(b.get_attr<int64_t>("replay_tokens_differing"));
-    p.alone_requests = static_cast<int>(b.get_attr<int64_t>("alone_requests"));
-    p.alone_tokens_differing = static_cast<int>(b.get_attr<int64_t>("alone_tokens_differing"));
-    p.rep_round = b.open_dataset("rep_round").read<int>();
-    for_each_round_series(p, [&](const char* k, std::vector<double>& v, const char*) { v = b.open_dataset(k).read<double>(); });
-    if (b.exists("steps")) {
-      const Group st = b.open_group("steps");
-      p.step_group = st.open_dataset("group").read<int>();
-      p.step_prefill_tokens = st.open_dataset("prefill_tokens").read<int>();
-      p.step_decode_rows = st.open_dataset("decode_rows").read<int>();
-      p.step_decode_context = st.open_dataset("decode_context").read<double>();
-      p.step_compute_start_s = st.open_dataset("compute_start_s").read<double>();
-      const h5::Dataset cm = st.open_dataset("compute_ms");
-      p.step_compute_ms = cm.read<double>();
-      p.stages = static_cast<int>(cm.dims().at(1));
-    }
-    const Group r = b.open_group("requests");
-    p.arrival_s = r.open_dataset("arrival_s").read<double>();
-    p.admitted_s = r.open_dataset("admitted_s").read<double>();
-    p.first_token_s = r.open_dataset("first_token_s").read<double>();
-    p.finish_s = r.open_dataset("finish_s").read<double>();
-    p.prompt_len = r.open_dataset("prompt_len").read<int>();
-    p.gen_len = r.open_dataset("gen_len").read<int>();
-    p.group = r.open_dataset("group").read<int>();
-    p.slot = r.open_dataset("slot").read<int>();
-    p.token_s = r.open_dataset("token_s").read<double>();
-    p.tokens = r.open_dataset("tokens").read<int32_t>();
-    s.partitions.push_back(std::move(p));
-  }
+  for (const std::string& name : g.get_attr<std::vector<std::string>>("partitions"))
+    s.partitions.push_back(read_partition(root.open_group("benchmark/" + name), name));
+  if (root.exists("rate_search")) read_rate_search(root.open_group("rate_search"), s.rate_search);
 }
 
 }  // namespace ppb

@@ -72,6 +72,51 @@ struct ServingPartitionRecord {
   int alone_tokens_differing = -1; ///< their output tokens that differ from the last round's (batch invariance)
 };
 
+/// One partition in `run --request-rate search` (issue 38): its predicted highest rate and its
+/// predicted curve over rates (the simulator calibrated by the pilot round's steps), and its
+/// attainment measured at the rates below and above the searched maximum.
+struct RateSearchPartitionRecord {
+  std::string name;
+  /// The highest rate meeting the SLO (requests/s) the simulator finds from the profile alone,
+  /// and calibrated per rank by the pilot's steps (balance/serving_calibration.h, every
+  /// partition's); NaN where no rate passes; outcome: found, none or unbounded (calibrated).
+  double profile_max_rate = std::numeric_limits<double>::quiet_NaN();
+  double calibrated_max_rate = std::numeric_limits<double>::quiet_NaN();
+  std::string outcome;
+  /// The calibrated simulator's prediction at each rate of the curve [K] (ascending; the rates
+  /// below and above included).
+  std::vector<double> curve_rate, curve_attainment, curve_goodput_req_per_s, curve_output_tokens_per_s;
+  std::vector<double> curve_ttft_p50_ms, curve_ttft_p99_ms, curve_tpot_p50_ms, curve_tpot_p99_ms;
+  /// At the rates below and above: predicted (calibrated) and measured (pooled over the rounds).
+  double predicted_attainment_below = std::numeric_limits<double>::quiet_NaN();
+  double predicted_attainment_above = std::numeric_limits<double>::quiet_NaN();
+  double measured_attainment_below = std::numeric_limits<double>::quiet_NaN();
+  double measured_attainment_above = std::numeric_limits<double>::quiet_NaN();
+};
+
+/// `run --request-rate search`: the search and its confirmation. on = false: a fixed rate.
+struct RateSearchRecord {
+  bool on = false;
+  double attainment_target = 0.9;  ///< --attainment
+  double slo_ttft_ms = std::numeric_limits<double>::quiet_NaN(), slo_tpot_ms = std::numeric_limits<double>::quiet_NaN();
+  /// The pilot's rate: the profile's predicted maximum for the reference partition (the uniform
+  /// split), requests/s.
+  double pilot_rate = std::numeric_limits<double>::quiet_NaN();
+  /// The partition with the highest calibrated maximum, that maximum R* and the rates measured
+  /// around it (0.9 R*: the scenario of /benchmark; 1.1 R*: /rate_search/above).
+  std::string searched_partition;
+  double max_rate = std::numeric_limits<double>::quiet_NaN();
+  double rate_below = std::numeric_limits<double>::quiet_NaN(), rate_above = std::numeric_limits<double>::quiet_NaN();
+  /// 1: the searched partition's measured attainment is >= the target at rate_below and below it
+  /// at rate_above; 0: not; -1: not measured.
+  int confirmed = -1;
+  std::vector<RateSearchPartitionRecord> partitions;
+  /// Every partition's measurement at the pilot rate (one round) and at rate_above (rounds as
+  /// the main measurement's), each laid out as /benchmark/<name>.
+  std::vector<ServingPartitionRecord> pilot, above;
+  int pilot_rounds = 0, above_rounds = 0;
+};
+
 /// The scenario of a run and every partition's measurement of it. kind "" = a closed-batch run.
 struct ServingRunRecord {
   std::string kind;      ///< "poisson", "gamma", "trace"
@@ -91,6 +136,7 @@ struct ServingRunRecord {
   std::vector<ServingPartitionRecord> partitions;
   int rounds = 0;
   std::string stop_reason;
+  RateSearchRecord rate_search;  ///< --request-rate search
 };
 
 }  // namespace ppb

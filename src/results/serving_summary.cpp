@@ -58,6 +58,28 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s) {
        << (p.cross_calibrated_by.empty() ? "" : "  by " + p.cross_calibrated_by) << "\n";
 }
 
+/// --request-rate search: the predicted highest rates and the attainment measured around R*.
+void print_rate_search(std::ostream& os, const RateSearchRecord& r) {
+  os << format_line("  rate search (TTFT <= %g ms, TPOT <= %g ms for %.1f%% of the requests): pilot at %.3f req/s (the "
+                    "profile's highest for the uniform split), R* = %.3f req/s (%s, calibrated by the pilot's steps)\n",
+                    r.slo_ttft_ms, r.slo_tpot_ms, 100.0 * r.attainment_target, r.pilot_rate, r.max_rate,
+                    r.searched_partition.c_str());
+  os << format_line("  %-12s %14s %14s %24s %24s\n", "partition", "max (profile)", "max (calib.)",
+                    "attain. 0.9R* meas/pred", "attain. 1.1R* meas/pred");
+  for (const RateSearchPartitionRecord& p : r.partitions)
+    os << format_line("  %-12s %14.3f %14.3f %15.3f / %-6.3f %15.3f / %-6.3f\n", p.name.c_str(), p.profile_max_rate,
+                      p.calibrated_max_rate, p.measured_attainment_below, p.predicted_attainment_below,
+                      p.measured_attainment_above, p.predicted_attainment_above);
+  os << "  (0.9 R* = " << format_fixed(r.rate_below, 3) << " req/s is the scenario above; 1.1 R* = "
+     << format_fixed(r.rate_above, 3) << " req/s in /rate_search/above, " << r.above_rounds << " rounds)\n";
+  os << "  rate search verdict: "
+     << (r.confirmed == 1   ? "CONFIRMED: " + r.searched_partition + " meets the target at 0.9 R* and misses it at 1.1 R*"
+         : r.confirmed == 0 ? "NOT confirmed: " + r.searched_partition + "'s measured attainment does not cross the target "
+                              "between 0.9 R* and 1.1 R*"
+                            : std::string("not measured"))
+     << "\n";
+}
+
 }  // namespace
 
 void print_serving_summary(std::ostream& os, const RunRecord& run) {
@@ -67,6 +89,7 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
      << s.policy << " steps; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
   print_latency_table(os, s);
   print_predictions(os, s);
+  if (s.rate_search.on) print_rate_search(os, s.rate_search);
   if (!s.goodput.empty()) {
     os << "  goodput (" << s.goodput << "):\n";
     for (const ServingPartitionRecord& p : s.partitions)

@@ -74,6 +74,11 @@ class RunContext {
   std::unique_ptr<Transport> transport;
   Cluster cluster;
   std::string output;  ///< the results file (every rank knows it)
+  /// The serving scenario's requests at the rate being measured (every rank, the same):
+  /// opt.scenario.requests, or with --request-rate search those rescaled to the rate of the
+  /// search's current measurement (run/serving_rounds.cpp); scenario_rate its requests/s.
+  std::vector<serving::Request> scenario_requests;
+  double scenario_rate = 0.0;
 
   /// Rank 0, once the partitions are planned: the run's predictions (balance::Predictor of its
   /// record). @throws ppb::InternalError before make_predictor or on another rank (a bug).

@@ -61,7 +61,8 @@ struct RunFlags {
   std::string command_line;
   // The serving scenario (issue 37; main.cpp's help text says each).
   std::string scenario = "closed";
-  double request_rate = 0.0;  ///< 0 = not given
+  std::string request_rate;  ///< "" = not given; R (requests/s), inf, or search
+  double attainment = 0.9;   ///< --attainment: with --request-rate search
   double burstiness = 1.0;
   int requests = 64;
   std::string prompt_lens, gen_lens, trace;
@@ -110,6 +111,11 @@ struct ScenarioOptions {
   serving::StepPolicy policy = serving::StepPolicy::mixed;
   std::string policy_text = "mixed";
   int max_prompt_len = 1, max_gen_len = 1;  ///< -p, -g: the longest request the stages hold
+  /// --request-rate search (issue 38): `requests` are drawn at 1 request/s, and the run measures
+  /// them rescaled (serving::scale_arrivals) to the rates around the highest one the simulator
+  /// predicts meets --goodput's TTFT and TPOT limits for a share `attainment` of the requests.
+  bool rate_search = false;
+  double attainment = 0.9;
   bool on() const { return kind != ScenarioKind::closed; }
 };
 

@@ -14,6 +14,7 @@
 #include "common/format.h"
 #include "run/memory_checks.h"
 #include "run/plan_points.h"
+#include "run/serving_search.h"
 
 namespace ppb::run {
 
@@ -125,10 +126,23 @@ int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& p
   const balance::ProfileStepCosts costs(run, pred, uniform);
   serving::PipelineSimConfig cfg;
   cfg.scheduler = {ctx.workload.groups, ctx.workload.batch, sc.policy};
-  const serving::PipelineSimResult sim = serving::simulate_serving(sc.requests, costs, cfg);
+  std::vector<serving::Request> requests = ctx.scenario_requests;
+  if (sc.rate_search) {  // the pilot's rate (run/serving_search.h): the offered load of the objective
+    RateSearchRecord& rs = run.serving.rate_search;
+    rs.on = true;
+    rs.attainment_target = sc.attainment;
+    rs.slo_ttft_ms = sc.goodput.ttft_ms;
+    rs.slo_tpot_ms = sc.goodput.tpot_ms;
+    rs.pilot_rate = profile_max_rate(ctx, pred, uniform);
+    requests = serving::scale_arrivals(sc.requests, rs.pilot_rate);
+    ctx.progress.say(format_line("rate search: on the profile, the uniform split meets the SLO up to %.3f requests/s "
+                                 "(serving simulator): the pilot's rate, and the balancer's offered load",
+                                 rs.pilot_rate));
+  }
+  const serving::PipelineSimResult sim = serving::simulate_serving(requests, costs, cfg);
   double gen = 0;
-  for (const serving::Request& r : sc.requests) gen += r.gen_len - 1;
-  gen /= static_cast<double>(sc.requests.size());
+  for (const serving::Request& r : requests) gen += r.gen_len - 1;
+  gen /= static_cast<double>(requests.size());
   const double rows = sim.decode_steps > 0 ? static_cast<double>(sim.decode_rows) / static_cast<double>(sim.decode_steps) : 1.0;
   const int G = std::max(1, static_cast<int>(std::lround(ctx.workload.batch * gen / rows)));
   run.serving.objective_decode_rows = rows;

@@ -18,6 +18,8 @@
 #include "results/writer.h"
 #include "run/finish.h"
 #include "run/memory_checks.h"
+#include "run/serving_search.h"
+#include "serving/arrivals.h"
 #include "serving/pipeline_sim.h"
 #include "serving/request_metrics.h"
 
@@ -64,7 +66,7 @@ struct Stage0View {
 /// Collective: stage 0's part of `rec` on rank 0 (one gatherv of doubles: per request its four
 /// times, group, slot, then every request's token times and token ids; then steps and rows).
 Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool stage0) {
-  const auto& reqs = ctx.opt.scenario.requests;
+  const auto& reqs = ctx.scenario_requests;
   std::vector<double> mine;
   if (stage0) {
     for (size_t q = 0; q < reqs.size(); ++q) {
@@ -181,10 +183,10 @@ void record_scenario(RunContext& ctx) {
   const ScenarioOptions& s = ctx.opt.scenario;
   ServingRunRecord& r = ctx.record().serving;
   r.kind = s.kind_text;
-  r.requests = static_cast<int>(s.requests.size());
+  r.requests = static_cast<int>(ctx.scenario_requests.size());
   r.seed = ctx.workload.seed;
   r.burstiness = s.spec.arrivals.burstiness;
-  r.request_rate = s.spec.arrivals.request_rate;
+  r.request_rate = ctx.scenario_rate;
   if (s.kind == ScenarioKind::trace && !s.requests.empty() && s.requests.back().arrival_s > 0)
     r.request_rate = static_cast<double>(s.requests.size()) / s.requests.back().arrival_s;
   r.prompt_lens = s.spec.prompt_lens.text;
@@ -195,7 +197,8 @@ void record_scenario(RunContext& ctx) {
   r.goodput = s.goodput_text;
   r.max_prompt_len = s.max_prompt_len;
   r.max_gen_len = s.max_gen_len;
-  for (const serving::Request& q : s.requests) {
+  r.arrival_s.clear(), r.prompt_len.clear(), r.gen_len.clear();
+  for (const serving::Request& q : ctx.scenario_requests) {
     r.arrival_s.push_back(q.arrival_s);
     r.prompt_len.push_back(q.prompt_len);
     r.gen_len.push_back(q.gen_len);
@@ -335,7 +338,7 @@ ServingRecord take_turn(RunContext& ctx, const PartitionSet& set, ServingBench& 
   const balance::Partition& p = set.splits[b.pi];
   if (!b.stage) build_stage(ctx, set, b);
   const ServingConfig sc = serving_config(ctx, p);
-  const auto& reqs = ctx.opt.scenario.requests;
+  const auto& reqs = ctx.scenario_requests;
   ServingRecord rec;
   ctx.phase("scenario of partition " + p.solver, [&] {
     if (!b.warmed || !b.resident)
@@ -349,9 +352,13 @@ ServingRecord take_turn(RunContext& ctx, const PartitionSet& set, ServingBench& 
 
 /// Rank 0 decides whether the rounds stop (then broadcast): --iters done and every gain narrow
 /// enough, or the next round would end after --max-time.
-bool stop_rounds(RunContext& ctx, int rounds, double elapsed_s, double round_s, bool narrow, std::string& why) {
+bool stop_rounds(RunContext& ctx, int rounds, int exact_rounds, double elapsed_s, double round_s, bool narrow,
+                 std::string& why) {
   std::vector<int> stop{0};
-  if (ctx.root) {
+  if (ctx.root && exact_rounds > 0) {
+    stop[0] = rounds >= exact_rounds ? 1 : 0;
+    why = "the rate search's pilot: one round";
+  } else if (ctx.root) {
     const bool min_done = rounds >= ctx.opt.iters;
     if (min_done && (narrow || ctx.opt.target_ci_pct == 0)) {
       stop[0] = 1;
@@ -365,8 +372,9 @@ bool stop_rounds(RunContext& ctx, int rounds, double elapsed_s, double round_s, 
   return stop[0] == 1;
 }
 
-/// The rounds: every partition once per round, in an order rotated by one per round.
-void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches,
+/// The rounds: every partition once per round, in an order rotated by one per round; exactly
+/// `exact_rounds` of them where > 0, else until the stop rule (--iters, --target-ci, --max-time).
+void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches, int exact_rounds,
                  std::vector<std::vector<std::vector<serving::RequestTimes>>>& all) {
   const double t0 = monotonic_s();
   for (int round = 0;; ++round) {
@@ -392,7 +400,7 @@ void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBe
     if (ctx.root) narrow = compare_serving(ctx.record().serving, set.reference, ctx.opt.target_ci_pct);
     std::string why;
     const double now = monotonic_s();
-    if (stop_rounds(ctx, round + 1, now - t0, now - r0, narrow, why)) {
+    if (stop_rounds(ctx, round + 1, exact_rounds, now - t0, now - r0, narrow, why)) {
       if (ctx.root) {
         ctx.record().serving.rounds = round + 1;
         ctx.record().serving.stop_reason = why;
@@ -411,7 +419,7 @@ int differing(const std::vector<int32_t>& want, const std::vector<int32_t>& got)
 
 /// Validation: the last round's schedule replayed serialized; the first requests alone.
 void validate(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
-  const auto& reqs = ctx.opt.scenario.requests;
+  const auto& reqs = ctx.scenario_requests;
   const int alone_n = std::min<int>(8, static_cast<int>(reqs.size()));
   std::vector<int> alone(alone_n);
   for (int i = 0; i < alone_n; ++i) alone[i] = i;
@@ -430,6 +438,7 @@ void validate(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench
       sv = gather_stage0(ctx, solo, b.place.stage == 0);
     });
     b.stage.reset();
+    b.warmed = false;  // a later measurement (the rate search's) builds and warms it again
     if (!ctx.root) continue;
     ServingPartitionRecord& pr = ctx.record().serving.partitions[b.pi];
     pr.validated = true;
@@ -447,34 +456,101 @@ void validate(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench
   }
 }
 
-}  // namespace
-
-void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
+/// Every partition of `set` at ctx.scenario_requests (the rate ctx.scenario_rate) in rounds
+/// (exact_rounds > 0: that many; else the stop rule), predicted before and after: rank 0's
+/// record().serving holds the scenario and one fresh record per partition.
+void measure_scenario(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches, int exact_rounds) {
   if (ctx.root) {
     record_scenario(ctx);
+    ServingRunRecord& s = ctx.record().serving;
+    s.partitions.clear();
     for (const balance::Partition& p : set.splits) {
       ServingPartitionRecord pr;
       pr.name = p.solver;
       pr.groups = partition_groups(ctx, p);
       pr.slots = ctx.workload.batch;
-      ctx.record().serving.partitions.push_back(pr);
+      s.partitions.push_back(pr);
     }
     ctx.progress.say(format_line("scenario %s: %zu requests, %s; M=%d groups of B=%d slots, %s steps",
-                                   ctx.opt.scenario.kind_text.c_str(), ctx.opt.scenario.requests.size(),
-                                   serving_scenario_text(ctx.record().serving).c_str(), ctx.workload.groups,
-                                   ctx.workload.batch, ctx.opt.scenario.policy_text.c_str()));
+                                 ctx.opt.scenario.kind_text.c_str(), ctx.scenario_requests.size(),
+                                 serving_scenario_text(s).c_str(), ctx.workload.groups, ctx.workload.batch,
+                                 ctx.opt.scenario.policy_text.c_str()));
+    predict_partitions(ctx, set);
   }
-  if (ctx.root) predict_partitions(ctx, set);
-  std::vector<ServingBench> benches = build_benches(ctx, set);
-  for (ServingBench& b : benches)
-    if (b.resident) build_stage(ctx, set, b);
   std::vector<std::vector<std::vector<serving::RequestTimes>>> all(set.size());
-  play_rounds(ctx, set, benches, all);
+  play_rounds(ctx, set, benches, exact_rounds, all);
   if (ctx.root) {
     for (size_t j = 0; j < set.size(); ++j) pool_rounds(ctx.record().serving.partitions[j], all[j], ctx.opt.scenario.goodput);
     predict_partitions(ctx, set);
   }
+}
+
+/// Collective: rank 0's `rate` on every rank, and the scenario's requests rescaled to it.
+void set_rate(RunContext& ctx, double rate) {
+  std::vector<double> r{rate};
+  ctx.mpi.bcast_doubles(r);
+  ctx.scenario_rate = r[0];
+  ctx.scenario_requests = serving::scale_arrivals(ctx.opt.scenario.requests, r[0]);
+}
+
+/// --request-rate search's pilot (run/serving_search.h steps 2): one round of every partition at
+/// the profile's predicted rate, the calibrated search, and the rate below R* set.
+void rate_search_pilot(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
+  set_rate(ctx, ctx.root ? ctx.record().serving.rate_search.pilot_rate : 0.0);
+  if (ctx.root)
+    ctx.progress.say(format_line("rate search: pilot round at %.3f requests/s (the profile's predicted highest rate)",
+                                 ctx.scenario_rate));
+  measure_scenario(ctx, set, benches, 1);
+  double below = 0.0;
+  ctx.phase("rate search", [&] {
+    if (!ctx.root) return;
+    ServingRunRecord& s = ctx.record().serving;
+    plan_rate_confirmation(ctx, set);
+    s.rate_search.pilot = std::move(s.partitions);
+    s.rate_search.pilot_rounds = s.rounds;
+    s.partitions.clear();
+    for (const RateSearchPartitionRecord& r : s.rate_search.partitions)
+      ctx.progress.say(format_line("rate search: %-10s highest rate meeting the SLO %.3f requests/s from the profile, "
+                                   "%.3f calibrated by the pilot's steps", r.name.c_str(), r.profile_max_rate,
+                                   r.calibrated_max_rate));
+    below = s.rate_search.rate_below;
+    ctx.progress.say(format_line("rate search: R* = %.3f requests/s (%s); measuring at 0.9 R* = %.3f and 1.1 R* = %.3f",
+                                 s.rate_search.max_rate, s.rate_search.searched_partition.c_str(), below,
+                                 s.rate_search.rate_above));
+  });
+  set_rate(ctx, below);
+}
+
+/// --request-rate search's rounds at 1.1 R* (step 4), kept in rate_search.above; the verdict.
+void rate_search_above(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
+  ServingRunRecord main;
+  if (ctx.root) main = std::move(ctx.record().serving), ctx.record().serving = ServingRunRecord{};
+  set_rate(ctx, ctx.root ? main.rate_search.rate_above : 0.0);
+  measure_scenario(ctx, set, benches, 0);
+  if (!ctx.root) return;
+  main.rate_search.above = std::move(ctx.record().serving.partitions);
+  main.rate_search.above_rounds = ctx.record().serving.rounds;
+  ctx.record().serving = std::move(main);
+  judge_rate_confirmation(ctx.record().serving);
+  const RateSearchRecord& rs = ctx.record().serving.rate_search;
+  for (const RateSearchPartitionRecord& r : rs.partitions)
+    ctx.progress.say(format_line("rate search: %-10s attainment at 0.9 R* %.3f (predicted %.3f), at 1.1 R* %.3f "
+                                 "(predicted %.3f); target %.3f", r.name.c_str(), r.measured_attainment_below,
+                                 r.predicted_attainment_below, r.measured_attainment_above, r.predicted_attainment_above,
+                                 rs.attainment_target));
+}
+
+}  // namespace
+
+void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
+  std::vector<ServingBench> benches = build_benches(ctx, set);
+  for (ServingBench& b : benches)
+    if (b.resident) build_stage(ctx, set, b);
+  const bool search = ctx.opt.scenario.rate_search;
+  if (search) rate_search_pilot(ctx, set, benches);
+  measure_scenario(ctx, set, benches, 0);
   if (ctx.opt.validate) validate(ctx, set, benches);
+  if (search) rate_search_above(ctx, set, benches);
 }
 
 int finish_serving_run(RunContext& ctx) {

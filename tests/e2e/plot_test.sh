@@ -233,6 +233,19 @@ grep -qx "$TMP/serveout/serve_serving.png" "$TMP/serve_plot.txt" || fail "no ser
 size=$(stat -c %s "$TMP/serveout/serve_serving.png")
 (( size > 30000 )) || fail "serve_serving.png is only $size bytes"
 say "serve_serving.png (CDFs, request timelines): $size bytes"
+# --request-rate search: the predicted curves and the measured points (<stem>_rate.png), and `report`.
+mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 12 -g 6 --iters 2 --target-ci 0 \
+  --scenario poisson --request-rate search --requests 48 --prompt-lens uniform:2,12 --gen-lens uniform:2,6 \
+  --goodput ttft:5 tpot:50 -o "$TMP/search.h5" >"$TMP/search.log" 2>&1 ||
+  { cat "$TMP/search.log"; fail "ppbench run --request-rate search failed"; }
+"$BUILD/ppbench" report "$TMP/search.h5" >"$TMP/search_report.txt" || fail "report of the rate search failed"
+grep -q "rate search verdict:" "$TMP/search_report.txt" || fail "report printed no rate search"
+"$PY" "$REPO/tools/ppbench_plot.py" "$TMP/search.h5" --outdir "$TMP/searchout" >"$TMP/search_plot.txt" ||
+  fail "plot of the rate search failed"
+grep -qx "$TMP/searchout/search_rate.png" "$TMP/search_plot.txt" || fail "no search_rate.png: $(cat "$TMP/search_plot.txt")"
+size=$(stat -c %s "$TMP/searchout/search_rate.png")
+(( size > 30000 )) || fail "search_rate.png is only $size bytes"
+say "search_rate.png (predicted curves, measured points): $size bytes"
 # The script's newest format is the one this build writes.
 grep -q "kResultsFormatVersion = $("$PY" -c "import sys; sys.path.insert(0, '$REPO/tools'); import ppbench_plot as p; print(p.RESULTS_FORMAT_VERSION)");" \
   "$REPO/src/results/writer.h" || fail "RESULTS_FORMAT_VERSION of ppbench_plot.py differs from kResultsFormatVersion"

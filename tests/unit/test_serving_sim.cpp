@@ -32,6 +32,7 @@
 #include "serving/arrivals.h"
 #include "serving/pipeline_sim.h"
 #include "serving/rate_search.h"
+#include "serving/simulated_rate.h"
 #include "synthetic_run.h"
 #include "user_error_of.h"
 
@@ -495,6 +496,15 @@ TEST(ServingRateSearch, BisectionMatchesABruteForceScan) {
       if (std::abs(t - s.rate) < std::abs(nearest - s.rate)) nearest = t;
     EXPECT_NEAR(s.rate, nearest, 0.01 * s.rate + step) << c.name;
     if (inversions == 0) EXPECT_NEAR(s.rate, transitions.front(), 0.01 * s.rate + step) << c.name;
+    // The search serve-search and run --request-rate search share (its own first probe, from the
+    // requests alone) lands on a transition of the same scan.
+    const auto shared = serving::search_simulated_rate(unit, costs, cfg, slo);
+    ASSERT_EQ(shared.outcome, serving::RateSearchResult::Outcome::found) << c.name;
+    double near_shared = transitions.front();
+    for (double t : transitions)
+      if (std::abs(t - shared.rate) < std::abs(near_shared - shared.rate)) near_shared = t;
+    EXPECT_NEAR(shared.rate, near_shared, 0.01 * shared.rate + step) << c.name;
+    if (inversions == 0) EXPECT_NEAR(shared.rate, s.rate, 0.01 * s.rate + 2 * step) << c.name;
   }
 }
 
