@@ -178,10 +178,9 @@ std::vector<ScheduledStep> warmup_schedule(const std::vector<serving::Request>& 
   return out;
 }
 
-/// Rank 0: the scenario's description in the record.
-void record_scenario(RunContext& ctx) {
+/// Rank 0: the scenario's description (at ctx.scenario_rate) in `r`.
+void record_scenario(RunContext& ctx, ServingRunRecord& r) {
   const ScenarioOptions& s = ctx.opt.scenario;
-  ServingRunRecord& r = ctx.record().serving;
   r.kind = s.kind_text;
   r.requests = static_cast<int>(ctx.scenario_requests.size());
   r.seed = ctx.workload.seed;
@@ -297,11 +296,20 @@ bool compare_serving(ServingRunRecord& s, const std::string& reference, double t
   return narrow;
 }
 
-/// Rank 0: every partition's scenario predicted (balance::predict_serving: from the profile
+/// Rank 0: every partition's scenario in `s` predicted (balance::predict_serving: from the profile
 /// before the rounds; after them also cross-calibrated by the other partitions' steps); what
-/// could not be predicted is said, not fatal.
-void predict_partitions(RunContext& ctx, const PartitionSet& set) {
-  const std::string why = balance::predict_serving(ctx.record(), ctx.predictor(), set.splits);
+/// could not be predicted is said, not fatal. `s` is the record's, or a measurement of the rate
+/// search's kept beside it (predicted on a copy of the record holding it).
+void predict_partitions(RunContext& ctx, const PartitionSet& set, ServingRunRecord& s) {
+  std::string why;
+  if (&s == &ctx.record().serving) {
+    why = balance::predict_serving(ctx.record(), ctx.predictor(), set.splits);
+  } else {
+    RunRecord copy = ctx.record();
+    copy.serving = s;
+    why = balance::predict_serving(copy, ctx.predictor(), set.splits);
+    s = std::move(copy.serving);
+  }
   if (!why.empty()) ctx.progress.say("serving prediction incomplete: " + why);
 }
 
@@ -374,8 +382,9 @@ bool stop_rounds(RunContext& ctx, int rounds, int exact_rounds, double elapsed_s
 
 /// The rounds: every partition once per round, in an order rotated by one per round; exactly
 /// `exact_rounds` of them where > 0, else until the stop rule (--iters, --target-ci, --max-time).
+/// Rank 0 records them in `into` (null elsewhere).
 void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches, int exact_rounds,
-                 std::vector<std::vector<std::vector<serving::RequestTimes>>>& all) {
+                 std::vector<std::vector<std::vector<serving::RequestTimes>>>& all, ServingRunRecord* into) {
   const double t0 = monotonic_s();
   for (int round = 0;; ++round) {
     const double r0 = monotonic_s();
@@ -383,13 +392,13 @@ void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBe
       ServingBench& b = benches[(j + round) % benches.size()];
       b.last = take_turn(ctx, set, b);
       Stage0View v;
-      ServingPartitionRecord* steps_to = ctx.root ? &ctx.record().serving.partitions[b.pi] : nullptr;
+      ServingPartitionRecord* steps_to = ctx.root ? &into->partitions[b.pi] : nullptr;
       ctx.phase("gather of the scenario", [&] {
         v = gather_stage0(ctx, b.last, b.place.stage == 0);
         gather_steps(ctx, b.last, b.place, steps_to);
       });
       if (!ctx.root) continue;
-      ServingPartitionRecord& pr = ctx.record().serving.partitions[b.pi];
+      ServingPartitionRecord& pr = into->partitions[b.pi];
       record_round(ctx, pr, v, round, all[b.pi]);
       ctx.progress.say(format_line("round %d, %-10s %d requests in %.1f s: %.1f output tokens/s, TTFT p99 %.0f ms, "
                                      "TPOT p99 %.1f ms",
@@ -397,13 +406,13 @@ void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBe
                                      pr.rep_output_tokens_per_s.back(), pr.rep_ttft_p99_ms.back(), pr.rep_tpot_p99_ms.back()));
     }
     bool narrow = false;
-    if (ctx.root) narrow = compare_serving(ctx.record().serving, set.reference, ctx.opt.target_ci_pct);
+    if (ctx.root) narrow = compare_serving(*into, set.reference, ctx.opt.target_ci_pct);
     std::string why;
     const double now = monotonic_s();
     if (stop_rounds(ctx, round + 1, exact_rounds, now - t0, now - r0, narrow, why)) {
       if (ctx.root) {
-        ctx.record().serving.rounds = round + 1;
-        ctx.record().serving.stop_reason = why;
+        into->rounds = round + 1;
+        into->stop_reason = why;
       }
       return;
     }
@@ -457,31 +466,32 @@ void validate(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench
 }
 
 /// Every partition of `set` at ctx.scenario_requests (the rate ctx.scenario_rate) in rounds
-/// (exact_rounds > 0: that many; else the stop rule), predicted before and after: rank 0's
-/// record().serving holds the scenario and one fresh record per partition.
-void measure_scenario(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches, int exact_rounds) {
+/// (exact_rounds > 0: that many; else the stop rule), predicted before and after: on rank 0,
+/// `into` (the record's serving, or a measurement kept beside it) holds the scenario and one
+/// fresh record per partition.
+void measure_scenario(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches, int exact_rounds,
+                      ServingRunRecord* into) {
   if (ctx.root) {
-    record_scenario(ctx);
-    ServingRunRecord& s = ctx.record().serving;
-    s.partitions.clear();
+    record_scenario(ctx, *into);
+    into->partitions.clear();
     for (const balance::Partition& p : set.splits) {
       ServingPartitionRecord pr;
       pr.name = p.solver;
       pr.groups = partition_groups(ctx, p);
       pr.slots = ctx.workload.batch;
-      s.partitions.push_back(pr);
+      into->partitions.push_back(pr);
     }
     ctx.progress.say(format_line("scenario %s: %zu requests, %s; M=%d groups of B=%d slots, %s steps",
                                  ctx.opt.scenario.kind_text.c_str(), ctx.scenario_requests.size(),
-                                 serving_scenario_text(s).c_str(), ctx.workload.groups, ctx.workload.batch,
+                                 serving_scenario_text(*into).c_str(), ctx.workload.groups, ctx.workload.batch,
                                  ctx.opt.scenario.policy_text.c_str()));
-    predict_partitions(ctx, set);
+    predict_partitions(ctx, set, *into);
   }
   std::vector<std::vector<std::vector<serving::RequestTimes>>> all(set.size());
-  play_rounds(ctx, set, benches, exact_rounds, all);
+  play_rounds(ctx, set, benches, exact_rounds, all, into);
   if (ctx.root) {
-    for (size_t j = 0; j < set.size(); ++j) pool_rounds(ctx.record().serving.partitions[j], all[j], ctx.opt.scenario.goodput);
-    predict_partitions(ctx, set);
+    for (size_t j = 0; j < set.size(); ++j) pool_rounds(into->partitions[j], all[j], ctx.opt.scenario.goodput);
+    predict_partitions(ctx, set, *into);
   }
 }
 
@@ -500,7 +510,7 @@ void rate_search_pilot(RunContext& ctx, const PartitionSet& set, std::vector<Ser
   if (ctx.root)
     ctx.progress.say(format_line("rate search: pilot round at %.3f requests/s (the profile's predicted highest rate)",
                                  ctx.scenario_rate));
-  measure_scenario(ctx, set, benches, 1);
+  measure_scenario(ctx, set, benches, 1, ctx.root ? &ctx.record().serving : nullptr);
   double below = 0.0;
   ctx.phase("rate search", [&] {
     if (!ctx.root) return;
@@ -521,18 +531,18 @@ void rate_search_pilot(RunContext& ctx, const PartitionSet& set, std::vector<Ser
   set_rate(ctx, below);
 }
 
-/// --request-rate search's rounds at 1.1 R* (step 4), kept in rate_search.above; the verdict.
+/// --request-rate search's rounds at 1.1 R* (step 4), measured beside the record's scenario (which
+/// stays whole should they fail) and kept in rate_search.above; the verdict.
 void rate_search_above(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
-  ServingRunRecord main;
-  if (ctx.root) main = std::move(ctx.record().serving), ctx.record().serving = ServingRunRecord{};
-  set_rate(ctx, ctx.root ? main.rate_search.rate_above : 0.0);
-  measure_scenario(ctx, set, benches, 0);
+  const double rate = ctx.root ? ctx.record().serving.rate_search.rate_above : 0.0;
+  set_rate(ctx, rate);
+  ServingRunRecord above;
+  measure_scenario(ctx, set, benches, 0, ctx.root ? &above : nullptr);
   if (!ctx.root) return;
-  main.rate_search.above = std::move(ctx.record().serving.partitions);
-  main.rate_search.above_rounds = ctx.record().serving.rounds;
-  ctx.record().serving = std::move(main);
+  RateSearchRecord& rs = ctx.record().serving.rate_search;
+  rs.above = std::move(above.partitions);
+  rs.above_rounds = above.rounds;
   judge_rate_confirmation(ctx.record().serving);
-  const RateSearchRecord& rs = ctx.record().serving.rate_search;
   for (const RateSearchPartitionRecord& r : rs.partitions)
     ctx.progress.say(format_line("rate search: %-10s attainment at 0.9 R* %.3f (predicted %.3f), at 1.1 R* %.3f "
                                  "(predicted %.3f); target %.3f", r.name.c_str(), r.measured_attainment_below,
@@ -548,7 +558,7 @@ void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
     if (b.resident) build_stage(ctx, set, b);
   const bool search = ctx.opt.scenario.rate_search;
   if (search) rate_search_pilot(ctx, set, benches);
-  measure_scenario(ctx, set, benches, 0);
+  measure_scenario(ctx, set, benches, 0, ctx.root ? &ctx.record().serving : nullptr);
   if (ctx.opt.validate) validate(ctx, set, benches);
   if (search) rate_search_above(ctx, set, benches);
 }

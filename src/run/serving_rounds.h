@@ -15,8 +15,11 @@ namespace ppb::run {
 
 /// Benchmarks every partition of `set` under ctx.opt.scenario; rank 0 fills record().serving
 /// (requests, rounds, pooled metrics, gains against set.reference paired by round, validation)
-/// and prints a progress line per turn. Collective. Bad input (a stage that does not fit):
-/// PhaseFailed{2}; a failed transfer aborts the job (PhaseRunner).
+/// and prints a progress line per turn. With --request-rate search (run/serving_search.h) first
+/// a pilot round and the calibrated search, the rounds at 0.9 R* as the scenario, then those at
+/// 1.1 R* into record().serving.rate_search. Collective. Bad input (a stage that does not fit;
+/// an SLO that no rate, or every rate, meets): PhaseFailed{2}; a failed transfer aborts the job
+/// (PhaseRunner).
 void run_serving_benchmark(RunContext& ctx, const PartitionSet& set);
 
 /// The finish of a serving run (rank 0: the complete file and the summary with the latency
