@@ -63,12 +63,28 @@ void add_plan_command(CLI::App& app) {
   pl->add_option("--json", plan.json_out, "write every candidate, the front and the choice as JSON to this file (not "
                                           "the input; an existing file only with --force)");
   pl->add_flag("--force", plan.force, "overwrite an existing --json file");
+  pl->add_option("--scenario", plan.scenario,
+                 "poisson | gamma: requests that arrive; every layout ranked by the highest request rate at which "
+                 "--attainment of the requests meet both --slo-ttft and --slo-tpot (each request's TTFT and TPOT, "
+                 "not the p50), by bisection on the serving simulator (as serve-search)");
+  pl->add_option("--attainment", plan.attainment, "--scenario: share of requests meeting both limits, (0, 1]")
+      ->capture_default_str();
+  pl->add_option("--requests", plan.requests, "--scenario: requests per simulated scenario")->capture_default_str();
+  pl->add_option("--prompt-lens", plan.prompt_lens, "--scenario: fixed:n | uniform:a,b | lognormal:median,sigma "
+                                                    "(default fixed:P of the file)");
+  pl->add_option("--gen-lens", plan.gen_lens, "--scenario: output tokens, same forms (default fixed:G of the file)");
+  pl->add_option("--burstiness", plan.burstiness, "--scenario gamma: the Gamma shape of the gaps (1 = Poisson)")
+      ->capture_default_str();
+  pl->add_option("--seed", plan.seed, "--scenario: arrivals and lengths")->capture_default_str();
+  pl->add_option("--step-policy", plan.step_policy, "--scenario: mixed | prefill-first")->capture_default_str();
   pl->footer(
       "Layouts: S stages on consecutive devices, each of width 1 or a width the file profiled (a group within one\n"
       "machine of as many devices as the file's rank 0 shared), the balanced split of that layout, M = 1..2S groups.\n"
       "Every layout while there are at most 256, else per S the widths with the smallest bottleneck.\n"
       "Each predicted by the run's own model (as `ppbench simulate`). B: only the file's. docs/OFFLINE.md.\n"
-      "Example: ppbench plan results/profile.h5 --devices 4 --slo-tpot 200");
+      "With --scenario: every layout (unpruned) searched for its highest request rate within the SLO.\n"
+      "Example: ppbench plan results/profile.h5 --devices 4 --slo-tpot 200\n"
+      "Example: ppbench plan results/profile.h5 --devices 8 --scenario poisson --slo-ttft 2000 --slo-tpot 200");
   pl->callback([] { run_and_exit([] { return plan_command(plan); }); });
 }
 

@@ -61,6 +61,16 @@ struct PlanOptions {
   bool csv = false;         ///< every candidate as CSV on stdout instead of the tables
   std::string json_out;     ///< --json FILE (never the input; an existing file only with force)
   bool force = false;
+  /// --scenario poisson|gamma (issue 38): rank every layout by the highest request rate meeting
+  /// --slo-ttft and --slo-tpot (then per-request limits, not p50 targets) for --attainment of
+  /// the requests (balance/plan_serving.h); "" = the closed-batch front.
+  std::string scenario;
+  double attainment = 0.9;
+  int requests = 256;          ///< simulated requests per probe
+  std::string prompt_lens, gen_lens;  ///< "" = fixed:P / fixed:G of the file
+  double burstiness = 1.0;
+  uint64_t seed = 0;
+  std::string step_policy = "mixed";
 };
 
 /// `ppbench plan` (issue 36, offline; no MPI): every layout of N devices like the file's rank 0

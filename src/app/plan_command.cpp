@@ -10,6 +10,7 @@
 
 #include "app/offline_commands.h"
 #include "app/offline_io.h"
+#include "app/plan_scenario.h"
 #include "balance/layout.h"
 #include "balance/plan.h"
 #include "balance/problem.h"
@@ -205,12 +206,14 @@ json plan_json(const PlanOptions& opt, const balance::PlanResult& r, const std::
 
 int plan_command(const PlanOptions& opt) {
   check_plan_flags(opt);
+  check_plan_scenario_flags(opt);
   if (!is_hdf5(opt.input))
     throw UserError("plan reads a results file (.h5) of `ppbench run` or `ppbench profile`; '" + opt.input +
                     "' is not one");
   check_json_out(opt.json_out, opt.input, opt.force);
   const RunRecord run = read_run(opt.input);
   check_batch_list(opt.batch, run.workload.batch, opt.input);
+  if (!opt.scenario.empty()) return plan_scenario_command(opt, run);
   balance::PlanRequest req;
   req.devices = opt.devices;
   req.slo_ttft_ms = opt.slo_ttft_ms;

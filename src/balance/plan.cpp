@@ -88,6 +88,13 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups) {
   p.latency_min_ms = rank0_rows(t.latency_min_ms, U, devices);
   p.latency_max_ms = rank0_rows(t.latency_max_ms, U, devices);
   p.latency_alone_ms = rank0_rows(t.latency_alone_ms, U, devices);
+  // Decode by context (the serving step model's, `plan --scenario`): rank 0's [U][C] per device.
+  p.decode_contexts = t.decode_contexts;
+  const size_t C = t.decode_contexts.size();
+  if (C > 0 && t.decode_context_ms.size() >= U * C)
+    for (int d = 0; d < devices; ++d)
+      p.decode_context_ms.insert(p.decode_context_ms.end(), t.decode_context_ms.begin(),
+                                 t.decode_context_ms.begin() + static_cast<long>(U * C));
   // The KV cache of M·B sequences from the file's of M_file·B: linear in the groups.
   const double scale = static_cast<double>(groups) / run.workload.microbatches;
   for (int64_t kv : t.unit_kv_bytes) p.unit_kv_bytes.push_back(static_cast<int64_t>(std::ceil(kv * scale)));

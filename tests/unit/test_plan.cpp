@@ -25,6 +25,11 @@
 #include "app/offline_commands.h"
 #include "balance/layout.h"
 #include "balance/plan.h"
+#include "balance/plan_serving.h"
+#include "balance/serving_step_model.h"
+#include "serving/arrivals.h"
+#include "serving/pipeline_sim.h"
+#include "serving/rate_search.h"
 #include "balance/predict.h"
 #include "balance/problem.h"
 #include "balance/solver.h"
@@ -413,6 +418,64 @@ TEST(Plan, ClosestWhenNoneMeetsTheTargets) {
 
 // ---- the command --------------------------------------------------------------------------
 
+// ---- --scenario: the layouts ranked by the highest request rate (issue 38) -------------------
+
+/// Whether candidate c of `plan` passes `slo` at `rate`: its own serving simulation, built
+/// directly (plan_record at its M, ProfileStepCosts of its split), not through the ranking.
+bool passes_at(const RunRecord& run, const balance::PlanResult& plan, const PlanCandidate& c,
+               const std::vector<serving::Request>& unit, const serving::SloTarget& slo, double rate) {
+  const RunRecord rec = balance::plan_record(run, plan.devices, c.groups);
+  const balance::Predictor pred(rec);
+  const balance::ProfileStepCosts costs(rec, pred, c.split);
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler = {c.groups, c.batch, serving::StepPolicy::mixed};
+  return serving::judge_requests(serving::simulate_serving(serving::scale_arrivals(unit, rate), costs, cfg).times, slo).pass;
+}
+
+TEST(PlanServing, EveryLayoutIsSearchedAndRankedByItsHighestRate) {
+  const RunRecord run = make_profile(2, 8, {2}, 5);
+  balance::PlanRequest req;
+  req.devices = 4;
+  req.prune = false;
+  const balance::PlanResult plan = balance::plan_layouts(run, req);
+  serving::ScenarioSpec spec;
+  spec.arrivals = {1.0, 1.0, true};
+  spec.requests = 64;
+  spec.prompt_lens = serving::parse_length_spec("uniform:2,8", "--prompt-lens");
+  spec.gen_lens = serving::parse_length_spec("uniform:2,6", "--gen-lens");
+  spec.max_prompt_len = spec.max_gen_len = 64;
+  spec.seed = 9;
+  const auto unit = serving::generate_requests(spec);
+  serving::SloTarget slo;
+  slo.ttft_ms = 150;
+  slo.tpot_ms = 40;
+  slo.attainment = 0.9;
+  const auto ranked = balance::rank_by_serving_rate(run, plan, unit, serving::StepPolicy::mixed, slo);
+  ASSERT_EQ(ranked.size(), plan.candidates.size());
+  std::set<size_t> seen;
+  int found = 0;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const auto& e = ranked[i];
+    const PlanCandidate& c = plan.candidates[e.candidate];
+    SCOPED_TRACE(c.label);
+    seen.insert(e.candidate);
+    if (i > 0 && ranked[i - 1].search.outcome == e.search.outcome)
+      EXPECT_GE(ranked[i - 1].max_rate, e.max_rate * (1 - 1e-9));  // by rate, descending
+    if (e.search.outcome != serving::RateSearchResult::Outcome::found) continue;
+    ++found;
+    // The claim checked on the candidate's own simulation: a pass at the rate, a failure within
+    // 1% above it.
+    EXPECT_TRUE(passes_at(run, plan, c, unit, slo, e.max_rate));
+    EXPECT_FALSE(passes_at(run, plan, c, unit, slo, e.search.failing_rate));
+    EXPECT_LE(e.search.failing_rate, 1.01 * e.max_rate * (1 + 1e-12));
+    EXPECT_DOUBLE_EQ(e.max_rate_per_device, e.max_rate / 4);
+  }
+  EXPECT_EQ(seen.size(), plan.candidates.size());
+  EXPECT_GT(found, 0);
+  // The SLO binds (a queue of 64 requests breaks the TTFT limit) and a request alone meets it.
+  EXPECT_EQ(ranked.front().search.outcome, serving::RateSearchResult::Outcome::found);
+}
+
 class PlanCommandTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -466,6 +529,35 @@ TEST_F(PlanCommandTest, BadInputsNameTheFlag) {
   o.input = (dir_ / "x.json").string();
   std::ofstream(o.input) << "{}";
   EXPECT_NE(error_of([&] { plan_command(o); }).find("results file"), std::string::npos);
+}
+
+TEST_F(PlanCommandTest, ScenarioRanksLayoutsByRate) {
+  PlanOptions o = opts(2);
+  o.scenario = "poisson";
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--slo-ttft MS and --slo-tpot MS"), std::string::npos);
+  o.slo_ttft_ms = 150;
+  o.slo_tpot_ms = 40;
+  o.attainment = 0;
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--attainment"), std::string::npos);
+  o.attainment = 0.9;
+  o.scenario = "burst";
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--scenario 'burst'"), std::string::npos);
+  o.scenario = "poisson";
+  o.step_policy = "chunked";
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--step-policy 'chunked'"), std::string::npos);
+  o.step_policy = "mixed";
+  o.requests = 64;
+  o.json_out = (dir_ / "scenario.json").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(plan_command(o), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("layouts by the highest request rate"), std::string::npos) << out;
+  EXPECT_NE(out.find("best: "), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(std::ifstream(o.json_out));
+  ASSERT_FALSE(j["ranked"].empty());
+  for (size_t i = 1; i < j["ranked"].size(); ++i)
+    if (j["ranked"][i]["outcome"] == "found" && j["ranked"][i - 1]["outcome"] == "found")
+      EXPECT_GE(j["ranked"][i - 1]["max_rate_req_per_s"].get<double>(), j["ranked"][i]["max_rate_req_per_s"].get<double>());
 }
 
 TEST_F(PlanCommandTest, PrintsTheFrontAndTheChoice) {
