@@ -99,8 +99,8 @@ struct RateSearchRecord {
   bool on = false;
   double attainment_target = 0.9;  ///< --attainment
   double slo_ttft_ms = std::numeric_limits<double>::quiet_NaN(), slo_tpot_ms = std::numeric_limits<double>::quiet_NaN();
-  /// The pilot's rate: the profile's predicted maximum for the reference partition (the uniform
-  /// split), requests/s.
+  /// The pilot's rate, requests/s: the profile's predicted maximum for the uniform split, or the
+  /// rate whose N arrivals span --max-time if that is higher.
   double pilot_rate = std::numeric_limits<double>::quiet_NaN();
   /// The partition with the highest calibrated maximum, that maximum R* and the rates measured
   /// around it (0.9 R*: the scenario of /benchmark; 1.1 R*: /rate_search/above).

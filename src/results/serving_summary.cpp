@@ -61,7 +61,7 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s) {
 /// --request-rate search: the predicted highest rates and the attainment measured around R*.
 void print_rate_search(std::ostream& os, const RateSearchRecord& r) {
   os << format_line("  rate search (TTFT <= %g ms, TPOT <= %g ms for %.1f%% of the requests): pilot at %.3f req/s (the "
-                    "profile's highest for the uniform split), R* = %.3f req/s (%s, calibrated by the pilot's steps)\n",
+                    "profile's highest for the uniform split, or N / --max-time), R* = %.3f req/s (%s, calibrated by the pilot's steps)\n",
                     r.slo_ttft_ms, r.slo_tpot_ms, 100.0 * r.attainment_target, r.pilot_rate, r.max_rate,
                     r.searched_partition.c_str());
   os << format_line("  %-12s %14s %14s %24s %24s\n", "partition", "max (profile)", "max (calib.)",

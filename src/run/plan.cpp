@@ -133,11 +133,16 @@ int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& p
     rs.attainment_target = sc.attainment;
     rs.slo_ttft_ms = sc.goodput.ttft_ms;
     rs.slo_tpot_ms = sc.goodput.tpot_ms;
-    rs.pilot_rate = profile_max_rate(ctx, pred, uniform);
-    requests = serving::scale_arrivals(sc.requests, rs.pilot_rate);
+    // The pilot plays at the profile's rate, or faster where its N arrivals would outlast
+    // --max-time (a pessimistic profile must not make the calibration's round hours long).
+    const double profile_rate = profile_max_rate(ctx, pred, uniform);
+    const double bounded_rate = static_cast<double>(sc.requests.size()) / ctx.opt.max_time_s;
+    rs.pilot_rate = std::max(profile_rate, bounded_rate);
+    requests = serving::scale_arrivals(sc.requests, profile_rate);
     ctx.progress.say(format_line("rate search: on the profile, the uniform split meets the SLO up to %.3f requests/s "
-                                 "(serving simulator): the pilot's rate, and the balancer's offered load",
-                                 rs.pilot_rate));
+                                 "(serving simulator): the balancer's offered load; the pilot round at %.3f requests/s%s",
+                                 profile_rate, rs.pilot_rate,
+                                 rs.pilot_rate > profile_rate ? " (its arrivals within --max-time)" : ""));
   }
   const serving::PipelineSimResult sim = serving::simulate_serving(requests, costs, cfg);
   double gen = 0;

@@ -508,8 +508,8 @@ void set_rate(RunContext& ctx, double rate) {
 void rate_search_pilot(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
   set_rate(ctx, ctx.root ? ctx.record().serving.rate_search.pilot_rate : 0.0);
   if (ctx.root)
-    ctx.progress.say(format_line("rate search: pilot round at %.3f requests/s (the profile's predicted highest rate)",
-                                 ctx.scenario_rate));
+    ctx.progress.say(format_line("rate search: pilot round at %.3f requests/s (the profile's predicted highest rate, "
+                                 "or N / --max-time if higher)", ctx.scenario_rate));
   measure_scenario(ctx, set, benches, 1, ctx.root ? &ctx.record().serving : nullptr);
   double below = 0.0;
   ctx.phase("rate search", [&] {

@@ -2,8 +2,9 @@
 // rate that meets --goodput's TTFT and TPOT limits for --attainment of the requests, predicted
 // and confirmed by measurement in one run. The steps (run/serving_rounds.cpp runs them):
 //   1. before the rounds (the balance phase, rank 0): the serving simulator on the profile
-//      (balance::ProfileStepCosts) finds the highest rate of the reference (uniform) split:
-//      the pilot rate; the scenario's balancer objective is taken at it;
+//      (balance::ProfileStepCosts) finds the highest rate of the uniform split; the scenario's
+//      balancer objective is taken at it, and the pilot plays at it (or at N / --max-time where
+//      that is higher: a pessimistic profile must not make the pilot hours long);
 //   2. pilot: every partition plays the scenario at that rate for one round; its measured
 //      steps calibrate the step model per rank (balance::calibrate_steps, every partition's), and
 //      the calibrated simulator finds each partition's highest rate, and its curve over rates;
