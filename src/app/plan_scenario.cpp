@@ -1,5 +1,6 @@
 #include "app/plan_scenario.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
