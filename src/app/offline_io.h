@@ -13,6 +13,7 @@
 #include "balance/partition.h"
 #include "common/error.h"
 #include "results/run_record.h"
+#include "serving/arrivals.h"
 
 namespace ppb::offline {
 
@@ -79,5 +80,13 @@ void write_json_file(const std::string& path, const json& j);
 /// (`widths`, [S]), first_unit, last_unit, first_device ([S] each) and predicted_stage_ms ([S],
 /// ms in the balancer's objective).
 json layout_json(const balance::Partition& split, const std::vector<int>& widths);
+
+/// The simulated scenario of `serve-search` and `plan --scenario`: `requests` requests drawn at
+/// 1 request/s (Gamma gaps of shape `burstiness`, vLLM's) from `seed`, lengths from the specs
+/// (""= fixed:P / fixed:G of `run`'s workload), each clamped to 32768 tokens (a results file does
+/// not record the model's context; the step model clamps contexts to the profiled ones).
+/// @throws ppb::UserError for a bad length spec (naming --prompt-lens or --gen-lens).
+std::vector<serving::Request> unit_rate_requests(const RunRecord& run, int requests, const std::string& prompt_lens,
+                                                 const std::string& gen_lens, double burstiness, uint64_t seed);
 
 }  // namespace ppb::offline

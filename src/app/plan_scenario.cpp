@@ -21,29 +21,6 @@ using namespace offline;
 
 namespace {
 
-constexpr int kMaxLen = 32768;  ///< lengths clamp (the step model clamps contexts to the profiled ones)
-
-serving::StepPolicy policy_of(const std::string& text) {
-  if (text == "mixed") return serving::StepPolicy::mixed;
-  if (text == "prefill-first") return serving::StepPolicy::prefill_first;
-  throw UserError("--step-policy '" + text + "' is unknown; valid: mixed, prefill-first");
-}
-
-/// The scenario's requests at 1 request/s (a file's P and G by default).
-std::vector<serving::Request> unit_requests(const RunRecord& run, const PlanOptions& opt) {
-  serving::ScenarioSpec spec;
-  spec.arrivals = {1.0, opt.burstiness, true};
-  spec.requests = opt.requests;
-  spec.prompt_lens = serving::parse_length_spec(
-      opt.prompt_lens.empty() ? "fixed:" + std::to_string(run.workload.prompt_len) : opt.prompt_lens, "--prompt-lens");
-  spec.gen_lens = serving::parse_length_spec(
-      opt.gen_lens.empty() ? "fixed:" + std::to_string(run.workload.gen_len) : opt.gen_lens, "--gen-lens");
-  spec.max_prompt_len = kMaxLen;
-  spec.max_gen_len = kMaxLen;
-  spec.seed = opt.seed;
-  return serving::generate_requests(spec);
-}
-
 struct Search {
   balance::PlanResult plan;
   std::vector<balance::ServingPlanEntry> ranked;
@@ -58,14 +35,9 @@ Search search(const RunRecord& run, const PlanOptions& opt, int devices, const s
   req.prune = false;  // the closed batch's bounds say nothing of a rate under arrivals
   Search s;
   s.plan = balance::plan_layouts(run, req);
-  s.ranked = balance::rank_by_serving_rate(run, s.plan, unit, policy_of(opt.step_policy), slo);
+  s.ranked = balance::rank_by_serving_rate(run, s.plan, unit, serving::parse_step_policy(opt.step_policy), slo);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
-}
-
-const char* outcome_name(serving::RateSearchResult::Outcome o) {
-  return o == serving::RateSearchResult::Outcome::found ? "found"
-         : o == serving::RateSearchResult::Outcome::none ? "none" : "unbounded";
 }
 
 std::string rate_text(const balance::ServingPlanEntry& e) {
@@ -131,7 +103,7 @@ void print_csv(const Search& s) {
     std::replace(split.begin(), split.end(), ',', '-');
     const serving::ServingMetrics& a = e.at_rate;
     std::printf("%s,%d,%s,%d,%d,%s,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g\n", c.label.c_str(), c.split.num_stages(),
-                w.c_str(), c.groups, c.batch, split.c_str(), outcome_name(e.search.outcome), e.max_rate,
+                w.c_str(), c.groups, c.batch, split.c_str(), serving::outcome_name(e.search.outcome), e.max_rate,
                 e.max_rate_per_device, a.slo_attainment, a.ttft.p50_ms, a.ttft.p99_ms, a.tpot.p50_ms, a.tpot.p99_ms,
                 a.output_tokens_per_s);
   }
@@ -141,7 +113,7 @@ json entry_json(const Search& s, const balance::ServingPlanEntry& e) {
   const balance::PlanCandidate& c = s.plan.candidates[e.candidate];
   json j = layout_json(c.split, c.widths);
   const serving::ServingMetrics& a = e.at_rate;
-  j.update({{"layout", c.label}, {"groups", c.groups}, {"batch", c.batch}, {"outcome", outcome_name(e.search.outcome)},
+  j.update({{"layout", c.label}, {"groups", c.groups}, {"batch", c.batch}, {"outcome", serving::outcome_name(e.search.outcome)},
             {"max_rate_req_per_s", e.max_rate}, {"max_rate_per_device", e.max_rate_per_device},
             {"probes", e.search.probes.size()}, {"attainment", a.slo_attainment}, {"ttft_p50_ms", a.ttft.p50_ms},
             {"ttft_p99_ms", a.ttft.p99_ms}, {"tpot_p50_ms", a.tpot.p50_ms}, {"tpot_p99_ms", a.tpot.p99_ms},
@@ -164,7 +136,7 @@ void check_plan_scenario_flags(const PlanOptions& opt) {
   if (!(opt.attainment > 0) || !(opt.attainment <= 1))
     throw UserError("--attainment " + sig(opt.attainment) + ": the share of requests meeting both limits, in (0, 1]");
   if (opt.requests < 1 || opt.requests > 1000000) throw UserError("--requests: between 1 and 1000000");
-  policy_of(opt.step_policy);
+  serving::parse_step_policy(opt.step_policy);
   serving::parse_length_spec(opt.prompt_lens.empty() ? "fixed:1" : opt.prompt_lens, "--prompt-lens");
   serving::parse_length_spec(opt.gen_lens.empty() ? "fixed:1" : opt.gen_lens, "--gen-lens");
 }
@@ -174,7 +146,7 @@ int plan_scenario_command(const PlanOptions& opt, const RunRecord& run) {
   slo.ttft_ms = opt.slo_ttft_ms;
   slo.tpot_ms = opt.slo_tpot_ms;
   slo.attainment = opt.attainment;
-  const std::vector<serving::Request> unit = unit_requests(run, opt);
+  const std::vector<serving::Request> unit = unit_rate_requests(run, opt.requests, opt.prompt_lens, opt.gen_lens, opt.burstiness, opt.seed);
   const Search s = search(run, opt, opt.devices, unit, slo);
   std::optional<Search> more;
   try {

@@ -34,9 +34,6 @@ using namespace offline;
 
 namespace {
 
-/// Lengths are clamped to this many tokens each (a results file does not record the model's
-/// context; the step model clamps contexts to the profiled ones anyway).
-constexpr int kMaxLen = 32768;
 constexpr int kMaxRequests = 1000000;
 
 /// Flags checked before the file is read (exit 2, naming the flag).
@@ -148,11 +145,6 @@ SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& p
   return out;
 }
 
-const char* outcome_name(serving::RateSearchResult::Outcome o) {
-  return o == serving::RateSearchResult::Outcome::found ? "found"
-         : o == serving::RateSearchResult::Outcome::none ? "none" : "unbounded";
-}
-
 void print_outcome(const SearchOutcome& o) {
   const auto& s = o.search;
   const auto& m = o.at_rate;
@@ -177,7 +169,7 @@ json outcome_json(const SearchOutcome& o) {
                       {"ttft_p99_ms", p.verdict.ttft_p99_ms}, {"tpot_p99_ms", p.verdict.tpot_p99_ms},
                       {"early_stopping", p.verdict.early_stopping}});
   json j = {{"name", o.name}, {"devices", o.devices}, {"groups", o.groups}, {"slots", o.slots},
-            {"outcome", outcome_name(o.search.outcome)}, {"failing_rate", o.search.failing_rate},
+            {"outcome", serving::outcome_name(o.search.outcome)}, {"failing_rate", o.search.failing_rate},
             {"non_monotone_probes", o.search.non_monotone}, {"search_seconds", o.seconds}, {"probes", probes}};
   if (o.have_metrics) {
     const auto& m = o.at_rate;
@@ -190,21 +182,6 @@ json outcome_json(const SearchOutcome& o) {
                         {"duration_s", m.duration_s}};
   }
   return j;
-}
-
-/// The scenario's requests at 1 request/s (checked lengths: a file's P and G by default).
-std::vector<serving::Request> unit_rate_requests(const RunRecord& run, const ServeSearchOptions& opt) {
-  serving::ScenarioSpec spec;
-  spec.arrivals = {1.0, opt.burstiness, true};
-  spec.requests = opt.requests;
-  spec.prompt_lens = serving::parse_length_spec(
-      opt.prompt_lens.empty() ? "fixed:" + std::to_string(run.workload.prompt_len) : opt.prompt_lens, "--prompt-lens");
-  spec.gen_lens = serving::parse_length_spec(
-      opt.gen_lens.empty() ? "fixed:" + std::to_string(run.workload.gen_len) : opt.gen_lens, "--gen-lens");
-  spec.max_prompt_len = kMaxLen;
-  spec.max_gen_len = kMaxLen;
-  spec.seed = opt.seed;
-  return serving::generate_requests(spec);
 }
 
 void print_header(const RunRecord& run, const ServeSearchOptions& opt, const std::vector<serving::Request>& unit) {
@@ -261,7 +238,7 @@ int serve_search_command(const ServeSearchOptions& opt) {
                     "give -b 1.." + std::to_string(run.workload.batch) + ", or profile at a larger B");
   const balance::Predictor pred(run);
   const std::vector<balance::Partition> parts = partitions_to_search(run, opt);
-  const std::vector<serving::Request> unit = unit_rate_requests(run, opt);
+  const std::vector<serving::Request> unit = unit_rate_requests(run, opt.requests, opt.prompt_lens, opt.gen_lens, opt.burstiness, opt.seed);
   const std::vector<balance::StepCalibration> calibration =
       opt.calibrated ? file_calibration(run, pred, opt) : std::vector<balance::StepCalibration>{};
   print_header(run, opt, unit);

@@ -1,19 +1,17 @@
 #include "balance/plan.h"
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <set>
-#include <thread>
 
 #include "balance/layout.h"
 #include "balance/predict.h"
 #include "balance/problem.h"
 #include "balance/solver.h"
 #include "common/error.h"
+#include "common/parallel_for.h"
 
 namespace ppb::balance {
 
@@ -476,7 +474,7 @@ bool provably_irrelevant(const Job& job, const std::vector<PlanCandidate>& done,
 void simulate_jobs(const std::vector<Job>& jobs, const std::vector<std::unique_ptr<RunRecord>>& recs,
                    const std::vector<std::unique_ptr<Predictor>>& preds, const PlanRequest& req, PlanResult& res,
                    std::set<std::string>& warnings) {
-  const size_t threads = std::max<size_t>(1, std::min<size_t>(8, std::thread::hardware_concurrency()));
+  const size_t threads = parallel_threads();
   const size_t batch_size = threads == 1 ? 1 : 2 * threads;
   for (size_t i = 0; i < jobs.size();) {
     std::vector<const Job*> batch;
@@ -489,28 +487,15 @@ void simulate_jobs(const std::vector<Job>& jobs, const std::vector<std::unique_p
     }
     std::vector<PlanCandidate> out(batch.size());
     std::vector<std::set<std::string>> warn(batch.size());
-    std::vector<std::exception_ptr> error(batch.size());
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t b; (b = next++) < batch.size();) {
-        const Job& job = *batch[b];
-        try {
-          Slot at;
-          at.stages = static_cast<int>(job.widths.size());
-          at.widths = job.widths;
-          at.split = job.split;
-          out[b] = predict_candidate(*preds[job.groups - 1], *recs[job.groups - 1], at, job.groups, req.devices, warn[b]);
-        } catch (...) {
-          error[b] = std::current_exception();
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < std::min(threads, batch.size()); ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
+    parallel_for(batch.size(), [&](size_t b) {
+      const Job& job = *batch[b];
+      Slot at;
+      at.stages = static_cast<int>(job.widths.size());
+      at.widths = job.widths;
+      at.split = job.split;
+      out[b] = predict_candidate(*preds[job.groups - 1], *recs[job.groups - 1], at, job.groups, req.devices, warn[b]);
+    });
     for (size_t b = 0; b < batch.size(); ++b) {
-      if (error[b]) std::rethrow_exception(error[b]);
       res.candidates.push_back(std::move(out[b]));
       warnings.insert(warn[b].begin(), warn[b].end());
     }

@@ -1,15 +1,13 @@
 #include "balance/plan_serving.h"
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
-#include <thread>
 #include <cmath>
 #include <map>
 #include <memory>
 
 #include "balance/predict.h"
 #include "balance/serving_step_model.h"
+#include "common/parallel_for.h"
 #include "serving/simulated_rate.h"
 
 namespace ppb::balance {
@@ -38,37 +36,22 @@ std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const P
   limits.ttft_ms = slo.ttft_ms;
   limits.tpot_ms = slo.tpot_ms;
   std::vector<ServingPlanEntry> out(plan.candidates.size());
-  std::vector<std::exception_ptr> error(out.size());
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i; (i = next++) < out.size();) {
-      try {
-        const PlanCandidate& c = plan.candidates[i];
-        const auto& slot = by_groups.at(c.groups);
-        const ProfileStepCosts costs(*slot.first, *slot.second, c.split);
-        serving::PipelineSimConfig cfg;
-        cfg.scheduler = {c.groups, c.batch, policy};
-        ServingPlanEntry& e = out[i];
-        e.candidate = i;
-        e.search = serving::search_simulated_rate(unit, costs, cfg, slo);
-        if (e.search.outcome != serving::RateSearchResult::Outcome::none) {
-          e.max_rate = e.search.rate;
-          e.max_rate_per_device = e.search.rate / plan.devices;
-          e.at_rate = serving::simulate_at_rate(unit, e.search.rate, costs, cfg, limits);
-        }
-      } catch (...) {
-        error[i] = std::current_exception();
-      }
+  // The candidates on the machine's cores, as plan_layouts simulates them.
+  parallel_for(out.size(), [&](std::size_t i) {
+    const PlanCandidate& c = plan.candidates[i];
+    const auto& slot = by_groups.at(c.groups);
+    const ProfileStepCosts costs(*slot.first, *slot.second, c.split);
+    serving::PipelineSimConfig cfg;
+    cfg.scheduler = {c.groups, c.batch, policy};
+    ServingPlanEntry& e = out[i];
+    e.candidate = i;
+    e.search = serving::search_simulated_rate(unit, costs, cfg, slo);
+    if (e.search.outcome != serving::RateSearchResult::Outcome::none) {
+      e.max_rate = e.search.rate;
+      e.max_rate_per_device = e.search.rate / plan.devices;
+      e.at_rate = serving::simulate_at_rate(unit, e.search.rate, costs, cfg, limits);
     }
-  };
-  // The candidates on the machine's cores (at most 8 threads), as plan_layouts simulates them.
-  const std::size_t threads = std::max<std::size_t>(1, std::min<std::size_t>(8, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (std::size_t t = 1; t < std::min(threads, out.size()); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  for (const std::exception_ptr& e : error)
-    if (e) std::rethrow_exception(e);
+  });
   auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b)); };
   std::stable_sort(out.begin(), out.end(), [&](const ServingPlanEntry& a, const ServingPlanEntry& b) {
     const int ra = outcome_rank(a.search.outcome), rb = outcome_rank(b.search.outcome);

@@ -87,10 +87,7 @@ ScenarioOptions parse_scenario_options(const RunFlags& f) {
   refuse_unsupported(f);
   s.max_prompt_len = f.prompt_len;
   s.max_gen_len = f.gen_len;
-  if (f.step_policy == "mixed") s.policy = serving::StepPolicy::mixed;
-  else if (f.step_policy == "prefill-first") s.policy = serving::StepPolicy::prefill_first;
-  else throw UserError("--step-policy '" + f.step_policy + "' is unknown; valid: mixed (prefills join decodes in one step, "
-                       "vLLM V1), prefill-first (a step with prefills runs only them, vLLM V0)");
+  s.policy = serving::parse_step_policy(f.step_policy);
   s.policy_text = f.step_policy;
   s.goodput = serving::parse_goodput(f.goodput);
   for (const std::string& g : f.goodput) s.goodput_text += (s.goodput_text.empty() ? "" : " ") + g;

@@ -21,11 +21,6 @@ std::string slo_text(const serving::SloTarget& slo) {
          format_fixed(100.0 * slo.attainment, 1) + "% of the requests";
 }
 
-const char* outcome_name(serving::RateSearchResult::Outcome o) {
-  return o == serving::RateSearchResult::Outcome::found ? "found"
-         : o == serving::RateSearchResult::Outcome::none ? "none" : "unbounded";
-}
-
 /// The calibrated simulator's curve of `r` over the rates R* x (0.25, 0.30, ..., 1.50).
 void fill_curve(RateSearchPartitionRecord& r, const std::vector<serving::Request>& unit, double max_rate,
                 const serving::StepCostModel& costs, const serving::PipelineSimConfig& cfg, const serving::SloTarget& slo) {
@@ -98,7 +93,7 @@ void plan_rate_confirmation(RunContext& ctx, const PartitionSet& set) {
     if (prof.outcome == serving::RateSearchResult::Outcome::found) r.profile_max_rate = prof.rate;
     models.push_back(std::make_unique<balance::CalibratedStepCosts>(run, pred, p, calibration));
     const serving::RateSearchResult cal = serving::search_simulated_rate(unit, *models.back(), cfg, slo);
-    r.outcome = outcome_name(cal.outcome);
+    r.outcome = serving::outcome_name(cal.outcome);
     if (cal.outcome == serving::RateSearchResult::Outcome::found) {
       r.calibrated_max_rate = cal.rate;
       if (!(rs.max_rate >= cal.rate)) rs.max_rate = cal.rate, rs.searched_partition = p.solver;

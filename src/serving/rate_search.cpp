@@ -98,6 +98,10 @@ int count_non_monotone(const std::vector<RateProbe>& probes) {
 
 }  // namespace
 
+const char* outcome_name(RateSearchResult::Outcome o) {
+  return o == RateSearchResult::Outcome::found ? "found" : o == RateSearchResult::Outcome::none ? "none" : "unbounded";
+}
+
 RateSearchResult search_max_rate(const std::function<RateVerdict(double)>& judge_at, const RateSearchOptions& opt) {
   if (!(opt.start_rate > 0.0) || !std::isfinite(opt.start_rate) || !(opt.rel_tol > 0.0) || !(opt.min_rate > 0.0) ||
       !(opt.max_rate >= opt.min_rate) || !std::isfinite(opt.max_rate))

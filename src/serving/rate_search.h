@@ -102,6 +102,9 @@ struct RateSearchResult {
   int non_monotone = 0;
 };
 
+/// "found", "none" or "unbounded": the outcome as the outputs and the results file name it.
+const char* outcome_name(RateSearchResult::Outcome o);
+
 /// The highest rate at which `judge_at(rate)` passes, to within rel_tol: probe start_rate; on a
 /// pass double until a probe fails (or max_rate: unbounded), on a failure halve until one passes
 /// (or min_rate: none); then bisect the bracket [passing, failing] at its midpoint until

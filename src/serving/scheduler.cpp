@@ -141,4 +141,11 @@ int Scheduler::running(int g) const {
   return static_cast<int>(std::count_if(owners.begin(), owners.end(), [](int id) { return id != -1; }));
 }
 
+StepPolicy parse_step_policy(const std::string& text) {
+  if (text == "mixed") return StepPolicy::mixed;
+  if (text == "prefill-first") return StepPolicy::prefill_first;
+  throw UserError("--step-policy '" + text + "' is unknown; valid: mixed (prefills join decodes in one step, vLLM V1), "
+                  "prefill-first (a step with prefills runs only them, vLLM V0)");
+}
+
 }  // namespace ppb::serving

@@ -44,6 +44,10 @@ namespace ppb::serving {
 
 enum class StepPolicy { mixed, prefill_first };
 
+/// --step-policy's text: "mixed" or "prefill-first". @throws ppb::UserError naming the flag
+/// and both valid values otherwise.
+StepPolicy parse_step_policy(const std::string& text);
+
 struct SchedulerConfig {
   int groups = 1;  ///< M: independent batches (virtual engines), >= 1
   int slots = 1;   ///< B: requests per group at once (KV-cache rows), >= 1
