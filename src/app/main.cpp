@@ -203,7 +203,8 @@ void add_scenario_options(CLI::App& run, ppb::RunFlags& opt) {
                  "R: requests per second of poisson and gamma (inf: every request at t = 0); the arrival times are "
                  "vLLM's (Gamma gaps, rescaled so that the last arrival is at N / R). search: the highest rate that "
                  "meets --goodput's TTFT and TPOT limits for --attainment of the requests, predicted by the serving "
-                 "simulator (calibrated by one pilot round at the profile's prediction) and measured at 0.9x and "
+                 "simulator (calibrated by one pilot round at the profile's prediction, or at N / --max-time if "
+                 "higher) and measured at 0.9x and "
                  "1.1x that rate to confirm it");
   run.add_option("--attainment", opt.attainment,
                  "with --request-rate search: the share of requests that must meet both --goodput limits, in (0, 1] "
