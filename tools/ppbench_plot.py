@@ -750,7 +750,10 @@ def plot_rate_search(f, out_png):
         for ax, (curve, pooled, rep, _) in zip(axes.flat, panels):
             ax.plot(pred["rate"][()], pred[curve][()], color=c, label=f"{name} predicted")
             for k, (label, rate, g) in enumerate(rate_search_points(f, name)):
-                ax.errorbar([rate], [float(g.attrs[pooled])], yerr=[round_interval(g[rep][()])], fmt="o", color=c,
+                y, h = float(g.attrs[pooled]), round_interval(g[rep][()])
+                # An attainment is a fraction: its interval is clipped to [0, 1].
+                lo, hi = (min(h, y), min(h, 1.0 - y)) if curve == "attainment" else (h, h)
+                ax.errorbar([rate], [y], yerr=[[max(lo, 0.0)], [max(hi, 0.0)]], fmt="o", color=c,
                             capsize=3, label=f"{name} measured" if k == 0 else None)
     for ax, (_, _, _, what) in zip(axes.flat, panels):
         ax.axvline(float(a["max_rate"]), color="0.4", ls=":", lw=1)
