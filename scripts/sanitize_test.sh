@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ASan + UBSan: builds the unit and MPI tests and ppbench in build-asan-ci/ (-O1 -g1, the tests'
-# own sources -O0: tests/CMakeLists.txt; no CUDA),
-# runs them under ctest, then a short 2-rank end-to-end run. Any sanitizer report (an invalid
-# access, undefined behaviour, a leak outside Open MPI's own) fails the script.
+# own sources at -O0 as tests/CMakeLists.txt says; no CUDA), runs them under ctest, then a short
+# 2-rank end-to-end run. Any sanitizer report (an invalid access, undefined behaviour, a leak
+# outside Open MPI's own) fails the script.
 # -O1 -g1: the optimisation ASan's documentation recommends, with line tables for the reports'
 # stacks; -O2 -g compiled 2.2-2.8x slower here (test_serving_sim.cpp 171 s against 76 s) and
 # took CI past its 90 minutes. The scale tests (the 64-device plan, the 70B-class searches) are
