@@ -20,6 +20,7 @@
 #include "backend/cpu/cpu_lane.h"
 #include "backend/cpu/cpu_memory.h"
 #include "backend/cpu/cpu_stage.h"
+#include "backend/cpu/cpu_weight_cache.h"
 #include "backend/device.h"
 #include "common/cgroup.h"
 #include "common/error.h"
@@ -259,7 +260,7 @@ class CpuDevice final : public Device {
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<CpuBuffer>(bytes); }
   std::unique_ptr<StageExecutor> create_stage(const model::ModelSpec& model, int first, int last,
                                               const StageConfig& config) override {
-    return create_cpu_stage(model, first, last, config);
+    return create_cpu_stage(model, first, last, config, weights_);
   }
   StageBytes stage_bytes(const model::ModelSpec& model, int first, int last,
                          const StageConfig& config) const override {
@@ -268,6 +269,9 @@ class CpuDevice final : public Device {
 
  private:
   int threads_ = 1;
+  // One copy of each weight tensor on this rank, shared by the stages built side by side
+  // (every partition of the rounds, the profile's units): cpu_weight_cache.h says why.
+  std::shared_ptr<cpu::WeightCache> weights_ = std::make_shared<cpu::WeightCache>();
   std::unique_ptr<CpuBuffer> flush_;
   size_t flush_bytes_ = 0;
 };

@@ -52,46 +52,50 @@ namespace cpu {
 
 using model::LayerShape;
 
-float* CpuStage::new_weights(size_t n) {
-  weight_store_.push_back(cpu::make_aligned_floats(n));
+float* CpuStage::weights(const WeightKey& k, size_t n, const std::function<void(float*)>& fill) {
+  weight_store_.push_back(cache_->get(k, n, fill));
   weight_bytes_ += n * sizeof(float);
   return weight_store_.back().get();
 }
 
 float* CpuStage::projection(size_t rows, size_t fan_in, int u, Tensor t) {
-  float* p = new_weights(rows * fan_in);
-  fill_projection(p, rows, fan_in, cfg_.work.seed, u, t);
-  return p;
+  const uint64_t seed = cfg_.work.seed;
+  return weights(key(WeightKey::Fill::projection, u, t, rows, fan_in), rows * fan_in,
+                 [&](float* p) { fill_projection(p, rows, fan_in, seed, u, t); });
 }
 
-float* CpuStage::plain_norm(size_t n, int u, Tensor t) {
-  float* p = new_weights(n);
-  fill_norm(p, n, cfg_.work.seed, u, t, false);
-  return p;
-}
+float* CpuStage::plain_norm(size_t n, int u, Tensor t) { return layer_norm(n, u, t, false); }
 
 float* CpuStage::bias_weights(size_t n, int u, Tensor t, size_t first) {
-  float* p = new_weights(n);
-  fill_bias(p, n, cfg_.work.seed, u, t, first);
-  return p;
+  const uint64_t seed = cfg_.work.seed;
+  return weights(key(WeightKey::Fill::bias, u, t, n, first), n, [&](float* p) { fill_bias(p, n, seed, u, t, first); });
 }
 
 float* CpuStage::projection_rows(size_t row0, size_t rows, int u, Tensor t) {
-  float* p = new_weights(rows * hidden_);
-  fill_projection_rows(p, row0, rows, hidden_, cfg_.work.seed, u, t);
-  return p;
+  const uint64_t seed = cfg_.work.seed;
+  const size_t fan_in = hidden_;
+  return weights(key(WeightKey::Fill::projection_rows, u, t, row0, rows, fan_in), rows * fan_in,
+                 [&](float* p) { fill_projection_rows(p, row0, rows, fan_in, seed, u, t); });
 }
 
 float* CpuStage::projection_cols(size_t fan_in, size_t col0, size_t cols, int u, Tensor t) {
-  float* p = new_weights(hidden_ * cols);
-  fill_projection_cols(p, hidden_, fan_in, col0, cols, cfg_.work.seed, u, t);
-  return p;
+  const uint64_t seed = cfg_.work.seed;
+  const size_t rows = hidden_;
+  return weights(key(WeightKey::Fill::projection_cols, u, t, rows, fan_in, col0, cols), rows * cols,
+                 [&](float* p) { fill_projection_cols(p, rows, fan_in, col0, cols, seed, u, t); });
 }
 
 float* CpuStage::layer_norm(size_t n, int u, Tensor t, bool plus_one) {
-  float* p = new_weights(n);
-  fill_norm(p, n, cfg_.work.seed, u, t, plus_one);
-  return p;
+  const uint64_t seed = cfg_.work.seed;
+  return weights(key(WeightKey::Fill::norm, u, t, n, plus_one ? 1 : 0), n,
+                 [&](float* p) { fill_norm(p, n, seed, u, t, plus_one); });
+}
+
+float* CpuStage::embedding_rows(size_t row0, size_t rows) {
+  const uint64_t seed = cfg_.work.seed;
+  const size_t H = hidden_;
+  return weights(key(WeightKey::Fill::embedding, 0, Tensor::embed, row0, rows, H), rows * H,
+                 [&](float* p) { fill_embedding(p, rows, H, seed, row0); });
 }
 
 size_t CpuStage::add_mla_weights(LayerWeights& w, const LayerShape& s, int u, ScratchSizes& z) {
@@ -153,9 +157,7 @@ void CpuStage::add_mtp_modules(const model::ModelSpec& m, ScratchSizes& z) {
   if (embed_ != nullptr) {
     mtp_embed_ = embed_;
   } else {
-    float* e = new_weights(static_cast<size_t>(m.vocab) * hidden_);
-    fill_embedding(e, m.vocab, hidden_, cfg_.work.seed);
-    mtp_embed_ = e;
+    mtp_embed_ = embedding_rows(0, static_cast<size_t>(m.vocab));
   }
   mtp_eps_ = static_cast<float>(m.rms_eps);
   for (int k = 0; k < m.mtp_modules; ++k) {
@@ -193,9 +195,11 @@ size_t CpuStage::add_attention_weights(LayerWeights& w, const LayerShape& s, int
   }
   if (s.o_bias) w.o_bias = bias_weights(H, u, Tensor::o_bias);  // TP refuses gpt-oss: the whole bias
   if (s.attn_sinks) {
-    float* sk = new_weights(static_cast<size_t>(s.n_heads));
-    fill_uniform(sk, static_cast<size_t>(s.n_heads), cfg_.work.seed, u, static_cast<uint64_t>(Tensor::sinks), 1.0f);
-    w.sinks = sk;
+    const size_t n = static_cast<size_t>(s.n_heads);
+    const uint64_t seed = cfg_.work.seed;
+    w.sinks = weights(key(WeightKey::Fill::uniform, u, Tensor::sinks, n), n, [&](float* p) {
+      fill_uniform(p, n, seed, u, static_cast<uint64_t>(Tensor::sinks), 1.0f);
+    });
   }
   z.max_kv = std::max(z.max_kv, nkv);
   return nq;
@@ -267,8 +271,9 @@ LayerWeights CpuStage::make_layer(const LayerShape& s, int u, int layer, Scratch
   return w;
 }
 
-CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg)
-    : first_(first), last_(last), cfg_(cfg) {
+CpuStage::CpuStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg,
+                   std::shared_ptr<WeightCache> cache)
+    : first_(first), last_(last), cfg_(cfg), cache_(cache ? std::move(cache) : std::make_shared<WeightCache>()) {
   check_cpu_stage_config(m, first, last, cfg);
   tp_width_ = cfg.tp_width;
   tp_rank_ = cfg.tp_rank;
@@ -293,9 +298,7 @@ void CpuStage::add_unit(const model::ModelSpec& m, int u, ScratchSizes& z) {
   const model::Unit& unit = m.units[u];
   if (unit.kind == UnitKind::embed) {
     has_embed_ = true;
-    float* e = new_weights(static_cast<size_t>(m.vocab) * hidden_);
-    fill_embedding(e, m.vocab, hidden_, cfg_.work.seed);
-    embed_ = e;
+    embed_ = embedding_rows(0, static_cast<size_t>(m.vocab));
   } else if (unit.kind == UnitKind::head) {
     add_head(m, u, z);
   } else {
@@ -308,24 +311,16 @@ void CpuStage::add_unit(const model::ModelSpec& m, int u, ScratchSizes& z) {
 }
 
 void CpuStage::add_head(const model::ModelSpec& m, int u, ScratchSizes& z) {
-  const uint64_t seed = cfg_.work.seed;
   const size_t H = hidden_;
   has_head_ = true;
-  float* n = new_weights(H);
-  fill_norm(n, H, seed, u, Tensor::final_norm, m.final_norm_plus_one);
-  final_norm_ = n;
+  final_norm_ = layer_norm(H, u, Tensor::final_norm, m.final_norm_plus_one);
   if (m.tie_embeddings && embed_ != nullptr) {
     // Same stage holds embed: share the one matrix, as HF ties it (this rank's rows of it;
     // the embedding is replicated, backend/tensor_parallel.h).
     lm_head_ = embed_ + vocab_begin_ * H;
   } else {
-    float* w = new_weights(static_cast<size_t>(vocab_local_) * H);
-    if (m.tie_embeddings) {
-      fill_embedding(w, vocab_local_, H, seed, vocab_begin_);
-    } else {
-      fill_projection_rows(w, vocab_begin_, vocab_local_, H, seed, u, Tensor::lm_head);
-    }
-    lm_head_ = w;
+    const size_t rows = static_cast<size_t>(vocab_local_);
+    lm_head_ = m.tie_embeddings ? embedding_rows(vocab_begin_, rows) : projection_rows(vocab_begin_, rows, u, Tensor::lm_head);
   }
   if (m.mtp) add_mtp_modules(m, z);
 }
@@ -400,8 +395,8 @@ void CpuStage::allocate_scratch(const ScratchSizes& z) {
 }  // namespace cpu
 
 std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int first, int last,
-                                                const StageConfig& cfg) {
-  return std::make_unique<cpu::CpuStage>(m, first, last, cfg);
+                                                const StageConfig& cfg, std::shared_ptr<cpu::WeightCache> cache) {
+  return std::make_unique<cpu::CpuStage>(m, first, last, cfg, std::move(cache));
 }
 
 }  // namespace ppb

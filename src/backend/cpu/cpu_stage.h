@@ -10,6 +10,9 @@ struct ModelSpec;
 }  // namespace ppb::model
 
 namespace ppb {
+namespace cpu {
+class WeightCache;
+}  // namespace cpu
 
 /// Builds units [first, last] (inclusive) of `m` on the CPU, in fp32.
 ///
@@ -18,6 +21,10 @@ namespace ppb {
 /// cache per request group and layer (K and V, each [batch, max_context, n_kv_heads, head_dim]
 /// fp32, also for sliding-window layers), and scratch for batch * max_context tokens, so a
 /// forward never allocates.
+///
+/// `cache` (cpu_weight_cache.h): the rank's weight tensors; a tensor another live stage built
+/// from the same cache already holds is shared, not generated again (same values: weights are a
+/// pure function of seed, unit, tensor and block). Null: the stage's own tensors.
 ///
 /// Forward math (HF semantics, modeling_llama.py / modeling_qwen3.py / modeling_gemma2.py /
 /// modeling_gemma3.py):
@@ -42,7 +49,8 @@ namespace ppb {
 ///         max_context() (P + G) or groups are not positive, or if a layer's heads/head_dim are inconsistent or its rope scaling
 ///         type is unsupported.
 std::unique_ptr<StageExecutor> create_cpu_stage(const model::ModelSpec& m, int first, int last,
-                                                const StageConfig& cfg);
+                                                const StageConfig& cfg,
+                                                std::shared_ptr<cpu::WeightCache> cache = nullptr);
 
 /// Bytes of host memory a CPU stage of units [first, last] allocates for `cfg`, computed the
 /// way the constructor sizes its buffers: weights (fp32, a tied lm_head shared when the stage

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_aligned.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_weight_cache.h"
 #include "backend/stage.h"
 #include "backend/tensor_parallel.h"
 #include "backend/weights.h"
@@ -75,7 +78,10 @@ struct RopeTable {
 /// The CPU StageExecutor of create_cpu_stage (cpu_stage.h has its contract and forward math).
 class CpuStage final : public StageExecutor {
  public:
-  CpuStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg);
+  /// `cache`: the rank's weight tensors (cpu_weight_cache.h), shared with the other stages built
+  /// from it; null: a cache of this stage's own.
+  CpuStage(const model::ModelSpec& m, int first, int last, const StageConfig& cfg,
+           std::shared_ptr<WeightCache> cache = nullptr);
 
   int first_unit() const override { return first_; }
   int last_unit() const override { return last_; }
@@ -106,7 +112,14 @@ class CpuStage final : public StageExecutor {
   size_t kv_cache_bytes() const override { return kv_bytes_; }
 
  private:
-  float* new_weights(size_t n);
+  /// The tensor `key` of `n` floats from the cache (`fill` writes it if no stage holds it yet),
+  /// held by this stage; counted in weight_bytes_ whether shared or not.
+  float* weights(const WeightKey& key, size_t n, const std::function<void(float*)>& fill);
+  /// WeightKey of this stage's seed.
+  WeightKey key(WeightKey::Fill fill, uint64_t unit, Tensor t, size_t a = 0, size_t b = 0, size_t c = 0,
+                size_t d = 0) const {
+    return WeightKey{fill, cfg_.work.seed, unit, static_cast<uint64_t>(t), a, b, c, d};
+  }
   /// The largest of each scratch size over the stage's layers, and the KV-cache floats.
   struct ScratchSizes {
     size_t max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0;
@@ -136,6 +149,8 @@ class CpuStage final : public StageExecutor {
   float* projection_cols(size_t fan_in, size_t col0, size_t cols, int u, Tensor t);
   /// A layer's RMSNorm weight [n] of unit u (plus_one: the (1 + w) form).
   float* layer_norm(size_t n, int u, Tensor t, bool plus_one);
+  /// Rows [row0, row0 + rows) of the embedding [vocab, H] (unit 0; a tied lm_head's shard).
+  float* embedding_rows(size_t row0, size_t rows);
   /// make_layer's attention weights of this rank's heads th (q, k, v, o; biases, q/k norms,
   /// sinks); returns the attention output's width per token.
   size_t add_attention_weights(LayerWeights& w, const model::LayerShape& s, int u, const TpHeads& th, ScratchSizes& z);
@@ -193,7 +208,8 @@ class CpuStage final : public StageExecutor {
   float final_softcap_ = 0.0f;
   float final_eps_ = 1e-6f;
 
-  std::vector<cpu::AlignedFloats> weight_store_;  // one 64-byte-aligned block per tensor
+  std::shared_ptr<WeightCache> cache_;
+  std::vector<std::shared_ptr<float>> weight_store_;  // the tensors it holds, one 64-byte-aligned block each
   size_t weight_bytes_ = 0;
   const float* embed_ = nullptr;
   const float* final_norm_ = nullptr;
