@@ -287,7 +287,8 @@ void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate)
                 "predicted from the others' stages measured in the same rounds). off: none")
       ->capture_default_str();
   run.add_flag("--control", opt.control,
-               "A/A control: benchmark the uniform split a second time, built separately, as partition "
+               "A/A control: benchmark the uniform split a second time, built separately (its own stages, "
+               "lanes and KV caches; CPU ranks: the rank's one copy of the weights), as partition "
                "uniform_control; its gain against uniform shows what this machine's noise alone makes of two "
                "equal splits (needs uniform in --partition)");
   run.add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
