@@ -202,7 +202,12 @@ std::string round_verdict(RunContext& ctx, const PartitionSet& set, const std::v
     }
   }
   const double left = rule.max_time_s - state.elapsed_s;
-  os << " (" << format_fixed(state.elapsed_s, 0) << " s of --max-time " << format_fixed(rule.max_time_s, 0) << ")";
+  os << " (" << format_fixed(state.elapsed_s, 0) << " s";
+  if (state.elapsed_s <= rule.max_time_s)
+    os << " of --max-time " << format_fixed(rule.max_time_s, 0) << ")";
+  else  // only --iters keeps the rounds going past it
+    os << ": past --max-time " << format_fixed(rule.max_time_s, 0) << "; --iters " << rule.min_rounds
+       << " rounds run whatever the time)";
   ctx.progress.say(os.str());
   // A reason to stop states the CIs of the full resamples (those the summary reports).
   auto widest_full = [&] {
