@@ -33,6 +33,7 @@
 #include "common/error.h"
 #include "fp_bounds.h"
 #include "model/model_spec.h"
+#include "sync_lane.h"
 
 namespace {
 
@@ -50,20 +51,7 @@ using fvec = std::vector<float>;
 
 // ---- helpers -------------------------------------------------------------------------------
 
-/// A Lane whose host_task runs the function immediately, on the calling thread.
-class SyncLane final : public ppb::Lane {
- public:
-  const std::string& name() const override { return name_; }
-  void record(ppb::Event&) override {}
-  void wait(const ppb::Event&) override {}
-  void host_task(std::function<void()> fn) override { fn(); }
-  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void synchronize() override {}
-  double cpu_time_s() const override { return -1.0; }
-
- private:
-  std::string name_ = "sync";
-};
+using ppb::test::SyncLane;
 
 fvec random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 gen(seed);

@@ -31,6 +31,7 @@
 #include "common/error.h"
 #include "fp_bounds.h"
 #include "model/model_spec.h"
+#include "sync_lane.h"
 
 namespace {
 
@@ -38,26 +39,8 @@ using ppb::RaggedStep;
 using ppb::StageExecutor;
 using ppb::model::ModelSpec;
 using ids = std::vector<int32_t>;
+using ppb::test::SyncLane;
 using bytes = std::vector<char>;
-
-/// A Lane whose host_task runs the function at once, on the calling thread; counts the tasks.
-class SyncLane final : public ppb::Lane {
- public:
-  const std::string& name() const override { return name_; }
-  void record(ppb::Event&) override {}
-  void wait(const ppb::Event&) override {}
-  void host_task(std::function<void()> fn) override {
-    ++tasks;
-    fn();
-  }
-  void copy(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void synchronize() override {}
-  double cpu_time_s() const override { return -1.0; }
-  int tasks = 0;
-
- private:
-  std::string name_ = "sync";
-};
 
 ModelSpec tiny(const std::string& name) {
   return ppb::model::load_model_config(std::string(PPB_SOURCE_DIR "/tests/data/") + name + ".json");

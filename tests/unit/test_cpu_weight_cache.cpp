@@ -8,8 +8,6 @@
 //    weights compute (prefill and decodes through both stages, tokens and checksums).
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,30 +15,17 @@
 
 #include "backend/cpu/cpu_stage.h"
 #include "backend/cpu/cpu_weight_cache.h"
-#include "backend/lane.h"
 #include "backend/stage.h"
 #include "common/error.h"
 #include "model/model_spec.h"
+#include "sync_lane.h"
 
 namespace {
 
 using ppb::cpu::WeightCache;
 using ppb::cpu::WeightKey;
 using ppb::model::ModelSpec;
-
-class SyncLane final : public ppb::Lane {
- public:
-  const std::string& name() const override { return name_; }
-  void record(ppb::Event&) override {}
-  void wait(const ppb::Event&) override {}
-  void host_task(std::function<void()> fn) override { fn(); }
-  void copy(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void synchronize() override {}
-  double cpu_time_s() const override { return -1.0; }
-
- private:
-  std::string name_ = "sync";
-};
+using ppb::test::SyncLane;
 
 WeightKey key_of(uint64_t unit, uint64_t tensor, size_t a) {
   return WeightKey{WeightKey::Fill::projection, 77, unit, tensor, a, 8, 0, 0};
