@@ -17,6 +17,7 @@
 #include "model/model_spec.h"
 #include "app/report_cli.h"
 #include "app/offline_cli.h"
+#include "app/scenario_flags.h"
 #include "mpi/mpi_context.h"
 #include "app/run_job.h"
 #include "common/version.h"
@@ -186,53 +187,6 @@ void add_common_options(CLI::App& sc, ppb::RunFlags& opt) {
   sc.add_flag("-q,--quiet", opt.quiet, "no progress lines, only the summary");
 }
 
-/// The serving scenario's options (`run` only; issue 37).
-void add_scenario_options(CLI::App& run, ppb::RunFlags& opt) {
-  run.add_option("--scenario", opt.scenario,
-                 "closed | poisson | gamma | trace. closed: M groups of B sequences of -p prompt and -g output tokens, "
-                 "all starting at once (every figure but the serving ones). The others: requests that arrive "
-                 "(--request-rate, --burstiness, --requests, --prompt-lens, --gen-lens, or --trace), served with "
-                 "continuous batching by the M groups in flight, each an independent batch of B slots (vLLM's virtual "
-                 "engines): a request waits FCFS for a free slot, is prefilled whole in its group's next step "
-                 "beside the running requests' decodes, and leaves at its own output length. Per-request TTFT, TPOT, "
-                 "ITL, E2E, goodput; every split under the same arrivals in interleaved rounds. -p and -g become "
-                 "the longest prompt and output a request may have; the profile and balancer take the scenario's "
-                 "mean request")
-      ->capture_default_str();
-  run.add_option("--request-rate", opt.request_rate,
-                 "R: requests per second of poisson and gamma (inf: every request at t = 0); the arrival times are "
-                 "vLLM's (Gamma gaps, rescaled so that the last arrival is at N / R). search: the highest rate that "
-                 "meets --goodput's TTFT and TPOT limits for --attainment of the requests, predicted by the serving "
-                 "simulator (calibrated by one pilot round at the profile's prediction, or at N / --max-time if "
-                 "higher) and measured at 0.9x and "
-                 "1.1x that rate to confirm it");
-  run.add_option("--attainment", opt.attainment,
-                 "with --request-rate search: the share of requests that must meet both --goodput limits, in (0, 1] "
-                 "(0.9: DistServe's goodput target; 0.99)")
-      ->capture_default_str();
-  run.add_option("--burstiness", opt.burstiness,
-                 "K: the Gamma shape of --scenario gamma's gaps (vLLM's --burstiness: 1 = Poisson, < 1 burstier, "
-                 "> 1 more regular)")
-      ->capture_default_str();
-  run.add_option("--requests", opt.requests, "N: requests of a poisson or gamma scenario")->capture_default_str();
-  run.add_option("--prompt-lens", opt.prompt_lens,
-                 "prompt lengths: fixed:n | uniform:a,b | lognormal:median,sigma, clamped to [1, -p] (default fixed:P)");
-  run.add_option("--gen-lens", opt.gen_lens,
-                 "output lengths (the first token, from the prefill, included): fixed:n | uniform:a,b | "
-                 "lognormal:median,sigma, clamped to [1, -g] (default fixed:G)");
-  run.add_option("--trace", opt.trace,
-                 "--scenario trace: a CSV of arrival_s,prompt_len,gen_len, or an Azure LLM inference trace "
-                 "(2023/2024: TIMESTAMP,ContextTokens,GeneratedTokens) as it is; lengths clamped to -p and -g");
-  run.add_option("--goodput", opt.goodput,
-                 "SLOs for goodput, vLLM's: ttft:MS tpot:MS e2e:MS (any of them): requests meeting every limit, per "
-                 "second, and the share of requests that do (attainment)")
-      ->expected(1, 3);
-  run.add_option("--step-policy", opt.step_policy,
-                 "mixed (a step prefills the admitted requests beside the running ones' decodes: vLLM V1 without "
-                 "chunking) | prefill-first (a step with prefills runs only them: vLLM V0's default)")
-      ->capture_default_str();
-}
-
 /// Options of the benchmark itself (`run` only).
 void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate) {
   run.add_option("--partition", opt.partition,
@@ -293,7 +247,7 @@ void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate)
                "equal splits (needs uniform in --partition)");
   run.add_flag("--no-overlap", opt.no_overlap, "recv, compute and send on one lane (the A/B baseline)");
   run.add_flag("--no-validate", no_validate, "skip the serialized reference run (validation reported as skipped)");
-  add_scenario_options(run, opt);
+  ppb::add_scenario_flags(run, opt.scenario, ppb::serving::ScenarioUse::Command::run);
 }
 
 /// True when `name` is a command of `app`; else prints (on the printing rank) the error with

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "app/offline_commands.h"
+#include "app/scenario_flags.h"
 
 namespace ppb {
 
@@ -56,27 +57,12 @@ void add_plan_command(CLI::App& app) {
       ->required();
   pl->add_option("--batch", plan.batch, "B sequences per group, a list such as 4: only the file's B (the step time of "
                                         "another B is not measured, and plan has no batch-scaling model)");
-  pl->add_option("--slo-ttft", plan.slo_ttft_ms, "TTFT p50 target, ms (0 = none)")->check(kNonNegative);
-  pl->add_option("--slo-tpot", plan.slo_tpot_ms, "TPOT p50 target, ms (0 = none)")->check(kNonNegative);
   pl->add_option("--top", plan.top, "print the K front points with the most tokens/s (0 = all)")->check(kNonNegative);
   pl->add_flag("--csv", plan.csv, "every candidate as CSV on stdout (columns front, meets_slo) instead of the tables");
   pl->add_option("--json", plan.json_out, "write every candidate, the front and the choice as JSON to this file (not "
                                           "the input; an existing file only with --force)");
   pl->add_flag("--force", plan.force, "overwrite an existing --json file");
-  pl->add_option("--scenario", plan.scenario,
-                 "poisson | gamma: requests that arrive; every layout ranked by the highest request rate at which "
-                 "--attainment of the requests meet both --slo-ttft and --slo-tpot (each request's TTFT and TPOT, "
-                 "not the p50), by bisection on the serving simulator (as serve-search)");
-  pl->add_option("--attainment", plan.attainment, "--scenario: share of requests meeting both limits, (0, 1]")
-      ->capture_default_str();
-  pl->add_option("--requests", plan.requests, "--scenario: requests per simulated scenario")->capture_default_str();
-  pl->add_option("--prompt-lens", plan.prompt_lens, "--scenario: fixed:n | uniform:a,b | lognormal:median,sigma "
-                                                    "(default fixed:P of the file)");
-  pl->add_option("--gen-lens", plan.gen_lens, "--scenario: output tokens, same forms (default fixed:G of the file)");
-  pl->add_option("--burstiness", plan.burstiness, "--scenario gamma: the Gamma shape of the gaps (1 = Poisson)")
-      ->capture_default_str();
-  pl->add_option("--seed", plan.seed, "--scenario: arrivals and lengths")->capture_default_str();
-  pl->add_option("--step-policy", plan.step_policy, "--scenario: mixed | prefill-first")->capture_default_str();
+  add_scenario_flags(*pl, plan.scenario, serving::ScenarioUse::Command::plan);
   pl->footer(
       "Layouts: S stages on consecutive devices, each of width 1 or a width the file profiled (a group within one\n"
       "machine of as many devices as the file's rank 0 shared), the balanced split of that layout, M = 1..2S groups.\n"
@@ -96,19 +82,9 @@ void add_serve_search_command(CLI::App& app) {
   c->add_option("input", ss.input, "results .h5 of `ppbench run` (its partitions) or `ppbench profile` (the uniform "
                                    "split of its ranks)")
       ->required();
-  c->add_option("--slo-ttft", ss.slo_ttft_ms, "TTFT limit, ms (> 0)")->required();
-  c->add_option("--slo-tpot", ss.slo_tpot_ms, "TPOT limit, ms (> 0)")->required();
-  c->add_option("--attainment", ss.attainment, "share of requests that must meet both limits, (0, 1]")
-      ->capture_default_str();
+  add_scenario_flags(*c, ss.scenario, serving::ScenarioUse::Command::serve_search);
   c->add_flag("--mlperf", ss.mlperf, "MLPerf's Server rule instead: p99 TTFT and p99 TPOT each within its limit, "
                                      "with LoadGen's early stopping and at least 100 queries");
-  c->add_option("--requests", ss.requests, "N requests per simulated scenario")->capture_default_str();
-  c->add_option("--prompt-lens", ss.prompt_lens, "fixed:n | uniform:a,b | lognormal:median,sigma (default fixed:P of "
-                                                 "the file)");
-  c->add_option("--gen-lens", ss.gen_lens, "output tokens, same forms (default fixed:G of the file)");
-  c->add_option("--burstiness", ss.burstiness, "Gamma shape of the gaps (1 = Poisson, vLLM's definition)")
-      ->capture_default_str();
-  c->add_option("--seed", ss.seed, "arrivals and lengths")->capture_default_str();
   c->add_option("-M,--microbatches", ss.microbatches, "groups in flight (0 = each partition's own)")
       ->capture_default_str();
   c->add_option("-b,--batch", ss.batch, "slots per group (0 = the file's B; at most the file's B)")

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "balance/solver.h"
+#include "serving/scenario.h"
 
 namespace ppb {
 
@@ -55,22 +56,15 @@ struct PlanOptions {
   std::string input;        ///< results .h5 of `ppbench run` or `ppbench profile`
   int devices = 0;          ///< N devices like the file's rank 0; required (>= 1)
   std::string batch;        ///< --batch LIST "4" or "1,2,4": each must be the file's B (no batch-scaling model)
-  double slo_ttft_ms = 0;   ///< TTFT p50 target, ms; 0 = none
-  double slo_tpot_ms = 0;   ///< TPOT p50 target, ms; 0 = none
   int top = 0;              ///< front rows printed (the most tokens/s first); 0 = all
   bool csv = false;         ///< every candidate as CSV on stdout instead of the tables
   std::string json_out;     ///< --json FILE (never the input; an existing file only with force)
   bool force = false;
-  /// --scenario poisson|gamma (issue 38): rank every layout by the highest request rate meeting
-  /// --slo-ttft and --slo-tpot (then per-request limits, not p50 targets) for --attainment of
-  /// the requests (balance/plan_serving.h); "" = the closed-batch front.
-  std::string scenario;
-  double attainment = 0.9;
-  int requests = 256;          ///< simulated requests per probe
-  std::string prompt_lens, gen_lens;  ///< "" = fixed:P / fixed:G of the file
-  double burstiness = 1.0;
-  uint64_t seed = 0;
-  std::string step_policy = "mixed";
+  /// --scenario and its flags (app/scenario_flags.h). Without a scenario, --slo-ttft and
+  /// --slo-tpot (scenario.slo_ttft_ms, slo_tpot_ms; 0 = none) are the closed batch's p50 targets;
+  /// with --scenario poisson|gamma (issue 38) every layout is ranked by the highest request rate
+  /// meeting them (then per-request limits) for --attainment of the requests (balance/plan_serving.h).
+  serving::ScenarioFlags scenario;
 };
 
 /// `ppbench plan` (issue 36, offline; no MPI): every layout of N devices like the file's rank 0
@@ -85,15 +79,10 @@ int plan_command(const PlanOptions& opt);
 /// Options of `ppbench serve-search FILE.h5 --slo-ttft MS --slo-tpot MS ...` (issue 38, offline).
 struct ServeSearchOptions {
   std::string input;           ///< results .h5 of `ppbench run` or `ppbench profile`
-  double slo_ttft_ms = 0;      ///< TTFT limit, ms > 0 (required)
-  double slo_tpot_ms = 0;      ///< TPOT limit, ms > 0 (required)
-  double attainment = 0.9;     ///< share of requests meeting both limits, (0, 1]
+  /// The scenario's flags (app/scenario_flags.h): --slo-ttft, --slo-tpot (required), --attainment,
+  /// --requests (default 1000), --prompt-lens, --gen-lens, --burstiness, --seed, --step-policy.
+  serving::ScenarioFlags scenario;
   bool mlperf = false;         ///< MLPerf's Server rule (p99 of each, early stopping) instead
-  int requests = 1000;         ///< N requests per simulated scenario, 1..1e6 (>= 100 with --mlperf)
-  std::string prompt_lens;     ///< --prompt-lens spec; "" = fixed:P of the file
-  std::string gen_lens;        ///< --gen-lens spec; "" = fixed:G of the file
-  double burstiness = 1.0;     ///< Gamma shape K > 0 (1 = Poisson)
-  uint64_t seed = 0;           ///< arrivals and lengths
   int microbatches = 0;        ///< -M groups; 0 = each partition's own (or the workload's)
   int batch = 0;               ///< -b slots per group; 0 = the file's B (at most the file's B)
   std::string partition_name;  ///< only this partition; "" = every partition of the file

@@ -193,20 +193,18 @@ json layout_json(const balance::Partition& split, const std::vector<int>& widths
           {"predicted_stage_ms", split.predicted_stage_ms}};
 }
 
-std::vector<serving::Request> unit_rate_requests(const RunRecord& run, int requests, const std::string& prompt_lens,
-                                                 const std::string& gen_lens, double burstiness, uint64_t seed) {
+serving::ScenarioSpec offline_scenario(const RunRecord& run, const serving::ScenarioFlags& flags,
+                                       serving::ScenarioUse::Command command, int slots) {
   constexpr int kMaxLen = 32768;
-  serving::ScenarioSpec spec;
-  spec.arrivals = {1.0, burstiness, true};
-  spec.requests = requests;
-  spec.prompt_lens = serving::parse_length_spec(
-      prompt_lens.empty() ? "fixed:" + std::to_string(run.workload.prompt_len) : prompt_lens, "--prompt-lens");
-  spec.gen_lens = serving::parse_length_spec(
-      gen_lens.empty() ? "fixed:" + std::to_string(run.workload.gen_len) : gen_lens, "--gen-lens");
-  spec.max_prompt_len = kMaxLen;
-  spec.max_gen_len = kMaxLen;
-  spec.seed = seed;
-  return serving::generate_requests(spec);
+  serving::ScenarioUse use;
+  use.command = command;
+  use.prompt_len = run.workload.prompt_len;
+  use.gen_len = run.workload.gen_len;
+  use.max_prompt_len = use.max_gen_len = kMaxLen;
+  use.slots = slots > 0 ? slots : run.workload.batch;
+  std::optional<serving::ScenarioSpec> spec = serving::parse_scenario(flags, use);
+  if (!spec) throw InternalError("offline_scenario: closed batches have no scenario");
+  return *spec;
 }
 
 }  // namespace ppb::offline

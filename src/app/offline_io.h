@@ -13,7 +13,7 @@
 #include "balance/partition.h"
 #include "common/error.h"
 #include "results/run_record.h"
-#include "serving/arrivals.h"
+#include "serving/scenario.h"
 
 namespace ppb::offline {
 
@@ -81,12 +81,13 @@ void write_json_file(const std::string& path, const json& j);
 /// ms in the balancer's objective).
 json layout_json(const balance::Partition& split, const std::vector<int>& widths);
 
-/// The simulated scenario of `serve-search` and `plan --scenario`: `requests` requests drawn at
-/// 1 request/s (Gamma gaps of shape `burstiness`, vLLM's) from `seed`, lengths from the specs
-/// (""= fixed:P / fixed:G of `run`'s workload), each clamped to 32768 tokens (a results file does
-/// not record the model's context; the step model clamps contexts to the profiled ones).
-/// @throws ppb::UserError for a bad length spec (naming --prompt-lens or --gen-lens).
-std::vector<serving::Request> unit_rate_requests(const RunRecord& run, int requests, const std::string& prompt_lens,
-                                                 const std::string& gen_lens, double burstiness, uint64_t seed);
+/// The scenario of `serve-search` and `plan --scenario` (`command`), parsed from its flags
+/// (serving::parse_scenario: the parser `run` shares) against `run`'s workload: lengths default
+/// to fixed:P / fixed:G of the file, each clamped to 32768 tokens (a results file does not record
+/// the model's context; the step model clamps contexts to the profiled ones), B slots = `slots`
+/// (0: the file's B); its requests drawn at 1 request/s (serving::generate_requests).
+/// @throws ppb::UserError naming the flag (parse_scenario).
+serving::ScenarioSpec offline_scenario(const RunRecord& run, const serving::ScenarioFlags& flags,
+                                       serving::ScenarioUse::Command command, int slots = 0);
 
 }  // namespace ppb::offline

@@ -57,7 +57,7 @@ void check_plan_flags(const PlanOptions& opt) {
     throw UserError("--devices N is required: the number of devices like the file's rank 0 to plan for, N >= 1 (got " +
                     std::to_string(opt.devices) + ")");
   if (opt.devices > 65536) throw UserError("--devices " + std::to_string(opt.devices) + ": at most 65536");
-  if (!(opt.slo_ttft_ms >= 0) || !(opt.slo_tpot_ms >= 0) || opt.slo_ttft_ms > kMaxMs || opt.slo_tpot_ms > kMaxMs)
+  if (!(opt.scenario.slo_ttft_ms >= 0) || !(opt.scenario.slo_tpot_ms >= 0) || opt.scenario.slo_ttft_ms > kMaxMs || opt.scenario.slo_tpot_ms > kMaxMs)
     throw UserError("--slo-ttft and --slo-tpot are targets in ms, >= 0 (0 = none) and <= 1e12");
   if (opt.top < 0) throw UserError("--top K must be >= 0 (0 = every front point), got " + std::to_string(opt.top));
 }
@@ -116,8 +116,8 @@ void print_why(const RunRecord& run, const balance::PlanCandidate& c) {
 void print_choice(const PlanOptions& opt, const RunRecord& run, const balance::PlanResult& r,
                   const std::optional<balance::PlanResult>& more, const balance::SloChoice& ch) {
   std::string targets;
-  if (opt.slo_ttft_ms > 0) targets += "TTFT p50 <= " + sig(opt.slo_ttft_ms) + " ms";
-  if (opt.slo_tpot_ms > 0) targets += (targets.empty() ? "" : ", ") + std::string("TPOT p50 <= ") + sig(opt.slo_tpot_ms) + " ms";
+  if (opt.scenario.slo_ttft_ms > 0) targets += "TTFT p50 <= " + sig(opt.scenario.slo_ttft_ms) + " ms";
+  if (opt.scenario.slo_tpot_ms > 0) targets += (targets.empty() ? "" : ", ") + std::string("TPOT p50 <= ") + sig(opt.scenario.slo_tpot_ms) + " ms";
   if (targets.empty()) targets = "no latency target";
   if (ch.best) {
     std::printf("best under %s: %s\n", targets.c_str(), figures(r.candidates[*ch.best]).c_str());
@@ -131,7 +131,7 @@ void print_choice(const PlanOptions& opt, const RunRecord& run, const balance::P
     std::printf("one more device: no layout of %d devices (more than the model can use)\n", opt.devices + 1);
     return;
   }
-  const balance::SloChoice next = balance::best_under_slo(more->candidates, opt.slo_ttft_ms, opt.slo_tpot_ms);
+  const balance::SloChoice next = balance::best_under_slo(more->candidates, opt.scenario.slo_ttft_ms, opt.scenario.slo_tpot_ms);
   if (!next.best) {
     std::printf("one more device (%d): still no layout meets %s\n", opt.devices + 1, targets.c_str());
     return;
@@ -185,8 +185,8 @@ json plan_json(const PlanOptions& opt, const balance::PlanResult& r, const std::
   out["layouts_evaluated"] = r.layouts_evaluated;
   out["candidates_pruned"] = r.pruned;
   out["search_seconds"] = seconds;
-  out["slo_ttft_ms"] = opt.slo_ttft_ms;
-  out["slo_tpot_ms"] = opt.slo_tpot_ms;
+  out["slo_ttft_ms"] = opt.scenario.slo_ttft_ms;
+  out["slo_tpot_ms"] = opt.scenario.slo_tpot_ms;
   out["candidates"] = json::array();
   for (const auto& c : r.candidates) out["candidates"].push_back(candidate_json(c));
   out["front"] = r.front;
@@ -194,7 +194,7 @@ json plan_json(const PlanOptions& opt, const balance::PlanResult& r, const std::
   out["closest"] = ch.closest;
   out["closest_relax"] = ch.relax;
   if (more) {
-    const balance::SloChoice next = balance::best_under_slo(more->candidates, opt.slo_ttft_ms, opt.slo_tpot_ms);
+    const balance::SloChoice next = balance::best_under_slo(more->candidates, opt.scenario.slo_ttft_ms, opt.scenario.slo_tpot_ms);
     out["one_more_device"] = next.best ? candidate_json(more->candidates[*next.best]) : json(nullptr);
   } else {
     out["one_more_device"] = nullptr;
@@ -206,18 +206,17 @@ json plan_json(const PlanOptions& opt, const balance::PlanResult& r, const std::
 
 int plan_command(const PlanOptions& opt) {
   check_plan_flags(opt);
-  check_plan_scenario_flags(opt);
   if (!is_hdf5(opt.input))
     throw UserError("plan reads a results file (.h5) of `ppbench run` or `ppbench profile`; '" + opt.input +
                     "' is not one");
   check_json_out(opt.json_out, opt.input, opt.force);
   const RunRecord run = read_run(opt.input);
   check_batch_list(opt.batch, run.workload.batch, opt.input);
-  if (!opt.scenario.empty()) return plan_scenario_command(opt, run);
+  if (const auto spec = plan_scenario(opt, run)) return plan_scenario_command(opt, run, *spec);
   balance::PlanRequest req;
   req.devices = opt.devices;
-  req.slo_ttft_ms = opt.slo_ttft_ms;
-  req.slo_tpot_ms = opt.slo_tpot_ms;
+  req.slo_ttft_ms = opt.scenario.slo_ttft_ms;
+  req.slo_tpot_ms = opt.scenario.slo_tpot_ms;
   const auto t0 = std::chrono::steady_clock::now();
   const balance::PlanResult r = balance::plan_layouts(run, req);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -229,9 +228,9 @@ int plan_command(const PlanOptions& opt) {
   } catch (const UserError&) {
     more.reset();  // N + 1 devices are more than the model can use, or none fits
   }
-  const balance::SloChoice ch = balance::best_under_slo(r.candidates, opt.slo_ttft_ms, opt.slo_tpot_ms);
+  const balance::SloChoice ch = balance::best_under_slo(r.candidates, opt.scenario.slo_ttft_ms, opt.scenario.slo_tpot_ms);
   if (opt.csv) {
-    print_csv(r, opt.slo_ttft_ms, opt.slo_tpot_ms);
+    print_csv(r, opt.scenario.slo_ttft_ms, opt.scenario.slo_tpot_ms);
   } else {
     std::string widths = "1";
     for (const auto& g : balance::plan_record(run, opt.devices, 1).profile.tp) {

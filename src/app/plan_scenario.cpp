@@ -27,15 +27,15 @@ struct Search {
   double seconds = 0;
 };
 
-Search search(const RunRecord& run, const PlanOptions& opt, int devices, const std::vector<serving::Request>& unit,
-              const serving::SloTarget& slo) {
+Search search(const RunRecord& run, int devices, const std::vector<serving::Request>& unit,
+              const serving::ScenarioSpec& spec) {
   const auto t0 = std::chrono::steady_clock::now();
   balance::PlanRequest req;
   req.devices = devices;
   req.prune = false;  // the closed batch's bounds say nothing of a rate under arrivals
   Search s;
   s.plan = balance::plan_layouts(run, req);
-  s.ranked = balance::rank_by_serving_rate(run, s.plan, unit, serving::parse_step_policy(opt.step_policy), slo);
+  s.ranked = balance::rank_by_serving_rate(run, s.plan, unit, spec);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -62,7 +62,8 @@ void print_table(const Search& s, int top) {
 }
 
 /// The best layout, why, and the best of N + 1 devices.
-void print_choice(const RunRecord& run, const PlanOptions& opt, const Search& s, const std::optional<Search>& more) {
+void print_choice(const RunRecord& run, const PlanOptions& opt, const serving::ScenarioSpec& spec, const Search& s,
+                  const std::optional<Search>& more) {
   const balance::ServingPlanEntry& b = s.ranked.front();
   const balance::PlanCandidate& c = s.plan.candidates[b.candidate];
   if (b.search.outcome == serving::RateSearchResult::Outcome::none) {
@@ -81,7 +82,7 @@ void print_choice(const RunRecord& run, const PlanOptions& opt, const Search& s,
                             (c.split.first_unit[k] == c.split.last_unit[k] ? "" : ".." + run.profile.unit_name[c.split.last_unit[k]]);
   std::printf("  why: at that rate TTFT p99 %s ms and TPOT p99 %s ms against the limits %s / %s ms; its busiest stage "
               "in the closed batch is %d (%s, %d device%s)\n", sig(b.at_rate.ttft.p99_ms).c_str(),
-              sig(b.at_rate.tpot.p99_ms).c_str(), sig(opt.slo_ttft_ms).c_str(), sig(opt.slo_tpot_ms).c_str(), k,
+              sig(b.at_rate.tpot.p99_ms).c_str(), sig(spec.goodput.ttft_ms).c_str(), sig(spec.goodput.tpot_ms).c_str(), k,
               units.c_str(), c.split.width(k), c.split.width(k) == 1 ? "" : "s");
   if (!more || more->ranked.empty() || more->ranked.front().search.outcome == serving::RateSearchResult::Outcome::none) {
     std::printf("one more device: %s\n", more ? "no layout meets the SLO" : "no layout (more than the model can use)");
@@ -123,59 +124,42 @@ json entry_json(const Search& s, const balance::ServingPlanEntry& e) {
 
 }  // namespace
 
-void check_plan_scenario_flags(const PlanOptions& opt) {
-  if (opt.scenario.empty()) return;
-  if (opt.scenario != "poisson" && opt.scenario != "gamma")
-    throw UserError("--scenario '" + opt.scenario + "' is unknown for plan; valid: poisson, gamma (with --burstiness)");
-  if (opt.scenario == "poisson" && opt.burstiness != 1.0)
-    throw UserError("--scenario poisson has burstiness 1; for --burstiness use --scenario gamma");
-  if (!(opt.burstiness > 0) || std::isnan(opt.burstiness)) throw UserError("--burstiness: the Gamma shape, > 0");
-  if (!(opt.slo_ttft_ms > 0) || !(opt.slo_tpot_ms > 0))
-    throw UserError("--scenario needs both --slo-ttft MS and --slo-tpot MS (> 0): each request's limits, whose highest "
-                    "rate the search finds");
-  if (!(opt.attainment > 0) || !(opt.attainment <= 1))
-    throw UserError("--attainment " + sig(opt.attainment) + ": the share of requests meeting both limits, in (0, 1]");
-  if (opt.requests < 1 || opt.requests > 1000000) throw UserError("--requests: between 1 and 1000000");
-  serving::parse_step_policy(opt.step_policy);
-  serving::parse_length_spec(opt.prompt_lens.empty() ? "fixed:1" : opt.prompt_lens, "--prompt-lens");
-  serving::parse_length_spec(opt.gen_lens.empty() ? "fixed:1" : opt.gen_lens, "--gen-lens");
+std::optional<serving::ScenarioSpec> plan_scenario(const PlanOptions& opt, const RunRecord& run) {
+  if (opt.scenario.scenario.empty() || opt.scenario.scenario == "closed") {
+    serving::ScenarioUse use;
+    use.command = serving::ScenarioUse::Command::plan;
+    return serving::parse_scenario(opt.scenario, use);  // refuses the flags of a scenario without one
+  }
+  return offline_scenario(run, opt.scenario, serving::ScenarioUse::Command::plan);
 }
 
-int plan_scenario_command(const PlanOptions& opt, const RunRecord& run) {
-  serving::SloTarget slo;
-  slo.ttft_ms = opt.slo_ttft_ms;
-  slo.tpot_ms = opt.slo_tpot_ms;
-  slo.attainment = opt.attainment;
-  const std::vector<serving::Request> unit = unit_rate_requests(run, opt.requests, opt.prompt_lens, opt.gen_lens, opt.burstiness, opt.seed);
-  const Search s = search(run, opt, opt.devices, unit, slo);
+int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const serving::ScenarioSpec& spec) {
+  const std::vector<serving::Request> unit = serving::generate_requests(spec);
+  const Search s = search(run, opt.devices, unit, spec);
   std::optional<Search> more;
   try {
-    more = search(run, opt, opt.devices + 1, unit, slo);
+    more = search(run, opt.devices + 1, unit, spec);
   } catch (const UserError&) {
     more.reset();  // more devices than the model can use, or none fits
   }
   if (opt.csv) {
     print_csv(s);
   } else {
-    std::printf("plan --scenario %s: %s, %d device(s) like rank 0 (%s), B=%d, %d requests (prompts %s, outputs %s, "
-                "seed %llu), SLO TTFT <= %s ms and TPOT <= %s ms for %s of the requests; %zu candidates (every layout, "
-                "M = 1..2S) searched in %.2f s\n",
-                opt.scenario.c_str(), opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), run.workload.batch,
-                opt.requests, opt.prompt_lens.empty() ? ("fixed:" + std::to_string(run.workload.prompt_len)).c_str()
-                                                       : opt.prompt_lens.c_str(),
-                opt.gen_lens.empty() ? ("fixed:" + std::to_string(run.workload.gen_len)).c_str() : opt.gen_lens.c_str(),
-                static_cast<unsigned long long>(opt.seed), sig(opt.slo_ttft_ms).c_str(), sig(opt.slo_tpot_ms).c_str(),
-                sig(opt.attainment).c_str(), s.ranked.size(), s.seconds);
+    std::printf("plan --scenario %s: %d device(s) like rank 0 (%s); %s (seed %llu), SLO for %s of the requests; %zu "
+                "candidates (every layout, M = 1..2S) searched in %.2f s\n",
+                opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), serving::describe_scenario(spec).c_str(),
+                static_cast<unsigned long long>(spec.seed), sig(spec.attainment).c_str(), s.ranked.size(), s.seconds);
     std::printf("layouts by the highest request rate meeting the SLO (serving simulator from the profile; the profile "
                 "alone under-predicts small-prefill steps on CPU ranks: DESIGN.md):\n");
     print_table(s, opt.top > 0 ? opt.top : 10);
-    print_choice(run, opt, s, more);
+    print_choice(run, opt, spec, s, more);
   }
   std::fflush(stdout);
   if (!opt.json_out.empty()) {
-    json out = {{"devices", opt.devices}, {"scenario", opt.scenario}, {"slo_ttft_ms", opt.slo_ttft_ms},
-                {"slo_tpot_ms", opt.slo_tpot_ms}, {"attainment", opt.attainment}, {"requests", opt.requests},
-                {"search_seconds", s.seconds}, {"ranked", json::array()}};
+    json out = {{"devices", opt.devices}, {"scenario", serving::arrival_kind_name(spec.kind)}, {"spec", serving::scenario_to_json(spec)},
+                {"slo_ttft_ms", spec.goodput.ttft_ms}, {"slo_tpot_ms", spec.goodput.tpot_ms},
+                {"attainment", spec.attainment}, {"requests", spec.requests}, {"search_seconds", s.seconds},
+                {"ranked", json::array()}};
     for (const auto& e : s.ranked) out["ranked"].push_back(entry_json(s, e));
     out["one_more_device"] = more && !more->ranked.empty() ? entry_json(*more, more->ranked.front()) : json(nullptr);
     write_json_file(opt.json_out, out);

@@ -36,29 +36,20 @@ namespace {
 
 constexpr int kMaxRequests = 1000000;
 
-/// Flags checked before the file is read (exit 2, naming the flag).
+/// Flags of serve-search's own checked before the file is read (exit 2, naming the flag); the
+/// scenario's are parse_scenario's (offline_scenario).
 void check_serve_flags(const ServeSearchOptions& opt) {
-  if (!(opt.slo_ttft_ms > 0) || !(opt.slo_ttft_ms <= kMaxMs))
-    throw UserError("--slo-ttft MS is required: the TTFT limit in ms, > 0 and <= 1e12 (got " + sig(opt.slo_ttft_ms) + ")");
-  if (!(opt.slo_tpot_ms > 0) || !(opt.slo_tpot_ms <= kMaxMs))
-    throw UserError("--slo-tpot MS is required: the TPOT limit in ms, > 0 and <= 1e12 (got " + sig(opt.slo_tpot_ms) + ")");
-  if (!(opt.attainment > 0) || !(opt.attainment <= 1))
-    throw UserError("--attainment " + sig(opt.attainment) + ": the share of requests that must meet both limits, in (0, 1], "
-                    "e.g. 0.9 or 0.99");
-  if (opt.requests < 1 || opt.requests > kMaxRequests)
-    throw UserError("--requests " + std::to_string(opt.requests) + ": between 1 and " + std::to_string(kMaxRequests));
-  if (opt.mlperf && opt.requests < serving::kMlperfMinQueries)
-    throw UserError("--requests " + std::to_string(opt.requests) + " with --mlperf: MLPerf's Server runs need at least " +
-                    std::to_string(serving::kMlperfMinQueries) + " queries (LoadGen's min_query_count), and its early "
-                    "stopping at least " + std::to_string(serving::mlperf_min_queries(0)) + " to pass at all");
-  if (!(opt.burstiness > 0) || std::isnan(opt.burstiness))
-    throw UserError("--burstiness " + sig(opt.burstiness) + ": the Gamma shape K of the gaps, > 0 (1 = Poisson, inf = "
-                    "constant gaps)");
   if (opt.microbatches < 0 || opt.microbatches > 65536)
     throw UserError("-M " + std::to_string(opt.microbatches) + ": groups in flight, 1..65536 (0 = each partition's own)");
   if (opt.batch < 0) throw UserError("-b " + std::to_string(opt.batch) + ": slots per group, >= 1 (0 = the file's B)");
-  serving::parse_length_spec(opt.prompt_lens.empty() ? "fixed:1" : opt.prompt_lens, "--prompt-lens");
-  serving::parse_length_spec(opt.gen_lens.empty() ? "fixed:1" : opt.gen_lens, "--gen-lens");
+}
+
+/// With --mlperf, LoadGen's minimum query count.
+void check_mlperf(const ServeSearchOptions& opt, const serving::ScenarioSpec& spec) {
+  if (opt.mlperf && spec.requests < serving::kMlperfMinQueries)
+    throw UserError("--requests " + std::to_string(spec.requests) + " with --mlperf: MLPerf's Server runs need at least " +
+                    std::to_string(serving::kMlperfMinQueries) + " queries (LoadGen's min_query_count), and its early "
+                    "stopping at least " + std::to_string(serving::mlperf_min_queries(0)) + " to pass at all");
 }
 
 /// The partitions to search: the file's (or the one named), else the uniform split of its ranks.
@@ -112,6 +103,7 @@ std::vector<balance::StepCalibration> file_calibration(const RunRecord& run, con
 
 SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& pred, const balance::Partition& p,
                                const std::vector<serving::Request>& unit, const ServeSearchOptions& opt,
+                               const serving::ScenarioSpec& spec,
                                const std::vector<balance::StepCalibration>& calibration) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchOutcome out;
@@ -119,26 +111,19 @@ SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& p
   out.devices = 0;
   for (int k = 0; k < p.num_stages(); ++k) out.devices += p.width(k);
   out.groups = opt.microbatches > 0 ? opt.microbatches : (p.groups > 0 ? p.groups : run.workload.microbatches);
-  out.slots = opt.batch > 0 ? opt.batch : run.workload.batch;
+  out.slots = spec.slots;
   std::unique_ptr<serving::StepCostModel> model;
   if (calibration.empty()) model = std::make_unique<balance::ProfileStepCosts>(run, pred, p);
   else model = std::make_unique<balance::CalibratedStepCosts>(run, pred, p, calibration);
   const serving::StepCostModel& costs = *model;
   serving::PipelineSimConfig cfg;
-  cfg.scheduler.groups = out.groups;
-  cfg.scheduler.slots = out.slots;
+  cfg.scheduler = spec.scheduler(out.groups);
   cfg.overlap = run.workload.overlap;
-  serving::SloTarget slo;
-  slo.ttft_ms = opt.slo_ttft_ms;
-  slo.tpot_ms = opt.slo_tpot_ms;
-  slo.attainment = opt.attainment;
+  serving::SloTarget slo = spec.slo();
   slo.mlperf = opt.mlperf;
   out.search = serving::search_simulated_rate(unit, costs, cfg, slo);
   if (out.search.outcome != serving::RateSearchResult::Outcome::none) {
-    serving::GoodputSpec limits;
-    limits.ttft_ms = opt.slo_ttft_ms;
-    limits.tpot_ms = opt.slo_tpot_ms;
-    out.at_rate = serving::simulate_at_rate(unit, out.search.rate, costs, cfg, limits);
+    out.at_rate = serving::simulate_at_rate(unit, out.search.rate, costs, cfg, spec.goodput);
     out.have_metrics = true;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -184,19 +169,21 @@ json outcome_json(const SearchOutcome& o) {
   return j;
 }
 
-void print_header(const RunRecord& run, const ServeSearchOptions& opt, const std::vector<serving::Request>& unit) {
-  std::printf("serve-search %s: TTFT <= %s ms, TPOT <= %s ms, ", opt.input.c_str(), sig(opt.slo_ttft_ms).c_str(),
-              sig(opt.slo_tpot_ms).c_str());
+void print_header(const RunRecord& run, const ServeSearchOptions& opt, const serving::ScenarioSpec& spec,
+                  const std::vector<serving::Request>& unit) {
+  std::printf("serve-search %s: TTFT <= %s ms, TPOT <= %s ms, ", opt.input.c_str(), sig(spec.goodput.ttft_ms).c_str(),
+              sig(spec.goodput.tpot_ms).c_str());
   if (opt.mlperf)
     std::printf("MLPerf Server rule (p99 of each within its limit, early stopping, >= %d queries)\n",
                 serving::kMlperfMinQueries);
   else
-    std::printf("attainment >= %s (requests meeting both)\n", sig(opt.attainment).c_str());
+    std::printf("attainment >= %s (requests meeting both)\n", sig(spec.attainment).c_str());
   long long prompt = 0, out = 0;
   for (const auto& r : unit) prompt += r.prompt_len, out += r.gen_len;
-  std::printf("scenario: %d requests, Gamma gaps of shape %s (1 = Poisson), seed %llu, mean prompt %.1f, mean output "
-              "%.1f tokens; at rate R the arrivals of rate 1 divided by R\n",
-              opt.requests, sig(opt.burstiness).c_str(), static_cast<unsigned long long>(opt.seed),
+  std::printf("scenario: %d requests, Gamma gaps of shape %s (1 = Poisson), seed %llu, %s steps, mean prompt %.1f, mean "
+              "output %.1f tokens; at rate R the arrivals of rate 1 divided by R\n",
+              spec.requests, sig(spec.arrivals.burstiness).c_str(), static_cast<unsigned long long>(spec.seed),
+              serving::step_policy_name(spec.policy),
               static_cast<double>(prompt) / unit.size(), static_cast<double>(out) / unit.size());
   std::printf("step model: the profile's %s table (B=%d P=%d), prefill linear in tokens, decode at the rows' mean "
               "context (balance/serving_step_model.h); bisection to 1%% of the rate\n",
@@ -207,18 +194,18 @@ void print_header(const RunRecord& run, const ServeSearchOptions& opt, const std
 }
 
 /// Notes under the table: monotonicity, MLPerf's minimum duration.
-void print_notes(const std::vector<SearchOutcome>& all, const ServeSearchOptions& opt) {
+void print_notes(const std::vector<SearchOutcome>& all, const ServeSearchOptions& opt, int requests) {
   for (const SearchOutcome& o : all) {
     if (o.search.non_monotone > 0)
       std::printf("note: %s: %d probe(s) passed above a failing rate: attainment is not monotone in the rate at N = %d "
                   "(which requests share a step moves with the rate); the answer is a pass with a failure within 1%% "
-                  "above it\n", o.name.c_str(), o.search.non_monotone, opt.requests);
+                  "above it\n", o.name.c_str(), o.search.non_monotone, requests);
     if (o.search.outcome == serving::RateSearchResult::Outcome::unbounded)
       std::printf("note: %s: every probed rate passed (up to %s req/s): the SLO does not bind\n", o.name.c_str(),
                   sig(o.search.rate).c_str());
     // LoadGen's min duration: the last query scheduled at >= 600 s (results.cc MinDurationMet); the
     // last arrival here is N / R (the arrivals rescaled to the rate, arrivals.h).
-    const double last_arrival_s = opt.requests / o.search.rate;
+    const double last_arrival_s = requests / o.search.rate;
     if (opt.mlperf && o.have_metrics && last_arrival_s < 600.0)
       std::printf("note: %s: MLPerf's minimum duration (the last query scheduled at >= 600 s) is not met: the last "
                   "arrives at %s s at %s req/s; --requests %s or more would meet it\n", o.name.c_str(),
@@ -238,28 +225,29 @@ int serve_search_command(const ServeSearchOptions& opt) {
                     "give -b 1.." + std::to_string(run.workload.batch) + ", or profile at a larger B");
   const balance::Predictor pred(run);
   const std::vector<balance::Partition> parts = partitions_to_search(run, opt);
-  const std::vector<serving::Request> unit = unit_rate_requests(run, opt.requests, opt.prompt_lens, opt.gen_lens, opt.burstiness, opt.seed);
+  const serving::ScenarioSpec spec = offline_scenario(run, opt.scenario, serving::ScenarioUse::Command::serve_search, opt.batch);
+  check_mlperf(opt, spec);
+  const std::vector<serving::Request> unit = serving::generate_requests(spec);
   const std::vector<balance::StepCalibration> calibration =
       opt.calibrated ? file_calibration(run, pred, opt) : std::vector<balance::StepCalibration>{};
-  print_header(run, opt, unit);
+  print_header(run, opt, spec, unit);
   if (opt.calibrated)
     std::printf("step model calibrated per rank and token band by the file's measured serving steps "
                 "(balance/serving_calibration.h)\n");
   std::vector<SearchOutcome> all;
   json out = json::array();
   for (const balance::Partition& p : parts) {
-    all.push_back(search_partition(run, pred, p, unit, opt, calibration));
+    all.push_back(search_partition(run, pred, p, unit, opt, spec, calibration));
     print_outcome(all.back());
     out.push_back(outcome_json(all.back()));
   }
-  print_notes(all, opt);
+  print_notes(all, opt, spec.requests);
   if (!opt.json_out.empty())
     write_json_file(opt.json_out,
                     {{"input", opt.input},
-                     {"slo", {{"ttft_ms", opt.slo_ttft_ms}, {"tpot_ms", opt.slo_tpot_ms}, {"attainment", opt.attainment},
+                     {"slo", {{"ttft_ms", spec.goodput.ttft_ms}, {"tpot_ms", spec.goodput.tpot_ms}, {"attainment", spec.attainment},
                               {"rule", opt.mlperf ? "mlperf" : "attainment"}}},
-                     {"scenario", {{"requests", opt.requests}, {"burstiness", opt.burstiness}, {"seed", opt.seed},
-                                   {"prompt_lens", opt.prompt_lens}, {"gen_lens", opt.gen_lens}}},
+                     {"scenario", serving::scenario_to_json(spec)},
                      {"partitions", out}});
   return 0;
 }

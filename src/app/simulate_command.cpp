@@ -378,7 +378,7 @@ int simulate_command(const SimulateOptions& opt) {
   check_json_out(opt.json_out, opt.input, opt.force);
   if (results) {
     RunRecord run = read_run(opt.input);
-    if (!run.serving.kind.empty()) return simulate_scenario_file(opt, std::move(run));
+    if (run.serving.spec) return simulate_scenario_file(opt, std::move(run));
   }
   if (!results) simulate_stage_json(opt, cfg, out);
   else simulate_results_file(opt, cfg, out);

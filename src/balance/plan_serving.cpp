@@ -22,7 +22,8 @@ int outcome_rank(serving::RateSearchResult::Outcome o) {
 
 std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const PlanResult& plan,
                                                    const std::vector<serving::Request>& unit,
-                                                   serving::StepPolicy policy, const serving::SloTarget& slo) {
+                                                   const serving::ScenarioSpec& spec) {
+  const serving::SloTarget slo = spec.slo();
   // One record and predictor per M (plan_record scales the KV bytes with M; the step times not),
   // built before the workers start: they only read them.
   std::map<int, std::pair<std::unique_ptr<RunRecord>, std::unique_ptr<Predictor>>> by_groups;
@@ -32,9 +33,7 @@ std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const P
     slot.first = std::make_unique<RunRecord>(plan_record(run, plan.devices, c.groups));
     slot.second = std::make_unique<Predictor>(*slot.first);
   }
-  serving::GoodputSpec limits;
-  limits.ttft_ms = slo.ttft_ms;
-  limits.tpot_ms = slo.tpot_ms;
+  const serving::GoodputSpec& limits = spec.goodput;
   std::vector<ServingPlanEntry> out(plan.candidates.size());
   // The candidates on the machine's cores, as plan_layouts simulates them.
   parallel_for(out.size(), [&](std::size_t i) {
@@ -42,7 +41,8 @@ std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const P
     const auto& slot = by_groups.at(c.groups);
     const ProfileStepCosts costs(*slot.first, *slot.second, c.split);
     serving::PipelineSimConfig cfg;
-    cfg.scheduler = {c.groups, c.batch, policy};
+    cfg.scheduler = spec.scheduler(c.groups);
+    cfg.scheduler.slots = c.batch;  // the candidate's B (the file's)
     ServingPlanEntry& e = out[i];
     e.candidate = i;
     e.search = serving::search_simulated_rate(unit, costs, cfg, slo);

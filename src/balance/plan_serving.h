@@ -13,8 +13,7 @@
 #include "balance/plan.h"
 #include "results/run_record.h"
 #include "serving/rate_search.h"
-#include "serving/request_metrics.h"
-#include "serving/scheduler.h"
+#include "serving/scenario.h"
 
 namespace ppb::balance {
 
@@ -27,8 +26,9 @@ struct ServingPlanEntry {
   serving::ServingMetrics at_rate;     ///< the simulator's metrics at max_rate (found or unbounded)
 };
 
-/// Every candidate of `plan` (plan_layouts on `run`) searched for its highest rate meeting `slo`
-/// on `unit` (requests at 1 request/s, N >= 1) with `policy`, its M and B, each candidate's step
+/// Every candidate of `plan` (plan_layouts on `run`) searched for its highest rate meeting
+/// spec.slo() on `unit` (spec's requests at 1 request/s, N >= 1) with spec's step policy, the
+/// candidate's M and B, at which its metrics take spec.goodput's limits; each candidate's step
 /// costs from plan_record(run, N, M) (ProfileStepCosts), ranked: unbounded first, then found by
 /// max_rate descending, then none; ties (relative 1e-9) to fewer stages, then fewer groups.
 /// Every candidate is searched (no pruning: a closed batch's bounds do not bound a rate under an
@@ -37,6 +37,6 @@ struct ServingPlanEntry {
 ///         profile); ppb::InternalError for an empty `unit`.
 std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const PlanResult& plan,
                                                    const std::vector<serving::Request>& unit,
-                                                   serving::StepPolicy policy, const serving::SloTarget& slo);
+                                                   const serving::ScenarioSpec& spec);
 
 }  // namespace ppb::balance

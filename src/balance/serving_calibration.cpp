@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/error.h"
 #include "common/stats.h"
 
 namespace ppb::balance {
@@ -100,28 +101,25 @@ namespace ppb::balance {
 
 namespace {
 
-/// The stored scenario as requests, its policy and limits.
+/// The stored scenario's requests and its spec.
 struct StoredScenario {
   std::vector<serving::Request> requests;
-  serving::StepPolicy policy = serving::StepPolicy::mixed;
-  serving::GoodputSpec slo;
+  serving::ScenarioSpec spec;
 };
 
 StoredScenario stored_scenario(const ServingRunRecord& s) {
+  if (!s.spec) throw InternalError("serving prediction: the record has no scenario");
   StoredScenario out;
+  out.spec = *s.spec;
   for (size_t q = 0; q < s.arrival_s.size(); ++q) out.requests.push_back({s.arrival_s[q], s.prompt_len.at(q), s.gen_len.at(q)});
-  out.policy = s.policy == "prefill-first" ? serving::StepPolicy::prefill_first : serving::StepPolicy::mixed;
-  std::vector<std::string> items;
-  if (!s.goodput.empty()) items.push_back(s.goodput);
-  out.slo = serving::parse_goodput(items);
   return out;
 }
 
 /// The simulator's metrics of `costs` on the stored scenario with p's M and B.
 serving::ServingMetrics play(const StoredScenario& sc, const ServingPartitionRecord& p, const serving::StepCostModel& costs) {
   serving::PipelineSimConfig cfg;
-  cfg.scheduler = {p.groups, p.slots, sc.policy};
-  return serving::serving_metrics(serving::simulate_serving(sc.requests, costs, cfg).times, sc.slo);
+  cfg.scheduler = sc.spec.scheduler(p.groups);
+  return serving::serving_metrics(serving::simulate_serving(sc.requests, costs, cfg).times, sc.spec.goodput);
 }
 
 }  // namespace

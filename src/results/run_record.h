@@ -356,7 +356,7 @@ struct RunRecord {
   /// --tp auto: the widths the balancer chose ("2,1,1"; "" without it).
   std::string tp_auto_layout;
   PlanRecord plan;  ///< --plan K (plan.devices = 0 without it)
-  ServingRunRecord serving;  ///< --scenario poisson|gamma|trace (serving.kind "" in a closed run)
+  ServingRunRecord serving;  ///< --scenario poisson|gamma|trace (no serving.spec in a closed run)
   /// MoE (/moe): tokens routed to each expert [layers][experts] row-major (rows: the model's
   /// layers, then its MTP modules when run; dense layers 0) in partition expert_tokens_partition's
   /// last timed repetition; empty without MoE layers. expert_skew: --expert-skew.

@@ -4,6 +4,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "serving/scenario.h"
+
 namespace ppb {
 
 namespace {
@@ -254,21 +259,20 @@ void read_rate_search(const Group& g, RateSearchRecord& r) {
 
 void write_serving(Group& root, const RunRecord& run) {
   const ServingRunRecord& s = run.serving;
-  if (s.kind.empty()) return;
+  if (!s.spec) return;
   Group g = root.create_group("scenario");
-  g.set_attr("kind", s.kind);
+  // The spec whole (read back by read_serving), and each of its values as an attribute of its
+  // own for h5py.
+  const nlohmann::json spec = serving::scenario_to_json(*s.spec);
+  g.set_attr("spec", spec.dump());
+  for (const auto& [key, v] : spec.items()) {
+    if (v.is_string()) g.set_attr(key, v.get<std::string>());
+    else if (v.is_boolean()) g.set_attr(key, v.get<bool>());
+    else if (v.is_number_integer()) g.set_attr(key, v.get<int64_t>());
+    else if (v.is_number()) g.set_attr(key, v.get<double>());
+  }
   g.set_attr("request_rate", s.request_rate);
-  g.set_attr("burstiness", s.burstiness);
-  g.set_attr("requests", static_cast<int64_t>(s.requests));
-  g.set_attr("seed", static_cast<int64_t>(s.seed));
-  g.set_attr("prompt_lens", s.prompt_lens);
-  g.set_attr("gen_lens", s.gen_lens);
-  g.set_attr("trace", s.trace);
   g.set_attr("trace_format", s.trace_format);
-  g.set_attr("step_policy", s.policy);
-  g.set_attr("goodput", s.goodput);
-  g.set_attr("max_prompt_len", static_cast<int64_t>(s.max_prompt_len));
-  g.set_attr("max_gen_len", static_cast<int64_t>(s.max_gen_len));
   g.set_attr("objective_decode_rows", s.objective_decode_rows);
   g.set_attr("objective_gen_len", static_cast<int64_t>(s.objective_gen_len));
   g.set_attr("rounds", static_cast<int64_t>(s.rounds));
@@ -286,23 +290,34 @@ void write_serving(Group& root, const RunRecord& run) {
   if (s.rate_search.on) write_rate_search(root, s.rate_search);
 }
 
+namespace {
+
+/// A file written before /scenario held its `spec` (issue 48): the spec from its attributes.
+nlohmann::json legacy_spec(const Group& g) {
+  nlohmann::json j;
+  for (const char* key : {"kind", "prompt_lens", "gen_lens", "trace", "step_policy", "goodput"})
+    j[key] = g.get_attr<std::string>(key);
+  for (const char* key : {"requests", "seed", "max_prompt_len", "max_gen_len"}) j[key] = g.get_attr<int64_t>(key);
+  for (const char* key : {"request_rate", "burstiness"}) j[key] = g.get_attr<double>(key);
+  return j;
+}
+
+}  // namespace
+
 void read_serving(const Group& root, RunRecord& run) {
   if (!root.exists("scenario")) return;
   const Group g = root.open_group("scenario");
   ServingRunRecord& s = run.serving;
-  s.kind = g.get_attr<std::string>("kind");
+  nlohmann::json spec;
+  if (g.has_attr("spec")) {
+    spec = nlohmann::json::parse(g.get_attr<std::string>("spec"), nullptr, /*allow_exceptions=*/false);
+    if (spec.is_discarded()) throw UserError("/scenario's spec attribute is not JSON");
+  } else {
+    spec = legacy_spec(g);
+  }
+  s.spec = serving::scenario_from_json(spec, "/scenario");
   s.request_rate = g.get_attr<double>("request_rate");
-  s.burstiness = g.get_attr<double>("burstiness");
-  s.requests = static_cast<int>(g.get_attr<int64_t>("requests"));
-  s.seed = static_cast<uint64_t>(g.get_attr<int64_t>("seed"));
-  s.prompt_lens = g.get_attr<std::string>("prompt_lens");
-  s.gen_lens = g.get_attr<std::string>("gen_lens");
-  s.trace = g.get_attr<std::string>("trace");
   s.trace_format = g.get_attr<std::string>("trace_format");
-  s.policy = g.get_attr<std::string>("step_policy");
-  s.goodput = g.get_attr<std::string>("goodput");
-  s.max_prompt_len = static_cast<int>(g.get_attr<int64_t>("max_prompt_len"));
-  s.max_gen_len = static_cast<int>(g.get_attr<int64_t>("max_gen_len"));
   if (g.has_attr("objective_gen_len")) {
     s.objective_decode_rows = g.get_attr<double>("objective_decode_rows");
     s.objective_gen_len = static_cast<int>(g.get_attr<int64_t>("objective_gen_len"));
@@ -314,6 +329,7 @@ void read_serving(const Group& root, RunRecord& run) {
   s.gen_len = g.open_dataset("gen_len").read<int>();
   for (const std::string& name : g.get_attr<std::vector<std::string>>("partitions"))
     s.partitions.push_back(read_partition(root.open_group("benchmark/" + name), name));
+  if (!g.has_attr("spec") && !s.partitions.empty()) s.spec->slots = s.partitions.front().slots;  // not stored then
   if (root.exists("rate_search")) read_rate_search(root.open_group("rate_search"), s.rate_search);
 }
 

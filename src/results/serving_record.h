@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/stats.h"
+#include "serving/scenario.h"
 
 namespace ppb {
 
@@ -117,15 +119,14 @@ struct RateSearchRecord {
   int pilot_rounds = 0, above_rounds = 0;
 };
 
-/// The scenario of a run and every partition's measurement of it. kind "" = a closed-batch run.
+/// The scenario of a run and every partition's measurement of it. spec empty: a closed-batch run.
 struct ServingRunRecord {
-  std::string kind;      ///< "poisson", "gamma", "trace"
-  double request_rate = std::numeric_limits<double>::quiet_NaN();  ///< requests/s (trace: N / last arrival)
-  double burstiness = 1.0;
-  int requests = 0;
-  uint64_t seed = 0;
-  std::string prompt_lens, gen_lens, trace, trace_format, policy, goodput;
-  int max_prompt_len = 0, max_gen_len = 0;
+  /// The scenario as parsed (serving/scenario.h; /scenario's attributes and its `spec` JSON).
+  std::optional<serving::ScenarioSpec> spec;
+  /// Requests/s of the arrivals measured: the spec's (with --request-rate search the rate of the
+  /// measurement, 0.9 R*), a trace's N / last arrival.
+  double request_rate = std::numeric_limits<double>::quiet_NaN();
+  std::string trace_format;        ///< a trace's format as read (trace.h)
   std::vector<double> arrival_s;   ///< [N] the scenario's arrivals (s)
   std::vector<int> prompt_len, gen_len;  ///< [N]
   /// The balancer's objective for the scenario (run/plan.cpp scenario_objective_gen_len): the

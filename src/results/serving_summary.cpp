@@ -8,10 +8,13 @@
 namespace ppb {
 
 std::string serving_scenario_text(const ServingRunRecord& s) {
-  std::string out = s.kind == "trace" ? "trace " + s.trace + " (" + s.trace_format + ")"
-                                      : format_line("rate %g req/s", s.request_rate) +
-                                            (s.kind == "gamma" ? format_line(", burstiness %g", s.burstiness) : "");
-  if (s.kind != "trace") out += ", prompts " + s.prompt_lens + ", outputs " + s.gen_lens;
+  if (!s.spec) return "";
+  const serving::ScenarioSpec& spec = *s.spec;
+  std::string out = serving::describe_scenario(spec);
+  if (spec.kind == serving::ArrivalKind::trace)
+    out += format_line(" (%s: %zu requests, %g req/s)", s.trace_format.c_str(), s.arrival_s.size(), s.request_rate);
+  else if (spec.rate_search)
+    out += format_line("; measured at %g req/s", s.request_rate);
   return out;
 }
 
@@ -84,14 +87,14 @@ void print_rate_search(std::ostream& os, const RateSearchRecord& r) {
 
 void print_serving_summary(std::ostream& os, const RunRecord& run) {
   const ServingRunRecord& s = run.serving;
-  if (s.kind.empty()) return;
-  os << "\nserving scenario: " << s.kind << ", " << s.requests << " requests, " << serving_scenario_text(s) << "; "
-     << s.policy << " steps; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
+  if (!s.spec) return;
+  os << "\nserving scenario: " << serving_scenario_text(s) << "; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
   print_latency_table(os, s);
   print_predictions(os, s);
   if (s.rate_search.on) print_rate_search(os, s.rate_search);
-  if (!s.goodput.empty()) {
-    os << "  goodput (" << s.goodput << "):\n";
+  const std::string goodput = serving::goodput_text(s.spec->goodput);
+  if (!goodput.empty()) {
+    os << "  goodput (" << goodput << "):\n";
     for (const ServingPartitionRecord& p : s.partitions)
       os << format_line("  %-12s %.3f req/s, attainment %.1f%%\n", p.name.c_str(), p.goodput_req_per_s, 100.0 * p.slo_attainment);
   }
@@ -102,7 +105,7 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
     header = true;
     os << "  " << p.name << ": output tokens/s " << gain_or_dash(p.tokens_gain) << ", TTFT p99 " << gain_or_dash(p.ttft_p99_gain)
        << ", TPOT p99 " << gain_or_dash(p.tpot_p99_gain);
-    if (!s.goodput.empty()) os << ", goodput " << gain_or_dash(p.goodput_gain);
+    if (!goodput.empty()) os << ", goodput " << gain_or_dash(p.goodput_gain);
     os << "\n";
   }
   for (const ServingPartitionRecord& p : s.partitions) {

@@ -10,10 +10,11 @@
 
 namespace ppb {
 
-/// "rate 4 req/s (poisson), prompts lognormal:128,0.5, outputs fixed:32" for a progress line.
+/// The scenario in one line (serving::describe_scenario, with the rate measured and a trace's
+/// format); "" for a closed run.
 std::string serving_scenario_text(const ServingRunRecord& s);
 
-/// The scenario's part of the summary; nothing for a closed run (run.serving.kind empty).
+/// The scenario's part of the summary; nothing for a closed run (no run.serving.spec).
 void print_serving_summary(std::ostream& os, const RunRecord& run);
 
 }  // namespace ppb

@@ -667,7 +667,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   print_shared_gpus(os, run);
   print_links(os, run);
   print_profile_only(os, run);
-  if (!run.serving.kind.empty()) {
+  if (run.serving.spec) {
     // A serving scenario: the splits, then its own figures (results/serving_summary.h).
     for (const auto& p : run.partitions) {
       os << "partition " << p.name << ": units";

@@ -16,8 +16,10 @@ RunContext::RunContext(const MpiContext& mpi_context, const RunOptions& options)
       progress(mpi_context.is_root() && !options.quiet),
       phases_(mpi_context, options.timeout_s) {
   record_.run_start_s = monotonic_s();
-  scenario_requests = options.scenario.requests;
-  scenario_rate = options.scenario.spec.arrivals.request_rate;
+  if (options.scenario.on()) {
+    scenario_requests = options.scenario.drawn.requests;
+    scenario_rate = options.scenario.spec->arrivals.request_rate;
+  }
   phases_.set_failure_recorder(
       [this](const std::string& why, const std::vector<std::string>& flight_records) { record_failure(why, flight_records); });
   phases_.set_stall_handler([this]() -> std::string {

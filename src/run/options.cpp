@@ -142,11 +142,11 @@ RunOptions parse_run_options(const RunFlags& f) {
   if (o.scenario.on()) {
     // The profile and the balancer take the scenario's mean request (RunOptions::scenario).
     double prompt = 0, gen = 0;
-    for (const serving::Request& r : o.scenario.requests) {
+    for (const serving::Request& r : o.scenario.drawn.requests) {
       prompt += r.prompt_len;
       gen += r.gen_len;
     }
-    const double n = static_cast<double>(o.scenario.requests.size());
+    const double n = static_cast<double>(o.scenario.drawn.requests.size());
     o.prompt_len = std::max(1, static_cast<int>(std::lround(prompt / n)));
     o.gen_len = std::max(1, static_cast<int>(std::lround(gen / n)));
   }

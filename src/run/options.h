@@ -12,9 +12,7 @@
 #include "balance/problem.h"
 #include "balance/solver.h"
 #include "common/dtype.h"
-#include "serving/arrivals.h"
-#include "serving/request_metrics.h"
-#include "serving/scheduler.h"
+#include "serving/scenario.h"
 
 namespace ppb {
 
@@ -59,15 +57,7 @@ struct RunFlags {
   bool quiet = false;
   bool profile_only = false;  ///< `ppbench profile`
   std::string command_line;
-  // The serving scenario (issue 37; main.cpp's help text says each).
-  std::string scenario = "closed";
-  std::string request_rate;  ///< "" = not given; R (requests/s), inf, or search
-  double attainment = 0.9;   ///< --attainment: with --request-rate search
-  double burstiness = 1.0;
-  int requests = 64;
-  std::string prompt_lens, gen_lens, trace;
-  std::vector<std::string> goodput;
-  std::string step_policy = "mixed";
+  serving::ScenarioFlags scenario;  ///< --scenario and its flags (app/scenario_flags.h)
 };
 
 namespace run {
@@ -93,30 +83,14 @@ struct PartitionRequest {
   std::string text;                      ///< the flag as given, for messages
 };
 
-/// --scenario: closed batches (every figure before issue 37), or requests that arrive.
-enum class ScenarioKind { closed, poisson, gamma, trace };
-
-/// The serving scenario as the flags give it (issue 37; pipeline/serving_pipeline.h runs it).
+/// The serving scenario of a run (issue 37; pipeline/serving_pipeline.h runs it): its spec and
+/// its requests, drawn (poisson, gamma: from --seed; at 1 request/s with --request-rate search,
+/// then scaled to each rate measured) or read (trace) once, the same on every rank: prompts
+/// clamped to [1, -p], outputs to [1, -g].
 struct ScenarioOptions {
-  ScenarioKind kind = ScenarioKind::closed;
-  std::string kind_text = "closed";
-  /// Its requests, drawn (poisson, gamma: serving::generate_requests from --seed) or read
-  /// (trace) once here, the same on every rank: prompts clamped to [1, -p], outputs to [1, -g].
-  std::vector<serving::Request> requests;
-  serving::ScenarioSpec spec;   ///< arrivals, N, lengths, seed (poisson, gamma)
-  std::string trace_path, trace_format;
-  int trace_clamped_rows = 0;
-  serving::GoodputSpec goodput;  ///< --goodput (none given: goodput not computed)
-  std::string goodput_text;
-  serving::StepPolicy policy = serving::StepPolicy::mixed;
-  std::string policy_text = "mixed";
-  int max_prompt_len = 1, max_gen_len = 1;  ///< -p, -g: the longest request the stages hold
-  /// --request-rate search (issue 38): `requests` are drawn at 1 request/s, and the run measures
-  /// them rescaled (serving::scale_arrivals) to the rates around the highest one the simulator
-  /// predicts meets --goodput's TTFT and TPOT limits for a share `attainment` of the requests.
-  bool rate_search = false;
-  double attainment = 0.9;
-  bool on() const { return kind != ScenarioKind::closed; }
+  std::optional<serving::ScenarioSpec> spec;  ///< nullopt: closed batches
+  serving::ScenarioRequests drawn;
+  bool on() const { return spec.has_value(); }
 };
 
 /// The typed, checked options of one run.

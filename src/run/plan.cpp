@@ -115,7 +115,8 @@ std::vector<int> choose_layout(RunContext& ctx, const balance::BalanceProblem& p
 /// objective); at a light load r̄ -> 1 and decode weighs B times more.
 int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& prob) {
   RunRecord& run = ctx.record();
-  const ScenarioOptions& sc = ctx.opt.scenario;
+  const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
+  const std::vector<serving::Request>& drawn = ctx.opt.scenario.drawn.requests;
   balance::SplitRequest req;
   req.method = balance::Method::uniform;
   req.stages = ctx.ranks;
@@ -125,7 +126,7 @@ int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& p
   const balance::Predictor pred(run);
   const balance::ProfileStepCosts costs(run, pred, uniform);
   serving::PipelineSimConfig cfg;
-  cfg.scheduler = {ctx.workload.groups, ctx.workload.batch, sc.policy};
+  cfg.scheduler = sc.scheduler(ctx.workload.groups);
   std::vector<serving::Request> requests = ctx.scenario_requests;
   if (sc.rate_search) {  // the pilot's rate (run/serving_search.h): the offered load of the objective
     RateSearchRecord& rs = run.serving.rate_search;
@@ -136,9 +137,9 @@ int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& p
     // The pilot plays at the profile's rate, or faster where its N arrivals would outlast
     // --max-time (a pessimistic profile must not make the calibration's round hours long).
     const double profile_rate = profile_max_rate(ctx, pred, uniform);
-    const double bounded_rate = static_cast<double>(sc.requests.size()) / ctx.opt.max_time_s;
+    const double bounded_rate = static_cast<double>(drawn.size()) / ctx.opt.max_time_s;
     rs.pilot_rate = std::max(profile_rate, bounded_rate);
-    requests = serving::scale_arrivals(sc.requests, profile_rate);
+    requests = serving::scale_arrivals(drawn, profile_rate);
     ctx.progress.say(format_line("rate search: on the profile, the uniform split meets the SLO up to %.3f requests/s "
                                  "(serving simulator): the balancer's offered load; the pilot round at %.3f requests/s%s",
                                  profile_rate, rs.pilot_rate,

@@ -30,16 +30,16 @@ namespace {
 /// The stage of a serving partition: B slots, M groups, a context for the longest request.
 StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition& p) {
   StageConfig sc = stage_config(ctx, partition_groups(ctx, p));
-  sc.work.prompt_len = ctx.opt.scenario.max_prompt_len;
-  sc.work.gen_len = ctx.opt.scenario.max_gen_len;
+  sc.work.prompt_len = ctx.opt.scenario.spec->max_prompt_len;
+  sc.work.gen_len = ctx.opt.scenario.spec->max_gen_len;
   return sc;
 }
 
 ServingConfig serving_config(const RunContext& ctx, const balance::Partition& p) {
   ServingConfig c;
   c.groups = partition_groups(ctx, p);
-  c.slots = ctx.workload.batch;
-  c.policy = ctx.opt.scenario.policy;
+  c.slots = ctx.opt.scenario.spec->slots;
+  c.policy = ctx.opt.scenario.spec->policy;
   c.seed = ctx.workload.seed;
   c.vocab = ctx.spec.vocab;
   return c;
@@ -181,21 +181,11 @@ std::vector<ScheduledStep> warmup_schedule(const std::vector<serving::Request>& 
 /// Rank 0: the scenario's description (at ctx.scenario_rate) in `r`.
 void record_scenario(RunContext& ctx, ServingRunRecord& r) {
   const ScenarioOptions& s = ctx.opt.scenario;
-  r.kind = s.kind_text;
-  r.requests = static_cast<int>(ctx.scenario_requests.size());
-  r.seed = ctx.workload.seed;
-  r.burstiness = s.spec.arrivals.burstiness;
+  r.spec = s.spec;
   r.request_rate = ctx.scenario_rate;
-  if (s.kind == ScenarioKind::trace && !s.requests.empty() && s.requests.back().arrival_s > 0)
-    r.request_rate = static_cast<double>(s.requests.size()) / s.requests.back().arrival_s;
-  r.prompt_lens = s.spec.prompt_lens.text;
-  r.gen_lens = s.spec.gen_lens.text;
-  r.trace = s.trace_path;
-  r.trace_format = s.trace_format;
-  r.policy = s.policy_text;
-  r.goodput = s.goodput_text;
-  r.max_prompt_len = s.max_prompt_len;
-  r.max_gen_len = s.max_gen_len;
+  if (s.spec->kind == serving::ArrivalKind::trace && !ctx.scenario_requests.empty() && ctx.scenario_requests.back().arrival_s > 0)
+    r.request_rate = static_cast<double>(ctx.scenario_requests.size()) / ctx.scenario_requests.back().arrival_s;
+  r.trace_format = s.drawn.trace_format;
   r.arrival_s.clear(), r.prompt_len.clear(), r.gen_len.clear();
   for (const serving::Request& q : ctx.scenario_requests) {
     r.arrival_s.push_back(q.arrival_s);
@@ -207,7 +197,7 @@ void record_scenario(RunContext& ctx, ServingRunRecord& r) {
 /// Rank 0: one round's measurement of partition j into its record.
 void record_round(RunContext& ctx, ServingPartitionRecord& p, const Stage0View& v, int round,
                   std::vector<std::vector<serving::RequestTimes>>& all_rounds) {
-  const serving::ServingMetrics m = serving::serving_metrics(v.times, ctx.opt.scenario.goodput);
+  const serving::ServingMetrics m = serving::serving_metrics(v.times, ctx.opt.scenario.spec->goodput);
   p.rep_round.push_back(round);
   p.rep_duration_s.push_back(m.duration_s);
   p.rep_output_tokens_per_s.push_back(m.output_tokens_per_s);
@@ -481,16 +471,14 @@ void measure_scenario(RunContext& ctx, const PartitionSet& set, std::vector<Serv
       pr.slots = ctx.workload.batch;
       into->partitions.push_back(pr);
     }
-    ctx.progress.say(format_line("scenario %s: %zu requests, %s; M=%d groups of B=%d slots, %s steps",
-                                 ctx.opt.scenario.kind_text.c_str(), ctx.scenario_requests.size(),
-                                 serving_scenario_text(*into).c_str(), ctx.workload.groups, ctx.workload.batch,
-                                 ctx.opt.scenario.policy_text.c_str()));
+    ctx.progress.say(format_line("scenario: %s; M=%d groups in flight", serving_scenario_text(*into).c_str(),
+                                 ctx.workload.groups));
     predict_partitions(ctx, set, *into);
   }
   std::vector<std::vector<std::vector<serving::RequestTimes>>> all(set.size());
   play_rounds(ctx, set, benches, exact_rounds, all, into);
   if (ctx.root) {
-    for (size_t j = 0; j < set.size(); ++j) pool_rounds(into->partitions[j], all[j], ctx.opt.scenario.goodput);
+    for (size_t j = 0; j < set.size(); ++j) pool_rounds(into->partitions[j], all[j], ctx.opt.scenario.spec->goodput);
     predict_partitions(ctx, set, *into);
   }
 }
@@ -500,7 +488,7 @@ void set_rate(RunContext& ctx, double rate) {
   std::vector<double> r{rate};
   ctx.mpi.bcast_doubles(r);
   ctx.scenario_rate = r[0];
-  ctx.scenario_requests = serving::scale_arrivals(ctx.opt.scenario.requests, r[0]);
+  ctx.scenario_requests = serving::scale_arrivals(ctx.opt.scenario.drawn.requests, r[0]);
 }
 
 /// --request-rate search's pilot (run/serving_search.h steps 2): one round of every partition at
@@ -556,7 +544,7 @@ void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
   std::vector<ServingBench> benches = build_benches(ctx, set);
   for (ServingBench& b : benches)
     if (b.resident) build_stage(ctx, set, b);
-  const bool search = ctx.opt.scenario.rate_search;
+  const bool search = ctx.opt.scenario.spec->rate_search;
   if (search) rate_search_pilot(ctx, set, benches);
   measure_scenario(ctx, set, benches, 0, ctx.root ? &ctx.record().serving : nullptr);
   if (ctx.opt.validate) validate(ctx, set, benches);

@@ -45,25 +45,17 @@ void fill_curve(RateSearchPartitionRecord& r, const std::vector<serving::Request
 
 }  // namespace
 
-serving::SloTarget search_slo(const ScenarioOptions& s) {
-  serving::SloTarget slo;
-  slo.ttft_ms = s.goodput.ttft_ms;
-  slo.tpot_ms = s.goodput.tpot_ms;
-  slo.attainment = s.attainment;
-  return slo;
-}
-
 serving::PipelineSimConfig serving_sim_config(const RunContext& ctx, const balance::Partition& p) {
   serving::PipelineSimConfig cfg;
-  cfg.scheduler = {partition_groups(ctx, p), ctx.workload.batch, ctx.opt.scenario.policy};
+  cfg.scheduler = ctx.opt.scenario.spec->scheduler(partition_groups(ctx, p));
   return cfg;
 }
 
 double profile_max_rate(const RunContext& ctx, const balance::Predictor& pred, const balance::Partition& p) {
-  const serving::SloTarget slo = search_slo(ctx.opt.scenario);
+  const serving::SloTarget slo = ctx.opt.scenario.spec->slo();
   const balance::ProfileStepCosts costs(ctx.record(), pred, p);
   const serving::RateSearchResult r =
-      serving::search_simulated_rate(ctx.opt.scenario.requests, costs, serving_sim_config(ctx, p), slo);
+      serving::search_simulated_rate(ctx.opt.scenario.drawn.requests, costs, serving_sim_config(ctx, p), slo);
   if (r.outcome == serving::RateSearchResult::Outcome::none)
     throw UserError("--request-rate search: on the profile no rate meets " + slo_text(slo) + " on partition " + p.solver +
                     " (still missed at " + format_fixed(r.probes.back().rate, 4) + " requests/s): loosen --goodput or "
@@ -79,8 +71,8 @@ void plan_rate_confirmation(RunContext& ctx, const PartitionSet& set) {
   RunRecord& run = ctx.record();
   RateSearchRecord& rs = run.serving.rate_search;
   const balance::Predictor& pred = ctx.predictor();
-  const serving::SloTarget slo = search_slo(ctx.opt.scenario);
-  const std::vector<serving::Request>& unit = ctx.opt.scenario.requests;
+  const serving::SloTarget slo = ctx.opt.scenario.spec->slo();
+  const std::vector<serving::Request>& unit = ctx.opt.scenario.drawn.requests;
   const std::vector<balance::StepCalibration> calibration = balance::calibrate_steps(run, pred, set.splits, "");
   rs.partitions.clear();
   std::vector<std::unique_ptr<balance::CalibratedStepCosts>> models;

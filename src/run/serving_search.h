@@ -33,14 +33,11 @@ namespace ppb::run {
 /// The rates measured around R*, as multiples of it (the 0.9x and 1.1x).
 constexpr double kRateBelow = 0.9, kRateAbove = 1.1;
 
-/// The SLO of the search: --goodput's TTFT and TPOT limits, --attainment.
-serving::SloTarget search_slo(const ScenarioOptions& s);
-
 /// The serving simulator's configuration of partition `p` in ctx's scenario (its M, B slots,
 /// the step policy).
 serving::PipelineSimConfig serving_sim_config(const RunContext& ctx, const balance::Partition& p);
 
-/// Rank 0: the profile's highest rate (requests/s) for `p` on opt.scenario.requests (drawn at 1
+/// Rank 0: the profile's highest rate (requests/s) for `p` on opt.scenario.drawn.requests (drawn at 1
 /// request/s), and the outcome. @throws ppb::UserError when no rate meets the SLO or every rate
 /// does (the SLO does not bind), naming the limits.
 double profile_max_rate(const RunContext& ctx, const balance::Predictor& pred, const balance::Partition& p);

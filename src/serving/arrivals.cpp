@@ -136,23 +136,4 @@ std::vector<double> arrival_times(const ArrivalSpec& spec, const std::vector<dou
   return t;
 }
 
-std::vector<Request> generate_requests(const ScenarioSpec& spec) {
-  if (spec.requests < 1)
-    throw UserError("--requests " + std::to_string(spec.requests) + ": must be >= 1");
-  if (spec.max_prompt_len < 1 || spec.max_gen_len < 1)
-    throw UserError("the context leaves no room for a request: prompt limit " +
-                    std::to_string(spec.max_prompt_len) + ", output limit " +
-                    std::to_string(spec.max_gen_len) + " (each must be >= 1)");
-  std::mt19937_64 gap_rng(spec.seed), prompt_rng(spec.seed + 1), gen_rng(spec.seed + 2);
-  const std::vector<double> t =
-      arrival_times(spec.arrivals, draw_gaps(spec.arrivals, spec.requests, gap_rng));
-  std::vector<Request> out(t.size());
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    out[i].arrival_s = t[i];
-    out[i].prompt_len = draw_length(spec.prompt_lens, spec.max_prompt_len, prompt_rng);
-    out[i].gen_len = draw_length(spec.gen_lens, spec.max_gen_len, gen_rng);
-  }
-  return out;
-}
-
 }  // namespace ppb::serving

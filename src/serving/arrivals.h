@@ -74,23 +74,6 @@ std::vector<double> draw_gaps(const ArrivalSpec& spec, int n, std::mt19937_64& r
 /// 0) every time multiplied by (n / R) / last sum, as vLLM's get_request does. Shape [n].
 std::vector<double> arrival_times(const ArrivalSpec& spec, const std::vector<double>& gaps);
 
-/// A whole synthetic scenario: N requests, arrivals and lengths drawn from one seed.
-struct ScenarioSpec {
-  ArrivalSpec arrivals;
-  int requests = 1;              ///< N >= 1
-  LengthSpec prompt_lens;        ///< --prompt-lens
-  LengthSpec gen_lens;           ///< --gen-lens
-  int max_prompt_len = 1;        ///< prompts clamped to [1, this]
-  int max_gen_len = 1;           ///< outputs clamped to [1, this] (the caller keeps the sum
-                                 ///< within the context: max_prompt_len + max_gen_len <= C)
-  uint64_t seed = 0;
-};
-
-/// The N requests of `spec`, in arrival order. Three independent streams, so that changing one
-/// distribution leaves the others' draws as they were: the gaps from std::mt19937_64(seed),
-/// prompt lengths from std::mt19937_64(seed + 1), output lengths from std::mt19937_64(seed + 2),
-/// request i taking the i-th draw of each. Deterministic for a seed (same binary).
-/// Throws ppb::UserError on N < 1, a maximum < 1 or an invalid arrival spec.
-std::vector<Request> generate_requests(const ScenarioSpec& spec);
+// generate_requests (a whole synthetic scenario from one seed) is in scenario.h.
 
 }  // namespace ppb::serving

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
+#include <utility>
 
 #include "common/error.h"
 #include "common/stats.h"
@@ -80,6 +83,28 @@ LatencySummary summarize_ms(const std::vector<double>& values_s) {
   return s;
 }
 
+namespace {
+
+/// `v` in the fewest significant digits that read back as the same double.
+std::string shortest(double v) {
+  char buf[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::string goodput_text(const GoodputSpec& slo) {
+  std::string out;
+  const std::pair<const char*, double> limits[] = {{"ttft", slo.ttft_ms}, {"tpot", slo.tpot_ms}, {"e2e", slo.e2e_ms}};
+  for (const auto& [key, ms] : limits)
+    if (!std::isnan(ms)) out += (out.empty() ? "" : " ") + std::string(key) + ":" + shortest(ms);
+  return out;
+}
+
 bool GoodputSpec::any() const {
   return !std::isnan(ttft_ms) || !std::isnan(tpot_ms) || !std::isnan(e2e_ms);
 }
@@ -110,26 +135,34 @@ bool meets_slo(const RequestLatency& l, const GoodputSpec& slo) {
 
 ServingMetrics serving_metrics(const std::vector<RequestTimes>& requests, const GoodputSpec& slo,
                                double start_s) {
-  if (requests.empty()) throw InternalError("serving metrics: no request");
+  return pooled_metrics({requests}, slo, start_s);
+}
+
+ServingMetrics pooled_metrics(const std::vector<std::vector<RequestTimes>>& rounds, const GoodputSpec& slo,
+                              double start_s) {
   ServingMetrics m;
   std::vector<double> queue, ttft, tpot, itl, e2e;
-  double last_finish = -std::numeric_limits<double>::infinity();
-  for (const RequestTimes& r : requests) {
-    const RequestLatency l = request_latency(r);
-    queue.push_back(l.queue_s);
-    ttft.push_back(l.ttft_s);
-    if (!std::isnan(l.tpot_s)) tpot.push_back(l.tpot_s);
-    itl.insert(itl.end(), l.itl_s.begin(), l.itl_s.end());
-    e2e.push_back(l.e2e_s);
-    m.total_input_tokens += r.prompt_len;
-    m.total_output_tokens += r.gen_len;
-    m.good += slo.any() && meets_slo(l, slo) ? 1 : 0;
-    last_finish = std::max(last_finish, r.finish_s);
+  for (const std::vector<RequestTimes>& requests : rounds) {
+    if (requests.empty()) throw InternalError("serving metrics: no request");
+    double last_finish = -std::numeric_limits<double>::infinity();
+    for (const RequestTimes& r : requests) {
+      const RequestLatency l = request_latency(r);
+      queue.push_back(l.queue_s);
+      ttft.push_back(l.ttft_s);
+      if (!std::isnan(l.tpot_s)) tpot.push_back(l.tpot_s);
+      itl.insert(itl.end(), l.itl_s.begin(), l.itl_s.end());
+      e2e.push_back(l.e2e_s);
+      m.total_input_tokens += r.prompt_len;
+      m.total_output_tokens += r.gen_len;
+      m.good += slo.any() && meets_slo(l, slo) ? 1 : 0;
+      last_finish = std::max(last_finish, r.finish_s);
+    }
+    m.completed += requests.size();
+    const double duration = last_finish - start_s;
+    if (!(duration > 0.0)) throw InternalError("serving metrics: duration " + std::to_string(duration) + " s <= 0");
+    m.duration_s += duration;
   }
-  m.completed = requests.size();
-  m.duration_s = last_finish - start_s;
-  if (!(m.duration_s > 0.0))
-    throw InternalError("serving metrics: duration " + std::to_string(m.duration_s) + " s <= 0");
+  if (rounds.empty()) throw InternalError("serving metrics: no round");
   m.request_throughput = static_cast<double>(m.completed) / m.duration_s;
   m.output_tokens_per_s = static_cast<double>(m.total_output_tokens) / m.duration_s;
   m.total_tokens_per_s =

@@ -105,4 +105,14 @@ struct ServingMetrics {
 ServingMetrics serving_metrics(const std::vector<RequestTimes>& requests, const GoodputSpec& slo,
                                double start_s = 0.0);
 
+/// The metrics of several rounds of one scenario pooled (each round's requests on its own clock,
+/// started at `start_s`): latencies (and their percentiles) over every round's requests, rates
+/// as the rounds' total work over their summed durations, attainment over every request.
+/// serving_metrics(r) = pooled_metrics({r}). Throws as serving_metrics, and on no round.
+ServingMetrics pooled_metrics(const std::vector<std::vector<RequestTimes>>& rounds, const GoodputSpec& slo,
+                              double start_s = 0.0);
+
+/// "ttft:2000 tpot:500" (the limits given, in --goodput's form); "" without any.
+std::string goodput_text(const GoodputSpec& slo);
+
 }  // namespace ppb::serving

@@ -141,11 +141,38 @@ int Scheduler::running(int g) const {
   return static_cast<int>(std::count_if(owners.begin(), owners.end(), [](int id) { return id != -1; }));
 }
 
-StepPolicy parse_step_policy(const std::string& text) {
-  if (text == "mixed") return StepPolicy::mixed;
-  if (text == "prefill-first") return StepPolicy::prefill_first;
-  throw UserError("--step-policy '" + text + "' is unknown; valid: mixed (prefills join decodes in one step, vLLM V1), "
-                  "prefill-first (a step with prefills runs only them, vLLM V0)");
+namespace {
+
+/// Every step policy: its name (the flag's value, the file's step_policy) and what it does. A
+/// new policy is a row here and a case in Scheduler::next_step.
+struct StepPolicyRow {
+  StepPolicy policy;
+  const char* name;
+  const char* what;
+};
+constexpr StepPolicyRow kStepPolicies[] = {
+    {StepPolicy::mixed, "mixed", "prefills join decodes in one step, vLLM V1"},
+    {StepPolicy::prefill_first, "prefill-first", "a step with prefills runs only them, vLLM V0"},
+};
+
+}  // namespace
+
+std::string step_policy_choices() {
+  std::string out;
+  for (const StepPolicyRow& r : kStepPolicies) out += (out.empty() ? "" : ", ") + std::string(r.name) + " (" + r.what + ")";
+  return out;
+}
+
+const char* step_policy_name(StepPolicy p) {
+  for (const StepPolicyRow& r : kStepPolicies)
+    if (r.policy == p) return r.name;
+  throw InternalError("step_policy_name: a policy without a row in kStepPolicies");
+}
+
+StepPolicy parse_step_policy(const std::string& text, const std::string& where) {
+  for (const StepPolicyRow& r : kStepPolicies)
+    if (text == r.name) return r.policy;
+  throw UserError(where + " '" + text + "' is unknown; valid: " + step_policy_choices());
 }
 
 }  // namespace ppb::serving

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "serving/arrivals.h"
@@ -44,9 +45,15 @@ namespace ppb::serving {
 
 enum class StepPolicy { mixed, prefill_first };
 
-/// --step-policy's text: "mixed" or "prefill-first". @throws ppb::UserError naming the flag
-/// and both valid values otherwise.
-StepPolicy parse_step_policy(const std::string& text);
+/// A step policy's name: "mixed" or "prefill-first" (the flag's value, the file's step_policy).
+const char* step_policy_name(StepPolicy p);
+
+/// The policies with what each does, for help and error texts: "mixed (...), prefill-first (...)".
+std::string step_policy_choices();
+
+/// The policy named `text`. @throws ppb::UserError naming `where` (the flag, or the file's
+/// attribute that held it), the text and every valid name otherwise.
+StepPolicy parse_step_policy(const std::string& text, const std::string& where = "--step-policy");
 
 struct SchedulerConfig {
   int groups = 1;  ///< M: independent batches (virtual engines), >= 1

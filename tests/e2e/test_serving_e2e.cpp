@@ -115,7 +115,7 @@ TEST(ServingE2E, PoissonScenarioRunsEverySplitUnderTheSameArrivals) {
                "-p 24 -g 8 --prompt-lens lognormal:10,0.5 --gen-lens uniform:1,8 -b 3 -M 2 --iters 3 "
                "--goodput ttft:500 tpot:100 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("serving scenario: poisson, 24 requests"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("serving scenario: poisson at 40 requests/s, 24 requests"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("TTFT p99"), std::string::npos) << r.output;
   auto root = ppb::h5::File::open(out).root();
   EXPECT_EQ(root.get_attr<int64_t>("complete"), 1);

@@ -446,11 +446,12 @@ TEST(PlanServing, EveryLayoutIsSearchedAndRankedByItsHighestRate) {
   spec.max_prompt_len = spec.max_gen_len = 64;
   spec.seed = 9;
   const auto unit = serving::generate_requests(spec);
-  serving::SloTarget slo;
-  slo.ttft_ms = 150;
-  slo.tpot_ms = 40;
-  slo.attainment = 0.9;
-  const auto ranked = balance::rank_by_serving_rate(run, plan, unit, serving::StepPolicy::mixed, slo);
+  spec.slots = 2;
+  spec.goodput.ttft_ms = 150;
+  spec.goodput.tpot_ms = 40;
+  spec.attainment = 0.9;
+  const serving::SloTarget slo = spec.slo();
+  const auto ranked = balance::rank_by_serving_rate(run, plan, unit, spec);
   ASSERT_EQ(ranked.size(), plan.candidates.size());
   std::set<size_t> seen;
   int found = 0;
@@ -508,9 +509,9 @@ TEST_F(PlanCommandTest, BadInputsNameTheFlag) {
   o.batch = "x";
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--batch 'x'"), std::string::npos);
   o.batch = "2";
-  o.slo_tpot_ms = -1;
+  o.scenario.slo_tpot_ms = -1;
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--slo-ttft and --slo-tpot"), std::string::npos);
-  o.slo_tpot_ms = 0;
+  o.scenario.slo_tpot_ms = 0;
   o.top = -2;
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--top"), std::string::npos);
   o.top = 0;
@@ -533,20 +534,21 @@ TEST_F(PlanCommandTest, BadInputsNameTheFlag) {
 
 TEST_F(PlanCommandTest, ScenarioRanksLayoutsByRate) {
   PlanOptions o = opts(2);
-  o.scenario = "poisson";
-  EXPECT_NE(error_of([&] { plan_command(o); }).find("--slo-ttft MS and --slo-tpot MS"), std::string::npos);
-  o.slo_ttft_ms = 150;
-  o.slo_tpot_ms = 40;
-  o.attainment = 0;
+  o.scenario.requests = 64;  // a scenario's flag without --scenario
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--requests describes requests that arrive"), std::string::npos);
+  o.scenario.scenario = "poisson";
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--slo-ttft MS --slo-tpot MS"), std::string::npos);
+  o.scenario.slo_ttft_ms = 150;
+  o.scenario.slo_tpot_ms = 40;
+  o.scenario.attainment = 0;
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--attainment"), std::string::npos);
-  o.attainment = 0.9;
-  o.scenario = "burst";
-  EXPECT_NE(error_of([&] { plan_command(o); }).find("--scenario 'burst'"), std::string::npos);
-  o.scenario = "poisson";
-  o.step_policy = "chunked";
+  o.scenario.attainment = 0.9;
+  o.scenario.scenario = "trace";  // run's alone
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--scenario 'trace' is unknown for plan"), std::string::npos);
+  o.scenario.scenario = "poisson";
+  o.scenario.step_policy = "chunked";
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--step-policy 'chunked'"), std::string::npos);
-  o.step_policy = "mixed";
-  o.requests = 64;
+  o.scenario.step_policy = "mixed";
   o.json_out = (dir_ / "scenario.json").string();
   testing::internal::CaptureStdout();
   EXPECT_EQ(plan_command(o), 0);
@@ -562,14 +564,14 @@ TEST_F(PlanCommandTest, ScenarioRanksLayoutsByRate) {
 
 TEST_F(PlanCommandTest, PrintsTheFrontAndTheChoice) {
   PlanOptions o = opts(2);
-  o.slo_tpot_ms = 1e-6;  // nobody meets it
+  o.scenario.slo_tpot_ms = 1e-6;  // nobody meets it
   testing::internal::CaptureStdout();
   EXPECT_EQ(plan_command(o), 0);
   const std::string out = testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("Pareto front"), std::string::npos) << out;
   EXPECT_NE(out.find("no layout meets TPOT p50"), std::string::npos) << out;
   EXPECT_NE(out.find("one more device (3)"), std::string::npos) << out;
-  o.slo_tpot_ms = 0;
+  o.scenario.slo_tpot_ms = 0;
   o.csv = true;
   testing::internal::CaptureStdout();
   EXPECT_EQ(plan_command(o), 0);

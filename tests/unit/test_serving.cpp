@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "serving/arrivals.h"
+#include "serving/scenario.h"
 #include "serving/request_metrics.h"
 #include "serving/scheduler.h"
 #include "serving/trace.h"

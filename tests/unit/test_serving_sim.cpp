@@ -30,10 +30,12 @@
 #include "common/events.h"
 #include "results/writer.h"
 #include "serving/arrivals.h"
+#include "serving/scenario.h"
 #include "serving/pipeline_sim.h"
 #include "serving/rate_search.h"
 #include "serving/simulated_rate.h"
 #include "synthetic_run.h"
+#include "tiny_profile.h"
 #include "user_error_of.h"
 
 namespace ppb {
@@ -44,6 +46,7 @@ using serving::Request;
 using serving::RequestTimes;
 using serving::StepShape;
 using test::error_of;
+using ppb_test::tiny_profile;
 
 /// Fixed step costs: stage k computes pre_ms[k] per prefill token plus dec_ms[k] when the step
 /// has decode rows; every transfer of stage k takes xfer_ms[k].
@@ -231,29 +234,6 @@ TEST(ServingSim, ScaledArrivalsEqualTheArrivalsDrawnAtThatRate) {
 }
 
 // ---- the step-time model on a tiny synthetic profile ----------------------------------------
-
-/// R ranks on one machine, 3 units (embed, layer.0, head), B=2 P=4 G=9 M=2; contexts 4, 8, 12.
-/// Rank r's table is rank 0's times (1 + r).
-RunRecord tiny_profile(int R) {
-  RunRecord r = ppb_test::synthetic_run(R, {2, 4, 9, 2, "f32", 1, 2, 0, 3, true, 7, "workload"});
-  auto& p = r.profile;
-  p.unit_name = {"embed", "layer.0", "head"};
-  p.unit_signature = {0, 1, 2};
-  p.signature_name = {"embed", "layer", "head"};
-  p.unit_params = {100, 100, 100};
-  p.unit_weight_bytes = {1000, 1000, 3000};
-  p.unit_kv_bytes = {0, 400, 0};
-  p.decode_contexts = {4, 8, 12};
-  const std::vector<double> lat = {1.0, 0.2, 3.0, 1.6, 0.5, 0.4};           // [U][2]
-  const std::vector<double> ctx = {0.1, 0.2, 0.3, 1.0, 1.4, 2.4, 0.4, 0.4, 0.4};  // [U][C]
-  for (int k = 0; k < R; ++k) {
-    for (double v : lat) p.latency_ms.push_back(v * (1 + k));
-    for (double v : ctx) p.decode_context_ms.push_back(v * (1 + k));
-  }
-  p.latency_min_ms = p.latency_max_ms = p.latency_ms;
-  p.cost_ms.assign(static_cast<std::size_t>(R) * 3, 1.0);
-  return r;
-}
 
 StepShape shape(long long prefill_tokens, int decode_rows, double context) {
   StepShape s;
@@ -544,9 +524,9 @@ class ServeSearchCommandTest : public ::testing::Test {
   ServeSearchOptions opts() {
     ServeSearchOptions o;
     o.input = file_;
-    o.slo_ttft_ms = 50;
-    o.slo_tpot_ms = 10;
-    o.requests = 100;
+    o.scenario.slo_ttft_ms = 50;
+    o.scenario.slo_tpot_ms = 10;
+    o.scenario.requests = 100;
     return o;
   }
   fs::path dir_;
@@ -559,14 +539,14 @@ TEST_F(ServeSearchCommandTest, BadInputsNameTheFlag) {
     change(o);
     return error_of([&] { serve_search_command(o); });
   };
-  EXPECT_NE(err([](auto& o) { o.slo_ttft_ms = 0; }).find("--slo-ttft"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.slo_tpot_ms = -1; }).find("--slo-tpot"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.attainment = 1.5; }).find("--attainment"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.requests = 0; }).find("--requests"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.mlperf = true; o.requests = 50; }).find("--requests 50 with --mlperf"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.burstiness = 0; }).find("--burstiness"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.prompt_lens = "normal:3"; }).find("--prompt-lens"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.gen_lens = "fixed:0"; }).find("--gen-lens"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.scenario.slo_ttft_ms = 0; }).find("--slo-ttft"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.scenario.slo_tpot_ms = -1; }).find("--slo-tpot"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.scenario.attainment = 1.5; }).find("--attainment"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.scenario.requests = 0; }).find("--requests"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.mlperf = true; o.scenario.requests = 50; }).find("--requests 50 with --mlperf"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.scenario.burstiness = 0; }).find("--burstiness"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.scenario.prompt_lens = "normal:3"; }).find("--prompt-lens"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.scenario.gen_lens = "fixed:0"; }).find("--gen-lens"), std::string::npos);
   EXPECT_NE(err([](auto& o) { o.microbatches = -1; }).find("-M"), std::string::npos);
   EXPECT_NE(err([](auto& o) { o.batch = 3; }).find("-b 3"), std::string::npos);  // the file's B is 2
   EXPECT_NE(err([](auto& o) { o.partition_name = "nope"; }).find("--partition-name 'nope'"), std::string::npos);
@@ -596,7 +576,7 @@ TEST_F(ServeSearchCommandTest, PrintsTheRatePerPartitionAndPerDevice) {
   // --mlperf: p99 of each within its limit with early stopping; at the answer no request of 500
   // may miss by much (t <= 1 needs n >= 662, so t = 0 here), and 500 / R s < 600 s is noted.
   o.mlperf = true;
-  o.requests = 500;
+  o.scenario.requests = 500;
   o.force = true;
   testing::internal::CaptureStdout();
   EXPECT_EQ(serve_search_command(o), 0);
@@ -615,7 +595,7 @@ TEST_F(ServeSearchCommandTest, PrintsTheRatePerPartitionAndPerDevice) {
 // its light-load start and stops), and the JSON has no maximum rate.
 TEST_F(ServeSearchCommandTest, SaysSoWhenNoRateMeetsTheSlo) {
   ServeSearchOptions o = opts();
-  o.slo_ttft_ms = 0.001;
+  o.scenario.slo_ttft_ms = 0.001;
   o.json_out = (dir_ / "none.json").string();
   testing::internal::CaptureStdout();
   EXPECT_EQ(serve_search_command(o), 0);
@@ -684,13 +664,13 @@ TEST_F(ServeSearchCommandTest, PlanScenarioOnFourDevicesOfA70BClassProfile) {
   PlanOptions o;
   o.input = path;
   o.devices = 4;
-  o.scenario = "poisson";
-  o.slo_ttft_ms = 2000;
-  o.slo_tpot_ms = 200;
-  o.attainment = 0.99;
-  o.requests = 128;
-  o.prompt_lens = "lognormal:512,0.5";
-  o.gen_lens = "lognormal:256,0.5";
+  o.scenario.scenario = "poisson";
+  o.scenario.slo_ttft_ms = 2000;
+  o.scenario.slo_tpot_ms = 200;
+  o.scenario.attainment = 0.99;
+  o.scenario.requests = 128;
+  o.scenario.prompt_lens = "lognormal:512,0.5";
+  o.scenario.gen_lens = "lognormal:256,0.5";
   o.json_out = (dir_ / "plan70b.json").string();
   const auto t0 = std::chrono::steady_clock::now();
   testing::internal::CaptureStdout();
@@ -715,12 +695,12 @@ TEST_F(ServeSearchCommandTest, A70BClassSearchOnEightDevices) {
   if (const char* keep = std::getenv("PPB_SERVE_SYNTHETIC_OUT")) fs::copy_file(path, keep, fs::copy_options::overwrite_existing);
   ServeSearchOptions o;
   o.input = path;
-  o.slo_ttft_ms = 2000;  // MLPerf's llama2-70b Server limits (loadgen/mlperf.conf)
-  o.slo_tpot_ms = 200;
-  o.attainment = 0.99;
-  o.requests = 1000;
-  o.prompt_lens = "lognormal:512,0.5";
-  o.gen_lens = "lognormal:256,0.5";
+  o.scenario.slo_ttft_ms = 2000;  // MLPerf's llama2-70b Server limits (loadgen/mlperf.conf)
+  o.scenario.slo_tpot_ms = 200;
+  o.scenario.attainment = 0.99;
+  o.scenario.requests = 1000;
+  o.scenario.prompt_lens = "lognormal:512,0.5";
+  o.scenario.gen_lens = "lognormal:256,0.5";
   o.json_out = (dir_ / "70b.json").string();
   const auto t0 = std::chrono::steady_clock::now();
   testing::internal::CaptureStdout();

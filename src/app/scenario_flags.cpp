@@ -1,0 +1,81 @@
+#include "app/scenario_flags.h"
+
+#include <string>
+
+namespace ppb {
+
+namespace {
+
+using Command = serving::ScenarioUse::Command;
+
+/// --scenario's help for each command.
+std::string scenario_help(Command c) {
+  if (c == Command::run)
+    return "closed | poisson | gamma | trace. closed: M groups of B sequences of -p prompt and -g output tokens, "
+           "all starting at once (every figure but the serving ones). The others: requests that arrive "
+           "(--request-rate, --burstiness, --requests, --prompt-lens, --gen-lens, or --trace), served with "
+           "continuous batching by the M groups in flight, each an independent batch of B slots (vLLM's virtual "
+           "engines): a request waits FCFS for a free slot, is prefilled whole in its group's next step "
+           "beside the running requests' decodes, and leaves at its own output length. Per-request TTFT, TPOT, "
+           "ITL, E2E, goodput; every split under the same arrivals in interleaved rounds. -p and -g become "
+           "the longest prompt and output a request may have; the profile and balancer take the scenario's "
+           "mean request";
+  if (c == Command::plan)
+    return "closed | poisson | gamma. closed (default): the closed-batch front. poisson | gamma: requests that "
+           "arrive; every layout ranked by the highest request rate at which --attainment of the requests meet "
+           "both --slo-ttft and --slo-tpot (each request's TTFT and TPOT, not the p50), by bisection on the "
+           "serving simulator (as serve-search)";
+  return "poisson | gamma: the arrival process of the simulated requests (default poisson; --burstiness K alone "
+         "means gamma)";
+}
+
+}  // namespace
+
+void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
+  const bool run = c == Command::run;
+  const std::string when = c == Command::plan ? "--scenario: " : "";
+  cmd.add_option("--scenario", f.scenario, scenario_help(c));
+  if (run) {
+    cmd.add_option("--request-rate", f.request_rate,
+                   "R: requests per second of poisson and gamma (inf: every request at t = 0); the arrival times are "
+                   "vLLM's (Gamma gaps, rescaled so that the last arrival is at N / R). search: the highest rate that "
+                   "meets the TTFT and TPOT limits for --attainment of the requests, predicted by the serving "
+                   "simulator (calibrated by one pilot round at the profile's prediction, or at N / --max-time if "
+                   "higher) and measured at 0.9x and 1.1x that rate to confirm it");
+    cmd.add_option("--trace", f.trace,
+                   "--scenario trace: a CSV of arrival_s,prompt_len,gen_len, or an Azure LLM inference trace "
+                   "(2023/2024: TIMESTAMP,ContextTokens,GeneratedTokens) as it is; lengths clamped to -p and -g");
+  }
+  cmd.add_option("--requests", f.requests,
+                 when + "N requests per scenario (default " +
+                     (run ? "64" : c == Command::plan ? "256" : "1000") + ")");
+  cmd.add_option("--prompt-lens", f.prompt_lens,
+                 when + "prompt lengths: fixed:n | uniform:a,b | lognormal:median,sigma" +
+                     (run ? ", clamped to [1, -p] (default fixed:P)" : " (default fixed:P of the file)"));
+  cmd.add_option("--gen-lens", f.gen_lens,
+                 when + "output lengths (the first token, from the prefill, included), same forms" +
+                     (run ? ", clamped to [1, -g] (default fixed:G)" : " (default fixed:G of the file)"));
+  cmd.add_option("--burstiness", f.burstiness,
+                 when + "K: the Gamma shape of gamma's gaps (vLLM's --burstiness: 1 = Poisson, < 1 burstier, > 1 more "
+                        "regular)")
+      ->capture_default_str();
+  cmd.add_option("--step-policy", f.step_policy, when + "what a step runs: " + serving::step_policy_choices())
+      ->capture_default_str();
+  cmd.add_option("--goodput", f.goodput,
+                 when + "each request's limits, vLLM's: ttft:MS tpot:MS e2e:MS (any of them): goodput = requests "
+                        "meeting every limit per second, attainment = their share")
+      ->expected(1, 3);
+  const std::string slo = c == Command::plan ? " (without --scenario: the TTFT p50 target of the closed batch)" : "";
+  cmd.add_option("--slo-ttft", f.slo_ttft_ms, "MS: the TTFT limit, as --goodput ttft:MS" + slo);
+  cmd.add_option("--slo-tpot", f.slo_tpot_ms,
+                 "MS: the TPOT limit, as --goodput tpot:MS" +
+                     (c == Command::plan ? std::string(" (without --scenario: the TPOT p50 target)") : ""));
+  cmd.add_option("--attainment", f.attainment,
+                 std::string(run ? "with --request-rate search: " : "") +
+                     "the share of requests that must meet the TTFT and TPOT limits, in (0, 1] (0.9: DistServe's "
+                     "goodput target; 0.99)")
+      ->capture_default_str();
+  if (!run) cmd.add_option("--seed", f.seed, when + "arrivals and lengths")->capture_default_str();
+}
+
+}  // namespace ppb
