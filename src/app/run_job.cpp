@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "balance/predict.h"
+#include "run/closed_rounds.h"
 #include "run/context.h"
 #include "run/finish.h"
 #include "run/memory_checks.h"
@@ -65,7 +66,8 @@ int run_phases(run::RunContext& ctx) {
   rule.max_time_s = ctx.opt.max_time_s;
   RoundProfileHook round_profile(profile.two_passes);
   AdaptiveHook adaptive(ctx.plan.adaptive);
-  const RoundsOutcome rounds = run_interleaved_rounds(ctx, set, rule, {&round_profile, &adaptive});
+  ClosedRounds closed;
+  const RoundsOutcome rounds = run_interleaved_rounds(ctx, set, closed, rule, {&round_profile, &adaptive});
   if (ctx.root) {
     RunRecord& record = ctx.record();
     record.schedule = rounds.schedule;

@@ -168,46 +168,52 @@ void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRec
 
 }  // namespace
 
-void gather_round(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& benches) {
+void gather_round(RunContext& ctx, const PartitionSet& set, const std::vector<Bench>& benches,
+                  std::vector<ClosedTurns>& turns) {
   // Each bench's new repetitions and their offset in every rank's message (every rank took the
   // same turns, so the offsets are the same on every rank).
   std::vector<size_t> fresh(benches.size()), offset(benches.size());
   std::vector<double> mine;  // each bench's new repetitions, in bench order
   for (size_t i = 0; i < benches.size(); ++i) {
     const Bench& b = benches[i];
+    const ClosedTurns& t = turns.at(i);
     const size_t per_rep = rep_events(ctx, set.splits[b.pi]);
-    const size_t have = b.rec.events.size() / per_rep;
-    if (have < b.reps_gathered) throw InternalError("gather_round: a partition lost repetitions");
-    fresh[i] = have - b.reps_gathered;
+    const size_t have = t.rec.events.size() / per_rep;
+    if (have < t.reps_gathered) throw InternalError("gather_round: a partition lost repetitions");
+    fresh[i] = have - t.reps_gathered;
     offset[i] = mine.size();
-    mine.insert(mine.end(), b.rec.events.begin() + static_cast<std::ptrdiff_t>(b.reps_gathered * per_rep), b.rec.events.end());
+    mine.insert(mine.end(), t.rec.events.begin() + static_cast<std::ptrdiff_t>(t.reps_gathered * per_rep), t.rec.events.end());
   }
   const auto all = ctx.mpi.gatherv_doubles(mine);
   for (size_t i = 0; i < benches.size(); ++i) {
-    Bench& b = benches[i];
+    const Bench& b = benches[i];
+    ClosedTurns& t = turns[i];
     if (ctx.root) {
       const balance::Partition& p = set.splits[b.pi];
       const size_t per_rep = rep_events(ctx, p);
       for (size_t j = 0; j < fresh[i]; ++j) {
         std::vector<const double*> slice;
         for (int k = 0; k < p.num_stages(); ++k) slice.push_back(all[p.device_rank[k]].data() + offset[i] + j * per_rep);
-        append_repetition(ctx, p, ctx.record().partitions[b.pi], slice, b.rounds[b.reps_gathered + j]);
+        append_repetition(ctx, p, ctx.record().partitions[b.pi], slice, b.rounds[t.reps_gathered + j]);
       }
     }
-    b.reps_gathered += fresh[i];
+    t.reps_gathered += fresh[i];
   }
 }
 
-void gather_final(RunContext& ctx, const PartitionSet& set, const std::vector<Bench>& benches) {
-  for (const Bench& b : benches) {
+void gather_final(RunContext& ctx, const PartitionSet& set, const std::vector<Bench>& benches,
+                  const std::vector<ClosedTurns>& turns) {
+  for (size_t j = 0; j < benches.size(); ++j) {
+    const Bench& b = benches[j];
+    const ClosedTurns& t = turns.at(j);
     const balance::Partition& p = set.splits[b.pi];
-    const std::vector<int> toks_mine(b.rec.tokens.begin(), b.rec.tokens.end());
-    const std::vector<int> ref_mine(b.ref.tokens.begin(), b.ref.tokens.end());
+    const std::vector<int> toks_mine(t.rec.tokens.begin(), t.rec.tokens.end());
+    const std::vector<int> ref_mine(t.ref.tokens.begin(), t.ref.tokens.end());
     const auto toks = ctx.mpi.gatherv_ints(toks_mine);
     const auto refs = ctx.mpi.gatherv_ints(ref_mine);
-    const auto sums = ctx.mpi.gather_doubles({b.rec.checksum, b.ref.checksum, b.rec.compute_lane_cpu_s, b.rec.recv_lane_cpu_s,
-                                              b.rec.send_lane_cpu_s, b.rec.timed_wall_s});
-    if (b.pi == 0) gather_expert_tokens(ctx, p, b.rec);
+    const auto sums = ctx.mpi.gather_doubles({t.rec.checksum, t.ref.checksum, t.rec.compute_lane_cpu_s, t.rec.recv_lane_cpu_s,
+                                              t.rec.send_lane_cpu_s, t.rec.timed_wall_s});
+    if (b.pi == 0) gather_expert_tokens(ctx, p, t.rec);
     if (!ctx.root) continue;
     PartitionRecord& pr = ctx.record().partitions[b.pi];
     pr.lane_cpu_s.clear();

@@ -1,9 +1,12 @@
-// The benchmark's rounds (DESIGN.md §1 step 5) as a schedule: run_interleaved_rounds gives every
-// partition one timed repetition per round, in an order rotated by one each round, until a
-// StopRule says stop; what else happens between rounds (the adaptive re-solve, profile cycles)
-// comes in as RoundHooks, so that a new scenario brings its own rule and hooks without editing
-// the loop (Megatron's schedules.py, one function per schedule, is the model). After the rounds
-// the serialized validation runs and rank 0 gathers each partition's record.
+// The benchmark's rounds (DESIGN.md §1 step 5) as one harness for every scenario:
+// run_interleaved_rounds gives every partition one timed turn per round, in an order rotated by
+// one each round, until a StopRule says stop, then validates each partition and hands the
+// scenario its final gather. What a turn plays, what a round records and which figures the
+// gains pair are the scenario's (RoundScenario: closed batches, run/closed_rounds.h; requests
+// that arrive, run/serving_rounds.h); what else happens between rounds (the adaptive re-solve,
+// profile cycles) comes in as RoundHooks. A new scenario implements RoundScenario and calls
+// run_interleaved_rounds; it does not edit the loop (nccl-tests' one harness over its
+// operations' table, Megatron's one function per schedule, are the models).
 #pragma once
 
 #include <memory>
@@ -20,8 +23,8 @@
 namespace ppb::run {
 
 /// One partition under benchmark, on every rank: its stage here (while built), whether it stays
-/// built between turns, the rounds it took part in and what its timed repetitions (one per round)
-/// and its validation run recorded so far.
+/// built between turns and the rounds it took part in. What its turns recorded is the
+/// scenario's (kept by bench index).
 struct Bench {
   size_t pi = 0;  ///< index in the PartitionSet (and in rank 0's record.partitions)
   StagePlacement place;
@@ -29,9 +32,43 @@ struct Bench {
   std::unique_ptr<StageExecutor> stage;
   bool resident = true;
   bool warmed = false;
-  std::vector<int> rounds;  ///< the rounds (0-based) of its repetitions
-  StageRecord rec, ref;     ///< its timed repetitions so far; the serialized reference run
-  size_t reps_gathered = 0;  ///< repetitions rank 0 has of it (gather_round)
+  std::vector<int> rounds;  ///< the rounds (0-based) of its turns
+};
+
+/// One figure of a partition the gains pair by round (rank 0's record): its value per turn and
+/// that turn's round, both in turn order.
+struct RoundFigure {
+  const std::vector<double>* values = nullptr;
+  const std::vector<int>* rounds = nullptr;
+};
+
+/// What a scenario brings to the rounds. Collective methods are called on every rank in the same
+/// order; the figures on rank 0.
+class RoundScenario {
+ public:
+  virtual ~RoundScenario() = default;
+  /// The stage of partition `p` on this rank (`place`; `tp`: its group, null for the bytes alone).
+  virtual StageConfig stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                                   TpGroup* tp) const = 0;
+  /// Bench j (= the benches so far) joined: room for what its turns record.
+  virtual void add_bench(size_t j) = 0;
+  /// Collective: bench j's turn: its warm-up when `warm_up` (its first turn, or every turn of a
+  /// stage rebuilt each time), then one timed repetition, kept on this rank.
+  virtual void play_turn(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j, bool warm_up) = 0;
+  /// Collective, after each round: its turns' records to rank 0, then into the results file
+  /// (complete=0), so that a run that fails later keeps them.
+  virtual void record_round(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& benches, int rounds) = 0;
+  /// The figures the gains pair, their labels: the first is the throughput the progress line shows
+  /// (its unit, e.g. "tokens/s"), the others name their gains ("decode").
+  virtual std::vector<std::string> figure_labels() const = 0;
+  /// Rank 0: partition pi's figures so far, in figure_labels' order.
+  virtual std::vector<RoundFigure> figures(const RunContext& ctx, size_t pi) const = 0;
+  /// Whether the partitions are validated after the rounds (with --no-validate never).
+  virtual bool validates() const { return true; }
+  /// Collective: bench j's validation (its stage built; freed after).
+  virtual void validate(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j) = 0;
+  /// Collective, after the validation: what rank 0 completes its record with (the stages freed).
+  virtual void finish(RunContext& ctx, const PartitionSet& set, const std::vector<Bench>& benches) = 0;
 };
 
 /// When the rounds stop (rank 0 decides, StopRule::verdict).
@@ -81,14 +118,15 @@ struct RoundsOutcome {
   std::string schedule;     ///< "interleaved, stages resident" | "... rebuilt every round" | "... some ..."
 };
 
-/// Builds a stage of every distinct split of `set` (side by side where every rank can hold them
-/// all, else rebuilt on every turn), runs interleaved rounds until `rule` stops them (a round is
-/// gathered on rank 0 and appended to the results file after it: O(that round)), calling
-/// `hooks` between rounds; partitions a hook proposes are added to `set` and join the rounds.
-/// Then, with validation on, each stage's serialized reference run; rank 0 gathers every
-/// partition's final record (tokens, checksums, lane CPU, metrics and predictions). Collective.
-RoundsOutcome run_interleaved_rounds(RunContext& ctx, PartitionSet& set, const StopRule& rule,
-                                     const std::vector<RoundHook*>& hooks);
+/// Builds `scenario`'s stage of every distinct split of `set` (side by side where every rank can
+/// hold them all, else rebuilt on every turn), runs interleaved rounds until `rule` stops them
+/// (each round recorded by the scenario on rank 0 and into the results file: O(that round)),
+/// calling `hooks` between rounds; partitions a hook proposes are added to `set` and join the
+/// rounds. Then, with validation on, each partition's validation, and the scenario's finish.
+/// Rank 0 judges the stop rule on the scenario's figures paired by round: the gains' streaming
+/// 95% CIs, confirmed by compare_paired on every pair. Collective.
+RoundsOutcome run_interleaved_rounds(RunContext& ctx, PartitionSet& set, RoundScenario& scenario, const StopRule& rule,
+                                     const std::vector<RoundHook*>& hooks = {});
 
 /// The values of `a` and `b` measured in the same rounds (`ra`, `rb`: each value's round, both
 /// ascending), in round order: the pairs compare_paired takes. O(|a| + |b|).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "results/writer.h"
 #include "run/finish.h"
 #include "run/memory_checks.h"
+#include "run/rounds.h"
 #include "run/serving_search.h"
 #include "serving/arrivals.h"
 #include "serving/pipeline_sim.h"
@@ -28,8 +30,9 @@ namespace ppb::run {
 namespace {
 
 /// The stage of a serving partition: B slots, M groups, a context for the longest request.
-StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition& p) {
-  StageConfig sc = stage_config(ctx, partition_groups(ctx, p));
+StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                                 TpGroup* tp) {
+  StageConfig sc = stage_config(ctx, partition_groups(ctx, p), place.tp_width, place.tp_rank, tp);
   sc.work.prompt_len = ctx.opt.scenario.spec->max_prompt_len;
   sc.work.gen_len = ctx.opt.scenario.spec->max_gen_len;
   return sc;
@@ -44,15 +47,6 @@ ServingConfig serving_config(const RunContext& ctx, const balance::Partition& p)
   c.vocab = ctx.spec.vocab;
   return c;
 }
-
-/// One partition under the scenario on this rank.
-struct ServingBench {
-  size_t pi = 0;
-  StagePlacement place;
-  std::unique_ptr<StageExecutor> stage;
-  bool resident = true, warmed = false;
-  ServingRecord last;  ///< its last round (stage 0's rank: the schedule its replay plays)
-};
 
 /// What stage 0 of a partition recorded, on rank 0.
 struct Stage0View {
@@ -194,9 +188,8 @@ void record_scenario(RunContext& ctx, ServingRunRecord& r) {
   }
 }
 
-/// Rank 0: one round's measurement of partition j into its record.
-void record_round(RunContext& ctx, ServingPartitionRecord& p, const Stage0View& v, int round,
-                  std::vector<std::vector<serving::RequestTimes>>& all_rounds) {
+/// Rank 0: one round's measurement of a partition into its record `p`.
+void record_turn(RunContext& ctx, ServingPartitionRecord& p, const Stage0View& v, int round) {
   const serving::ServingMetrics m = serving::serving_metrics(v.times, ctx.opt.scenario.spec->goodput);
   p.rep_round.push_back(round);
   p.rep_duration_s.push_back(m.duration_s);
@@ -224,41 +217,22 @@ void record_round(RunContext& ctx, ServingPartitionRecord& p, const Stage0View& 
   p.tokens = v.tokens;
   p.steps = v.steps;
   p.step_rows_mean = v.rows_mean;
-  all_rounds.push_back(v.times);
 }
 
-/// Rank 0: the partition's metrics pooled over its rounds (latencies over every round's
-/// requests; rates as the rounds' total work over their total time).
+/// Rank 0: the partition's metrics pooled over its rounds (serving::pooled_metrics: latencies
+/// over every round's requests; rates as the rounds' total work over their total time).
 void pool_rounds(ServingPartitionRecord& p, const std::vector<std::vector<serving::RequestTimes>>& rounds,
                  const serving::GoodputSpec& slo) {
-  std::vector<double> ttft, tpot, itl, e2e, queue;
-  double duration = 0, out_tokens = 0, all_tokens = 0, good = 0, completed = 0;
-  for (const auto& times : rounds) {
-    const serving::ServingMetrics m = serving::serving_metrics(times, slo);
-    duration += m.duration_s;
-    out_tokens += static_cast<double>(m.total_output_tokens);
-    all_tokens += static_cast<double>(m.total_output_tokens + m.total_input_tokens);
-    good += static_cast<double>(m.good);
-    completed += static_cast<double>(m.completed);
-    for (const serving::RequestTimes& t : times) {
-      const serving::RequestLatency l = serving::request_latency(t);
-      ttft.push_back(l.ttft_s), tpot.push_back(l.tpot_s), e2e.push_back(l.e2e_s), queue.push_back(l.queue_s);
-      itl.insert(itl.end(), l.itl_s.begin(), l.itl_s.end());
-    }
-  }
-  const serving::LatencySummary a = serving::summarize_ms(ttft), b = serving::summarize_ms(tpot);
-  p.ttft_mean_ms = a.mean_ms, p.ttft_p50_ms = a.p50_ms, p.ttft_p90_ms = a.p90_ms, p.ttft_p99_ms = a.p99_ms;
-  p.tpot_mean_ms = b.mean_ms, p.tpot_p50_ms = b.p50_ms, p.tpot_p90_ms = b.p90_ms, p.tpot_p99_ms = b.p99_ms;
-  const serving::LatencySummary i = serving::summarize_ms(itl), e = serving::summarize_ms(e2e), q = serving::summarize_ms(queue);
-  p.itl_p50_ms = i.p50_ms, p.itl_p99_ms = i.p99_ms, p.e2e_p50_ms = e.p50_ms, p.e2e_p99_ms = e.p99_ms;
-  p.queue_p50_ms = q.p50_ms, p.queue_p99_ms = q.p99_ms;
-  p.output_tokens_per_s = out_tokens / duration;
-  p.total_tokens_per_s = all_tokens / duration;
-  p.request_throughput = completed / duration;
-  if (slo.any()) {
-    p.goodput_req_per_s = good / duration;
-    p.slo_attainment = good / completed;
-  }
+  const serving::ServingMetrics m = serving::pooled_metrics(rounds, slo);
+  p.ttft_mean_ms = m.ttft.mean_ms, p.ttft_p50_ms = m.ttft.p50_ms, p.ttft_p90_ms = m.ttft.p90_ms, p.ttft_p99_ms = m.ttft.p99_ms;
+  p.tpot_mean_ms = m.tpot.mean_ms, p.tpot_p50_ms = m.tpot.p50_ms, p.tpot_p90_ms = m.tpot.p90_ms, p.tpot_p99_ms = m.tpot.p99_ms;
+  p.itl_p50_ms = m.itl.p50_ms, p.itl_p99_ms = m.itl.p99_ms, p.e2e_p50_ms = m.e2e.p50_ms, p.e2e_p99_ms = m.e2e.p99_ms;
+  p.queue_p50_ms = m.queue.p50_ms, p.queue_p99_ms = m.queue.p99_ms;
+  p.output_tokens_per_s = m.output_tokens_per_s;
+  p.total_tokens_per_s = m.total_tokens_per_s;
+  p.request_throughput = m.request_throughput;
+  p.goodput_req_per_s = m.goodput_req_per_s;
+  p.slo_attainment = m.slo_attainment;
 }
 
 std::vector<double> inverse(const std::vector<double>& v) {
@@ -267,23 +241,27 @@ std::vector<double> inverse(const std::vector<double>& v) {
   return out;
 }
 
-/// Rank 0: every partition against the reference, paired by round; whether every tokens/s
-/// gain's CI is within `target_pct` (true when there is none to wait for).
-bool compare_serving(ServingRunRecord& s, const std::string& reference, double target_pct) {
+/// compare_paired of `a` against `b`'s values of the same rounds (run::same_rounds).
+PairedComparison paired(const std::vector<double>& a, const std::vector<int>& ra, const std::vector<double>& b,
+                        const std::vector<int>& rb) {
+  auto [x, y] = same_rounds(a, ra, b, rb);
+  return compare_paired(x, y);
+}
+
+/// Rank 0: every partition against the reference, paired by round: output tokens/s, goodput,
+/// 1 / TTFT p99 and 1 / TPOT p99 (> 1 favours the partition).
+void compare_serving(ServingRunRecord& s, const std::string& reference) {
   const ServingPartitionRecord* ref = nullptr;
   for (const auto& p : s.partitions)
     if (p.name == reference) ref = &p;
-  bool narrow = true;
   for (auto& p : s.partitions) {
     if (!ref || &p == ref) continue;
-    p.tokens_gain = compare_paired(ref->rep_output_tokens_per_s, p.rep_output_tokens_per_s);
-    p.goodput_gain = compare_paired(ref->rep_goodput_req_per_s, p.rep_goodput_req_per_s);
-    p.ttft_p99_gain = compare_paired(inverse(ref->rep_ttft_p99_ms), inverse(p.rep_ttft_p99_ms));
-    p.tpot_p99_gain = compare_paired(inverse(ref->rep_tpot_p99_ms), inverse(p.rep_tpot_p99_ms));
-    const double hw = p.tokens_gain.half_width();
-    narrow = narrow && std::isfinite(hw) && hw * 100.0 <= target_pct;
+    const std::vector<int>&ra = ref->rep_round, &rb = p.rep_round;
+    p.tokens_gain = paired(ref->rep_output_tokens_per_s, ra, p.rep_output_tokens_per_s, rb);
+    p.goodput_gain = paired(ref->rep_goodput_req_per_s, ra, p.rep_goodput_req_per_s, rb);
+    p.ttft_p99_gain = paired(inverse(ref->rep_ttft_p99_ms), ra, inverse(p.rep_ttft_p99_ms), rb);
+    p.tpot_p99_gain = paired(inverse(ref->rep_tpot_p99_ms), ra, inverse(p.rep_tpot_p99_ms), rb);
   }
-  return narrow;
 }
 
 /// Rank 0: every partition's scenario in `s` predicted (balance::predict_serving: from the profile
@@ -303,112 +281,6 @@ void predict_partitions(RunContext& ctx, const PartitionSet& set, ServingRunReco
   if (!why.empty()) ctx.progress.say("serving prediction incomplete: " + why);
 }
 
-/// The stages of every partition, side by side where every rank can hold them all.
-std::vector<ServingBench> build_benches(RunContext& ctx, const PartitionSet& set) {
-  std::vector<ServingBench> benches;
-  size_t bytes = 0;
-  for (size_t i = 0; i < set.size(); ++i) {
-    const balance::Partition& p = set.splits[i];
-    ServingBench b;
-    b.pi = i;
-    b.place = PartitionSet::placement(p, ctx.mpi.rank());
-    const int k = b.place.stage;
-    ctx.phase("memory check of the scenario's stages", [&] {
-      bytes += ctx.device->stage_bytes(ctx.spec, p.first_unit[k], p.last_unit[k], serving_stage_config(ctx, p)).total();
-    });
-    benches.push_back(std::move(b));
-  }
-  bool resident = false;
-  ctx.phase("memory check of the scenario's stages", [&] { resident = ctx.mpi.agree(bytes <= ctx.cluster.memory_limit ? 0 : 1) == 0; });
-  for (ServingBench& b : benches) b.resident = resident;
-  return benches;
-}
-
-void build_stage(RunContext& ctx, const PartitionSet& set, ServingBench& b) {
-  const balance::Partition& p = set.splits[b.pi];
-  ctx.phase("build of partition " + p.solver + " for the scenario", [&] {
-    b.stage = ctx.device->create_stage(ctx.spec, p.first_unit[b.place.stage], p.last_unit[b.place.stage], serving_stage_config(ctx, p));
-  });
-}
-
-/// One partition's turn: its warm-up on its first turn (every turn when rebuilt), then the scenario.
-ServingRecord take_turn(RunContext& ctx, const PartitionSet& set, ServingBench& b) {
-  const balance::Partition& p = set.splits[b.pi];
-  if (!b.stage) build_stage(ctx, set, b);
-  const ServingConfig sc = serving_config(ctx, p);
-  const auto& reqs = ctx.scenario_requests;
-  ServingRecord rec;
-  ctx.phase("scenario of partition " + p.solver, [&] {
-    if (!b.warmed || !b.resident)
-      (void)replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, warmup_schedule(reqs, sc.groups, sc.slots));
-    rec = run_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs);
-  });
-  b.warmed = true;
-  if (!b.resident) b.stage.reset();
-  return rec;
-}
-
-/// Rank 0 decides whether the rounds stop (then broadcast): --iters done and every gain narrow
-/// enough, or the next round would end after --max-time.
-bool stop_rounds(RunContext& ctx, int rounds, int exact_rounds, double elapsed_s, double round_s, bool narrow,
-                 std::string& why) {
-  std::vector<int> stop{0};
-  if (ctx.root && exact_rounds > 0) {
-    stop[0] = rounds >= exact_rounds ? 1 : 0;
-    why = "the rate search's pilot: one round";
-  } else if (ctx.root) {
-    const bool min_done = rounds >= ctx.opt.iters;
-    if (min_done && (narrow || ctx.opt.target_ci_pct == 0)) {
-      stop[0] = 1;
-      why = ctx.opt.target_ci_pct == 0 ? "--iters rounds done" : "every gain's 95% CI within --target-ci";
-    } else if (min_done && elapsed_s + round_s > ctx.opt.max_time_s) {
-      stop[0] = 1;
-      why = "--max-time: another round would end after it";
-    }
-  }
-  ctx.mpi.bcast_ints(stop);
-  return stop[0] == 1;
-}
-
-/// The rounds: every partition once per round, in an order rotated by one per round; exactly
-/// `exact_rounds` of them where > 0, else until the stop rule (--iters, --target-ci, --max-time).
-/// Rank 0 records them in `into` (null elsewhere).
-void play_rounds(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches, int exact_rounds,
-                 std::vector<std::vector<std::vector<serving::RequestTimes>>>& all, ServingRunRecord* into) {
-  const double t0 = monotonic_s();
-  for (int round = 0;; ++round) {
-    const double r0 = monotonic_s();
-    for (size_t j = 0; j < benches.size(); ++j) {
-      ServingBench& b = benches[(j + round) % benches.size()];
-      b.last = take_turn(ctx, set, b);
-      Stage0View v;
-      ServingPartitionRecord* steps_to = ctx.root ? &into->partitions[b.pi] : nullptr;
-      ctx.phase("gather of the scenario", [&] {
-        v = gather_stage0(ctx, b.last, b.place.stage == 0);
-        gather_steps(ctx, b.last, b.place, steps_to);
-      });
-      if (!ctx.root) continue;
-      ServingPartitionRecord& pr = into->partitions[b.pi];
-      record_round(ctx, pr, v, round, all[b.pi]);
-      ctx.progress.say(format_line("round %d, %-10s %d requests in %.1f s: %.1f output tokens/s, TTFT p99 %.0f ms, "
-                                     "TPOT p99 %.1f ms",
-                                     round + 1, pr.name.c_str(), static_cast<int>(v.times.size()), pr.rep_duration_s.back(),
-                                     pr.rep_output_tokens_per_s.back(), pr.rep_ttft_p99_ms.back(), pr.rep_tpot_p99_ms.back()));
-    }
-    bool narrow = false;
-    if (ctx.root) narrow = compare_serving(*into, set.reference, ctx.opt.target_ci_pct);
-    std::string why;
-    const double now = monotonic_s();
-    if (stop_rounds(ctx, round + 1, exact_rounds, now - t0, now - r0, narrow, why)) {
-      if (ctx.root) {
-        into->rounds = round + 1;
-        into->stop_reason = why;
-      }
-      return;
-    }
-  }
-}
-
 /// Counts the tokens of `got` that differ from `want` (both request after request).
 int differing(const std::vector<int32_t>& want, const std::vector<int32_t>& got) {
   int n = 0;
@@ -416,51 +288,143 @@ int differing(const std::vector<int32_t>& want, const std::vector<int32_t>& got)
   return n;
 }
 
-/// Validation: the last round's schedule replayed serialized; the first requests alone.
-void validate(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
+/// Requests that arrive as a scenario of the rounds (run/rounds.h): a turn plays
+/// ctx.scenario_requests live through the serving engine (its warm-up: one prefill and one decode
+/// step of every group, replayed); a round's turns go to rank 0's `into` (stage 0's request times
+/// and tokens, every stage's steps) and, for the record's own measurement, into the file; the
+/// gains pair output tokens/s by round; the validation replays the last round's schedule
+/// serialized and runs the first requests alone; the finish pools every round's requests.
+class ServingRounds final : public RoundScenario {
+ public:
+  /// `into`: rank 0's record of this measurement (the record's serving, or one kept beside it;
+  /// null elsewhere), its partitions named in set order; `validate`: whether it validates.
+  /// `into` is the record's own (on rank 0) when `snapshot`: each round rewrites the file.
+  ServingRounds(ServingRunRecord* into, bool validate, bool snapshot)
+      : into_(into), validate_(validate), snapshot_(snapshot) {}
+
+  StageConfig stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                           TpGroup* tp) const override {
+    return serving_stage_config(ctx, p, place, tp);
+  }
+  void add_bench(size_t j) override { last_.resize(j + 1); }
+
+  void play_turn(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j, bool warm_up) override {
+    const ServingConfig sc = serving_config(ctx, p);
+    const auto& reqs = ctx.scenario_requests;
+    ctx.phase("scenario of partition " + p.solver, [&] {
+      if (warm_up)
+        (void)replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, warmup_schedule(reqs, sc.groups, sc.slots));
+      last_.at(j) = run_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs);
+    });
+  }
+
+  void record_round(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& benches, int rounds) override {
+    for (size_t j = 0; j < benches.size(); ++j) {
+      const Bench& b = benches[j];
+      Stage0View v;
+      ctx.phase("gather of the scenario", [&] {
+        v = gather_stage0(ctx, last_[j], b.place.stage == 0);
+        gather_steps(ctx, last_[j], b.place, ctx.root ? &into_->partitions[b.pi] : nullptr);
+      });
+      if (!ctx.root) continue;
+      ServingPartitionRecord& pr = into_->partitions[b.pi];
+      record_turn(ctx, pr, v, b.rounds.back());
+      times_[b.pi].push_back(v.times);
+      ctx.progress.say(format_line("round %d, %-10s %d requests in %.1f s: %.1f output tokens/s, TTFT p99 %.0f ms, "
+                                   "TPOT p99 %.1f ms", rounds, pr.name.c_str(), static_cast<int>(v.times.size()),
+                                   pr.rep_duration_s.back(), pr.rep_output_tokens_per_s.back(), pr.rep_ttft_p99_ms.back(),
+                                   pr.rep_tpot_p99_ms.back()));
+    }
+    if (ctx.root) into_->rounds = rounds;
+    if (snapshot_) ctx.phase("write after round " + std::to_string(rounds), [&] { ctx.snapshot("benchmark"); });
+    (void)set;
+  }
+
+  std::vector<std::string> figure_labels() const override { return {"output tokens/s"}; }
+  std::vector<RoundFigure> figures(const RunContext&, size_t pi) const override {
+    const ServingPartitionRecord& pr = into_->partitions.at(pi);
+    return {{&pr.rep_output_tokens_per_s, &pr.rep_round}};
+  }
+  bool validates() const override { return validate_; }
+  void validate(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j) override;
+  void finish(RunContext& ctx, const PartitionSet& set, const std::vector<Bench>& benches) override;
+
+ private:
+  ServingRunRecord* into_ = nullptr;
+  bool validate_ = false, snapshot_ = false;
+  std::vector<ServingRecord> last_;  ///< by bench index: its last turn (stage 0: the schedule its replay plays)
+  std::map<size_t, std::vector<std::vector<serving::RequestTimes>>> times_;  ///< rank 0, by partition: every round's
+};
+
+void ServingRounds::validate(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j) {
   const auto& reqs = ctx.scenario_requests;
   const int alone_n = std::min<int>(8, static_cast<int>(reqs.size()));
   std::vector<int> alone(alone_n);
   for (int i = 0; i < alone_n; ++i) alone[i] = i;
-  for (ServingBench& b : benches) {
-    const balance::Partition& p = set.splits[b.pi];
-    if (!b.stage) build_stage(ctx, set, b);
-    const ServingConfig sc = serving_config(ctx, p);
-    ServingRecord replay, solo;
-    ctx.phase("validation of partition " + p.solver, [&] {
-      replay = replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, b.last.schedule);
-      solo = replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, alone_schedule(reqs, alone));
-    });
-    Stage0View rv, sv;
-    ctx.phase("gather of the validation", [&] {
-      rv = gather_stage0(ctx, replay, b.place.stage == 0);
-      sv = gather_stage0(ctx, solo, b.place.stage == 0);
-    });
-    b.stage.reset();
-    b.warmed = false;  // a later measurement (the rate search's) builds and warms it again
-    if (!ctx.root) continue;
-    ServingPartitionRecord& pr = ctx.record().serving.partitions[b.pi];
-    pr.validated = true;
-    pr.replay_tokens_differing = differing(pr.tokens, rv.tokens);
-    size_t n_alone_tokens = 0;
-    for (int q = 0; q < alone_n; ++q) n_alone_tokens += static_cast<size_t>(reqs[q].gen_len);
-    const std::vector<int32_t> want(pr.tokens.begin(), pr.tokens.begin() + n_alone_tokens);
-    const std::vector<int32_t> got(sv.tokens.begin(), sv.tokens.begin() + n_alone_tokens);
-    pr.alone_requests = alone_n;
-    pr.alone_tokens_differing = differing(want, got);
-    ctx.progress.say(format_line("validation of %s: %d of %zu tokens differ from the serialized replay; %d of the %zu "
-                                 "tokens of the first %d requests differ when each runs alone (batch invariance)",
-                                   pr.name.c_str(), pr.replay_tokens_differing, pr.tokens.size(),
-                                   pr.alone_tokens_differing, n_alone_tokens, alone_n));
-  }
+  const ServingConfig sc = serving_config(ctx, p);
+  ServingRecord replay, solo;
+  ctx.phase("validation of partition " + p.solver, [&] {
+    replay = replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, last_.at(j).schedule);
+    solo = replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, alone_schedule(reqs, alone));
+  });
+  Stage0View rv, sv;
+  ctx.phase("gather of the validation", [&] {
+    rv = gather_stage0(ctx, replay, b.place.stage == 0);
+    sv = gather_stage0(ctx, solo, b.place.stage == 0);
+  });
+  if (!ctx.root) return;
+  ServingPartitionRecord& pr = into_->partitions[b.pi];
+  pr.validated = true;
+  pr.replay_tokens_differing = differing(pr.tokens, rv.tokens);
+  size_t n_alone_tokens = 0;
+  for (int q = 0; q < alone_n; ++q) n_alone_tokens += static_cast<size_t>(reqs[q].gen_len);
+  const std::vector<int32_t> want(pr.tokens.begin(), pr.tokens.begin() + n_alone_tokens);
+  const std::vector<int32_t> got(sv.tokens.begin(), sv.tokens.begin() + n_alone_tokens);
+  pr.alone_requests = alone_n;
+  pr.alone_tokens_differing = differing(want, got);
+  ctx.progress.say(format_line("validation of %s: %d of %zu tokens differ from the serialized replay; %d of the %zu "
+                               "tokens of the first %d requests differ when each runs alone (batch invariance)",
+                               pr.name.c_str(), pr.replay_tokens_differing, pr.tokens.size(), pr.alone_tokens_differing,
+                               n_alone_tokens, alone_n));
 }
 
-/// Every partition of `set` at ctx.scenario_requests (the rate ctx.scenario_rate) in rounds
-/// (exact_rounds > 0: that many; else the stop rule), predicted before and after: on rank 0,
-/// `into` (the record's serving, or a measurement kept beside it) holds the scenario and one
-/// fresh record per partition.
-void measure_scenario(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches, int exact_rounds,
-                      ServingRunRecord* into) {
+void ServingRounds::finish(RunContext& ctx, const PartitionSet& set, const std::vector<Bench>& benches) {
+  if (!ctx.root) return;
+  for (const Bench& b : benches) pool_rounds(into_->partitions[b.pi], times_[b.pi], ctx.opt.scenario.spec->goodput);
+  // A split equal to another one (balance::same_split_as) was measured once: its twin's record.
+  const balance::SplitEquivalence& eq = ctx.cluster.equivalence;
+  for (size_t pi = 0; pi < set.size(); ++pi) {
+    if (set.measured_alone(pi, eq)) continue;
+    const size_t of = static_cast<size_t>(balance::same_split_as(set.splits, pi, eq));
+    ServingPartitionRecord twin = into_->partitions[of];
+    twin.name = into_->partitions[pi].name;
+    into_->partitions[pi] = std::move(twin);
+    PartitionRecord& pr = ctx.record().partitions.at(pi);  // /partitions/<name>/same_as, as closed batches say it
+    pr.same_as = ctx.record().partitions.at(of).name;
+    pr.same_as_reason = balance::compare_splits(set.splits[of], set.splits[pi], eq) == balance::Sameness::identical
+                            ? "identical" : "equivalent";
+    ctx.progress.say("partition " + set.splits[pi].solver + ": the same split as " + set.splits[of].solver +
+                     ", measured once");
+  }
+  compare_serving(*into_, set.reference);
+}
+
+/// The stop rule of a measurement: the run's (--iters, --target-ci, --max-time), or exactly one
+/// round (the rate search's pilot).
+StopRule stop_rule(const RunContext& ctx, bool one_round) {
+  StopRule rule;
+  rule.min_rounds = one_round ? 1 : ctx.opt.iters;
+  rule.target_ci_pct = one_round ? 0 : ctx.opt.target_ci_pct;
+  rule.max_time_s = ctx.opt.max_time_s;
+  if (one_round) rule.max_rounds = 1;
+  return rule;
+}
+
+/// Every partition of `set` at ctx.scenario_requests (the rate ctx.scenario_rate) in the rounds
+/// of run_interleaved_rounds (one_round: exactly one, else the run's stop rule), validated when
+/// `validate`, predicted before and after: on rank 0, `into` (the record's serving, or a
+/// measurement kept beside it) holds the scenario and one fresh record per partition.
+void measure_scenario(RunContext& ctx, PartitionSet& set, bool one_round, bool validate, ServingRunRecord* into) {
   if (ctx.root) {
     record_scenario(ctx, *into);
     into->partitions.clear();
@@ -468,17 +432,18 @@ void measure_scenario(RunContext& ctx, const PartitionSet& set, std::vector<Serv
       ServingPartitionRecord pr;
       pr.name = p.solver;
       pr.groups = partition_groups(ctx, p);
-      pr.slots = ctx.workload.batch;
+      pr.slots = ctx.opt.scenario.spec->slots;
       into->partitions.push_back(pr);
     }
     ctx.progress.say(format_line("scenario: %s; M=%d groups in flight", serving_scenario_text(*into).c_str(),
                                  ctx.workload.groups));
     predict_partitions(ctx, set, *into);
   }
-  std::vector<std::vector<std::vector<serving::RequestTimes>>> all(set.size());
-  play_rounds(ctx, set, benches, exact_rounds, all, into);
+  const bool own = !ctx.root || into == &ctx.record().serving;
+  ServingRounds scenario(into, validate, ctx.mpi.agree(own ? 0 : 1) == 0);
+  const RoundsOutcome out = run_interleaved_rounds(ctx, set, scenario, stop_rule(ctx, one_round));
   if (ctx.root) {
-    for (size_t j = 0; j < set.size(); ++j) pool_rounds(into->partitions[j], all[j], ctx.opt.scenario.spec->goodput);
+    into->stop_reason = one_round ? "the rate search's pilot: one round" : out.stop_reason;
     predict_partitions(ctx, set, *into);
   }
 }
@@ -493,12 +458,12 @@ void set_rate(RunContext& ctx, double rate) {
 
 /// --request-rate search's pilot (run/serving_search.h steps 2): one round of every partition at
 /// the profile's predicted rate, the calibrated search, and the rate below R* set.
-void rate_search_pilot(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
+void rate_search_pilot(RunContext& ctx, PartitionSet& set) {
   set_rate(ctx, ctx.root ? ctx.record().serving.rate_search.pilot_rate : 0.0);
   if (ctx.root)
     ctx.progress.say(format_line("rate search: pilot round at %.3f requests/s (the profile's predicted highest rate, "
                                  "or N / --max-time if higher)", ctx.scenario_rate));
-  measure_scenario(ctx, set, benches, 1, ctx.root ? &ctx.record().serving : nullptr);
+  measure_scenario(ctx, set, true, false, ctx.root ? &ctx.record().serving : nullptr);
   double below = 0.0;
   ctx.phase("rate search", [&] {
     if (!ctx.root) return;
@@ -521,11 +486,11 @@ void rate_search_pilot(RunContext& ctx, const PartitionSet& set, std::vector<Ser
 
 /// --request-rate search's rounds at 1.1 R* (step 4), measured beside the record's scenario (which
 /// stays whole should they fail) and kept in rate_search.above; the verdict.
-void rate_search_above(RunContext& ctx, const PartitionSet& set, std::vector<ServingBench>& benches) {
+void rate_search_above(RunContext& ctx, PartitionSet& set) {
   const double rate = ctx.root ? ctx.record().serving.rate_search.rate_above : 0.0;
   set_rate(ctx, rate);
   ServingRunRecord above;
-  measure_scenario(ctx, set, benches, 0, ctx.root ? &above : nullptr);
+  measure_scenario(ctx, set, false, false, ctx.root ? &above : nullptr);
   if (!ctx.root) return;
   RateSearchRecord& rs = ctx.record().serving.rate_search;
   rs.above = std::move(above.partitions);
@@ -540,15 +505,11 @@ void rate_search_above(RunContext& ctx, const PartitionSet& set, std::vector<Ser
 
 }  // namespace
 
-void run_serving_benchmark(RunContext& ctx, const PartitionSet& set) {
-  std::vector<ServingBench> benches = build_benches(ctx, set);
-  for (ServingBench& b : benches)
-    if (b.resident) build_stage(ctx, set, b);
+void run_serving_benchmark(RunContext& ctx, PartitionSet& set) {
   const bool search = ctx.opt.scenario.spec->rate_search;
-  if (search) rate_search_pilot(ctx, set, benches);
-  measure_scenario(ctx, set, benches, 0, ctx.root ? &ctx.record().serving : nullptr);
-  if (ctx.opt.validate) validate(ctx, set, benches);
-  if (search) rate_search_above(ctx, set, benches);
+  if (search) rate_search_pilot(ctx, set);
+  measure_scenario(ctx, set, false, true, ctx.root ? &ctx.record().serving : nullptr);
+  if (search) rate_search_above(ctx, set);
 }
 
 int finish_serving_run(RunContext& ctx) {

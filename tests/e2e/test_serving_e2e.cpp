@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "scratch_dir.h"
+#include "common/stats.h"
 #include "results/h5.h"
 
 namespace {
@@ -149,6 +150,74 @@ TEST(ServingE2E, PoissonScenarioRunsEverySplitUnderTheSameArrivals) {
   EXPECT_EQ(bal.get_attr<int64_t>("tokens_gain_n"), 3);
   EXPECT_TRUE(std::isfinite(bal.get_attr<double>("tokens_gain")));
   EXPECT_EQ(bal.open_dataset("rep_output_tokens_per_s").read<double>().size(), 3u);
+}
+
+// The serving scenario runs in the one rounds harness (run/rounds.h): --iters, --target-ci and
+// --max-time stop its rounds as they stop closed batches' (RunE2E.BenchmarkRoundsStopAtThe...),
+// the gain being output tokens/s paired by round.
+TEST(ServingE2E, RoundsStopAtTheTargetCIOrTheTimeLimit) {
+  const std::string bin = "mpirun --oversubscribe -np 2 " PPBENCH_BIN " run ";
+  const std::string wl = "--model tests/data/tiny-llama.json --scenario poisson --request-rate 40 --requests 16 "
+                         "-p 16 -g 6 --prompt-lens uniform:2,16 --gen-lens uniform:1,6 -b 2 -q ";
+  auto rounds_of = [](const std::string& path) {
+    auto root = ppb::h5::File::open(path).root();
+    auto sc = root.open_group("scenario");
+    auto rep = [&](const char* p) {
+      return root.open_group(std::string("benchmark/") + p).open_dataset("rep_output_tokens_per_s").read<double>();
+    };
+    return std::make_tuple(sc.get_attr<int64_t>("rounds"), sc.get_attr<std::string>("stop_reason"), rep("uniform"),
+                           rep("balanced"), root.get_attr<int64_t>("complete"));
+  };
+  // --target-ci 0: exactly --iters rounds.
+  const std::string exact = ppb_test::scratch_dir("ppbench_serving_") + "/exact.h5";
+  auto r = run(bin + wl + "--iters 2 --target-ci 0 -o " + exact);
+  ASSERT_EQ(r.status, 0) << r.output;
+  {
+    const auto [rounds, why, uni, bal, complete] = rounds_of(exact);
+    EXPECT_EQ(complete, 1);
+    EXPECT_EQ(rounds, 2) << why;
+    EXPECT_EQ(uni.size(), 2u);
+    EXPECT_EQ(why.rfind("--iters rounds done", 0), 0u) << why;
+  }
+  // A loose target: --iters 3 rounds, then as many as the gain's 95% CI needs to be within +-50%
+  // (the first CI needs 5 paired rounds). Qwen3: its heavy head makes the balanced split another
+  // split than uniform's (tiny-llama's is uniform's).
+  const std::string loose = ppb_test::scratch_dir("ppbench_serving_") + "/loose.h5";
+  const std::string qwen3 = "--model inputs/models/qwen3-0.6b.json --scenario poisson --request-rate 20 --requests 8 "
+                            "-p 8 -g 4 --prompt-lens uniform:2,8 --gen-lens uniform:1,4 -b 2 --profile-iters 2 "
+                            "--profile-warmup 1 -q ";
+  r = run(bin + qwen3 + "--iters 3 --target-ci 50 --max-time 120 -o " + loose);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const bool one_split =
+      ppb::h5::File::open(loose).root().open_group("partitions/balanced").get_attr<std::string>("same_as") == "uniform";
+  {
+    const auto [rounds, why, uni, bal, complete] = rounds_of(loose);
+    EXPECT_GE(rounds, 3);
+    ASSERT_EQ(uni.size(), static_cast<size_t>(rounds));
+    ASSERT_EQ(bal.size(), static_cast<size_t>(rounds));
+    if (one_split) {
+      EXPECT_NE(why.find("one split"), std::string::npos) << why;
+      return;  // the profile's balanced split is uniform's: no gain to narrow
+    }
+    if (why.find("within") != std::string::npos) {
+      auto hw = [&](size_t n) {
+        const auto c = ppb::compare_paired(std::vector<double>(uni.begin(), uni.begin() + n),
+                                           std::vector<double>(bal.begin(), bal.begin() + n));
+        return std::isnan(c.ci_low) ? INFINITY : c.half_width();
+      };
+      EXPECT_LE(hw(uni.size()), 0.5) << why;
+      if (rounds > 3) EXPECT_GT(hw(uni.size() - 1), 0.5) << why;  // it stopped at the first round that met it
+    } else {
+      EXPECT_NE(why.find("--max-time"), std::string::npos) << why;  // a very noisy machine
+    }
+  }
+  // A target no machine meets within 3 s: --iters rounds, then the time limit.
+  const std::string tight = ppb_test::scratch_dir("ppbench_serving_") + "/tight.h5";
+  r = run(bin + qwen3 + "--iters 2 --target-ci 0.001 --max-time 3 -o " + tight);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto [rounds, why, uni, bal, complete] = rounds_of(tight);
+  EXPECT_GE(rounds, 2);
+  EXPECT_NE(why.find("--max-time 3 s"), std::string::npos) << why;
 }
 
 TEST(ServingE2E, TraceScenarioReadsItsRequests) {

@@ -149,6 +149,7 @@ TEST(RunPhases, GatherOfARoundAppendsEachRanksNewRepetitionOnRankZerosClock) {
     }
   }
   std::vector<run::Bench> benches(2);
+  std::vector<run::ClosedTurns> turns(2);
   benches[0].pi = 0;
   benches[1].pi = 1;
   // Each rank's events of bench b, repetition i encode (b, rank, i, group, step, event) as
@@ -167,19 +168,19 @@ TEST(RunPhases, GatherOfARoundAppendsEachRanksNewRepetitionOnRankZerosClock) {
     for (int g = 0; g < w.groups; ++g)
       for (int t = 0; t < steps; ++t)
         for (int x = 0; x < kNumEvents; ++x)
-          benches[b].rec.events.push_back(code(b, mpi.rank(), i, g, t, x) + offsets[mpi.rank()] + start[0]);
+          turns[b].rec.events.push_back(code(b, mpi.rank(), i, g, t, x) + offsets[mpi.rank()] + start[0]);
     benches[b].rounds.push_back(round);
   };
   add_repetition(0, 0);
-  run::gather_round(ctx, set, benches);
-  EXPECT_EQ(benches[0].reps_gathered, 1u);
-  EXPECT_EQ(benches[1].reps_gathered, 0u);
+  run::gather_round(ctx, set, benches, turns);
+  EXPECT_EQ(turns[0].reps_gathered, 1u);
+  EXPECT_EQ(turns[1].reps_gathered, 0u);
   add_repetition(0, 1);
   add_repetition(1, 1);
   add_repetition(1, 1);
-  run::gather_round(ctx, set, benches);
-  EXPECT_EQ(benches[0].reps_gathered, 2u);
-  EXPECT_EQ(benches[1].reps_gathered, 2u);
+  run::gather_round(ctx, set, benches, turns);
+  EXPECT_EQ(turns[0].reps_gathered, 2u);
+  EXPECT_EQ(turns[1].reps_gathered, 2u);
   if (!ctx.root) return;
   for (int b = 0; b < 2; ++b) {
     const PartitionRecord& pr = ctx.record().partitions[b];
