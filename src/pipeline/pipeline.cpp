@@ -1,5 +1,7 @@
 #include "pipeline/pipeline.h"
 
+#include "pipeline/stage_loop.h"
+
 #include <time.h>
 
 #include <algorithm>
@@ -89,14 +91,12 @@ int item_tag(int item) { return item % 32000; }
 
 /// run_pipeline on one stage: its buffers and lanes (members in that order, so that the lanes
 /// are destroyed, and drained, first), the links, and the steps of every repetition.
-class StageLoop {
+class StageLoop : StageLoopBase {
  public:
   /// Allocates the buffers, creates the lanes and connects the links.
   StageLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
             const PipelineConfig& cfg);
   ~StageLoop() { flight::note("pipeline", ""); }
-  StageLoop(const StageLoop&) = delete;
-  StageLoop& operator=(const StageLoop&) = delete;
   /// Runs cfg.warmup + cfg.iters repetitions (`progress(rep, total)` after each) and returns
   /// the record.
   StageRecord run(const std::function<void(int, int)>& progress);
@@ -113,8 +113,6 @@ class StageLoop {
   void allocate_buffers();
   /// The compute lane, and the recv and send lanes the mode (and the token return) needs.
   void create_lanes();
-  /// The transport's links, made before the first message (NCCL: one communicator per direction).
-  void connect_links();
   /// One repetition: the barrier that starts it, every item, the lanes synchronised, its events kept.
   void run_repetition(int rep);
   /// Enqueues the barrier that starts repetition `rep` and waits for it; marks the timed window's start.
@@ -127,26 +125,16 @@ class StageLoop {
   void enqueue_send(RepEvents& r, int i, void* out);
   /// Waits for every lane of the repetition; a failure aborts the lanes and names the stage.
   void synchronize_lanes(int rep);
-  /// On a failure: request the lane abort and abort the transport (before unwinding).
-  void abort_lanes_and_links();
   /// Copies a timed repetition's event times into the record (NaN where an item has no such operation).
   void store_events(RepEvents& r, int rep);
   /// After the last repetition: lane CPU times, tokens and checksum, events in the file's order.
   void finish();
-  /// "stage s (units a..b)", for messages.
-  std::string describe_stage() const;
   /// The flight recorder's tag of item i's operation `op` in the current repetition.
   flight::Tag flight_tag(int i, const char* op) const { return {op, rep_, i % M, i / M}; }
 
-  Device& device_;
-  Transport& transport_;
-  StageExecutor& stage_;
-  const StagePlacement& place_;
   const PipelineConfig& cfg_;
-  /// The workload's M, G, P, B (DESIGN.md §2), the layout's S stages, G + 1 steps and M * steps
-  /// items per repetition; whether this is stage 0, the last stage (both with one stage).
-  const int M, G, P, B, S, steps, items;
-  const bool first, last;
+  /// The workload's M, G, P, B (DESIGN.md §2), G + 1 steps and M * steps items per repetition.
+  const int M, G, P, B, steps, items;
   const InjectedFault fault_;
 
   // ---- buffers (declared before the lanes: lanes are destroyed, and drained, first) --------
@@ -172,20 +160,14 @@ class StageLoop {
 
 StageLoop::StageLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
                      const PipelineConfig& cfg)
-    : device_(device),
-      transport_(transport),
-      stage_(stage),
-      place_(place),
+    : StageLoopBase(device, transport, stage, place, "stage"),
       cfg_(cfg),
       M(cfg.work.groups),
       G(cfg.work.gen_len),
       P(cfg.work.prompt_len),
       B(cfg.work.batch),
-      S(place.num_stages),
       steps(G + 1),
       items(M * steps),
-      first(place.stage == 0),
-      last(place.stage == place.num_stages - 1),
       fault_(injected_fault(place.rank)) {
   allocate_buffers();
   create_lanes();
@@ -248,25 +230,6 @@ void StageLoop::create_lanes() {
   }
 }
 
-void StageLoop::connect_links() {
-  const int me = place_.rank;
-  std::vector<std::pair<int, int>> links;
-  if (place_.prev_rank >= 0) links.emplace_back(place_.prev_rank, me);
-  for (int r : place_.next_ranks) links.emplace_back(me, r);
-  if (S > 1 && first) links.emplace_back(place_.last_rank, me);  // the token return
-  if (S > 1 && last)
-    for (int r : place_.return_ranks) links.emplace_back(me, r);
-  std::sort(links.begin(), links.end());
-  links.erase(std::unique(links.begin(), links.end()), links.end());
-  transport_.connect(links);
-}
-
-std::string StageLoop::describe_stage() const {
-  std::ostringstream os;
-  os << "stage " << place_.stage << " (units " << stage_.first_unit() << ".." << stage_.last_unit() << ")";
-  return os.str();
-}
-
 StageRecord StageLoop::run(const std::function<void(int, int)>& progress) {
   const int reps = cfg_.warmup + cfg_.iters;
   for (int rep = 0; rep < reps; ++rep) {
@@ -317,13 +280,7 @@ void StageLoop::run_repetition(int rep) {
 void StageLoop::start_repetition(int rep, bool timed) {
   // Barrier through the transport: polled, bounded by --timeout, never a hang.
   flight::Scope scope(flight::Tag{"start of repetition", rep});
-  transport_.enqueue_barrier(*compute_lane_);
-  try {
-    compute_lane_->synchronize();
-  } catch (const std::exception& e) {
-    abort_lanes_and_links();
-    throw InternalError(describe_stage() + ", start of repetition " + std::to_string(rep) + ": " + e.what());
-  }
+  barrier(*compute_lane_, "start of repetition " + std::to_string(rep));
   if (timed && rep == cfg_.warmup) {
     cpu0_[0] = compute_lane_->cpu_time_s();
     cpu0_[1] = recv_lane_owned_ ? recv_lane_owned_->cpu_time_s() : 0.0;
@@ -410,32 +367,15 @@ void StageLoop::enqueue_send(RepEvents& r, int i, void* out) {
   }
 }
 
-void StageLoop::abort_lanes_and_links() {
-  // Every wait of every lane stops; device memory is given up rather than freed while the abort
-  // is pending (cuda_raii.h); and the transport is aborted before the stack unwinds, so that an
-  // NCCL kernel spinning on a dead peer returns (ncclCommAbort) and this rank fails fast
-  // instead of sitting until the watchdog.
-  request_lane_abort();
-  transport_.abort();
-}
-
 void StageLoop::synchronize_lanes(int rep) {
-  try {
-    compute_lane_->synchronize();
-    if (recv_lane_owned_) recv_lane_owned_->synchronize();
-    if (send_lane_owned_) send_lane_owned_->synchronize();
-  } catch (const std::exception& e) {
-    abort_lanes_and_links();
-    throw InternalError(describe_stage() + ", repetition " + std::to_string(rep) + ": " + e.what());
-  }
+  drain({compute_lane_.get(), recv_lane_owned_.get(), send_lane_owned_.get()}, "repetition " + std::to_string(rep));
 }
 
 void StageLoop::store_events(RepEvents& r, int rep) {
   const size_t base = static_cast<size_t>(rep - cfg_.warmup) * items * kNumEvents;
   for (int i = 0; i < items; ++i) {
     for (int k = 0; k < kNumEvents; ++k) {
-      bool present = (k <= kRecvEnd) ? r.has_recv[i] : (k >= kSendStart ? r.has_send[i] : true);
-      if (present) rec_.events[base + static_cast<size_t>(i) * kNumEvents + k] = r.at(i, k).time_s();
+      if (event_present(k, r.has_recv[i], r.has_send[i])) rec_.events[base + static_cast<size_t>(i) * kNumEvents + k] = r.at(i, k).time_s();
     }
   }
 }

@@ -1,5 +1,7 @@
 #include "pipeline/serving_pipeline.h"
 
+#include "pipeline/stage_loop.h"
+
 #include <time.h>
 
 #include <algorithm>
@@ -46,7 +48,7 @@ void sleep_s(double s) {
 
 /// One stage's part of a scenario: buffers per group, three lanes, the step loop of stage 0
 /// (live or replayed) or of a later stage.
-class ServingLoop {
+class ServingLoop : StageLoopBase {
  public:
   ServingLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
               const ServingConfig& cfg, const std::vector<serving::Request>& requests);
@@ -62,7 +64,6 @@ class ServingLoop {
     bool has_recv = false, has_send = false;
   };
   void allocate_buffers();
-  void connect_links();
   /// The transport barrier that starts the scenario; returns its t = 0 (monotonic s).
   double start();
   StepEvents& new_step(int rows, int tokens);
@@ -78,18 +79,11 @@ class ServingLoop {
   /// A later stage: runs the steps stage 0 sends until its end header.
   void follow();
   void send_end();
-  void drain();
   ServingRecord finish(double t0);
-  std::string describe_stage() const;
 
-  Device& device_;
-  Transport& transport_;
-  StageExecutor& stage_;
-  const StagePlacement& place_;
   const ServingConfig& cfg_;
   const std::vector<serving::Request>& requests_;
-  const int M, B, S;
-  const bool first, last;
+  const int M, B;
   const size_t header_ints_;
   int max_tokens_ = 1;  ///< the most packed tokens a step can have: B x the longest prompt
 
@@ -111,17 +105,11 @@ class ServingLoop {
 
 ServingLoop::ServingLoop(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,
                          const ServingConfig& cfg, const std::vector<serving::Request>& requests)
-    : device_(device),
-      transport_(transport),
-      stage_(stage),
-      place_(place),
+    : StageLoopBase(device, transport, stage, place, "serving stage"),
       cfg_(cfg),
       requests_(requests),
       M(cfg.groups),
       B(cfg.slots),
-      S(place.num_stages),
-      first(place.stage == 0),
-      last(place.stage == place.num_stages - 1),
       header_ints_(serving_header_ints(cfg.slots)) {
   if (place.tp_width != 1) throw UserError("the serving scenario runs no tensor-parallel stage yet (--tp 1)");
   if (M < 1 || B < 1) throw InternalError("run_serving: groups and slots must be >= 1");
@@ -160,38 +148,12 @@ void ServingLoop::allocate_buffers() {
   }
 }
 
-void ServingLoop::connect_links() {
-  const int me = place_.rank;
-  std::vector<std::pair<int, int>> links;
-  if (place_.prev_rank >= 0) links.emplace_back(place_.prev_rank, me);
-  for (int r : place_.next_ranks) links.emplace_back(me, r);
-  if (S > 1 && first) links.emplace_back(place_.last_rank, me);
-  if (S > 1 && last)
-    for (int r : place_.return_ranks) links.emplace_back(me, r);
-  std::sort(links.begin(), links.end());
-  links.erase(std::unique(links.begin(), links.end()), links.end());
-  transport_.connect(links);
-}
-
-std::string ServingLoop::describe_stage() const {
-  std::ostringstream os;
-  os << "serving stage " << place_.stage << " (units " << stage_.first_unit() << ".." << stage_.last_unit() << ")";
-  return os.str();
-}
-
 double ServingLoop::start() {
   flight::note("serving", describe_stage() + " of " + std::to_string(S) + ", " + std::to_string(requests_.size()) +
                               " requests, M=" + std::to_string(M) + " groups of B=" + std::to_string(B) + " slots");
   stage_.reset_checksum();
   flight::Scope scope(flight::Tag{"start of the scenario"});
-  transport_.enqueue_barrier(*compute_);
-  try {
-    compute_->synchronize();
-  } catch (const std::exception& e) {
-    request_lane_abort();
-    transport_.abort();
-    throw InternalError(describe_stage() + ", start: " + e.what());
-  }
+  barrier(*compute_, "start");
   return monotonic_s();
 }
 
@@ -427,28 +389,15 @@ void ServingLoop::follow() {
   }
 }
 
-void ServingLoop::drain() {
-  try {
-    compute_->synchronize();
-    recv_->synchronize();
-    send_->synchronize();
-  } catch (const std::exception& e) {
-    request_lane_abort();
-    transport_.abort();
-    throw InternalError(describe_stage() + ": " + e.what());
-  }
-}
-
 ServingRecord ServingLoop::finish(double t0) {
-  drain();
+  drain({compute_.get(), recv_.get(), send_.get()}, "end of the scenario");
   rec_.wall_s = monotonic_s() - t0;
   rec_.start_monotonic_s = t0;
   rec_.events.assign(steps_.size() * kNumEvents, kNaN);
   for (size_t i = 0; i < steps_.size(); ++i) {
     const StepEvents& e = *steps_[i];
     for (int k = 0; k < kNumEvents; ++k) {
-      const bool present = k <= kRecvEnd ? e.has_recv : (k >= kSendStart ? e.has_send : true);
-      if (present) rec_.events[i * kNumEvents + k] = e.ev[k]->time_s();
+      if (event_present(k, e.has_recv, e.has_send)) rec_.events[i * kNumEvents + k] = e.ev[k]->time_s();
     }
   }
   if (last) rec_.checksum = stage_.checksum();

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "transport/backend_registry.h"
 
 namespace ppb::run {
 
@@ -122,8 +123,7 @@ RunOptions parse_run_options(const RunFlags& f) {
   o.profile_repeats = f.profile_repeats;
   o.overlap = !f.no_overlap;
   o.validate = f.validate;
-  if (f.device != "auto" && f.device != "cpu" && f.device != "cuda")
-    throw UserError("--device '" + f.device + "' is unknown; valid: auto, cpu, cuda");
+  if (f.device != "auto") (void)find_backend(f.device);  // the registry's names, or its error naming --device
   o.device = f.device;
   if (f.transport == "auto") o.transport = TransportChoice::automatic;
   else if (f.transport == "mpi") o.transport = TransportChoice::mpi;
