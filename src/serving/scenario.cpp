@@ -299,6 +299,7 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
                       command_name(c) + " searches the rate on requests drawn at 1 request/s");
     check_search_slo(s, c);
     parse_process(f, use, s);
+    s.rate_search = true;  // drawn at 1 request/s, searched over rates
     return s;
   }
   if (s.kind == ArrivalKind::trace) {

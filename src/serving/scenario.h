@@ -37,7 +37,8 @@ struct ScenarioSpec {
   /// R (requests/s, may be +inf) and the Gamma shape K (poisson: 1). With rate_search R = 1: the
   /// requests are drawn at 1 request/s and scaled to each rate measured (scale_arrivals).
   ArrivalSpec arrivals;
-  /// `run --request-rate search`: measure around the highest rate meeting slo() (run/serving_search.h).
+  /// The rate is searched: the highest one meeting slo() (`run --request-rate search`, measured
+  /// around it: run/serving_search.h; always in `plan --scenario` and `serve-search`).
   bool rate_search = false;
   int requests = 1;                  ///< N (poisson, gamma), >= 1
   LengthSpec prompt_lens, gen_lens;  ///< token counts (poisson, gamma); .text as given
