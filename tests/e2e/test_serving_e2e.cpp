@@ -185,7 +185,7 @@ TEST(ServingE2E, RoundsStopAtTheTargetCIOrTheTimeLimit) {
   const std::string loose = ppb_test::scratch_dir("ppbench_serving_") + "/loose.h5";
   const std::string qwen3 = "--model inputs/models/qwen3-0.6b.json --scenario poisson --request-rate 20 --requests 8 "
                             "-p 8 -g 4 --prompt-lens uniform:2,8 --gen-lens uniform:1,4 -b 2 --profile-iters 2 "
-                            "--profile-warmup 1 -q ";
+                            "--profile-warmup 1 --profile-repeats 1 -q ";
   r = run(bin + qwen3 + "--iters 3 --target-ci 50 --max-time 120 -o " + loose);
   ASSERT_EQ(r.status, 0) << r.output;
   const bool one_split =
