@@ -318,7 +318,7 @@ class ServingRounds final : public RoundScenario {
     });
   }
 
-  void record_round(RunContext& ctx, const PartitionSet& set, std::vector<Bench>& benches, int rounds) override {
+  void record_round(RunContext& ctx, const PartitionSet& /*set*/, std::vector<Bench>& benches, int rounds) override {
     for (size_t j = 0; j < benches.size(); ++j) {
       const Bench& b = benches[j];
       Stage0View v;
@@ -337,7 +337,6 @@ class ServingRounds final : public RoundScenario {
     }
     if (ctx.root) into_->rounds = rounds;
     if (snapshot_) ctx.phase("write after round " + std::to_string(rounds), [&] { ctx.snapshot("benchmark"); });
-    (void)set;
   }
 
   std::vector<std::string> figure_labels() const override { return {"output tokens/s"}; }
