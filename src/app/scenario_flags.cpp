@@ -44,7 +44,17 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
                    "higher) and measured at 0.9x and 1.1x that rate to confirm it");
     cmd.add_option("--trace", f.trace,
                    "--scenario trace: a CSV of arrival_s,prompt_len,gen_len, or an Azure LLM inference trace "
-                   "(2023/2024: TIMESTAMP,ContextTokens,GeneratedTokens) as it is; lengths clamped to -p and -g");
+                   "(2023/2024: TIMESTAMP,ContextTokens,GeneratedTokens), a BurstGPT CSV (Timestamp, Request "
+                   "tokens, Response tokens, ...; rows of 0 response tokens dropped, as vLLM does) or Mooncake's JSON "
+                   "lines (timestamp ms, input_length, output_length, hash_ids: the prefix blocks counted, not "
+                   "modelled), as published; lengths clamped to -p and -g");
+    cmd.add_option("--trace-speedup", f.trace_speedup,
+                   "X: the trace's arrivals X times as fast (its times divided by X): a production trace at a "
+                   "testbed's rate")
+        ->capture_default_str();
+    cmd.add_option("--trace-window", f.trace_window,
+                   "START:END: only the trace's requests arriving in [START, END) s of its own clock (from its first "
+                   "row; END may be left out), replayed from START");
   }
   cmd.add_option("--requests", f.requests,
                  when + "N requests per scenario (default " +

@@ -272,7 +272,15 @@ void write_serving(Group& root, const RunRecord& run) {
     else if (v.is_number()) g.set_attr(key, v.get<double>());
   }
   g.set_attr("request_rate", s.request_rate);
-  g.set_attr("trace_format", s.trace_format);
+  g.set_attr("trace_format", s.trace.format);
+  if (!s.trace.format.empty()) {
+    g.set_attr("trace_rows", static_cast<int64_t>(s.trace.rows));
+    g.set_attr("trace_clamped_rows", static_cast<int64_t>(s.trace.clamped));
+    g.set_attr("trace_dropped_rows", static_cast<int64_t>(s.trace.dropped));
+    g.set_attr("trace_rows_outside_window", static_cast<int64_t>(s.trace.outside_window));
+    g.set_attr("trace_prefix_blocks", static_cast<int64_t>(s.trace.prefix_blocks));
+    g.set_attr("trace_reused_prefix_blocks", static_cast<int64_t>(s.trace.reused_prefix_blocks));
+  }
   g.set_attr("objective_decode_rows", s.objective_decode_rows);
   g.set_attr("objective_gen_len", static_cast<int64_t>(s.objective_gen_len));
   g.set_attr("rounds", static_cast<int64_t>(s.rounds));
@@ -317,7 +325,15 @@ void read_serving(const Group& root, RunRecord& run) {
   }
   s.spec = serving::scenario_from_json(spec, "/scenario");
   s.request_rate = g.get_attr<double>("request_rate");
-  s.trace_format = g.get_attr<std::string>("trace_format");
+  s.trace.format = g.get_attr<std::string>("trace_format");
+  if (g.has_attr("trace_rows")) {
+    s.trace.rows = static_cast<int>(g.get_attr<int64_t>("trace_rows"));
+    s.trace.clamped = static_cast<int>(g.get_attr<int64_t>("trace_clamped_rows"));
+    s.trace.dropped = static_cast<int>(g.get_attr<int64_t>("trace_dropped_rows"));
+    s.trace.outside_window = static_cast<int>(g.get_attr<int64_t>("trace_rows_outside_window"));
+    s.trace.prefix_blocks = g.get_attr<int64_t>("trace_prefix_blocks");
+    s.trace.reused_prefix_blocks = g.get_attr<int64_t>("trace_reused_prefix_blocks");
+  }
   if (g.has_attr("objective_gen_len")) {
     s.objective_decode_rows = g.get_attr<double>("objective_decode_rows");
     s.objective_gen_len = static_cast<int>(g.get_attr<int64_t>("objective_gen_len"));

@@ -9,7 +9,9 @@ namespace ppb {
 
 /// Writes /scenario (attribute spec: the serving::ScenarioSpec as JSON, read back whole; each of its
 /// keys also an attribute of its own: kind, burstiness, requests, seed, the length specs, trace,
-/// step_policy, slots, goodput, attainment, ...; request_rate, the rate measured; trace_format,
+/// step_policy, slots, goodput, attainment, ...; request_rate, the rate measured; trace_format and, for a trace, trace_rows,
+/// trace_clamped_rows, trace_dropped_rows, trace_rows_outside_window, trace_prefix_blocks,
+/// trace_reused_prefix_blocks;
 /// rounds, stop_reason; datasets arrival_s, prompt_len, gen_len) and, for
 /// every partition of run.serving, /benchmark/<name>: attributes (ttft_p50_ms, ttft_p99_ms,
 /// tpot_p50_ms, tpot_p99_ms, goodput_req_per_s, slo_attainment, output_tokens_per_s, ..., the

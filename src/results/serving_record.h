@@ -126,7 +126,7 @@ struct ServingRunRecord {
   /// Requests/s of the arrivals measured: the spec's (with --request-rate search the rate of the
   /// measurement, 0.9 R*), a trace's N / last arrival.
   double request_rate = std::numeric_limits<double>::quiet_NaN();
-  std::string trace_format;        ///< a trace's format as read (trace.h)
+  serving::TraceCounts trace;      ///< a trace as read: its format and counts
   std::vector<double> arrival_s;   ///< [N] the scenario's arrivals (s)
   std::vector<int> prompt_len, gen_len;  ///< [N]
   /// The balancer's objective for the scenario (run/plan.cpp scenario_objective_gen_len): the

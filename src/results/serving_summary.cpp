@@ -11,10 +11,21 @@ std::string serving_scenario_text(const ServingRunRecord& s) {
   if (!s.spec) return "";
   const serving::ScenarioSpec& spec = *s.spec;
   std::string out = serving::describe_scenario(spec);
-  if (spec.kind == serving::ArrivalKind::trace)
-    out += format_line(" (%s: %zu requests, %g req/s)", s.trace_format.c_str(), s.arrival_s.size(), s.request_rate);
-  else if (spec.rate_search)
+  if (spec.kind == serving::ArrivalKind::trace) {
+    const serving::TraceCounts& t = s.trace;
+    out += format_line(" (%s: %zu requests of %d rows, %g req/s", t.format.c_str(), s.arrival_s.size(), t.rows,
+                       s.request_rate);
+    if (t.dropped > 0) out += format_line("; %d with 0 response tokens dropped", t.dropped);
+    if (t.outside_window > 0) out += format_line("; %d outside the window", t.outside_window);
+    if (t.clamped > 0) out += format_line("; %d clamped to -p/-g", t.clamped);
+    if (t.prefix_blocks > 0)
+      out += format_line("; %lld prompt blocks, %.1f%% of them an earlier request's (a prefix cache's reuse, not "
+                         "modelled)", t.prefix_blocks, 100.0 * static_cast<double>(t.reused_prefix_blocks) /
+                                                             static_cast<double>(t.prefix_blocks));
+    out += ")";
+  } else if (spec.rate_search) {
     out += format_line("; measured at %g req/s", s.request_rate);
+  }
   return out;
 }
 

@@ -179,7 +179,7 @@ void record_scenario(RunContext& ctx, ServingRunRecord& r) {
   r.request_rate = ctx.scenario_rate;
   if (s.spec->kind == serving::ArrivalKind::trace && !ctx.scenario_requests.empty() && ctx.scenario_requests.back().arrival_s > 0)
     r.request_rate = static_cast<double>(ctx.scenario_requests.size()) / ctx.scenario_requests.back().arrival_s;
-  r.trace_format = s.drawn.trace_format;
+  r.trace = s.drawn.trace;
   r.arrival_s.clear(), r.prompt_len.clear(), r.gen_len.clear();
   for (const serving::Request& q : ctx.scenario_requests) {
     r.arrival_s.push_back(q.arrival_s);

@@ -84,6 +84,8 @@ void refuse_on_closed(const ScenarioFlags& f, Command c) {
                      : !f.prompt_lens.empty()  ? "--prompt-lens"
                      : !f.gen_lens.empty()     ? "--gen-lens"
                      : !f.goodput.empty()      ? "--goodput"
+                     : f.trace_speedup != 1.0  ? "--trace-speedup"
+                     : !f.trace_window.empty() ? "--trace-window"
                      : f.burstiness != 1.0     ? "--burstiness"
                      : f.attainment != 0.9     ? "--attainment"
                      : f.requests != -1        ? "--requests"
@@ -157,6 +159,31 @@ void parse_run_rate(const ScenarioFlags& f, ScenarioSpec& s) {
                     "within --goodput's limits)");
 }
 
+/// --trace-speedup X and --trace-window START:END (END may be empty: to the end).
+TraceOptions trace_options_of(const ScenarioFlags& f) {
+  TraceOptions o;
+  o.speedup = f.trace_speedup;
+  if (!(o.speedup > 0) || !std::isfinite(o.speedup))
+    throw UserError("--trace-speedup " + num(o.speedup) + ": a factor > 0 (2: the trace's arrivals at twice its rate)");
+  if (f.trace_window.empty()) return o;
+  const auto colon = f.trace_window.find(':');
+  auto seconds = [&](const std::string& t, double& out) {
+    std::size_t used = 0;
+    try {
+      out = std::stod(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    return used == t.size() && !t.empty() && std::isfinite(out) && out >= 0;
+  };
+  const std::string a = f.trace_window.substr(0, colon), b = colon == std::string::npos ? "" : f.trace_window.substr(colon + 1);
+  if (colon == std::string::npos || !seconds(a, o.window_start_s) || (!b.empty() && !seconds(b, o.window_end_s)) ||
+      !(o.window_end_s > o.window_start_s))
+    throw UserError("--trace-window '" + f.trace_window + "': START:END in seconds of the trace's own clock (from its "
+                    "first row), 0 <= START < END; END may be left out (to the end), e.g. 3600:7200 or 600:");
+  return o;
+}
+
 ArrivalKind kind_of(const std::string& text, Command c) {
   for (const KindRow& r : kKinds)
     if (text == r.name && (c == Command::run || r.kind != ArrivalKind::trace)) return r.kind;
@@ -202,10 +229,10 @@ ScenarioRequests scenario_requests(const ScenarioSpec& spec) {
     out.requests = generate_requests(spec);
     return out;
   }
-  Trace t = read_trace(spec.trace, spec.max_prompt_len, spec.max_gen_len);
+  Trace t = read_trace(spec.trace, spec.max_prompt_len, spec.max_gen_len, spec.trace_options);
   out.requests = std::move(t.requests);
-  out.trace_format = format_name(t.format);
-  out.trace_clamped_rows = t.clamped_rows;
+  out.trace = {format_name(t.format), t.rows, t.clamped_rows, t.dropped_rows, t.outside_window, t.prefix_blocks,
+               t.reused_prefix_blocks};
   return out;
 }
 
@@ -221,6 +248,9 @@ json scenario_to_json(const ScenarioSpec& s) {
           {"max_gen_len", s.max_gen_len},
           {"seed", s.seed},
           {"trace", s.trace},
+          {"trace_speedup", s.trace_options.speedup},
+          {"trace_window_start_s", s.trace_options.window_start_s},
+          {"trace_window_end_s", number_or_inf(s.trace_options.window_end_s)},
           {"step_policy", step_policy_name(s.policy)},
           {"slots", s.slots},
           {"goodput", goodput_text(s.goodput)},
@@ -246,6 +276,9 @@ ScenarioSpec scenario_from_json(const json& j, const std::string& where) {
     s.max_gen_len = j.value("max_gen_len", 1);
     s.seed = j.value("seed", uint64_t{0});
     s.trace = j.value("trace", std::string());
+    s.trace_options.speedup = j.value("trace_speedup", 1.0);
+    s.trace_options.window_start_s = j.value("trace_window_start_s", 0.0);
+    s.trace_options.window_end_s = number_or_inf(j, "trace_window_end_s", std::numeric_limits<double>::infinity());
     s.slots = j.value("slots", 1);
     s.attainment = j.value("attainment", 0.9);
     const std::string goodput = j.value("goodput", std::string());
@@ -263,6 +296,9 @@ std::string describe_scenario(const ScenarioSpec& s) {
   std::string out = arrival_kind_name(s.kind);
   if (s.kind == ArrivalKind::trace) {
     out += " " + s.trace;
+    if (s.trace_options.window_start_s > 0 || std::isfinite(s.trace_options.window_end_s))
+      out += " [" + num(s.trace_options.window_start_s) + ", " + num(s.trace_options.window_end_s) + ") s";
+    if (s.trace_options.speedup != 1.0) out += " at " + num(s.trace_options.speedup) + "x its rate";
   } else {
     out += s.rate_search ? " at the searched rates" : " at " + num(s.arrivals.request_rate) + " requests/s";
     if (s.kind == ArrivalKind::gamma) out += ", burstiness " + num(s.arrivals.burstiness);
@@ -294,7 +330,7 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   s.seed = c == Command::run ? use.seed : f.seed;
   s.requests = f.requests != -1 ? f.requests : c == Command::run ? 64 : c == Command::plan ? 256 : 1000;
   if (c != Command::run) {
-    if (!f.request_rate.empty() || !f.trace.empty())
+    if (!f.request_rate.empty() || !f.trace.empty() || f.trace_speedup != 1.0 || !f.trace_window.empty())
       throw UserError(std::string(!f.trace.empty() ? "--trace" : "--request-rate") + " is `ppbench run`'s: " +
                       command_name(c) + " searches the rate on requests drawn at 1 request/s");
     check_search_slo(s, c);
@@ -309,9 +345,13 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
       throw UserError("--scenario trace takes arrivals and lengths from --trace; drop --request-rate, --burstiness, "
                       "--requests, --prompt-lens, --gen-lens and --attainment");
     s.trace = f.trace;
+    s.trace_options = trace_options_of(f);
     return s;
   }
   if (!f.trace.empty()) throw UserError("--trace goes with --scenario trace, not " + kind);
+  if (f.trace_speedup != 1.0 || !f.trace_window.empty())
+    throw UserError(std::string(f.trace_speedup != 1.0 ? "--trace-speedup" : "--trace-window") +
+                    " goes with --scenario trace, not " + kind);
   parse_run_rate(f, s);
   parse_process(f, use, s);
   return s;

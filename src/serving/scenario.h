@@ -22,6 +22,7 @@
 #include "serving/rate_search.h"
 #include "serving/request_metrics.h"
 #include "serving/scheduler.h"
+#include "serving/trace.h"
 
 namespace ppb::serving {
 
@@ -46,7 +47,8 @@ struct ScenarioSpec {
   /// stages hold; the caller keeps max_prompt_len + max_gen_len within the context).
   int max_prompt_len = 1, max_gen_len = 1;
   uint64_t seed = 0;                 ///< arrivals and lengths (generate_requests)
-  std::string trace;                 ///< kind trace: the CSV file (trace.h's formats)
+  std::string trace;                 ///< kind trace: the file (trace.h's formats)
+  TraceOptions trace_options;        ///< kind trace: --trace-speedup, --trace-window
   StepPolicy policy = StepPolicy::mixed;  ///< scheduler.h
   int slots = 1;                     ///< B: requests per group at once (the groups are the layout's M)
   GoodputSpec goodput;               ///< each request's limits, ms (NaN: none)
@@ -60,10 +62,18 @@ struct ScenarioSpec {
 
 /// The scenario's requests, the same on every rank that reads the same spec: drawn from the seed
 /// (generate_requests) or read from the trace (clamped to the maxima).
+/// What reading a trace found (trace.h Trace): its format, its rows, those clamped, dropped
+/// (BurstGPT's failed requests) and outside the window; Mooncake's prompt blocks and those an
+/// earlier request had. Empty format: not a trace.
+struct TraceCounts {
+  std::string format;
+  int rows = 0, clamped = 0, dropped = 0, outside_window = 0;
+  long long prefix_blocks = 0, reused_prefix_blocks = 0;
+};
+
 struct ScenarioRequests {
   std::vector<Request> requests;  ///< in arrival order
-  std::string trace_format;       ///< kind trace: "ppbench" | "azure2023" (trace.h); else ""
-  int trace_clamped_rows = 0;     ///< trace rows whose lengths were clamped
+  TraceCounts trace;              ///< kind trace
 };
 
 /// Draws or reads `spec`'s requests. @throws ppb::UserError from the trace reader or the
@@ -79,7 +89,8 @@ std::vector<Request> generate_requests(const ScenarioSpec& spec);
 
 /// The spec as one flat JSON object (the results file's /scenario attributes; keys: kind,
 /// request_rate, burstiness, rate_search, requests, prompt_lens, gen_lens, max_prompt_len,
-/// max_gen_len, seed, trace, step_policy, slots, goodput, attainment).
+/// max_gen_len, seed, trace, trace_speedup, trace_window_start_s, trace_window_end_s,
+/// step_policy, slots, goodput, attainment).
 nlohmann::json scenario_to_json(const ScenarioSpec& spec);
 
 /// The spec `j` describes (scenario_to_json's keys; a key missing takes the default of a file
@@ -98,6 +109,8 @@ struct ScenarioFlags {
   double burstiness = 1.0;  ///< 1 = not given (poisson)
   int requests = -1;         ///< -1 = the command's default
   std::string prompt_lens, gen_lens, trace;
+  double trace_speedup = 1.0;  ///< `run --scenario trace`: arrivals divided by this
+  std::string trace_window;    ///< `run --scenario trace`: START:END (s of the trace; "" = all, END may be empty)
   std::vector<std::string> goodput;     ///< ttft:MS tpot:MS e2e:MS
   double slo_ttft_ms = 0, slo_tpot_ms = 0;  ///< --slo-ttft / --slo-tpot (0: not given)
   double attainment = 0.9;  ///< 0.9 = not given

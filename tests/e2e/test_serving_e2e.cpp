@@ -240,6 +240,32 @@ TEST(ServingE2E, TraceScenarioReadsItsRequests) {
   check_requests(root, "uniform", arrivals, sc.open_dataset("gen_len").read<int64_t>());
 }
 
+// An Azure 2024 slice (tests/data/azure2024_slice.csv: that trace's header and row form, UTC
+// offsets and whole-second stamps) replayed from its window [0.9, 4.5) s at 4x its rate.
+TEST(ServingE2E, Azure2024SliceReplayedAtFourTimesItsRate) {
+  const std::string out = ppb_test::scratch_dir("ppbench_serving_") + "/azure.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario trace --trace tests/data/azure2024_slice.csv "
+               "--trace-window 0.9:4.5 --trace-speedup 4 -p 24 -g 8 -b 2 --partition uniform --iters 1 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("azure2024: 6 requests of 10 rows"), std::string::npos) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  auto sc = root.open_group("scenario");
+  EXPECT_EQ(sc.get_attr<std::string>("trace_format"), "azure2024");
+  EXPECT_EQ(sc.get_attr<int64_t>("trace_rows"), 10);
+  EXPECT_EQ(sc.get_attr<int64_t>("trace_rows_outside_window"), 4);
+  EXPECT_EQ(sc.get_attr<double>("trace_speedup"), 4.0);
+  // Rows 3..8 of the file: 00:00:01 .. 00:00:04 less the first row's 00:00:00.009930, from 0.9 s, / 4.
+  const std::vector<double> trace_s{0.990070, 1.837283, 2.098074, 2.921520, 3.492258, 3.990070};
+  const auto got = sc.open_dataset("arrival_s").read<double>();
+  ASSERT_EQ(got.size(), trace_s.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], (trace_s[i] - 0.9) / 4.0, 1e-9) << i;
+  const auto prompt = sc.open_dataset("prompt_len").read<int64_t>();
+  EXPECT_EQ(prompt[0], 24);   // 4401 clamped to -p
+  EXPECT_EQ(prompt[1], 24);   // 716 clamped
+  EXPECT_EQ(prompt[3], 24);   // 96 clamped
+  check_requests(root, "uniform", got, sc.open_dataset("gen_len").read<int64_t>());
+}
+
 // --request-rate search (issue 38): a pilot round at the profile's predicted rate, the calibrated
 // search's R*, the rounds at 0.9 R* (the file's /benchmark) and 1.1 R* (/rate_search/above), every
 // measurement of the same requests rescaled, and the verdict consistent with the measured

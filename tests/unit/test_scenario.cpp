@@ -59,6 +59,9 @@ void expect_same(const ScenarioSpec& a, const ScenarioSpec& b) {
   EXPECT_EQ(a.max_gen_len, b.max_gen_len);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.trace, b.trace);
+  EXPECT_EQ(a.trace_options.speedup, b.trace_options.speedup);
+  EXPECT_EQ(a.trace_options.window_start_s, b.trace_options.window_start_s);
+  EXPECT_EQ(a.trace_options.window_end_s, b.trace_options.window_end_s);
   EXPECT_EQ(a.policy, b.policy);
   EXPECT_EQ(a.slots, b.slots);
   EXPECT_EQ(serving::goodput_text(a.goodput), serving::goodput_text(b.goodput));
@@ -153,6 +156,38 @@ TEST(ScenarioSpec, EachCommandsRulesNameTheFlag) {
     s.requests = 256;  // the commands' defaults differ
     return s;
   }());
+}
+
+TEST(ScenarioSpec, TraceWindowAndSpeedupParseAndRoundTrip) {
+  const auto run = use_of(ScenarioUse::Command::run);
+  ScenarioFlags f;
+  f.scenario = "trace";
+  f.trace = "t.csv";
+  f.trace_speedup = 2.5;
+  f.trace_window = "600:";
+  const auto open_end = serving::parse_scenario(f, run);
+  ASSERT_TRUE(open_end);
+  EXPECT_EQ(open_end->trace_options.speedup, 2.5);
+  EXPECT_EQ(open_end->trace_options.window_start_s, 600);
+  EXPECT_TRUE(std::isinf(open_end->trace_options.window_end_s));
+  expect_same(serving::scenario_from_json(nlohmann::json::parse(serving::scenario_to_json(*open_end).dump()), "t"), *open_end);
+  EXPECT_EQ(serving::scenario_from_json(serving::scenario_to_json(*open_end), "t").trace_options.window_start_s, 600);
+  f.trace_window = "3600:7200";
+  EXPECT_EQ(serving::parse_scenario(f, run)->trace_options.window_end_s, 7200);
+  for (const char* bad : {"7200:3600", "x:1", "10", "-1:5"}) {
+    f.trace_window = bad;
+    EXPECT_NE(error_of([&] { serving::parse_scenario(f, run); }).find("--trace-window '" + std::string(bad) + "'"),
+              std::string::npos) << bad;
+  }
+  f.trace_window = "";
+  f.trace_speedup = 0;
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, run); }).find("--trace-speedup 0"), std::string::npos);
+  f = {};
+  f.scenario = "poisson";
+  f.request_rate = "2";
+  f.trace_speedup = 2;
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, run); }).find("--trace-speedup goes with --scenario trace"),
+            std::string::npos);
 }
 
 class ScenarioFileTest : public ::testing::Test {

@@ -264,6 +264,111 @@ TEST(ServingTrace, ReadsTheAzure2023TraceAsItIs) {
   EXPECT_EQ(t.clamped_rows, 1);
 }
 
+// The Azure 2024 week-long traces: the same header, UTC offsets, whole seconds without a fraction.
+TEST(ServingTrace, ReadsTheAzure2024TraceWithItsOffsets) {
+  const std::string path = write_file("azure2024.csv",
+                                      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                      "2024-05-10 00:00:00.009930+00:00,2162,5\n"
+                                      "2024-05-10 00:00:01+00:00,1500,12\n"
+                                      "2024-05-10 02:00:02.5+02:00,100,1\n");  // 00:00:02.5 UTC
+  const Trace t = read_trace(path, 4096, 64);
+  EXPECT_EQ(t.format, Trace::Format::azure2024);
+  EXPECT_STREQ(format_name(t.format), "azure2024");
+  ASSERT_EQ(t.requests.size(), 3u);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);
+  EXPECT_NEAR(t.requests[1].arrival_s, 0.990070, 1e-12);
+  EXPECT_NEAR(t.requests[2].arrival_s, 2.490070, 1e-12);
+  EXPECT_EQ(t.requests[0].prompt_len, 2162);
+  EXPECT_EQ(t.requests[0].gen_len, 5);
+  EXPECT_EQ(t.rows, 3);
+}
+
+// BurstGPT's rows as its README publishes them (BurstGPT_1.csv), a failed request (0 response
+// tokens: dropped, as vLLM's loader does), and the later releases' extra columns read by name.
+TEST(ServingTrace, ReadsBurstGptAndDropsTheFailedRequests) {
+  const std::string v1 = write_file("burstgpt.csv",
+                                    "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                                    "5,ChatGPT,472,18,490,Conversation log\n"
+                                    "45,ChatGPT,1087,230,1317,Conversation log\n"
+                                    "60,ChatGPT,600,0,600,Conversation log\n"
+                                    "118,GPT-4,417,276,693,Conversation log\n");
+  const Trace t = read_trace(v1, 1024, 256);
+  EXPECT_EQ(t.format, Trace::Format::burstgpt);
+  EXPECT_EQ(t.rows, 4);
+  EXPECT_EQ(t.dropped_rows, 1);
+  ASSERT_EQ(t.requests.size(), 3u);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);  // from the first row
+  EXPECT_EQ(t.requests[1].arrival_s, 40.0);
+  EXPECT_EQ(t.requests[2].arrival_s, 113.0);
+  EXPECT_EQ(t.requests[1].prompt_len, 1024);  // 1087 clamped
+  EXPECT_EQ(t.requests[1].gen_len, 230);
+  EXPECT_EQ(t.requests[2].prompt_len, 417);
+  EXPECT_EQ(t.requests[2].gen_len, 256);  // 276 clamped
+  EXPECT_EQ(t.clamped_rows, 2);
+  const std::string v2 = write_file("burstgpt2.csv",
+                                    "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,"
+                                    "Log Type\n"
+                                    "0,abc,1.5,GPT-4,100,10,110,Conversation log\n"
+                                    "2.5,abc,0.7,GPT-4,200,20,220,API log\n");
+  const Trace u = read_trace(v2, 1024, 256);
+  ASSERT_EQ(u.requests.size(), 2u);
+  EXPECT_EQ(u.requests[1].arrival_s, 2.5);
+  EXPECT_EQ(u.requests[1].prompt_len, 200);
+  EXPECT_EQ(u.requests[1].gen_len, 20);
+}
+
+// Mooncake's JSON lines (the row its trace README shows, then rows sharing its prefix blocks):
+// times in ms, the prompt blocks counted and those an earlier request had.
+TEST(ServingTrace, ReadsMooncakeJsonLinesAndCountsTheSharedPrefixBlocks) {
+  const std::string path = write_file(
+      "mooncake.jsonl",
+      "{\"timestamp\": 27482, \"input_length\": 6955, \"output_length\": 52, \"hash_ids\": [46, 47, 48, 49, 50, 51, 52, "
+      "53, 54, 55, 56, 57, 2353, 2354]}\n"
+      "{\"timestamp\": 27500, \"input_length\": 1500, \"output_length\": 8, \"hash_ids\": [46, 47, 9000]}\n"
+      "{\"timestamp\": 30482, \"input_length\": 300, \"output_length\": 1, \"hash_ids\": [9000]}\n");
+  const Trace t = read_trace(path, 8192, 64);
+  EXPECT_EQ(t.format, Trace::Format::mooncake);
+  ASSERT_EQ(t.requests.size(), 3u);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);
+  EXPECT_NEAR(t.requests[1].arrival_s, 0.018, 1e-12);
+  EXPECT_NEAR(t.requests[2].arrival_s, 3.0, 1e-12);
+  EXPECT_EQ(t.requests[0].prompt_len, 6955);
+  EXPECT_EQ(t.requests[0].gen_len, 52);
+  EXPECT_EQ(t.prefix_blocks, 18);
+  EXPECT_EQ(t.reused_prefix_blocks, 3);  // 46, 47 of the second; 9000 of the third
+  const std::string bad = write_file("mooncake_bad.jsonl", "{\"timestamp\": 1, \"input_length\": -3, \"output_length\": 1}\n");
+  const std::string e = error_of([&] { read_trace(bad, 100, 100); });
+  EXPECT_TRUE(contains(e, bad + " line 1, field input_length: '-3'")) << e;
+}
+
+// --trace-window keeps the rows of [START, END) of the trace's own clock, from START;
+// --trace-speedup divides the times.
+TEST(ServingTrace, WindowAndSpeedupReplayASliceAtAnotherRate) {
+  const std::string path = write_file("window.csv",
+                                      "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                                      "100,ChatGPT,10,1,11,Conversation log\n"
+                                      "110,ChatGPT,20,2,22,Conversation log\n"
+                                      "130,ChatGPT,30,3,33,Conversation log\n"
+                                      "150,ChatGPT,40,4,44,Conversation log\n");
+  TraceOptions o;
+  o.window_start_s = 10;  // the rows at 110 and 130
+  o.window_end_s = 50;
+  o.speedup = 4;
+  const Trace t = read_trace(path, 100, 100, o);
+  ASSERT_EQ(t.requests.size(), 2u);
+  EXPECT_EQ(t.outside_window, 2);
+  EXPECT_EQ(t.requests[0].arrival_s, 0.0);
+  EXPECT_EQ(t.requests[1].arrival_s, 5.0);  // (30 - 10) / 4
+  EXPECT_EQ(t.requests[1].prompt_len, 30);
+  o.window_start_s = 60;
+  o.window_end_s = 70;
+  const std::string e = error_of([&] { read_trace(path, 100, 100, o); });
+  EXPECT_TRUE(contains(e, "no request to replay (4 rows, 0 with 0 response tokens dropped, 4 outside --trace-window)")) << e;
+  o = {};
+  o.speedup = 0;
+  EXPECT_TRUE(contains(error_of([&] { read_trace(path, 100, 100, o); }), "--trace-speedup"));
+}
+
 TEST(ServingTrace, DatetimesAgainstKnownEpochSeconds) {
   long long ns = -1;
   ASSERT_TRUE(parse_datetime_ns("1970-01-01 00:00:00", ns));
@@ -274,9 +379,20 @@ TEST(ServingTrace, DatetimesAgainstKnownEpochSeconds) {
   EXPECT_EQ(ns, 1709208000LL * 1000000000LL + 500000000LL);
   ASSERT_TRUE(parse_datetime_ns("2023-11-16 18:17:03.9799600", ns));
   EXPECT_EQ(ns, 1700158623LL * 1000000000LL + 979960000LL);
+  long long utc = 0;  // offsets: the same instant in UTC
+  bool zoned = false;
+  ASSERT_TRUE(parse_datetime_ns("2024-05-10 00:00:00", utc, &zoned));
+  EXPECT_FALSE(zoned);
+  for (const char* same : {"2024-05-10 00:00:00+00:00", "2024-05-10 02:00:00+02:00", "2024-05-09 18:30:00-05:30",
+                           "2024-05-10T00:00:00Z", "2024-05-10 01:00:00+0100"}) {
+    ASSERT_TRUE(parse_datetime_ns(same, ns, &zoned)) << same;
+    EXPECT_EQ(ns, utc) << same;
+    EXPECT_TRUE(zoned) << same;
+  }
   for (const char* bad : {"2023-02-29 00:00:00", "2023-13-01 00:00:00", "2023-11-16",
                           "2023-11-16 24:00:00", "2023-11-16 18:17:03.", "2023-11-16 18:17:03,5",
-                          "2023-11-16 18:17:03.1234567890"})
+                          "2023-11-16 18:17:03.1234567890", "2024-05-10 00:00:00+24:00", "2024-05-10 00:00:00+2:00",
+                          "2024-05-10 00:00:00.+00:00"})
     EXPECT_FALSE(parse_datetime_ns(bad, ns)) << bad;
 }
 
