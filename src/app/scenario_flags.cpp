@@ -69,6 +69,17 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
                  when + "K: the Gamma shape of gamma's gaps (vLLM's --burstiness: 1 = Poisson, < 1 burstier, > 1 more "
                         "regular)")
       ->capture_default_str();
+  cmd.add_option("--max-concurrency", f.max_concurrency,
+                 when + "N: the client's limit on requests in flight (vLLM's --max-concurrency: a request is sent "
+                        "when it has arrived and fewer than N are in flight; TTFT counts from the send); 0: none")
+      ->capture_default_str();
+  if (run) {
+    cmd.add_option("--ramp-up-strategy", f.ramp_up_strategy,
+                   "linear | exponential: poisson/gamma's rate rises over the requests from --ramp-up-start-rps to "
+                   "--ramp-up-end-rps (vLLM's ramp-up: request i's gap drawn at its rate; replaces --request-rate)");
+    cmd.add_option("--ramp-up-start-rps", f.ramp_up_start_rps, "the ramp's first request's rate, requests/s");
+    cmd.add_option("--ramp-up-end-rps", f.ramp_up_end_rps, "the ramp's last request's rate, requests/s");
+  }
   cmd.add_option("--step-policy", f.step_policy, when + "what a step runs: " + serving::step_policy_choices())
       ->capture_default_str();
   cmd.add_option("--goodput", f.goodput,

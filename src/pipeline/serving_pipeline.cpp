@@ -108,9 +108,9 @@ ServingLoop::ServingLoop(Device& device, Transport& transport, StageExecutor& st
     : StageLoopBase(device, transport, stage, place, "serving stage"),
       cfg_(cfg),
       requests_(requests),
-      M(cfg.groups),
-      B(cfg.slots),
-      header_ints_(serving_header_ints(cfg.slots)) {
+      M(cfg.scheduler.groups),
+      B(cfg.scheduler.slots),
+      header_ints_(serving_header_ints(cfg.scheduler.slots)) {
   if (place.tp_width != 1) throw UserError("the serving scenario runs no tensor-parallel stage yet (--tp 1)");
   if (M < 1 || B < 1) throw InternalError("run_serving: groups and slots must be >= 1");
   int longest = 1;
@@ -254,7 +254,7 @@ ServingRecord ServingLoop::run_live() {
     return finish(t0);
   }
   rec_.tokens.assign(requests_.size(), {});
-  serving::Scheduler sched(requests_, {M, B, cfg_.policy});
+  serving::Scheduler sched(requests_, cfg_.scheduler);
   std::deque<int> fifo;                  // groups in flight, in the order they were sent
   std::vector<size_t> in_flight(M, 0);  // each group's step in rec_.schedule
   const double inf = std::numeric_limits<double>::infinity();

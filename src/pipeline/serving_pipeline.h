@@ -36,9 +36,9 @@ namespace ppb {
 
 /// Shape of the serving engine.
 struct ServingConfig {
-  int groups = 1;  ///< M: groups in flight (independent batches); the stage's work.groups
-  int slots = 1;   ///< B: requests per group at once; the stage's work.batch
-  serving::StepPolicy policy = serving::StepPolicy::mixed;
+  /// M groups in flight (the stage's work.groups), B slots each (its work.batch), the step policy
+  /// and the client's concurrency limit: the scenario's (serving::ScenarioSpec::scheduler(M)).
+  serving::SchedulerConfig scheduler;
   uint64_t seed = 0;  ///< prompt token ids: prompt_token(seed, request, 0, position, vocab)
   int vocab = 1;
 };
@@ -83,8 +83,8 @@ size_t serving_header_ints(int slots);
 /// Plays `requests` (arrival_s on the scenario's clock, t = 0 at the barrier that starts it) on
 /// this stage, live: stage 0 schedules (serving::Scheduler with cfg's groups, slots, policy);
 /// the others follow. Collective over the layout's ranks (a transport barrier starts it). Every
-/// rank passes the same requests. The stage must be built with work.batch = cfg.slots,
-/// work.groups = cfg.groups and a max_context covering every request's prompt_len + gen_len.
+/// rank passes the same requests. The stage must be built with work.batch = cfg.scheduler.slots,
+/// work.groups = cfg.scheduler.groups and a max_context covering every request's prompt_len + gen_len.
 /// @throws ppb::InternalError naming the stage when a transfer fails or times out (the lanes
 ///         and the transport are aborted first), or when a step does not fit the stage.
 ServingRecord run_serving(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,

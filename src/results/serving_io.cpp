@@ -48,6 +48,7 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("tpot_mean_ms", p.tpot_mean_ms), fn("tpot_p50_ms", p.tpot_p50_ms), fn("tpot_p90_ms", p.tpot_p90_ms), fn("tpot_p99_ms", p.tpot_p99_ms);
   fn("itl_p50_ms", p.itl_p50_ms), fn("itl_p99_ms", p.itl_p99_ms), fn("e2e_p50_ms", p.e2e_p50_ms), fn("e2e_p99_ms", p.e2e_p99_ms);
   fn("queue_p50_ms", p.queue_p50_ms), fn("queue_p99_ms", p.queue_p99_ms);
+  fn("peak_output_tokens_per_s", p.peak_output_tokens_per_s), fn("peak_concurrency", p.peak_concurrency);
   fn("goodput_req_per_s", p.goodput_req_per_s), fn("slo_attainment", p.slo_attainment);
   fn("step_rows_mean", p.step_rows_mean);
   fn("simulated_output_tokens_per_s", p.simulated_output_tokens_per_s);

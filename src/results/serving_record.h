@@ -41,6 +41,9 @@ struct ServingPartitionRecord {
   double ttft_mean_ms = 0, ttft_p50_ms = 0, ttft_p90_ms = 0, ttft_p99_ms = 0;
   double tpot_mean_ms = 0, tpot_p50_ms = 0, tpot_p90_ms = 0, tpot_p99_ms = 0;
   double itl_p50_ms = 0, itl_p99_ms = 0, e2e_p50_ms = 0, e2e_p99_ms = 0, queue_p50_ms = 0, queue_p99_ms = 0;
+  /// vLLM's peaks (serving::ServingMetrics): output tokens in the busiest second, requests active
+  /// in the busiest second; the highest round's.
+  double peak_output_tokens_per_s = 0, peak_concurrency = 0;
   double goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
   double slo_attainment = std::numeric_limits<double>::quiet_NaN();
   // ---- against the reference partition, paired by round (n = 0: none) ----

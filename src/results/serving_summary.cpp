@@ -43,6 +43,11 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
                       p.output_tokens_per_s, p.request_throughput, p.ttft_p50_ms, p.ttft_p90_ms, p.ttft_p99_ms,
                       p.tpot_p50_ms, p.tpot_p99_ms, p.itl_p99_ms, p.e2e_p99_ms, p.queue_p99_ms);
   os << "  (latencies in ms, over every round's requests; rates over the rounds' total time)\n";
+  os << "  peaks (vLLM's one-second buckets, the highest round's):";
+  for (const ServingPartitionRecord& p : s.partitions)
+    os << format_line(" %s %.0f output tokens/s, %.0f requests in flight;", p.name.c_str(), p.peak_output_tokens_per_s,
+                      p.peak_concurrency);
+  os << "\n";
 }
 
 std::string vs(double predicted, double measured) {

@@ -40,9 +40,7 @@ StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition
 
 ServingConfig serving_config(const RunContext& ctx, const balance::Partition& p) {
   ServingConfig c;
-  c.groups = partition_groups(ctx, p);
-  c.slots = ctx.opt.scenario.spec->slots;
-  c.policy = ctx.opt.scenario.spec->policy;
+  c.scheduler = ctx.opt.scenario.spec->scheduler(partition_groups(ctx, p));
   c.seed = ctx.workload.seed;
   c.vocab = ctx.spec.vocab;
   return c;
@@ -233,6 +231,8 @@ void pool_rounds(ServingPartitionRecord& p, const std::vector<std::vector<servin
   p.request_throughput = m.request_throughput;
   p.goodput_req_per_s = m.goodput_req_per_s;
   p.slo_attainment = m.slo_attainment;
+  p.peak_output_tokens_per_s = m.peak_output_tokens_per_s;
+  p.peak_concurrency = m.peak_concurrency;
 }
 
 std::vector<double> inverse(const std::vector<double>& v) {
@@ -313,7 +313,7 @@ class ServingRounds final : public RoundScenario {
     const auto& reqs = ctx.scenario_requests;
     ctx.phase("scenario of partition " + p.solver, [&] {
       if (warm_up)
-        (void)replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, warmup_schedule(reqs, sc.groups, sc.slots));
+        (void)replay_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs, warmup_schedule(reqs, sc.scheduler.groups, sc.scheduler.slots));
       last_.at(j) = run_serving(*ctx.device, *ctx.transport, *b.stage, b.place, sc, reqs);
     });
   }

@@ -105,12 +105,49 @@ void validate(const ArrivalSpec& spec) {
     throw UserError("--burstiness " + fmt(spec.burstiness) +
                     ": must be > 0 (the Gamma shape: 1 = Poisson, < 1 burstier, > 1 more "
                     "regular, inf = constant gaps)");
+  if (spec.ramp != RampUp::none &&
+      (!(spec.ramp_start_rps > 0) || !(spec.ramp_end_rps > 0) || !std::isfinite(spec.ramp_start_rps) ||
+       !std::isfinite(spec.ramp_end_rps)))
+    throw UserError("--ramp-up-start-rps " + fmt(spec.ramp_start_rps) + ", --ramp-up-end-rps " + fmt(spec.ramp_end_rps) +
+                    ": both requests/s, > 0 and finite");
 }
+
+const char* ramp_up_name(RampUp r) {
+  return r == RampUp::linear ? "linear" : r == RampUp::exponential ? "exponential" : "none";
+}
+
+RampUp parse_ramp_up(const std::string& text) {
+  if (text.empty() || text == "none") return RampUp::none;
+  if (text == "linear") return RampUp::linear;
+  if (text == "exponential") return RampUp::exponential;
+  throw UserError("--ramp-up-strategy '" + text + "' is unknown; valid: linear, exponential (vLLM's)");
+}
+
+namespace {
+
+/// Request i of n's rate (vLLM's _get_current_request_rate).
+double ramp_rate(const ArrivalSpec& spec, int i, int n) {
+  const double p = static_cast<double>(i) / std::max(n - 1, 1);
+  if (spec.ramp == RampUp::linear) return spec.ramp_start_rps + (spec.ramp_end_rps - spec.ramp_start_rps) * p;
+  return spec.ramp_start_rps * std::pow(spec.ramp_end_rps / spec.ramp_start_rps, p);
+}
+
+}  // namespace
 
 std::vector<double> draw_gaps(const ArrivalSpec& spec, int n, std::mt19937_64& rng) {
   validate(spec);
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<double> gaps(static_cast<std::size_t>(std::max(n, 0)), 0.0);
+  if (spec.ramp != RampUp::none) {
+    std::gamma_distribution<double> gamma;
+    for (int i = 0; i < n; ++i) {
+      const double rate = ramp_rate(spec, i, n);
+      gaps[i] = spec.burstiness == inf ? 1.0 / rate
+                                       : gamma(rng, std::gamma_distribution<double>::param_type(
+                                                        spec.burstiness, 1.0 / (rate * spec.burstiness)));
+    }
+    return gaps;
+  }
   if (spec.request_rate == inf) return gaps;
   if (spec.burstiness == inf) {
     std::fill(gaps.begin(), gaps.end(), 1.0 / spec.request_rate);
@@ -127,7 +164,7 @@ std::vector<double> arrival_times(const ArrivalSpec& spec, const std::vector<dou
   double sum = 0.0;
   for (std::size_t i = 0; i < gaps.size(); ++i) t[i] = sum += gaps[i];
   const bool finite_rate = std::isfinite(spec.request_rate);
-  if (spec.rescale_to_rate && finite_rate && !t.empty() && t.back() != 0.0) {
+  if (spec.rescale_to_rate && spec.ramp == RampUp::none && finite_rate && !t.empty() && t.back() != 0.0) {
     // vLLM: target_total_delay_s = total_requests / request_rate; every delay times
     // target / delay_ts[-1] (the last one then equals the target up to rounding).
     const double factor = (static_cast<double>(t.size()) / spec.request_rate) / t.back();

@@ -55,11 +55,24 @@ LengthSpec parse_length_spec(const std::string& text, const std::string& flag);
 int draw_length(const LengthSpec& spec, int max_len, std::mt19937_64& rng);
 
 /// Seconds between arrivals, vLLM's definition (file comment).
+/// `vllm bench serve --ramp-up-strategy`: the rate of request i of N is
+/// start + (end - start) p (linear) or start (end / start)^p (exponential), p = i / max(N - 1, 1),
+/// its gap drawn at that rate, and the arrivals not rescaled (vLLM's _get_current_request_rate
+/// and get_request).
+enum class RampUp { none, linear, exponential };
+
 struct ArrivalSpec {
-  double request_rate = 1.0;    ///< R: requests/s, > 0; +inf: all at t = 0
+  double request_rate = 1.0;    ///< R: requests/s, > 0; +inf: all at t = 0 (unused with a ramp)
   double burstiness = 1.0;      ///< K: Gamma shape, > 0; 1 = Poisson; +inf: constant gaps 1/R
-  bool rescale_to_rate = true;  ///< current vLLM: last arrival rescaled to exactly N / R
+  bool rescale_to_rate = true;  ///< current vLLM: last arrival rescaled to exactly N / R (never with a ramp)
+  RampUp ramp = RampUp::none;
+  double ramp_start_rps = 0.0, ramp_end_rps = 0.0;  ///< the ramp's first and last request's rate, > 0
 };
+
+/// "none", "linear", "exponential"; and the ramp `text` names (@throws ppb::UserError naming
+/// --ramp-up-strategy and the valid names).
+const char* ramp_up_name(RampUp r);
+RampUp parse_ramp_up(const std::string& text);
 
 /// Checks R > 0 and K > 0 (either may be +inf; NaN is invalid).
 /// Throws ppb::UserError naming --request-rate or --burstiness and what would be valid.

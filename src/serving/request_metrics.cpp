@@ -100,8 +100,11 @@ std::string shortest(double v) {
 std::string goodput_text(const GoodputSpec& slo) {
   std::string out;
   const std::pair<const char*, double> limits[] = {{"ttft", slo.ttft_ms}, {"tpot", slo.tpot_ms}, {"e2e", slo.e2e_ms}};
-  for (const auto& [key, ms] : limits)
-    if (!std::isnan(ms)) out += (out.empty() ? "" : " ") + std::string(key) + ":" + shortest(ms);
+  for (const auto& [key, ms] : limits) {
+    if (std::isnan(ms)) continue;
+    if (!out.empty()) out += ' ';
+    out.append(key).append(":").append(shortest(ms));
+  }
   return out;
 }
 
@@ -138,6 +141,29 @@ ServingMetrics serving_metrics(const std::vector<RequestTimes>& requests, const 
   return pooled_metrics({requests}, slo, start_s);
 }
 
+namespace {
+
+/// vLLM's peaks of one round (ServingMetrics): {tokens in the busiest second, requests active in
+/// the busiest second}.
+std::pair<double, int> peaks(const std::vector<RequestTimes>& requests) {
+  double t0 = std::numeric_limits<double>::infinity(), t1 = -t0;
+  for (const RequestTimes& r : requests) t0 = std::min(t0, r.arrival_s), t1 = std::max(t1, r.finish_s);
+  const std::size_t n = static_cast<std::size_t>(std::ceil(t1 - t0)) + 1;
+  std::vector<double> tokens(n, 0.0);
+  std::vector<int> active(n, 0);
+  for (const RequestTimes& r : requests) {
+    for (double t : r.token_s) {
+      const auto b = static_cast<std::size_t>(t - t0);
+      if (b < n) tokens[b] += 1;
+    }
+    for (auto b = static_cast<std::size_t>(r.arrival_s - t0); b <= static_cast<std::size_t>(r.finish_s - t0) && b < n; ++b)
+      ++active[b];
+  }
+  return {*std::max_element(tokens.begin(), tokens.end()), *std::max_element(active.begin(), active.end())};
+}
+
+}  // namespace
+
 ServingMetrics pooled_metrics(const std::vector<std::vector<RequestTimes>>& rounds, const GoodputSpec& slo,
                               double start_s) {
   ServingMetrics m;
@@ -158,6 +184,9 @@ ServingMetrics pooled_metrics(const std::vector<std::vector<RequestTimes>>& roun
       last_finish = std::max(last_finish, r.finish_s);
     }
     m.completed += requests.size();
+    const auto [peak_tokens, peak_active] = peaks(requests);
+    m.peak_output_tokens_per_s = std::max(m.peak_output_tokens_per_s, peak_tokens);
+    m.peak_concurrency = std::max(m.peak_concurrency, peak_active);
     const double duration = last_finish - start_s;
     if (!(duration > 0.0)) throw InternalError("serving metrics: duration " + std::to_string(duration) + " s <= 0");
     m.duration_s += duration;

@@ -15,6 +15,7 @@
 //    get_request precomputed the delays);
 //  - request throughput = completed / duration; output tokens/s = sum(out) / duration; total
 //    tokens/s = (sum(prompt) + sum(out)) / duration;
+//  - peak output tokens/s and peak concurrency: vLLM's one-second buckets (ServingMetrics);
 //  - goodput (`--goodput ttft:MS tpot:MS e2e:MS`, vLLM's `request_goodput`): requests that meet
 //    every given limit (value <= limit, compared in seconds as vLLM does: limit_ms / 1000), per
 //    second of duration; attainment = those requests / completed requests.
@@ -96,6 +97,11 @@ struct ServingMetrics {
   std::size_t good = 0;               ///< requests meeting every limit (0 without limits)
   double goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();  ///< NaN without limits
   double slo_attainment = std::numeric_limits<double>::quiet_NaN();     ///< good / completed
+  /// vLLM's peaks (serve.py calculate_metrics): one-second buckets from the earliest arrival; the
+  /// most output tokens out in one bucket, and the most requests active (arrival to finish, both
+  /// buckets included) in one. Pooled over rounds: the highest round's.
+  double peak_output_tokens_per_s = 0.0;
+  int peak_concurrency = 0;
 };
 
 /// Metrics of the finished requests `requests` (every one completed; shape [N], N >= 1) of a

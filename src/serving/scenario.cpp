@@ -85,6 +85,8 @@ void refuse_on_closed(const ScenarioFlags& f, Command c) {
                      : !f.gen_lens.empty()     ? "--gen-lens"
                      : !f.goodput.empty()      ? "--goodput"
                      : f.trace_speedup != 1.0  ? "--trace-speedup"
+                     : f.max_concurrency != 0  ? "--max-concurrency"
+                     : !f.ramp_up_strategy.empty() ? "--ramp-up-strategy"
                      : !f.trace_window.empty() ? "--trace-window"
                      : f.burstiness != 1.0     ? "--burstiness"
                      : f.attainment != 0.9     ? "--attainment"
@@ -148,6 +150,19 @@ void parse_process(const ScenarioFlags& f, const ScenarioUse& use, ScenarioSpec&
 /// `run`'s rate: R, inf, or search (then the requests are drawn at 1 request/s).
 void parse_run_rate(const ScenarioFlags& f, ScenarioSpec& s) {
   const std::string kind = arrival_kind_name(s.kind);
+  if (!f.ramp_up_strategy.empty()) {  // vLLM's ramp: the rates of the first and the last request
+    if (!f.request_rate.empty())
+      throw UserError("--ramp-up-strategy sets each request's rate from --ramp-up-start-rps to --ramp-up-end-rps; "
+                      "drop --request-rate");
+    s.arrivals.ramp = parse_ramp_up(f.ramp_up_strategy);
+    s.arrivals.ramp_start_rps = f.ramp_up_start_rps;
+    s.arrivals.ramp_end_rps = f.ramp_up_end_rps;
+    s.arrivals.request_rate = std::max(f.ramp_up_start_rps, f.ramp_up_end_rps);  // unused with a ramp
+    validate(s.arrivals);
+    return;
+  }
+  if (f.ramp_up_start_rps != 0 || f.ramp_up_end_rps != 0)
+    throw UserError("--ramp-up-start-rps and --ramp-up-end-rps go with --ramp-up-strategy linear|exponential");
   if (f.request_rate.empty())
     throw UserError("--scenario " + kind + " needs --request-rate R (requests/s, > 0; inf: all at t = 0; search: the "
                     "highest rate that meets --goodput's TTFT and TPOT limits, predicted and measured)");
@@ -252,6 +267,10 @@ json scenario_to_json(const ScenarioSpec& s) {
           {"trace_window_start_s", s.trace_options.window_start_s},
           {"trace_window_end_s", number_or_inf(s.trace_options.window_end_s)},
           {"step_policy", step_policy_name(s.policy)},
+          {"max_concurrency", s.max_concurrency},
+          {"ramp_up_strategy", ramp_up_name(s.arrivals.ramp)},
+          {"ramp_up_start_rps", s.arrivals.ramp_start_rps},
+          {"ramp_up_end_rps", s.arrivals.ramp_end_rps},
           {"slots", s.slots},
           {"goodput", goodput_text(s.goodput)},
           {"attainment", s.attainment}};
@@ -280,6 +299,10 @@ ScenarioSpec scenario_from_json(const json& j, const std::string& where) {
     s.trace_options.window_start_s = j.value("trace_window_start_s", 0.0);
     s.trace_options.window_end_s = number_or_inf(j, "trace_window_end_s", std::numeric_limits<double>::infinity());
     s.slots = j.value("slots", 1);
+    s.max_concurrency = j.value("max_concurrency", 0);
+    s.arrivals.ramp = parse_ramp_up(j.value("ramp_up_strategy", std::string("none")));
+    s.arrivals.ramp_start_rps = j.value("ramp_up_start_rps", 0.0);
+    s.arrivals.ramp_end_rps = j.value("ramp_up_end_rps", 0.0);
     s.attainment = j.value("attainment", 0.9);
     const std::string goodput = j.value("goodput", std::string());
     if (!goodput.empty()) s.goodput = parse_goodput({goodput});
@@ -300,11 +323,16 @@ std::string describe_scenario(const ScenarioSpec& s) {
       out += " [" + num(s.trace_options.window_start_s) + ", " + num(s.trace_options.window_end_s) + ") s";
     if (s.trace_options.speedup != 1.0) out += " at " + num(s.trace_options.speedup) + "x its rate";
   } else {
-    out += s.rate_search ? " at the searched rates" : " at " + num(s.arrivals.request_rate) + " requests/s";
+    out += s.rate_search                    ? " at the searched rates"
+           : s.arrivals.ramp != RampUp::none ? " ramped " + std::string(ramp_up_name(s.arrivals.ramp)) + " from " +
+                                                   num(s.arrivals.ramp_start_rps) + " to " + num(s.arrivals.ramp_end_rps) +
+                                                   " requests/s"
+                                             : " at " + num(s.arrivals.request_rate) + " requests/s";
     if (s.kind == ArrivalKind::gamma) out += ", burstiness " + num(s.arrivals.burstiness);
     out += ", " + std::to_string(s.requests) + " requests, prompts " + s.prompt_lens.text + ", outputs " + s.gen_lens.text;
   }
   out += "; " + std::string(step_policy_name(s.policy)) + " steps of B=" + std::to_string(s.slots) + " slots";
+  if (s.max_concurrency > 0) out += "; at most " + std::to_string(s.max_concurrency) + " requests in flight (client)";
   const std::string g = goodput_text(s.goodput);
   if (!g.empty()) out += "; SLO " + g;
   return out;
@@ -322,6 +350,10 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   ScenarioSpec s;
   s.kind = kind_of(kind, c);
   s.policy = parse_step_policy(f.step_policy);
+  if (f.max_concurrency < 0)
+    throw UserError("--max-concurrency " + std::to_string(f.max_concurrency) + ": requests in flight at most, >= 1 "
+                    "(0: no limit)");
+  s.max_concurrency = f.max_concurrency;
   s.goodput = limits_of(f);
   s.attainment = f.attainment;
   s.slots = use.slots;
@@ -330,7 +362,8 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   s.seed = c == Command::run ? use.seed : f.seed;
   s.requests = f.requests != -1 ? f.requests : c == Command::run ? 64 : c == Command::plan ? 256 : 1000;
   if (c != Command::run) {
-    if (!f.request_rate.empty() || !f.trace.empty() || f.trace_speedup != 1.0 || !f.trace_window.empty())
+    if (!f.request_rate.empty() || !f.trace.empty() || f.trace_speedup != 1.0 || !f.trace_window.empty() ||
+        !f.ramp_up_strategy.empty())
       throw UserError(std::string(!f.trace.empty() ? "--trace" : "--request-rate") + " is `ppbench run`'s: " +
                       command_name(c) + " searches the rate on requests drawn at 1 request/s");
     check_search_slo(s, c);
@@ -341,7 +374,7 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   if (s.kind == ArrivalKind::trace) {
     if (f.trace.empty()) throw UserError("--scenario trace needs --trace FILE.csv (arrival_s,prompt_len,gen_len, or an Azure 2023 trace)");
     if (!f.request_rate.empty() || !f.prompt_lens.empty() || !f.gen_lens.empty() || f.burstiness != 1.0 ||
-        f.attainment != 0.9 || f.requests != -1)
+        f.attainment != 0.9 || f.requests != -1 || !f.ramp_up_strategy.empty())
       throw UserError("--scenario trace takes arrivals and lengths from --trace; drop --request-rate, --burstiness, "
                       "--requests, --prompt-lens, --gen-lens and --attainment");
     s.trace = f.trace;

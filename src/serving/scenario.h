@@ -50,12 +50,13 @@ struct ScenarioSpec {
   std::string trace;                 ///< kind trace: the file (trace.h's formats)
   TraceOptions trace_options;        ///< kind trace: --trace-speedup, --trace-window
   StepPolicy policy = StepPolicy::mixed;  ///< scheduler.h
+  int max_concurrency = 0;           ///< the client's limit on requests in flight (scheduler.h; 0: none)
   int slots = 1;                     ///< B: requests per group at once (the groups are the layout's M)
   GoodputSpec goodput;               ///< each request's limits, ms (NaN: none)
   double attainment = 0.9;           ///< the share of requests that must meet them, (0, 1]
 
   /// The scheduler of a layout with `groups` groups in flight (M >= 1).
-  SchedulerConfig scheduler(int groups) const { return {groups, slots, policy}; }
+  SchedulerConfig scheduler(int groups) const { return {groups, slots, policy, max_concurrency}; }
   /// goodput's TTFT and TPOT limits with `attainment` (the rate searches' SLO).
   SloTarget slo() const;
 };
@@ -90,7 +91,8 @@ std::vector<Request> generate_requests(const ScenarioSpec& spec);
 /// The spec as one flat JSON object (the results file's /scenario attributes; keys: kind,
 /// request_rate, burstiness, rate_search, requests, prompt_lens, gen_lens, max_prompt_len,
 /// max_gen_len, seed, trace, trace_speedup, trace_window_start_s, trace_window_end_s,
-/// step_policy, slots, goodput, attainment).
+/// step_policy, max_concurrency, ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, slots,
+/// goodput, attainment).
 nlohmann::json scenario_to_json(const ScenarioSpec& spec);
 
 /// The spec `j` describes (scenario_to_json's keys; a key missing takes the default of a file
@@ -115,6 +117,9 @@ struct ScenarioFlags {
   double slo_ttft_ms = 0, slo_tpot_ms = 0;  ///< --slo-ttft / --slo-tpot (0: not given)
   double attainment = 0.9;  ///< 0.9 = not given
   std::string step_policy = "mixed";
+  int max_concurrency = 0;   ///< --max-concurrency N (0: none)
+  std::string ramp_up_strategy;  ///< `run`: linear | exponential ("" = none)
+  double ramp_up_start_rps = 0, ramp_up_end_rps = 0;
   uint64_t seed = 0;         ///< the offline commands' --seed (`run` passes its own)
 };
 

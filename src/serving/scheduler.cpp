@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -44,6 +46,11 @@ Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
     times_[i].prompt_len = requests_[i].prompt_len;
     times_[i].gen_len = requests_[i].gen_len;
   }
+  if (config_.max_concurrency < 0)
+    throw UserError("--max-concurrency " + std::to_string(config_.max_concurrency) + ": requests in flight at most, "
+                    ">= 1 (0: no limit)");
+  sent_s_.assign(requests_.size(), 0.0);
+  free_permits_.assign(std::min<std::size_t>(static_cast<std::size_t>(config_.max_concurrency), requests_.size()), 0.0);
   groups_.resize(static_cast<std::size_t>(config_.groups));
   for (int g = 0; g < config_.groups; ++g) {
     groups_[g].slot_owner.assign(static_cast<std::size_t>(config_.slots), -1);
@@ -51,12 +58,37 @@ Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
   }
 }
 
+double Scheduler::at_engine_s(std::size_t i) const {
+  const int id = fcfs_[i];
+  if (config_.max_concurrency == 0) return requests_[id].arrival_s;
+  if (i < sent_) return sent_s_[id];
+  // The next to send (i == sent_) takes the earliest free permit; a later one waits for it.
+  if (i == sent_ && !free_permits_.empty()) return std::max(requests_[id].arrival_s, free_permits_.front());
+  return std::numeric_limits<double>::infinity();
+}
+
+void Scheduler::send(double now_s) {
+  if (config_.max_concurrency == 0) return;
+  const auto later = std::greater<double>();
+  while (sent_ < fcfs_.size() && !free_permits_.empty()) {
+    const int id = fcfs_[sent_];
+    const double at = std::max(requests_[id].arrival_s, free_permits_.front());
+    if (at > now_s) break;
+    std::pop_heap(free_permits_.begin(), free_permits_.end(), later);
+    free_permits_.pop_back();
+    sent_s_[id] = at;
+    times_[id].arrival_s = at;  // TTFT and E2E from the send, as vLLM's client times them
+    ++sent_;
+  }
+}
+
 void Scheduler::admit(int g, double now_s) {
   Group& group = groups_[g];
+  send(now_s);
   for (int slot = 0; slot < config_.slots && head_ < fcfs_.size(); ++slot) {
     if (group.slot_owner[slot] != -1) continue;
     const int id = fcfs_[head_];
-    if (requests_[id].arrival_s > now_s) break;
+    if (at_engine_s(head_) > now_s) break;
     ++head_;
     group.slot_owner[slot] = id;
     state_[id].group = g;
@@ -117,6 +149,10 @@ void Scheduler::complete_step(int g, double end_s) {
       s.finished = true;
       ++finished_;
       group.slot_owner[row.slot] = -1;
+      if (config_.max_concurrency > 0) {  // its permit is free again
+        free_permits_.push_back(end_s);
+        std::push_heap(free_permits_.begin(), free_permits_.end(), std::greater<double>());
+      }
     }
   }
   group.in_flight = false;
@@ -126,13 +162,12 @@ void Scheduler::complete_step(int g, double end_s) {
 bool Scheduler::in_flight(int g) const { return groups_.at(g).in_flight; }
 
 double Scheduler::next_arrival_s() const {
-  return head_ < fcfs_.size() ? requests_[fcfs_[head_]].arrival_s
-                              : std::numeric_limits<double>::infinity();
+  return head_ < fcfs_.size() ? at_engine_s(head_) : std::numeric_limits<double>::infinity();
 }
 
 int Scheduler::waiting(double now_s) const {
   int n = 0;
-  for (std::size_t i = head_; i < fcfs_.size() && requests_[fcfs_[i]].arrival_s <= now_s; ++i) ++n;
+  for (std::size_t i = head_; i < fcfs_.size() && at_engine_s(i) <= now_s; ++i) ++n;
   return n;
 }
 

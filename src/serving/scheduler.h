@@ -59,6 +59,11 @@ struct SchedulerConfig {
   int groups = 1;  ///< M: independent batches (virtual engines), >= 1
   int slots = 1;   ///< B: requests per group at once (KV-cache rows), >= 1
   StepPolicy policy = StepPolicy::mixed;
+  /// The client's limit on requests in flight (`vllm bench serve --max-concurrency`; 0: none): a
+  /// request is sent when it has arrived and one of the limit's permits is free (a FIFO
+  /// semaphore, released when a request finishes); its times, TTFT included, count from when it
+  /// was sent, as vLLM's client times them after its semaphore.
+  int max_concurrency = 0;
 };
 
 /// One row of a step's ragged batch: a request and the tokens it runs.
@@ -103,9 +108,10 @@ class Scheduler {
   bool in_flight(int g) const;
   /// Every request finished.
   bool finished() const { return finished_ == static_cast<int>(requests_.size()); }
-  /// Arrival time of the first request not yet admitted; +inf when none is left.
+  /// When the first request not yet admitted reaches the engine (its arrival, or with
+  /// max_concurrency its send); +inf when none is left or the next waits for a request to finish.
   double next_arrival_s() const;
-  /// Requests arrived by now_s and not yet admitted.
+  /// Requests at the engine by now_s (arrived, and sent) and not yet admitted.
   int waiting(double now_s) const;
   /// Requests holding a slot of group g.
   int running(int g) const;
@@ -130,11 +136,20 @@ class Scheduler {
     Step step;
   };
   void admit(int g, double now_s);
+  /// With max_concurrency: sends the requests (in FCFS order) whose permit is free by now_s.
+  void send(double now_s);
+  /// When request fcfs_[i] reaches the engine (sent_s_ once sent, else its arrival); +inf while
+  /// it waits for a permit that no finished request has freed yet.
+  double at_engine_s(std::size_t i) const;
 
   std::vector<Request> requests_;
   SchedulerConfig config_;
   std::vector<int> fcfs_;  ///< request indices by (arrival_s, index)
   std::size_t head_ = 0;   ///< first of fcfs_ not admitted
+  std::size_t sent_ = 0;   ///< with max_concurrency: the first of fcfs_ not sent
+  std::vector<double> sent_s_;  ///< [N] by request: when it was sent (max_concurrency)
+  /// With max_concurrency: when each free permit became free (a min-heap; N permits free at 0).
+  std::vector<double> free_permits_;
   std::vector<State> state_;
   std::vector<RequestTimes> times_;
   std::vector<Group> groups_;

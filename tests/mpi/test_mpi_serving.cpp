@@ -74,14 +74,14 @@ void check_serving(const char* config, serving::StepPolicy policy) {
   const auto part = balance::solve_uniform(m.num_units(), S);
   const std::vector<serving::Request> reqs = scenario();
   ServingConfig cfg;
-  cfg.groups = 2;
-  cfg.slots = 2;
-  cfg.policy = policy;
+  cfg.scheduler.groups = 2;
+  cfg.scheduler.slots = 2;
+  cfg.scheduler.policy = policy;
   cfg.seed = 91;
   cfg.vocab = m.vocab;
   StageConfig sc;
-  sc.work.batch = cfg.slots;
-  sc.work.groups = cfg.groups;
+  sc.work.batch = cfg.scheduler.slots;
+  sc.work.groups = cfg.scheduler.groups;
   sc.work.prompt_len = 9;  // the longest prompt
   sc.work.gen_len = 5;     // the longest output
   auto stage = device->create_stage(m, part.first_unit[place.stage], part.last_unit[place.stage], sc);
@@ -98,9 +98,9 @@ void check_serving(const char* config, serving::StepPolicy policy) {
     EXPECT_NO_THROW(serving::request_latency(live.times[q])) << "request " << q;
     EXPECT_GE(live.times[q].admitted_s, reqs[q].arrival_s);
     EXPECT_GE(live.group[q], 0);
-    EXPECT_LT(live.group[q], cfg.groups);
+    EXPECT_LT(live.group[q], cfg.scheduler.groups);
     EXPECT_GE(live.slot[q], 0);
-    EXPECT_LT(live.slot[q], cfg.slots);
+    EXPECT_LT(live.slot[q], cfg.scheduler.slots);
   }
   // Each step's rows are distinct slots of its group; a request keeps its group and slot.
   for (const ScheduledStep& s : live.schedule) {

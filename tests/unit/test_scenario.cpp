@@ -63,6 +63,10 @@ void expect_same(const ScenarioSpec& a, const ScenarioSpec& b) {
   EXPECT_EQ(a.trace_options.window_start_s, b.trace_options.window_start_s);
   EXPECT_EQ(a.trace_options.window_end_s, b.trace_options.window_end_s);
   EXPECT_EQ(a.policy, b.policy);
+  EXPECT_EQ(a.max_concurrency, b.max_concurrency);
+  EXPECT_EQ(a.arrivals.ramp, b.arrivals.ramp);
+  EXPECT_EQ(a.arrivals.ramp_start_rps, b.arrivals.ramp_start_rps);
+  EXPECT_EQ(a.arrivals.ramp_end_rps, b.arrivals.ramp_end_rps);
   EXPECT_EQ(a.slots, b.slots);
   EXPECT_EQ(serving::goodput_text(a.goodput), serving::goodput_text(b.goodput));
   EXPECT_EQ(a.attainment, b.attainment);
@@ -187,6 +191,34 @@ TEST(ScenarioSpec, TraceWindowAndSpeedupParseAndRoundTrip) {
   f.request_rate = "2";
   f.trace_speedup = 2;
   EXPECT_NE(error_of([&] { serving::parse_scenario(f, run); }).find("--trace-speedup goes with --scenario trace"),
+            std::string::npos);
+}
+
+TEST(ScenarioSpec, ClientConcurrencyAndRampUpAsVllmsFlags) {
+  const auto run = use_of(ScenarioUse::Command::run);
+  ScenarioFlags f;
+  f.scenario = "poisson";
+  f.ramp_up_strategy = "exponential";
+  f.ramp_up_start_rps = 1;
+  f.ramp_up_end_rps = 16;
+  f.max_concurrency = 4;
+  const auto s = serving::parse_scenario(f, run);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->arrivals.ramp, serving::RampUp::exponential);
+  EXPECT_EQ(s->scheduler(2).max_concurrency, 4);
+  expect_same(serving::scenario_from_json(serving::scenario_to_json(*s), "t"), *s);
+  EXPECT_NE(serving::describe_scenario(*s).find("ramped exponential from 1 to 16 requests/s"), std::string::npos);
+  f.request_rate = "3";
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, run); }).find("drop --request-rate"), std::string::npos);
+  f.request_rate = "";
+  f.ramp_up_end_rps = 0;
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, run); }).find("--ramp-up-end-rps 0"), std::string::npos);
+  f.ramp_up_end_rps = 16;
+  f.max_concurrency = -1;
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, run); }).find("--max-concurrency -1"), std::string::npos);
+  ScenarioFlags closed;
+  closed.max_concurrency = 2;
+  EXPECT_NE(error_of([&] { serving::parse_scenario(closed, run); }).find("--max-concurrency describes requests"),
             std::string::npos);
 }
 

@@ -133,6 +133,42 @@ TEST(ServingArrivals, SameSeedSameRequestsOtherSeedOthers) {
   EXPECT_NEAR(a.back().arrival_s, 32.0, 1e-12);
 }
 
+// vLLM's ramp-up: request i's rate start + (end - start) i / (N - 1) (linear) or
+// start (end / start)^(i / (N - 1)) (exponential), its gap drawn at it, nothing rescaled.
+// Constant gaps (burstiness inf) make them hand-computable: linear 1 -> 3 req/s: gaps 1, 1/2,
+// 1/3; exponential 1 -> 4: gaps 1, 1/2, 1/4.
+TEST(ServingArrivals, RampUpRatesAsVllmComputesThem) {
+  ScenarioSpec spec;
+  spec.arrivals.burstiness = std::numeric_limits<double>::infinity();
+  spec.arrivals.ramp = RampUp::linear;
+  spec.arrivals.ramp_start_rps = 1;
+  spec.arrivals.ramp_end_rps = 3;
+  spec.requests = 3;
+  spec.prompt_lens = parse_length_spec("fixed:4", "--prompt-lens");
+  spec.gen_lens = parse_length_spec("fixed:2", "--gen-lens");
+  spec.max_prompt_len = spec.max_gen_len = 8;
+  auto r = generate_requests(spec);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_NEAR(r[0].arrival_s, 1.0, 1e-12);
+  EXPECT_NEAR(r[1].arrival_s, 1.5, 1e-12);
+  EXPECT_NEAR(r[2].arrival_s, 1.5 + 1.0 / 3, 1e-12);
+  spec.arrivals.ramp = RampUp::exponential;
+  spec.arrivals.ramp_end_rps = 4;
+  r = generate_requests(spec);
+  EXPECT_NEAR(r[1].arrival_s, 1.5, 1e-12);
+  EXPECT_NEAR(r[2].arrival_s, 1.75, 1e-12);
+  // Poisson gaps at a linear ramp 1 -> 100 req/s: the last tenth of 2,000 requests arrives far
+  // faster than the first (mean rates ~95 and ~6 req/s by the formula).
+  spec.arrivals.burstiness = 1;
+  spec.arrivals.ramp = RampUp::linear;
+  spec.arrivals.ramp_end_rps = 100;
+  spec.requests = 2000;
+  r = generate_requests(spec);
+  const double first = r[199].arrival_s - r[0].arrival_s, last = r[1999].arrival_s - r[1800].arrival_s;
+  EXPECT_GT(first / last, 8.0);
+  EXPECT_TRUE(contains(error_of([] { parse_ramp_up("sine"); }), "--ramp-up-strategy 'sine'"));
+}
+
 TEST(ServingArrivals, InfiniteRateAllAtZeroInfiniteBurstinessConstantGaps) {
   std::mt19937_64 rng(1);
   const std::vector<double> t0 = arrival_times({kInf, 1.0, true}, draw_gaps({kInf, 1.0, true}, 5, rng));
@@ -498,6 +534,20 @@ TEST(ServingMetrics, RunMetricsByHand) {
   EXPECT_TRUE(std::isnan(m.slo_attainment));
   // The duration counts from the scenario's start, not from the first arrival.
   EXPECT_DOUBLE_EQ(serving_metrics(hand_made_requests(), GoodputSpec{}, -1.0).duration_s, 4.0);
+}
+
+// vLLM's peaks: one-second buckets from the first arrival. r0 arrives at 0 (tokens 0.5, 1.2),
+// r1 at 0.2 (tokens 1.5, 1.7, 2.1): tokens per bucket 1, 3, 1 -> 3; active per bucket (arrival to
+// finish, both included) 2, 2, 1 -> 2. Pooled: the highest round's.
+TEST(ServingMetrics, PeaksAsVllmBucketsThem) {
+  const std::vector<RequestTimes> round{times(0.0, 0.0, {0.5, 1.2}, 4), times(0.2, 0.2, {1.5, 1.7, 2.1}, 4)};
+  const ServingMetrics m = serving_metrics(round, {});
+  EXPECT_EQ(m.peak_output_tokens_per_s, 3.0);
+  EXPECT_EQ(m.peak_concurrency, 2);
+  const std::vector<RequestTimes> quiet{times(0.0, 0.0, {0.5}, 4)};
+  const ServingMetrics p = pooled_metrics({quiet, round}, {});
+  EXPECT_EQ(p.peak_output_tokens_per_s, 3.0);
+  EXPECT_EQ(p.peak_concurrency, 2);
 }
 
 TEST(ServingMetrics, GoodputIsRequestsMeetingEveryLimitPerSecond) {

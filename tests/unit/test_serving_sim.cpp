@@ -103,6 +103,37 @@ TEST(ServingSim, OneStageMixedStepsHaveExactTimes) {
   EXPECT_NEAR(l1.tpot_s, 0.005, 1e-12);
 }
 
+// The client's --max-concurrency 1 (vLLM's semaphore): three requests at t = 0 through one
+// stage, one group of 4 slots, 1 ms per prefill token, 1 ms per decode step, prompts of 1, two
+// output tokens: r0 sent at 0 (tokens at 1, 2 ms), r1 sent when r0 finished (2 ms: tokens 3, 4),
+// r2 at 4 ms (5, 6). TTFT counts from the send: 1 ms each. Without the limit all three share the
+// steps: a prefill of 3 tokens (3 ms), a decode: tokens at 3 and 4 ms.
+TEST(ServingSim, MaxConcurrencySendsARequestWhenAnotherFinishes) {
+  const FixedCosts costs({1.0}, {1.0}, {0.0});
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 1;
+  cfg.scheduler.slots = 4;
+  const std::vector<Request> three{req(0.0, 1, 2), req(0.0, 1, 2), req(0.0, 1, 2)};
+  const auto open = serving::simulate_serving(three, costs, cfg);
+  for (const auto& t : open.times) expect_tokens(t, {3, 4}, 0);
+  cfg.scheduler.max_concurrency = 1;
+  const auto limited = serving::simulate_serving(three, costs, cfg);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    expect_tokens(limited.times[i], {1.0 + 2 * i, 2.0 + 2 * i}, 2.0 * i);
+    EXPECT_NEAR(limited.times[i].arrival_s, 0.002 * i, 1e-12);  // sent
+    EXPECT_NEAR(serving::request_latency(limited.times[i]).ttft_s, 0.001, 1e-12);
+  }
+  // A limit of 2: r0 and r1 share a 2-token prefill (tokens at 2, 3 ms); r2 sent when they finish
+  // (3 ms), then prefilled alone: tokens at 4, 5 ms.
+  cfg.scheduler.max_concurrency = 2;
+  const auto two = serving::simulate_serving(three, costs, cfg);
+  expect_tokens(two.times[0], {2, 3}, 0);
+  expect_tokens(two.times[1], {2, 3}, 0);
+  expect_tokens(two.times[2], {4, 5}, 3);
+  EXPECT_NEAR(two.times[2].arrival_s, 0.003, 1e-12);
+}
+
 // Two stages, M = 2 groups of 1 slot, three requests at t = 0: the third waits for a free slot.
 // Stage 0: 1 ms per prefill token, 2 ms per decode; stage 1: 2 ms per token, 3 ms per decode;
 // link 0 takes 0.5 ms, the token return 0.25 ms. Each resource serves FIFO, one at a time:
