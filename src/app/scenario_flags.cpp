@@ -80,6 +80,10 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
     cmd.add_option("--ramp-up-start-rps", f.ramp_up_start_rps, "the ramp's first request's rate, requests/s");
     cmd.add_option("--ramp-up-end-rps", f.ramp_up_end_rps, "the ramp's last request's rate, requests/s");
   }
+  cmd.add_option("--max-batched-tokens", f.max_batched_tokens,
+                 when + "T: with --step-policy vllm-v1, the tokens a step runs at most (vLLM's "
+                        "--max-num-batched-tokens): decodes and prompt chunks")
+      ->capture_default_str();
   cmd.add_option("--step-policy", f.step_policy, when + "what a step runs: " + serving::step_policy_choices())
       ->capture_default_str();
   cmd.add_option("--goodput", f.goodput,

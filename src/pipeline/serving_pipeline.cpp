@@ -242,7 +242,8 @@ double ServingLoop::take_return(int g, const std::vector<ScheduledRow>& rows) {
   StepEvents& e = *return_events_[g];
   Event& end = S == 1 ? *e.ev[kComputeEnd] : *e.ev[kRecvEnd];
   end.synchronize();
-  for (size_t r = 0; r < rows.size(); ++r) rec_.tokens.at(rows[r].request).push_back(return_host_[g][r]);
+  for (size_t r = 0; r < rows.size(); ++r)
+    if (rows[r].emits) rec_.tokens.at(rows[r].request).push_back(return_host_[g][r]);
   returned_[g] = false;
   return end.time_s();
 }
@@ -264,7 +265,7 @@ ServingRecord ServingLoop::run_live() {
       const serving::Step& st = sched.next_step(g, monotonic_s() - t0);
       if (st.rows.empty()) continue;
       ScheduledStep s{g, {}, st.start_s, kNaN};
-      for (const serving::BatchRow& br : st.rows) s.rows.push_back({br.request, br.slot, br.position, br.tokens});
+      for (const serving::BatchRow& br : st.rows) s.rows.push_back({br.request, br.slot, br.position, br.tokens, br.emits});
       launch(g, s.rows);
       in_flight[g] = rec_.schedule.size();
       rec_.schedule.push_back(std::move(s));

@@ -47,8 +47,9 @@ struct ServingConfig {
 struct ScheduledRow {
   int request = -1;
   int slot = -1;
-  int position = 0;  ///< first new position (0 for a prefill)
-  int tokens = 0;    ///< new tokens (the prompt for a prefill, 1 for a decode)
+  int position = 0;  ///< first new position (0 for a prefill; a chunk's start)
+  int tokens = 0;    ///< new tokens (the prompt or a chunk of it for a prefill, 1 for a decode)
+  bool emits = true;  ///< the row's token is the request's next (not a chunk before its prompt's last)
 };
 
 /// One step of one group, as stage 0 sent it.

@@ -125,7 +125,7 @@ void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePl
     for (const ScheduledStep& st : rec.schedule) {
       double prefill = 0, decode = 0, context = 0;
       for (const ScheduledRow& row : st.rows) {
-        if (row.position == 0) prefill += row.tokens;
+        if (row.position < ctx.scenario_requests.at(row.request).prompt_len) prefill += row.tokens;  // or a chunk of one
         else decode += 1, context += row.position;
       }
       mine.insert(mine.end(), {static_cast<double>(st.group), prefill, decode, decode > 0 ? context / decode : 0.0});

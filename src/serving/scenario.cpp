@@ -92,6 +92,7 @@ void refuse_on_closed(const ScenarioFlags& f, Command c) {
                      : f.attainment != 0.9     ? "--attainment"
                      : f.requests != -1        ? "--requests"
                      : f.step_policy != "mixed" ? "--step-policy"
+                     : f.max_batched_tokens != 2048 ? "--max-batched-tokens"
                                                : nullptr;
   if (c == Command::run && !flag && (f.slo_ttft_ms > 0 || f.slo_tpot_ms > 0)) flag = f.slo_ttft_ms > 0 ? "--slo-ttft" : "--slo-tpot";
   if (!flag) return;
@@ -267,6 +268,7 @@ json scenario_to_json(const ScenarioSpec& s) {
           {"trace_window_start_s", s.trace_options.window_start_s},
           {"trace_window_end_s", number_or_inf(s.trace_options.window_end_s)},
           {"step_policy", step_policy_name(s.policy)},
+          {"max_batched_tokens", s.max_batched_tokens},
           {"max_concurrency", s.max_concurrency},
           {"ramp_up_strategy", ramp_up_name(s.arrivals.ramp)},
           {"ramp_up_start_rps", s.arrivals.ramp_start_rps},
@@ -300,6 +302,7 @@ ScenarioSpec scenario_from_json(const json& j, const std::string& where) {
     s.trace_options.window_end_s = number_or_inf(j, "trace_window_end_s", std::numeric_limits<double>::infinity());
     s.slots = j.value("slots", 1);
     s.max_concurrency = j.value("max_concurrency", 0);
+    s.max_batched_tokens = j.value("max_batched_tokens", 2048);
     s.arrivals.ramp = parse_ramp_up(j.value("ramp_up_strategy", std::string("none")));
     s.arrivals.ramp_start_rps = j.value("ramp_up_start_rps", 0.0);
     s.arrivals.ramp_end_rps = j.value("ramp_up_end_rps", 0.0);
@@ -332,6 +335,7 @@ std::string describe_scenario(const ScenarioSpec& s) {
     out += ", " + std::to_string(s.requests) + " requests, prompts " + s.prompt_lens.text + ", outputs " + s.gen_lens.text;
   }
   out += "; " + std::string(step_policy_name(s.policy)) + " steps of B=" + std::to_string(s.slots) + " slots";
+  if (s.policy == StepPolicy::vllm_v1) out += " and at most " + std::to_string(s.max_batched_tokens) + " tokens";
   if (s.max_concurrency > 0) out += "; at most " + std::to_string(s.max_concurrency) + " requests in flight (client)";
   const std::string g = goodput_text(s.goodput);
   if (!g.empty()) out += "; SLO " + g;
@@ -354,6 +358,12 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
     throw UserError("--max-concurrency " + std::to_string(f.max_concurrency) + ": requests in flight at most, >= 1 "
                     "(0: no limit)");
   s.max_concurrency = f.max_concurrency;
+  if (f.max_batched_tokens < 1)
+    throw UserError("--max-batched-tokens " + std::to_string(f.max_batched_tokens) + ": the tokens a step runs at most "
+                    "(with --step-policy vllm-v1), >= 1");
+  if (f.max_batched_tokens != 2048 && s.policy != StepPolicy::vllm_v1)
+    throw UserError("--max-batched-tokens goes with --step-policy vllm-v1 (the other policies run whole prompts)");
+  s.max_batched_tokens = f.max_batched_tokens;
   s.goodput = limits_of(f);
   s.attainment = f.attainment;
   s.slots = use.slots;

@@ -46,6 +46,9 @@ Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
     times_[i].prompt_len = requests_[i].prompt_len;
     times_[i].gen_len = requests_[i].gen_len;
   }
+  if (config_.policy == StepPolicy::vllm_v1 && config_.max_batched_tokens < 1)
+    throw UserError("--max-batched-tokens " + std::to_string(config_.max_batched_tokens) + ": the tokens a step runs at "
+                    "most, >= 1 (vLLM's --max-num-batched-tokens; 2048 by default)");
   if (config_.max_concurrency < 0)
     throw UserError("--max-concurrency " + std::to_string(config_.max_concurrency) + ": requests in flight at most, "
                     ">= 1 (0: no limit)");
@@ -89,13 +92,19 @@ void Scheduler::admit(int g, double now_s) {
     if (group.slot_owner[slot] != -1) continue;
     const int id = fcfs_[head_];
     if (at_engine_s(head_) > now_s) break;
-    ++head_;
-    group.slot_owner[slot] = id;
-    state_[id].group = g;
-    state_[id].slot = slot;
-    times_[id].admitted_s = now_s;
-    group.step.admitted.push_back(id);
+    admit_to(g, slot, id, now_s);
   }
+}
+
+void Scheduler::admit_to(int g, int slot, int id, double now_s) {
+  Group& group = groups_[g];
+  ++head_;
+  group.slot_owner[slot] = id;
+  state_[id].group = g;
+  state_[id].slot = slot;
+  state_[id].admitted_seq = admitted_++;
+  times_[id].admitted_s = now_s;
+  group.step.admitted.push_back(id);
 }
 
 const Step& Scheduler::next_step(int g, double now_s) {
@@ -110,6 +119,11 @@ const Step& Scheduler::next_step(int g, double now_s) {
   group.step.start_s = now_s;
   group.step.admitted.clear();
   group.step.rows.clear();
+  if (config_.policy == StepPolicy::vllm_v1) {
+    budget_step(g, now_s);
+    group.in_flight = !group.step.rows.empty();
+    return group.step;
+  }
   admit(g, now_s);
   const bool prefill_only =
       config_.policy == StepPolicy::prefill_first && !group.step.admitted.empty();
@@ -117,7 +131,7 @@ const Step& Scheduler::next_step(int g, double now_s) {
     const int id = group.slot_owner[slot];
     if (id == -1) continue;
     const int produced = state_[id].produced;
-    const bool prefill = produced == 0;
+    const bool prefill = state_[id].prefilled < requests_[id].prompt_len;
     if (prefill_only && !prefill) continue;  // V0: decodes wait out a prefill step
     BatchRow row;
     row.request = id;
@@ -131,6 +145,52 @@ const Step& Scheduler::next_step(int g, double now_s) {
   return group.step;
 }
 
+BatchRow Scheduler::row_of(int id, int slot, int budget) const {
+  const State& s = state_[id];
+  const int prompt = requests_[id].prompt_len;
+  BatchRow row;
+  row.request = id;
+  row.slot = slot;
+  row.prefill = s.prefilled < prompt;
+  row.position = row.prefill ? s.prefilled : prompt + s.produced - 1;
+  row.tokens = row.prefill ? std::min(prompt - s.prefilled, budget) : 1;
+  row.emits = !row.prefill || s.prefilled + row.tokens == prompt;
+  return row;
+}
+
+void Scheduler::budget_step(int g, double now_s) {
+  // vLLM V1 (vllm/v1/core/sched/scheduler.py `schedule`): the running requests first, in the
+  // order they were admitted (a decode is 1 token, a prompt still being prefilled its next chunk),
+  // then the waiting ones, FCFS, into free slots, each with as much of its prompt as the budget
+  // leaves; a request the budget does not reach waits for the group's next step.
+  Group& group = groups_[g];
+  int budget = config_.max_batched_tokens;
+  std::vector<int> order;  // the group's slots by admission
+  for (int slot = 0; slot < config_.slots; ++slot)
+    if (group.slot_owner[slot] != -1) order.push_back(slot);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return state_[group.slot_owner[a]].admitted_seq < state_[group.slot_owner[b]].admitted_seq;
+  });
+  for (int slot : order) {
+    if (budget == 0) break;
+    const BatchRow row = row_of(group.slot_owner[slot], slot, budget);
+    budget -= row.tokens;
+    group.step.rows.push_back(row);
+  }
+  send(now_s);
+  for (int slot = 0; slot < config_.slots && head_ < fcfs_.size() && budget > 0; ++slot) {
+    if (group.slot_owner[slot] != -1) continue;
+    const int id = fcfs_[head_];
+    if (at_engine_s(head_) > now_s) break;
+    admit_to(g, slot, id, now_s);
+    const BatchRow row = row_of(id, slot, budget);
+    budget -= row.tokens;
+    group.step.rows.push_back(row);
+  }
+  std::sort(group.step.rows.begin(), group.step.rows.end(),
+            [](const BatchRow& a, const BatchRow& b) { return a.slot < b.slot; });
+}
+
 void Scheduler::complete_step(int g, double end_s) {
   if (g < 0 || g >= config_.groups || !groups_[g].in_flight)
     throw InternalError("scheduler: group " + std::to_string(g) + " has no step in flight");
@@ -141,6 +201,8 @@ void Scheduler::complete_step(int g, double end_s) {
   for (const BatchRow& row : group.step.rows) {
     State& s = state_[row.request];
     RequestTimes& t = times_[row.request];
+    if (row.prefill) s.prefilled += row.tokens;
+    if (!row.emits) continue;  // a chunk before the prompt's last: no token yet
     ++s.produced;
     t.token_s.push_back(end_s);
     if (row.prefill) t.first_token_s = end_s;
@@ -188,6 +250,9 @@ struct StepPolicyRow {
 constexpr StepPolicyRow kStepPolicies[] = {
     {StepPolicy::mixed, "mixed", "prefills join decodes in one step, vLLM V1"},
     {StepPolicy::prefill_first, "prefill-first", "a step with prefills runs only them, vLLM V0"},
+    {StepPolicy::vllm_v1, "vllm-v1",
+     "running requests first (decodes, prompts being chunked), then waiting prompts, chunked, under "
+     "--max-batched-tokens: vLLM V1 with chunked prefill"},
 };
 
 }  // namespace

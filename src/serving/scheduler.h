@@ -15,14 +15,19 @@
 //    (work-conserving; requests are admitted strictly in arrival order, ties by index). vLLM V0
 //    instead binds a request, on arrival, to the virtual engine with the fewest unfinished
 //    requests, where it waits even if another engine frees a slot first.
-//  - A step: every admitted request is prefilled whole in that step (its prompt_len tokens at
+//  - A step: every admitted request is prefilled whole in that step (vllm_v1: in chunks; its prompt_len tokens at
 //    positions 0..prompt_len-1, giving its first output token) and every running request
 //    decodes one token at its own position (prompt_len + tokens out so far - 1). StepPolicy
 //    says whether both kinds share a step:
 //      mixed (default): yes. This is iteration-level scheduling (Orca, OSDI'22) and what vLLM
 //        V1's scheduler does (running requests first, then waiting ones, under one token
 //        budget; vllm/v1/core/sched/scheduler.py) when --max-num-batched-tokens is large
-//        enough that no prompt is chunked: ppbench has no token budget.
+//        enough that no prompt is chunked (vllm_v1 below has the budget).
+//      vllm_v1: vLLM V1 with chunked prefill: under a token budget per step
+//        (max_batched_tokens, vLLM's --max-num-batched-tokens), the running requests first in
+//        the order they were admitted (a decode 1 token; a prompt still being prefilled its next
+//        chunk), then waiting requests FCFS into free slots with as much of their prompt as the
+//        budget leaves. A prompt may span steps; its first token comes with its last chunk.
 //      prefill_first: vLLM V0's default scheduler (vllm/core/scheduler.py `_schedule_default`,
 //        chunked prefill off): "Don't schedule decodes if prefills are scheduled": a step that
 //        admits any request runs only those prefills; the running requests wait for the next
@@ -43,7 +48,7 @@
 
 namespace ppb::serving {
 
-enum class StepPolicy { mixed, prefill_first };
+enum class StepPolicy { mixed, prefill_first, vllm_v1 };
 
 /// A step policy's name: "mixed" or "prefill-first" (the flag's value, the file's step_policy).
 const char* step_policy_name(StepPolicy p);
@@ -64,15 +69,22 @@ struct SchedulerConfig {
   /// semaphore, released when a request finishes); its times, TTFT included, count from when it
   /// was sent, as vLLM's client times them after its semaphore.
   int max_concurrency = 0;
+  /// vllm_v1: the tokens a step runs at most (vLLM's --max-num-batched-tokens), >= 1.
+  int max_batched_tokens = 2048;
 };
 
 /// One row of a step's ragged batch: a request and the tokens it runs.
 struct BatchRow {
   int request = -1;   ///< index into the scheduler's request list
   int slot = -1;      ///< its KV-cache row in the group, 0..B-1
-  int position = 0;   ///< position of this row's first token (prefill 0; decode prompt_len + k - 1)
-  int tokens = 0;     ///< tokens this step: prompt_len (prefill) or 1 (decode)
+  /// Position of this row's first token: a prefill's first (0, or a chunk's start under
+  /// vllm_v1); a decode's prompt_len + k - 1.
+  int position = 0;
+  int tokens = 0;     ///< tokens this step: the prompt or a chunk of it (prefill), 1 (decode)
   bool prefill = false;
+  /// The step gives the request a token: a decode, or the prefill of its prompt's last tokens
+  /// (a vllm_v1 chunk before the last gives none).
+  bool emits = true;
 };
 
 /// What a group runs in one step.
@@ -126,7 +138,9 @@ class Scheduler {
  private:
   struct State {
     int group = -1, slot = -1;
-    int produced = 0;  ///< output tokens out so far
+    int prefilled = 0;     ///< prompt tokens prefilled so far (vllm_v1 chunks them)
+    int produced = 0;      ///< output tokens out so far
+    int admitted_seq = -1;  ///< its place in the order of admission
     bool finished = false;
   };
   struct Group {
@@ -136,6 +150,12 @@ class Scheduler {
     Step step;
   };
   void admit(int g, double now_s);
+  /// Request `id` (the FCFS head) into group g's free `slot` at now_s.
+  void admit_to(int g, int slot, int id, double now_s);
+  /// vllm_v1's step of group g: running requests, then waiting ones, under the token budget.
+  void budget_step(int g, double now_s);
+  /// The row request `id` in `slot` runs next with at most `budget` (>= 1) tokens.
+  BatchRow row_of(int id, int slot, int budget) const;
   /// With max_concurrency: sends the requests (in FCFS order) whose permit is free by now_s.
   void send(double now_s);
   /// When request fcfs_[i] reaches the engine (sent_s_ once sent, else its arrival); +inf while
@@ -154,6 +174,7 @@ class Scheduler {
   std::vector<RequestTimes> times_;
   std::vector<Group> groups_;
   int finished_ = 0;
+  int admitted_ = 0;  ///< requests admitted so far (State::admitted_seq)
 };
 
 }  // namespace ppb::serving

@@ -301,6 +301,38 @@ TEST(ServingE2E, MaxConcurrencyAndRampUpAsVllmsClient) {
   EXPECT_EQ(ppb::h5::File::open(dir + "/ramp.h5").root().get_attr<std::string>("validation"), "ok");
 }
 
+// vLLM V1's chunked prefill through the engine: prompts up to 24 tokens under a budget of 8 a
+// step, validated bitwise against the serialized replay; the file's steps within the budget, some
+// of them chunks of a prompt (prefill tokens beside no admission of their own).
+TEST(ServingE2E, VllmV1ChunkedPrefillUnderATokenBudget) {
+  const std::string out = ppb_test::scratch_dir("ppbench_serving_") + "/v1.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate 40 --requests 12 "
+               "-p 24 -g 5 --prompt-lens uniform:10,24 -b 3 --step-policy vllm-v1 --max-batched-tokens 8 "
+               "--partition uniform --iters 1 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("vllm-v1 steps of B=3 slots and at most 8 tokens"), std::string::npos) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  auto b = root.open_group("benchmark/uniform");
+  EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
+  auto steps = b.open_group("steps");
+  const auto prefill = steps.open_dataset("prefill_tokens").read<int64_t>();
+  const auto decode = steps.open_dataset("decode_rows").read<int64_t>();
+  ASSERT_EQ(prefill.size(), decode.size());
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    EXPECT_LE(prefill[i] + decode[i], 8) << "step " << i;
+    prompt_tokens += prefill[i];
+  }
+  // Every prompt token prefilled once, in chunks of at most 8: more prefill steps than requests.
+  int64_t want = 0;
+  for (int64_t p : root.open_group("scenario").open_dataset("prompt_len").read<int64_t>()) want += p;
+  EXPECT_EQ(prompt_tokens, want);
+  EXPECT_GT(std::count_if(prefill.begin(), prefill.end(), [](int64_t t) { return t > 0; }), 12);
+  const auto arrivals = root.open_group("scenario").open_dataset("arrival_s").read<double>();
+  check_requests(root, "uniform", arrivals, root.open_group("scenario").open_dataset("gen_len").read<int64_t>());
+}
+
 // --request-rate search (issue 38): a pilot round at the profile's predicted rate, the calibrated
 // search's R*, the rounds at 0.9 R* (the file's /benchmark) and 1.1 R* (/rate_search/above), every
 // measurement of the same requests rescaled, and the verdict consistent with the measured

@@ -56,13 +56,14 @@ std::vector<std::vector<int32_t>> sequential_tokens(Device& device, const model:
     std::vector<int32_t> tok(s.rows.size());
     stage->enqueue_forward_ragged(*lane, ids.data(), tok.data(), s.group, rs);
     lane->synchronize();
-    for (size_t r = 0; r < s.rows.size(); ++r) out[s.rows[r].request].push_back(tok[r]);
+    for (size_t r = 0; r < s.rows.size(); ++r)
+      if (s.rows[r].emits) out[s.rows[r].request].push_back(tok[r]);
   }
   return out;
 }
 
 /// The layout: one stage per rank, the model split uniformly.
-void check_serving(const char* config, serving::StepPolicy policy) {
+void check_serving(const char* config, serving::StepPolicy policy, int max_batched_tokens = 2048) {
   const auto& mpi = test::mpi();
   auto m = model::load_model_config(std::string(PPB_SOURCE_DIR) + "/tests/data/" + config);
   auto device = create_cpu_device(1);
@@ -77,6 +78,7 @@ void check_serving(const char* config, serving::StepPolicy policy) {
   cfg.scheduler.groups = 2;
   cfg.scheduler.slots = 2;
   cfg.scheduler.policy = policy;
+  cfg.scheduler.max_batched_tokens = max_batched_tokens;
   cfg.seed = 91;
   cfg.vocab = m.vocab;
   StageConfig sc;
@@ -113,6 +115,18 @@ void check_serving(const char* config, serving::StepPolicy policy) {
     std::sort(slots.begin(), slots.end());
     EXPECT_EQ(std::adjacent_find(slots.begin(), slots.end()), slots.end());
   }
+  if (policy == serving::StepPolicy::vllm_v1) {  // every step within the budget; some prompts chunked
+    int chunks = 0;
+    for (const ScheduledStep& s : live.schedule) {
+      int tokens = 0;
+      for (const ScheduledRow& row : s.rows) {
+        tokens += row.tokens;
+        chunks += row.position > 0 && row.position < reqs[row.request].prompt_len ? 1 : 0;
+      }
+      EXPECT_LE(tokens, max_batched_tokens);
+    }
+    EXPECT_GT(chunks, 0);
+  }
   EXPECT_EQ(replay.tokens, live.tokens) << "the serialized replay of the live schedule";
   const auto reference = sequential_tokens(*device, m, cfg, reqs, live.schedule, sc);
   EXPECT_EQ(reference, live.tokens) << "the same schedule on one stage of the whole model";
@@ -123,6 +137,13 @@ TEST(MpiServing, LiveRunEqualsItsReplayAndOneStageOfTheWholeModel) {
 }
 
 TEST(MpiServing, PrefillFirstStepsToo) { check_serving("tiny-llama.json", serving::StepPolicy::prefill_first); }
+
+// vLLM V1 with chunked prefill under 4 tokens a step: the 9-, 8-, 7-, 6- and 5-token prompts
+// span steps (chunks at positions > 0 through every stage), and still every token equals the
+// replay's and the whole model's on one stage, bitwise.
+TEST(MpiServing, ChunkedPrefillUnderATokenBudget) {
+  check_serving("tiny-llama.json", serving::StepPolicy::vllm_v1, 4);
+}
 
 TEST(MpiServing, MixtureOfExperts) { check_serving("tiny-qwen3-moe.json", serving::StepPolicy::mixed); }
 

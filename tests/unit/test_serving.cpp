@@ -678,6 +678,49 @@ TEST(ServingScheduler, PrefillFirstStepsHoldTheDecodes) {
 }
 
 // Two groups of one slot: a waiting request goes to the group whose next step starts first.
+// vLLM V1 with chunked prefill, a budget of 4 tokens, one group of 2 slots; r0 (prompt 6, 2
+// outputs) and r1 (prompt 3, 2 outputs) at t = 0:
+//  step 1: r0's first chunk, positions 0..3 (no token); the budget is spent: r1 waits.
+//  step 2: r0's last chunk 4..5 (its first token), r1 admitted with 2 tokens 0..1.
+//  step 3: r0 decodes at 6 (done), r1's last chunk at 2 (its first token).
+//  step 4: r1 decodes at 3 (done).
+TEST(ServingScheduler, VllmV1ChunksPromptsUnderTheTokenBudget) {
+  SchedulerConfig cfg;
+  cfg.groups = 1;
+  cfg.slots = 2;
+  cfg.policy = StepPolicy::vllm_v1;
+  cfg.max_batched_tokens = 4;
+  Scheduler s({{0.0, 6, 2}, {0.0, 3, 2}}, cfg);
+  struct Want {
+    int request, position, tokens;
+    bool prefill, emits;
+  };
+  const std::vector<std::vector<Want>> steps = {{{0, 0, 4, true, false}},
+                                                {{0, 4, 2, true, true}, {1, 0, 2, true, false}},
+                                                {{0, 6, 1, false, true}, {1, 2, 1, true, true}},
+                                                {{1, 3, 1, false, true}}};
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& st = s.next_step(0, static_cast<double>(k));
+    ASSERT_EQ(st.rows.size(), steps[k].size()) << "step " << k + 1;
+    for (size_t r = 0; r < st.rows.size(); ++r) {
+      const BatchRow& row = st.rows[r];
+      SCOPED_TRACE("step " + std::to_string(k + 1) + " row " + std::to_string(r));
+      EXPECT_EQ(row.request, steps[k][r].request);
+      EXPECT_EQ(row.position, steps[k][r].position);
+      EXPECT_EQ(row.tokens, steps[k][r].tokens);
+      EXPECT_EQ(row.prefill, steps[k][r].prefill);
+      EXPECT_EQ(row.emits, steps[k][r].emits);
+    }
+    s.complete_step(0, k + 1.0);
+  }
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(s.times()[0].token_s, (std::vector<double>{2.0, 3.0}));  // first token with the last chunk
+  EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{3.0, 4.0}));
+  EXPECT_EQ(s.times()[1].admitted_s, 1.0);
+  cfg.max_batched_tokens = 0;
+  EXPECT_TRUE(contains(error_of([&] { Scheduler({{0.0, 1, 1}}, cfg); }), "--max-batched-tokens 0"));
+}
+
 TEST(ServingScheduler, TwoGroupsShareOneFcfsQueue) {
   Scheduler s({{0.0, 2, 1}, {0.0, 2, 3}, {0.1, 5, 2}}, {2, 1, StepPolicy::mixed});
   EXPECT_EQ(s.next_step(0, 0.0).admitted, (std::vector<int>{0}));
