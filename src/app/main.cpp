@@ -116,6 +116,12 @@ void add_common_options(CLI::App& sc, ppb::RunFlags& opt) {
       ->capture_default_str();
   sc.add_option("--profile-contexts", opt.profile_contexts, "KV-cache lengths at which decode is profiled")
       ->capture_default_str();
+  sc.add_option("--step-grid-iters", opt.step_grid_iters,
+                "timed forwards of each step shape of the step model's grid (after the profile's cycles: steps of 1 to "
+                "B*P tokens in B rows or one, decodes at the profiled contexts, held-out shapes; /profile/step_model), "
+                "the median kept; the serving predictions use the model fitted to it; 0 = no grid (the profile's two "
+                "shapes, scaled)")
+      ->capture_default_str();
   sc.add_option("--profile-repeats", opt.profile_repeats,
                 "cycles of the whole profile, each unit's cost the median of its cycles' medians (the mean of two), so that the profile samples "
                 "the machine at several moments as the benchmark's rounds do (CPU ranks sharing a machine's memory "

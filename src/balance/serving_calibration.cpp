@@ -20,7 +20,8 @@ double StepCalibration::factor(const serving::StepShape& s) const {
 
 namespace {
 
-/// The shape of measured step i of `sp` (its rows are not stored: prefill rows count as one).
+/// The shape of measured step i of `sp` (its rows are not stored: prefill rows count as one
+/// prompt from position 0, for its attention keys too).
 serving::StepShape measured_shape(const ServingPartitionRecord& sp, size_t i) {
   serving::StepShape s;
   s.prefill_tokens = sp.step_prefill_tokens[i];
@@ -29,6 +30,9 @@ serving::StepShape measured_shape(const ServingPartitionRecord& sp, size_t i) {
   s.decode_context_mean = sp.step_decode_context[i];
   s.rows = s.prefill_rows + s.decode_rows;
   s.tokens = s.prefill_tokens + s.decode_rows;
+  const double t = static_cast<double>(s.prefill_tokens);  // one prompt from position 0
+  s.prefill_keys = t > 1.0 ? t * (t + 1.0) / 2.0 : 0.0;
+  s.decode_keys = s.decode_rows * (s.decode_context_mean + 1.0) + (t == 1.0 ? 1.0 : 0.0);
   return s;
 }
 

@@ -95,13 +95,41 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
   return out;
 }
 
+stepcost::GridFit profile_step_fit(const RunRecord& run) {
+  const ProfileTable& t = run.profile;
+  if (t.step_rows.empty() || t.step_by_rows.empty()) return {};
+  return stepcost::fit_grid(stepcost::unflatten({t.step_rows, t.step_pos, t.step_tokens, t.step_role}), t.step_by_rows,
+                            t.step_ms);
+}
+
 ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p)
-    : pred_(pred), stages_(stage_step_profiles(run, pred, p)) {
-  for (int k = 0; k < p.num_stages(); ++k) links_.push_back(pred.boundary_link(p, k));
+    : pred_(pred), stages_(stage_step_profiles(run, pred, p)), fits_(profile_step_fit(run).models) {
+  const std::size_t sigs = run.profile.step_by_rows.size();
+  for (int k = 0; k < p.num_stages(); ++k) {
+    links_.push_back(pred.boundary_link(p, k));
+    std::vector<std::pair<int, int>> units;  // (fit, count) of each signature the stage holds
+    const std::size_t first = static_cast<std::size_t>(p.device_rank[k]) * sigs;
+    if (!fits_.empty() && p.width(k) == 1 && first + sigs <= fits_.size()) {
+      std::vector<int> count(sigs, 0);
+      for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) ++count.at(static_cast<std::size_t>(run.profile.unit_signature.at(u)));
+      for (std::size_t g = 0; g < sigs; ++g)
+        if (count[g] > 0) units.emplace_back(static_cast<int>(first + g), count[g]);
+    }
+    stage_units_.push_back(std::move(units));
+  }
 }
 
 double ProfileStepCosts::compute_ms(int k, const serving::StepShape& s) const {
-  return stage_step_ms(stages_.at(k), s);
+  const auto& units = stage_units_.at(static_cast<std::size_t>(k));
+  if (units.empty()) return stage_step_ms(stages_.at(k), s);
+  stepcost::StepWork w;
+  w.tokens = static_cast<double>(s.tokens);
+  w.rows = s.rows;
+  w.prefill_keys = s.prefill_keys;
+  w.decode_keys = s.decode_keys;
+  double ms = 0.0;
+  for (const auto& [fit, count] : units) ms += count * fits_[static_cast<std::size_t>(fit)].ms(w);
+  return ms;
 }
 
 double ProfileStepCosts::transfer_ms(int k, const serving::StepShape& s) const {

@@ -32,10 +32,15 @@
 //     rank's width-1 curve (D(c) / mean D over the profiled contexts).
 //  6. A profile without decode_context_ms (older files) gives a decode step constant in context:
 //     the profile's decode phase (the mean over its contexts).
-// Profile points that would make it better (not taken by the profiler today): prefill at several
-// token counts (1 row of P tokens, B rows, and longer prompts: the quadratic term and small-batch
-// efficiency), decode at several row counts (1, B/2, B: where the memory-bound assumption ends),
-// a mixed step (prefill + decode rows in one forward), and contexts beyond P + G - 1 (clamped now).
+// Where the profile timed the step model's grid (issue 47: /profile/step_model, `ppbench run
+// --step-grid-iters`, on by default), a width-1 stage's compute is instead the sum over its
+// units of their signature's stepcost::UnitModel on the stage's rank (stepcost/step_model.h:
+// piecewise linear in the step's tokens, the head's in its rows, plus the attention keys),
+// fitted to steps timed over the shapes above — prefill at many token counts in B rows and one,
+// decode at 1..B rows across contexts, a mixed step — and assumptions 1-4 and 6 do not apply.
+// A tensor-parallel stage keeps the two-shape model (the grid is timed at width 1 only). Not
+// modelled either way: a per-step fixed cost apart from the units' (a stage of n units costs
+// the sum of its units timed apart), contexts beyond P + G - 1 (the grid's last knot's slope).
 //
 // Pure C++ (no MPI, device or HDF5): functions of a RunRecord and a Partition.
 #pragma once
@@ -46,6 +51,7 @@
 #include "balance/predict.h"
 #include "results/run_record.h"
 #include "serving/pipeline_sim.h"
+#include "stepcost/step_model.h"
 
 namespace ppb::balance {
 
@@ -73,7 +79,12 @@ double stage_step_ms(const StageStepProfile& s, const serving::StepShape& shape)
 ///         tensor-parallel stage has no group profile, or the workload lacks B or P.
 std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Predictor& pred, const Partition& p);
 
+/// The step model fitted to `run`'s grid (/profile/step_model), [R][signatures]; empty where
+/// the profile timed none. @throws what stepcost::fit_grid and stepcost::unflatten throw.
+stepcost::GridFit profile_step_fit(const RunRecord& run);
+
 /// The serving simulator's cost model of partition `p` of `run`: each stage's step time from
+/// the step model where the profile timed its grid (width-1 stages), else from
 /// stage_step_profiles, each boundary's transfer over its measured link (Predictor::boundary_link:
 /// the hidden states of every token of the step, or the rows' token ids from the last stage,
 /// times the hand-off copies), as the closed simulator charges its steps. Keeps a reference to
@@ -86,10 +97,14 @@ class ProfileStepCosts final : public serving::StepCostModel {
   double compute_ms(int k, const serving::StepShape& s) const override;
   double transfer_ms(int k, const serving::StepShape& s) const override;
   const std::vector<StageStepProfile>& profiles() const { return stages_; }
+  /// Whether stage k's compute comes from the step model (else the two-shape model).
+  bool uses_step_model(int k) const { return !stage_units_.at(static_cast<std::size_t>(k)).empty(); }
 
  private:
   const Predictor& pred_;
   std::vector<StageStepProfile> stages_;
+  std::vector<stepcost::UnitModel> fits_;                  ///< [R][signatures]; empty: no grid
+  std::vector<std::vector<std::pair<int, int>>> stage_units_;  ///< [S] (index into fits_, units of it)
   std::vector<Predictor::BoundaryLink> links_;  ///< [S]
 };
 

@@ -58,6 +58,42 @@ bool held(const StageExecutor& stage, int tokens, int warmup) {
   return warmup > 0 && stage.launches_per_forward(tokens) <= kMaxHeldLaunches;
 }
 
+/// One timed ragged forward of `step` (ms), as time_one_forward times a forward.
+double time_one_ragged(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out,
+                       const RaggedStep& step, bool hold, size_t resident_bytes, const std::function<void()>& align) {
+  flight::Scope scope(profile_tag(stage, step.total_tokens(), step.pos.front()));
+  auto start = device.create_event();
+  auto stop = device.create_event();
+  if (align) {
+    device.flush_caches(lane, resident_bytes);
+    lane.synchronize();
+    align();
+  }
+  auto forward = [&] {
+    if (!align) device.flush_caches(lane, resident_bytes);
+    lane.record(*start);
+    stage.enqueue_forward_ragged(lane, in, out, 0, step);
+    lane.record(*stop);
+  };
+  if (hold)
+    enqueue_held(lane, forward);
+  else
+    forward();
+  lane.synchronize();
+  return 1e3 * (stop->time_s() - start->time_s());
+}
+
+/// The grid step as a ragged step in slots 0..rows-1.
+RaggedStep ragged_of(const stepcost::GridStep& g) {
+  RaggedStep r;
+  for (std::size_t i = 0; i < g.pos.size(); ++i) {
+    r.slot.push_back(static_cast<int32_t>(i));
+    r.pos.push_back(g.pos[i]);
+    r.tokens.push_back(g.tokens[i]);
+  }
+  return r;
+}
+
 }  // namespace
 
 std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
@@ -142,6 +178,25 @@ StageConfig stage_config_of(const ProfileConfig& cfg) {
   return sc;
 }
 
+/// Medians of the grid's steps on one built unit, appended to `ms`.
+void time_grid_of_unit(Device& device, Lane& lane, StageExecutor& stage, Buffer& in, Buffer& out,
+                       const ProfileConfig& cfg, const std::vector<stepcost::GridStep>& grid, std::vector<double>& ms) {
+  for (const stepcost::GridStep& g : grid) {
+    const RaggedStep step = ragged_of(g);
+    check_ragged_step(step, 0, stage_config_of(cfg).work);
+    {
+      flight::Scope scope(profile_tag(stage, step.total_tokens(), step.pos.front()));
+      for (int i = 0; i < cfg.warmup; ++i) stage.enqueue_forward_ragged(lane, in.data(), out.data(), 0, step);
+      lane.synchronize();
+    }
+    const bool hold = held(stage, step.total_tokens(), cfg.warmup);
+    std::vector<double> t;
+    for (int i = 0; i < std::max(1, cfg.iters); ++i)
+      t.push_back(time_one_ragged(device, lane, stage, in.data(), out.data(), step, hold, cfg.resident_bytes, cfg.align));
+    ms.push_back(median(t));
+  }
+}
+
 /// One signature's timings: prefill median/min/max, decode mean over contexts of the medians,
 /// min/max over all contexts, and each context's median.
 struct SignatureTimes {
@@ -224,6 +279,33 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
   return expand_to_units(model, contexts, times);
 }
 
+stepcost::GridSpec step_grid_spec(const ProfileConfig& cfg, int max_tokens) {
+  stepcost::GridSpec g;
+  g.max_rows = cfg.work.batch;
+  g.max_context = cfg.work.max_context();
+  g.max_tokens = std::max(1, std::min(max_tokens, cfg.work.batch * cfg.work.prompt_len));
+  g.contexts = decode_contexts_of(cfg);
+  return g;
+}
+
+StepGridResult profile_grid(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
+                            const std::vector<stepcost::GridStep>& grid) {
+  const StageConfig sc = stage_config_of(cfg);
+  auto lane = device.create_lane("profile");
+  StepGridResult r;
+  r.grid = grid;
+  for (std::size_t s = 0; s < model.signatures.size(); ++s) {
+    const int unit = model.signature_example[s];
+    auto stage = device.create_stage(model, unit, unit, sc);
+    const size_t in_bytes = stage->input_bytes(cfg.work.prompt_len);
+    auto in = device.allocate(in_bytes);
+    auto out = device.allocate(std::max(stage->output_bytes(cfg.work.prompt_len), stage->output_bytes(1)));
+    fill_input(*in, model, unit, in_bytes, cfg.work.seed, cfg.work.dtype);
+    time_grid_of_unit(device, *lane, *stage, *in, *out, cfg, grid, r.ms);
+  }
+  return r;
+}
+
 ResidentProfiler::ResidentProfiler(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg)
     : device_(device), model_(model), contexts_(decode_contexts_of(cfg)), lane_(device.create_lane("profile")) {
   const StageConfig sc = stage_config_of(cfg);
@@ -255,6 +337,13 @@ ProfileResult ResidentProfiler::profile(const ProfileConfig& cfg) {
   std::vector<SignatureTimes> times;
   for (Unit& u : units_) times.push_back(time_signature(device_, *lane_, *u.stage, *u.in, *u.out, cfg, contexts_));
   return expand_to_units(model_, contexts_, times);
+}
+
+StepGridResult ResidentProfiler::time_grid(const ProfileConfig& cfg, const std::vector<stepcost::GridStep>& grid) {
+  StepGridResult r;
+  r.grid = grid;
+  for (Unit& u : units_) time_grid_of_unit(device_, *lane_, *u.stage, *u.in, *u.out, cfg, grid, r.ms);
+  return r;
 }
 
 std::pair<ProfileResult, ProfileResult> ResidentProfiler::profile_interleaved(const ProfileConfig& cfg, int turns,

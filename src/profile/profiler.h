@@ -11,6 +11,7 @@
 #include "backend/device.h"
 #include "common/workload.h"
 #include "model/model_spec.h"
+#include "stepcost/step_model.h"
 
 namespace ppb {
 
@@ -53,6 +54,18 @@ struct ProfileResult {
   std::vector<double> decode_context_ms;   ///< [U][C] median decode forward at each context (ms)
 };
 
+/// The step model's grid timed on one rank (issue 47, stepcost/step_model.h): ms[s * N + n] is
+/// the median of the timed ragged forwards of grid step n on one unit of signature s.
+struct StepGridResult {
+  std::vector<stepcost::GridStep> grid;  ///< [N]
+  std::vector<double> ms;                ///< [signatures][N]
+};
+
+/// The grid the profile times for `cfg`'s workload: B rows, steps up to `max_tokens` tokens
+/// (<= B·P: the units' buffers hold B·P tokens), the cache's P + G positions, the decode
+/// contexts of the profile (evenly spaced in [P, P+G-1]).
+stepcost::GridSpec step_grid_spec(const ProfileConfig& cfg, int max_tokens);
+
 /// Progress callback: (signatures done, signatures total, what is being timed).
 using ProgressFn = std::function<void(int, int, const std::string&)>;
 
@@ -67,6 +80,11 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
 /// Profiles every signature of `model` on `device`. @throws UserError if a unit does not fit.
 ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
                             const ProgressFn& progress = {});
+
+/// ResidentProfiler::time_grid building one unit at a time (where one of every signature does
+/// not fit at once).
+StepGridResult profile_grid(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
+                            const std::vector<stepcost::GridStep>& grid);
 
 /// One unit of every signature of a model, built once and profiled again and again: the profile
 /// cycles ppbench run takes between benchmark rounds (issue 13), where building the units anew
@@ -103,6 +121,12 @@ class ResidentProfiler {
   /// context's median, decode the mean over contexts, min/max over all forwards), alone empty
   /// (no decode_contexts) where this rank timed no alone turn, likewise together.
   /// @throws InternalError where cfg's decode contexts differ from the built units' or turns < 1.
+  /// Times every step of `grid` on the unit of every signature as a ragged forward (one KV
+  /// cache, rows in slots 0..rows-1): cfg.warmup untimed forwards, then cfg.iters timed, each
+  /// after its cache flush and cfg.align (the together pass's barrier: every rank must time the
+  /// same grid), the median kept. @throws InternalError on a step outside the units' shape.
+  StepGridResult time_grid(const ProfileConfig& cfg, const std::vector<stepcost::GridStep>& grid);
+
   std::pair<ProfileResult, ProfileResult> profile_interleaved(const ProfileConfig& cfg, int turns,
                                                               const std::function<Turn(int)>& enter);
 

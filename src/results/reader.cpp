@@ -11,6 +11,7 @@
 #include "results/links_io.h"
 #include "results/plan_io.h"
 #include "results/serving_io.h"
+#include "results/step_model_io.h"
 #include "results/writer.h"
 
 namespace ppb {
@@ -329,6 +330,7 @@ void read_profile(const Group& root, RunRecord& run) {
   p.unit_flops = dataset_or_empty<double>(prof, "unit_flops");
   p.unit_bytes = dataset_or_empty<double>(prof, "unit_bytes");
   p.floor_ms = dataset_or_empty<double>(prof, "floor_ms");
+  read_step_model(prof, p);
   if (prof.is_group("tp")) {
     Group tp = prof.open_group("tp");
     const auto first = to_int(tp.open_dataset("first_rank").read<int64_t>());

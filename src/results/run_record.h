@@ -117,6 +117,15 @@ struct ProfileTable {
     std::vector<double> latency_ms, latency_min_ms, latency_max_ms;  ///< [U][2]
   };
   std::vector<TpGroupProfile> tp;
+  /// The step model's grid (issue 47, stepcost/step_model.h), timed after the cycles in the
+  /// profile's together pass (or its one pass): N steps in stepcost::FlatGrid form (step n has
+  /// step_rows[n] rows; their positions and token counts in step_pos / step_tokens, all steps'
+  /// rows in order; step_role[n]: 0 knot, 1 context, 2 attention, 3 held out), step_ms
+  /// [world][signatures][N] each rank's median of each step on one unit of each signature,
+  /// step_by_rows [signatures] 1 where the signature's cost goes by rows (the head). Empty in
+  /// older files and with --step-grid off.
+  std::vector<int> step_rows, step_pos, step_tokens, step_role, step_by_rows;
+  std::vector<double> step_ms;
 };
 
 struct PartitionRecord {

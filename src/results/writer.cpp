@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "results/links_io.h"
 #include "results/plan_io.h"
 #include "results/serving_io.h"
+#include "results/step_model_io.h"
 #include "results/summary.h"
 
 namespace ppb {
@@ -630,6 +632,7 @@ void write_profile(Group& root, const RunRecord& run, bool extendible) {
   cost.set_attr("units", "ms");
   cost.set_attr("objective", w.objective);
   write_profile_tp(prof, run);
+  write_step_model(prof, run);
 }
 
 /// The root attributes: the run's identity, versions, Slurm job, status, link, validation (none

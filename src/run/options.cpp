@@ -56,6 +56,7 @@ void check_workload_flags(const RunFlags& f) {
     throw UserError("--max-time must be > 0 and <= 604800 seconds (a week), got " + std::to_string(f.max_time_s));
   check_range("--profile-warmup", f.profile_warmup, 0, 1000);
   check_range("--profile-iters", f.profile_iters, 1, 100000);
+  check_range("--step-grid-iters", f.step_grid_iters, 0, 100000);
   check_range("--profile-contexts", f.profile_contexts, 1, 64);
   check_range("--profile-repeats", f.profile_repeats, 0, 1000);
   // A bounded timeout: inf would disable the transfer timeouts and the watchdog alike.
@@ -119,6 +120,7 @@ RunOptions parse_run_options(const RunFlags& f) {
   o.cuda_graphs = !f.no_cuda_graphs;
   o.profile_warmup = f.profile_warmup;
   o.profile_iters = f.profile_iters;
+  o.step_grid_iters = f.step_grid_iters;
   o.profile_contexts = f.profile_contexts;
   o.profile_repeats = f.profile_repeats;
   o.overlap = !f.no_overlap;

@@ -178,8 +178,39 @@ void record_units(RunContext& ctx, const std::vector<int>& decode_contexts) {
   t.signature_name = spec.signatures;
 }
 
+/// The step model's grid (issue 47) timed on every rank: on the resident units where there are
+/// (else one unit at a time), in the together pass's conditions where the profile has two
+/// passes (a barrier before every timed forward). Empty with --step-grid-iters 0 or where the
+/// phase ended on a peer's failure. Collective.
+StepGridResult time_step_grid(RunContext& ctx, ResidentProfiler* units, bool two_passes) {
+  StepGridResult out;
+  if (ctx.opt.step_grid_iters <= 0) return out;
+  ProfileConfig pc = profile_config(ctx);
+  pc.iters = ctx.opt.step_grid_iters;
+  pc.warmup = std::min(pc.warmup, 1);
+  const std::vector<stepcost::GridStep> grid =
+      stepcost::plan_grid(step_grid_spec(pc, ctx.workload.batch * ctx.workload.prompt_len));
+  const MpiContext& mpi = ctx.mpi;
+  if (two_passes) pc.align = [&mpi] { mpi.barrier(); };
+  ctx.phase("step grid", [&] {
+    ctx.progress.say("profile: the step model's grid, " + std::to_string(grid.size()) + " step shapes x " +
+                     std::to_string(ctx.spec.signatures.size()) + " signatures" +
+                     (two_passes ? ", every rank at the same moment" : ""));
+    try {
+      out = units ? units->time_grid(pc, grid) : profile_grid(*ctx.device, ctx.spec, pc, grid);
+    } catch (const std::exception& e) {
+      // The profile ran these units already, and with two passes the peers are in the
+      // barriers, where no agreement can reach them: end the job.
+      if (two_passes) throw InternalError(std::string("the step model's grid failed after the profile: ") + e.what());
+      throw;
+    }
+  });
+  return out;
+}
+
 /// Collective: the pooled tables and every cycle of every rank gathered into rank 0's record.
-void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool interleaved) {
+void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool interleaved,
+                    const StepGridResult& grid) {
   const MpiContext& mpi = ctx.mpi;
   ProfileResult prof = pool_cycles(cycles.together), alone;
   if (two_passes) {
@@ -200,6 +231,7 @@ void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool
   const auto cost_all = mpi.gather_doubles(cost_mine);
   std::vector<double> lat_alone;
   if (two_passes) lat_alone = mpi.gather_doubles(pack_phases(alone.prefill_ms, alone.decode_ms));
+  const std::vector<double> grid_ms = mpi.gather_doubles(grid.ms);  // [R][S][N]
   std::vector<double> together_cycles, alone_cycles;  // [K][R][U][2] on rank 0
   for (const ProfileResult& c : cycles.together) {
     const auto all = mpi.gather_doubles(pack_phases(c.prefill_ms, c.decode_ms));
@@ -229,6 +261,14 @@ void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool
   t.decode_contexts = prof.decode_contexts;
   t.decode_context_ms = contexts;
   t.cost_ms = cost_all;
+  if (!grid.grid.empty()) {
+    const stepcost::FlatGrid flat = stepcost::flatten(grid.grid);
+    t.step_rows = flat.rows, t.step_pos = flat.pos, t.step_tokens = flat.tokens, t.step_role = flat.role;
+    t.step_ms = grid_ms;
+    t.step_by_rows.clear();
+    for (std::size_t s = 0; s < ctx.spec.signatures.size(); ++s)
+      t.step_by_rows.push_back(ctx.spec.units[ctx.spec.signature_example[s]].kind == model::UnitKind::head ? 1 : 0);
+  }
 }
 
 /// The groups of ranks the layouts run tensor-parallel stages on, (first rank, width), each
@@ -413,10 +453,11 @@ ProfileOutcome profile_units(RunContext& ctx) {
     }
   });
   const bool interleaved = units != nullptr;
-  units.reset();  // its units' memory, before the stages are built
   if (cycles.together.empty()) return outcome;  // the phase ended on a peer's failure (it threw there)
+  const StepGridResult grid = time_step_grid(ctx, units.get(), two_passes);
+  units.reset();  // its units' memory, before the stages are built
   outcome.cycles = static_cast<int>(cycles.together.size());
-  gather_profile(ctx, cycles, two_passes, interleaved);
+  gather_profile(ctx, cycles, two_passes, interleaved, grid);
   return outcome;
 }
 

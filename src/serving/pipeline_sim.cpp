@@ -22,6 +22,11 @@ StepShape step_shape(const Step& step) {
       ++s.decode_rows;
       context_sum += r.position;
     }
+    const double t = r.tokens, p = r.position;
+    if (r.tokens == 1)
+      s.decode_keys += p + 1.0;
+    else
+      s.prefill_keys += t * p + t * (t + 1.0) / 2.0;
   }
   s.decode_context_mean = s.decode_rows > 0 ? context_sum / s.decode_rows : 0.0;
   s.tokens = s.prefill_tokens + s.decode_rows;

@@ -48,6 +48,10 @@ struct StepShape {
   /// its new token: prompt_len + tokens out - 1); 0 without decode rows.
   double decode_context_mean = 0.0;
   long long tokens = 0;            ///< prefill_tokens + decode_rows: tokens the stages process
+  /// KV-cache keys the step's attention reads (stepcost/step_model.h step_work): a row of t > 1
+  /// tokens at position p attends t·p + t(t+1)/2 (prefill_keys), a row of one token at p
+  /// attends p + 1 (decode_keys; a one-token prompt counts here too).
+  double prefill_keys = 0.0, decode_keys = 0.0;
 };
 
 /// The shape of `step` (its rows' tokens, kinds and positions).

@@ -1,0 +1,78 @@
+// /profile/step_model (step_model_io.h).
+#include "results/step_model_io.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "stepcost/step_model.h"
+
+namespace ppb {
+
+using h5::Group;
+using hs = hsize_t;
+
+namespace {
+
+std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+void write_step_model(Group& prof, const RunRecord& run) {
+  const auto& p = run.profile;
+  if (p.step_rows.empty()) return;
+  const hs R = run.ranks.size(), S = p.step_by_rows.size(), N = p.step_rows.size();
+  if (p.step_ms.size() != R * S * N) throw InternalError("write_results: /profile/step_model step_ms has the wrong size");
+  Group g = prof.create_group("step_model");
+  g.set_attr("model", "stepcost/step_model.h: ms = g(x) + prefill_key_ms * prefill keys + decode_key_ms * decode keys, "
+                      "x = a step's tokens (its rows where by_rows), g piecewise linear between knot_x");
+  g.write_dataset("step_rows", p.step_rows).set_attr("content", "rows of each grid step");
+  g.write_dataset("step_pos", p.step_pos).set_attr("content", "each row's cached tokens, the steps' rows in order");
+  g.write_dataset("step_tokens", p.step_tokens).set_attr("content", "each row's new tokens, the steps' rows in order");
+  g.write_dataset("step_role", p.step_role).set_attr("roles", std::vector<std::string>{"knot", "context", "attention", "held_out"});
+  g.write_dataset("by_rows", p.step_by_rows, {S});
+  g.write_dataset("step_ms", p.step_ms, {R, S, N}).set_attr("units", "ms");
+  const std::vector<stepcost::GridStep> grid = stepcost::unflatten({p.step_rows, p.step_pos, p.step_tokens, p.step_role});
+  const stepcost::GridFit fit = stepcost::fit_grid(grid, p.step_by_rows, p.step_ms);
+  std::vector<double> pre, dec, err, kx, kms;
+  hs K = 0;
+  const hs H = fit.held_out.front().size();
+  for (const auto& m : fit.models) K = std::max<hs>(K, m.knots.size());
+  for (hs i = 0; i < R * S; ++i) {
+    const stepcost::UnitModel& m = fit.models[i];
+    pre.push_back(m.prefill_key_ms);
+    dec.push_back(m.decode_key_ms);
+    err.insert(err.end(), fit.held_out[i].begin(), fit.held_out[i].end());
+    for (hs k = 0; k < K; ++k) {
+      kx.push_back(k < m.knots.size() ? m.knots[k] : std::nan(""));
+      kms.push_back(k < m.knots.size() ? m.base_ms[k] : std::nan(""));
+    }
+  }
+  g.write_dataset("prefill_key_ms", pre, {R, S}).set_attr("units", "ms per attended key");
+  g.write_dataset("decode_key_ms", dec, {R, S}).set_attr("units", "ms per attended key");
+  g.write_dataset("knot_x", kx, {R, S, K}).set_attr("content", "g's knots: tokens (rows where by_rows); NaN past the last");
+  g.write_dataset("knot_ms", kms, {R, S, K}).set_attr("units", "ms");
+  if (H > 0 && err.size() == R * S * H) {
+    auto d = g.write_dataset("held_out_error", err, {R, S, H});
+    d.set_attr("content", "model / measured - 1 at each held-out step (step_role 3), in grid order");
+  }
+  g.set_attr("held_out_abs_error_p50", fit.abs_error_p50);
+  g.set_attr("held_out_abs_error_max", fit.abs_error_max);
+}
+
+void read_step_model(const Group& prof, ProfileTable& p) {
+  if (!prof.is_group("step_model")) return;
+  {
+    Group g = prof.open_group("step_model");
+    p.step_rows = to_int(g.open_dataset("step_rows").read<int64_t>());
+    p.step_pos = to_int(g.open_dataset("step_pos").read<int64_t>());
+    p.step_tokens = to_int(g.open_dataset("step_tokens").read<int64_t>());
+    p.step_role = to_int(g.open_dataset("step_role").read<int64_t>());
+    p.step_by_rows = to_int(g.open_dataset("by_rows").read<int64_t>());
+    p.step_ms = g.open_dataset("step_ms").read<double>();
+  }
+}
+
+}  // namespace ppb

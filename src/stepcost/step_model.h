@@ -1,0 +1,132 @@
+// The step-cost model of one unit (issue 47): how long a unit takes for a step of any shape the
+// run will execute, fitted to forwards the profile timed over a grid of shapes on this rank.
+//
+// A step, as one unit sees it (StepWork): T token rows through its matrices, R rows (requests),
+// and the KV-cache keys its attention reads — a prefill row of t tokens at cached position p
+// attends t·p + t(t+1)/2 keys (its tokens' causal windows), a decode row (t = 1) at position p
+// attends p + 1. The model:
+//
+//   ms(step) = g(x) + a_pre · prefill_keys + a_dec · decode_keys,   x = T (R for the head)
+//
+// - g is piecewise linear between knots x_0 < x_1 < ... (Splitwise's piecewise-linear fit in
+//   batch tokens; Vidur interpolates operator profiles over token counts likewise): knots at
+//   the powers of two and one past each from 8 on (a GEMM kernel changes regime at a power of
+//   two: the CPU backend's own small-M kernel ends at 16 rows, cpu_gemm.h kSmallM, and
+//   OpenBLAS's packing starts at 17), and at the workload's largest step. Below x_0: g(x_0);
+//   above the last knot: the last segment's slope (>= 0).
+// - The head's x is its rows, and it has no attention terms: it computes logits once per row
+//   whatever the row's tokens; g(R) is the mean of every fitted sample of R rows.
+// - a_dec (ms per key) is the least-squares slope of steps of one-token rows of equal count at
+//   several contexts (the knot step of B such rows at position 0 and the context steps); a_pre
+//   the pooled least-squares slope of steps of equal T whose tokens are split into different
+//   rows (one row of t tokens against r rows of t/r: the same GEMMs, r times the keys). Both
+//   >= 0 (a negative slope is noise).
+// - g(x_i) is the mean over the fit's samples at x_i of the measured time less the two
+//   attention terms.
+// Held-out samples (timed, not fitted: steps between the knots, split into other rows, a mixed
+// prefill+decode step, a decode of half the rows) measure the model's interpolation error,
+// which every prediction from it carries (held_out_errors).
+//
+// Pure C++: no device, MPI or HDF5. The grid's steps are lists of rows (GridStep); the profiler
+// runs them as ragged forwards (backend/stage.h RaggedStep).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ppb::stepcost {
+
+/// One step's demand on a unit (see the file comment).
+struct StepWork {
+  double tokens = 0.0;        ///< T: token rows through the unit's matrices
+  double rows = 0.0;          ///< R: requests in the step
+  double prefill_keys = 0.0;  ///< keys attended by rows of more than one token
+  double decode_keys = 0.0;   ///< keys attended by rows of one token
+};
+
+/// The StepWork of a step of rows with `pos[i]` tokens cached and `tokens[i]` >= 1 new ones.
+/// A row of one token counts as a decode (its keys in decode_keys).
+/// @throws ppb::InternalError where the lists differ in length or a row has tokens < 1 or pos < 0.
+StepWork step_work(const std::vector<int>& pos, const std::vector<int>& tokens);
+
+/// The role of a timed step in the fit.
+enum class Role { knot, context, attention, held_out };
+const char* role_name(Role r);
+
+/// One step of the profile's grid: rows (slots 0..rows-1 of one KV cache), each at pos[i]
+/// with tokens[i] new tokens.
+struct GridStep {
+  std::vector<int> pos, tokens;
+  Role role = Role::knot;
+  StepWork work() const { return step_work(pos, tokens); }
+};
+
+/// What the grid must cover: B rows at most, steps of at most max_tokens tokens, positions
+/// below max_context (P + G), and the decode contexts to time B rows at.
+struct GridSpec {
+  int max_rows = 1;              ///< B (>= 1)
+  int max_tokens = 1;            ///< the largest step's tokens (>= 1; at most B · max_context)
+  int max_context = 1;           ///< positions per KV-cache row (>= 1)
+  std::vector<int> contexts;     ///< decode contexts (each < max_context)
+};
+
+/// The knots of g: powers of two, one past each from 8, B, and max_tokens, all <= max_tokens.
+std::vector<int> knot_tokens(const GridSpec& spec);
+
+/// The grid the profiler times for every unit (file comment): a knot step per knot_tokens
+/// value (min(B, T) rows at position 0, T split evenly), B decode rows at each context, one
+/// row of the largest prompt that fits and one of half of it (attention), and held-out steps.
+/// The same grid on every rank for the same spec (the profile's together pass aligns them).
+/// @throws ppb::InternalError on a spec outside its documented ranges.
+std::vector<GridStep> plan_grid(const GridSpec& spec);
+
+/// One timed step of a unit.
+struct Sample {
+  StepWork work;
+  double ms = 0.0;  ///< the median of its timed forwards
+  Role role = Role::knot;
+};
+
+/// One unit's fitted model (file comment).
+struct UnitModel {
+  bool by_rows = false;           ///< x is R (the head) instead of T
+  std::vector<double> knots;      ///< [K] ascending x
+  std::vector<double> base_ms;    ///< [K] g at each knot
+  double prefill_key_ms = 0.0;    ///< a_pre, ms per key
+  double decode_key_ms = 0.0;     ///< a_dec, ms per key
+  /// The model's time of a step (ms, >= 0). An empty model (no knots) gives 0.
+  double ms(const StepWork& w) const;
+};
+
+/// Fits a unit's model to its samples (held-out ones ignored).
+/// @throws ppb::InternalError where no knot sample is given.
+UnitModel fit_unit(const std::vector<Sample>& samples, bool by_rows);
+
+/// model / measured - 1 at every held-out sample, in sample order.
+std::vector<double> held_out_errors(const UnitModel& model, const std::vector<Sample>& samples);
+
+/// A grid in flat arrays (the results file's /profile/step_model): rows[n] rows of step n, the
+/// rows' positions and tokens of all steps in order, role[n] as an int (Role's order).
+struct FlatGrid {
+  std::vector<int> rows, pos, tokens, role;
+};
+FlatGrid flatten(const std::vector<GridStep>& grid);
+/// @throws ppb::UserError (naming /profile/step_model) where the arrays disagree in length or a
+///         role is unknown.
+std::vector<GridStep> unflatten(const FlatGrid& flat);
+
+/// The samples of `grid` timed as ms[0..N-1] (one unit's row of the profile's table).
+std::vector<Sample> samples_of(const std::vector<GridStep>& grid, const double* ms);
+
+/// Every (rank, signature) of a profile's grid table fitted, with its held-out errors.
+struct GridFit {
+  std::vector<UnitModel> models;              ///< [R][S]
+  std::vector<std::vector<double>> held_out;  ///< [R][S] held_out_errors of each
+  /// The median and the largest |held-out error| over all of them (0 without held-out steps).
+  double abs_error_p50 = 0.0, abs_error_max = 0.0;
+};
+/// Fits ms [R][S][N] (N = grid.size(), S = by_rows.size()).
+/// @throws ppb::UserError (naming /profile/step_model) where ms is not a multiple of S·N.
+GridFit fit_grid(const std::vector<GridStep>& grid, const std::vector<int>& by_rows, const std::vector<double>& ms);
+
+}  // namespace ppb::stepcost
