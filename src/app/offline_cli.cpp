@@ -190,6 +190,9 @@ void add_offline_commands(CLI::App& app) {
       ->check(kNonNegative);
   s->add_flag("--no-overlap", sim.no_overlap, "recv, compute and send on one lane");
   s->add_flag("--eager", sim.eager_sends, "eager sends (the sender does not wait for the recv to be posted)");
+  s->add_flag("--no-step-model", sim.no_step_model,
+              "serving files: predict from the profile's two shapes (prefill of B*P tokens scaled, decode of B rows) "
+              "instead of the step model fitted to /profile/step_model, as files without the grid are");
   s->add_option("--json", sim.json_out, "write the predictions as JSON to this file (not the input; an existing file only with --force)");
   s->add_flag("--force", sim.force, "overwrite an existing --json file");
   s->footer(

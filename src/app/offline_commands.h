@@ -47,6 +47,7 @@ struct SimulateOptions {
   double link_latency_us = -1;      ///< results files: per message; < 0 = the run's
   bool no_overlap = false;
   bool eager_sends = false;
+  bool no_step_model = false;       ///< serving files: the two-shape model instead of /profile/step_model's
   std::string json_out;             ///< --json FILE (never the input; an existing file only with force)
   bool force = false;               ///< --force: overwrite an existing --json file
 };

@@ -333,6 +333,11 @@ int simulate_scenario_file(const SimulateOptions& opt, RunRecord run) {
   if (opt.microbatches > 0 || opt.batch > 0 || !opt.partition.empty())
     throw UserError(opt.input + " is a serving scenario's file: simulate replays its scenario on its partitions "
                     "as they ran; drop -M, -b and --partition");
+  if (opt.no_step_model) {  // as a file without the grid: the profile's two shapes, scaled
+    ProfileTable& t = run.profile;
+    t.step_rows.clear(), t.step_pos.clear(), t.step_tokens.clear(), t.step_role.clear(), t.step_by_rows.clear();
+    t.step_ms.clear();
+  }
   const balance::Predictor pred(run);
   std::vector<balance::Partition> parts;
   for (const ServingPartitionRecord& sp : run.serving.partitions)

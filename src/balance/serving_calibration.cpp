@@ -40,10 +40,19 @@ serving::StepShape measured_shape(const ServingPartitionRecord& sp, size_t i) {
 struct Ratios {
   std::vector<double> decode;
   std::vector<std::vector<double>> prefill = std::vector<std::vector<double>>(kStepTokenBands.size() + 1);
+  std::vector<double> step_model;  ///< every kind of step, against the step model
 };
 
 StepCalibration fit(const Ratios& r) {
   StepCalibration c;
+  if (!r.step_model.empty()) {  // the step model carries the shape: one scale for the rank
+    const double f = percentile(r.step_model, 50.0);
+    c.decode_factor = f;
+    c.prefill_factor.assign(c.prefill_factor.size(), f);
+    c.decode_samples = static_cast<int>(r.step_model.size());
+    c.one_scale = true;
+    return c;
+  }
   c.decode_samples = static_cast<int>(r.decode.size());
   if (!r.decode.empty()) c.decode_factor = percentile(r.decode, 50.0);
   const int n = static_cast<int>(r.prefill.size());
@@ -80,7 +89,10 @@ std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predict
         const double meas = sp.step_compute_ms[i * S + k], want = model.compute_ms(k, s);
         if (!(meas > 0) || !(want > 0) || !std::isfinite(meas)) continue;
         Ratios& r = ratios.at(static_cast<size_t>(parts[j].device_rank[k]));
-        (s.prefill_rows > 0 ? r.prefill[step_token_band(s.tokens)] : r.decode).push_back(meas / want);
+        if (model.uses_step_model(k))
+          r.step_model.push_back(meas / want);
+        else
+          (s.prefill_rows > 0 ? r.prefill[step_token_band(s.tokens)] : r.decode).push_back(meas / want);
       }
     }
   }

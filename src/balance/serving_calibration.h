@@ -16,7 +16,10 @@
 // median ratio of its decode-only steps (decode_factor), and of its steps with prefill rows per
 // band of the step's token rows (prefill tokens + decode rows): [1, 16], [17, 32], [33, 64],
 // [65, 128], [129, inf) (prefill_factor; a band without samples takes the nearest band's, and
-// a rank without samples factor 1). Pure C++.
+// a rank without samples factor 1). Where a stage's compute comes from the step model
+// (serving_step_model.h, the profile's grid: issue 47), which carries the shape itself, its
+// steps' ratios of every kind pool into one median: a per-rank scale on the same model
+// (one_scale). Pure C++.
 #pragma once
 
 #include <string>
@@ -35,7 +38,8 @@ inline const std::vector<int> kStepTokenBands = {16, 32, 64, 128};
 struct StepCalibration {
   double decode_factor = 1.0;
   std::vector<double> prefill_factor = std::vector<double>(kStepTokenBands.size() + 1, 1.0);  ///< [bands]
-  int decode_samples = 0;
+  int decode_samples = 0;  ///< with one_scale: every step's
+  bool one_scale = false;  ///< one median over every kind of step (the step model's stages)
   std::vector<int> prefill_samples = std::vector<int>(kStepTokenBands.size() + 1, 0);
   /// The factor for a step of shape `s`.
   double factor(const serving::StepShape& s) const;

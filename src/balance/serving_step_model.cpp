@@ -119,14 +119,36 @@ ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, 
   }
 }
 
-double ProfileStepCosts::compute_ms(int k, const serving::StepShape& s) const {
-  const auto& units = stage_units_.at(static_cast<std::size_t>(k));
-  if (units.empty()) return stage_step_ms(stages_.at(k), s);
+stepcost::StepWork step_work_of(const serving::StepShape& s) {
   stepcost::StepWork w;
   w.tokens = static_cast<double>(s.tokens);
   w.rows = s.rows;
   w.prefill_keys = s.prefill_keys;
   w.decode_keys = s.decode_keys;
+  return w;
+}
+
+std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
+  const std::vector<stepcost::UnitModel> fits = profile_step_fit(run).models;
+  const std::size_t S = run.profile.step_by_rows.size(), U = run.profile.unit_name.size();
+  if (fits.empty() || S == 0) return {};
+  const std::size_t R = fits.size() / S;
+  std::vector<double> per_fit(fits.size(), 0.0);  // [R][S] summed over the shapes
+  for (const serving::StepShape& sh : shapes) {
+    const stepcost::StepWork w = step_work_of(sh);
+    for (std::size_t i = 0; i < fits.size(); ++i) per_fit[i] += fits[i].ms(w);
+  }
+  std::vector<double> cost(R * U);
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t u = 0; u < U; ++u)
+      cost[r * U + u] = scale * per_fit[r * S + static_cast<std::size_t>(run.profile.unit_signature.at(u))];
+  return cost;
+}
+
+double ProfileStepCosts::compute_ms(int k, const serving::StepShape& s) const {
+  const auto& units = stage_units_.at(static_cast<std::size_t>(k));
+  if (units.empty()) return stage_step_ms(stages_.at(k), s);
+  const stepcost::StepWork w = step_work_of(s);
   double ms = 0.0;
   for (const auto& [fit, count] : units) ms += count * fits_[static_cast<std::size_t>(fit)].ms(w);
   return ms;

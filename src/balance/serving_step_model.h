@@ -83,6 +83,16 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
 /// the profile timed none. @throws what stepcost::fit_grid and stepcost::unflatten throw.
 stepcost::GridFit profile_step_fit(const RunRecord& run);
 
+/// The step work of a serving step shape (tokens, rows and attention keys, as stepcost counts).
+stepcost::StepWork step_work_of(const serving::StepShape& s);
+
+/// The balancer's unit costs under a scenario's step mix (issue 47), [R][U] ms: unit u on rank
+/// r costs `scale` x the sum over `shapes` of its signature's step model on r (profile_step_fit).
+/// With scale = B / N for the N requests those steps served, a unit's busy time per B requests:
+/// the workload objective's unit (a group's life), so the transfers the problem adds keep their
+/// weight. Empty where the profile has no grid.
+std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
+
 /// The serving simulator's cost model of partition `p` of `run`: each stage's step time from
 /// the step model where the profile timed its grid (width-1 stages), else from
 /// stage_step_profiles, each boundary's transfer over its measured link (Predictor::boundary_link:

@@ -284,6 +284,7 @@ void write_serving(Group& root, const RunRecord& run) {
   }
   g.set_attr("objective_decode_rows", s.objective_decode_rows);
   g.set_attr("objective_gen_len", static_cast<int64_t>(s.objective_gen_len));
+  g.set_attr("objective_steps", static_cast<int64_t>(s.objective_steps));
   g.set_attr("rounds", static_cast<int64_t>(s.rounds));
   g.set_attr("stop_reason", s.stop_reason);
   ds(g, "arrival_s", s.arrival_s, "s", "each request's arrival, from the scenario's start");
@@ -339,6 +340,7 @@ void read_serving(const Group& root, RunRecord& run) {
     s.objective_decode_rows = g.get_attr<double>("objective_decode_rows");
     s.objective_gen_len = static_cast<int>(g.get_attr<int64_t>("objective_gen_len"));
   }
+  if (g.has_attr("objective_steps")) s.objective_steps = g.get_attr<int64_t>("objective_steps");
   s.rounds = static_cast<int>(g.get_attr<int64_t>("rounds"));
   s.stop_reason = g.get_attr<std::string>("stop_reason");
   s.arrival_s = g.open_dataset("arrival_s").read<double>();

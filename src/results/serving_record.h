@@ -132,11 +132,15 @@ struct ServingRunRecord {
   serving::TraceCounts trace;      ///< a trace as read: its format and counts
   std::vector<double> arrival_s;   ///< [N] the scenario's arrivals (s)
   std::vector<int> prompt_len, gen_len;  ///< [N]
-  /// The balancer's objective for the scenario (run/plan.cpp scenario_objective_gen_len): the
+  /// The balancer's objective for the scenario (run/plan.cpp scenario_objective): the
   /// mean decode rows per decode step at the offered load (simulated on the uniform split), and
   /// the workload objective's G that weighs prefill against decode as the scenario does.
   double objective_decode_rows = std::numeric_limits<double>::quiet_NaN();
   int objective_gen_len = 0;
+  /// Steps of the simulated step mix whose step-model costs the balancer solved on (issue 47:
+  /// balance::step_mix_costs; the units' costs then replace the G-weighted objective's); 0 where
+  /// the profile had no grid (the G-weighted objective) and in older files.
+  long long objective_steps = 0;
   std::vector<ServingPartitionRecord> partitions;
   int rounds = 0;
   std::string stop_reason;

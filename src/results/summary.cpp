@@ -16,6 +16,7 @@
 #include "common/stats.h"
 #include "common/transfer.h"
 #include "results/plan_summary.h"
+#include "stepcost/step_model.h"
 #include "results/conditions.h"
 
 namespace ppb {
@@ -393,6 +394,20 @@ void print_profile_only(std::ostream& os, const RunRecord& run) {
   }
 }
 
+/// The step model's grid and its held-out error (issue 47), where the profile timed one.
+void print_step_model(std::ostream& os, const RunRecord& run) {
+  const ProfileTable& t = run.profile;
+  if (t.step_rows.empty() || t.step_by_rows.empty()) return;
+  const stepcost::GridFit fit =
+      stepcost::fit_grid(stepcost::unflatten({t.step_rows, t.step_pos, t.step_tokens, t.step_role}), t.step_by_rows, t.step_ms);
+  std::size_t held = 0;
+  for (const auto& e : fit.held_out) held += e.size();
+  os << "step model: " << t.step_rows.size() << " step shapes timed on each signature and rank, piecewise linear in a "
+     << "step's tokens plus its attention keys (/profile/step_model); held-out steps' |model / measured - 1| p50 "
+     << fmt("%.1f", 100 * fit.abs_error_p50) << "%, max " << fmt("%.1f", 100 * fit.abs_error_max) << "% over " << held
+     << ": the serving predictions' interpolation error\n";
+}
+
 /// What the partition tables' columns and figures mean.
 void print_column_legend(std::ostream& os, const RunRecord& run) {
   if (run.partitions.empty()) return;
@@ -667,6 +682,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   print_shared_gpus(os, run);
   print_links(os, run);
   print_profile_only(os, run);
+  print_step_model(os, run);
   if (run.serving.spec) {
     // A serving scenario: the splits, then its own figures (results/serving_summary.h).
     for (const auto& p : run.partitions) {

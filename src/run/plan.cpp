@@ -113,7 +113,18 @@ std::vector<int> choose_layout(RunContext& ctx, const balance::BalanceProblem& p
 /// serving simulator plays the scenario's requests on the uniform split from the profile
 /// (balance::ProfileStepCosts) and counts them. At saturation r̄ = B and G = Ḡ - 1 (the closed
 /// objective); at a light load r̄ -> 1 and decode weighs B times more.
-int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& prob) {
+/// Where the profile timed the step model's grid (issue 47), the simulated steps' shapes are
+/// kept too, and the balancer solves on balance::step_mix_costs of them instead (scale B / N:
+/// each unit's busy time per B requests, the objective's unit): the split that minimises the
+/// bottleneck stage's busy time under the scenario's own step mix at that load, not under a
+/// closed batch's shapes weighted by G. The mix is the uniform split's (a split changes the
+/// steps the scheduler forms only through their timing).
+struct ScenarioObjective {
+  int gen_len = 1;
+  std::vector<double> mix_cost;  ///< [R][U]; empty: the G-weighted objective
+};
+
+ScenarioObjective scenario_objective(RunContext& ctx, const balance::BalanceProblem& prob) {
   RunRecord& run = ctx.record();
   const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
   const std::vector<serving::Request>& drawn = ctx.opt.scenario.drawn.requests;
@@ -127,6 +138,7 @@ int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& p
   const balance::ProfileStepCosts costs(run, pred, uniform);
   serving::PipelineSimConfig cfg;
   cfg.scheduler = sc.scheduler(ctx.workload.groups);
+  cfg.record_shapes = ctx.opt.objective == balance::Objective::workload;
   std::vector<serving::Request> requests = ctx.scenario_requests;
   if (sc.rate_search) {  // the pilot's rate (run/serving_search.h): the offered load of the objective
     RateSearchRecord& rs = run.serving.rate_search;
@@ -153,11 +165,23 @@ int scenario_objective_gen_len(RunContext& ctx, const balance::BalanceProblem& p
   const int G = std::max(1, static_cast<int>(std::lround(ctx.workload.batch * gen / rows)));
   run.serving.objective_decode_rows = rows;
   run.serving.objective_gen_len = G;
+  ScenarioObjective out;
+  out.gen_len = G;
+  out.mix_cost = balance::step_mix_costs(run, sim.shapes,
+                                         static_cast<double>(ctx.workload.batch) / static_cast<double>(requests.size()));
+  if (!out.mix_cost.empty()) {
+    run.serving.objective_steps = static_cast<long long>(sim.shapes.size());
+    ctx.progress.say(format_line("scenario objective: the units' step-model costs over the %lld steps the serving "
+                                 "simulator plays on the uniform split at the offered load (%.2f decode rows per "
+                                 "decode step of B=%d), per B requests: the split is balanced on that step mix",
+                                 static_cast<long long>(sim.shapes.size()), rows, ctx.workload.batch));
+    return out;
+  }
   ctx.progress.say(format_line("scenario objective: %.2f decode rows per decode step at the offered load (of B=%d; "
                                "simulated on the uniform split), mean output %.1f tokens after the first: the split "
                                "is balanced on prefill(B x P=%d) + %d x decode(B)",
                                rows, ctx.workload.batch, gen, ctx.workload.prompt_len, G));
-  return G;
+  return out;
 }
 
 /// Rank 0: every split the plan asks for, solved (DESIGN.md §6) on the balancer's problem built
@@ -167,8 +191,14 @@ std::vector<balance::Partition> solve_partitions(RunContext& ctx) {
   balance::BalanceProblem prob = balance::problem_from_run(ctx.record(), ctx.opt.objective);
   if (ctx.opt.scenario.on()) {
     RunRecord weighted = ctx.record();
-    weighted.workload.gen_len = scenario_objective_gen_len(ctx, prob);
+    const ScenarioObjective so = scenario_objective(ctx, prob);
+    weighted.workload.gen_len = so.gen_len;
     prob = balance::problem_from_run(weighted, ctx.opt.objective);
+    const std::size_t U = static_cast<std::size_t>(prob.units());
+    if (!so.mix_cost.empty() && so.mix_cost.size() == prob.cost.size() * U)
+      for (std::size_t r = 0; r < prob.cost.size(); ++r)
+        prob.cost[r].assign(so.mix_cost.begin() + static_cast<std::ptrdiff_t>(r * U),
+                            so.mix_cost.begin() + static_cast<std::ptrdiff_t>((r + 1) * U));
   }
   const RunRecord& run = ctx.record();
   std::vector<std::vector<int>> layouts = ctx.plan.layouts;

@@ -188,8 +188,19 @@ StepGridResult time_step_grid(RunContext& ctx, ResidentProfiler* units, bool two
   ProfileConfig pc = profile_config(ctx);
   pc.iters = ctx.opt.step_grid_iters;
   pc.warmup = std::min(pc.warmup, 1);
-  const std::vector<stepcost::GridStep> grid =
-      stepcost::plan_grid(step_grid_spec(pc, ctx.workload.batch * ctx.workload.prompt_len));
+  int max_tokens = ctx.workload.batch * ctx.workload.prompt_len;  // closed batches: the prefill
+  if (ctx.opt.scenario.on()) {
+    // Requests that arrive: the workload's P and G are the scenario's means; its steps reach
+    // B prompts of the longest (a vllm-v1 budget, if smaller) at positions up to the longest
+    // request's. Units of that shape are built for the grid, one at a time.
+    const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
+    pc.work.prompt_len = sc.max_prompt_len;
+    pc.work.gen_len = sc.max_gen_len;
+    max_tokens = pc.work.batch * sc.max_prompt_len;
+    if (sc.policy == serving::StepPolicy::vllm_v1) max_tokens = std::min(max_tokens, sc.max_batched_tokens);
+    units = nullptr;
+  }
+  const std::vector<stepcost::GridStep> grid = stepcost::plan_grid(step_grid_spec(pc, max_tokens));
   const MpiContext& mpi = ctx.mpi;
   if (two_passes) pc.align = [&mpi] { mpi.barrier(); };
   ctx.phase("step grid", [&] {

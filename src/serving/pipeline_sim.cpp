@@ -96,7 +96,7 @@ StepCosts step_costs(const StepCostModel& costs, const StepShape& shape, bool ov
 class ServingSim {
  public:
   ServingSim(const std::vector<Request>& requests, const StepCostModel& costs, const PipelineSimConfig& config)
-      : sched_(requests, config.scheduler), costs_(costs), overlap_(config.overlap) {
+      : sched_(requests, config.scheduler), costs_(costs), overlap_(config.overlap), record_shapes_(config.record_shapes) {
     const int S = costs.stages();
     if (S < 1) throw InternalError("serving simulator: the cost model has no stage");
     hops_ = overlap_ && S > 1 ? 2 * S : S;
@@ -139,6 +139,7 @@ class ServingSim {
       ++result_.decode_steps;
       result_.decode_rows += shape.decode_rows;
     }
+    if (record_shapes_) result_.shapes.push_back(shape);
     group_costs_[g] = step_costs(costs_, shape, overlap_);
     push(t, Event::hop, g, 0);
   }
@@ -163,6 +164,7 @@ class ServingSim {
   Scheduler sched_;
   const StepCostModel& costs_;
   bool overlap_ = true;
+  bool record_shapes_ = false;
   int hops_ = 1, last_compute_ = 0;
   std::vector<double> free_at_;                  ///< [hops] when each resource is free (s)
   std::vector<StepCosts> group_costs_;  ///< [M] the costs of each group's step in flight

@@ -74,6 +74,7 @@ class StepCostModel {
 struct PipelineSimConfig {
   SchedulerConfig scheduler;  ///< M groups, B slots, the step policy
   bool overlap = true;        ///< false: a stage's send holds its compute lane (--no-overlap)
+  bool record_shapes = false; ///< keep every step's shape (PipelineSimResult::shapes)
 };
 
 struct PipelineSimResult {
@@ -83,6 +84,8 @@ struct PipelineSimResult {
   long long decode_rows = 0;         ///< decode rows over all steps (sum of gen_len - 1)
   std::vector<double> stage_busy_s;  ///< [S] seconds each stage's compute resource was held
   double end_s = 0.0;                ///< the last token out
+  /// Every step's shape in the order formed, all groups (only with config.record_shapes).
+  std::vector<StepShape> shapes;
 };
 
 /// Plays `requests` (arrival order not required; the scheduler sorts FCFS) through the model

@@ -1240,7 +1240,26 @@ TEST(RunE2E, ProfileOnlyFileFeedsTheOfflineBalancer) {
     auto lat = root.open_group("profile").open_dataset("latency_ms").read<double>();
     EXPECT_EQ(lat.size(), 2u * 9 * 2);  // ranks x (embed + 7 layers + head) x phases
     for (double v : lat) EXPECT_GT(v, 0.0);
+    // The step model's grid (issue 47): every step timed on every rank and signature, its rows
+    // within the cache (P + G = 12 positions, B = 2 rows), the head by rows, held-out errors.
+    auto g = root.open_group("profile/step_model");
+    const auto rows = g.open_dataset("step_rows").read<int64_t>();
+    const auto pos = g.open_dataset("step_pos").read<int64_t>(), tok = g.open_dataset("step_tokens").read<int64_t>();
+    const auto by_rows = g.open_dataset("by_rows").read<int64_t>();
+    const auto ms = g.open_dataset("step_ms").read<double>();
+    const std::size_t S = root.open_group("profile").open_dataset("signature_name").read_strings().size();
+    ASSERT_EQ(by_rows.size(), S);
+    EXPECT_EQ(by_rows.back(), 1);  // the head
+    EXPECT_EQ(ms.size(), 2 * S * rows.size());
+    for (double v : ms) EXPECT_GT(v, 0.0);
+    for (std::size_t i = 0; i < pos.size(); ++i) EXPECT_LE(pos[i] + tok[i], 12) << i;
+    for (int64_t n : rows) EXPECT_LE(n, 2);
+    const auto err = g.open_dataset("held_out_error").read<double>();
+    EXPECT_EQ(err.size() % (2 * S), 0u);
+    EXPECT_GT(err.size(), 0u);
+    for (double e : err) EXPECT_TRUE(std::isfinite(e));
   }
+  EXPECT_NE(r.output.find("step model: "), std::string::npos) << r.output;
   auto b = run(PPBENCH_BIN " balance " + h5 + " --stages 2");
   EXPECT_EQ(b.status, 0) << b.output;
   EXPECT_NE(b.output.find("bottleneck"), std::string::npos) << b.output;

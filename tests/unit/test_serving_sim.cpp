@@ -321,6 +321,87 @@ TEST(ServingStepModel, TensorParallelStageTakesTheGroupsMeanAndTheRanksShape) {
   EXPECT_EQ(costs.transfer_ms(0, shape(8, 0, 0)), 0.0);  // one stage: no transfer
 }
 
+// ---- the step-cost model's grid (issue 47) ---------------------------------------------------
+
+/// Signature s on rank r, linear in tokens and keys (exact in the piecewise-linear model):
+/// (1 + r) x (0.3 (s + 1) + 0.1 (s + 1) T + 1e-3 prefill keys + 2e-3 decode keys); the head
+/// (s = 2) by rows: (1 + r) x (0.5 + 0.25 R).
+double grid_unit_ms(int r, int s, const stepcost::StepWork& w) {
+  if (s == 2) return (1 + r) * (0.5 + 0.25 * w.rows);
+  return (1 + r) * (0.3 * (s + 1) + 0.1 * (s + 1) * w.tokens + 1e-3 * w.prefill_keys + 2e-3 * w.decode_keys);
+}
+
+/// tiny_profile(R) with the grid of its workload (B=2, P=4, G=9) timed as grid_unit_ms.
+RunRecord tiny_profile_with_grid(int R) {
+  RunRecord run = tiny_profile(R);
+  stepcost::GridSpec spec;
+  spec.max_rows = 2, spec.max_tokens = 8, spec.max_context = 13, spec.contexts = {4, 8, 12};
+  const std::vector<stepcost::GridStep> grid = stepcost::plan_grid(spec);
+  const stepcost::FlatGrid f = stepcost::flatten(grid);
+  auto& p = run.profile;
+  p.step_rows = f.rows, p.step_pos = f.pos, p.step_tokens = f.tokens, p.step_role = f.role;
+  p.step_by_rows = {0, 0, 1};
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < 3; ++s)
+      for (const auto& g : grid) p.step_ms.push_back(grid_unit_ms(r, s, g.work()));
+  return run;
+}
+
+/// A step of prompts (tokens at position 0) and decode rows at `pos`, as the scheduler forms it.
+StepShape shape_of(const std::vector<int>& prompts, const std::vector<int>& decode_pos) {
+  serving::Step st;
+  int slot = 0;
+  for (int t : prompts) st.rows.push_back({slot, slot, 0, t, true, true}), ++slot;
+  for (int p : decode_pos) st.rows.push_back({slot, slot, p, 1, false, true}), ++slot;
+  return serving::step_shape(st);
+}
+
+TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
+  const RunRecord run = tiny_profile_with_grid(2);
+  const balance::Predictor pred(run);
+  const balance::Partition p = balance::parse_manual("2,1", 3, 2);
+  const balance::ProfileStepCosts costs(run, pred, p);
+  ASSERT_TRUE(costs.uses_step_model(0) && costs.uses_step_model(1));
+  for (const StepShape& sh : {shape_of({5}, {}), shape_of({3}, {7}), shape_of({}, {4, 11}), shape_of({1}, {}),
+                              shape_of({12}, {})}) {
+    const stepcost::StepWork w = balance::step_work_of(sh);
+    EXPECT_EQ(w.tokens, static_cast<double>(sh.tokens));
+    EXPECT_NEAR(costs.compute_ms(0, sh), grid_unit_ms(0, 0, w) + grid_unit_ms(0, 1, w), 1e-9);  // rank 0
+    EXPECT_NEAR(costs.compute_ms(1, sh), grid_unit_ms(1, 2, w), 1e-9);                          // the head, rank 1
+  }
+  // A prompt of t at 0 attends t(t+1)/2 keys, a decode at p attends p + 1 (a 1-token prompt too).
+  EXPECT_EQ(shape_of({3}, {7}).prefill_keys, 6.0);
+  EXPECT_EQ(shape_of({3}, {7}).decode_keys, 8.0);
+  EXPECT_EQ(shape_of({1}, {4, 11}).decode_keys, 1.0 + 5.0 + 12.0);
+  EXPECT_EQ(shape_of({1}, {4, 11}).prefill_keys, 0.0);
+  // The stored fit's held-out errors: 0 on a cost the model represents exactly.
+  const stepcost::GridFit fit = balance::profile_step_fit(run);
+  EXPECT_EQ(fit.models.size(), 6u);
+  EXPECT_LT(fit.abs_error_max, 1e-9);
+  // The balancer's step-mix costs: scale x each unit's model summed over the shapes.
+  const std::vector<StepShape> mix = {shape_of({5}, {}), shape_of({}, {4, 11})};
+  const std::vector<double> cost = balance::step_mix_costs(run, mix, 0.5);
+  ASSERT_EQ(cost.size(), 6u);
+  for (int r = 0; r < 2; ++r)
+    for (int u = 0; u < 3; ++u) {
+      double want = 0;
+      for (const StepShape& sh : mix) want += 0.5 * grid_unit_ms(r, u, balance::step_work_of(sh));
+      EXPECT_NEAR(cost[static_cast<std::size_t>(r * 3 + u)], want, 1e-9) << r << "," << u;
+    }
+  // A tensor-parallel stage keeps the two-shape model (the grid is timed at width 1).
+  RunRecord tp = tiny_profile_with_grid(2);
+  ProfileTable::TpGroupProfile g;
+  g.first_rank = 0, g.width = 2, g.latency_ms = {0.5, 0.1, 1.5, 0.6, 0.25, 0.2};
+  g.latency_min_ms = g.latency_max_ms = g.latency_ms;
+  tp.profile.tp.push_back(g);
+  const balance::Predictor tp_pred(tp);
+  balance::Partition whole = balance::parse_manual("3", 3, 1);
+  whole.tp_width = {2};
+  const balance::ProfileStepCosts tp_costs(tp, tp_pred, whole);
+  EXPECT_FALSE(tp_costs.uses_step_model(0));
+  EXPECT_NEAR(tp_costs.compute_ms(0, shape(8, 0, 0)), 2.25, 1e-12);
+}
+
 // ---- the step model calibrated on measured steps --------------------------------------------
 
 /// A serving partition record of `p` whose steps measured `factor(shape)` x the model's compute.
