@@ -96,6 +96,20 @@ RaggedStep ragged_of(const stepcost::GridStep& g) {
 
 }  // namespace
 
+std::vector<double> time_ragged(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out,
+                                const RaggedStep& step, int warmup, int iters, size_t resident_bytes,
+                                const std::function<void()>& align) {
+  {
+    flight::Scope scope(profile_tag(stage, step.total_tokens(), step.pos.front()));
+    for (int i = 0; i < warmup; ++i) stage.enqueue_forward_ragged(lane, in, out, 0, step);
+    lane.synchronize();
+  }
+  const bool hold = held(stage, step.total_tokens(), warmup);
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) t.push_back(time_one_ragged(device, lane, stage, in, out, step, hold, resident_bytes, align));
+  return t;
+}
+
 std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& stage, const void* in,
                                   void* out, int pos, int tokens, int warmup, int iters,
                                   size_t resident_bytes, const std::function<void()>& align) {
@@ -184,16 +198,8 @@ void time_grid_of_unit(Device& device, Lane& lane, StageExecutor& stage, Buffer&
   for (const stepcost::GridStep& g : grid) {
     const RaggedStep step = ragged_of(g);
     check_ragged_step(step, 0, stage_config_of(cfg).work);
-    {
-      flight::Scope scope(profile_tag(stage, step.total_tokens(), step.pos.front()));
-      for (int i = 0; i < cfg.warmup; ++i) stage.enqueue_forward_ragged(lane, in.data(), out.data(), 0, step);
-      lane.synchronize();
-    }
-    const bool hold = held(stage, step.total_tokens(), cfg.warmup);
-    std::vector<double> t;
-    for (int i = 0; i < std::max(1, cfg.iters); ++i)
-      t.push_back(time_one_ragged(device, lane, stage, in.data(), out.data(), step, hold, cfg.resident_bytes, cfg.align));
-    ms.push_back(median(t));
+    ms.push_back(median(time_ragged(device, lane, stage, in.data(), out.data(), step, cfg.warmup,
+                                    std::max(1, cfg.iters), cfg.resident_bytes, cfg.align)));
   }
 }
 

@@ -77,6 +77,14 @@ std::vector<double> time_forwards(Device& device, Lane& lane, StageExecutor& sta
                                   void* out, int pos, int tokens, int warmup, int iters,
                                   size_t resident_bytes = 0, const std::function<void()>& align = {});
 
+/// Times `iters` ragged forwards of `step` on `stage` (group 0) after `warmup` untimed ones, each
+/// bracketed by events on `lane` after its cache flush (cold where resident_bytes exceed the
+/// caches, as time_forwards); returns the elapsed times (ms). The grid's timing harness
+/// (ResidentProfiler::time_grid) and the stage-against-units benchmark's.
+std::vector<double> time_ragged(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out,
+                                const RaggedStep& step, int warmup, int iters, size_t resident_bytes = 0,
+                                const std::function<void()>& align = {});
+
 /// Profiles every signature of `model` on `device`. @throws UserError if a unit does not fit.
 ProfileResult profile_model(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg,
                             const ProgressFn& progress = {});

@@ -4,6 +4,7 @@
 
 #include "common/format.h"
 #include "results/summary.h"
+#include "stepcost/step_model.h"
 
 namespace ppb {
 
@@ -56,12 +57,23 @@ std::string vs(double predicted, double measured) {
 }
 
 /// The serving simulator's prediction from the profile against the measurement (issue 38).
-void print_predictions(std::ostream& os, const ServingRunRecord& s) {
+/// The step model's own uncertainty, where the profile timed its grid (issue 47): its held-out
+/// steps' |model / measured - 1|, p50 and max; "" without a grid.
+std::string step_model_uncertainty(const ProfileTable& t) {
+  if (t.step_rows.empty() || t.step_by_rows.empty()) return "";
+  const stepcost::GridFit fit =
+      stepcost::fit_grid(stepcost::unflatten({t.step_rows, t.step_pos, t.step_tokens, t.step_role}), t.step_by_rows, t.step_ms);
+  return format_line("; the step model's held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50,
+                     100 * fit.abs_error_max);
+}
+
+void print_predictions(std::ostream& os, const ServingRunRecord& s, const ProfileTable& profile) {
   bool any = false, cross = false;
   for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.simulated_output_tokens_per_s);
   for (const ServingPartitionRecord& p : s.partitions) cross = cross || std::isfinite(p.cross_output_tokens_per_s);
   if (!any) return;
-  os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured):\n";
+  os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured"
+     << step_model_uncertainty(profile) << "):\n";
   os << format_line("  %-12s %18s %18s %18s %18s %18s\n", "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                     "TPOT p99");
   for (const ServingPartitionRecord& p : s.partitions)
@@ -106,7 +118,7 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
   if (!s.spec) return;
   os << "\nserving scenario: " << serving_scenario_text(s) << "; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
   print_latency_table(os, s);
-  print_predictions(os, s);
+  print_predictions(os, s, run.profile);
   if (s.rate_search.on) print_rate_search(os, s.rate_search);
   const std::string goodput = serving::goodput_text(s.spec->goodput);
   if (!goodput.empty()) {
