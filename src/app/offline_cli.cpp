@@ -91,15 +91,17 @@ void add_serve_search_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--partition-name", ss.partition_name, "only this partition of the file");
   c->add_flag("--calibrated", ss.calibrated,
-              "a file of `ppbench run --scenario`: scale the step model per rank and band of step tokens by the steps "
-              "its scenario measured (the profile's model misses small-prefill GEMM costs: DESIGN.md)");
+              "a file of `ppbench run --scenario`: scale the step model per rank by the steps its scenario measured "
+              "(one scale where the profile timed the step model's grid; else per band of step tokens: the two-shape "
+              "model misses small-prefill GEMM costs: DESIGN.md)");
   c->add_option("--json", ss.json_out, "write every search's probes and answer as JSON to this file (not the input; "
                                        "an existing file only with --force)");
   c->add_flag("--force", ss.force, "overwrite an existing --json file");
   c->footer(
       "One scenario for every rate: N requests drawn from the seed at 1 request/s, their arrivals divided by R.\n"
       "The rate is bracketed by doubling (halving) from a light load, then bisected to 1% of the rate.\n"
-      "Step times: prefill linear in tokens, decode at the rows' mean context, from the profile (docs/OFFLINE.md).\n"
+      "Step times: the step model fitted to the profile's grid (/profile/step_model), or in files without one prefill\n"
+      "linear in tokens and decode at the rows' mean context (docs/OFFLINE.md).\n"
       "Example: ppbench serve-search results/run.h5 --slo-ttft 2000 --slo-tpot 200 --attainment 0.99");
   c->callback([] { run_and_exit([] { return serve_search_command(ss); }); });
 }

@@ -185,9 +185,14 @@ void print_header(const RunRecord& run, const ServeSearchOptions& opt, const ser
               spec.requests, sig(spec.arrivals.burstiness).c_str(), static_cast<unsigned long long>(spec.seed),
               serving::step_policy_name(spec.policy),
               static_cast<double>(prompt) / unit.size(), static_cast<double>(out) / unit.size());
-  std::printf("step model: the profile's %s table (B=%d P=%d), prefill linear in tokens, decode at the rows' mean "
-              "context (balance/serving_step_model.h); bisection to 1%% of the rate\n",
-              run.profile.latency_alone_ms.empty() ? "one-pass" : "together", run.workload.batch, run.workload.prompt_len);
+  if (!run.profile.step_rows.empty())
+    std::printf("step model: fitted to the profile's grid of %zu step shapes (/profile/step_model: piecewise linear in a "
+                "step's tokens plus its attention keys, stepcost/step_model.h); bisection to 1%% of the rate\n",
+                run.profile.step_rows.size());
+  else
+    std::printf("step model: the profile's %s table (B=%d P=%d), prefill linear in tokens, decode at the rows' mean "
+                "context (balance/serving_step_model.h); bisection to 1%% of the rate\n",
+                run.profile.latency_alone_ms.empty() ? "one-pass" : "together", run.workload.batch, run.workload.prompt_len);
   std::printf("%-24s %7s %-10s %12s %11s %8s %17s %17s %9s %10s %4s %6s\n", "partition", "devices", "M x B",
               "max req/s", "per device", "attain", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "goodput", "out tok/s",
               "prob", "s");

@@ -98,8 +98,8 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
 stepcost::GridFit profile_step_fit(const RunRecord& run) {
   const ProfileTable& t = run.profile;
   if (t.step_rows.empty() || t.step_by_rows.empty()) return {};
-  return stepcost::fit_grid(stepcost::unflatten({t.step_rows, t.step_pos, t.step_tokens, t.step_role}), t.step_by_rows,
-                            t.step_ms);
+  return stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, t.step_ms,
+                                    t.unit_signature);
 }
 
 ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "backend/lane_hold.h"
@@ -192,15 +193,45 @@ StageConfig stage_config_of(const ProfileConfig& cfg) {
   return sc;
 }
 
-/// Medians of the grid's steps on one built unit, appended to `ms`.
+/// Medians of the grid's steps on one built unit, appended to `ms`. The steps are timed in
+/// passes: an untimed pass (cfg.warmup > 0), then cfg.iters passes of one timed forward of every
+/// step, so that a step's samples spread over the whole grid's time, as the profile's cycles
+/// spread a unit's: on the VMs of issue 13 the machine's speed moves by ~20% from one ~1-2 s
+/// window to the next, and consecutive forwards of one step would all fall in one window (one
+/// disturbed window made a layer's steps at 8-32 tokens 25-40% off in one grid). A unit whose cost
+/// goes by rows (`by_rows`: the head, stepcost/step_model.h) times each row count of the fitted
+/// steps once per pass and gives it to every fitted step of that many rows (its held-out steps
+/// are timed each: their error must be measured). Every rank makes the same calls for the same
+/// grid and model.
 void time_grid_of_unit(Device& device, Lane& lane, StageExecutor& stage, Buffer& in, Buffer& out,
-                       const ProfileConfig& cfg, const std::vector<stepcost::GridStep>& grid, std::vector<double>& ms) {
-  for (const stepcost::GridStep& g : grid) {
-    const RaggedStep step = ragged_of(g);
-    check_ragged_step(step, 0, stage_config_of(cfg).work);
-    ms.push_back(median(time_ragged(device, lane, stage, in.data(), out.data(), step, cfg.warmup,
-                                    std::max(1, cfg.iters), cfg.resident_bytes, cfg.align)));
+                       const ProfileConfig& cfg, const std::vector<stepcost::GridStep>& grid, bool by_rows,
+                       std::vector<double>& ms) {
+  const std::size_t N = grid.size();
+  std::vector<RaggedStep> steps;
+  std::vector<std::size_t> timed_as(N);  // the step whose timing step n takes
+  std::map<std::size_t, std::size_t> first_of_rows;
+  for (std::size_t n = 0; n < N; ++n) {
+    steps.push_back(ragged_of(grid[n]));
+    check_ragged_step(steps.back(), 0, stage_config_of(cfg).work);
+    timed_as[n] = n;
+    if (by_rows && grid[n].role != stepcost::Role::held_out)
+      timed_as[n] = first_of_rows.emplace(grid[n].pos.size(), n).first->second;
   }
+  const int passes = std::max(1, cfg.iters);
+  std::vector<std::vector<double>> samples(N);
+  for (int pass = -std::min(cfg.warmup, 1); pass < passes; ++pass)
+    for (std::size_t n = 0; n < N; ++n) {
+      if (timed_as[n] != n) continue;
+      if (pass < 0) {
+        stage.enqueue_forward_ragged(lane, in.data(), out.data(), 0, steps[n]);
+        lane.synchronize();
+        continue;
+      }
+      const bool hold = held(stage, steps[n].total_tokens(), cfg.warmup);
+      samples[n].push_back(
+          time_one_ragged(device, lane, stage, in.data(), out.data(), steps[n], hold, cfg.resident_bytes, cfg.align));
+    }
+  for (std::size_t n = 0; n < N; ++n) ms.push_back(median(samples[timed_as[n]]));
 }
 
 /// One signature's timings: prefill median/min/max, decode mean over contexts of the medians,
@@ -307,7 +338,7 @@ StepGridResult profile_grid(Device& device, const model::ModelSpec& model, const
     auto in = device.allocate(in_bytes);
     auto out = device.allocate(std::max(stage->output_bytes(cfg.work.prompt_len), stage->output_bytes(1)));
     fill_input(*in, model, unit, in_bytes, cfg.work.seed, cfg.work.dtype);
-    time_grid_of_unit(device, *lane, *stage, *in, *out, cfg, grid, r.ms);
+    time_grid_of_unit(device, *lane, *stage, *in, *out, cfg, grid, model.units[unit].kind == model::UnitKind::head, r.ms);
   }
   return r;
 }
@@ -348,7 +379,9 @@ ProfileResult ResidentProfiler::profile(const ProfileConfig& cfg) {
 StepGridResult ResidentProfiler::time_grid(const ProfileConfig& cfg, const std::vector<stepcost::GridStep>& grid) {
   StepGridResult r;
   r.grid = grid;
-  for (Unit& u : units_) time_grid_of_unit(device_, *lane_, *u.stage, *u.in, *u.out, cfg, grid, r.ms);
+  for (Unit& u : units_)
+    time_grid_of_unit(device_, *lane_, *u.stage, *u.in, *u.out, cfg, grid,
+                      model_.units[u.stage->first_unit()].kind == model::UnitKind::head, r.ms);
   return r;
 }
 

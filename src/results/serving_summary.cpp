@@ -62,7 +62,7 @@ std::string vs(double predicted, double measured) {
 std::string step_model_uncertainty(const ProfileTable& t) {
   if (t.step_rows.empty() || t.step_by_rows.empty()) return "";
   const stepcost::GridFit fit =
-      stepcost::fit_grid(stepcost::unflatten({t.step_rows, t.step_pos, t.step_tokens, t.step_role}), t.step_by_rows, t.step_ms);
+      stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, t.step_ms, t.unit_signature);
   return format_line("; the step model's held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50,
                      100 * fit.abs_error_max);
 }

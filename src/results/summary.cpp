@@ -399,13 +399,13 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
   const ProfileTable& t = run.profile;
   if (t.step_rows.empty() || t.step_by_rows.empty()) return;
   const stepcost::GridFit fit =
-      stepcost::fit_grid(stepcost::unflatten({t.step_rows, t.step_pos, t.step_tokens, t.step_role}), t.step_by_rows, t.step_ms);
-  std::size_t held = 0;
-  for (const auto& e : fit.held_out) held += e.size();
+      stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, t.step_ms, t.unit_signature);
+  const std::size_t S = t.step_by_rows.size(), ranks = fit.models.size() / S;
+  const std::size_t held = fit.held_out.empty() ? 0 : fit.held_out.front().size();
   os << "step model: " << t.step_rows.size() << " step shapes timed on each signature and rank, piecewise linear in a "
-     << "step's tokens plus its attention keys (/profile/step_model); held-out steps' |model / measured - 1| p50 "
-     << fmt("%.1f", 100 * fit.abs_error_p50) << "%, max " << fmt("%.1f", 100 * fit.abs_error_max) << "% over " << held
-     << ": the serving predictions' interpolation error\n";
+     << "step's tokens plus its attention keys (/profile/step_model); " << held << " held-out steps of the whole model on "
+     << ranks << " rank(s): |model / measured - 1| p50 " << fmt("%.1f", 100 * fit.abs_error_p50) << "%, max "
+     << fmt("%.1f", 100 * fit.abs_error_max) << "%: the serving predictions' interpolation error\n";
 }
 
 /// What the partition tables' columns and figures mean.

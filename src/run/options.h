@@ -42,7 +42,7 @@ struct RunFlags {
   int profile_iters = 5;
   int profile_contexts = 3;
   int profile_repeats = 0;
-  int step_grid_iters = 5;
+  int step_grid_iters = 3;
   std::string round_profile = "auto";
   bool no_overlap = false;
   bool validate = true;
@@ -124,7 +124,7 @@ struct RunOptions {
   bool cuda_graphs = true;
   int profile_warmup = 2, profile_iters = 5, profile_contexts = 3;
   int profile_repeats = 0;           ///< 0 = auto (profile_phase.h)
-  int step_grid_iters = 5;           ///< timed forwards per step of the step model's grid (0 = no grid)
+  int step_grid_iters = 3;           ///< timed forwards per step of the step model's grid (0 = no grid)
   bool overlap = true;
   bool validate = true;
   std::string device = "auto";       ///< "auto" or a backend's name (backend registry)

@@ -202,10 +202,11 @@ UnitModel fit_unit(const std::vector<Sample>& samples, bool by_rows) {
     if ((s.role == Role::knot || s.role == Role::attention) && attention_x.count(x_of(s.work)))
       pre[x_of(s.work)].emplace_back(s.work.prefill_keys, s.ms - m.decode_key_ms * s.work.decode_keys);
   m.prefill_key_ms = pooled_slope(pre);
-  // g at each knot: every fitted sample there, less its attention terms
+  // g at each knot: its knot samples, less their attention terms (the context and attention
+  // samples fit the slopes only: a noisy one then moves the steps with many keys, not g)
   std::map<double, std::pair<double, int>> sum;
   for (const Sample& s : samples) {
-    if (s.role == Role::held_out || !knot_x.count(x_of(s.work))) continue;
+    if (s.role != Role::knot) continue;
     auto& [total, n] = sum[x_of(s.work)];
     total += s.ms - m.prefill_key_ms * s.work.prefill_keys - m.decode_key_ms * s.work.decode_keys;
     ++n;
@@ -265,19 +266,35 @@ std::vector<Sample> samples_of(const std::vector<GridStep>& grid, const double* 
   return out;
 }
 
-GridFit fit_grid(const std::vector<GridStep>& grid, const std::vector<int>& by_rows, const std::vector<double>& ms) {
+GridFit fit_grid(const std::vector<GridStep>& grid, const std::vector<int>& by_rows, const std::vector<double>& ms,
+                 const std::vector<int>& units) {
   const std::size_t S = by_rows.size(), N = grid.size();
   if (S == 0 || N == 0 || ms.size() % (S * N) != 0)
     throw UserError("/profile/step_model: step_ms holds " + std::to_string(ms.size()) + " values, not ranks x " +
                     std::to_string(S) + " signatures x " + std::to_string(N) + " steps");
+  if (!units.empty() && units.size() != S)
+    throw UserError("/profile/step_model: " + std::to_string(S) + " signatures, but unit counts of " +
+                    std::to_string(units.size()));
   GridFit f;
   std::vector<double> all;
   for (std::size_t i = 0; i < ms.size() / N; ++i) {
     const std::vector<Sample> samples = samples_of(grid, &ms[i * N]);
     f.models.push_back(fit_unit(samples, by_rows[i % S] != 0));
     f.held_out.push_back(held_out_errors(f.models.back(), samples));
-    for (double e : f.held_out.back()) all.push_back(std::abs(e));
+    if (units.empty())
+      for (double e : f.held_out.back()) all.push_back(std::abs(e));
   }
+  if (!units.empty())
+    for (std::size_t r = 0; r < ms.size() / (S * N); ++r)
+      for (std::size_t n = 0; n < N; ++n) {
+        if (grid[n].role != Role::held_out) continue;
+        double model = 0.0, measured = 0.0;
+        for (std::size_t s = 0; s < S; ++s) {
+          model += units[s] * f.models[r * S + s].ms(grid[n].work());
+          measured += units[s] * ms[(r * S + s) * N + n];
+        }
+        if (measured > 0.0) all.push_back(std::abs(model / measured - 1.0));
+      }
   if (!all.empty()) {
     std::sort(all.begin(), all.end());
     const std::size_t n = all.size();
@@ -285,6 +302,18 @@ GridFit fit_grid(const std::vector<GridStep>& grid, const std::vector<int>& by_r
     f.abs_error_max = all.back();
   }
   return f;
+}
+
+GridFit fit_profile_grid(const FlatGrid& flat, const std::vector<int>& by_rows, const std::vector<double>& ms,
+                         const std::vector<int>& unit_signature) {
+  std::vector<int> units(by_rows.size(), 0);
+  for (int s : unit_signature) {
+    if (s < 0 || static_cast<std::size_t>(s) >= units.size())
+      throw UserError("/profile/step_model: a unit of signature " + std::to_string(s) + ", but " +
+                      std::to_string(units.size()) + " signatures timed");
+    ++units[static_cast<std::size_t>(s)];
+  }
+  return fit_grid(unflatten(flat), by_rows, ms, units);
 }
 
 }  // namespace ppb::stepcost

@@ -21,8 +21,8 @@
 //   the pooled least-squares slope of steps of equal T whose tokens are split into different
 //   rows (one row of t tokens against r rows of t/r: the same GEMMs, r times the keys). Both
 //   >= 0 (a negative slope is noise).
-// - g(x_i) is the mean over the fit's samples at x_i of the measured time less the two
-//   attention terms.
+// - g(x_i) is the mean over the knot samples at x_i of the measured time less the two
+//   attention terms (the context and attention samples fit the slopes only).
 // Held-out samples (timed, not fitted: steps between the knots, split into other rows, a mixed
 // prefill+decode step, a decode of half the rows) measure the model's interpolation error,
 // which every prediction from it carries (held_out_errors).
@@ -122,11 +122,24 @@ std::vector<Sample> samples_of(const std::vector<GridStep>& grid, const double* 
 struct GridFit {
   std::vector<UnitModel> models;              ///< [R][S]
   std::vector<std::vector<double>> held_out;  ///< [R][S] held_out_errors of each
-  /// The median and the largest |held-out error| over all of them (0 without held-out steps).
+  /// The median and the largest |held-out error| of the whole model per rank (each held-out
+  /// step's sum over the signatures x their units, modelled against measured): the error a
+  /// prediction of a stage carries, where a tiny unit's relative noise (an embedding's few
+  /// microseconds) weighs by its time. Without `units` counts: over every (rank, signature).
+  /// 0 without held-out steps.
   double abs_error_p50 = 0.0, abs_error_max = 0.0;
 };
-/// Fits ms [R][S][N] (N = grid.size(), S = by_rows.size()).
-/// @throws ppb::UserError (naming /profile/step_model) where ms is not a multiple of S·N.
-GridFit fit_grid(const std::vector<GridStep>& grid, const std::vector<int>& by_rows, const std::vector<double>& ms);
+/// Fits ms [R][S][N] (N = grid.size(), S = by_rows.size()); `units` [S]: units of each
+/// signature in the model (empty: the errors per signature).
+/// @throws ppb::UserError (naming /profile/step_model) where ms is not a multiple of S·N or
+///         units is neither empty nor [S].
+GridFit fit_grid(const std::vector<GridStep>& grid, const std::vector<int>& by_rows, const std::vector<double>& ms,
+                 const std::vector<int>& units = {});
+
+/// fit_grid of a profile's stored grid (`flat`, unflatten's checks), its errors over the whole
+/// model: `unit_signature` [U] each unit's signature (the units counted per signature).
+/// @throws what unflatten and fit_grid throw; ppb::UserError on a signature out of range.
+GridFit fit_profile_grid(const FlatGrid& flat, const std::vector<int>& by_rows, const std::vector<double>& ms,
+                         const std::vector<int>& unit_signature);
 
 }  // namespace ppb::stepcost

@@ -139,5 +139,27 @@ TEST(StepModel, TheHeadIsFittedInRowsNotTokens) {
   EXPECT_THROW(fit_unit({}, true), InternalError);
 }
 
+TEST(StepModel, WholeModelErrorWeighsEachUnitByItsTime) {
+  // Signature 0: a unit of microseconds whose held-out steps measured 50% slow (noise at that
+  // size); signature 1: 28 layers of the synthetic cost, exactly. Per signature the largest
+  // error is the tiny unit's 1/1.5 - 1; over the whole model it is its share of the sum.
+  const std::vector<GridStep> grid = plan_grid(serving_spec());
+  const std::size_t N = grid.size();
+  std::vector<double> ms(2 * N);
+  for (std::size_t n = 0; n < N; ++n) {
+    const double layer = synthetic_ms(grid[n].work());
+    ms[n] = 1e-3 * (1.0 + grid[n].work().tokens) * (grid[n].role == Role::held_out ? 1.5 : 1.0);
+    ms[N + n] = layer;
+  }
+  const GridFit per = fit_grid(grid, {0, 0}, ms);
+  EXPECT_NEAR(per.abs_error_max, 1.0 - 1.0 / 1.5, 1e-9);
+  std::vector<int> unit_signature(29, 1);
+  unit_signature[0] = 0;  // one embedding, 28 layers
+  const GridFit whole = fit_profile_grid(flatten(grid), {0, 0}, ms, unit_signature);
+  EXPECT_LT(whole.abs_error_max, 0.02);  // the layers' interpolation error and the tiny unit's share
+  EXPECT_LE(whole.abs_error_p50, whole.abs_error_max);
+  EXPECT_THROW(fit_profile_grid(flatten(grid), {0, 0}, ms, {0, 2}), UserError);  // no signature 2
+}
+
 }  // namespace
 }  // namespace ppb::stepcost
