@@ -237,8 +237,9 @@ int serve_search_command(const ServeSearchOptions& opt) {
       opt.calibrated ? file_calibration(run, pred, opt) : std::vector<balance::StepCalibration>{};
   print_header(run, opt, spec, unit);
   if (opt.calibrated)
-    std::printf("step model calibrated per rank and token band by the file's measured serving steps "
-                "(balance/serving_calibration.h)\n");
+    std::printf("step model calibrated per rank by the file's measured serving steps (%s; "
+                "balance/serving_calibration.h)\n",
+                run.profile.step_rows.empty() ? "per kind and band of step tokens" : "one scale on the step model");
   std::vector<SearchOutcome> all;
   json out = json::array();
   for (const balance::Partition& p : parts) {
