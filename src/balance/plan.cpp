@@ -93,6 +93,14 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups) {
     for (int d = 0; d < devices; ++d)
       p.decode_context_ms.insert(p.decode_context_ms.end(), t.decode_context_ms.begin(),
                                  t.decode_context_ms.begin() + static_cast<long>(U * C));
+  // The step model's grid (issue 47): rank 0's medians [S][N] per device, as its tables.
+  const std::size_t S = t.step_by_rows.size(), N = t.step_rows.size();
+  if (S > 0 && N > 0 && t.step_ms.size() >= S * N) {
+    p.step_rows = t.step_rows, p.step_pos = t.step_pos, p.step_tokens = t.step_tokens, p.step_role = t.step_role;
+    p.step_by_rows = t.step_by_rows;
+    for (int d = 0; d < devices; ++d)
+      p.step_ms.insert(p.step_ms.end(), t.step_ms.begin(), t.step_ms.begin() + static_cast<long>(S * N));
+  }
   // The KV cache of M·B sequences from the file's of M_file·B: linear in the groups.
   const double scale = static_cast<double>(groups) / run.workload.microbatches;
   for (int64_t kv : t.unit_kv_bytes) p.unit_kv_bytes.push_back(static_cast<int64_t>(std::ceil(kv * scale)));

@@ -78,7 +78,8 @@ std::string plan_label(const std::vector<int>& widths, int groups);
 /// The record of `devices` devices like `run`'s rank 0 running M = `groups` groups: rank 0's
 /// RankInfo on every device (one device class), the devices in machines of as many as the file
 /// has ranks on rank 0's machine (machine_id "plan-<k>": stages on one machine contend for its
-/// memory as the file's did), each device's profile rows (together, alone, min, max) rank 0's,
+/// memory as the file's did), each device's profile rows (together, alone, min, max, decode by
+/// context, the step model's grid medians) rank 0's,
 /// one profile per tensor-parallel width (the first of the file's groups of that width on rank
 /// 0's class; widths above the machine size dropped), the KV bytes of every unit scaled from
 /// the file's M to `groups` (ceil), the file's one link on every boundary (no link matrix).

@@ -299,9 +299,12 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
   ctx.progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +
                    (p.tensor_parallel() ? " on stages of widths " + pr.layout : "") + ", predicted bottleneck " +
                    format_fixed(pr.predicted_bottleneck_ms, 2) + " ms (" + ctx.opt.objective_text +
-                   (prof.latency_alone_ms.empty() ? ")"
-                                                  : "; solved on the together profile " + format_fixed(p.bottleneck_ms, 2) +
-                                                        " ms, shared-bandwidth model)"));
+                   (ctx.record().serving.objective_steps > 0 && !p.tensor_parallel()
+                        ? "; solved on the scenario's step mix: " + format_fixed(p.bottleneck_ms, 2) +
+                              " ms of the bottleneck stage per B requests)"
+                    : prof.latency_alone_ms.empty() ? ")"
+                                                    : "; solved on the together profile " + format_fixed(p.bottleneck_ms, 2) +
+                                                          " ms, shared-bandwidth model)"));
   return pr;
 }
 

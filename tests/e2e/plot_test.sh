@@ -227,7 +227,9 @@ set -e
 mpirun --oversubscribe -np 2 "$BUILD/ppbench" run --model "$MODEL" -b 2 -p 12 -g 6 --iters 1 --target-ci 0 \
   --scenario poisson --request-rate 50 --requests 12 --prompt-lens uniform:2,12 --gen-lens uniform:1,6 --goodput ttft:50 \
   -o "$TMP/serve.h5" >"$TMP/serve.log" 2>&1 || { cat "$TMP/serve.log"; fail "ppbench run --scenario failed"; }
-"$BUILD/ppbench" report "$TMP/serve.h5" | grep -q "serving scenario: poisson at 50 requests/s, 12 requests" || fail "report printed no scenario"
+# (to a file first: `| grep -q` under pipefail fails when grep exits before report's last write)
+"$BUILD/ppbench" report "$TMP/serve.h5" >"$TMP/serve_report.txt" || fail "report of the scenario's file failed"
+grep -q "serving scenario: poisson at 50 requests/s, 12 requests" "$TMP/serve_report.txt" || fail "report printed no scenario"
 "$PY" "$REPO/tools/ppbench_plot.py" "$TMP/serve.h5" --outdir "$TMP/serveout" >"$TMP/serve_plot.txt" || fail "plot of the scenario failed"
 grep -qx "$TMP/serveout/serve_serving.png" "$TMP/serve_plot.txt" || fail "no serve_serving.png: $(cat "$TMP/serve_plot.txt")"
 size=$(stat -c %s "$TMP/serveout/serve_serving.png")

@@ -22,6 +22,7 @@
 
 #include "app/offline_commands.h"
 #include "balance/partition.h"
+#include "balance/plan.h"
 #include "balance/predict.h"
 #include "balance/serving_calibration.h"
 #include "balance/serving_step_model.h"
@@ -388,6 +389,16 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
       for (const StepShape& sh : mix) want += 0.5 * grid_unit_ms(r, u, balance::step_work_of(sh));
       EXPECT_NEAR(cost[static_cast<std::size_t>(r * 3 + u)], want, 1e-9) << r << "," << u;
     }
+  // The planner's record of 4 devices like rank 0 carries rank 0's grid to each: every stage of
+  // a 4-stage split on it runs the step model, rank 0's (grid_unit_ms of r = 0).
+  const RunRecord four = balance::plan_record(run, 4, 2);
+  const balance::Predictor four_pred(four);
+  const balance::ProfileStepCosts four_costs(four, four_pred, balance::parse_manual("1,1,1", 3, 3));
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_TRUE(four_costs.uses_step_model(k)) << k;
+    const StepShape sh = shape_of({5}, {9});
+    EXPECT_NEAR(four_costs.compute_ms(k, sh), grid_unit_ms(0, k, balance::step_work_of(sh)), 1e-9) << k;
+  }
   // A tensor-parallel stage keeps the two-shape model (the grid is timed at width 1).
   RunRecord tp = tiny_profile_with_grid(2);
   ProfileTable::TpGroupProfile g;
