@@ -23,13 +23,13 @@ flight::Tag profile_tag(const StageExecutor& stage, int tokens, int pos) {
   return t;
 }
 
-/// One timed forward (ms): cache flush (cold where the run's resident weights exceed the caches,
-/// Device::flush_caches), `align` where set (after the flush, so that the ranks' timed forwards
-/// start together), then the forward bracketed by events on `lane`, held until enqueued where
-/// `hold` (backend/lane_hold.h).
-double time_one_forward(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out, int pos,
-                        int tokens, bool hold, size_t resident_bytes, const std::function<void()>& align) {
-  flight::Scope scope(profile_tag(stage, tokens, pos));
+/// One timed forward (ms), whatever `enqueue` puts on the lane: cache flush (cold where the
+/// run's resident weights exceed the caches, Device::flush_caches), `align` where set (after the
+/// flush, so that the ranks' timed forwards start together), then the forward bracketed by
+/// events on `lane`, held until enqueued where `hold` (backend/lane_hold.h).
+double time_enqueued(Device& device, Lane& lane, const flight::Tag& tag, bool hold, size_t resident_bytes,
+                     const std::function<void()>& align, const std::function<void()>& enqueue) {
+  flight::Scope scope(tag);
   auto start = device.create_event();
   auto stop = device.create_event();
   if (align) {
@@ -40,7 +40,7 @@ double time_one_forward(Device& device, Lane& lane, StageExecutor& stage, const 
   auto forward = [&] {
     if (!align) device.flush_caches(lane, resident_bytes);
     lane.record(*start);
-    stage.enqueue_forward(lane, in, out, 0, pos, tokens);
+    enqueue();
     lane.record(*stop);
   };
   if (hold)
@@ -49,6 +49,13 @@ double time_one_forward(Device& device, Lane& lane, StageExecutor& stage, const 
     forward();
   lane.synchronize();
   return 1e3 * (stop->time_s() - start->time_s());
+}
+
+/// One timed forward of `tokens` tokens per sequence at `pos` (time_enqueued).
+double time_one_forward(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out, int pos,
+                        int tokens, bool hold, size_t resident_bytes, const std::function<void()>& align) {
+  return time_enqueued(device, lane, profile_tag(stage, tokens, pos), hold, resident_bytes, align,
+                       [&] { stage.enqueue_forward(lane, in, out, 0, pos, tokens); });
 }
 
 /// Whether a forward of `tokens` tokens is timed with its lane held: only after a warm-up (see
@@ -59,29 +66,11 @@ bool held(const StageExecutor& stage, int tokens, int warmup) {
   return warmup > 0 && stage.launches_per_forward(tokens) <= kMaxHeldLaunches;
 }
 
-/// One timed ragged forward of `step` (ms), as time_one_forward times a forward.
+/// One timed ragged forward of `step` (time_enqueued).
 double time_one_ragged(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out,
                        const RaggedStep& step, bool hold, size_t resident_bytes, const std::function<void()>& align) {
-  flight::Scope scope(profile_tag(stage, step.total_tokens(), step.pos.front()));
-  auto start = device.create_event();
-  auto stop = device.create_event();
-  if (align) {
-    device.flush_caches(lane, resident_bytes);
-    lane.synchronize();
-    align();
-  }
-  auto forward = [&] {
-    if (!align) device.flush_caches(lane, resident_bytes);
-    lane.record(*start);
-    stage.enqueue_forward_ragged(lane, in, out, 0, step);
-    lane.record(*stop);
-  };
-  if (hold)
-    enqueue_held(lane, forward);
-  else
-    forward();
-  lane.synchronize();
-  return 1e3 * (stop->time_s() - start->time_s());
+  return time_enqueued(device, lane, profile_tag(stage, step.total_tokens(), step.pos.front()), hold, resident_bytes,
+                       align, [&] { stage.enqueue_forward_ragged(lane, in, out, 0, step); });
 }
 
 /// The grid step as a ragged step in slots 0..rows-1.

@@ -4,7 +4,7 @@
 
 #include "common/format.h"
 #include "results/summary.h"
-#include "stepcost/step_model.h"
+#include "results/step_model_io.h"
 
 namespace ppb {
 
@@ -61,8 +61,7 @@ std::string vs(double predicted, double measured) {
 /// steps' |model / measured - 1|, p50 and max; "" without a grid.
 std::string step_model_uncertainty(const ProfileTable& t) {
   if (t.step_rows.empty() || t.step_by_rows.empty()) return "";
-  const stepcost::GridFit fit =
-      stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, t.step_ms, t.unit_signature);
+  const stepcost::GridFit fit = fit_step_model(t);
   return format_line("; the step model's held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50,
                      100 * fit.abs_error_max);
 }

@@ -34,8 +34,7 @@ void write_step_model(Group& prof, const RunRecord& run) {
   g.write_dataset("step_role", p.step_role).set_attr("roles", std::vector<std::string>{"knot", "context", "attention", "held_out"});
   g.write_dataset("by_rows", p.step_by_rows, {S});
   g.write_dataset("step_ms", p.step_ms, {R, S, N}).set_attr("units", "ms");
-  const stepcost::GridFit fit =
-      stepcost::fit_profile_grid({p.step_rows, p.step_pos, p.step_tokens, p.step_role}, p.step_by_rows, p.step_ms, p.unit_signature);
+  const stepcost::GridFit fit = fit_step_model(p);
   std::vector<double> pre, dec, err, kx, kms;
   hs K = 0;
   const hs H = fit.held_out.front().size();
@@ -61,6 +60,12 @@ void write_step_model(Group& prof, const RunRecord& run) {
   // The attributes: over the whole model per rank (each held-out step summed over its units).
   g.set_attr("held_out_abs_error_p50", fit.abs_error_p50);
   g.set_attr("held_out_abs_error_max", fit.abs_error_max);
+}
+
+stepcost::GridFit fit_step_model(const ProfileTable& p) {
+  if (p.step_rows.empty() || p.step_by_rows.empty()) return {};
+  return stepcost::fit_profile_grid({p.step_rows, p.step_pos, p.step_tokens, p.step_role}, p.step_by_rows, p.step_ms,
+                                    p.unit_signature);
 }
 
 void read_step_model(const Group& prof, ProfileTable& p) {

@@ -6,12 +6,18 @@
 
 #include "results/h5.h"
 #include "results/run_record.h"
+#include "stepcost/step_model.h"
 
 namespace ppb {
 
 /// Writes /profile/step_model under `prof` (nothing where the profile timed no grid).
 /// @throws InternalError if step_ms does not match the ranks, signatures and steps, or HDF5 fails.
 void write_step_model(h5::Group& prof, const RunRecord& run);
+
+/// The step model fitted to `p`'s grid, its held-out error over the whole model
+/// (stepcost::fit_profile_grid); empty where the profile timed no grid.
+/// @throws what stepcost::fit_profile_grid throws.
+stepcost::GridFit fit_step_model(const ProfileTable& p);
 
 /// Reads the grid and its medians back into `p` (files without the group leave them empty).
 void read_step_model(const h5::Group& prof, ProfileTable& p);

@@ -16,7 +16,7 @@
 #include "common/stats.h"
 #include "common/transfer.h"
 #include "results/plan_summary.h"
-#include "stepcost/step_model.h"
+#include "results/step_model_io.h"
 #include "results/conditions.h"
 
 namespace ppb {
@@ -398,8 +398,7 @@ void print_profile_only(std::ostream& os, const RunRecord& run) {
 void print_step_model(std::ostream& os, const RunRecord& run) {
   const ProfileTable& t = run.profile;
   if (t.step_rows.empty() || t.step_by_rows.empty()) return;
-  const stepcost::GridFit fit =
-      stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, t.step_ms, t.unit_signature);
+  const stepcost::GridFit fit = fit_step_model(t);
   const std::size_t S = t.step_by_rows.size(), ranks = fit.models.size() / S;
   const std::size_t held = fit.held_out.empty() ? 0 : fit.held_out.front().size();
   os << "step model: " << t.step_rows.size() << " step shapes timed on each signature and rank, piecewise linear in a "

@@ -304,14 +304,19 @@ TEST(ServingStepModel, MatchesHandComputedValues) {
 // A tensor-parallel stage: its group's mean decode (over contexts) shaped by its first rank's
 // width-1 curve: group decode sum 0.1 + 0.6 + 0.2 = 0.9 ms; rank 0's curve over the 3 units
 // 1.5, 2.0, 3.1 (mean 2.2) -> 0.9 x 1.5 / 2.2 at context 4.
-TEST(ServingStepModel, TensorParallelStageTakesTheGroupsMeanAndTheRanksShape) {
-  RunRecord run = tiny_profile(2);
+/// The profile of a group of ranks 0-1 at width 2 (per unit: prefill, decode), added to `run`.
+void add_tp2_group(RunRecord& run) {
   ProfileTable::TpGroupProfile g;
   g.first_rank = 0;
   g.width = 2;
   g.latency_ms = {0.5, 0.1, 1.5, 0.6, 0.25, 0.2};
   g.latency_min_ms = g.latency_max_ms = g.latency_ms;
   run.profile.tp.push_back(g);
+}
+
+TEST(ServingStepModel, TensorParallelStageTakesTheGroupsMeanAndTheRanksShape) {
+  RunRecord run = tiny_profile(2);
+  add_tp2_group(run);
   const balance::Predictor pred(run);
   balance::Partition p = balance::parse_manual("3", 3, 1);
   p.tp_width = {2};
@@ -401,10 +406,7 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
   }
   // A tensor-parallel stage keeps the two-shape model (the grid is timed at width 1).
   RunRecord tp = tiny_profile_with_grid(2);
-  ProfileTable::TpGroupProfile g;
-  g.first_rank = 0, g.width = 2, g.latency_ms = {0.5, 0.1, 1.5, 0.6, 0.25, 0.2};
-  g.latency_min_ms = g.latency_max_ms = g.latency_ms;
-  tp.profile.tp.push_back(g);
+  add_tp2_group(tp);
   const balance::Predictor tp_pred(tp);
   balance::Partition whole = balance::parse_manual("3", 3, 1);
   whole.tp_width = {2};
