@@ -57,6 +57,11 @@ void add_plan_command(CLI::App& app) {
       ->required();
   pl->add_option("--batch", plan.batch, "B sequences per group, a list such as 4: only the file's B (the step time of "
                                         "another B is not measured, and plan has no batch-scaling model)");
+  pl->add_option("--replicas", plan.replicas,
+                 "auto | R: the N devices as R identical pipelines of N/R devices, the requests spread over them "
+                 "round-robin (data parallel x pipeline x tensor parallel); auto: every R dividing N (R = 1: one "
+                 "pipeline); with --scenario each replica serves the requests sent to it at random (rate / R)")
+      ->capture_default_str();
   pl->add_option("--top", plan.top, "print the K front points with the most tokens/s (0 = all)")->check(kNonNegative);
   pl->add_flag("--csv", plan.csv, "every candidate as CSV on stdout (columns front, meets_slo) instead of the tables");
   pl->add_option("--json", plan.json_out, "write every candidate, the front and the choice as JSON to this file (not "
@@ -67,6 +72,7 @@ void add_plan_command(CLI::App& app) {
       "Layouts: S stages on consecutive devices, each of width 1 or a width the file profiled (a group within one\n"
       "machine of as many devices as the file's rank 0 shared), the balanced split of that layout, M = 1..2S groups.\n"
       "Every layout while there are at most 256, else per S the widths with the smallest bottleneck.\n"
+      "Replicas (--replicas auto): each R dividing N searched for N/R devices, tokens/s x R (\"DP2 PP2 M4\").\n"
       "Each predicted by the run's own model (as `ppbench simulate`). B: only the file's. docs/OFFLINE.md.\n"
       "With --scenario: every layout (unpruned) searched for its highest request rate within the SLO.\n"
       "Example: ppbench plan results/profile.h5 --devices 4 --slo-tpot 200\n"

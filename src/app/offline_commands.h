@@ -61,6 +61,8 @@ struct PlanOptions {
   bool csv = false;         ///< every candidate as CSV on stdout instead of the tables
   std::string json_out;     ///< --json FILE (never the input; an existing file only with force)
   bool force = false;
+  /// --replicas: "auto" (every R dividing N, balance::PlanRequest::replicas = 0) or R >= 1.
+  std::string replicas = "auto";
   /// --scenario and its flags (app/scenario_flags.h). Without a scenario, --slo-ttft and
   /// --slo-tpot (scenario.slo_ttft_ms, slo_tpot_ms; 0 = none) are the closed batch's p50 targets;
   /// with --scenario poisson|gamma (issue 38) every layout is ranked by the highest request rate

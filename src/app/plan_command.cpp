@@ -3,10 +3,12 @@
 // against tokens/s per user, the best layout under latency targets and why. No MPI, no device.
 // docs/OFFLINE.md.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <system_error>
 
 #include "app/offline_commands.h"
 #include "app/offline_io.h"
@@ -51,6 +53,20 @@ void check_batch_list(const std::string& list, int file_batch, const std::string
   }
 }
 
+/// --replicas as balance::PlanRequest::replicas: "auto" 0, else R >= 1.
+/// @throws ppb::UserError naming the flag otherwise.
+int replicas_of(const PlanOptions& opt) {
+  if (opt.replicas == "auto") return 0;
+  int r = 0;
+  const auto [end, ec] = std::from_chars(opt.replicas.data(), opt.replicas.data() + opt.replicas.size(), r);
+  if (ec != std::errc() || end != opt.replicas.data() + opt.replicas.size() || r < 1)
+    throw UserError("--replicas '" + opt.replicas + "': give auto (every R dividing --devices) or a count R >= 1");
+  if (opt.devices % r != 0)
+    throw UserError("--replicas " + opt.replicas + " does not divide --devices " + std::to_string(opt.devices) +
+                    ": every replica is the same pipeline of N / R devices");
+  return r;
+}
+
 /// Flags checked before the file is read (exit 2, naming the flag).
 void check_plan_flags(const PlanOptions& opt) {
   if (opt.devices < 1)
@@ -60,6 +76,7 @@ void check_plan_flags(const PlanOptions& opt) {
   if (!(opt.scenario.slo_ttft_ms >= 0) || !(opt.scenario.slo_tpot_ms >= 0) || opt.scenario.slo_ttft_ms > kMaxMs || opt.scenario.slo_tpot_ms > kMaxMs)
     throw UserError("--slo-ttft and --slo-tpot are targets in ms, >= 0 (0 = none) and <= 1e12");
   if (opt.top < 0) throw UserError("--top K must be >= 0 (0 = every front point), got " + std::to_string(opt.top));
+  replicas_of(opt);
 }
 
 std::string stage_units(const RunRecord& run, const balance::Partition& p, int k) {
@@ -148,22 +165,24 @@ void print_csv(const balance::PlanResult& r, double slo_ttft, double slo_tpot) {
   std::vector<char> on_front(r.candidates.size(), 0);
   for (size_t i : r.front) on_front[i] = 1;
   std::printf("layout,stages,tp_widths,groups,batch,split,tokens_per_s,tokens_per_s_per_device,ttft_p50_ms,"
-              "tpot_p50_ms,tokens_per_s_per_user,busiest_stage,front,meets_slo\n");
+              "tpot_p50_ms,tokens_per_s_per_user,busiest_stage,front,meets_slo,replicas\n");
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const balance::PlanCandidate& c = r.candidates[i];
     std::string w = balance::layout_label(c.widths), split = c.split.counts_string();
     std::replace(w.begin(), w.end(), ',', '-');  // no commas inside a CSV field
     std::replace(split.begin(), split.end(), ',', '-');
     const bool meets = (slo_ttft <= 0 || c.ttft_p50_ms <= slo_ttft) && (slo_tpot <= 0 || c.tpot_p50_ms <= slo_tpot);
-    std::printf("%s,%d,%s,%d,%d,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%d,%d,%d\n", c.label.c_str(), c.split.num_stages(),
+    std::printf("%s,%d,%s,%d,%d,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%d,%d,%d,%d\n", c.label.c_str(), c.split.num_stages(),
                 w.c_str(), c.groups, c.batch, split.c_str(), c.tokens_per_s, c.tokens_per_s_per_device,
-                c.ttft_p50_ms, c.tpot_p50_ms, c.tokens_per_s_per_user, c.bottleneck_stage, on_front[i], meets ? 1 : 0);
+                c.ttft_p50_ms, c.tpot_p50_ms, c.tokens_per_s_per_user, c.bottleneck_stage, on_front[i], meets ? 1 : 0,
+                c.replicas);
   }
 }
 
 json candidate_json(const balance::PlanCandidate& c) {
   json j = layout_json(c.split, c.widths);
   j.update({{"layout", c.label},
+            {"replicas", c.replicas},
             {"groups", c.groups},
             {"batch", c.batch},
             {"predicted_phase_ms", c.phase_ms},
@@ -180,6 +199,7 @@ json plan_json(const PlanOptions& opt, const balance::PlanResult& r, const std::
                const balance::SloChoice& ch, double seconds) {
   json out;
   out["devices"] = r.devices;
+  out["replica_counts"] = r.replica_counts;
   out["mode"] = r.mode;
   out["layouts_possible"] = r.layouts_possible;
   out["layouts_evaluated"] = r.layouts_evaluated;
@@ -212,9 +232,10 @@ int plan_command(const PlanOptions& opt) {
   check_json_out(opt.json_out, opt.input, opt.force);
   const RunRecord run = read_run(opt.input);
   check_batch_list(opt.batch, run.workload.batch, opt.input);
-  if (const auto spec = plan_scenario(opt, run)) return plan_scenario_command(opt, run, *spec);
+  if (const auto spec = plan_scenario(opt, run)) return plan_scenario_command(opt, run, *spec, replicas_of(opt));
   balance::PlanRequest req;
   req.devices = opt.devices;
+  req.replicas = replicas_of(opt);
   req.slo_ttft_ms = opt.scenario.slo_ttft_ms;
   req.slo_tpot_ms = opt.scenario.slo_tpot_ms;
   const auto t0 = std::chrono::steady_clock::now();
@@ -223,6 +244,7 @@ int plan_command(const PlanOptions& opt) {
   std::optional<balance::PlanResult> more;
   try {
     req.devices = opt.devices + 1;
+    if (req.replicas > 1 && req.devices % req.replicas != 0) req.replicas = 0;  // R does not divide N + 1: every R that does
     req.need_front = false;  // only its best under the targets is printed
     more = balance::plan_layouts(run, req);
   } catch (const UserError&) {
@@ -238,11 +260,13 @@ int plan_command(const PlanOptions& opt) {
       widths += std::to_string(g.width);
     }
     const WorkloadInfo& w = run.workload;
-    std::printf("plan: %s, %d device(s) like rank 0 (%s), B=%d P=%d G=%d, objective %s, widths %s; %s: %zu of %zu "
-                "layout(s) solved, %zu candidates (M = 1..2S) simulated, %zu proved irrelevant by their bounds, in "
-                "%.2f s\n",
+    std::string replicas;
+    for (int R : r.replica_counts) replicas += (replicas.empty() ? "" : ",") + std::to_string(R);
+    std::printf("plan: %s, %d device(s) like rank 0 (%s), B=%d P=%d G=%d, objective %s, widths %s, replicas %s; %s: "
+                "%zu of %zu layout(s) solved, %zu candidates (M = 1..2S) simulated, %zu proved irrelevant by their "
+                "bounds, in %.2f s\n",
                 opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), w.batch, w.prompt_len, w.gen_len,
-                w.objective.empty() ? "workload" : w.objective.c_str(), widths.c_str(), r.mode.c_str(),
+                w.objective.empty() ? "workload" : w.objective.c_str(), widths.c_str(), replicas.c_str(), r.mode.c_str(),
                 r.layouts_evaluated, r.layouts_possible, r.candidates.size(), r.pruned, seconds);
     std::printf("Pareto front (tokens/s per device vs tokens/s per user = 1000 / TPOT p50; %zu of %zu candidates):\n",
                 r.front.size(), r.candidates.size());

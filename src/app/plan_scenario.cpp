@@ -27,11 +27,12 @@ struct Search {
   double seconds = 0;
 };
 
-Search search(const RunRecord& run, int devices, const std::vector<serving::Request>& unit,
+Search search(const RunRecord& run, int devices, int replicas, const std::vector<serving::Request>& unit,
               const serving::ScenarioSpec& spec) {
   const auto t0 = std::chrono::steady_clock::now();
   balance::PlanRequest req;
   req.devices = devices;
+  req.replicas = replicas > 1 && devices % replicas != 0 ? 0 : replicas;  // N + 1 not divisible by R: every R
   req.prune = false;  // the closed batch's bounds say nothing of a rate under arrivals
   Search s;
   s.plan = balance::plan_layouts(run, req);
@@ -133,12 +134,12 @@ std::optional<serving::ScenarioSpec> plan_scenario(const PlanOptions& opt, const
   return offline_scenario(run, opt.scenario, serving::ScenarioUse::Command::plan);
 }
 
-int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const serving::ScenarioSpec& spec) {
+int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const serving::ScenarioSpec& spec, int replicas) {
   const std::vector<serving::Request> unit = serving::generate_requests(spec);
-  const Search s = search(run, opt.devices, unit, spec);
+  const Search s = search(run, opt.devices, replicas, unit, spec);
   std::optional<Search> more;
   try {
-    more = search(run, opt.devices + 1, unit, spec);
+    more = search(run, opt.devices + 1, replicas, unit, spec);
   } catch (const UserError&) {
     more.reset();  // more devices than the model can use, or none fits
   }

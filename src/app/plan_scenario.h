@@ -16,6 +16,7 @@ std::optional<serving::ScenarioSpec> plan_scenario(const PlanOptions& opt, const
 /// The search of `spec` and its output for `run`: a table of the --top (default 10) layouts with
 /// the highest rate, the best and why, what N + 1 devices give; --csv, --json. Returns the exit
 /// status (0). @throws ppb::UserError as plan_layouts.
-int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const serving::ScenarioSpec& spec);
+/// replicas: balance::PlanRequest::replicas (0 = every R dividing N).
+int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const serving::ScenarioSpec& spec, int replicas);
 
 }  // namespace ppb

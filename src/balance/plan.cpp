@@ -15,14 +15,14 @@
 
 namespace ppb::balance {
 
-std::string plan_label(const std::vector<int>& widths, int groups) {
+std::string plan_label(const std::vector<int>& widths, int groups, int replicas) {
   const int S = static_cast<int>(widths.size());
   const bool all_one = std::all_of(widths.begin(), widths.end(), [](int w) { return w == 1; });
-  std::string s;
+  std::string s = replicas > 1 ? "DP" + std::to_string(replicas) + " " : "";
   if (S == 1 && widths[0] > 1) {
-    s = "TP" + std::to_string(widths[0]);
+    s += "TP" + std::to_string(widths[0]);
   } else {
-    s = "PP" + std::to_string(S);
+    s += "PP" + std::to_string(S);
     if (!all_one) {
       std::string tp = layout_label(widths);
       std::replace(tp.begin(), tp.end(), ',', '-');
@@ -510,9 +510,8 @@ void simulate_jobs(const std::vector<Job>& jobs, const std::vector<std::unique_p
   }
 }
 
-}  // namespace
-
-PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
+/// plan_layouts for one pipeline of req.devices devices (req.replicas ignored).
+PlanResult plan_one_pipeline(const RunRecord& run, const PlanRequest& req) {
   if (req.devices < 1) throw UserError("--devices must be >= 1, got " + std::to_string(req.devices));
   if (req.groups_per_stage < 1) throw UserError("plan: groups per stage must be >= 1");
   PlanResult res;
@@ -572,6 +571,77 @@ PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
     throw UserError("no layout of " + std::to_string(req.devices) +
                     " devices holds the model's weights and one group's KV cache within the memory limit of the file's "
                     "rank 0 (/ranks/memory_limit_bytes less stage_scratch_bytes)");
+  res.warnings.assign(warnings.begin(), warnings.end());
+  res.front = pareto_front(res.candidates);
+  res.replica_counts = {1};
+  return res;
+}
+
+/// The most devices one pipeline of `run`'s units can use when laid out on `devices` devices:
+/// a stage per unit, each as wide as the widest width profiled there (plan_one_pipeline's limit).
+long long most_devices_per_pipeline(const RunRecord& run, int devices) {
+  const RunRecord rec1 = plan_record(run, devices, 1);
+  return static_cast<long long>(rec1.profile.unit_name.size()) * stage_widths(rec1).back();
+}
+
+}  // namespace
+
+PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
+  if (req.replicas == 1) return plan_one_pipeline(run, req);
+  if (req.devices < 1) throw UserError("--devices must be >= 1, got " + std::to_string(req.devices));
+  if (req.replicas < 0) throw UserError("--replicas must be auto or R >= 1, got " + std::to_string(req.replicas));
+  if (req.replicas > 1 && req.devices % req.replicas != 0)
+    throw UserError("--replicas " + std::to_string(req.replicas) + " does not divide --devices " +
+                    std::to_string(req.devices) + ": every replica is the same pipeline of N / R devices");
+  std::vector<int> counts;
+  long long most = 0;
+  for (int R = 1; R <= req.devices; ++R) {
+    if (req.devices % R != 0 || (req.replicas != 0 && R != req.replicas)) continue;
+    most = most_devices_per_pipeline(run, req.devices / R);
+    if (req.devices / R <= most) counts.push_back(R);
+  }
+  if (counts.empty())
+    throw UserError("--devices " + std::to_string(req.devices) + " --replicas " +
+                    (req.replicas == 0 ? std::string("auto") : std::to_string(req.replicas)) +
+                    ": a replica of " + std::to_string(req.devices / std::max(1, req.replicas)) +
+                    " devices is more than the model can use (at most " + std::to_string(most) + " per pipeline)");
+  PlanResult res;
+  res.devices = req.devices;
+  std::set<std::string> warnings, modes;
+  std::string last_error;
+  bool any = false;
+  for (int R : counts) {
+    PlanRequest one = req;
+    one.devices = req.devices / R;
+    one.replicas = 1;
+    PlanResult r;
+    try {
+      r = plan_one_pipeline(run, one);
+    } catch (const UserError& e) {
+      last_error = e.what();  // no layout of N / R devices fits memory: fewer replicas may
+      continue;
+    }
+    any = true;
+    res.replica_counts.push_back(R);
+    modes.insert(r.mode);
+    const size_t most_size = std::numeric_limits<size_t>::max();  // layouts_possible saturates
+    res.layouts_possible = res.layouts_possible > most_size - r.layouts_possible ? most_size : res.layouts_possible + r.layouts_possible;
+    res.layouts_evaluated += r.layouts_evaluated;
+    res.infeasible += r.infeasible;
+    res.pruned += r.pruned;
+    warnings.insert(r.warnings.begin(), r.warnings.end());
+    for (PlanCandidate& c : r.candidates) {
+      c.replicas = R;
+      c.tokens_per_s *= R;
+      c.decode_tokens_per_s *= R;
+      c.bottleneck_bound_tok_s *= R;
+      c.tokens_per_s_per_device = c.tokens_per_s / req.devices;
+      c.label = plan_label(c.widths, c.groups, R);
+      res.candidates.push_back(std::move(c));
+    }
+  }
+  if (!any) throw UserError(last_error);
+  for (const std::string& m : modes) res.mode += (res.mode.empty() ? "" : " / ") + m;
   res.warnings.assign(warnings.begin(), warnings.end());
   res.front = pareto_front(res.candidates);
   return res;

@@ -39,6 +39,16 @@ struct PlanRequest {
   /// false: only the best under the targets is wanted (not the front, not the closest), and the
   /// pruning keeps only what could be it (`plan`'s N + 1 devices).
   bool need_front = true;
+  /// Replicas R (data parallelism, issue 49): the N devices as R identical pipelines of N / R
+  /// devices each, the requests spread over them round-robin, so that every replica runs the
+  /// same layout at the same load: the layout's tokens/s (and decode tokens/s) times R; tokens/s
+  /// per device and per user, TTFT and TPOT are one replica's. Replicas are independent: ranks of
+  /// two replicas on one machine are not modelled as contending for its memory (GPUs: each has
+  /// its own; CPU ranks sharing a machine do contend, as balance/contention.h says of stages).
+  /// 1: one pipeline of N devices (what `run --plan` and `--tp auto` measure); 0: every R that
+  /// divides N and leaves each replica devices the model can use (`plan`'s default); > 1: that R
+  /// only (it must divide N).
+  int replicas = 1;
 };
 
 /// One candidate deployment: a layout, its split and M, as predicted.
@@ -55,7 +65,8 @@ struct PlanCandidate {
   double bottleneck_bound_tok_s = 0;   ///< the simulated decode bound (DESIGN.md §3)
   double decode_tokens_per_s = 0;      ///< simulated decode tokens/s
   std::vector<double> phase_ms;        ///< [S][2] predicted prefill and decode step per stage, ms
-  std::string label;                   ///< plan_label(widths, groups): "PP2 M4", "TP2 M1", "PP2 tp2-1 M2"
+  std::string label;                   ///< plan_label(widths, groups, replicas): "PP2 M4", "TP2 M1", "DP2 PP2 tp2-1 M2"
+  int replicas = 1;                    ///< R pipelines like this one (widths sum to N / R); figures above are all R's
 };
 
 /// What plan_layouts found.
@@ -69,11 +80,12 @@ struct PlanResult {
   std::vector<PlanCandidate> candidates;  ///< every (layout, M) evaluated, in search order
   std::vector<std::size_t> front;         ///< indices of the Pareto front, tokens/s per user descending
   std::vector<std::string> warnings;      ///< the contention model's (distinct messages)
+  std::vector<int> replica_counts;        ///< the R searched (PlanRequest::replicas), ascending
 };
 
 /// "PP{S}" (every stage width 1), "TP{w}" (one stage of width w), "PP{S} tp{w}" (every stage
-/// width w), "PP{S} tp{w0}-{w1}-..." (mixed), then " M{groups}".
-std::string plan_label(const std::vector<int>& widths, int groups);
+/// width w), "PP{S} tp{w0}-{w1}-..." (mixed), then " M{groups}"; with replicas > 1, "DP{R} " first.
+std::string plan_label(const std::vector<int>& widths, int groups, int replicas = 1);
 
 /// The record of `devices` devices like `run`'s rank 0 running M = `groups` groups: rank 0's
 /// RankInfo on every device (one device class), the devices in machines of as many as the file
@@ -113,7 +125,13 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups);
 /// front loses nothing), one meeting the targets has at least its tokens/s bound or its bounds
 /// miss them (not the best), and one meets them or its bounds' relaxation exceeds the smallest
 /// so far (not the closest). Exact: the front and the choice are those of every candidate.
-/// @throws ppb::UserError on N < 1, no layout that fits memory, a record without a profile.
+/// With replicas (req.replicas != 1): the search above for N / R devices, once per R, each
+/// candidate scaled as PlanRequest::replicas says, every R's candidates in one list and one
+/// front. Exact as well: tokens/s per device and per user, TTFT, TPOT and the relaxation are the
+/// same for R replicas as for one, and tokens/s orders a replica count's candidates as it orders
+/// them scaled, so what one R's search proves irrelevant is irrelevant among all.
+/// @throws ppb::UserError on N < 1, no layout that fits memory, a record without a profile;
+///         req.replicas < 0 or not dividing N; no R leaving each replica devices the model can use.
 PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req);
 
 /// The layout `run --tp auto` deploys (issue 36: the planner's ranking, not the bottleneck's).

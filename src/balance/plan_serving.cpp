@@ -24,13 +24,14 @@ std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const P
                                                    const std::vector<serving::Request>& unit,
                                                    const serving::ScenarioSpec& spec) {
   const serving::SloTarget slo = spec.slo();
-  // One record and predictor per M (plan_record scales the KV bytes with M; the step times not),
-  // built before the workers start: they only read them.
-  std::map<int, std::pair<std::unique_ptr<RunRecord>, std::unique_ptr<Predictor>>> by_groups;
+  // One record and predictor per (M, a replica's devices) (plan_record scales the KV bytes with
+  // M; the step times not), built before the workers start: they only read them.
+  std::map<std::pair<int, int>, std::pair<std::unique_ptr<RunRecord>, std::unique_ptr<Predictor>>> by_groups;
+  auto key_of = [&](const PlanCandidate& c) { return std::make_pair(c.groups, plan.devices / std::max(1, c.replicas)); };
   for (const PlanCandidate& c : plan.candidates) {
-    auto& slot = by_groups[c.groups];
+    auto& slot = by_groups[key_of(c)];
     if (slot.first) continue;
-    slot.first = std::make_unique<RunRecord>(plan_record(run, plan.devices, c.groups));
+    slot.first = std::make_unique<RunRecord>(plan_record(run, key_of(c).second, c.groups));
     slot.second = std::make_unique<Predictor>(*slot.first);
   }
   const serving::GoodputSpec& limits = spec.goodput;
@@ -38,18 +39,23 @@ std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const P
   // The candidates on the machine's cores, as plan_layouts simulates them.
   parallel_for(out.size(), [&](std::size_t i) {
     const PlanCandidate& c = plan.candidates[i];
-    const auto& slot = by_groups.at(c.groups);
+    const auto& slot = by_groups.at(key_of(c));
     const ProfileStepCosts costs(*slot.first, *slot.second, c.split);
     serving::PipelineSimConfig cfg;
     cfg.scheduler = spec.scheduler(c.groups);
     cfg.scheduler.slots = c.batch;  // the candidate's B (the file's)
     ServingPlanEntry& e = out[i];
     e.candidate = i;
+    // One replica's search: it serves 1/R of the requests (each at random: Poisson at rate / R).
     e.search = serving::search_simulated_rate(unit, costs, cfg, slo);
     if (e.search.outcome != serving::RateSearchResult::Outcome::none) {
-      e.max_rate = e.search.rate;
-      e.max_rate_per_device = e.search.rate / plan.devices;
+      const int R = std::max(1, c.replicas);
+      e.max_rate = R * e.search.rate;
+      e.max_rate_per_device = e.max_rate / plan.devices;
       e.at_rate = serving::simulate_at_rate(unit, e.search.rate, costs, cfg, limits);
+      e.at_rate.output_tokens_per_s *= R;
+      e.at_rate.request_throughput *= R;
+      e.at_rate.goodput_req_per_s *= R;
     }
   });
   auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b)); };

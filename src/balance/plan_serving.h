@@ -21,7 +21,7 @@ namespace ppb::balance {
 struct ServingPlanEntry {
   std::size_t candidate = 0;           ///< index into PlanResult::candidates
   serving::RateSearchResult search;    ///< the bisection (outcome, probes)
-  double max_rate = 0.0;               ///< found: the highest passing rate, requests/s; unbounded: the last probed; none: 0
+  double max_rate = 0.0;               ///< found: the highest passing rate, requests/s (all replicas); unbounded: the last probed; none: 0
   double max_rate_per_device = 0.0;    ///< max_rate / N
   serving::ServingMetrics at_rate;     ///< the simulator's metrics at max_rate (found or unbounded)
 };
@@ -33,6 +33,11 @@ struct ServingPlanEntry {
 /// max_rate descending, then none; ties (relative 1e-9) to fewer stages, then fewer groups.
 /// Every candidate is searched (no pruning: a closed batch's bounds do not bound a rate under an
 /// SLO), on up to 8 threads; the cost is candidates x probes (~17) x one simulation of `unit`.
+/// A candidate of R replicas (PlanCandidate::replicas) is one replica of N / R devices searched
+/// as above, each request sent to a replica at random: every replica sees the scenario at
+/// rate / R (for Poisson arrivals exactly a Poisson process; round-robin would be at least as
+/// regular), so max_rate is R x the replica's, and at_rate the replica's latencies with its
+/// rates (output tokens/s, requests/s, goodput) x R.
 /// @throws ppb::UserError when a candidate's stages lack a profile (a width the file did not
 ///         profile); ppb::InternalError for an empty `unit`.
 std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const PlanResult& plan,

@@ -226,15 +226,12 @@ std::set<size_t> dominance_front(const std::vector<PlanCandidate>& c) {
 /// it (same split, figures to 1e-9; all of them without pruning), the same front as a direct
 /// dominance check of every brute-force candidate, and the same best under the TPOT target (or
 /// the same closest when none meets it).
-void expect_matches_brute_force(const RunRecord& run, int N, size_t max_layouts, double slo_tpot, bool prune = true) {
-  balance::PlanRequest req;
-  req.devices = N;
-  req.max_layouts = max_layouts;
-  req.slo_tpot_ms = slo_tpot;
-  req.prune = prune;
+void expect_matches(const RunRecord& run, balance::PlanRequest req, const std::map<std::string, PlanCandidate>& bf) {
+  const double slo_tpot = req.slo_tpot_ms;
+  const bool prune = req.prune;
   const balance::PlanResult r = balance::plan_layouts(run, req);
-  const auto bf = brute_force(run, N, max_layouts > 0);
-  SCOPED_TRACE("N=" + std::to_string(N) + " mode " + r.mode + (prune ? " pruned" : ""));
+  SCOPED_TRACE("N=" + std::to_string(req.devices) + " replicas " + std::to_string(req.replicas) + " mode " + r.mode +
+               (prune ? " pruned" : ""));
   if (!prune) ASSERT_EQ(r.candidates.size(), bf.size());
   EXPECT_EQ(r.candidates.size() + r.pruned, bf.size());
   for (const PlanCandidate& c : r.candidates) {
@@ -264,12 +261,100 @@ void expect_matches_brute_force(const RunRecord& run, int N, size_t max_layouts,
   if (only_ch.best) EXPECT_EQ(only.candidates[*only_ch.best].label, bfv[*bf_ch.best].label);
 }
 
+void expect_matches_brute_force(const RunRecord& run, int N, size_t max_layouts, double slo_tpot, bool prune = true) {
+  balance::PlanRequest req;
+  req.devices = N;
+  req.max_layouts = max_layouts;
+  req.slo_tpot_ms = slo_tpot;
+  req.prune = prune;
+  expect_matches(run, req, brute_force(run, N, max_layouts > 0));
+}
+
+/// Replicas by brute force: for every R dividing N with N / R <= `most` devices, brute_force's
+/// candidates of N / R devices, R of them: tokens/s x R, tokens/s per device over all N devices
+/// (the replica's own), latencies as they are.
+std::map<std::string, PlanCandidate> brute_force_replicas(const RunRecord& run, int N, int most, std::vector<int>& counts) {
+  std::map<std::string, PlanCandidate> out;
+  counts.clear();
+  for (int R = 1; R <= N; ++R) {
+    if (N % R != 0 || N / R > most) continue;
+    counts.push_back(R);
+    for (auto [label, c] : brute_force(run, N / R, true)) {
+      c.replicas = R;
+      c.tokens_per_s *= R;
+      c.tokens_per_s_per_device = c.tokens_per_s / N;
+      c.label = balance::plan_label(c.widths, c.groups, R);
+      out[c.label] = c;
+    }
+  }
+  return out;
+}
+
 TEST(Plan, Labels) {
   EXPECT_EQ(balance::plan_label({1, 1}, 4), "PP2 M4");
   EXPECT_EQ(balance::plan_label({2}, 1), "TP2 M1");
   EXPECT_EQ(balance::plan_label({2, 1}, 2), "PP2 tp2-1 M2");
   EXPECT_EQ(balance::plan_label({2, 2}, 3), "PP2 tp2 M3");
   EXPECT_EQ(balance::plan_label({1}, 1), "PP1 M1");
+}
+
+// Replicas (issue 49): every R dividing N searched for N / R devices, one front over them all.
+TEST(Plan, ReplicasMatchBruteForce) {
+  EXPECT_EQ(balance::plan_label({1, 1}, 4, 2), "DP2 PP2 M4");
+  EXPECT_EQ(balance::plan_label({2}, 1, 3), "DP3 TP2 M1");
+  for (unsigned seed : {1u, 2u}) {
+    const RunRecord run = make_profile(2, 4, {2}, seed);  // one pipeline: at most 4 units x width 2
+    for (int N : {2, 4, 6, 12})
+      for (bool prune : {false, true})
+        for (double slo : {6.0, 1e-3}) {
+          balance::PlanRequest req;
+          req.devices = N;
+          req.replicas = 0;
+          req.slo_tpot_ms = slo;
+          req.prune = prune;
+          std::vector<int> counts;
+          const auto bf = brute_force_replicas(run, N, 8, counts);
+          EXPECT_EQ(balance::plan_layouts(run, req).replica_counts, counts) << N;
+          expect_matches(run, req, bf);
+        }
+    // A fixed R: that R alone, the same figures as among all.
+    balance::PlanRequest req;
+    req.devices = 6;
+    req.replicas = 3;
+    const auto r3 = balance::plan_layouts(run, req);
+    EXPECT_EQ(r3.replica_counts, std::vector<int>{3});
+    for (const PlanCandidate& c : r3.candidates) EXPECT_EQ(c.replicas, 3) << c.label;
+    req.replicas = 4;
+    EXPECT_THROW(balance::plan_layouts(run, req), UserError);  // 4 does not divide 6
+  }
+}
+
+// `plan --devices 64` on a 26-unit model (issue 49's example): one pipeline cannot use 64
+// devices (26 units x width 2 = 52), replicas can; each replica count's figures are those of one
+// pipeline of 64 / R devices, R times the tokens/s.
+TEST(Plan, SixtyFourDevicesOnTwentySixUnitsAnswerWithReplicas) {
+  const RunRecord run = make_profile(2, 26, {2}, 3);
+  balance::PlanRequest req;
+  req.devices = 64;
+  EXPECT_NE(test::error_of([&] { balance::plan_layouts(run, req); }).find("at most 52 devices"), std::string::npos);
+  req.replicas = 0;
+  const auto r = balance::plan_layouts(run, req);
+  EXPECT_EQ(r.replica_counts, (std::vector<int>{2, 4, 8, 16, 32, 64}));
+  ASSERT_FALSE(r.front.empty());
+  const PlanCandidate& best = r.candidates[*balance::best_under_slo(r.candidates, 0, 0).best];
+  EXPECT_EQ(best.label.rfind("DP" + std::to_string(best.replicas) + " ", 0), 0u) << best.label;
+  balance::PlanRequest one;
+  one.devices = 64 / best.replicas;
+  const auto single = balance::plan_layouts(run, one);
+  bool found = false;
+  for (const PlanCandidate& c : single.candidates)
+    if (c.widths == best.widths && c.groups == best.groups) {
+      found = true;
+      EXPECT_NEAR(best.tokens_per_s, best.replicas * c.tokens_per_s, 1e-9 * best.tokens_per_s);
+      EXPECT_DOUBLE_EQ(best.tpot_p50_ms, c.tpot_p50_ms);
+      EXPECT_NEAR(best.tokens_per_s_per_device, c.tokens_per_s_per_device, 1e-9 * c.tokens_per_s_per_device);
+    }
+  EXPECT_TRUE(found) << best.label;
 }
 
 TEST(Plan, EveryLayoutMatchesBruteForce) {
@@ -420,11 +505,12 @@ TEST(Plan, ClosestWhenNoneMeetsTheTargets) {
 
 // ---- --scenario: the layouts ranked by the highest request rate (issue 38) -------------------
 
-/// Whether candidate c of `plan` passes `slo` at `rate`: its own serving simulation, built
-/// directly (plan_record at its M, ProfileStepCosts of its split), not through the ranking.
+/// Whether one replica of candidate c of `plan` passes `slo` at `rate`: its own serving
+/// simulation, built directly (plan_record of its N / R devices at its M, ProfileStepCosts of its
+/// split), not through the ranking.
 bool passes_at(const RunRecord& run, const balance::PlanResult& plan, const PlanCandidate& c,
                const std::vector<serving::Request>& unit, const serving::SloTarget& slo, double rate) {
-  const RunRecord rec = balance::plan_record(run, plan.devices, c.groups);
+  const RunRecord rec = balance::plan_record(run, plan.devices / c.replicas, c.groups);
   const balance::Predictor pred(rec);
   const balance::ProfileStepCosts costs(rec, pred, c.split);
   serving::PipelineSimConfig cfg;
@@ -437,6 +523,7 @@ TEST(PlanServing, EveryLayoutIsSearchedAndRankedByItsHighestRate) {
   balance::PlanRequest req;
   req.devices = 4;
   req.prune = false;
+  req.replicas = 0;  // R = 1, 2, 4: a replica's rate searched, R times it the layout's
   const balance::PlanResult plan = balance::plan_layouts(run, req);
   serving::ScenarioSpec spec;
   spec.arrivals = {1.0, 1.0, true};
@@ -454,7 +541,7 @@ TEST(PlanServing, EveryLayoutIsSearchedAndRankedByItsHighestRate) {
   const auto ranked = balance::rank_by_serving_rate(run, plan, unit, spec);
   ASSERT_EQ(ranked.size(), plan.candidates.size());
   std::set<size_t> seen;
-  int found = 0;
+  int found = 0, found_replicated = 0;
   for (size_t i = 0; i < ranked.size(); ++i) {
     const auto& e = ranked[i];
     const PlanCandidate& c = plan.candidates[e.candidate];
@@ -464,15 +551,18 @@ TEST(PlanServing, EveryLayoutIsSearchedAndRankedByItsHighestRate) {
       EXPECT_GE(ranked[i - 1].max_rate, e.max_rate * (1 - 1e-9));  // by rate, descending
     if (e.search.outcome != serving::RateSearchResult::Outcome::found) continue;
     ++found;
-    // The claim checked on the candidate's own simulation: a pass at the rate, a failure within
-    // 1% above it.
-    EXPECT_TRUE(passes_at(run, plan, c, unit, slo, e.max_rate));
+    found_replicated += c.replicas > 1;
+    // The claim checked on the candidate's own simulation (one replica at rate / R): a pass at
+    // the rate, a failure within 1% above it.
+    EXPECT_DOUBLE_EQ(e.max_rate, c.replicas * e.search.rate);
+    EXPECT_TRUE(passes_at(run, plan, c, unit, slo, e.max_rate / c.replicas));
     EXPECT_FALSE(passes_at(run, plan, c, unit, slo, e.search.failing_rate));
-    EXPECT_LE(e.search.failing_rate, 1.01 * e.max_rate * (1 + 1e-12));
+    EXPECT_LE(e.search.failing_rate, 1.01 * e.search.rate * (1 + 1e-12));
     EXPECT_DOUBLE_EQ(e.max_rate_per_device, e.max_rate / 4);
   }
   EXPECT_EQ(seen.size(), plan.candidates.size());
   EXPECT_GT(found, 0);
+  EXPECT_GT(found_replicated, 0);
   // The SLO binds (a queue of 64 requests breaks the TTFT limit) and a request alone meets it.
   EXPECT_EQ(ranked.front().search.outcome, serving::RateSearchResult::Outcome::found);
 }
@@ -502,7 +592,18 @@ TEST_F(PlanCommandTest, BadInputsNameTheFlag) {
   PlanOptions o = opts(0);
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--devices"), std::string::npos);
   o = opts(1000);  // 6 units x width 2
+  o.replicas = "1";
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--devices 1000: at most 12"), std::string::npos);
+  o.replicas = "x";
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--replicas 'x'"), std::string::npos);
+  o.replicas = "0";
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--replicas '0'"), std::string::npos);
+  o.replicas = "3";
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--replicas 3 does not divide --devices 1000"), std::string::npos);
+  o.replicas = "auto";  // 1000 devices as 100 replicas of 10 .. 1000 of 1
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(plan_command(o), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("replicas 100,125,200,250,500,1000;"), std::string::npos);
   o = opts(2);
   o.batch = "2,8";
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--batch 8: "), std::string::npos);
@@ -579,8 +680,9 @@ TEST_F(PlanCommandTest, PrintsTheFrontAndTheChoice) {
   EXPECT_EQ(csv.rfind("layout,stages,tp_widths,groups", 0), 0u) << csv;
   EXPECT_NE(csv.find("TP2 M1,1,2,1,2,6,"), std::string::npos) << csv;
   std::istringstream lines(csv);
-  for (std::string line; std::getline(lines, line);)  // 14 fields on every row: no comma inside a field
-    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 13) << line;
+  for (std::string line; std::getline(lines, line);)  // 15 fields on every row: no comma inside a field
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 14) << line;
+  EXPECT_NE(csv.find("DP2 PP1 M1,1,1,"), std::string::npos) << csv;  // --replicas auto: 2 x one device
 }
 
 // ---- 64 devices, 128 units ----------------------------------------------------------------
