@@ -2,12 +2,10 @@
 
 #include "pipeline/stage_loop.h"
 
-
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cmath>
+#include <condition_variable>
 #include <deque>
 #include <limits>
 #include <memory>
