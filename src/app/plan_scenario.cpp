@@ -13,6 +13,7 @@
 #include "balance/plan.h"
 #include "balance/plan_serving.h"
 #include "common/error.h"
+#include "results/step_model_io.h"
 #include "serving/arrivals.h"
 
 namespace ppb {
@@ -150,8 +151,11 @@ int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const se
                 "candidates (every layout, M = 1..2S) searched in %.2f s\n",
                 opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), serving::describe_scenario(spec).c_str(),
                 static_cast<unsigned long long>(spec.seed), sig(spec.attainment).c_str(), s.ranked.size(), s.seconds);
-    std::printf("layouts by the highest request rate meeting the SLO (serving simulator from the profile; the profile "
-                "alone under-predicts small-prefill steps on CPU ranks: DESIGN.md):\n");
+    const std::string u = step_model_uncertainty(run.profile);
+    std::printf("layouts by the highest request rate meeting the SLO (serving simulator on the profile's %s):\n",
+                u.empty() ? "two-shape step model: a file without a step-model grid"
+                          : ("step model, its " + u + ": the interpolation's error, not the machine's drift since the "
+                             "profile").c_str());
     print_table(s, opt.top > 0 ? opt.top : 10);
     print_choice(run, opt, spec, s, more);
   }

@@ -22,6 +22,7 @@
 #include "balance/serving_step_model.h"
 #include "common/error.h"
 #include "results/run_record.h"
+#include "results/step_model_io.h"
 #include "serving/arrivals.h"
 #include "serving/pipeline_sim.h"
 #include "serving/rate_search.h"
@@ -187,8 +188,9 @@ void print_header(const RunRecord& run, const ServeSearchOptions& opt, const ser
               static_cast<double>(prompt) / unit.size(), static_cast<double>(out) / unit.size());
   if (!run.profile.step_rows.empty())
     std::printf("step model: fitted to the profile's grid of %zu step shapes (/profile/step_model: piecewise linear in a "
-                "step's tokens plus its attention keys, stepcost/step_model.h); bisection to 1%% of the rate\n",
-                run.profile.step_rows.size());
+                "step's tokens plus its attention keys, stepcost/step_model.h; %s: the interpolation's error, not the "
+                "machine's drift since the profile); bisection to 1%% of the rate\n",
+                run.profile.step_rows.size(), step_model_uncertainty(run.profile).c_str());
   else
     std::printf("step model: the profile's %s table (B=%d P=%d), prefill linear in tokens, decode at the rows' mean "
                 "context (balance/serving_step_model.h); bisection to 1%% of the rate\n",

@@ -57,13 +57,10 @@ std::string vs(double predicted, double measured) {
 }
 
 /// The serving simulator's prediction from the profile against the measurement (issue 38).
-/// The step model's own uncertainty, where the profile timed its grid (issue 47): its held-out
-/// steps' |model / measured - 1|, p50 and max; "" without a grid.
-std::string step_model_uncertainty(const ProfileTable& t) {
-  if (t.step_rows.empty() || t.step_by_rows.empty()) return "";
-  const stepcost::GridFit fit = fit_step_model(t);
-  return format_line("; the step model's held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50,
-                     100 * fit.abs_error_max);
+/// "; the step model's held-out steps within ..." where the profile timed its grid, else "".
+std::string uncertainty_clause(const ProfileTable& t) {
+  const std::string u = step_model_uncertainty(t);
+  return u.empty() ? u : "; the step model's " + u;
 }
 
 void print_predictions(std::ostream& os, const ServingRunRecord& s, const ProfileTable& profile) {
@@ -72,7 +69,7 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
   for (const ServingPartitionRecord& p : s.partitions) cross = cross || std::isfinite(p.cross_output_tokens_per_s);
   if (!any) return;
   os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured"
-     << step_model_uncertainty(profile) << "):\n";
+     << uncertainty_clause(profile) << "):\n";
   os << format_line("  %-12s %18s %18s %18s %18s %18s\n", "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                     "TPOT p99");
   for (const ServingPartitionRecord& p : s.partitions)

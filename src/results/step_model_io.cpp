@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "stepcost/step_model.h"
 
 namespace ppb {
@@ -66,6 +67,12 @@ stepcost::GridFit fit_step_model(const ProfileTable& p) {
   if (p.step_rows.empty() || p.step_by_rows.empty()) return {};
   return stepcost::fit_profile_grid({p.step_rows, p.step_pos, p.step_tokens, p.step_role}, p.step_by_rows, p.step_ms,
                                     p.unit_signature);
+}
+
+std::string step_model_uncertainty(const ProfileTable& p) {
+  if (p.step_rows.empty() || p.step_by_rows.empty()) return "";
+  const stepcost::GridFit fit = fit_step_model(p);
+  return format_line("held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50, 100 * fit.abs_error_max);
 }
 
 void read_step_model(const Group& prof, ProfileTable& p) {

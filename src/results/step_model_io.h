@@ -4,6 +4,8 @@
 // rather than trusting them). One owner for writing and reading it back.
 #pragma once
 
+#include <string>
+
 #include "results/h5.h"
 #include "results/run_record.h"
 #include "stepcost/step_model.h"
@@ -18,6 +20,13 @@ void write_step_model(h5::Group& prof, const RunRecord& run);
 /// (stepcost::fit_profile_grid); empty where the profile timed no grid.
 /// @throws what stepcost::fit_profile_grid throws.
 stepcost::GridFit fit_step_model(const ProfileTable& p);
+
+/// The step model's own uncertainty (issue 47), for every prediction made from it: "held-out
+/// steps within X% (p50), Y% (max)", its held-out steps' |model / measured - 1| over the whole
+/// model (fit_step_model); "" where the profile timed no grid. The interpolation's error only:
+/// not how far the machine's speed moves between the profile and the rounds (on this project's
+/// VMs up to ~40% within minutes: docs/MEASUREMENTS.md § 2026-12-06).
+std::string step_model_uncertainty(const ProfileTable& p);
 
 /// Reads the grid and its medians back into `p` (files without the group leave them empty).
 void read_step_model(const h5::Group& prof, ProfileTable& p);
