@@ -59,7 +59,8 @@ void add_plan_command(CLI::App& app) {
                                         "another B is not measured, and plan has no batch-scaling model)");
   pl->add_option("--replicas", plan.replicas,
                  "auto | R: the N devices as R identical pipelines of N/R devices, the requests spread over them "
-                 "round-robin (data parallel x pipeline x tensor parallel); auto: every R dividing N (R = 1: one "
+                 "round-robin (data parallel x pipeline x tensor parallel): tokens/s x R, per device, per user, TTFT "
+                 "and TPOT a replica's; auto: every R dividing N whose N/R devices one pipeline can use (R = 1: one "
                  "pipeline); with --scenario each replica serves the requests sent to it at random (rate / R)")
       ->capture_default_str();
   pl->add_option("--top", plan.top, "print the K front points with the most tokens/s (0 = all)")->check(kNonNegative);

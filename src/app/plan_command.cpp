@@ -130,8 +130,9 @@ void print_why(const RunRecord& run, const balance::PlanCandidate& c) {
 }
 
 /// The choice under the targets, why, and what N + 1 devices would give.
+/// more_every_r: the N + 1 search took every replica count (--replicas R does not divide N + 1).
 void print_choice(const PlanOptions& opt, const RunRecord& run, const balance::PlanResult& r,
-                  const std::optional<balance::PlanResult>& more, const balance::SloChoice& ch) {
+                  const std::optional<balance::PlanResult>& more, const balance::SloChoice& ch, bool more_every_r) {
   std::string targets;
   if (opt.scenario.slo_ttft_ms > 0) targets += "TTFT p50 <= " + sig(opt.scenario.slo_ttft_ms) + " ms";
   if (opt.scenario.slo_tpot_ms > 0) targets += (targets.empty() ? "" : ", ") + std::string("TPOT p50 <= ") + sig(opt.scenario.slo_tpot_ms) + " ms";
@@ -154,7 +155,9 @@ void print_choice(const PlanOptions& opt, const RunRecord& run, const balance::P
     return;
   }
   const balance::PlanCandidate& n = more->candidates[*next.best];
-  std::printf("one more device (%d): %s", opt.devices + 1, figures(n).c_str());
+  std::printf("one more device (%d%s): %s", opt.devices + 1,
+              (more_every_r ? ", every replica count: --replicas " + opt.replicas + " does not divide it" : std::string()).c_str(),
+              figures(n).c_str());
   if (ch.best)
     std::printf("; x%s tokens/s, x%s per device", num(n.tokens_per_s / r.candidates[*ch.best].tokens_per_s, 3).c_str(),
                 num(n.tokens_per_s_per_device / r.candidates[*ch.best].tokens_per_s_per_device, 3).c_str());
@@ -242,9 +245,11 @@ int plan_command(const PlanOptions& opt) {
   const balance::PlanResult r = balance::plan_layouts(run, req);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::optional<balance::PlanResult> more;
+  bool more_every_r = false;  // --replicas R does not divide N + 1: that search took every R
   try {
     req.devices = opt.devices + 1;
-    if (req.replicas > 1 && req.devices % req.replicas != 0) req.replicas = 0;  // R does not divide N + 1: every R that does
+    more_every_r = req.replicas > 1 && req.devices % req.replicas != 0;
+    if (more_every_r) req.replicas = 0;  // R does not divide N + 1: every R that does
     req.need_front = false;  // only its best under the targets is printed
     more = balance::plan_layouts(run, req);
   } catch (const UserError&) {
@@ -261,7 +266,10 @@ int plan_command(const PlanOptions& opt) {
     }
     const WorkloadInfo& w = run.workload;
     std::string replicas;
-    for (int R : r.replica_counts) replicas += (replicas.empty() ? "" : ",") + std::to_string(R);
+    for (int R : r.replica_counts) {
+      if (!replicas.empty()) replicas += ',';
+      replicas += std::to_string(R);
+    }
     std::printf("plan: %s, %d device(s) like rank 0 (%s), B=%d P=%d G=%d, objective %s, widths %s, replicas %s; %s: "
                 "%zu of %zu layout(s) solved, %zu candidates (M = 1..2S) simulated, %zu proved irrelevant by their "
                 "bounds, in %.2f s\n",
@@ -271,7 +279,7 @@ int plan_command(const PlanOptions& opt) {
     std::printf("Pareto front (tokens/s per device vs tokens/s per user = 1000 / TPOT p50; %zu of %zu candidates):\n",
                 r.front.size(), r.candidates.size());
     print_front(r, opt.top);
-    print_choice(opt, run, r, more, ch);
+    print_choice(opt, run, r, more, ch, more_every_r);
     for (const std::string& wmsg : r.warnings) std::cerr << "ppbench plan: warning: " << wmsg << std::endl;
   }
   std::cout.flush();

@@ -98,17 +98,17 @@ void print_choice(const RunRecord& run, const PlanOptions& opt, const serving::S
 
 void print_csv(const Search& s) {
   std::printf("layout,stages,tp_widths,groups,batch,split,outcome,max_rate,max_rate_per_device,attainment,ttft_p50_ms,"
-              "ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,output_tokens_per_s\n");
+              "ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,output_tokens_per_s,replicas\n");
   for (const balance::ServingPlanEntry& e : s.ranked) {
     const balance::PlanCandidate& c = s.plan.candidates[e.candidate];
     std::string w = balance::layout_label(c.widths), split = c.split.counts_string();
     std::replace(w.begin(), w.end(), ',', '-');
     std::replace(split.begin(), split.end(), ',', '-');
     const serving::ServingMetrics& a = e.at_rate;
-    std::printf("%s,%d,%s,%d,%d,%s,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g\n", c.label.c_str(), c.split.num_stages(),
+    std::printf("%s,%d,%s,%d,%d,%s,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%d\n", c.label.c_str(), c.split.num_stages(),
                 w.c_str(), c.groups, c.batch, split.c_str(), serving::outcome_name(e.search.outcome), e.max_rate,
                 e.max_rate_per_device, a.slo_attainment, a.ttft.p50_ms, a.ttft.p99_ms, a.tpot.p50_ms, a.tpot.p99_ms,
-                a.output_tokens_per_s);
+                a.output_tokens_per_s, c.replicas);
   }
 }
 
@@ -116,7 +116,7 @@ json entry_json(const Search& s, const balance::ServingPlanEntry& e) {
   const balance::PlanCandidate& c = s.plan.candidates[e.candidate];
   json j = layout_json(c.split, c.widths);
   const serving::ServingMetrics& a = e.at_rate;
-  j.update({{"layout", c.label}, {"groups", c.groups}, {"batch", c.batch}, {"outcome", serving::outcome_name(e.search.outcome)},
+  j.update({{"layout", c.label}, {"replicas", c.replicas}, {"groups", c.groups}, {"batch", c.batch}, {"outcome", serving::outcome_name(e.search.outcome)},
             {"max_rate_req_per_s", e.max_rate}, {"max_rate_per_device", e.max_rate_per_device},
             {"probes", e.search.probes.size()}, {"attainment", a.slo_attainment}, {"ttft_p50_ms", a.ttft.p50_ms},
             {"ttft_p99_ms", a.ttft.p99_ms}, {"tpot_p50_ms", a.tpot.p50_ms}, {"tpot_p99_ms", a.tpot.p99_ms},
@@ -147,10 +147,16 @@ int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const se
   if (opt.csv) {
     print_csv(s);
   } else {
-    std::printf("plan --scenario %s: %d device(s) like rank 0 (%s); %s (seed %llu), SLO for %s of the requests; %zu "
-                "candidates (every layout, M = 1..2S) searched in %.2f s\n",
-                opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), serving::describe_scenario(spec).c_str(),
-                static_cast<unsigned long long>(spec.seed), sig(spec.attainment).c_str(), s.ranked.size(), s.seconds);
+    std::string replicas;
+    for (int R : s.plan.replica_counts) {
+      if (!replicas.empty()) replicas += ',';
+      replicas += std::to_string(R);
+    }
+    std::printf("plan --scenario %s: %d device(s) like rank 0 (%s), replicas %s; %s (seed %llu), SLO for %s of the "
+                "requests; %zu candidates (every layout, M = 1..2S) searched in %.2f s\n",
+                opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), replicas.c_str(),
+                serving::describe_scenario(spec).c_str(), static_cast<unsigned long long>(spec.seed),
+                sig(spec.attainment).c_str(), s.ranked.size(), s.seconds);
     const std::string u = step_model_uncertainty(run.profile);
     std::printf("layouts by the highest request rate meeting the SLO (serving simulator on the profile's %s):\n",
                 u.empty() ? "two-shape step model: a file without a step-model grid"
@@ -161,7 +167,7 @@ int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const se
   }
   std::fflush(stdout);
   if (!opt.json_out.empty()) {
-    json out = {{"devices", opt.devices}, {"scenario", serving::arrival_kind_name(spec.kind)}, {"spec", serving::scenario_to_json(spec)},
+    json out = {{"devices", opt.devices}, {"replica_counts", s.plan.replica_counts}, {"scenario", serving::arrival_kind_name(spec.kind)}, {"spec", serving::scenario_to_json(spec)},
                 {"slo_ttft_ms", spec.goodput.ttft_ms}, {"slo_tpot_ms", spec.goodput.tpot_ms},
                 {"attainment", spec.attainment}, {"requests", spec.requests}, {"search_seconds", s.seconds},
                 {"ranked", json::array()}};

@@ -524,9 +524,11 @@ PlanResult plan_one_pipeline(const RunRecord& run, const PlanRequest& req) {
   sp.widths = stage_widths(rec1);
   sp.objective = parse_objective(run.workload.objective.empty() ? "workload" : run.workload.objective);
   if (static_cast<long long>(sp.N) > static_cast<long long>(sp.U) * sp.widths.back())
-    throw UserError("--devices " + std::to_string(sp.N) + ": at most " + std::to_string(sp.U * sp.widths.back()) +
-                    " devices (" + std::to_string(sp.U) + " units, each stage at most " +
-                    std::to_string(sp.widths.back()) + " devices wide: the widest width profiled)");
+    throw UserError("--devices " + std::to_string(sp.N) + ": one pipeline uses at most " +
+                    std::to_string(sp.U * sp.widths.back()) + " devices (" + std::to_string(sp.U) +
+                    " units, each stage at most " + std::to_string(sp.widths.back()) + " device" +
+                    (sp.widths.back() == 1 ? "" : "s") + " wide: the widest width profiled); `plan --replicas auto` "
+                    "lays out replicas of fewer devices");
   std::vector<Slot> slots = initial_slots(rec1, sp, req, res);
   const bool every = res.mode == "every layout";
   int max_groups = 0;
@@ -641,6 +643,10 @@ PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
     }
   }
   if (!any) throw UserError(last_error);
+  if (res.replica_counts.back() > 1 && machine_size(run) > 1 && run.workload.profile_passes == "alone+together")
+    warnings.insert("replicas are modelled as independent, but the file's ranks shared a machine (its profile has an "
+                    "alone and a together pass): replicas on one such machine contend for its memory bandwidth, which "
+                    "the figures of DP layouts leave out");
   for (const std::string& m : modes) res.mode += (res.mode.empty() ? "" : " / ") + m;
   res.warnings.assign(warnings.begin(), warnings.end());
   res.front = pareto_front(res.candidates);

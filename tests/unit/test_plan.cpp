@@ -593,7 +593,7 @@ TEST_F(PlanCommandTest, BadInputsNameTheFlag) {
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--devices"), std::string::npos);
   o = opts(1000);  // 6 units x width 2
   o.replicas = "1";
-  EXPECT_NE(error_of([&] { plan_command(o); }).find("--devices 1000: at most 12"), std::string::npos);
+  EXPECT_NE(error_of([&] { plan_command(o); }).find("--devices 1000: one pipeline uses at most 12"), std::string::npos);
   o.replicas = "x";
   EXPECT_NE(error_of([&] { plan_command(o); }).find("--replicas 'x'"), std::string::npos);
   o.replicas = "0";
