@@ -82,9 +82,10 @@ void print_choice(const RunRecord& run, const PlanOptions& opt, const serving::S
   const int k = c.bottleneck_stage;
   const std::string units = run.profile.unit_name[c.split.first_unit[k]] +
                             (c.split.first_unit[k] == c.split.last_unit[k] ? "" : ".." + run.profile.unit_name[c.split.last_unit[k]]);
-  std::printf("  why: at that rate TTFT p99 %s ms and TPOT p99 %s ms against the limits %s / %s ms; its busiest stage "
-              "in the closed batch is %d (%s, %d device%s)\n", sig(b.at_rate.ttft.p99_ms).c_str(),
-              sig(b.at_rate.tpot.p99_ms).c_str(), sig(spec.goodput.ttft_ms).c_str(), sig(spec.goodput.tpot_ms).c_str(), k,
+  std::printf("  why: at that rate %s of the requests meet both limits (%s / %s ms; the target: %s of them), TTFT p99 "
+              "%s ms and TPOT p99 %s ms; its busiest stage in the closed batch is %d (%s, %d device%s)\n",
+              num(b.at_rate.slo_attainment, 3).c_str(), sig(spec.goodput.ttft_ms).c_str(), sig(spec.goodput.tpot_ms).c_str(),
+              sig(spec.attainment).c_str(), sig(b.at_rate.ttft.p99_ms).c_str(), sig(b.at_rate.tpot.p99_ms).c_str(), k,
               units.c_str(), c.split.width(k), c.split.width(k) == 1 ? "" : "s");
   if (!more || more->ranked.empty() || more->ranked.front().search.outcome == serving::RateSearchResult::Outcome::none) {
     std::printf("one more device: %s\n", more ? "no layout meets the SLO" : "no layout (more than the model can use)");
