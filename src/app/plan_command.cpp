@@ -248,8 +248,8 @@ int plan_command(const PlanOptions& opt) {
   bool more_every_r = false;  // --replicas R does not divide N + 1: that search took every R
   try {
     req.devices = opt.devices + 1;
-    more_every_r = req.replicas > 1 && req.devices % req.replicas != 0;
-    if (more_every_r) req.replicas = 0;  // R does not divide N + 1: every R that does
+    more_every_r = balance::replicas_for(req.devices, req.replicas) != req.replicas;
+    req.replicas = balance::replicas_for(req.devices, req.replicas);
     req.need_front = false;  // only its best under the targets is printed
     more = balance::plan_layouts(run, req);
   } catch (const UserError&) {
@@ -265,16 +265,11 @@ int plan_command(const PlanOptions& opt) {
       widths += std::to_string(g.width);
     }
     const WorkloadInfo& w = run.workload;
-    std::string replicas;
-    for (int R : r.replica_counts) {
-      if (!replicas.empty()) replicas += ',';
-      replicas += std::to_string(R);
-    }
     std::printf("plan: %s, %d device(s) like rank 0 (%s), B=%d P=%d G=%d, objective %s, widths %s, replicas %s; %s: "
                 "%zu of %zu layout(s) solved, %zu candidates (M = 1..2S) simulated, %zu proved irrelevant by their "
                 "bounds, in %.2f s\n",
                 opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), w.batch, w.prompt_len, w.gen_len,
-                w.objective.empty() ? "workload" : w.objective.c_str(), widths.c_str(), replicas.c_str(), r.mode.c_str(),
+                w.objective.empty() ? "workload" : w.objective.c_str(), widths.c_str(), balance::replica_counts_text(r).c_str(), r.mode.c_str(),
                 r.layouts_evaluated, r.layouts_possible, r.candidates.size(), r.pruned, seconds);
     std::printf("Pareto front (tokens/s per device vs tokens/s per user = 1000 / TPOT p50; %zu of %zu candidates):\n",
                 r.front.size(), r.candidates.size());

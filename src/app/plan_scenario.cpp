@@ -33,7 +33,7 @@ Search search(const RunRecord& run, int devices, int replicas, const std::vector
   const auto t0 = std::chrono::steady_clock::now();
   balance::PlanRequest req;
   req.devices = devices;
-  req.replicas = replicas > 1 && devices % replicas != 0 ? 0 : replicas;  // N + 1 not divisible by R: every R
+  req.replicas = balance::replicas_for(devices, replicas);
   req.prune = false;  // the closed batch's bounds say nothing of a rate under arrivals
   Search s;
   s.plan = balance::plan_layouts(run, req);
@@ -148,14 +148,9 @@ int plan_scenario_command(const PlanOptions& opt, const RunRecord& run, const se
   if (opt.csv) {
     print_csv(s);
   } else {
-    std::string replicas;
-    for (int R : s.plan.replica_counts) {
-      if (!replicas.empty()) replicas += ',';
-      replicas += std::to_string(R);
-    }
     std::printf("plan --scenario %s: %d device(s) like rank 0 (%s), replicas %s; %s (seed %llu), SLO for %s of the "
                 "requests; %zu candidates (every layout, M = 1..2S) searched in %.2f s\n",
-                opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), replicas.c_str(),
+                opt.input.c_str(), opt.devices, run.ranks[0].device_name.c_str(), balance::replica_counts_text(s.plan).c_str(),
                 serving::describe_scenario(spec).c_str(), static_cast<unsigned long long>(spec.seed),
                 sig(spec.attainment).c_str(), s.ranked.size(), s.seconds);
     const std::string u = step_model_uncertainty(run.profile);

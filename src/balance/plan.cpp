@@ -581,12 +581,25 @@ PlanResult plan_one_pipeline(const RunRecord& run, const PlanRequest& req) {
 
 /// The most devices one pipeline of `run`'s units can use when laid out on `devices` devices:
 /// a stage per unit, each as wide as the widest width profiled there (plan_one_pipeline's limit).
+/// plan_record keeps the widths <= min(devices, machine size): a record of that many devices has
+/// the same widths as one of `devices`, without a copy of rank 0's rows per device.
 long long most_devices_per_pipeline(const RunRecord& run, int devices) {
-  const RunRecord rec1 = plan_record(run, devices, 1);
+  const RunRecord rec1 = plan_record(run, std::min(devices, machine_size(run)), 1);
   return static_cast<long long>(rec1.profile.unit_name.size()) * stage_widths(rec1).back();
 }
 
 }  // namespace
+
+int replicas_for(int devices, int replicas) { return replicas > 1 && devices % replicas != 0 ? 0 : replicas; }
+
+std::string replica_counts_text(const PlanResult& r) {
+  std::string s;
+  for (int R : r.replica_counts) {  // (appends: GCC 12 warns -Wrestrict on "," + to_string)
+    if (!s.empty()) s += ',';
+    s += std::to_string(R);
+  }
+  return s;
+}
 
 PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
   if (req.replicas == 1) return plan_one_pipeline(run, req);

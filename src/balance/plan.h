@@ -134,6 +134,13 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups);
 ///         req.replicas < 0 or not dividing N; no R leaving each replica devices the model can use.
 PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req);
 
+/// PlanRequest::replicas for a search of `devices` devices asked with `replicas`: as asked, or 0
+/// (every R) where a fixed R > 1 does not divide them (`plan`'s search of N + 1 devices).
+int replicas_for(int devices, int replicas);
+
+/// r.replica_counts as "1,2,4" (the header lines of `plan` and `plan --scenario`).
+std::string replica_counts_text(const PlanResult& r);
+
 /// The layout `run --tp auto` deploys (issue 36: the planner's ranking, not the bottleneck's).
 struct LayoutRanking {
   PlanCandidate best;            ///< the most predicted tokens/s
