@@ -78,7 +78,7 @@ class ServingLoop : StageLoopBase {
   const std::vector<serving::Request>& requests_;
   const int M, B;
   const size_t header_ints_;
-  int max_tokens_ = 1;  ///< the most packed tokens a step can have: B x the longest prompt
+  int max_tokens_ = 1;  ///< the most packed tokens a step can have (serving::max_step_tokens)
 
   // Buffers (before the lanes: the lanes are destroyed, and drained, first).
   std::vector<std::unique_ptr<Buffer>> in_, out_, header_out_;
@@ -122,9 +122,7 @@ ServingLoop::ServingLoop(Device& device, Transport& transport, StageExecutor& st
       header_ints_(serving_header_ints(cfg.scheduler.slots)) {
   if (place.tp_width != 1) throw UserError("the serving scenario runs no tensor-parallel stage yet (--tp 1)");
   if (M < 1 || B < 1) throw InternalError("run_serving: groups and slots must be >= 1");
-  int longest = 1;
-  for (const serving::Request& r : requests_) longest = std::max(longest, r.prompt_len);
-  max_tokens_ = B * longest;
+  max_tokens_ = serving::max_step_tokens(requests_, cfg.scheduler);
   allocate_buffers();
   compute_ = device_.create_lane("compute");
   recv_ = device_.create_lane("recv");
@@ -183,7 +181,7 @@ void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows) {
     rs.slot.push_back(row.slot);
     rs.pos.push_back(row.position);
     rs.tokens.push_back(row.tokens);
-    if (n + row.tokens > max_tokens_) throw InternalError("serving: a step of more than B x the longest prompt tokens");
+    if (n + row.tokens > max_tokens_) throw InternalError("serving: a step of more tokens than serving::max_step_tokens");
     for (int t = 0; t < row.tokens; ++t) {
       const int p = row.position + t;
       // Position p's input: the prompt's token, or output token p - prompt_len (DESIGN.md).

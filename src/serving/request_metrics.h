@@ -32,13 +32,14 @@ namespace ppb::serving {
 /// start).
 struct RequestTimes {
   double arrival_s = 0.0;      ///< arrived
-  double admitted_s = 0.0;     ///< got a slot (its prefill step started)
+  double admitted_s = 0.0;     ///< first got a slot (its prefill step started)
   double first_token_s = 0.0;  ///< its first output token was out (end of its prefill step)
   double finish_s = 0.0;       ///< its last output token was out
   std::vector<double> token_s; ///< when each output token was out, shape [gen_len]:
                                ///< token_s.front() = first_token_s, token_s.back() = finish_s
   int prompt_len = 0;
   int gen_len = 0;             ///< output tokens (out), >= 1
+  int preemptions = 0;         ///< times its KV blocks were taken back (recomputed; scheduler.h)
 };
 
 /// The latencies of one request (seconds).

@@ -52,11 +52,36 @@ Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
   if (config_.max_concurrency < 0)
     throw UserError("--max-concurrency " + std::to_string(config_.max_concurrency) + ": requests in flight at most, "
                     ">= 1 (0: no limit)");
+  if (config_.kv_block_size < 1)
+    throw UserError("--kv-block-size " + std::to_string(config_.kv_block_size) + ": tokens per KV block, >= 1 "
+                    "(vLLM's --block-size; 16 by default)");
+  if (config_.kv_blocks < 0)
+    throw UserError("--kv-blocks " + std::to_string(config_.kv_blocks) + ": blocks in each group's KV pool, >= 1 "
+                    "(0: every slot at the longest request)");
+  // A request holds at most the blocks of its prompt_len + gen_len - 1 positions (its last
+  // token is not fed back).
+  auto blocks_of = [&](int positions) { return (positions + config_.kv_block_size - 1) / config_.kv_block_size; };
+  int longest = 0, widest = -1;
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    state_[i].target = requests_[i].prompt_len;
+    const int b = blocks_of(requests_[i].prompt_len + requests_[i].gen_len - 1);
+    if (b > longest) longest = b, widest = static_cast<int>(i);
+  }
+  if (config_.kv_blocks > 0 && config_.kv_blocks < longest) {
+    const Request& r = requests_[static_cast<std::size_t>(widest)];
+    throw UserError("--kv-blocks " + std::to_string(config_.kv_blocks) + ": request " + std::to_string(widest) +
+                    " (prompt " + std::to_string(r.prompt_len) + ", output " + std::to_string(r.gen_len) + ") needs " +
+                    std::to_string(longest) + " blocks of " + std::to_string(config_.kv_block_size) +
+                    " tokens alone and would never finish; valid: >= " + std::to_string(longest) +
+                    " (the longest request's), or 0 (every slot at the longest request)");
+  }
+  pool_blocks_ = config_.kv_blocks > 0 ? config_.kv_blocks : config_.slots * longest;
   sent_s_.assign(requests_.size(), 0.0);
   free_permits_.assign(std::min<std::size_t>(static_cast<std::size_t>(config_.max_concurrency), requests_.size()), 0.0);
   groups_.resize(static_cast<std::size_t>(config_.groups));
   for (int g = 0; g < config_.groups; ++g) {
     groups_[g].slot_owner.assign(static_cast<std::size_t>(config_.slots), -1);
+    groups_[g].free_blocks = pool_blocks_;
     groups_[g].step.group = g;
   }
 }
@@ -85,26 +110,111 @@ void Scheduler::send(double now_s) {
   }
 }
 
-void Scheduler::admit(int g, double now_s) {
-  Group& group = groups_[g];
-  send(now_s);
-  for (int slot = 0; slot < config_.slots && head_ < fcfs_.size(); ++slot) {
-    if (group.slot_owner[slot] != -1) continue;
-    const int id = fcfs_[head_];
-    if (at_engine_s(head_) > now_s) break;
-    admit_to(g, slot, id, now_s);
-  }
+int Scheduler::waiting_head(double now_s, bool& preempted) const {
+  preempted = !preempted_.empty();
+  if (preempted) return preempted_.front();
+  if (head_ < fcfs_.size() && at_engine_s(head_) <= now_s) return fcfs_[head_];
+  return -1;
 }
 
 void Scheduler::admit_to(int g, int slot, int id, double now_s) {
   Group& group = groups_[g];
-  ++head_;
   group.slot_owner[slot] = id;
-  state_[id].group = g;
-  state_[id].slot = slot;
-  state_[id].admitted_seq = admitted_++;
-  times_[id].admitted_s = now_s;
+  State& s = state_[id];
+  if (s.admitted_seq < 0) times_[id].admitted_s = now_s;  // the queue time ends at the first admission
+  s.group = g;
+  s.slot = slot;
+  s.admitted_seq = admitted_++;
   group.step.admitted.push_back(id);
+}
+
+int Scheduler::blocks_after(const BatchRow& row) const {
+  return (row.position + row.tokens + config_.kv_block_size - 1) / config_.kv_block_size;
+}
+
+void Scheduler::take_blocks(int g, const BatchRow& row) {
+  State& s = state_[row.request];
+  const int need = blocks_after(row) - s.blocks;
+  if (need <= 0) return;
+  Group& group = groups_[g];
+  if (need > group.free_blocks) throw InternalError("scheduler: a row scheduled beyond its group's KV pool");
+  group.free_blocks -= need;
+  s.blocks += need;
+  blocks_peak_ = std::max(blocks_peak_, pool_blocks_ - group.free_blocks);
+}
+
+void Scheduler::free_blocks(int g, int id) {
+  groups_[g].free_blocks += state_[id].blocks;
+  state_[id].blocks = 0;
+}
+
+void Scheduler::preempt(int g, int slot) {
+  Group& group = groups_[g];
+  const int id = group.slot_owner[slot];
+  State& s = state_[id];
+  free_blocks(g, id);
+  group.slot_owner[slot] = -1;
+  s.target = requests_[id].prompt_len + s.produced;  // recompute: the prompt and the tokens out so far
+  s.prefilled = 0;
+  ++times_[id].preemptions;
+  ++preemptions_;
+  preempted_.push_front(id);  // V1: waiting.prepend_request
+}
+
+bool Scheduler::schedule_running(int g, int& budget) {
+  // vLLM V1 (vllm/v1/core/sched/scheduler.py `schedule`): the running requests in the order they
+  // were admitted, each its next row (a decode 1 token, a prompt still being prefilled its next
+  // chunk); when the pool cannot cover a row, `self.running.pop()`: the request admitted last is
+  // preempted, until the row fits or the request itself was the one preempted.
+  Group& group = groups_[g];
+  std::vector<int> order;  // the group's slots by admission
+  for (int slot = 0; slot < config_.slots; ++slot)
+    if (group.slot_owner[slot] != -1) order.push_back(slot);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return state_[group.slot_owner[a]].admitted_seq < state_[group.slot_owner[b]].admitted_seq;
+  });
+  bool preempted = false;
+  std::size_t end = order.size();
+  for (std::size_t i = 0; i < end && budget > 0; ++i) {
+    const int slot = order[i];
+    const BatchRow row = row_of(group.slot_owner[slot], slot, budget);
+    bool self = false;
+    while (blocks_after(row) - state_[row.request].blocks > group.free_blocks) {
+      const int victim = order[--end];
+      preempt(g, victim);
+      preempted = true;
+      if (victim == slot) {
+        self = true;
+        break;
+      }
+    }
+    if (self) break;
+    take_blocks(g, row);
+    budget -= row.tokens;
+    group.step.rows.push_back(row);
+  }
+  return preempted;
+}
+
+void Scheduler::admit_waiting(int g, double now_s, int& budget) {
+  Group& group = groups_[g];
+  send(now_s);
+  for (int slot = 0; slot < config_.slots && budget > 0; ++slot) {
+    if (group.slot_owner[slot] != -1) continue;
+    bool was_preempted = false;
+    const int id = waiting_head(now_s, was_preempted);
+    if (id < 0) break;
+    const BatchRow row = row_of(id, slot, budget);
+    if (blocks_after(row) > group.free_blocks) break;  // V1: the head waits for blocks; FCFS holds the rest
+    if (was_preempted)
+      preempted_.pop_front();
+    else
+      ++head_;
+    admit_to(g, slot, id, now_s);
+    take_blocks(g, row);
+    budget -= row.tokens;
+    group.step.rows.push_back(row);
+  }
 }
 
 const Step& Scheduler::next_step(int g, double now_s) {
@@ -119,76 +229,33 @@ const Step& Scheduler::next_step(int g, double now_s) {
   group.step.start_s = now_s;
   group.step.admitted.clear();
   group.step.rows.clear();
-  if (config_.policy == StepPolicy::vllm_v1) {
-    budget_step(g, now_s);
-    group.in_flight = !group.step.rows.empty();
-    return group.step;
+  // mixed and prefill_first prefill whole prompts: no budget.
+  int budget = config_.policy == StepPolicy::vllm_v1 ? config_.max_batched_tokens : std::numeric_limits<int>::max();
+  if (config_.policy == StepPolicy::prefill_first) {
+    // V0 (vllm/core/scheduler.py `_schedule_default`): the waiting prompts first; the running
+    // requests only in a step that admitted none ("Don't schedule decodes if prefills are
+    // scheduled").
+    admit_waiting(g, now_s, budget);
+    if (group.step.admitted.empty()) schedule_running(g, budget);
+  } else if (!schedule_running(g, budget)) {
+    admit_waiting(g, now_s, budget);  // V1: no waiting request joins a step that preempted
   }
-  admit(g, now_s);
-  const bool prefill_only =
-      config_.policy == StepPolicy::prefill_first && !group.step.admitted.empty();
-  for (int slot = 0; slot < config_.slots; ++slot) {
-    const int id = group.slot_owner[slot];
-    if (id == -1) continue;
-    const int produced = state_[id].produced;
-    const bool prefill = state_[id].prefilled < requests_[id].prompt_len;
-    if (prefill_only && !prefill) continue;  // V0: decodes wait out a prefill step
-    BatchRow row;
-    row.request = id;
-    row.slot = slot;
-    row.prefill = prefill;
-    row.position = prefill ? 0 : requests_[id].prompt_len + produced - 1;
-    row.tokens = prefill ? requests_[id].prompt_len : 1;
-    group.step.rows.push_back(row);
-  }
+  std::sort(group.step.rows.begin(), group.step.rows.end(),
+            [](const BatchRow& a, const BatchRow& b) { return a.slot < b.slot; });
   group.in_flight = !group.step.rows.empty();
   return group.step;
 }
 
 BatchRow Scheduler::row_of(int id, int slot, int budget) const {
   const State& s = state_[id];
-  const int prompt = requests_[id].prompt_len;
   BatchRow row;
   row.request = id;
   row.slot = slot;
-  row.prefill = s.prefilled < prompt;
-  row.position = row.prefill ? s.prefilled : prompt + s.produced - 1;
-  row.tokens = row.prefill ? std::min(prompt - s.prefilled, budget) : 1;
-  row.emits = !row.prefill || s.prefilled + row.tokens == prompt;
+  row.prefill = s.prefilled < s.target;
+  row.position = row.prefill ? s.prefilled : requests_[id].prompt_len + s.produced - 1;
+  row.tokens = row.prefill ? std::min(s.target - s.prefilled, budget) : 1;
+  row.emits = !row.prefill || s.prefilled + row.tokens == s.target;
   return row;
-}
-
-void Scheduler::budget_step(int g, double now_s) {
-  // vLLM V1 (vllm/v1/core/sched/scheduler.py `schedule`): the running requests first, in the
-  // order they were admitted (a decode is 1 token, a prompt still being prefilled its next chunk),
-  // then the waiting ones, FCFS, into free slots, each with as much of its prompt as the budget
-  // leaves; a request the budget does not reach waits for the group's next step.
-  Group& group = groups_[g];
-  int budget = config_.max_batched_tokens;
-  std::vector<int> order;  // the group's slots by admission
-  for (int slot = 0; slot < config_.slots; ++slot)
-    if (group.slot_owner[slot] != -1) order.push_back(slot);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return state_[group.slot_owner[a]].admitted_seq < state_[group.slot_owner[b]].admitted_seq;
-  });
-  for (int slot : order) {
-    if (budget == 0) break;
-    const BatchRow row = row_of(group.slot_owner[slot], slot, budget);
-    budget -= row.tokens;
-    group.step.rows.push_back(row);
-  }
-  send(now_s);
-  for (int slot = 0; slot < config_.slots && head_ < fcfs_.size() && budget > 0; ++slot) {
-    if (group.slot_owner[slot] != -1) continue;
-    const int id = fcfs_[head_];
-    if (at_engine_s(head_) > now_s) break;
-    admit_to(g, slot, id, now_s);
-    const BatchRow row = row_of(id, slot, budget);
-    budget -= row.tokens;
-    group.step.rows.push_back(row);
-  }
-  std::sort(group.step.rows.begin(), group.step.rows.end(),
-            [](const BatchRow& a, const BatchRow& b) { return a.slot < b.slot; });
 }
 
 void Scheduler::complete_step(int g, double end_s) {
@@ -205,12 +272,13 @@ void Scheduler::complete_step(int g, double end_s) {
     if (!row.emits) continue;  // a chunk before the prompt's last: no token yet
     ++s.produced;
     t.token_s.push_back(end_s);
-    if (row.prefill) t.first_token_s = end_s;
+    if (s.produced == 1) t.first_token_s = end_s;
     if (s.produced == requests_[row.request].gen_len) {
       t.finish_s = end_s;
       s.finished = true;
       ++finished_;
       group.slot_owner[row.slot] = -1;
+      free_blocks(g, row.request);
       if (config_.max_concurrency > 0) {  // its permit is free again
         free_permits_.push_back(end_s);
         std::push_heap(free_permits_.begin(), free_permits_.end(), std::greater<double>());
@@ -228,7 +296,7 @@ double Scheduler::next_arrival_s() const {
 }
 
 int Scheduler::waiting(double now_s) const {
-  int n = 0;
+  int n = static_cast<int>(preempted_.size());
   for (std::size_t i = head_; i < fcfs_.size() && at_engine_s(i) <= now_s; ++i) ++n;
   return n;
 }
@@ -236,6 +304,14 @@ int Scheduler::waiting(double now_s) const {
 int Scheduler::running(int g) const {
   const auto& owners = groups_.at(g).slot_owner;
   return static_cast<int>(std::count_if(owners.begin(), owners.end(), [](int id) { return id != -1; }));
+}
+
+int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig& config) {
+  int row = 1;
+  for (const Request& r : requests)
+    row = std::max(row, config.kv_blocks > 0 ? r.prompt_len + r.gen_len - 1 : r.prompt_len);
+  const long long step = static_cast<long long>(config.slots) * row;
+  return static_cast<int>(config.policy == StepPolicy::vllm_v1 ? std::min<long long>(step, config.max_batched_tokens) : step);
 }
 
 namespace {

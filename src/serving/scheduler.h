@@ -15,8 +15,8 @@
 //    (work-conserving; requests are admitted strictly in arrival order, ties by index). vLLM V0
 //    instead binds a request, on arrival, to the virtual engine with the fewest unfinished
 //    requests, where it waits even if another engine frees a slot first.
-//  - A step: every admitted request is prefilled whole in that step (vllm_v1: in chunks; its prompt_len tokens at
-//    positions 0..prompt_len-1, giving its first output token) and every running request
+//  - A step: every admitted request is prefilled whole in that step (vllm_v1: in chunks; its
+//    prompt_len tokens at positions 0..prompt_len-1, giving its first output token) and every running request
 //    decodes one token at its own position (prompt_len + tokens out so far - 1). StepPolicy
 //    says whether both kinds share a step:
 //      mixed (default): yes. This is iteration-level scheduling (Orca, OSDI'22) and what vLLM
@@ -33,12 +33,28 @@
 //        admits any request runs only those prefills; the running requests wait for the next
 //        step. (V0's prefill token budget is not modelled: every arrived request that has a
 //        slot is admitted.)
+//  - KV memory in blocks, as vLLM's paged engines hold it (vllm/v1/core/kv_cache_manager.py):
+//    each group has a pool of kv_blocks blocks of kv_block_size tokens; a row's step needs the
+//    blocks that cover its positions [0, position + tokens), taken from the pool when the step
+//    is formed and given back when its request leaves. The running requests are scheduled
+//    first, in the order they were admitted; when the pool cannot cover one, the running
+//    request admitted last is preempted (vLLM V1's policy: preemption by recompute, the
+//    lowest-priority request of the running list first, possibly the one being scheduled): its
+//    blocks and slot are freed, and it goes to the front of the waiting queue; readmitted, it
+//    prefills its prompt and the tokens it had produced (prompt_len + out tokens at positions 0..,
+//    chunked under vllm_v1's budget) and its last chunk gives its next token. A step that
+//    preempted admits no waiting request (V1: `if not preempted_reqs`); a waiting request is
+//    admitted only when the pool covers its (first chunk of) prefill, else admission stops there
+//    (FCFS). prefill_first (V0) admits first and schedules the running requests only in a step
+//    that admitted none. With kv_blocks = 0 the pool holds every slot at the longest request's
+//    length: nothing is preempted and the schedule is as without a pool.
 //  - A request leaves when its gen_len-th output token comes out (the prefill gives the first,
-//    each decode one more): its slot is free for the group's next step.
+//    each decode one more): its slot and its blocks are free for the group's next step.
 //  - A group has at most one step in flight (a pipeline's group waits for its token before its
 //    next step).
 #pragma once
 
+#include <deque>
 #include <limits>
 #include <string>
 #include <vector>
@@ -71,7 +87,17 @@ struct SchedulerConfig {
   int max_concurrency = 0;
   /// vllm_v1: the tokens a step runs at most (vLLM's --max-num-batched-tokens), >= 1.
   int max_batched_tokens = 2048;
+  /// Tokens per KV block (vLLM's --block-size; 16 by default), >= 1.
+  int kv_block_size = 16;
+  /// Blocks in each group's KV pool; 0: every slot at the longest request (nothing binds). A
+  /// pool smaller than one request's positions (prompt_len + gen_len - 1) is refused.
+  int kv_blocks = 0;
 };
+
+/// The most tokens one step of `config` can run over `requests`: B rows of the longest prompt
+/// (the longest prompt + output - 1 where a bounded KV pool may preempt: a readmitted request
+/// prefills its tokens so far), and at most vllm_v1's budget. For sizing a stage's step buffers.
+int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig& config);
 
 /// One row of a step's ragged batch: a request and the tokens it runs.
 struct BatchRow {
@@ -131,31 +157,56 @@ class Scheduler {
   const std::vector<Request>& requests() const { return requests_; }
   /// Per request, its times so far (valid in full once it finished; shape [N]).
   const std::vector<RequestTimes>& times() const { return times_; }
-  /// Group and slot each request was admitted to (-1 before admission).
+  /// Group and slot each request was last admitted to (-1 before admission).
   int group_of(int request) const { return state_.at(request).group; }
   int slot_of(int request) const { return state_.at(request).slot; }
+  /// Preemptions so far, over every request (each request's: times()[q].preemptions).
+  int preemptions() const { return preemptions_; }
+  /// Blocks of each group's KV pool (config's kv_blocks, or what kv_blocks = 0 means), and the
+  /// most any group held at once so far.
+  int kv_pool_blocks() const { return pool_blocks_; }
+  int kv_blocks_peak() const { return blocks_peak_; }
 
  private:
   struct State {
     int group = -1, slot = -1;
-    int prefilled = 0;     ///< prompt tokens prefilled so far (vllm_v1 chunks them)
-    int produced = 0;      ///< output tokens out so far
-    int admitted_seq = -1;  ///< its place in the order of admission
+    /// Tokens to prefill before its next token: prompt_len, or after a preemption prompt_len +
+    /// the tokens produced by then (recompute).
+    int target = 0;
+    int prefilled = 0;      ///< of target, prefilled so far (vllm_v1 chunks them)
+    int produced = 0;       ///< output tokens out so far
+    int blocks = 0;         ///< KV blocks it holds in its group's pool
+    int admitted_seq = -1;  ///< its place in the order of (re)admission
     bool finished = false;
   };
   struct Group {
     std::vector<int> slot_owner;  ///< request per slot, -1 free
+    int free_blocks = 0;          ///< of its KV pool
     bool in_flight = false;
     double last_end_s = -std::numeric_limits<double>::infinity();
     Step step;
   };
-  void admit(int g, double now_s);
-  /// Request `id` (the FCFS head) into group g's free `slot` at now_s.
+  /// The running requests of group g, in admission order, each its next row under the budget
+  /// and the pool, preempting from the back (header). Returns whether it preempted.
+  bool schedule_running(int g, int& budget);
+  /// Waiting requests (the preempted first, then the FCFS queue's arrived ones) into group g's
+  /// free slots while the budget and the pool cover their first row.
+  void admit_waiting(int g, double now_s, int& budget);
+  /// The next waiting request at the engine by now_s (-1: none), and whether it was preempted.
+  int waiting_head(double now_s, bool& preempted) const;
+  /// Request `id` into group g's free `slot` at now_s, running `row` (its first).
   void admit_to(int g, int slot, int id, double now_s);
-  /// vllm_v1's step of group g: running requests, then waiting ones, under the token budget.
-  void budget_step(int g, double now_s);
+  /// Preempts the request in group g's `slot` (recompute): its blocks and slot freed, it waits
+  /// at the front of the queue.
+  void preempt(int g, int slot);
   /// The row request `id` in `slot` runs next with at most `budget` (>= 1) tokens.
   BatchRow row_of(int id, int slot, int budget) const;
+  /// Blocks a request holds once `row` ran: those covering positions [0, position + tokens).
+  int blocks_after(const BatchRow& row) const;
+  /// Takes the blocks `row` needs beyond what its request holds from group g's pool.
+  void take_blocks(int g, const BatchRow& row);
+  /// Frees request `id`'s blocks back to group g's pool.
+  void free_blocks(int g, int id);
   /// With max_concurrency: sends the requests (in FCFS order) whose permit is free by now_s.
   void send(double now_s);
   /// When request fcfs_[i] reaches the engine (sent_s_ once sent, else its arrival); +inf while
@@ -173,8 +224,11 @@ class Scheduler {
   std::vector<State> state_;
   std::vector<RequestTimes> times_;
   std::vector<Group> groups_;
+  std::deque<int> preempted_;  ///< preempted requests waiting, the front first (before fcfs_'s head)
   int finished_ = 0;
-  int admitted_ = 0;  ///< requests admitted so far (State::admitted_seq)
+  int admitted_ = 0;  ///< admissions so far (State::admitted_seq)
+  int preemptions_ = 0;
+  int pool_blocks_ = 0, blocks_peak_ = 0;
 };
 
 }  // namespace ppb::serving

@@ -721,6 +721,119 @@ TEST(ServingScheduler, VllmV1ChunksPromptsUnderTheTokenBudget) {
   EXPECT_TRUE(contains(error_of([&] { Scheduler({{0.0, 1, 1}}, cfg); }), "--max-batched-tokens 0"));
 }
 
+// A KV pool of 3 blocks of 4 tokens, one group of 2 slots (mixed): r0 (prompt 4, 4 outputs) and
+// r1 (prompt 4, 3 outputs) at t = 0, by hand:
+//  step 1: both prefilled (a block each; 1 left), each gets its first token.
+//  step 2: r0's decode at 4 takes the last block; r1's at 4 needs one more: the request admitted
+//          last, r1 itself, is preempted (its block freed; the step admits nothing).
+//  steps 3, 4: r0 decodes at 5, 6 and leaves (its 2 blocks freed); r1, waiting at the front,
+//          needed 2 blocks for its recompute (prompt 4 + 1 output = 5 tokens) and 0 were free.
+//  step 5: r1 readmitted: prefills positions 0..4, its second token.
+//  step 6: r1 decodes at 5, its third: done.
+TEST(ServingScheduler, KvPoolPreemptsTheLastAdmittedAndRecomputesIt) {
+  SchedulerConfig cfg;
+  cfg.groups = 1;
+  cfg.slots = 2;
+  cfg.kv_block_size = 4;
+  cfg.kv_blocks = 3;
+  Scheduler s({{0.0, 4, 4}, {0.0, 4, 3}}, cfg);
+  struct Want {
+    int request, position, tokens;
+    bool prefill;
+  };
+  const std::vector<std::vector<Want>> steps = {{{0, 0, 4, true}, {1, 0, 4, true}},
+                                                {{0, 4, 1, false}},
+                                                {{0, 5, 1, false}},
+                                                {{0, 6, 1, false}},
+                                                {{1, 0, 5, true}},
+                                                {{1, 5, 1, false}}};
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& st = s.next_step(0, static_cast<double>(k));
+    ASSERT_EQ(st.rows.size(), steps[k].size()) << "step " << k + 1;
+    for (size_t r = 0; r < st.rows.size(); ++r) {
+      SCOPED_TRACE("step " + std::to_string(k + 1) + " row " + std::to_string(r));
+      expect_row(st.rows[r], steps[k][r].request, st.rows[r].slot, steps[k][r].position, steps[k][r].tokens,
+                 steps[k][r].prefill);
+      EXPECT_TRUE(st.rows[r].emits);
+    }
+    if (k == 1) EXPECT_EQ(s.waiting(1.0), 1);  // r1, preempted
+    s.complete_step(0, k + 1.0);
+  }
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(s.preemptions(), 1);
+  EXPECT_EQ(s.kv_pool_blocks(), 3);
+  EXPECT_EQ(s.kv_blocks_peak(), 3);
+  const std::vector<RequestTimes>& t = s.times();
+  EXPECT_EQ(t[0].token_s, (std::vector<double>{1.0, 2.0, 3.0, 4.0}));
+  EXPECT_EQ(t[1].token_s, (std::vector<double>{1.0, 5.0, 6.0}));
+  EXPECT_EQ(t[0].preemptions, 0);
+  EXPECT_EQ(t[1].preemptions, 1);
+  EXPECT_EQ(t[1].first_token_s, 1.0);  // the recompute's token is its second
+  EXPECT_EQ(t[1].admitted_s, 0.0);     // queue time to the first admission
+  // Unbounded (kv_blocks 0: both slots at the longest request, 2 blocks each): no preemption.
+  cfg.kv_blocks = 0;
+  Scheduler u({{0.0, 4, 4}, {0.0, 4, 3}}, cfg);
+  EXPECT_EQ(u.kv_pool_blocks(), 4);
+  EXPECT_EQ(u.next_step(0, 0.0).rows.size(), 2u);
+  u.complete_step(0, 1.0);
+  EXPECT_EQ(u.next_step(0, 1.0).rows.size(), 2u);
+  // A pool smaller than one request's positions would never finish it.
+  cfg.kv_blocks = 1;
+  const std::string e = error_of([&] { Scheduler({{0.0, 4, 4}, {0.0, 4, 3}}, cfg); });
+  EXPECT_TRUE(contains(e, "--kv-blocks 1")) << e;
+  EXPECT_TRUE(contains(e, "valid: >= 2")) << e;
+  cfg.kv_blocks = 0;
+  cfg.kv_block_size = 0;
+  EXPECT_TRUE(contains(error_of([&] { Scheduler({{0.0, 4, 4}}, cfg); }), "--kv-block-size 0"));
+}
+
+// vllm_v1 with a pool: a prompt being chunked is preempted like a decode, and recomputes from 0.
+// One group of 2 slots, budget 4, blocks of 2 tokens, pool of 4 blocks; r0 (prompt 3, 3
+// outputs: 5 positions, 3 blocks) and r1 (prompt 6, 1 output: 6 positions, 3 blocks) at 0:
+//  step 1: r0's prompt 0..2 (2 blocks, first token), r1's first chunk 0 (1 token: 1 block).
+//  step 2: r0 decodes at 3 (2 blocks cover 0..3); r1's chunk 1..3 needs 1 more: the last block.
+//  step 3: r0 decodes at 4: needs a 3rd block, none free: r1 (admitted last) is preempted.
+//  step 4: r0 is done (3 tokens at 1, 2, 3); r1 readmitted, chunk 0..3 (2 blocks).
+//  step 5: r1's last chunk 4..5, its token.
+TEST(ServingScheduler, KvPoolPreemptsAChunkedPrefillUnderVllmV1) {
+  SchedulerConfig cfg;
+  cfg.groups = 1;
+  cfg.slots = 2;
+  cfg.policy = StepPolicy::vllm_v1;
+  cfg.max_batched_tokens = 4;
+  cfg.kv_block_size = 2;
+  cfg.kv_blocks = 4;
+  Scheduler s({{0.0, 3, 3}, {0.0, 6, 1}}, cfg);
+  struct Want {
+    int request, position, tokens;
+    bool prefill, emits;
+  };
+  const std::vector<std::vector<Want>> steps = {{{0, 0, 3, true, true}, {1, 0, 1, true, false}},
+                                                {{0, 3, 1, false, true}, {1, 1, 3, true, false}},
+                                                {{0, 4, 1, false, true}},
+                                                {{1, 0, 4, true, false}},
+                                                {{1, 4, 2, true, true}}};
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& st = s.next_step(0, static_cast<double>(k));
+    ASSERT_EQ(st.rows.size(), steps[k].size()) << "step " << k + 1;
+    for (size_t r = 0; r < st.rows.size(); ++r) {
+      SCOPED_TRACE("step " + std::to_string(k + 1) + " row " + std::to_string(r));
+      const BatchRow& row = st.rows[r];
+      EXPECT_EQ(row.request, steps[k][r].request);
+      EXPECT_EQ(row.position, steps[k][r].position);
+      EXPECT_EQ(row.tokens, steps[k][r].tokens);
+      EXPECT_EQ(row.prefill, steps[k][r].prefill);
+      EXPECT_EQ(row.emits, steps[k][r].emits);
+    }
+    s.complete_step(0, k + 1.0);
+  }
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(s.times()[0].token_s, (std::vector<double>{1.0, 2.0, 3.0}));
+  EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{5.0}));
+  EXPECT_EQ(s.times()[1].preemptions, 1);
+  EXPECT_EQ(s.preemptions(), 1);
+}
+
 TEST(ServingScheduler, TwoGroupsShareOneFcfsQueue) {
   Scheduler s({{0.0, 2, 1}, {0.0, 2, 3}, {0.1, 5, 2}}, {2, 1, StepPolicy::mixed});
   EXPECT_EQ(s.next_step(0, 0.0).admitted, (std::vector<int>{0}));
@@ -771,8 +884,17 @@ TEST(ServingScheduler, MisuseAndBadConfigAreCaught) {
 // A simulator drives the scheduler: each group's step lasts 10 ms + 0.1 ms per token, groups
 // run side by side. Whatever the arrivals, every request gets its gen_len tokens at
 // consecutive positions, a group never holds more than B requests, and admission is FCFS.
+// With a KV pool small enough to preempt (kv_blocks > 0) the same holds, a readmitted request
+// restarting at position 0 with its prompt and the tokens it had, and nothing is lost.
 TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
-  for (StepPolicy policy : {StepPolicy::mixed, StepPolicy::prefill_first}) {
+  struct Case {
+    StepPolicy policy;
+    int kv_blocks;
+  };
+  for (const Case& c : {Case{StepPolicy::mixed, 0}, Case{StepPolicy::prefill_first, 0}, Case{StepPolicy::vllm_v1, 0},
+                        Case{StepPolicy::mixed, 40}, Case{StepPolicy::prefill_first, 40}, Case{StepPolicy::vllm_v1, 40}}) {
+    const StepPolicy policy = c.policy;
+    SCOPED_TRACE(std::string(step_policy_name(policy)) + ", kv_blocks " + std::to_string(c.kv_blocks));
     ScenarioSpec spec;
     spec.arrivals = {200.0, 0.5, true};
     spec.requests = 300;
@@ -783,10 +905,14 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
     spec.seed = 5;
     const std::vector<Request> reqs = generate_requests(spec);
     const int groups = 3, slots = 4;
-    Scheduler s(reqs, {groups, slots, policy});
+    SchedulerConfig cfg{groups, slots, policy};
+    cfg.max_batched_tokens = 96;
+    cfg.kv_block_size = 16;
+    cfg.kv_blocks = c.kv_blocks;
+    Scheduler s(reqs, cfg);
     std::vector<double> ready(groups, 0.0);
-    std::vector<int> next_pos(reqs.size(), 0);
-    int steps = 0;
+    std::vector<int> next_pos(reqs.size(), 0), out(reqs.size(), 0);
+    int steps = 0, restarts = 0;
     while (!s.finished()) {
       const int g = static_cast<int>(std::min_element(ready.begin(), ready.end()) - ready.begin());
       ASSERT_LT(ready[g], kInf);
@@ -796,20 +922,44 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
         continue;
       }
       ASSERT_LE(step.rows.size(), static_cast<std::size_t>(slots));
+      ASSERT_LE(step.total_tokens(), max_step_tokens(reqs, cfg));
+      int kv_tokens = 0;  // the step's rows' positions: within the pool's blocks
       for (const BatchRow& row : step.rows) {
-        ASSERT_EQ(row.position, next_pos[row.request]) << "request " << row.request;
-        next_pos[row.request] += row.tokens;
-        if (row.prefill) ASSERT_EQ(row.tokens, reqs[row.request].prompt_len);
+        const int q = row.request;
+        if (row.prefill && row.position == 0 && next_pos[q] > 0) {  // readmitted: recompute
+          ASSERT_GT(c.kv_blocks, 0);
+          next_pos[q] = 0;
+          ++restarts;
+        }
+        ASSERT_EQ(row.position, next_pos[q]) << "request " << q;
+        next_pos[q] += row.tokens;
+        // A prefill covers the prompt and the tokens out so far; whole unless vllm_v1 chunks it.
+        if (row.prefill && policy != StepPolicy::vllm_v1) ASSERT_EQ(row.tokens, reqs[q].prompt_len + out[q]);
+        if (row.prefill) ASSERT_LE(next_pos[q], reqs[q].prompt_len + out[q]);
+        out[q] += row.emits;
+        kv_tokens += (next_pos[q] + 15) / 16;
       }
+      if (c.kv_blocks > 0) ASSERT_LE(kv_tokens, c.kv_blocks);
       ready[g] += 0.010 + 1e-4 * step.total_tokens();
       s.complete_step(g, ready[g]);
       ++steps;
+    }
+    int preempted = 0;
+    for (const RequestTimes& t : s.times()) preempted += t.preemptions;
+    EXPECT_EQ(preempted, s.preemptions());
+    EXPECT_EQ(restarts, s.preemptions());
+    if (c.kv_blocks > 0) {
+      EXPECT_GT(s.preemptions(), 0);  // the pool binds: 40 blocks for 4 slots of up to 18 blocks
+      EXPECT_EQ(s.kv_blocks_peak(), c.kv_blocks);
+    } else {
+      EXPECT_EQ(s.preemptions(), 0);
     }
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       const RequestTimes& t = s.times()[i];
       ASSERT_EQ(t.token_s.size(), static_cast<std::size_t>(reqs[i].gen_len));
       // The last token out is not fed back: P + G - 1 positions were run.
       EXPECT_EQ(next_pos[i], reqs[i].prompt_len + reqs[i].gen_len - 1);
+      EXPECT_EQ(out[i], reqs[i].gen_len);
       EXPECT_GE(t.admitted_s, t.arrival_s);
       if (i > 0) EXPECT_GE(t.admitted_s, s.times()[i - 1].admitted_s);  // FCFS
     }
