@@ -84,6 +84,14 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
                  when + "T: with --step-policy vllm-v1, the tokens a step runs at most (vLLM's "
                         "--max-num-batched-tokens): decodes and prompt chunks")
       ->capture_default_str();
+  cmd.add_option("--kv-blocks", f.kv_blocks,
+                 when + "N: blocks in each group's KV pool (vLLM's paged KV cache): a step takes the blocks its rows' "
+                        "positions cover, a request is admitted when its prefill's blocks are free, and when a "
+                        "running request's next token finds none the request admitted last is preempted and "
+                        "recomputed later (vLLM V1's policy); 0: every slot at the longest request (nothing binds)")
+      ->capture_default_str();
+  cmd.add_option("--kv-block-size", f.kv_block_size, when + "TOKENS per KV block (vLLM's --block-size)")
+      ->capture_default_str();
   cmd.add_option("--step-policy", f.step_policy, when + "what a step runs: " + serving::step_policy_choices())
       ->capture_default_str();
   cmd.add_option("--goodput", f.goodput,

@@ -152,6 +152,7 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
       p.simulated_ttft_p50_ms = m.ttft.p50_ms, p.simulated_ttft_p99_ms = m.ttft.p99_ms;
       p.simulated_tpot_p50_ms = m.tpot.p50_ms, p.simulated_tpot_p99_ms = m.tpot.p99_ms;
       p.simulated_goodput_req_per_s = m.goodput_req_per_s, p.simulated_slo_attainment = m.slo_attainment;
+      p.simulated_preemptions = static_cast<double>(m.preemptions);
       std::string by;
       for (const auto& other : sps)
         if (other.name != p.name && !other.step_group.empty()) by += (by.empty() ? "" : ",") + other.name;
@@ -163,6 +164,7 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
       p.cross_ttft_p50_ms = c.ttft.p50_ms, p.cross_ttft_p99_ms = c.ttft.p99_ms;
       p.cross_tpot_p50_ms = c.tpot.p50_ms, p.cross_tpot_p99_ms = c.tpot.p99_ms;
       p.cross_goodput_req_per_s = c.goodput_req_per_s, p.cross_slo_attainment = c.slo_attainment;
+      p.cross_preemptions = static_cast<double>(c.preemptions);
     } catch (const std::exception& e) {
       why += (why.empty() ? "" : "; ") + p.name + ": " + e.what();
     }

@@ -55,10 +55,12 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("simulated_ttft_p50_ms", p.simulated_ttft_p50_ms), fn("simulated_ttft_p99_ms", p.simulated_ttft_p99_ms);
   fn("simulated_tpot_p50_ms", p.simulated_tpot_p50_ms), fn("simulated_tpot_p99_ms", p.simulated_tpot_p99_ms);
   fn("simulated_goodput_req_per_s", p.simulated_goodput_req_per_s), fn("simulated_slo_attainment", p.simulated_slo_attainment);
+  fn("simulated_preemptions", p.simulated_preemptions);
   fn("simulated_cross_output_tokens_per_s", p.cross_output_tokens_per_s);
   fn("simulated_cross_ttft_p50_ms", p.cross_ttft_p50_ms), fn("simulated_cross_ttft_p99_ms", p.cross_ttft_p99_ms);
   fn("simulated_cross_tpot_p50_ms", p.cross_tpot_p50_ms), fn("simulated_cross_tpot_p99_ms", p.cross_tpot_p99_ms);
   fn("simulated_cross_goodput_req_per_s", p.cross_goodput_req_per_s), fn("simulated_cross_slo_attainment", p.cross_slo_attainment);
+  fn("simulated_cross_preemptions", p.cross_preemptions);
 }
 
 /// The per-round datasets, name -> member.
@@ -71,6 +73,7 @@ void for_each_round_series(P& p, Fn&& fn) {
   fn("rep_slo_attainment", p.rep_slo_attainment, "fraction");
   fn("rep_ttft_p50_ms", p.rep_ttft_p50_ms, "ms"), fn("rep_ttft_p99_ms", p.rep_ttft_p99_ms, "ms");
   fn("rep_tpot_p50_ms", p.rep_tpot_p50_ms, "ms"), fn("rep_tpot_p99_ms", p.rep_tpot_p99_ms, "ms");
+  fn("rep_preemptions", p.rep_preemptions, "preemptions");
 }
 
 /// Partition p's scenario as the group parent/<name> (/benchmark/<name>, or the rate search's).
@@ -117,7 +120,11 @@ void write_partition(Group& parent, const ServingPartitionRecord& p) {
   r.write_dataset("prompt_len", p.prompt_len);
   r.write_dataset("gen_len", p.gen_len).set_attr("content", "output tokens, the prefill's first included");
   r.write_dataset("group", p.group).set_attr("content", "the group in flight it ran in");
-  r.write_dataset("slot", p.slot).set_attr("content", "its KV-cache row in the group");
+  r.write_dataset("slot", p.slot).set_attr("content", "its KV-cache row in the group (the last it was admitted to)");
+  r.write_dataset("preemptions", p.preemptions)
+      .set_attr("content", "times its KV blocks were taken back and it was recomputed (--kv-blocks)");
+  r.write_dataset("preempted_tokens", p.preempted_tokens)
+      .set_attr("content", "the KV positions its preemptions discarded, computed again on readmission");
   std::vector<int64_t> offset{0};
   for (int g : p.gen_len) offset.push_back(offset.back() + g);
   r.write_dataset("token_offset", offset).set_attr("content", "request q's tokens are [token_offset[q], token_offset[q+1])");
@@ -146,7 +153,10 @@ ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
   p.alone_requests = static_cast<int>(b.get_attr<int64_t>("alone_requests"));
   p.alone_tokens_differing = static_cast<int>(b.get_attr<int64_t>("alone_tokens_differing"));
   p.rep_round = b.open_dataset("rep_round").read<int>();
-  for_each_round_series(p, [&](const char* k, std::vector<double>& v, const char*) { v = b.open_dataset(k).read<double>(); });
+  // A series a file of an earlier build lacks (rep_preemptions) reads as empty.
+  for_each_round_series(p, [&](const char* k, std::vector<double>& v, const char*) {
+    if (b.exists(k)) v = b.open_dataset(k).read<double>();
+  });
   if (b.exists("steps")) {
     const Group st = b.open_group("steps");
     p.step_group = st.open_dataset("group").read<int>();
@@ -167,6 +177,8 @@ ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
   p.gen_len = r.open_dataset("gen_len").read<int>();
   p.group = r.open_dataset("group").read<int>();
   p.slot = r.open_dataset("slot").read<int>();
+  if (r.exists("preemptions")) p.preemptions = r.open_dataset("preemptions").read<int>();
+  if (r.exists("preempted_tokens")) p.preempted_tokens = r.open_dataset("preempted_tokens").read<int>();
   p.token_s = r.open_dataset("token_s").read<double>();
   p.tokens = r.open_dataset("tokens").read<int32_t>();
   return p;

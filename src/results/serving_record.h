@@ -22,6 +22,8 @@ struct ServingPartitionRecord {
   // ---- the last round, one entry per request [N], scenario clock (s from its start) ----
   std::vector<double> arrival_s, admitted_s, first_token_s, finish_s;
   std::vector<int> prompt_len, gen_len, group, slot;
+  std::vector<int> preemptions;    ///< [N] times each request's KV blocks were taken back (--kv-blocks)
+  std::vector<int> preempted_tokens;  ///< [N] the KV positions they discarded (computed again)
   std::vector<double> token_s;     ///< [sum of gen_len] each output token's time, request after request
   std::vector<int32_t> tokens;     ///< [sum of gen_len] the output token ids, same order
   int steps = 0;                   ///< steps the groups ran in the last round
@@ -36,6 +38,7 @@ struct ServingPartitionRecord {
   std::vector<int> rep_round;
   std::vector<double> rep_duration_s, rep_output_tokens_per_s, rep_request_throughput, rep_goodput_req_per_s;
   std::vector<double> rep_ttft_p50_ms, rep_ttft_p99_ms, rep_tpot_p50_ms, rep_tpot_p99_ms, rep_slo_attainment;
+  std::vector<double> rep_preemptions;  ///< preemptions in the round (all requests)
   // ---- pooled over every round's requests (latencies) and mean over rounds (rates) ----
   double output_tokens_per_s = 0, total_tokens_per_s = 0, request_throughput = 0;
   double ttft_mean_ms = 0, ttft_p50_ms = 0, ttft_p90_ms = 0, ttft_p99_ms = 0;
@@ -59,6 +62,7 @@ struct ServingPartitionRecord {
   double simulated_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
   double simulated_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
   double simulated_slo_attainment = std::numeric_limits<double>::quiet_NaN();
+  double simulated_preemptions = std::numeric_limits<double>::quiet_NaN();  ///< in one play of the requests
   // ---- predicted after the rounds, the same way, from the profile calibrated per rank by the
   // other partitions' measured steps (balance/serving_calibration.h); NaN where no other
   // partition measured steps; cross_calibrated_by: their names, comma-separated ----
@@ -69,6 +73,7 @@ struct ServingPartitionRecord {
   double cross_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
   double cross_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
   double cross_slo_attainment = std::numeric_limits<double>::quiet_NaN();
+  double cross_preemptions = std::numeric_limits<double>::quiet_NaN();
   std::string cross_calibrated_by;
   // ---- validation ----
   bool validated = false;          ///< the serialized replay ran (off with --no-validate)

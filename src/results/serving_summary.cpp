@@ -49,6 +49,18 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
     os << format_line(" %s %.0f output tokens/s, %.0f requests in flight;", p.name.c_str(), p.peak_output_tokens_per_s,
                       p.peak_concurrency);
   os << "\n";
+  if (!s.spec || s.spec->kv_blocks == 0) return;
+  os << format_line("  KV pool: %d blocks of %d tokens per group; preemptions per round (mean over the rounds; the simulator's in one play):",
+                    s.spec->kv_blocks, s.spec->kv_block_size);
+  for (const ServingPartitionRecord& p : s.partitions) {
+    double sum = 0;
+    for (double x : p.rep_preemptions) sum += x;
+    const double mean = p.rep_preemptions.empty() ? 0.0 : sum / static_cast<double>(p.rep_preemptions.size());
+    os << format_line(" %s %.1f", p.name.c_str(), mean);
+    if (std::isfinite(p.simulated_preemptions)) os << format_line(" (simulated %.0f)", p.simulated_preemptions);
+    os << ";";
+  }
+  os << "\n";
 }
 
 std::string vs(double predicted, double measured) {

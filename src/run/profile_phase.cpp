@@ -191,12 +191,13 @@ StepGridResult time_step_grid(RunContext& ctx, ResidentProfiler* units, bool two
   int max_tokens = ctx.workload.batch * ctx.workload.prompt_len;  // closed batches: the prefill
   if (ctx.opt.scenario.on()) {
     // Requests that arrive: the workload's P and G are the scenario's means; its steps reach
-    // B prompts of the longest (a vllm-v1 budget, if smaller) at positions up to the longest
+    // B prompts of the longest (with a KV pool that preempts, B recomputes of the longest
+    // request's positions; a vllm-v1 budget, if smaller) at positions up to the longest
     // request's. Units of that shape are built for the grid, one at a time.
     const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
     pc.work.prompt_len = sc.max_prompt_len;
     pc.work.gen_len = sc.max_gen_len;
-    max_tokens = pc.work.batch * sc.max_prompt_len;
+    max_tokens = pc.work.batch * (sc.max_prompt_len + (sc.kv_blocks > 0 ? sc.max_gen_len - 1 : 0));
     if (sc.policy == serving::StepPolicy::vllm_v1) max_tokens = std::min(max_tokens, sc.max_batched_tokens);
     units = nullptr;
   }

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "run/options.h"
+#include "serving/scheduler.h"
 
 namespace ppb::run {
 
@@ -40,6 +41,8 @@ ScenarioOptions parse_scenario_options(const RunFlags& f) {
   if (!s.on()) return s;
   s.drawn = serving::scenario_requests(*s.spec);
   if (s.spec->kind == serving::ArrivalKind::trace) s.spec->requests = static_cast<int>(s.drawn.requests.size());
+  // The scheduler's own checks (a KV pool too small for one request) before anything runs.
+  serving::Scheduler(s.drawn.requests, s.spec->scheduler(1));
   return s;
 }
 

@@ -56,7 +56,8 @@ struct Stage0View {
 };
 
 /// Collective: stage 0's part of `rec` on rank 0 (one gatherv of doubles: per request its four
-/// times, group, slot, then every request's token times and token ids; then steps and rows).
+/// times, group, slot, preemptions and preempted tokens, then every request's token times and token ids; then steps
+/// and rows).
 Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool stage0) {
   const auto& reqs = ctx.scenario_requests;
   std::vector<double> mine;
@@ -66,7 +67,8 @@ Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool s
       const serving::RequestTimes t = timed ? rec.times[q] : serving::RequestTimes{};
       mine.insert(mine.end(), {t.arrival_s, t.admitted_s, t.first_token_s, t.finish_s,
                                static_cast<double>(q < rec.group.size() ? rec.group[q] : -1),
-                               static_cast<double>(q < rec.slot.size() ? rec.slot[q] : -1)});
+                               static_cast<double>(q < rec.slot.size() ? rec.slot[q] : -1),
+                               static_cast<double>(t.preemptions), static_cast<double>(t.preempted_tokens)});
     }
     for (size_t q = 0; q < reqs.size(); ++q)
       for (int k = 0; k < reqs[q].gen_len; ++k) {
@@ -96,9 +98,10 @@ Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool s
   v.times.resize(N);
   v.group.resize(N);
   v.slot.resize(N);
-  for (size_t q = 0; q < N; ++q, i += 6) {
+  for (size_t q = 0; q < N; ++q, i += 8) {
     serving::RequestTimes& t = v.times[q];
-    t = {d[i], d[i + 1], d[i + 2], d[i + 3], {}, reqs[q].prompt_len, reqs[q].gen_len};
+    t = {d[i], d[i + 1], d[i + 2], d[i + 3], {}, reqs[q].prompt_len, reqs[q].gen_len, static_cast<int>(d[i + 6]),
+         static_cast<int>(d[i + 7])};
     v.group[q] = static_cast<int>(d[i + 4]);
     v.slot[q] = static_cast<int>(d[i + 5]);
   }
@@ -199,9 +202,12 @@ void record_turn(RunContext& ctx, ServingPartitionRecord& p, const Stage0View& v
   p.rep_ttft_p99_ms.push_back(m.ttft.p99_ms);
   p.rep_tpot_p50_ms.push_back(m.tpot.p50_ms);
   p.rep_tpot_p99_ms.push_back(m.tpot.p99_ms);
+  p.rep_preemptions.push_back(static_cast<double>(m.preemptions));
   p.arrival_s.clear(), p.admitted_s.clear(), p.first_token_s.clear(), p.finish_s.clear(), p.token_s.clear();
-  p.prompt_len.clear(), p.gen_len.clear();
+  p.prompt_len.clear(), p.gen_len.clear(), p.preemptions.clear(), p.preempted_tokens.clear();
   for (const serving::RequestTimes& t : v.times) {
+    p.preemptions.push_back(t.preemptions);
+    p.preempted_tokens.push_back(t.preempted_tokens);
     p.arrival_s.push_back(t.arrival_s);
     p.admitted_s.push_back(t.admitted_s);
     p.first_token_s.push_back(t.first_token_s);

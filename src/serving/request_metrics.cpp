@@ -180,6 +180,7 @@ ServingMetrics pooled_metrics(const std::vector<std::vector<RequestTimes>>& roun
       e2e.push_back(l.e2e_s);
       m.total_input_tokens += r.prompt_len;
       m.total_output_tokens += r.gen_len;
+      m.preemptions += r.preemptions;
       m.good += slo.any() && meets_slo(l, slo) ? 1 : 0;
       last_finish = std::max(last_finish, r.finish_s);
     }

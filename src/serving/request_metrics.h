@@ -40,6 +40,7 @@ struct RequestTimes {
   int prompt_len = 0;
   int gen_len = 0;             ///< output tokens (out), >= 1
   int preemptions = 0;         ///< times its KV blocks were taken back (recomputed; scheduler.h)
+  int preempted_tokens = 0;    ///< the KV positions those preemptions discarded (run again)
 };
 
 /// The latencies of one request (seconds).
@@ -103,6 +104,8 @@ struct ServingMetrics {
   /// buckets included) in one. Pooled over rounds: the highest round's.
   double peak_output_tokens_per_s = 0.0;
   int peak_concurrency = 0;
+  /// Preemptions (RequestTimes::preemptions) over the requests; pooled: over every round's.
+  long long preemptions = 0;
 };
 
 /// Metrics of the finished requests `requests` (every one completed; shape [N], N >= 1) of a

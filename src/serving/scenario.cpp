@@ -93,6 +93,8 @@ void refuse_on_closed(const ScenarioFlags& f, Command c) {
                      : f.requests != -1        ? "--requests"
                      : f.step_policy != "mixed" ? "--step-policy"
                      : f.max_batched_tokens != 2048 ? "--max-batched-tokens"
+                     : f.kv_blocks != 0        ? "--kv-blocks"
+                     : f.kv_block_size != 16   ? "--kv-block-size"
                                                : nullptr;
   if (c == Command::run && !flag && (f.slo_ttft_ms > 0 || f.slo_tpot_ms > 0)) flag = f.slo_ttft_ms > 0 ? "--slo-ttft" : "--slo-tpot";
   if (!flag) return;
@@ -269,6 +271,8 @@ json scenario_to_json(const ScenarioSpec& s) {
           {"trace_window_end_s", number_or_inf(s.trace_options.window_end_s)},
           {"step_policy", step_policy_name(s.policy)},
           {"max_batched_tokens", s.max_batched_tokens},
+          {"kv_block_size", s.kv_block_size},
+          {"kv_blocks", s.kv_blocks},
           {"max_concurrency", s.max_concurrency},
           {"ramp_up_strategy", ramp_up_name(s.arrivals.ramp)},
           {"ramp_up_start_rps", s.arrivals.ramp_start_rps},
@@ -303,6 +307,8 @@ ScenarioSpec scenario_from_json(const json& j, const std::string& where) {
     s.slots = j.value("slots", 1);
     s.max_concurrency = j.value("max_concurrency", 0);
     s.max_batched_tokens = j.value("max_batched_tokens", 2048);
+    s.kv_block_size = j.value("kv_block_size", 16);
+    s.kv_blocks = j.value("kv_blocks", 0);
     s.arrivals.ramp = parse_ramp_up(j.value("ramp_up_strategy", std::string("none")));
     s.arrivals.ramp_start_rps = j.value("ramp_up_start_rps", 0.0);
     s.arrivals.ramp_end_rps = j.value("ramp_up_end_rps", 0.0);
@@ -336,6 +342,9 @@ std::string describe_scenario(const ScenarioSpec& s) {
   }
   out += "; " + std::string(step_policy_name(s.policy)) + " steps of B=" + std::to_string(s.slots) + " slots";
   if (s.policy == StepPolicy::vllm_v1) out += " and at most " + std::to_string(s.max_batched_tokens) + " tokens";
+  if (s.kv_blocks > 0)
+    out += "; a KV pool of " + std::to_string(s.kv_blocks) + " blocks of " + std::to_string(s.kv_block_size) +
+           " tokens per group (preemption by recompute)";
   if (s.max_concurrency > 0) out += "; at most " + std::to_string(s.max_concurrency) + " requests in flight (client)";
   const std::string g = goodput_text(s.goodput);
   if (!g.empty()) out += "; SLO " + g;
@@ -364,6 +373,14 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   if (f.max_batched_tokens != 2048 && s.policy != StepPolicy::vllm_v1)
     throw UserError("--max-batched-tokens goes with --step-policy vllm-v1 (the other policies run whole prompts)");
   s.max_batched_tokens = f.max_batched_tokens;
+  if (f.kv_block_size < 1)
+    throw UserError("--kv-block-size " + std::to_string(f.kv_block_size) + ": tokens per KV block, >= 1 (vLLM's "
+                    "--block-size; 16 by default)");
+  if (f.kv_blocks < 0)
+    throw UserError("--kv-blocks " + std::to_string(f.kv_blocks) + ": blocks of each group's KV pool, >= 1 (0: every "
+                    "slot at the longest request)");
+  s.kv_block_size = f.kv_block_size;
+  s.kv_blocks = f.kv_blocks;
   s.goodput = limits_of(f);
   s.attainment = f.attainment;
   s.slots = use.slots;

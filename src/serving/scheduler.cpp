@@ -154,6 +154,9 @@ void Scheduler::preempt(int g, int slot) {
   State& s = state_[id];
   free_blocks(g, id);
   group.slot_owner[slot] = -1;
+  // The positions in its KV cache: those prefilled, or once its prefill is done the prompt and
+  // every output token but the last (not fed back yet).
+  times_[id].preempted_tokens += s.prefilled < s.target ? s.prefilled : requests_[id].prompt_len + s.produced - 1;
   s.target = requests_[id].prompt_len + s.produced;  // recompute: the prompt and the tokens out so far
   s.prefilled = 0;
   ++times_[id].preemptions;
@@ -310,8 +313,7 @@ int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig&
   int row = 1;
   for (const Request& r : requests)
     row = std::max(row, config.kv_blocks > 0 ? r.prompt_len + r.gen_len - 1 : r.prompt_len);
-  const long long step = static_cast<long long>(config.slots) * row;
-  return static_cast<int>(config.policy == StepPolicy::vllm_v1 ? std::min<long long>(step, config.max_batched_tokens) : step);
+  return config.slots * row;
 }
 
 namespace {

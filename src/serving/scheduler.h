@@ -96,7 +96,8 @@ struct SchedulerConfig {
 
 /// The most tokens one step of `config` can run over `requests`: B rows of the longest prompt
 /// (the longest prompt + output - 1 where a bounded KV pool may preempt: a readmitted request
-/// prefills its tokens so far), and at most vllm_v1's budget. For sizing a stage's step buffers.
+/// prefills its tokens so far). vllm_v1's budget is not applied: a warm-up step (B whole
+/// prompts) is sized by it too. For sizing a stage's step buffers.
 int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig& config);
 
 /// One row of a step's ragged batch: a request and the tokens it runs.

@@ -78,8 +78,8 @@ void check_requests(ppb::h5::Group& root, const std::string& part, const std::ve
     const double tpot = gen[q] > 1 ? (finish[q] - first[q]) / (gen[q] - 1) * 1e3 : 0.0;
     good += ttft.back() <= slo_ttft_ms && tpot <= slo_tpot_ms ? 1 : 0;
   }
-  // The steps: every prompt prefilled once, every later token one decode row; each step timed
-  // on each of the two stages.
+  // The steps: every prompt prefilled once, every later token one decode row, and the positions
+  // a preemption discarded once more (--kv-blocks); each step timed on each of the two stages.
   auto st = b.open_group("steps");
   const auto prefill = st.open_dataset("prefill_tokens").read<int64_t>();
   const auto decode = st.open_dataset("decode_rows").read<int64_t>();
@@ -87,8 +87,16 @@ void check_requests(ppb::h5::Group& root, const std::string& part, const std::ve
   int64_t want_prefill = 0, want_decode = 0, got_prefill = 0, got_decode = 0;
   for (size_t q = 0; q < N; ++q) want_prefill += prompt[q], want_decode += gen[q] - 1;
   for (size_t i = 0; i < prefill.size(); ++i) got_prefill += prefill[i], got_decode += decode[i];
-  EXPECT_EQ(got_prefill, want_prefill);
-  EXPECT_EQ(got_decode, want_decode);
+  int64_t recomputed = 0;
+  if (r.exists("preempted_tokens"))
+    for (int64_t t : r.open_dataset("preempted_tokens").read<int64_t>()) recomputed += t;
+  if (recomputed == 0) {
+    EXPECT_EQ(got_prefill, want_prefill);
+    EXPECT_EQ(got_decode, want_decode);
+  } else {  // a recompute prefills what was decoded: only the sum is conserved
+    EXPECT_EQ(got_prefill + got_decode, want_prefill + want_decode + recomputed);
+    EXPECT_LE(got_decode, want_decode);
+  }
   auto cm = st.open_dataset("compute_ms");
   ASSERT_EQ(cm.dims(), (std::vector<hsize_t>{prefill.size(), 2}));
   for (double ms : cm.read<double>()) EXPECT_GT(ms, 0.0);
@@ -333,6 +341,38 @@ TEST(ServingE2E, VllmV1ChunkedPrefillUnderATokenBudget) {
   check_requests(root, "uniform", arrivals, root.open_group("scenario").open_dataset("gen_len").read<int64_t>());
 }
 
+// A KV pool small enough to preempt (issue 49): 12 requests at once, prompts up to 24 tokens and
+// 5 outputs (up to 7 blocks of 4 tokens each), 3 slots per group and 10 blocks per group, under
+// vllm-v1's chunks. Requests are preempted (counted per request and per round, as the simulator
+// plays them), recomputed (more prefill tokens than prompt tokens), and every request still
+// finishes with its tokens equal to the serialized replay's, bitwise.
+TEST(ServingE2E, KvPoolPreemptsAndRecomputesWithNothingLost) {
+  const std::string out = ppb_test::scratch_dir("ppbench_serving_") + "/kv.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate inf --requests 12 "
+               "-p 24 -g 5 --prompt-lens uniform:10,24 -b 3 --step-policy vllm-v1 --max-batched-tokens 8 "
+               "--kv-blocks 10 --kv-block-size 4 --partition uniform --iters 1 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("a KV pool of 10 blocks of 4 tokens per group"), std::string::npos) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  auto sc = root.open_group("scenario");
+  EXPECT_EQ(sc.get_attr<int64_t>("kv_blocks"), 10);
+  EXPECT_EQ(sc.get_attr<int64_t>("kv_block_size"), 4);
+  auto b = root.open_group("benchmark/uniform");
+  EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
+  const auto per_request = b.open_dataset("requests/preemptions").read<int64_t>();
+  int64_t preempted = 0;
+  for (int64_t n : per_request) preempted += n;
+  EXPECT_GT(preempted, 0);
+  EXPECT_EQ(b.open_dataset("rep_preemptions").read<double>().back(), static_cast<double>(preempted));
+  EXPECT_GT(b.get_attr<double>("simulated_preemptions"), 0.0);
+  int64_t prefilled = 0, prompts = 0;
+  for (int64_t t : b.open_dataset("steps/prefill_tokens").read<int64_t>()) prefilled += t;
+  for (int64_t p : sc.open_dataset("prompt_len").read<int64_t>()) prompts += p;
+  EXPECT_GT(prefilled, prompts);  // the recomputes; check_requests counts them exactly
+  check_requests(root, "uniform", sc.open_dataset("arrival_s").read<double>(), sc.open_dataset("gen_len").read<int64_t>());
+}
+
 // --request-rate search (issue 38): a pilot round at the profile's predicted rate, the calibrated
 // search's R*, the rounds at 0.9 R* (the file's /benchmark) and 1.1 R* (/rate_search/above), every
 // measurement of the same requests rescaled, and the verdict consistent with the measured
@@ -412,6 +452,9 @@ TEST(ServingE2E, BadServingFlagsExitTwo) {
       {"trace without file", tiny + "--scenario trace", "--trace"},
       {"scenario with tp", tiny + "--scenario poisson --request-rate 2 --tp 2", "--tp 1"},
       {"scenario with plan", tiny + "--scenario poisson --request-rate 2 --plan 2", "--plan"},
+      {"kv pool below one request", tiny + "--scenario poisson --request-rate 2 -p 24 -g 5 --kv-blocks 1 --kv-block-size 4",
+       "--kv-blocks 1: request"},
+      {"kv pool on closed batches", tiny + "--kv-blocks 8", "--kv-blocks describes requests that arrive"},
       {"unknown step policy", tiny + "--scenario poisson --request-rate 2 --step-policy chunked", "--step-policy"},
       {"rate not a number", tiny + "--scenario poisson --request-rate fast", "--request-rate 'fast'"},
       {"search without limits", tiny + "--scenario poisson --request-rate search", "--goodput ttft:MS tpot:MS"},

@@ -768,6 +768,7 @@ TEST(ServingScheduler, KvPoolPreemptsTheLastAdmittedAndRecomputesIt) {
   EXPECT_EQ(t[1].token_s, (std::vector<double>{1.0, 5.0, 6.0}));
   EXPECT_EQ(t[0].preemptions, 0);
   EXPECT_EQ(t[1].preemptions, 1);
+  EXPECT_EQ(t[1].preempted_tokens, 4);  // its prompt's positions; its first token was not fed back
   EXPECT_EQ(t[1].first_token_s, 1.0);  // the recompute's token is its second
   EXPECT_EQ(t[1].admitted_s, 0.0);     // queue time to the first admission
   // Unbounded (kv_blocks 0: both slots at the longest request, 2 blocks each): no preemption.
@@ -831,6 +832,7 @@ TEST(ServingScheduler, KvPoolPreemptsAChunkedPrefillUnderVllmV1) {
   EXPECT_EQ(s.times()[0].token_s, (std::vector<double>{1.0, 2.0, 3.0}));
   EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{5.0}));
   EXPECT_EQ(s.times()[1].preemptions, 1);
+  EXPECT_EQ(s.times()[1].preempted_tokens, 4);  // chunks 0 and 1..3
   EXPECT_EQ(s.preemptions(), 1);
 }
 
@@ -913,6 +915,7 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
     std::vector<double> ready(groups, 0.0);
     std::vector<int> next_pos(reqs.size(), 0), out(reqs.size(), 0);
     int steps = 0, restarts = 0;
+    long long run_tokens = 0;
     while (!s.finished()) {
       const int g = static_cast<int>(std::min_element(ready.begin(), ready.end()) - ready.begin());
       ASSERT_LT(ready[g], kInf);
@@ -941,11 +944,15 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
       }
       if (c.kv_blocks > 0) ASSERT_LE(kv_tokens, c.kv_blocks);
       ready[g] += 0.010 + 1e-4 * step.total_tokens();
+      run_tokens += step.total_tokens();
       s.complete_step(g, ready[g]);
       ++steps;
     }
     int preempted = 0;
-    for (const RequestTimes& t : s.times()) preempted += t.preemptions;
+    long long want_tokens = 0;  // every position once, and those preemptions discarded once more
+    for (const RequestTimes& t : s.times()) preempted += t.preemptions, want_tokens += t.preempted_tokens;
+    for (const Request& q : reqs) want_tokens += q.prompt_len + q.gen_len - 1;
+    EXPECT_EQ(run_tokens, want_tokens);
     EXPECT_EQ(preempted, s.preemptions());
     EXPECT_EQ(restarts, s.preemptions());
     if (c.kv_blocks > 0) {
