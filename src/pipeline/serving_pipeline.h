@@ -19,7 +19,9 @@
 // so its buffers are free again when its next step arrives.
 //
 // Not yet: tensor-parallel stages (a stage's group would need the header broadcast to its
-// ranks: run refuses --tp with --scenario), the MTP modules (--mtp), chunked prefill.
+// ranks: run refuses --tp with --scenario), the MTP modules (--mtp). Chunked prefill (vllm-v1)
+// and recompute after a preemption (--kv-blocks) are rows at position > 0 or of prompt + output
+// tokens: a prefill row's input at position p >= prompt_len is the request's output token p - prompt_len.
 #pragma once
 
 #include <cstdint>
