@@ -31,6 +31,11 @@ struct Partition {
   /// several M); 0 = the run's (workload M). Splits of different M are different measurements.
   int groups = 0;
 
+  /// The serving scenario's step policy this measurement runs (`run --step-policy A,B`: every
+  /// split again under each further policy, serving/scheduler.h's names); "" = the scenario's.
+  /// Splits under different policies are different measurements.
+  std::string step_policy;
+
   int num_stages() const { return static_cast<int>(first_unit.size()); }
   int width(int stage) const { return tp_width.empty() ? 1 : tp_width[stage]; }
   /// Whether some stage is wider than one rank.

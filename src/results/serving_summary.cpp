@@ -1,5 +1,6 @@
 #include "results/serving_summary.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/format.h"
@@ -36,11 +37,19 @@ std::string gain_or_dash(const PairedComparison& c) {
   return c.n > 0 && std::isfinite(c.ratio) ? ratio_ci_text(c.ratio, c) : "-";
 }
 
+/// The partition column's width: 12, or the longest name (`run --step-policy A,B` appends the policy).
+int name_width(const ServingRunRecord& s) {
+  std::size_t w = 12;
+  for (const ServingPartitionRecord& p : s.partitions) w = std::max(w, p.name.size());
+  return static_cast<int>(w);
+}
+
 void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
-  os << format_line("  %-12s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "partition", "out tok/s", "req/s", "TTFT p50",
+  const int w = name_width(s);
+  os << format_line("  %-*s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", w, "partition", "out tok/s", "req/s", "TTFT p50",
                     "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p99", "E2E p99", "queue p99");
   for (const ServingPartitionRecord& p : s.partitions)
-    os << format_line("  %-12s %9.1f %9.3f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", p.name.c_str(),
+    os << format_line("  %-*s %9.1f %9.3f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", w, p.name.c_str(),
                       p.output_tokens_per_s, p.request_throughput, p.ttft_p50_ms, p.ttft_p90_ms, p.ttft_p99_ms,
                       p.tpot_p50_ms, p.tpot_p99_ms, p.itl_p99_ms, p.e2e_p99_ms, p.queue_p99_ms);
   os << "  (latencies in ms, over every round's requests; rates over the rounds' total time)\n";
@@ -82,17 +91,18 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
   if (!any) return;
   os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured"
      << uncertainty_clause(profile) << "):\n";
-  os << format_line("  %-12s %18s %18s %18s %18s %18s\n", "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+  const int w = name_width(s);
+  os << format_line("  %-*s %18s %18s %18s %18s %18s\n", w, "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                     "TPOT p99");
   for (const ServingPartitionRecord& p : s.partitions)
-    os << "  " << format_line("%-12s", p.name.c_str()) << " " << vs(p.simulated_output_tokens_per_s, p.output_tokens_per_s)
+    os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.simulated_output_tokens_per_s, p.output_tokens_per_s)
        << " " << vs(p.simulated_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.simulated_ttft_p99_ms, p.ttft_p99_ms) << " "
        << vs(p.simulated_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.simulated_tpot_p99_ms, p.tpot_p99_ms) << "\n";
   if (!cross) return;
   os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : "")
      << " by the other partitions' measured steps):\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << "  " << format_line("%-12s", p.name.c_str()) << " " << vs(p.cross_output_tokens_per_s, p.output_tokens_per_s)
+    os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.cross_output_tokens_per_s, p.output_tokens_per_s)
        << " " << vs(p.cross_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.cross_ttft_p99_ms, p.ttft_p99_ms) << " "
        << vs(p.cross_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.cross_tpot_p99_ms, p.tpot_p99_ms)
        << (p.cross_calibrated_by.empty() ? "" : "  by " + p.cross_calibrated_by) << "\n";

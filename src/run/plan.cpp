@@ -241,6 +241,18 @@ PartitionSet plan_partitions(RunContext& ctx) {
     if (ctx.root) set.splits = solve_partitions(ctx);
   });
   broadcast_partitions(ctx.mpi, set.splits, ctx.spec.num_units());
+  if (ctx.opt.scenario.on()) {
+    // run --step-policy A,B: every split again under each further policy (on every rank alike,
+    // from the same flags), paired with the first in the same rounds.
+    const std::size_t n = set.splits.size();
+    for (serving::StepPolicy policy : ctx.opt.scenario.spec->compared_policies)
+      for (std::size_t i = 0; i < n; ++i) {
+        balance::Partition v = set.splits[i];
+        v.step_policy = serving::step_policy_name(policy);
+        v.solver += " " + v.step_policy;
+        set.splits.push_back(std::move(v));
+      }
+  }
   const std::string uniform = balance::method_name(balance::Method::uniform);  // the one-rank-per-stage layout's
   if (set.index_of(uniform) >= 0) set.reference = uniform;
   if (ctx.root) ctx.record().reference_partition = set.reference;

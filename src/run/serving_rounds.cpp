@@ -40,7 +40,7 @@ StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition
 
 ServingConfig serving_config(const RunContext& ctx, const balance::Partition& p) {
   ServingConfig c;
-  c.scheduler = ctx.opt.scenario.spec->scheduler(partition_groups(ctx, p));
+  c.scheduler = serving_sim_config(ctx, p).scheduler;
   c.seed = ctx.workload.seed;
   c.vocab = ctx.spec.vocab;
   return c;
@@ -438,6 +438,7 @@ void measure_scenario(RunContext& ctx, PartitionSet& set, bool one_round, bool v
       pr.name = p.solver;
       pr.groups = partition_groups(ctx, p);
       pr.slots = ctx.opt.scenario.spec->slots;
+      pr.step_policy = serving::step_policy_name(serving_sim_config(ctx, p).scheduler.policy);
       into->partitions.push_back(pr);
     }
     ctx.progress.say(format_line("scenario: %s; M=%d groups in flight", serving_scenario_text(*into).c_str(),

@@ -34,7 +34,7 @@ namespace ppb::run {
 constexpr double kRateBelow = 0.9, kRateAbove = 1.1;
 
 /// The serving simulator's configuration of partition `p` in ctx's scenario (its M, B slots,
-/// the step policy).
+/// its step policy: balance::Partition::step_policy or the scenario's), the engine's too.
 serving::PipelineSimConfig serving_sim_config(const RunContext& ctx, const balance::Partition& p);
 
 /// Rank 0: the profile's highest rate (requests/s) for `p` on opt.scenario.drawn.requests (drawn at 1

@@ -2,6 +2,7 @@
 // parser of its flags (scenario.h).
 #include "serving/scenario.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -27,6 +28,13 @@ struct KindRow {
   const char* name;
 };
 constexpr KindRow kKinds[] = {{ArrivalKind::poisson, "poisson"}, {ArrivalKind::gamma, "gamma"}, {ArrivalKind::trace, "trace"}};
+
+/// "vllm-v1,prefill-first" (the policies' names, comma-separated; "" for none).
+std::string policy_list_text(const std::vector<StepPolicy>& ps) {
+  std::string out;
+  for (StepPolicy p : ps) out += (out.empty() ? "" : ",") + std::string(step_policy_name(p));
+  return out;
+}
 
 std::string num(double v) {
   char buf[32];
@@ -270,6 +278,7 @@ json scenario_to_json(const ScenarioSpec& s) {
           {"trace_window_start_s", s.trace_options.window_start_s},
           {"trace_window_end_s", number_or_inf(s.trace_options.window_end_s)},
           {"step_policy", step_policy_name(s.policy)},
+          {"compared_step_policies", policy_list_text(s.compared_policies)},
           {"max_batched_tokens", s.max_batched_tokens},
           {"kv_block_size", s.kv_block_size},
           {"kv_blocks", s.kv_blocks},
@@ -293,6 +302,13 @@ ScenarioSpec scenario_from_json(const json& j, const std::string& where) {
     if (!known)
       throw UserError(at + "kind '" + kind + "' is unknown to this ppbench; valid: poisson, gamma, trace");
     s.policy = parse_step_policy(j.value("step_policy", std::string("mixed")), at + "step_policy");
+    const std::string compared = j.value("compared_step_policies", std::string());
+    for (std::size_t b = 0; b < compared.size();) {
+      std::size_t e = compared.find(',', b);
+      if (e == std::string::npos) e = compared.size();
+      s.compared_policies.push_back(parse_step_policy(compared.substr(b, e - b), at + "compared_step_policies"));
+      b = e + 1;
+    }
     s.arrivals.request_rate = number_or_inf(j, "request_rate", 1.0);
     s.arrivals.burstiness = number_or_inf(j, "burstiness", 1.0);
     s.rate_search = j.value("rate_search", false);
@@ -324,6 +340,10 @@ ScenarioSpec scenario_from_json(const json& j, const std::string& where) {
   return s;
 }
 
+bool ScenarioSpec::runs_policy(StepPolicy p) const {
+  return policy == p || std::find(compared_policies.begin(), compared_policies.end(), p) != compared_policies.end();
+}
+
 std::string describe_scenario(const ScenarioSpec& s) {
   std::string out = arrival_kind_name(s.kind);
   if (s.kind == ArrivalKind::trace) {
@@ -342,6 +362,12 @@ std::string describe_scenario(const ScenarioSpec& s) {
   }
   out += "; " + std::string(step_policy_name(s.policy)) + " steps of B=" + std::to_string(s.slots) + " slots";
   if (s.policy == StepPolicy::vllm_v1) out += " and at most " + std::to_string(s.max_batched_tokens) + " tokens";
+  if (!s.compared_policies.empty())
+    out += " (against " + policy_list_text(s.compared_policies) + " steps" +
+           (s.policy != StepPolicy::vllm_v1 && s.runs_policy(StepPolicy::vllm_v1)
+                ? " (vllm-v1's of at most " + std::to_string(s.max_batched_tokens) + " tokens)"
+                : "") +
+           " on every split, in the same rounds)";
   if (s.kv_blocks > 0)
     out += "; a KV pool of " + std::to_string(s.kv_blocks) + " blocks of " + std::to_string(s.kv_block_size) +
            " tokens per group (preemption by recompute)";
@@ -362,7 +388,23 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   }
   ScenarioSpec s;
   s.kind = kind_of(kind, c);
-  s.policy = parse_step_policy(f.step_policy);
+  {
+    std::vector<StepPolicy> listed;
+    for (std::size_t b = 0; b <= f.step_policy.size();) {
+      std::size_t e = f.step_policy.find(',', b);
+      if (e == std::string::npos) e = f.step_policy.size();
+      const StepPolicy p = parse_step_policy(f.step_policy.substr(b, e - b));
+      if (std::find(listed.begin(), listed.end(), p) != listed.end())
+        throw UserError("--step-policy '" + f.step_policy + "' names " + step_policy_name(p) + " twice");
+      listed.push_back(p);
+      b = e + 1;
+    }
+    if (listed.size() > 1 && c != Command::run)
+      throw UserError("--step-policy '" + f.step_policy + "': a list of policies is `ppbench run`'s (each measured on "
+                      "every split in the same rounds); " + command_name(c) + " takes one");
+    s.policy = listed.front();
+    s.compared_policies.assign(listed.begin() + 1, listed.end());
+  }
   if (f.max_concurrency < 0)
     throw UserError("--max-concurrency " + std::to_string(f.max_concurrency) + ": requests in flight at most, >= 1 "
                     "(0: no limit)");
@@ -370,7 +412,7 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   if (f.max_batched_tokens < 1)
     throw UserError("--max-batched-tokens " + std::to_string(f.max_batched_tokens) + ": the tokens a step runs at most "
                     "(with --step-policy vllm-v1), >= 1");
-  if (f.max_batched_tokens != 2048 && s.policy != StepPolicy::vllm_v1)
+  if (f.max_batched_tokens != 2048 && !s.runs_policy(StepPolicy::vllm_v1))
     throw UserError("--max-batched-tokens goes with --step-policy vllm-v1 (the other policies run whole prompts)");
   s.max_batched_tokens = f.max_batched_tokens;
   if (f.kv_block_size < 1)

@@ -343,34 +343,46 @@ TEST(ServingE2E, VllmV1ChunkedPrefillUnderATokenBudget) {
 
 // A KV pool small enough to preempt (issue 49): 12 requests at once, prompts up to 24 tokens and
 // 5 outputs (up to 7 blocks of 4 tokens each), 3 slots per group and 10 blocks per group, under
-// vllm-v1's chunks. Requests are preempted (counted per request and per round, as the simulator
-// plays them), recomputed (more prefill tokens than prompt tokens), and every request still
-// finishes with its tokens equal to the serialized replay's, bitwise.
-TEST(ServingE2E, KvPoolPreemptsAndRecomputesWithNothingLost) {
+// vllm-v1's chunks and, in the same rounds, under mixed steps (`--step-policy vllm-v1,mixed`: the
+// split again as "uniform mixed", paired with the first). Requests are preempted under both
+// (counted per request and per round), recomputed (more prefill tokens than prompt tokens, every
+// position counted by check_requests), and every request still finishes with its tokens equal
+// to its serialized replay's, bitwise.
+TEST(ServingE2E, KvPoolPreemptsAndRecomputesWithNothingLostUnderTwoPolicies) {
   const std::string out = ppb_test::scratch_dir("ppbench_serving_") + "/kv.h5";
   auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate inf --requests 12 "
-               "-p 24 -g 5 --prompt-lens uniform:10,24 -b 3 --step-policy vllm-v1 --max-batched-tokens 8 "
-               "--kv-blocks 10 --kv-block-size 4 --partition uniform --iters 1 -o " + out);
+               "-p 24 -g 5 --prompt-lens uniform:10,24 -b 3 --step-policy vllm-v1,mixed --max-batched-tokens 8 "
+               "--kv-blocks 10 --kv-block-size 4 --partition uniform --iters 2 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("a KV pool of 10 blocks of 4 tokens per group"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(against mixed steps on every split, in the same rounds)"), std::string::npos) << r.output;
   auto root = ppb::h5::File::open(out).root();
   EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
   auto sc = root.open_group("scenario");
   EXPECT_EQ(sc.get_attr<int64_t>("kv_blocks"), 10);
   EXPECT_EQ(sc.get_attr<int64_t>("kv_block_size"), 4);
-  auto b = root.open_group("benchmark/uniform");
-  EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
-  const auto per_request = b.open_dataset("requests/preemptions").read<int64_t>();
-  int64_t preempted = 0;
-  for (int64_t n : per_request) preempted += n;
-  EXPECT_GT(preempted, 0);
-  EXPECT_EQ(b.open_dataset("rep_preemptions").read<double>().back(), static_cast<double>(preempted));
-  EXPECT_GT(b.get_attr<double>("simulated_preemptions"), 0.0);
-  int64_t prefilled = 0, prompts = 0;
-  for (int64_t t : b.open_dataset("steps/prefill_tokens").read<int64_t>()) prefilled += t;
-  for (int64_t p : sc.open_dataset("prompt_len").read<int64_t>()) prompts += p;
-  EXPECT_GT(prefilled, prompts);  // the recomputes; check_requests counts them exactly
-  check_requests(root, "uniform", sc.open_dataset("arrival_s").read<double>(), sc.open_dataset("gen_len").read<int64_t>());
+  EXPECT_EQ(sc.get_attr<std::string>("compared_step_policies"), "mixed");
+  const std::pair<const char*, const char*> parts[] = {{"uniform", "vllm-v1"}, {"uniform mixed", "mixed"}};
+  for (const auto& [name, policy] : parts) {
+    SCOPED_TRACE(name);
+    auto b = root.open_group(std::string("benchmark/") + name);
+    EXPECT_EQ(b.get_attr<std::string>("step_policy"), policy);
+    EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
+    const auto per_request = b.open_dataset("requests/preemptions").read<int64_t>();
+    int64_t preempted = 0;
+    for (int64_t n : per_request) preempted += n;
+    EXPECT_GT(preempted, 0);
+    EXPECT_EQ(b.open_dataset("rep_preemptions").read<double>().back(), static_cast<double>(preempted));
+    EXPECT_TRUE(std::isfinite(b.get_attr<double>("simulated_preemptions")));
+    int64_t prefilled = 0, prompts = 0;
+    for (int64_t t : b.open_dataset("steps/prefill_tokens").read<int64_t>()) prefilled += t;
+    for (int64_t p : sc.open_dataset("prompt_len").read<int64_t>()) prompts += p;
+    EXPECT_GT(prefilled, prompts);  // the recomputes; check_requests counts them exactly
+    check_requests(root, name, sc.open_dataset("arrival_s").read<double>(), sc.open_dataset("gen_len").read<int64_t>());
+  }
+  auto m = root.open_group("benchmark/uniform mixed");
+  EXPECT_EQ(m.get_attr<int64_t>("tokens_gain_n"), 2);  // paired with vllm-v1 by round
+  EXPECT_TRUE(std::isfinite(m.get_attr<double>("ttft_p99_gain")));
 }
 
 // --request-rate search (issue 38): a pilot round at the profile's predicted rate, the calibrated
@@ -455,6 +467,7 @@ TEST(ServingE2E, BadServingFlagsExitTwo) {
       {"kv pool below one request", tiny + "--scenario poisson --request-rate 2 -p 24 -g 5 --kv-blocks 1 --kv-block-size 4",
        "--kv-blocks 1: request"},
       {"kv pool on closed batches", tiny + "--kv-blocks 8", "--kv-blocks describes requests that arrive"},
+      {"a policy twice", tiny + "--scenario poisson --request-rate 2 --step-policy mixed,mixed", "names mixed twice"},
       {"unknown step policy", tiny + "--scenario poisson --request-rate 2 --step-policy chunked", "--step-policy"},
       {"rate not a number", tiny + "--scenario poisson --request-rate fast", "--request-rate 'fast'"},
       {"search without limits", tiny + "--scenario poisson --request-rate search", "--goodput ttft:MS tpot:MS"},

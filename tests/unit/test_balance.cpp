@@ -389,6 +389,11 @@ TEST(SameSplit, EquivalentUpToSwappingIdenticalDevices) {
   EXPECT_EQ(ppb::balance::compare_splits(a, a4, eq), Sameness::different);
   EXPECT_EQ(ppb::balance::compare_splits(a, b4, eq), Sameness::different);
   EXPECT_EQ(ppb::balance::compare_splits(a4, b4, eq), Sameness::equivalent);
+  // So is the same split under another step policy (run --step-policy A,B).
+  Partition av1 = a, bv1 = b;
+  av1.step_policy = bv1.step_policy = "vllm-v1";
+  EXPECT_EQ(ppb::balance::compare_splits(a, av1, eq), Sameness::different);
+  EXPECT_EQ(ppb::balance::compare_splits(av1, bv1, eq), Sameness::equivalent);
   // Rank 2 is another kind of device (a CPU quota, an older GPU): its 5 layers are not rank 1's.
   ppb::balance::SplitEquivalence mixed = eq;
   mixed.device_class = {0, 0, 1, 0};

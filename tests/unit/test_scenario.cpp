@@ -63,6 +63,10 @@ void expect_same(const ScenarioSpec& a, const ScenarioSpec& b) {
   EXPECT_EQ(a.trace_options.window_start_s, b.trace_options.window_start_s);
   EXPECT_EQ(a.trace_options.window_end_s, b.trace_options.window_end_s);
   EXPECT_EQ(a.policy, b.policy);
+  EXPECT_EQ(a.compared_policies, b.compared_policies);
+  EXPECT_EQ(a.max_batched_tokens, b.max_batched_tokens);
+  EXPECT_EQ(a.kv_block_size, b.kv_block_size);
+  EXPECT_EQ(a.kv_blocks, b.kv_blocks);
   EXPECT_EQ(a.max_concurrency, b.max_concurrency);
   EXPECT_EQ(a.arrivals.ramp, b.arrivals.ramp);
   EXPECT_EQ(a.arrivals.ramp_start_rps, b.arrivals.ramp_start_rps);
@@ -106,6 +110,58 @@ TEST(ScenarioSpec, RunFlagsParseIntoOneValueThatRoundTripsThroughJson) {
   const auto b = serving::generate_requests(serving::scenario_from_json(j, "test"));
   ASSERT_EQ(a.size(), 40u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].prompt_len, b[i].prompt_len);
+}
+
+// `run --step-policy A,B`: the first is the scenario's policy, the others are measured beside it;
+// the KV pool's flags reach the scheduler; all of it survives the file.
+TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
+  ScenarioFlags f;
+  f.scenario = "poisson";
+  f.request_rate = "4";
+  f.step_policy = "mixed,vllm-v1,prefill-first";
+  f.max_batched_tokens = 256;  // allowed: vllm-v1 is among the policies
+  f.kv_blocks = 12;
+  f.kv_block_size = 8;
+  const auto spec = serving::parse_scenario(f, use_of(ScenarioUse::Command::run));
+  ASSERT_TRUE(spec);
+  EXPECT_EQ(spec->policy, serving::StepPolicy::mixed);
+  EXPECT_EQ(spec->compared_policies,
+            (std::vector<serving::StepPolicy>{serving::StepPolicy::vllm_v1, serving::StepPolicy::prefill_first}));
+  EXPECT_TRUE(spec->runs_policy(serving::StepPolicy::vllm_v1));
+  const serving::SchedulerConfig first = spec->scheduler(2), v1 = spec->scheduler(2, "vllm-v1");
+  EXPECT_EQ(first.policy, serving::StepPolicy::mixed);
+  EXPECT_EQ(v1.policy, serving::StepPolicy::vllm_v1);
+  EXPECT_EQ(v1.max_batched_tokens, 256);
+  EXPECT_EQ(v1.kv_blocks, 12);
+  EXPECT_EQ(v1.kv_block_size, 8);
+  const nlohmann::json j = serving::scenario_to_json(*spec);
+  EXPECT_EQ(j["compared_step_policies"], "vllm-v1,prefill-first");
+  expect_same(serving::scenario_from_json(nlohmann::json::parse(j.dump()), "test"), *spec);
+  EXPECT_NE(serving::describe_scenario(*spec).find("against vllm-v1,prefill-first steps (vllm-v1's of at most 256 tokens)"),
+            std::string::npos)
+      << serving::describe_scenario(*spec);
+  // Errors: a policy twice, a list on the offline commands, an unknown name in the list, a pool < 0.
+  f.step_policy = "mixed,vllm-v1,mixed";
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("names mixed twice"),
+            std::string::npos);
+  f.step_policy = "mixed,chunked";
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("'chunked' is unknown"),
+            std::string::npos);
+  f = {};
+  f.step_policy = "mixed,vllm-v1";
+  f.slo_ttft_ms = 100;
+  f.slo_tpot_ms = 10;
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::serve_search)); })
+                .find("a list of policies is `ppbench run`'s"),
+            std::string::npos);
+  f.step_policy = "mixed";
+  f.kv_blocks = -1;
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::serve_search)); }).find("--kv-blocks -1"),
+            std::string::npos);
+  // A stored list with a name this binary does not know is refused, never played as another.
+  nlohmann::json bad = j;
+  bad["compared_step_policies"] = "vllm-v2";
+  EXPECT_NE(error_of([&] { serving::scenario_from_json(bad, "/scenario"); }).find("compared_step_policies"), std::string::npos);
 }
 
 TEST(ScenarioSpec, EachCommandsRulesNameTheFlag) {
