@@ -92,7 +92,16 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
       ->capture_default_str();
   cmd.add_option("--kv-block-size", f.kv_block_size, when + "TOKENS per KV block (vLLM's --block-size)")
       ->capture_default_str();
-  cmd.add_option("--step-policy", f.step_policy, when + "what a step runs: " + serving::step_policy_choices())
+  cmd.add_option("--pp-schedule", f.pp_schedule,
+                 when + "how the M steps in flight share the requests: groups (M pinned batches of B slots, each its own "
+                        "KV pool: vLLM V0's virtual engines) or batch-queue (one scheduler and KV pool over M x B slots, "
+                        "up to M batches in flight: vLLM V1 under pipeline parallelism)" +
+                        (run ? "; a list (groups,batch-queue) measures every split under each in the same rounds" : ""))
+      ->capture_default_str();
+  cmd.add_option("--step-policy", f.step_policy,
+                 when + "what a step runs: " + serving::step_policy_choices() +
+                     (run ? "; a list (mixed,vllm-v1) measures every split under each in the same rounds, paired with "
+                            "the first" : ""))
       ->capture_default_str();
   cmd.add_option("--goodput", f.goodput,
                  when + "each request's limits, vLLM's: ttft:MS tpot:MS e2e:MS (any of them): goodput = requests "

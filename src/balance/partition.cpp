@@ -164,7 +164,8 @@ Sameness compare_splits(const Partition& a, const Partition& b, const SplitEquiv
   std::vector<int> wa(a.num_stages()), wb(b.num_stages());
   for (int k = 0; k < a.num_stages(); ++k) wa[k] = a.width(k);
   for (int k = 0; k < b.num_stages(); ++k) wb[k] = b.width(k);
-  if (a.groups != b.groups || a.step_policy != b.step_policy) return Sameness::different;
+  if (a.groups != b.groups || a.step_policy != b.step_policy || a.pp_schedule != b.pp_schedule)
+    return Sameness::different;
   if (a.first_unit == b.first_unit && a.last_unit == b.last_unit && a.device_rank == b.device_rank && wa == wb)
     return Sameness::identical;
   if (eq.unit_signature.empty() || eq.device_class.empty() || a.num_stages() != b.num_stages() ||

@@ -35,6 +35,8 @@ struct Partition {
   /// split again under each further policy, serving/scheduler.h's names); "" = the scenario's.
   /// Splits under different policies are different measurements.
   std::string step_policy;
+  /// Likewise its pipeline schedule (`run --pp-schedule groups,batch-queue`); "" = the scenario's.
+  std::string pp_schedule;
 
   int num_stages() const { return static_cast<int>(first_unit.size()); }
   int width(int stage) const { return tp_width.empty() ? 1 : tp_width[stage]; }

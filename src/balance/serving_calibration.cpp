@@ -134,7 +134,7 @@ StoredScenario stored_scenario(const ServingRunRecord& s) {
 /// The simulator's metrics of `costs` on the stored scenario with p's M and B.
 serving::ServingMetrics play(const StoredScenario& sc, const ServingPartitionRecord& p, const serving::StepCostModel& costs) {
   serving::PipelineSimConfig cfg;
-  cfg.scheduler = sc.spec.scheduler(p.groups, p.step_policy);
+  cfg.scheduler = sc.spec.scheduler(p.groups, p.step_policy, p.pp_schedule);
   return serving::serving_metrics(serving::simulate_serving(sc.requests, costs, cfg).times, sc.spec.goodput);
 }
 

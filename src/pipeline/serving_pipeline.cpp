@@ -69,14 +69,29 @@ class ServingLoop : StageLoopBase {
   /// Stage 0: group g's step is back: its tokens appended to its requests; returns the step's
   /// end (monotonic s: the token return's end, or the forward's with one stage).
   double take_return(int g, const std::vector<ScheduledRow>& rows);
-  /// A later stage: runs the steps stage 0 sends until its end header.
+  /// A later stage, or a tensor-parallel peer of stage 0: runs the steps its source sends until
+  /// the end header.
   void follow();
+  /// Stage 0's rank 0: the one that schedules (and replays); every other rank follows.
+  bool scheduler_rank() const { return first && place_.tp_rank == 0; }
+  /// The ranks a step's token return goes to: the last stage's tensor-parallel rank 0 returns
+  /// it to stage 0's rank 0 (return_ranks' first: receiver 0 of sender 0), the only rank that
+  /// reads it (stage 0's peers take their ids from it); none with one stage.
+  std::vector<int> return_peers() const {
+    return S > 1 && place_.tp_rank == 0 && !place_.return_ranks.empty() ? std::vector<int>{place_.return_ranks.front()}
+                                                                        : std::vector<int>{};
+  }
   void send_end();
   ServingRecord finish(double t0);
 
   const ServingConfig& cfg_;
   const std::vector<serving::Request>& requests_;
+  /// M steps in flight (groups, or batch-queue batches), B rows per step at most: a group's
+  /// slots, or with batch-queue the one pool's M x slots.
   const int M, B;
+  /// The KV cache a group's steps use: its own, or with batch-queue the stage's only one (built
+  /// with 1 group of M x slots rows: serving::SchedulerConfig::pool_slots).
+  int kv_group(int g) const { return cfg_.scheduler.pp_schedule == serving::PpSchedule::batch_queue ? 0 : g; }
   const size_t header_ints_;
   int max_tokens_ = 1;  ///< the most packed tokens a step can have (serving::max_step_tokens)
 
@@ -107,6 +122,10 @@ class ServingLoop : StageLoopBase {
   std::unique_ptr<Returns> returned_;
   std::vector<StepEvents*> return_events_;  ///< [M] the step in flight's events
 
+  std::vector<int> stage0_peers_;  ///< stage 0's rank 0: its tensor-parallel peers
+  int source_ = -1;                 ///< a follower's source of headers and inputs
+  std::vector<std::unique_ptr<Buffer>> peer_ids_;  ///< [M] stage 0's rank 0: the ids sent to its peers
+
   std::unique_ptr<Lane> compute_, recv_, send_;
   std::vector<std::unique_ptr<StepEvents>> steps_;
   ServingRecord rec_;
@@ -118,16 +137,28 @@ ServingLoop::ServingLoop(Device& device, Transport& transport, StageExecutor& st
       cfg_(cfg),
       requests_(requests),
       M(cfg.scheduler.groups),
-      B(cfg.scheduler.slots),
-      header_ints_(serving_header_ints(cfg.scheduler.slots)) {
-  if (place.tp_width != 1) throw UserError("the serving scenario runs no tensor-parallel stage yet (--tp 1)");
+      B(cfg.scheduler.pool_slots()),
+      header_ints_(serving_header_ints(cfg.scheduler.pool_slots())) {
   if (M < 1 || B < 1) throw InternalError("run_serving: groups and slots must be >= 1");
   max_tokens_ = serving::max_step_tokens(requests_, cfg.scheduler);
+  // A tensor-parallel stage 0: its rank 0 schedules and sends each step's header and input ids
+  // to the others (its peers, ranks leader + 1 .. leader + width - 1: Partition::stage_ranks),
+  // which follow it as a later stage follows its previous one.
+  std::vector<std::pair<int, int>> extra;
+  if (first && place_.tp_width > 1) {
+    const int leader = place_.rank - place_.tp_rank;
+    if (scheduler_rank()) {
+      for (int j = 1; j < place_.tp_width; ++j) stage0_peers_.push_back(leader + j), extra.emplace_back(leader, leader + j);
+    } else {
+      extra.emplace_back(leader, place_.rank);
+    }
+  }
+  source_ = first ? place_.rank - place_.tp_rank : place_.prev_rank;
   allocate_buffers();
   compute_ = device_.create_lane("compute");
   recv_ = device_.create_lane("recv");
   send_ = device_.create_lane("send");
-  connect_links();
+  connect_links(extra);
 }
 
 void ServingLoop::allocate_buffers() {
@@ -143,6 +174,10 @@ void ServingLoop::allocate_buffers() {
   for (int h = 0; h < 2; ++h) {
     header_in_[h] = device_.allocate(header_ints_ * sizeof(int32_t));
     header_in_host_[h].assign(header_ints_, 0);
+  }
+  if (scheduler_rank() && !stage0_peers_.empty()) {
+    peer_ids_.resize(M);
+    for (auto& b : peer_ids_) b = device_.allocate(stage_.ragged_input_bytes(max_tokens_));
   }
   if (first) {
     ids_host_.assign(M, std::vector<int32_t>(max_tokens_, 0));
@@ -194,9 +229,31 @@ void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows) {
   returned_->set(g, false);
   return_events_[g] = &e;
   flight::Scope scope(flight::Tag{"serving step", -1, g});
+  // The header (for the next stage and stage 0's tensor-parallel peers) and, for the peers, the
+  // ids, sent before the forward: the peers' halves of its collectives need them.
+  const bool headed = S > 1 || !stage0_peers_.empty();
+  if (headed) {
+    std::vector<int32_t>& h = header_out_host_[g];
+    h[0] = kStep;
+    h[1] = g;
+    h[2] = R;
+    h[3] = n;
+    for (int r = 0; r < R; ++r) {
+      h[4 + r] = rs.slot[r];
+      h[4 + B + r] = rs.pos[r];
+      h[4 + 2 * B + r] = rs.tokens[r];
+    }
+    send_->copy(header_out_[g]->data(), h.data(), header_ints_ * sizeof(int32_t));
+    for (int peer : stage0_peers_) transport_.enqueue_send(*send_, header_out_[g]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
+    if (!stage0_peers_.empty()) {
+      send_->copy(peer_ids_[g]->data(), ids.data(), static_cast<size_t>(n) * sizeof(int32_t));
+      for (int peer : stage0_peers_) transport_.enqueue_send(*send_, peer_ids_[g]->data(), stage_.ragged_input_bytes(n), peer, kPayloadTag);
+    }
+    for (int peer : place_.next_ranks) transport_.enqueue_send(*send_, header_out_[g]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
+  }
   compute_->copy(in_[g]->data(), ids.data(), static_cast<size_t>(n) * sizeof(int32_t));
   compute_->record(*e.ev[kComputeStart]);
-  stage_.enqueue_forward_ragged(*compute_, in_[g]->data(), out_[g]->data(), g, rs);
+  stage_.enqueue_forward_ragged(*compute_, in_[g]->data(), out_[g]->data(), kv_group(g), rs);
   compute_->record(*e.ev[kComputeEnd]);
   Returns* returns = returned_.get();
   if (S == 1) {
@@ -204,18 +261,6 @@ void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows) {
     compute_->host_task([returns, g] { returns->set(g, true); });
     return;
   }
-  std::vector<int32_t>& h = header_out_host_[g];
-  h[0] = kStep;
-  h[1] = g;
-  h[2] = R;
-  h[3] = n;
-  for (int r = 0; r < R; ++r) {
-    h[4 + r] = rs.slot[r];
-    h[4 + B + r] = rs.pos[r];
-    h[4 + 2 * B + r] = rs.tokens[r];
-  }
-  send_->copy(header_out_[g]->data(), h.data(), header_ints_ * sizeof(int32_t));
-  for (int peer : place_.next_ranks) transport_.enqueue_send(*send_, header_out_[g]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
   send_->wait(*e.ev[kComputeEnd]);
   send_->record(*e.ev[kSendStart]);
   for (int peer : place_.next_ranks)
@@ -257,7 +302,7 @@ double ServingLoop::take_return(int g, const std::vector<ScheduledRow>& rows) {
 
 ServingRecord ServingLoop::run_live() {
   const double t0 = start();
-  if (!first) {
+  if (!scheduler_rank()) {
     follow();
     return finish(t0);
   }
@@ -306,7 +351,7 @@ ServingRecord ServingLoop::run_live() {
 
 ServingRecord ServingLoop::run_replay(const std::vector<ScheduledStep>& schedule) {
   const double t0 = start();
-  if (!first) {
+  if (!scheduler_rank()) {
     follow();
     return finish(t0);
   }
@@ -323,12 +368,13 @@ ServingRecord ServingLoop::run_replay(const std::vector<ScheduledStep>& schedule
 }
 
 void ServingLoop::send_end() {
-  if (S == 1) return;
+  if (S == 1 && stage0_peers_.empty()) return;
   std::vector<int32_t>& h = header_out_host_[0];
   // Group 0's header buffer is free: every step of every group is back.
   std::fill(h.begin(), h.end(), 0);
   h[0] = kEnd;
   send_->copy(header_out_[0]->data(), h.data(), header_ints_ * sizeof(int32_t));
+  for (int peer : stage0_peers_) transport_.enqueue_send(*send_, header_out_[0]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
   for (int peer : place_.next_ranks) transport_.enqueue_send(*send_, header_out_[0]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
 }
 
@@ -337,7 +383,7 @@ void ServingLoop::follow() {
   std::unique_ptr<Event> header_ready[2] = {device_.create_event(), device_.create_event()};
   std::vector<StepEvents*> sent(M, nullptr);  // each group's last step, whose send frees out_[g]
   auto post_header = [&](int h) {
-    transport_.enqueue_recv(*recv_, header_in_[h]->data(), hbytes, place_.prev_rank, kHeaderTag);
+    transport_.enqueue_recv(*recv_, header_in_[h]->data(), hbytes, source_, kHeaderTag);
     recv_->copy(header_in_host_[h].data(), header_in_[h]->data(), hbytes);
     recv_->record(*header_ready[h]);
   };
@@ -368,7 +414,7 @@ void ServingLoop::follow() {
     StepEvents& e = new_step(R, n);
     flight::Scope scope(flight::Tag{"serving step", -1, g, i});
     recv_->record(*e.ev[kRecvStart]);
-    transport_.enqueue_recv(*recv_, in_[g]->data(), stage_.ragged_input_bytes(n), place_.prev_rank, kPayloadTag);
+    transport_.enqueue_recv(*recv_, in_[g]->data(), stage_.ragged_input_bytes(n), source_, kPayloadTag);
     recv_->record(*e.ev[kRecvEnd]);
     e.has_recv = true;
     post_header(1 - h);  // the next header arrives while this step computes
@@ -380,7 +426,7 @@ void ServingLoop::follow() {
     compute_->wait(*e.ev[kRecvEnd]);
     if (sent[g]) compute_->wait(*sent[g]->ev[kSendEnd]);  // out_[g] was sent
     compute_->record(*e.ev[kComputeStart]);
-    stage_.enqueue_forward_ragged(*compute_, in_[g]->data(), out_[g]->data(), g, rs);
+    stage_.enqueue_forward_ragged(*compute_, in_[g]->data(), out_[g]->data(), kv_group(g), rs);
     compute_->record(*e.ev[kComputeEnd]);
     if (!last) {
       send_->copy(header_out_[g]->data(), header_out_host_[g].data(), hbytes);
@@ -388,7 +434,7 @@ void ServingLoop::follow() {
     }
     send_->wait(*e.ev[kComputeEnd]);
     send_->record(*e.ev[kSendStart]);
-    const std::vector<int>& peers = last ? place_.return_ranks : place_.next_ranks;
+    const std::vector<int> peers = last ? return_peers() : place_.next_ranks;
     const int tag = last ? kReturnTag : kPayloadTag;
     for (int peer : peers) transport_.enqueue_send(*send_, out_[g]->data(), stage_.ragged_output_bytes(R, n), peer, tag);
     send_->record(*e.ev[kSendEnd]);

@@ -87,7 +87,8 @@ size_t serving_header_ints(int slots);
 /// this stage, live: stage 0 schedules (serving::Scheduler with cfg's groups, slots, policy);
 /// the others follow. Collective over the layout's ranks (a transport barrier starts it). Every
 /// rank passes the same requests. The stage must be built with work.batch = cfg.scheduler.slots,
-/// work.groups = cfg.scheduler.groups and a max_context covering every request's prompt_len + gen_len.
+/// work.groups = cfg.scheduler.groups (batch-queue: work.batch = cfg.scheduler.pool_slots(),
+/// work.groups = 1) and a max_context covering every request's prompt_len + gen_len.
 /// @throws ppb::InternalError naming the stage when a transfer fails or times out (the lanes
 ///         and the transport are aborted first), or when a step does not fit the stage.
 ServingRecord run_serving(Device& device, Transport& transport, StageExecutor& stage, const StagePlacement& place,

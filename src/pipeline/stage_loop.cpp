@@ -22,9 +22,9 @@ StageLoopBase::StageLoopBase(Device& device, Transport& transport, StageExecutor
       last(place.stage == place.num_stages - 1),
       kind_(kind) {}
 
-void StageLoopBase::connect_links() {
+void StageLoopBase::connect_links(const std::vector<std::pair<int, int>>& extra) {
   const int me = place_.rank;
-  std::vector<std::pair<int, int>> links;
+  std::vector<std::pair<int, int>> links = extra;
   if (place_.prev_rank >= 0) links.emplace_back(place_.prev_rank, me);
   for (int r : place_.next_ranks) links.emplace_back(me, r);
   if (S > 1 && first) links.emplace_back(place_.last_rank, me);  // the token return

@@ -6,6 +6,8 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/device.h"
 #include "common/events.h"
@@ -30,8 +32,9 @@ class StageLoopBase {
 
   /// The transport's links of this placement, made before the first message (NCCL: one
   /// communicator per direction): from the previous stage, to the next, and the token return
-  /// (last stage -> stage 0) with more than one stage.
-  void connect_links();
+  /// (last stage -> stage 0) with more than one stage; and `extra` (sender, receiver) pairs of the
+  /// loop's own (the serving engine's stage 0 to its tensor-parallel peers).
+  void connect_links(const std::vector<std::pair<int, int>>& extra = {});
   /// "stage s (units a..b)", for messages.
   std::string describe_stage() const;
   /// A transport barrier on `lane`, waited for: polled, bounded by --timeout, never a hang. On a

@@ -244,13 +244,22 @@ PartitionSet plan_partitions(RunContext& ctx) {
   if (ctx.opt.scenario.on()) {
     // run --step-policy A,B: every split again under each further policy (on every rank alike,
     // from the same flags), paired with the first in the same rounds.
+    // Likewise --pp-schedule A,B, and every pair of a listed policy and schedule but the firsts.
+    const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
+    std::vector<serving::StepPolicy> policies{sc.policy};
+    policies.insert(policies.end(), sc.compared_policies.begin(), sc.compared_policies.end());
+    std::vector<serving::PpSchedule> schedules{sc.pp_schedule};
+    schedules.insert(schedules.end(), sc.compared_schedules.begin(), sc.compared_schedules.end());
     const std::size_t n = set.splits.size();
-    for (serving::StepPolicy policy : ctx.opt.scenario.spec->compared_policies)
-      for (std::size_t i = 0; i < n; ++i) {
-        balance::Partition v = set.splits[i];
-        v.step_policy = serving::step_policy_name(policy);
-        v.solver += " " + v.step_policy;
-        set.splits.push_back(std::move(v));
+    for (std::size_t q = 0; q < schedules.size(); ++q)
+      for (std::size_t k = 0; k < policies.size(); ++k) {
+        if (q == 0 && k == 0) continue;
+        for (std::size_t i = 0; i < n; ++i) {
+          balance::Partition v = set.splits[i];
+          if (k > 0) v.step_policy = serving::step_policy_name(policies[k]), v.solver += " " + v.step_policy;
+          if (q > 0) v.pp_schedule = serving::pp_schedule_name(schedules[q]), v.solver += " " + v.pp_schedule;
+          set.splits.push_back(std::move(v));
+        }
       }
   }
   const std::string uniform = balance::method_name(balance::Method::uniform);  // the one-rank-per-stage layout's

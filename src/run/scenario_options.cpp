@@ -14,9 +14,10 @@ namespace {
 /// The flags the serving engine does not take (yet), each refused with why.
 void refuse_unsupported(const RunFlags& f) {
   if (f.plan > 0) throw UserError("--plan ranks layouts by closed batches; it does not take --scenario yet");
-  if (f.tp != std::vector<std::string>{"1"})
-    throw UserError("--scenario runs one rank per stage (--tp 1): a tensor-parallel stage's ranks would need each "
-                    "step's schedule broadcast to them, which the serving engine does not do yet");
+  for (const std::string& t : f.tp)
+    if (t == "auto")
+      throw UserError("--tp auto ranks layouts by closed batches; with --scenario give the widths (--tp 2, --tp 2,1, "
+                      "repeated to compare layouts; `ppbench plan --scenario` ranks them by rate)");
   if (f.mtp) throw UserError("--scenario does not run the MTP modules (--mtp) yet");
   if (f.control) throw UserError("--control is a closed-batch A/A check; it does not take --scenario");
   if (f.partition == "adaptive")

@@ -29,12 +29,18 @@ namespace ppb::run {
 
 namespace {
 
-/// The stage of a serving partition: B slots, M groups, a context for the longest request.
+/// The stage of a serving partition: B slots, M groups (batch-queue: 1 of M x B), a context for
+/// the longest request.
 StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
                                  TpGroup* tp) {
   StageConfig sc = stage_config(ctx, partition_groups(ctx, p), place.tp_width, place.tp_rank, tp);
   sc.work.prompt_len = ctx.opt.scenario.spec->max_prompt_len;
   sc.work.gen_len = ctx.opt.scenario.spec->max_gen_len;
+  const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
+  if (sched.pp_schedule == serving::PpSchedule::batch_queue) {  // one KV cache of the groups' slots
+    sc.work.groups = 1;
+    sc.work.batch = sched.pool_slots();
+  }
   return sc;
 }
 
@@ -117,7 +123,8 @@ Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool s
 /// stage, its steps' compute start, s from its own start barrier, and duration, ms; stage 0 also
 /// each step's group, prefill tokens, decode rows and their mean position).
 void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePlacement& place, ServingPartitionRecord* pr) {
-  const size_t n = rec.step_rows.size();
+  // A stage's tensor-parallel rank 0 speaks for it (its peers ran the same steps).
+  const size_t n = place.tp_rank == 0 ? rec.step_rows.size() : 0;
   std::vector<double> mine{static_cast<double>(place.stage), static_cast<double>(n)};
   for (size_t i = 0; i < n; ++i) {
     const double a = rec.events[i * kNumEvents + kComputeStart], e = rec.events[i * kNumEvents + kComputeEnd];
@@ -329,7 +336,7 @@ class ServingRounds final : public RoundScenario {
       const Bench& b = benches[j];
       Stage0View v;
       ctx.phase("gather of the scenario", [&] {
-        v = gather_stage0(ctx, last_[j], b.place.stage == 0);
+        v = gather_stage0(ctx, last_[j], b.place.stage == 0 && b.place.tp_rank == 0);
         gather_steps(ctx, last_[j], b.place, ctx.root ? &into_->partitions[b.pi] : nullptr);
       });
       if (!ctx.root) continue;
@@ -374,8 +381,8 @@ void ServingRounds::validate(RunContext& ctx, const balance::Partition& p, Bench
   });
   Stage0View rv, sv;
   ctx.phase("gather of the validation", [&] {
-    rv = gather_stage0(ctx, replay, b.place.stage == 0);
-    sv = gather_stage0(ctx, solo, b.place.stage == 0);
+    rv = gather_stage0(ctx, replay, b.place.stage == 0 && b.place.tp_rank == 0);
+    sv = gather_stage0(ctx, solo, b.place.stage == 0 && b.place.tp_rank == 0);
   });
   if (!ctx.root) return;
   ServingPartitionRecord& pr = into_->partitions[b.pi];
@@ -439,6 +446,7 @@ void measure_scenario(RunContext& ctx, PartitionSet& set, bool one_round, bool v
       pr.groups = partition_groups(ctx, p);
       pr.slots = ctx.opt.scenario.spec->slots;
       pr.step_policy = serving::step_policy_name(serving_sim_config(ctx, p).scheduler.policy);
+      pr.pp_schedule = serving::pp_schedule_name(serving_sim_config(ctx, p).scheduler.pp_schedule);
       into->partitions.push_back(pr);
     }
     ctx.progress.say(format_line("scenario: %s; M=%d groups in flight", serving_scenario_text(*into).c_str(),

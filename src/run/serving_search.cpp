@@ -47,7 +47,7 @@ void fill_curve(RateSearchPartitionRecord& r, const std::vector<serving::Request
 
 serving::PipelineSimConfig serving_sim_config(const RunContext& ctx, const balance::Partition& p) {
   serving::PipelineSimConfig cfg;
-  cfg.scheduler = ctx.opt.scenario.spec->scheduler(partition_groups(ctx, p), p.step_policy);
+  cfg.scheduler = ctx.opt.scenario.spec->scheduler(partition_groups(ctx, p), p.step_policy, p.pp_schedule);
   return cfg;
 }
 

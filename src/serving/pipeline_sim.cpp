@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <queue>
 #include <string>
 
@@ -104,10 +105,11 @@ class ServingSim {
     free_at_.assign(static_cast<std::size_t>(hops_), 0.0);
     result_.stage_busy_s.assign(static_cast<std::size_t>(S), 0.0);
     group_costs_.resize(static_cast<std::size_t>(config.scheduler.groups));
+    form_at_.assign(static_cast<std::size_t>(config.scheduler.groups), kNever);
   }
 
   PipelineSimResult run() {
-    for (int g = 0; g < static_cast<int>(group_costs_.size()); ++g) push(0.0, Event::form, g, 0);
+    for (int g = 0; g < static_cast<int>(group_costs_.size()); ++g) push_form(g, 0.0);
     while (!events_.empty()) {
       const Event e = events_.top();
       events_.pop();
@@ -126,11 +128,22 @@ class ServingSim {
     events_.push(Event{t, seq_++, kind, g, hop_index});
   }
 
+  /// Group g forms its next step at t, unless it is to form earlier already (one pending form
+  /// per group: form_at_; a later one left in the queue is stale and skipped).
+  void push_form(int g, double t) {
+    if (t >= form_at_[g]) return;
+    form_at_[g] = t;
+    push(t, Event::form, g, 0);
+  }
+
   void form(int g, double t) {
+    if (t != form_at_[g]) return;  // stale: an earlier form replaced it
+    form_at_[g] = kNever;
+    if (sched_.in_flight(g)) return;
     const Step& step = sched_.next_step(g, t);
     if (step.rows.empty()) {
       const double next = sched_.next_arrival_s();
-      if (std::isfinite(next)) push(std::max(next, t), Event::form, g, 0);
+      if (std::isfinite(next)) push_form(g, std::max(next, t));
       return;
     }
     ++result_.steps;
@@ -157,8 +170,17 @@ class ServingSim {
       push(out, Event::done, e.group, j);
       result_.end_s = std::max(result_.end_s, out);
     }
-    if (j + 1 < hops_) push(end, Event::hop, e.group, j + 1);
-    else push(end, Event::form, e.group, 0);  // the token is back at stage 0
+    if (j + 1 < hops_) {
+      push(end, Event::hop, e.group, j + 1);
+      return;
+    }
+    // The token is back at stage 0: the group forms its next step, and, as the engine's stage 0
+    // offers every idle group a step after each return, so do the others not in flight (a
+    // finished request freed a --max-concurrency permit; with the batch queue, its requests are
+    // free for any batch).
+    push_form(e.group, end);
+    for (int g = 0; g < static_cast<int>(form_at_.size()); ++g)
+      if (g != e.group && !sched_.in_flight(g)) push_form(g, end);
   }
 
   Scheduler sched_;
@@ -168,6 +190,8 @@ class ServingSim {
   int hops_ = 1, last_compute_ = 0;
   std::vector<double> free_at_;                  ///< [hops] when each resource is free (s)
   std::vector<StepCosts> group_costs_;  ///< [M] the costs of each group's step in flight
+  static constexpr double kNever = std::numeric_limits<double>::infinity();
+  std::vector<double> form_at_;         ///< [M] when each group's pending form is (kNever: none)
   std::priority_queue<Event, std::vector<Event>, Later> events_;
   long long seq_ = 0;
   PipelineSimResult result_;

@@ -32,7 +32,31 @@ constexpr KindRow kKinds[] = {{ArrivalKind::poisson, "poisson"}, {ArrivalKind::g
 /// "vllm-v1,prefill-first" (the policies' names, comma-separated; "" for none).
 std::string policy_list_text(const std::vector<StepPolicy>& ps) {
   std::string out;
-  for (StepPolicy p : ps) out += (out.empty() ? "" : ",") + std::string(step_policy_name(p));
+  for (StepPolicy p : ps) {
+    if (!out.empty()) out += ',';
+    out += step_policy_name(p);
+  }
+  return out;
+}
+
+std::string schedule_list_text(const std::vector<PpSchedule>& ss) {
+  std::string out;
+  for (PpSchedule s : ss) {
+    if (!out.empty()) out += ',';
+    out += pp_schedule_name(s);
+  }
+  return out;
+}
+
+/// "a,b,c" as {"a", "b", "c"}; "" as {}.
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t b = 0; b < text.size();) {
+    std::size_t e = text.find(',', b);
+    if (e == std::string::npos) e = text.size();
+    out.push_back(text.substr(b, e - b));
+    b = e + 1;
+  }
   return out;
 }
 
@@ -55,6 +79,23 @@ double number_or_inf(const json& j, const char* key, double fallback) {
 const char* command_name(Command c) {
   return c == Command::run ? "run" : c == Command::plan ? "plan" : "serve-search";
 }
+
+/// A --step-policy or --pp-schedule list parsed by `parse`: each name once, more than one only on run.
+template <class T, class Parse, class Name>
+std::vector<T> parse_list(const std::string& flag, const std::string& text, Command c, Parse parse, Name name) {
+  std::vector<T> out;
+  for (const std::string& item : split_list(text.empty() ? std::string(",") : text)) {
+    const T v = parse(item);
+    if (std::find(out.begin(), out.end(), v) != out.end())
+      throw UserError(flag + " '" + text + "' names " + name(v) + " twice");
+    out.push_back(v);
+  }
+  if (out.size() > 1 && c != Command::run)
+    throw UserError(flag + " '" + text + "': a list is `ppbench run`'s (each measured on every split in the same "
+                    "rounds); " + command_name(c) + " takes one");
+  return out;
+}
+
 
 /// The kinds a command takes, for its error message.
 std::string valid_kinds(Command c) {
@@ -100,6 +141,7 @@ void refuse_on_closed(const ScenarioFlags& f, Command c) {
                      : f.attainment != 0.9     ? "--attainment"
                      : f.requests != -1        ? "--requests"
                      : f.step_policy != "mixed" ? "--step-policy"
+                     : f.pp_schedule != "groups" ? "--pp-schedule"
                      : f.max_batched_tokens != 2048 ? "--max-batched-tokens"
                      : f.kv_blocks != 0        ? "--kv-blocks"
                      : f.kv_block_size != 16   ? "--kv-block-size"
@@ -279,6 +321,8 @@ json scenario_to_json(const ScenarioSpec& s) {
           {"trace_window_end_s", number_or_inf(s.trace_options.window_end_s)},
           {"step_policy", step_policy_name(s.policy)},
           {"compared_step_policies", policy_list_text(s.compared_policies)},
+          {"pp_schedule", pp_schedule_name(s.pp_schedule)},
+          {"compared_pp_schedules", schedule_list_text(s.compared_schedules)},
           {"max_batched_tokens", s.max_batched_tokens},
           {"kv_block_size", s.kv_block_size},
           {"kv_blocks", s.kv_blocks},
@@ -302,13 +346,11 @@ ScenarioSpec scenario_from_json(const json& j, const std::string& where) {
     if (!known)
       throw UserError(at + "kind '" + kind + "' is unknown to this ppbench; valid: poisson, gamma, trace");
     s.policy = parse_step_policy(j.value("step_policy", std::string("mixed")), at + "step_policy");
-    const std::string compared = j.value("compared_step_policies", std::string());
-    for (std::size_t b = 0; b < compared.size();) {
-      std::size_t e = compared.find(',', b);
-      if (e == std::string::npos) e = compared.size();
-      s.compared_policies.push_back(parse_step_policy(compared.substr(b, e - b), at + "compared_step_policies"));
-      b = e + 1;
-    }
+    for (const std::string& name : split_list(j.value("compared_step_policies", std::string())))
+      s.compared_policies.push_back(parse_step_policy(name, at + "compared_step_policies"));
+    s.pp_schedule = parse_pp_schedule(j.value("pp_schedule", std::string("groups")), at + "pp_schedule");
+    for (const std::string& name : split_list(j.value("compared_pp_schedules", std::string())))
+      s.compared_schedules.push_back(parse_pp_schedule(name, at + "compared_pp_schedules"));
     s.arrivals.request_rate = number_or_inf(j, "request_rate", 1.0);
     s.arrivals.burstiness = number_or_inf(j, "burstiness", 1.0);
     s.rate_search = j.value("rate_search", false);
@@ -368,6 +410,9 @@ std::string describe_scenario(const ScenarioSpec& s) {
                 ? " (vllm-v1's of at most " + std::to_string(s.max_batched_tokens) + " tokens)"
                 : "") +
            " on every split, in the same rounds)";
+  if (s.pp_schedule == PpSchedule::batch_queue) out += "; one batch queue over the groups' slots (vLLM V1's PP)";
+  if (!s.compared_schedules.empty())
+    out += "; against the " + schedule_list_text(s.compared_schedules) + " schedule on every split, in the same rounds";
   if (s.kv_blocks > 0)
     out += "; a KV pool of " + std::to_string(s.kv_blocks) + " blocks of " + std::to_string(s.kv_block_size) +
            " tokens per group (preemption by recompute)";
@@ -389,21 +434,14 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   ScenarioSpec s;
   s.kind = kind_of(kind, c);
   {
-    std::vector<StepPolicy> listed;
-    for (std::size_t b = 0; b <= f.step_policy.size();) {
-      std::size_t e = f.step_policy.find(',', b);
-      if (e == std::string::npos) e = f.step_policy.size();
-      const StepPolicy p = parse_step_policy(f.step_policy.substr(b, e - b));
-      if (std::find(listed.begin(), listed.end(), p) != listed.end())
-        throw UserError("--step-policy '" + f.step_policy + "' names " + step_policy_name(p) + " twice");
-      listed.push_back(p);
-      b = e + 1;
-    }
-    if (listed.size() > 1 && c != Command::run)
-      throw UserError("--step-policy '" + f.step_policy + "': a list of policies is `ppbench run`'s (each measured on "
-                      "every split in the same rounds); " + command_name(c) + " takes one");
-    s.policy = listed.front();
-    s.compared_policies.assign(listed.begin() + 1, listed.end());
+    const auto policies = parse_list<StepPolicy>("--step-policy", f.step_policy, c,
+                                                 [](const std::string& t) { return parse_step_policy(t); }, step_policy_name);
+    s.policy = policies.front();
+    s.compared_policies.assign(policies.begin() + 1, policies.end());
+    const auto schedules = parse_list<PpSchedule>("--pp-schedule", f.pp_schedule, c,
+                                                  [](const std::string& t) { return parse_pp_schedule(t); }, pp_schedule_name);
+    s.pp_schedule = schedules.front();
+    s.compared_schedules.assign(schedules.begin() + 1, schedules.end());
   }
   if (f.max_concurrency < 0)
     throw UserError("--max-concurrency " + std::to_string(f.max_concurrency) + ": requests in flight at most, >= 1 "

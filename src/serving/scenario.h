@@ -53,6 +53,9 @@ struct ScenarioSpec {
   /// `run --step-policy A,B,...`: the policies after the first, each measured on every split in the
   /// same rounds, paired with the first (run/plan.h policy_variants); empty: one policy.
   std::vector<StepPolicy> compared_policies;
+  PpSchedule pp_schedule = PpSchedule::groups;  ///< scheduler.h
+  /// `run --pp-schedule A,B`: the schedules after the first, measured alike (with every policy).
+  std::vector<PpSchedule> compared_schedules;
   int max_concurrency = 0;           ///< the client's limit on requests in flight (scheduler.h; 0: none)
   int max_batched_tokens = 2048;     ///< vllm-v1: tokens per step at most (scheduler.h)
   int kv_block_size = 16;            ///< tokens per KV block (scheduler.h)
@@ -61,11 +64,13 @@ struct ScenarioSpec {
   GoodputSpec goodput;               ///< each request's limits, ms (NaN: none)
   double attainment = 0.9;           ///< the share of requests that must meet them, (0, 1]
 
-  /// The scheduler of a layout with `groups` groups in flight (M >= 1), under `policy_name` (a
-  /// step policy's name, "" = `policy`; @throws ppb::UserError on an unknown name).
-  SchedulerConfig scheduler(int groups, const std::string& policy_name = "") const {
+  /// The scheduler of a layout with `groups` groups in flight (M >= 1), under `policy_name` and
+  /// `schedule_name` (their names, "" = `policy`, `pp_schedule`; @throws ppb::UserError on an
+  /// unknown name).
+  SchedulerConfig scheduler(int groups, const std::string& policy_name = "", const std::string& schedule_name = "") const {
     const StepPolicy p = policy_name.empty() ? policy : parse_step_policy(policy_name);
-    return {groups, slots, p, max_concurrency, max_batched_tokens, kv_block_size, kv_blocks};
+    const PpSchedule q = schedule_name.empty() ? pp_schedule : parse_pp_schedule(schedule_name);
+    return {groups, slots, p, max_concurrency, max_batched_tokens, kv_block_size, kv_blocks, q};
   }
   /// Whether some policy of the run (the first or a compared one) is `p`.
   bool runs_policy(StepPolicy p) const;
@@ -103,7 +108,7 @@ std::vector<Request> generate_requests(const ScenarioSpec& spec);
 /// The spec as one flat JSON object (the results file's /scenario attributes; keys: kind,
 /// request_rate, burstiness, rate_search, requests, prompt_lens, gen_lens, max_prompt_len,
 /// max_gen_len, seed, trace, trace_speedup, trace_window_start_s, trace_window_end_s,
-/// step_policy, compared_step_policies, max_batched_tokens, kv_block_size, kv_blocks, max_concurrency, ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, slots,
+/// step_policy, compared_step_policies, pp_schedule, compared_pp_schedules, max_batched_tokens, kv_block_size, kv_blocks, max_concurrency, ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, slots,
 /// goodput, attainment).
 nlohmann::json scenario_to_json(const ScenarioSpec& spec);
 
@@ -129,6 +134,7 @@ struct ScenarioFlags {
   double slo_ttft_ms = 0, slo_tpot_ms = 0;  ///< --slo-ttft / --slo-tpot (0: not given)
   double attainment = 0.9;  ///< 0.9 = not given
   std::string step_policy = "mixed";  ///< one name, or (run) several comma-separated
+  std::string pp_schedule = "groups";  ///< --pp-schedule: one name, or (run) several comma-separated
   int max_concurrency = 0;   ///< --max-concurrency N (0: none)
   int max_batched_tokens = 2048;  ///< --max-batched-tokens T (with --step-policy vllm-v1)
   int kv_block_size = 16;   ///< --kv-block-size TOKENS

@@ -76,12 +76,17 @@ Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
                     " (the longest request's), or 0 (every slot at the longest request)");
   }
   pool_blocks_ = config_.kv_blocks > 0 ? config_.kv_blocks : config_.slots * longest;
+  const bool shared = config_.pp_schedule == PpSchedule::batch_queue;
+  if (shared) pool_blocks_ *= config_.groups;  // M groups' pools in one
+  pools_.resize(shared ? 1 : static_cast<std::size_t>(config_.groups));
+  for (Pool& p : pools_) {
+    p.slot_owner.assign(static_cast<std::size_t>(config_.pool_slots()), -1);
+    p.free_blocks = pool_blocks_;
+  }
   sent_s_.assign(requests_.size(), 0.0);
   free_permits_.assign(std::min<std::size_t>(static_cast<std::size_t>(config_.max_concurrency), requests_.size()), 0.0);
   groups_.resize(static_cast<std::size_t>(config_.groups));
   for (int g = 0; g < config_.groups; ++g) {
-    groups_[g].slot_owner.assign(static_cast<std::size_t>(config_.slots), -1);
-    groups_[g].free_blocks = pool_blocks_;
     groups_[g].step.group = g;
   }
 }
@@ -119,7 +124,7 @@ int Scheduler::waiting_head(double now_s, bool& preempted) const {
 
 void Scheduler::admit_to(int g, int slot, int id, double now_s) {
   Group& group = groups_[g];
-  group.slot_owner[slot] = id;
+  pool(g).slot_owner[slot] = id;
   State& s = state_[id];
   if (s.admitted_seq < 0) times_[id].admitted_s = now_s;  // the queue time ends at the first admission
   s.group = g;
@@ -136,24 +141,24 @@ void Scheduler::take_blocks(int g, const BatchRow& row) {
   State& s = state_[row.request];
   const int need = blocks_after(row) - s.blocks;
   if (need <= 0) return;
-  Group& group = groups_[g];
-  if (need > group.free_blocks) throw InternalError("scheduler: a row scheduled beyond its group's KV pool");
-  group.free_blocks -= need;
+  Pool& p = pool(g);
+  if (need > p.free_blocks) throw InternalError("scheduler: a row scheduled beyond its group's KV pool");
+  p.free_blocks -= need;
   s.blocks += need;
-  blocks_peak_ = std::max(blocks_peak_, pool_blocks_ - group.free_blocks);
+  blocks_peak_ = std::max(blocks_peak_, pool_blocks_ - p.free_blocks);
 }
 
 void Scheduler::free_blocks(int g, int id) {
-  groups_[g].free_blocks += state_[id].blocks;
+  pool(g).free_blocks += state_[id].blocks;
   state_[id].blocks = 0;
 }
 
 void Scheduler::preempt(int g, int slot) {
-  Group& group = groups_[g];
-  const int id = group.slot_owner[slot];
+  Pool& p = pool(g);
+  const int id = p.slot_owner[slot];
   State& s = state_[id];
   free_blocks(g, id);
-  group.slot_owner[slot] = -1;
+  p.slot_owner[slot] = -1;
   // The positions in its KV cache: those prefilled, or once its prefill is done the prompt and
   // every output token but the last (not fed back yet).
   times_[id].preempted_tokens += s.prefilled < s.target ? s.prefilled : requests_[id].prompt_len + s.produced - 1;
@@ -170,19 +175,20 @@ bool Scheduler::schedule_running(int g, int& budget) {
   // chunk); when the pool cannot cover a row, `self.running.pop()`: the request admitted last is
   // preempted, until the row fits or the request itself was the one preempted.
   Group& group = groups_[g];
-  std::vector<int> order;  // the group's slots by admission
-  for (int slot = 0; slot < config_.slots; ++slot)
-    if (group.slot_owner[slot] != -1) order.push_back(slot);
+  Pool& p = pool(g);
+  std::vector<int> order;  // the pool's slots by admission; none in flight (batch_queue: in another batch)
+  for (int slot = 0; slot < config_.pool_slots(); ++slot)
+    if (p.slot_owner[slot] != -1 && !state_[p.slot_owner[slot]].in_flight) order.push_back(slot);
   std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return state_[group.slot_owner[a]].admitted_seq < state_[group.slot_owner[b]].admitted_seq;
+    return state_[p.slot_owner[a]].admitted_seq < state_[p.slot_owner[b]].admitted_seq;
   });
   bool preempted = false;
   std::size_t end = order.size();
   for (std::size_t i = 0; i < end && budget > 0; ++i) {
     const int slot = order[i];
-    const BatchRow row = row_of(group.slot_owner[slot], slot, budget);
+    const BatchRow row = row_of(p.slot_owner[slot], slot, budget);
     bool self = false;
-    while (blocks_after(row) - state_[row.request].blocks > group.free_blocks) {
+    while (blocks_after(row) - state_[row.request].blocks > p.free_blocks) {
       const int victim = order[--end];
       preempt(g, victim);
       preempted = true;
@@ -201,14 +207,15 @@ bool Scheduler::schedule_running(int g, int& budget) {
 
 void Scheduler::admit_waiting(int g, double now_s, int& budget) {
   Group& group = groups_[g];
+  Pool& p = pool(g);
   send(now_s);
-  for (int slot = 0; slot < config_.slots && budget > 0; ++slot) {
-    if (group.slot_owner[slot] != -1) continue;
+  for (int slot = 0; slot < config_.pool_slots() && budget > 0; ++slot) {
+    if (p.slot_owner[slot] != -1) continue;
     bool was_preempted = false;
     const int id = waiting_head(now_s, was_preempted);
     if (id < 0) break;
     const BatchRow row = row_of(id, slot, budget);
-    if (blocks_after(row) > group.free_blocks) break;  // V1: the head waits for blocks; FCFS holds the rest
+    if (blocks_after(row) > p.free_blocks) break;  // V1: the head waits for blocks; FCFS holds the rest
     if (was_preempted)
       preempted_.pop_front();
     else
@@ -245,6 +252,7 @@ const Step& Scheduler::next_step(int g, double now_s) {
   }
   std::sort(group.step.rows.begin(), group.step.rows.end(),
             [](const BatchRow& a, const BatchRow& b) { return a.slot < b.slot; });
+  for (const BatchRow& row : group.step.rows) state_[row.request].in_flight = true;
   group.in_flight = !group.step.rows.empty();
   return group.step;
 }
@@ -271,6 +279,7 @@ void Scheduler::complete_step(int g, double end_s) {
   for (const BatchRow& row : group.step.rows) {
     State& s = state_[row.request];
     RequestTimes& t = times_[row.request];
+    s.in_flight = false;
     if (row.prefill) s.prefilled += row.tokens;
     if (!row.emits) continue;  // a chunk before the prompt's last: no token yet
     ++s.produced;
@@ -280,7 +289,7 @@ void Scheduler::complete_step(int g, double end_s) {
       t.finish_s = end_s;
       s.finished = true;
       ++finished_;
-      group.slot_owner[row.slot] = -1;
+      pool(g).slot_owner[row.slot] = -1;
       free_blocks(g, row.request);
       if (config_.max_concurrency > 0) {  // its permit is free again
         free_permits_.push_back(end_s);
@@ -305,7 +314,8 @@ int Scheduler::waiting(double now_s) const {
 }
 
 int Scheduler::running(int g) const {
-  const auto& owners = groups_.at(g).slot_owner;
+  if (g < 0 || g >= config_.groups) throw InternalError("scheduler: group " + std::to_string(g) + " out of range");
+  const auto& owners = pool(g).slot_owner;
   return static_cast<int>(std::count_if(owners.begin(), owners.end(), [](int id) { return id != -1; }));
 }
 
@@ -313,7 +323,7 @@ int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig&
   int row = 1;
   for (const Request& r : requests)
     row = std::max(row, config.kv_blocks > 0 ? r.prompt_len + r.gen_len - 1 : r.prompt_len);
-  return config.slots * row;
+  return config.pool_slots() * row;
 }
 
 namespace {
@@ -334,6 +344,16 @@ constexpr StepPolicyRow kStepPolicies[] = {
 };
 
 }  // namespace
+
+const char* pp_schedule_name(PpSchedule s) { return s == PpSchedule::batch_queue ? "batch-queue" : "groups"; }
+
+PpSchedule parse_pp_schedule(const std::string& text, const std::string& where) {
+  if (text == "groups") return PpSchedule::groups;
+  if (text == "batch-queue") return PpSchedule::batch_queue;
+  throw UserError(where + " '" + text + "' is unknown; valid: groups (M pinned batches of B slots, each its own KV "
+                  "pool: vLLM V0's virtual engines), batch-queue (one scheduler and KV pool over M x B slots, up to M "
+                  "batches in flight: vLLM V1 under pipeline parallelism)");
+}
 
 std::string step_policy_choices() {
   std::string out;

@@ -52,6 +52,12 @@
 //    each decode one more): its slot and its blocks are free for the group's next step.
 //  - A group has at most one step in flight (a pipeline's group waits for its token before its
 //    next step).
+//  - PpSchedule batch_queue (vLLM V1 under pipeline parallelism: one scheduler, its batch queue
+//    of max_concurrent_batches = M): the groups are M batches in flight over one pool of M x B
+//    slots and M x kv_blocks blocks; a batch formed takes every running request that has no row
+//    in flight (a request waits for its token before its next row, so batches hold disjoint
+//    requests), in admission order, then admits waiting ones into any free slot; a preemption
+//    takes the last-admitted running request not in flight. A request is not pinned to a group.
 #pragma once
 
 #include <deque>
@@ -65,6 +71,19 @@
 namespace ppb::serving {
 
 enum class StepPolicy { mixed, prefill_first, vllm_v1 };
+
+/// How the M steps in flight share the requests: `groups` (M pinned batches of B slots, each its
+/// own KV pool: vLLM V0's virtual engines) or `batch_queue` (vLLM V1 under pipeline parallelism:
+/// one scheduler over M x B slots and one KV pool of M x kv_blocks, up to M batches in flight;
+/// a batch takes every running request not in flight and admits into any free slot).
+enum class PpSchedule { groups, batch_queue };
+
+/// "groups" or "batch-queue" (the flag's value, the file's pp_schedule).
+const char* pp_schedule_name(PpSchedule s);
+
+/// The schedule named `text` ("groups", "batch-queue"). @throws ppb::UserError naming `where`,
+/// the text and both valid names otherwise.
+PpSchedule parse_pp_schedule(const std::string& text, const std::string& where = "--pp-schedule");
 
 /// A step policy's name: "mixed" or "prefill-first" (the flag's value, the file's step_policy).
 const char* step_policy_name(StepPolicy p);
@@ -92,9 +111,14 @@ struct SchedulerConfig {
   /// Blocks in each group's KV pool; 0: every slot at the longest request (nothing binds). A
   /// pool smaller than one request's positions (prompt_len + gen_len - 1) is refused.
   int kv_blocks = 0;
+  /// groups, or batch_queue: the M groups are M batches in flight over one pool of M x `slots`
+  /// slots (a row's slot in [0, M x slots)) and M x kv_blocks blocks.
+  PpSchedule pp_schedule = PpSchedule::groups;
+  /// KV-cache slots of one pool: `slots`, or M x `slots` with batch_queue.
+  int pool_slots() const { return pp_schedule == PpSchedule::batch_queue ? groups * slots : slots; }
 };
 
-/// The most tokens one step of `config` can run over `requests`: B rows of the longest prompt
+/// The most tokens one step of `config` can run over `requests`: pool_slots() rows of the longest prompt
 /// (the longest prompt + output - 1 where a bounded KV pool may preempt: a readmitted request
 /// prefills its tokens so far). vllm_v1's budget is not applied: a warm-up step (B whole
 /// prompts) is sized by it too. For sizing a stage's step buffers.
@@ -103,7 +127,7 @@ int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig&
 /// One row of a step's ragged batch: a request and the tokens it runs.
 struct BatchRow {
   int request = -1;   ///< index into the scheduler's request list
-  int slot = -1;      ///< its KV-cache row in the group, 0..B-1
+  int slot = -1;      ///< its KV-cache row in its pool, 0..pool_slots()-1
   /// Position of this row's first token: a prefill's first (0, or a chunk's start under
   /// vllm_v1); a decode's prompt_len + k - 1.
   int position = 0;
@@ -152,7 +176,7 @@ class Scheduler {
   double next_arrival_s() const;
   /// Requests at the engine by now_s (arrived, and sent) and not yet admitted.
   int waiting(double now_s) const;
-  /// Requests holding a slot of group g.
+  /// Requests holding a slot of group g's pool (with batch_queue: of the one pool).
   int running(int g) const;
 
   const std::vector<Request>& requests() const { return requests_; }
@@ -171,6 +195,7 @@ class Scheduler {
  private:
   struct State {
     int group = -1, slot = -1;
+    bool in_flight = false;  ///< a row of it is in a step in flight (batch_queue skips it)
     /// Tokens to prefill before its next token: prompt_len, or after a preemption prompt_len +
     /// the tokens produced by then (recompute).
     int target = 0;
@@ -180,9 +205,12 @@ class Scheduler {
     int admitted_seq = -1;  ///< its place in the order of (re)admission
     bool finished = false;
   };
-  struct Group {
+  /// KV slots and blocks: one per group, or one for all with batch_queue.
+  struct Pool {
     std::vector<int> slot_owner;  ///< request per slot, -1 free
-    int free_blocks = 0;          ///< of its KV pool
+    int free_blocks = 0;
+  };
+  struct Group {
     bool in_flight = false;
     double last_end_s = -std::numeric_limits<double>::infinity();
     Step step;
@@ -225,6 +253,10 @@ class Scheduler {
   std::vector<State> state_;
   std::vector<RequestTimes> times_;
   std::vector<Group> groups_;
+  std::vector<Pool> pools_;
+  /// Group g's pool.
+  Pool& pool(int g) { return pools_[config_.pp_schedule == PpSchedule::batch_queue ? 0 : g]; }
+  const Pool& pool(int g) const { return pools_[config_.pp_schedule == PpSchedule::batch_queue ? 0 : g]; }
   std::deque<int> preempted_;  ///< preempted requests waiting, the front first (before fcfs_'s head)
   int finished_ = 0;
   int admitted_ = 0;  ///< admissions so far (State::admitted_seq)

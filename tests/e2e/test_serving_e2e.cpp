@@ -46,7 +46,8 @@ std::string mpirun(int np) {
 /// Checks one partition's requests against the scenario and the definitions of the metrics.
 /// slo_ttft_ms / slo_tpot_ms: the run's --goodput limits (NaN: none given).
 void check_requests(ppb::h5::Group& root, const std::string& part, const std::vector<double>& arrivals,
-                    const std::vector<int64_t>& gen_len, double slo_ttft_ms = NAN, double slo_tpot_ms = NAN) {
+                    const std::vector<int64_t>& gen_len, double slo_ttft_ms = NAN, double slo_tpot_ms = NAN,
+                    hsize_t stages = 2) {
   SCOPED_TRACE(part);
   auto b = root.open_group("benchmark/" + part);
   auto r = b.open_group("requests");
@@ -98,7 +99,7 @@ void check_requests(ppb::h5::Group& root, const std::string& part, const std::ve
     EXPECT_LE(got_decode, want_decode);
   }
   auto cm = st.open_dataset("compute_ms");
-  ASSERT_EQ(cm.dims(), (std::vector<hsize_t>{prefill.size(), 2}));
+  ASSERT_EQ(cm.dims(), (std::vector<hsize_t>{prefill.size(), stages}));
   for (double ms : cm.read<double>()) EXPECT_GT(ms, 0.0);
   // The stored p50 is over every round's requests; this round's TTFTs bound it loosely.
   const double p50 = b.get_attr<double>("ttft_p50_ms");
@@ -385,6 +386,59 @@ TEST(ServingE2E, KvPoolPreemptsAndRecomputesWithNothingLostUnderTwoPolicies) {
   EXPECT_TRUE(std::isfinite(m.get_attr<double>("ttft_p99_gain")));
 }
 
+// Tensor-parallel layouts under arrivals (issue 49): PP2 (uniform) and TP2 (uniform_tp2: one
+// stage of both ranks, rank 0 scheduling and sending each step's rows and ids to rank 1) play the
+// same requests in the same rounds; each is validated bitwise against its serialized replay, and
+// every request of both gets its tokens at their positions. The TP2 tokens equal PP2's where the
+// all-reduce's order of summation rounds alike (not asserted: the batch-invariance count says it).
+TEST(ServingE2E, TensorParallelStageUnderArrivals) {
+  const std::string out = ppb_test::scratch_dir("ppbench_serving_") + "/tp.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate 40 --requests 12 "
+               "-p 16 -g 5 --prompt-lens uniform:4,16 -b 3 --tp 1 --tp 2 --partition uniform --iters 2 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  auto sc = root.open_group("scenario");
+  const auto arrivals = sc.open_dataset("arrival_s").read<double>();
+  const auto gen = sc.open_dataset("gen_len").read<int64_t>();
+  for (const auto& [name, stages] : {std::pair<std::string, hsize_t>{"uniform", 2}, {"uniform_tp2", 1}}) {
+    SCOPED_TRACE(name);
+    auto b = root.open_group("benchmark/" + name);
+    EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
+    EXPECT_EQ(b.open_dataset("rep_round").read<int64_t>().size(), 2u);
+    check_requests(root, name, arrivals, gen, NAN, NAN, stages);
+  }
+  EXPECT_EQ(root.open_group("benchmark/uniform_tp2").get_attr<int64_t>("tokens_gain_n"), 2);
+}
+
+// vLLM V1's batch queue against M pinned groups (issue 49), paired in the same rounds: the
+// batch-queue partition's stages hold one KV cache of M x B slots and its steps take any of them;
+// both validated bitwise against their serialized replays, every request's tokens in place.
+TEST(ServingE2E, BatchQueueAgainstGroupsOnTheSameArrivals) {
+  const std::string out = ppb_test::scratch_dir("ppbench_serving_") + "/bq.h5";
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate 200 --requests 16 "
+               "-p 16 -g 6 --prompt-lens uniform:4,16 -b 2 -M 2 --pp-schedule groups,batch-queue --partition uniform "
+               "--iters 2 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("against the batch-queue schedule on every split"), std::string::npos) << r.output;
+  auto root = ppb::h5::File::open(out).root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  auto sc = root.open_group("scenario");
+  EXPECT_EQ(sc.get_attr<std::string>("compared_pp_schedules"), "batch-queue");
+  for (const auto& [name, schedule] : {std::pair<std::string, std::string>{"uniform", "groups"},
+                                       {"uniform batch-queue", "batch-queue"}}) {
+    SCOPED_TRACE(name);
+    auto b = root.open_group("benchmark/" + name);
+    EXPECT_EQ(b.get_attr<std::string>("pp_schedule"), schedule);
+    EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
+    check_requests(root, name, sc.open_dataset("arrival_s").read<double>(), sc.open_dataset("gen_len").read<int64_t>());
+  }
+  // The batch queue's slots are the pool's (0..M x B - 1); the groups' each group's (0..B - 1).
+  const auto bq_slots = root.open_group("benchmark/uniform batch-queue/requests").open_dataset("slot").read<int64_t>();
+  for (int64_t s : bq_slots) EXPECT_LT(s, 4);
+  EXPECT_EQ(root.open_group("benchmark/uniform batch-queue").get_attr<int64_t>("tokens_gain_n"), 2);
+}
+
 // --request-rate search (issue 38): a pilot round at the profile's predicted rate, the calibrated
 // search's R*, the rounds at 0.9 R* (the file's /benchmark) and 1.1 R* (/rate_search/above), every
 // measurement of the same requests rescaled, and the verdict consistent with the measured
@@ -462,7 +516,7 @@ TEST(ServingE2E, BadServingFlagsExitTwo) {
       {"bad goodput", tiny + "--scenario poisson --request-rate 2 --goodput ttfb:100", "--goodput"},
       {"trace missing", tiny + "--scenario trace --trace " + dir + "/none.csv", "none.csv"},
       {"trace without file", tiny + "--scenario trace", "--trace"},
-      {"scenario with tp", tiny + "--scenario poisson --request-rate 2 --tp 2", "--tp 1"},
+      {"scenario with tp auto", tiny + "--scenario poisson --request-rate 2 --tp auto", "--tp auto ranks layouts by closed batches"},
       {"scenario with plan", tiny + "--scenario poisson --request-rate 2 --plan 2", "--plan"},
       {"kv pool below one request", tiny + "--scenario poisson --request-rate 2 -p 24 -g 5 --kv-blocks 1 --kv-block-size 4",
        "--kv-blocks 1: request"},

@@ -64,6 +64,8 @@ void expect_same(const ScenarioSpec& a, const ScenarioSpec& b) {
   EXPECT_EQ(a.trace_options.window_end_s, b.trace_options.window_end_s);
   EXPECT_EQ(a.policy, b.policy);
   EXPECT_EQ(a.compared_policies, b.compared_policies);
+  EXPECT_EQ(a.pp_schedule, b.pp_schedule);
+  EXPECT_EQ(a.compared_schedules, b.compared_schedules);
   EXPECT_EQ(a.max_batched_tokens, b.max_batched_tokens);
   EXPECT_EQ(a.kv_block_size, b.kv_block_size);
   EXPECT_EQ(a.kv_blocks, b.kv_blocks);
@@ -122,6 +124,7 @@ TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
   f.max_batched_tokens = 256;  // allowed: vllm-v1 is among the policies
   f.kv_blocks = 12;
   f.kv_block_size = 8;
+  f.pp_schedule = "batch-queue,groups";
   const auto spec = serving::parse_scenario(f, use_of(ScenarioUse::Command::run));
   ASSERT_TRUE(spec);
   EXPECT_EQ(spec->policy, serving::StepPolicy::mixed);
@@ -134,6 +137,11 @@ TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
   EXPECT_EQ(v1.max_batched_tokens, 256);
   EXPECT_EQ(v1.kv_blocks, 12);
   EXPECT_EQ(v1.kv_block_size, 8);
+  EXPECT_EQ(spec->pp_schedule, serving::PpSchedule::batch_queue);
+  EXPECT_EQ(spec->compared_schedules, std::vector<serving::PpSchedule>{serving::PpSchedule::groups});
+  EXPECT_EQ(first.pp_schedule, serving::PpSchedule::batch_queue);
+  EXPECT_EQ(spec->scheduler(2, "", "groups").pp_schedule, serving::PpSchedule::groups);
+  EXPECT_EQ(first.pool_slots(), 2 * spec->slots);
   const nlohmann::json j = serving::scenario_to_json(*spec);
   EXPECT_EQ(j["compared_step_policies"], "vllm-v1,prefill-first");
   expect_same(serving::scenario_from_json(nlohmann::json::parse(j.dump()), "test"), *spec);
@@ -144,6 +152,11 @@ TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
   f.step_policy = "mixed,vllm-v1,mixed";
   EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("names mixed twice"),
             std::string::npos);
+  f.step_policy = "mixed";
+  f.pp_schedule = "groups,groups";
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("names groups twice"),
+            std::string::npos);
+  f.pp_schedule = "groups";
   f.step_policy = "mixed,chunked";
   EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("'chunked' is unknown"),
             std::string::npos);
@@ -152,7 +165,7 @@ TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
   f.slo_ttft_ms = 100;
   f.slo_tpot_ms = 10;
   EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::serve_search)); })
-                .find("a list of policies is `ppbench run`'s"),
+                .find("a list is `ppbench run`'s"),
             std::string::npos);
   f.step_policy = "mixed";
   f.kv_blocks = -1;

@@ -836,6 +836,48 @@ TEST(ServingScheduler, KvPoolPreemptsAChunkedPrefillUnderVllmV1) {
   EXPECT_EQ(s.preemptions(), 1);
 }
 
+// vLLM V1's batch queue under pipeline parallelism: M = 2 batches in flight over one pool of
+// 2 x 1 slots. r0 (P 2, G 3), r1 (P 2, G 2), r2 (P 3, G 1) at t = 0, mixed steps:
+//  batch 0 at 0: both free slots, r0 and r1 prefilled together (groups would pin one per group);
+//  batch 1 at 0: nothing (r0, r1 in flight; r2 has no slot): no step;
+//  batch 1 at 1 (batch 0 back): r0 and r1 decode at 2; batch 0 at 1: nothing not in flight;
+//  batch 0 at 2 (r1 done, its slot free): r0 decodes at 3 beside r2's prefill in slot 1.
+TEST(ServingScheduler, BatchQueueTakesEveryRunningRequestNotInFlight) {
+  SchedulerConfig cfg{2, 1, StepPolicy::mixed};
+  cfg.pp_schedule = PpSchedule::batch_queue;
+  EXPECT_EQ(cfg.pool_slots(), 2);
+  Scheduler s({{0.0, 2, 3}, {0.0, 2, 2}, {0.0, 3, 1}}, cfg);
+  const Step& b0 = s.next_step(0, 0.0);
+  ASSERT_EQ(b0.rows.size(), 2u);
+  expect_row(b0.rows[0], 0, 0, 0, 2, true);
+  expect_row(b0.rows[1], 1, 1, 0, 2, true);
+  EXPECT_TRUE(s.next_step(1, 0.0).rows.empty());
+  EXPECT_FALSE(s.in_flight(1));
+  EXPECT_EQ(s.running(1), 2);  // the one pool
+  s.complete_step(0, 1.0);
+  const Step& b1 = s.next_step(1, 1.0);
+  ASSERT_EQ(b1.rows.size(), 2u);
+  expect_row(b1.rows[0], 0, 0, 2, 1, false);
+  expect_row(b1.rows[1], 1, 1, 2, 1, false);
+  EXPECT_TRUE(s.next_step(0, 1.0).rows.empty());  // both are in batch 1
+  s.complete_step(1, 2.0);
+  const Step& b2 = s.next_step(0, 2.0);
+  EXPECT_EQ(b2.admitted, (std::vector<int>{2}));
+  ASSERT_EQ(b2.rows.size(), 2u);
+  expect_row(b2.rows[0], 0, 0, 3, 1, false);
+  expect_row(b2.rows[1], 2, 1, 0, 3, true);
+  s.complete_step(0, 3.0);
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(s.times()[0].token_s, (std::vector<double>{1.0, 2.0, 3.0}));
+  EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(s.times()[2].token_s, (std::vector<double>{3.0}));
+  // A stage of the batch queue holds one KV cache of the pool's slots: B rows of the longest.
+  EXPECT_EQ(max_step_tokens({{0.0, 2, 3}, {0.0, 5, 2}}, cfg), 2 * 5);
+  EXPECT_STREQ(pp_schedule_name(PpSchedule::batch_queue), "batch-queue");
+  EXPECT_EQ(parse_pp_schedule("groups"), PpSchedule::groups);
+  EXPECT_TRUE(contains(error_of([] { parse_pp_schedule("virtual"); }), "--pp-schedule 'virtual' is unknown"));
+}
+
 TEST(ServingScheduler, TwoGroupsShareOneFcfsQueue) {
   Scheduler s({{0.0, 2, 1}, {0.0, 2, 3}, {0.1, 5, 2}}, {2, 1, StepPolicy::mixed});
   EXPECT_EQ(s.next_step(0, 0.0).admitted, (std::vector<int>{0}));
@@ -892,11 +934,16 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
   struct Case {
     StepPolicy policy;
     int kv_blocks;
+    PpSchedule schedule = PpSchedule::groups;
   };
   for (const Case& c : {Case{StepPolicy::mixed, 0}, Case{StepPolicy::prefill_first, 0}, Case{StepPolicy::vllm_v1, 0},
-                        Case{StepPolicy::mixed, 40}, Case{StepPolicy::prefill_first, 40}, Case{StepPolicy::vllm_v1, 40}}) {
+                        Case{StepPolicy::mixed, 40}, Case{StepPolicy::prefill_first, 40}, Case{StepPolicy::vllm_v1, 40},
+                        Case{StepPolicy::mixed, 0, PpSchedule::batch_queue},
+                        Case{StepPolicy::mixed, 24, PpSchedule::batch_queue},
+                        Case{StepPolicy::vllm_v1, 24, PpSchedule::batch_queue}}) {
     const StepPolicy policy = c.policy;
-    SCOPED_TRACE(std::string(step_policy_name(policy)) + ", kv_blocks " + std::to_string(c.kv_blocks));
+    SCOPED_TRACE(std::string(step_policy_name(policy)) + ", kv_blocks " + std::to_string(c.kv_blocks) + ", " +
+                 pp_schedule_name(c.schedule));
     ScenarioSpec spec;
     spec.arrivals = {200.0, 0.5, true};
     spec.requests = 300;
@@ -911,20 +958,38 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
     cfg.max_batched_tokens = 96;
     cfg.kv_block_size = 16;
     cfg.kv_blocks = c.kv_blocks;
+    cfg.pp_schedule = c.schedule;
     Scheduler s(reqs, cfg);
+    // Each group's step is in flight until ready[g] (the groups' steps overlap in time); the
+    // earliest event first, a step's end before a new step at the same time.
     std::vector<double> ready(groups, 0.0);
     std::vector<int> next_pos(reqs.size(), 0), out(reqs.size(), 0);
+    std::vector<char> in_step(reqs.size(), 0);  // a row of it is in a step in flight
     int steps = 0, restarts = 0;
     long long run_tokens = 0;
     while (!s.finished()) {
-      const int g = static_cast<int>(std::min_element(ready.begin(), ready.end()) - ready.begin());
+      int g = 0;
+      for (int h = 1; h < groups; ++h)
+        if (ready[h] < ready[g] || (ready[h] == ready[g] && s.in_flight(h) && !s.in_flight(g))) g = h;
       ASSERT_LT(ready[g], kInf);
+      if (s.in_flight(g)) {
+        s.complete_step(g, ready[g]);
+        for (int q = 0; q < static_cast<int>(reqs.size()); ++q)
+          if (in_step[q] == g + 1) in_step[q] = 0;
+      }
       const Step& step = s.next_step(g, ready[g]);
-      if (step.rows.empty()) {
-        ready[g] = s.next_arrival_s();
+      if (step.rows.empty()) {  // idle until the next arrival or another group's step ends
+        double next = s.next_arrival_s() > ready[g] ? s.next_arrival_s() : kInf;
+        for (int h = 0; h < groups; ++h)
+          if (h != g && s.in_flight(h)) next = std::min(next, ready[h]);  // >= ready[g]; a tie goes to h first
+        ready[g] = next;
         continue;
       }
-      ASSERT_LE(step.rows.size(), static_cast<std::size_t>(slots));
+      ASSERT_LE(step.rows.size(), static_cast<std::size_t>(cfg.pool_slots()));
+      for (const BatchRow& row : step.rows) {
+        ASSERT_EQ(in_step[row.request], 0) << "request " << row.request << " in two steps in flight";
+        in_step[row.request] = static_cast<char>(g + 1);
+      }
       ASSERT_LE(step.total_tokens(), max_step_tokens(reqs, cfg));
       int kv_tokens = 0;  // the step's rows' positions: within the pool's blocks
       for (const BatchRow& row : step.rows) {
@@ -942,11 +1007,13 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
         out[q] += row.emits;
         kv_tokens += (next_pos[q] + 15) / 16;
       }
-      if (c.kv_blocks > 0) ASSERT_LE(kv_tokens, c.kv_blocks);
+      if (c.kv_blocks > 0 && c.schedule == PpSchedule::groups) ASSERT_LE(kv_tokens, c.kv_blocks);
       ready[g] += 0.010 + 1e-4 * step.total_tokens();
       run_tokens += step.total_tokens();
-      s.complete_step(g, ready[g]);
       ++steps;
+      // A group parked at +inf (nothing of its own to do) looks again when this step ends.
+      for (int h = 0; h < groups; ++h)
+        if (h != g && !s.in_flight(h) && ready[h] == kInf) ready[h] = ready[g];
     }
     int preempted = 0;
     long long want_tokens = 0;  // every position once, and those preemptions discarded once more
@@ -956,8 +1023,8 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
     EXPECT_EQ(preempted, s.preemptions());
     EXPECT_EQ(restarts, s.preemptions());
     if (c.kv_blocks > 0) {
-      EXPECT_GT(s.preemptions(), 0);  // the pool binds: 40 blocks for 4 slots of up to 18 blocks
-      EXPECT_EQ(s.kv_blocks_peak(), c.kv_blocks);
+      EXPECT_GT(s.preemptions(), 0);  // the pool binds: 40 blocks for 4 slots of up to 18 blocks (batch queue: 3 x 24 for 12)
+      EXPECT_EQ(s.kv_blocks_peak(), c.kv_blocks * (c.schedule == PpSchedule::batch_queue ? groups : 1));
     } else {
       EXPECT_EQ(s.preemptions(), 0);
     }

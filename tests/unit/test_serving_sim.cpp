@@ -135,6 +135,35 @@ TEST(ServingSim, MaxConcurrencySendsARequestWhenAnotherFinishes) {
   EXPECT_NEAR(two.times[2].arrival_s, 0.003, 1e-12);
 }
 
+// The batch queue (vLLM V1's PP) against pinned groups, one stage, M = 2 of B = 1, 1 ms per
+// prefill token, 2 ms per decode step, two requests of prompt 1 and 3 outputs at t = 0:
+//  groups: g0 runs r0, g1 r1, taking turns on the stage: r0 at 1, 4, 8; r1 at 2, 6, 10 ms.
+//  batch queue: batch 0 takes both (the pool's 2 slots): a 2-token prefill (2 ms), then both
+//  decode in each step batch 0 forms when they are back (batch 1 finds none not in flight):
+//  2, 4, 6 ms for both.
+// And with --max-concurrency 1 on groups: r0 alone, 1, 3, 5 ms; r1 is sent when r0 finishes
+// (5 ms) and g0, back first, admits it: 6, 8, 10 ms (g1, offered a step then too, finds none).
+TEST(ServingSim, BatchQueueTakesEveryRequestNotInFlight) {
+  const FixedCosts costs({1.0}, {2.0}, {0.0});
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 2;
+  cfg.scheduler.slots = 1;
+  const std::vector<Request> two{req(0.0, 1, 3), req(0.0, 1, 3)};
+  const auto groups = serving::simulate_serving(two, costs, cfg);
+  expect_tokens(groups.times[0], {1, 4, 8}, 0);
+  expect_tokens(groups.times[1], {2, 6, 10}, 0);
+  cfg.scheduler.pp_schedule = serving::PpSchedule::batch_queue;
+  const auto queue = serving::simulate_serving(two, costs, cfg);
+  expect_tokens(queue.times[0], {2, 4, 6}, 0);
+  expect_tokens(queue.times[1], {2, 4, 6}, 0);
+  EXPECT_EQ(queue.steps, 3);
+  cfg.scheduler.pp_schedule = serving::PpSchedule::groups;
+  cfg.scheduler.max_concurrency = 1;
+  const auto limited = serving::simulate_serving(two, costs, cfg);
+  expect_tokens(limited.times[0], {1, 3, 5}, 0);
+  expect_tokens(limited.times[1], {6, 8, 10}, 5);
+}
+
 // Two stages, M = 2 groups of 1 slot, three requests at t = 0: the third waits for a free slot.
 // Stage 0: 1 ms per prefill token, 2 ms per decode; stage 1: 2 ms per token, 3 ms per decode;
 // link 0 takes 0.5 ms, the token return 0.25 ms. Each resource serves FIFO, one at a time:
