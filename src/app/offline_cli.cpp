@@ -99,7 +99,7 @@ void add_serve_search_command(CLI::App& app) {
   c->add_option("--partition-name", ss.partition_name, "only this partition of the file");
   c->add_flag("--calibrated", ss.calibrated,
               "a file of `ppbench run --scenario`: scale the step model per rank by the steps its scenario measured "
-              "(one scale where the profile timed the step model's grid; else per band of step tokens: the two-shape "
+              "(a scale per kind of step, decode or with prefill, where the profile timed the step model's grid; else per band of step tokens: the two-shape "
               "model misses small-prefill GEMM costs: DESIGN.md)");
   c->add_option("--json", ss.json_out, "write every search's probes and answer as JSON to this file (not the input; "
                                        "an existing file only with --force)");

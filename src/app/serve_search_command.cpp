@@ -241,7 +241,7 @@ int serve_search_command(const ServeSearchOptions& opt) {
   if (opt.calibrated)
     std::printf("step model calibrated per rank by the file's measured serving steps (%s; "
                 "balance/serving_calibration.h)\n",
-                run.profile.step_rows.empty() ? "per kind and band of step tokens" : "one scale on the step model");
+                run.profile.step_rows.empty() ? "per kind and band of step tokens" : "a scale per kind of step on the step model");
   std::vector<SearchOutcome> all;
   json out = json::array();
   for (const balance::Partition& p : parts) {

@@ -40,17 +40,23 @@ serving::StepShape measured_shape(const ServingPartitionRecord& sp, size_t i) {
 struct Ratios {
   std::vector<double> decode;
   std::vector<std::vector<double>> prefill = std::vector<std::vector<double>>(kStepTokenBands.size() + 1);
-  std::vector<double> step_model;  ///< every kind of step, against the step model
+  /// Against the step model: decode-only steps, and steps with prefill rows.
+  std::vector<double> model_decode, model_prefill;
 };
 
 StepCalibration fit(const Ratios& r) {
   StepCalibration c;
-  if (!r.step_model.empty()) {  // the step model carries the shape: one scale for the rank
-    const double f = percentile(r.step_model, 50.0);
-    c.decode_factor = f;
-    c.prefill_factor.assign(c.prefill_factor.size(), f);
-    c.decode_samples = static_cast<int>(r.step_model.size());
-    c.one_scale = true;
+  if (!r.model_decode.empty() || !r.model_prefill.empty()) {
+    // The step model carries the shape: a scale for each kind of step (a kind without samples
+    // takes the other's).
+    const std::vector<double>& dec = r.model_decode.empty() ? r.model_prefill : r.model_decode;
+    const std::vector<double>& pre = r.model_prefill.empty() ? r.model_decode : r.model_prefill;
+    c.decode_factor = percentile(dec, 50.0);
+    c.prefill_factor.assign(c.prefill_factor.size(), percentile(pre, 50.0));
+    c.decode_samples = static_cast<int>(r.model_decode.size());
+    c.prefill_samples.assign(c.prefill_samples.size(), 0);
+    c.prefill_samples[0] = static_cast<int>(r.model_prefill.size());
+    c.by_kind = true;
     return c;
   }
   c.decode_samples = static_cast<int>(r.decode.size());
@@ -90,7 +96,7 @@ std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predict
         if (!(meas > 0) || !(want > 0) || !std::isfinite(meas)) continue;
         Ratios& r = ratios.at(static_cast<size_t>(parts[j].device_rank[k]));
         if (model.uses_step_model(k))
-          r.step_model.push_back(meas / want);
+          (s.prefill_rows > 0 ? r.model_prefill : r.model_decode).push_back(meas / want);
         else
           (s.prefill_rows > 0 ? r.prefill[step_token_band(s.tokens)] : r.decode).push_back(meas / want);
       }

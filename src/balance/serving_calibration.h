@@ -18,8 +18,12 @@
 // [65, 128], [129, inf) (prefill_factor; a band without samples takes the nearest band's, and
 // a rank without samples factor 1). Where a stage's compute comes from the step model
 // (serving_step_model.h, the profile's grid: issue 47), which carries the shape itself, its
-// steps' ratios of every kind pool into one median: a per-rank scale on the same model
-// (one_scale). Pure C++.
+// steps' ratios pool into two medians, decode-only steps and steps with prefill rows (every band
+// the same): two per-rank scales on the same model (by_kind). One pooled median (before
+// 2026-12-06) scaled the prefills by the decode steps' ratio, which dominates the steps: Qwen3-0.6B,
+// 2 ranks, 64-token prompts, its decode steps measured 1.46x / 1.24x the model (rank 0 / 1) where
+// its steps with prefill measured 1.13x / 1.12x, and the TTFT cross-calibrated came out +46..+73%
+// (docs/MEASUREMENTS.md § 2026-12-06 step policies). Pure C++.
 #pragma once
 
 #include <string>
@@ -38,8 +42,10 @@ inline const std::vector<int> kStepTokenBands = {16, 32, 64, 128};
 struct StepCalibration {
   double decode_factor = 1.0;
   std::vector<double> prefill_factor = std::vector<double>(kStepTokenBands.size() + 1, 1.0);  ///< [bands]
-  int decode_samples = 0;  ///< with one_scale: every step's
-  bool one_scale = false;  ///< one median over every kind of step (the step model's stages)
+  int decode_samples = 0;
+  /// The step model's stages: decode_factor the decode-only steps' median, every prefill_factor
+  /// the steps with prefill's (prefill_samples[0] their count); not per band.
+  bool by_kind = false;
   std::vector<int> prefill_samples = std::vector<int>(kStepTokenBands.size() + 1, 0);
   /// The factor for a step of shape `s`.
   double factor(const serving::StepShape& s) const;

@@ -99,7 +99,7 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
        << " " << vs(p.simulated_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.simulated_ttft_p99_ms, p.ttft_p99_ms) << " "
        << vs(p.simulated_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.simulated_tpot_p99_ms, p.tpot_p99_ms) << "\n";
   if (!cross) return;
-  os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : "")
+  os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : " and kind of step, decode or with prefill")
      << " by the other partitions' measured steps):\n";
   for (const ServingPartitionRecord& p : s.partitions)
     os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.cross_output_tokens_per_s, p.output_tokens_per_s)

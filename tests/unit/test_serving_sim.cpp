@@ -510,6 +510,34 @@ TEST(ServingCalibration, RecoversPerRankAndBandFactorsFromTheOtherSplitsSteps) {
       EXPECT_NEAR(cb.compute_ms(k, s), model_b.compute_ms(k, s) * factor(s, k), 1e-12);
 }
 
+// Where the profile timed the step model's grid the model carries the shape: the calibration is
+// a scale per rank for decode-only steps and one for steps with prefill rows, every band alike.
+TEST(ServingCalibration, TheStepModelTakesAScalePerKindOfStep) {
+  const RunRecord base = tiny_profile_with_grid(2);
+  const balance::Predictor pred(base);
+  const balance::Partition a = balance::parse_manual("2,1", 3, 2), b = balance::parse_manual("1,2", 3, 2);
+  const balance::ProfileStepCosts model_a(base, pred, a), model_b(base, pred, b);
+  ASSERT_TRUE(model_a.uses_step_model(0) && model_a.uses_step_model(1));
+  const std::vector<StepShape> shapes = {shape_of({}, {4, 11}), shape_of({}, {6}), shape_of({5}, {}),
+                                         shape_of({3}, {7}), shape_of({}, {9, 12}), shape_of({8}, {})};
+  auto factor = [](const StepShape& s, int k) { return (k == 0 ? 1.0 : 1.25) * (s.prefill_rows > 0 ? 1.1 : 1.45); };
+  RunRecord run = base;
+  run.serving.partitions = {measured_steps("a", model_a, 2, shapes, factor)};
+  const auto calib = balance::calibrate_steps(run, pred, {a}, "");
+  ASSERT_EQ(calib.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const double rank = r == 0 ? 1.0 : 1.25;
+    EXPECT_TRUE(calib[r].by_kind);
+    EXPECT_NEAR(calib[r].decode_factor, 1.45 * rank, 1e-9);
+    EXPECT_EQ(calib[r].decode_samples, 3);
+    EXPECT_EQ(calib[r].prefill_samples[0], 3);
+    for (double f : calib[r].prefill_factor) EXPECT_NEAR(f, 1.1 * rank, 1e-9);
+  }
+  const balance::CalibratedStepCosts cb(run, pred, b, calib);
+  for (const StepShape& s : shapes)
+    for (int k = 0; k < 2; ++k) EXPECT_NEAR(cb.compute_ms(k, s), model_b.compute_ms(k, s) * factor(s, k), 1e-9);
+}
+
 // ---- MLPerf's rule --------------------------------------------------------------------------
 
 TEST(ServingMlperf, EarlyStoppingMatchesLoadGensCounts) {
