@@ -312,9 +312,12 @@ ServingRecord ServingLoop::run_live() {
   std::vector<size_t> in_flight(M, 0);  // each group's step in rec_.schedule
   const double inf = std::numeric_limits<double>::infinity();
   while (!sched.finished()) {
+    double first_offer = inf;  // when the first idle group was offered a step (scenario clock)
     for (int g = 0; g < M; ++g) {
       if (sched.in_flight(g)) continue;
-      const serving::Step& st = sched.next_step(g, monotonic_s() - t0);
+      const double now = monotonic_s() - t0;
+      first_offer = std::min(first_offer, now);
+      const serving::Step& st = sched.next_step(g, now);
       if (st.rows.empty()) continue;
       ScheduledStep s{g, {}, st.start_s, kNaN};
       for (const serving::BatchRow& br : st.rows) s.rows.push_back({br.request, br.slot, br.position, br.tokens, br.emits});
@@ -329,8 +332,10 @@ ServingRecord ServingLoop::run_live() {
       wait_return(0, t0 + arrival, true);  // nothing in flight: sleep until the arrival (returns false)
       continue;
     }
-    // A group is idle: an arrival may give it work before the oldest step is back.
-    const double deadline = static_cast<int>(fifo.size()) < M && arrival < inf ? t0 + arrival : inf;
+    // A group is idle: an arrival may give it work before the oldest step is back. One every
+    // idle group was offered already (it arrived before the first offer) waits for a return: no
+    // slot or block is free for it until one (the batch queue: all held by steps in flight).
+    const double deadline = static_cast<int>(fifo.size()) < M && arrival < inf && arrival > first_offer ? t0 + arrival : inf;
     const int g = fifo.front();
     if (!wait_return(g, deadline)) continue;
     fifo.pop_front();

@@ -686,8 +686,14 @@ void print_summary(std::ostream& os, const RunRecord& run) {
     // A serving scenario: the splits, then its own figures (results/serving_summary.h).
     for (const auto& p : run.partitions) {
       os << "partition " << p.name << ": units";
-      for (size_t k = 0; k < p.first_unit.size(); ++k)
-        os << (k ? " | " : " ") << p.first_unit[k] << ".." << p.last_unit[k] << " on rank " << p.device_rank[k];
+      for (size_t k = 0; k < p.first_unit.size(); ++k) {
+        const int w = k < p.tp_width.size() ? p.tp_width[k] : 1;
+        os << (k ? " | " : " ") << p.first_unit[k] << ".." << p.last_unit[k];
+        if (w > 1)
+          os << " on ranks " << p.device_rank[k] << ".." << p.device_rank[k] + w - 1 << " (tensor-parallel)";
+        else
+          os << " on rank " << p.device_rank[k];
+      }
       os << "\n";
     }
     print_serving_summary(os, run);

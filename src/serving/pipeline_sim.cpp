@@ -142,8 +142,10 @@ class ServingSim {
     if (sched_.in_flight(g)) return;
     const Step& step = sched_.next_step(g, t);
     if (step.rows.empty()) {
+      // Idle until the next arrival; one that has arrived already found no slot or block free
+      // (the batch queue: all held by steps in flight): the next return offers it one (hop).
       const double next = sched_.next_arrival_s();
-      if (std::isfinite(next)) push_form(g, std::max(next, t));
+      if (std::isfinite(next) && next > t) push_form(g, next);
       return;
     }
     ++result_.steps;

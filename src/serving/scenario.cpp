@@ -48,13 +48,15 @@ std::string schedule_list_text(const std::vector<PpSchedule>& ss) {
   return out;
 }
 
-/// "a,b,c" as {"a", "b", "c"}; "" as {}.
+/// "a,b,c" as {"a", "b", "c"}; "" as {}; "a," as {"a", ""} (an empty name is refused by its parser).
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
-  for (std::size_t b = 0; b < text.size();) {
+  if (text.empty()) return out;
+  for (std::size_t b = 0;;) {
     std::size_t e = text.find(',', b);
     if (e == std::string::npos) e = text.size();
     out.push_back(text.substr(b, e - b));
+    if (e == text.size()) break;
     b = e + 1;
   }
   return out;
@@ -84,10 +86,11 @@ const char* command_name(Command c) {
 template <class T, class Parse, class Name>
 std::vector<T> parse_list(const std::string& flag, const std::string& text, Command c, Parse parse, Name name) {
   std::vector<T> out;
-  for (const std::string& item : split_list(text.empty() ? std::string(",") : text)) {
+  for (const std::string& item : split_list(text.empty() ? std::string(" ") : text)) {
     const T v = parse(item);
     if (std::find(out.begin(), out.end(), v) != out.end())
-      throw UserError(flag + " '" + text + "' names " + name(v) + " twice");
+      throw UserError(flag + " '" + text + "' names " + name(v) + " twice; give each once, the first the one the "
+                      "others are paired with (e.g. " + (flag == "--step-policy" ? "mixed,vllm-v1" : "groups,batch-queue") + ")");
     out.push_back(v);
   }
   if (out.size() > 1 && c != Command::run)
@@ -415,7 +418,13 @@ std::string describe_scenario(const ScenarioSpec& s) {
     out += "; against the " + schedule_list_text(s.compared_schedules) + " schedule on every split, in the same rounds";
   if (s.kv_blocks > 0)
     out += "; a KV pool of " + std::to_string(s.kv_blocks) + " blocks of " + std::to_string(s.kv_block_size) +
-           " tokens per group (preemption by recompute)";
+           " tokens per group (" +
+           (s.pp_schedule == PpSchedule::batch_queue ||
+                    std::find(s.compared_schedules.begin(), s.compared_schedules.end(), PpSchedule::batch_queue) !=
+                        s.compared_schedules.end()
+                ? "the batch queue: one pool of M x that; "
+                : "") +
+           "preemption by recompute)";
   if (s.max_concurrency > 0) out += "; at most " + std::to_string(s.max_concurrency) + " requests in flight (client)";
   const std::string g = goodput_text(s.goodput);
   if (!g.empty()) out += "; SLO " + g;

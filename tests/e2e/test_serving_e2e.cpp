@@ -413,10 +413,12 @@ TEST(ServingE2E, TensorParallelStageUnderArrivals) {
 
 // vLLM V1's batch queue against M pinned groups (issue 49), paired in the same rounds: the
 // batch-queue partition's stages hold one KV cache of M x B slots and its steps take any of them;
-// both validated bitwise against their serialized replays, every request's tokens in place.
+// both validated bitwise against their serialized replays, every request's tokens in place. All
+// requests at t = 0: a batch finds every slot held by the other's step in flight and waits for
+// its return (it once waited for the arrival, already past: a spin, and in the simulator a loop).
 TEST(ServingE2E, BatchQueueAgainstGroupsOnTheSameArrivals) {
   const std::string out = ppb_test::scratch_dir("ppbench_serving_") + "/bq.h5";
-  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate 200 --requests 16 "
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate inf --requests 16 "
                "-p 16 -g 6 --prompt-lens uniform:4,16 -b 2 -M 2 --pp-schedule groups,batch-queue --partition uniform "
                "--iters 2 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;

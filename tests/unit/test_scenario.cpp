@@ -157,6 +157,9 @@ TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
   EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("names groups twice"),
             std::string::npos);
   f.pp_schedule = "groups";
+  f.step_policy = "mixed,";  // a trailing comma names an empty policy: refused, not dropped
+  EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("'' is unknown"),
+            std::string::npos);
   f.step_policy = "mixed,chunked";
   EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::run)); }).find("'chunked' is unknown"),
             std::string::npos);

@@ -157,6 +157,13 @@ TEST(ServingSim, BatchQueueTakesEveryRequestNotInFlight) {
   expect_tokens(queue.times[0], {2, 4, 6}, 0);
   expect_tokens(queue.times[1], {2, 4, 6}, 0);
   EXPECT_EQ(queue.steps, 3);
+  // A third request at t = 0 and outputs of 2: batch 1 finds the pool's slots held by batch 0's
+  // step in flight and waits for its return (not for an arrival, which is past): r0, r1 at 2, 4;
+  // r2 admitted when they leave (4 ms), prefilled 4-5, decoded 5-7.
+  const auto three = serving::simulate_serving({req(0.0, 1, 2), req(0.0, 1, 2), req(0.0, 1, 2)}, costs, cfg);
+  expect_tokens(three.times[0], {2, 4}, 0);
+  expect_tokens(three.times[1], {2, 4}, 0);
+  expect_tokens(three.times[2], {5, 7}, 4);
   cfg.scheduler.pp_schedule = serving::PpSchedule::groups;
   cfg.scheduler.max_concurrency = 1;
   const auto limited = serving::simulate_serving(two, costs, cfg);
