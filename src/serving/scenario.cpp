@@ -29,24 +29,19 @@ struct KindRow {
 };
 constexpr KindRow kKinds[] = {{ArrivalKind::poisson, "poisson"}, {ArrivalKind::gamma, "gamma"}, {ArrivalKind::trace, "trace"}};
 
-/// "vllm-v1,prefill-first" (the policies' names, comma-separated; "" for none).
-std::string policy_list_text(const std::vector<StepPolicy>& ps) {
+/// "vllm-v1,prefill-first": the values' names (`name`), comma-separated; "" for none.
+template <class T>
+std::string list_text(const std::vector<T>& values, const char* (*name)(T)) {
   std::string out;
-  for (StepPolicy p : ps) {
+  for (T v : values) {
     if (!out.empty()) out += ',';
-    out += step_policy_name(p);
+    out += name(v);
   }
   return out;
 }
 
-std::string schedule_list_text(const std::vector<PpSchedule>& ss) {
-  std::string out;
-  for (PpSchedule s : ss) {
-    if (!out.empty()) out += ',';
-    out += pp_schedule_name(s);
-  }
-  return out;
-}
+std::string policy_list_text(const std::vector<StepPolicy>& ps) { return list_text(ps, step_policy_name); }
+std::string schedule_list_text(const std::vector<PpSchedule>& ss) { return list_text(ss, pp_schedule_name); }
 
 /// "a,b,c" as {"a", "b", "c"}; "" as {}; "a," as {"a", ""} (an empty name is refused by its parser).
 std::vector<std::string> split_list(const std::string& text) {
@@ -462,12 +457,7 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   if (f.max_batched_tokens != 2048 && !s.runs_policy(StepPolicy::vllm_v1))
     throw UserError("--max-batched-tokens goes with --step-policy vllm-v1 (the other policies run whole prompts)");
   s.max_batched_tokens = f.max_batched_tokens;
-  if (f.kv_block_size < 1)
-    throw UserError("--kv-block-size " + std::to_string(f.kv_block_size) + ": tokens per KV block, >= 1 (vLLM's "
-                    "--block-size; 16 by default)");
-  if (f.kv_blocks < 0)
-    throw UserError("--kv-blocks " + std::to_string(f.kv_blocks) + ": blocks of each group's KV pool, >= 1 (0: every "
-                    "slot at the longest request)");
+  check_kv_pool(f.kv_block_size, f.kv_blocks);
   s.kv_block_size = f.kv_block_size;
   s.kv_blocks = f.kv_blocks;
   s.goodput = limits_of(f);

@@ -52,12 +52,7 @@ Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
   if (config_.max_concurrency < 0)
     throw UserError("--max-concurrency " + std::to_string(config_.max_concurrency) + ": requests in flight at most, "
                     ">= 1 (0: no limit)");
-  if (config_.kv_block_size < 1)
-    throw UserError("--kv-block-size " + std::to_string(config_.kv_block_size) + ": tokens per KV block, >= 1 "
-                    "(vLLM's --block-size; 16 by default)");
-  if (config_.kv_blocks < 0)
-    throw UserError("--kv-blocks " + std::to_string(config_.kv_blocks) + ": blocks in each group's KV pool, >= 1 "
-                    "(0: every slot at the longest request)");
+  check_kv_pool(config_.kv_block_size, config_.kv_blocks);
   // A request holds at most the blocks of its prompt_len + gen_len - 1 positions (its last
   // token is not fed back).
   auto blocks_of = [&](int positions) { return (positions + config_.kv_block_size - 1) / config_.kv_block_size; };
@@ -317,6 +312,15 @@ int Scheduler::running(int g) const {
   if (g < 0 || g >= config_.groups) throw InternalError("scheduler: group " + std::to_string(g) + " out of range");
   const auto& owners = pool(g).slot_owner;
   return static_cast<int>(std::count_if(owners.begin(), owners.end(), [](int id) { return id != -1; }));
+}
+
+void check_kv_pool(int kv_block_size, int kv_blocks) {
+  if (kv_block_size < 1)
+    throw UserError("--kv-block-size " + std::to_string(kv_block_size) + ": tokens per KV block, >= 1 "
+                    "(vLLM's --block-size; 16 by default)");
+  if (kv_blocks < 0)
+    throw UserError("--kv-blocks " + std::to_string(kv_blocks) + ": blocks in each group's KV pool, >= 1 "
+                    "(0: every slot at the longest request)");
 }
 
 int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig& config) {

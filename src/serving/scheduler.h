@@ -118,6 +118,10 @@ struct SchedulerConfig {
   int pool_slots() const { return pp_schedule == PpSchedule::batch_queue ? groups * slots : slots; }
 };
 
+/// Checks --kv-block-size (>= 1) and --kv-blocks (>= 0). @throws ppb::UserError naming the flag,
+/// its value and what is valid. The scheduler's constructor and the scenario's parser both call it.
+void check_kv_pool(int kv_block_size, int kv_blocks);
+
 /// The most tokens one step of `config` can run over `requests`: pool_slots() rows of the longest prompt
 /// (the longest prompt + output - 1 where a bounded KV pool may preempt: a readmitted request
 /// prefills its tokens so far). vllm_v1's budget is not applied: a warm-up step (B whole

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <numeric>
@@ -677,6 +678,33 @@ TEST(ServingScheduler, PrefillFirstStepsHoldTheDecodes) {
   EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{1.0, 2.0, 4.0}));
 }
 
+/// A row a hand-made schedule expects (request, position, tokens, prefill, emits).
+struct WantRow {
+  int request, position, tokens;
+  bool prefill, emits;
+};
+
+/// Plays group 0 of `s` through `steps`, step k formed at t = k and ended at k + 1, each row as
+/// expected; `after_form(k)` (if set) runs once step k is formed.
+void expect_steps(Scheduler& s, const std::vector<std::vector<WantRow>>& steps,
+                  const std::function<void(size_t)>& after_form = {}) {
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& st = s.next_step(0, static_cast<double>(k));
+    ASSERT_EQ(st.rows.size(), steps[k].size()) << "step " << k + 1;
+    for (size_t r = 0; r < st.rows.size(); ++r) {
+      SCOPED_TRACE("step " + std::to_string(k + 1) + " row " + std::to_string(r));
+      const BatchRow& row = st.rows[r];
+      EXPECT_EQ(row.request, steps[k][r].request);
+      EXPECT_EQ(row.position, steps[k][r].position);
+      EXPECT_EQ(row.tokens, steps[k][r].tokens);
+      EXPECT_EQ(row.prefill, steps[k][r].prefill);
+      EXPECT_EQ(row.emits, steps[k][r].emits);
+    }
+    if (after_form) after_form(k);
+    s.complete_step(0, k + 1.0);
+  }
+}
+
 // Two groups of one slot: a waiting request goes to the group whose next step starts first.
 // vLLM V1 with chunked prefill, a budget of 4 tokens, one group of 2 slots; r0 (prompt 6, 2
 // outputs) and r1 (prompt 3, 2 outputs) at t = 0:
@@ -691,28 +719,10 @@ TEST(ServingScheduler, VllmV1ChunksPromptsUnderTheTokenBudget) {
   cfg.policy = StepPolicy::vllm_v1;
   cfg.max_batched_tokens = 4;
   Scheduler s({{0.0, 6, 2}, {0.0, 3, 2}}, cfg);
-  struct Want {
-    int request, position, tokens;
-    bool prefill, emits;
-  };
-  const std::vector<std::vector<Want>> steps = {{{0, 0, 4, true, false}},
-                                                {{0, 4, 2, true, true}, {1, 0, 2, true, false}},
-                                                {{0, 6, 1, false, true}, {1, 2, 1, true, true}},
-                                                {{1, 3, 1, false, true}}};
-  for (size_t k = 0; k < steps.size(); ++k) {
-    const Step& st = s.next_step(0, static_cast<double>(k));
-    ASSERT_EQ(st.rows.size(), steps[k].size()) << "step " << k + 1;
-    for (size_t r = 0; r < st.rows.size(); ++r) {
-      const BatchRow& row = st.rows[r];
-      SCOPED_TRACE("step " + std::to_string(k + 1) + " row " + std::to_string(r));
-      EXPECT_EQ(row.request, steps[k][r].request);
-      EXPECT_EQ(row.position, steps[k][r].position);
-      EXPECT_EQ(row.tokens, steps[k][r].tokens);
-      EXPECT_EQ(row.prefill, steps[k][r].prefill);
-      EXPECT_EQ(row.emits, steps[k][r].emits);
-    }
-    s.complete_step(0, k + 1.0);
-  }
+  expect_steps(s, {{{0, 0, 4, true, false}},
+                   {{0, 4, 2, true, true}, {1, 0, 2, true, false}},
+                   {{0, 6, 1, false, true}, {1, 2, 1, true, true}},
+                   {{1, 3, 1, false, true}}});
   EXPECT_TRUE(s.finished());
   EXPECT_EQ(s.times()[0].token_s, (std::vector<double>{2.0, 3.0}));  // first token with the last chunk
   EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{3.0, 4.0}));
@@ -737,28 +747,16 @@ TEST(ServingScheduler, KvPoolPreemptsTheLastAdmittedAndRecomputesIt) {
   cfg.kv_block_size = 4;
   cfg.kv_blocks = 3;
   Scheduler s({{0.0, 4, 4}, {0.0, 4, 3}}, cfg);
-  struct Want {
-    int request, position, tokens;
-    bool prefill;
-  };
-  const std::vector<std::vector<Want>> steps = {{{0, 0, 4, true}, {1, 0, 4, true}},
-                                                {{0, 4, 1, false}},
-                                                {{0, 5, 1, false}},
-                                                {{0, 6, 1, false}},
-                                                {{1, 0, 5, true}},
-                                                {{1, 5, 1, false}}};
-  for (size_t k = 0; k < steps.size(); ++k) {
-    const Step& st = s.next_step(0, static_cast<double>(k));
-    ASSERT_EQ(st.rows.size(), steps[k].size()) << "step " << k + 1;
-    for (size_t r = 0; r < st.rows.size(); ++r) {
-      SCOPED_TRACE("step " + std::to_string(k + 1) + " row " + std::to_string(r));
-      expect_row(st.rows[r], steps[k][r].request, st.rows[r].slot, steps[k][r].position, steps[k][r].tokens,
-                 steps[k][r].prefill);
-      EXPECT_TRUE(st.rows[r].emits);
-    }
-    if (k == 1) EXPECT_EQ(s.waiting(1.0), 1);  // r1, preempted
-    s.complete_step(0, k + 1.0);
-  }
+  expect_steps(s,
+               {{{0, 0, 4, true, true}, {1, 0, 4, true, true}},
+                {{0, 4, 1, false, true}},
+                {{0, 5, 1, false, true}},
+                {{0, 6, 1, false, true}},
+                {{1, 0, 5, true, true}},
+                {{1, 5, 1, false, true}}},
+               [&](size_t k) {
+                 if (k == 1) EXPECT_EQ(s.waiting(1.0), 1);  // r1, preempted
+               });
   EXPECT_TRUE(s.finished());
   EXPECT_EQ(s.preemptions(), 1);
   EXPECT_EQ(s.kv_pool_blocks(), 3);
@@ -805,29 +803,11 @@ TEST(ServingScheduler, KvPoolPreemptsAChunkedPrefillUnderVllmV1) {
   cfg.kv_block_size = 2;
   cfg.kv_blocks = 4;
   Scheduler s({{0.0, 3, 3}, {0.0, 6, 1}}, cfg);
-  struct Want {
-    int request, position, tokens;
-    bool prefill, emits;
-  };
-  const std::vector<std::vector<Want>> steps = {{{0, 0, 3, true, true}, {1, 0, 1, true, false}},
-                                                {{0, 3, 1, false, true}, {1, 1, 3, true, false}},
-                                                {{0, 4, 1, false, true}},
-                                                {{1, 0, 4, true, false}},
-                                                {{1, 4, 2, true, true}}};
-  for (size_t k = 0; k < steps.size(); ++k) {
-    const Step& st = s.next_step(0, static_cast<double>(k));
-    ASSERT_EQ(st.rows.size(), steps[k].size()) << "step " << k + 1;
-    for (size_t r = 0; r < st.rows.size(); ++r) {
-      SCOPED_TRACE("step " + std::to_string(k + 1) + " row " + std::to_string(r));
-      const BatchRow& row = st.rows[r];
-      EXPECT_EQ(row.request, steps[k][r].request);
-      EXPECT_EQ(row.position, steps[k][r].position);
-      EXPECT_EQ(row.tokens, steps[k][r].tokens);
-      EXPECT_EQ(row.prefill, steps[k][r].prefill);
-      EXPECT_EQ(row.emits, steps[k][r].emits);
-    }
-    s.complete_step(0, k + 1.0);
-  }
+  expect_steps(s, {{{0, 0, 3, true, true}, {1, 0, 1, true, false}},
+                   {{0, 3, 1, false, true}, {1, 1, 3, true, false}},
+                   {{0, 4, 1, false, true}},
+                   {{1, 0, 4, true, false}},
+                   {{1, 4, 2, true, true}}});
   EXPECT_TRUE(s.finished());
   EXPECT_EQ(s.times()[0].token_s, (std::vector<double>{1.0, 2.0, 3.0}));
   EXPECT_EQ(s.times()[1].token_s, (std::vector<double>{5.0}));
