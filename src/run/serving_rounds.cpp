@@ -445,8 +445,9 @@ void measure_scenario(RunContext& ctx, PartitionSet& set, bool one_round, bool v
       pr.name = p.solver;
       pr.groups = partition_groups(ctx, p);
       pr.slots = ctx.opt.scenario.spec->slots;
-      pr.step_policy = serving::step_policy_name(serving_sim_config(ctx, p).scheduler.policy);
-      pr.pp_schedule = serving::pp_schedule_name(serving_sim_config(ctx, p).scheduler.pp_schedule);
+      const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
+      pr.step_policy = serving::step_policy_name(sched.policy);
+      pr.pp_schedule = serving::pp_schedule_name(sched.pp_schedule);
       into->partitions.push_back(pr);
     }
     ctx.progress.say(format_line("scenario: %s; M=%d groups in flight", serving_scenario_text(*into).c_str(),
