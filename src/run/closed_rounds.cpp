@@ -35,7 +35,7 @@ void append_record(StageRecord& to, const StageRecord& one) {
 
 StageConfig ClosedRounds::stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
                                        TpGroup* tp) const {
-  return run::stage_config(ctx, partition_groups(ctx, p), place.tp_width, place.tp_rank, tp);
+  return partition_stage_config(ctx, p, place, tp);
 }
 
 void ClosedRounds::play_turn(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j, bool warm_up) {

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "pipeline/pipeline.h"
 #include "run/plan.h"
+#include "run/serving_search.h"
 
 namespace ppb::run {
 
@@ -27,6 +28,20 @@ StageConfig stage_config(const RunContext& ctx, int groups, int tp_width, int tp
   sc.work.groups = groups;
   sc.cuda_graphs = ctx.opt.cuda_graphs;
   sc.expert_skew = ctx.opt.expert_skew;
+  return sc;
+}
+
+StageConfig partition_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                                   TpGroup* tp) {
+  StageConfig sc = stage_config(ctx, partition_groups(ctx, p), place.tp_width, place.tp_rank, tp);
+  if (!ctx.opt.scenario.on()) return sc;
+  sc.work.prompt_len = ctx.opt.scenario.spec->max_prompt_len;
+  sc.work.gen_len = ctx.opt.scenario.spec->max_gen_len;
+  const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
+  if (sched.pp_schedule == serving::PpSchedule::batch_queue) {  // one KV cache of the groups' slots
+    sc.work.groups = 1;
+    sc.work.batch = sched.pool_slots();
+  }
   return sc;
 }
 
@@ -102,13 +117,16 @@ void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set) {
       const StagePlacement place = set.placement(p, ctx.mpi.rank());
       const int k = place.stage;
       // Exactly what the stage allocates (CUDA or CPU), scratch included: this rank's shard.
-      const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], partition_groups(ctx, p), place.tp_width, place.tp_rank);
+      const StageConfig sc = partition_stage_config(ctx, p, place);
+      const StageBytes b = ctx.device->stage_bytes(ctx.spec, p.first_unit[k], p.last_unit[k], sc);
       if (b.total() > ctx.cluster.memory_limit) {
         std::ostringstream os;
         os << "partition " << p.solver << ": stage " << k << " (units " << ctx.spec.units[p.first_unit[k]].name << ".."
            << ctx.spec.units[p.last_unit[k]].name << ") needs " << gib(double(b.total())) << " (weights "
            << gib(double(b.weights)) << " + KV cache and scratch " << gib(double(b.kv_cache + b.scratch))
-           << ") but the limit is " << gib(double(ctx.cluster.memory_limit))
+           << ") for " << sc.work.groups << " group(s) of B=" << sc.work.batch << " sequences of up to "
+           << sc.work.max_context() << " tokens" << (ctx.opt.scenario.on() ? " (the scenario's longest request)" : "")
+           << ", but the limit is " << gib(double(ctx.cluster.memory_limit))
            << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
               "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
         throw UserError(os.str());

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/stage.h"
+#include "pipeline/pipeline.h"
 #include "run/context.h"
 
 namespace ppb::run {
@@ -20,6 +21,14 @@ std::string gib(double bytes);
 /// The stage config of this run for `groups` request groups, shard `tp_rank` of `tp_width` (tp:
 /// the group, not owned; null for the bytes alone).
 StageConfig stage_config(const RunContext& ctx, int groups, int tp_width = 1, int tp_rank = 0, TpGroup* tp = nullptr);
+
+/// The stage this rank builds for partition `p` at `place` (tp: its group, not owned; null for
+/// the bytes alone): closed batches, the workload at the partition's M (partition_groups);
+/// under --scenario, B slots per group (the batch queue: one group of M x B slots) for the
+/// scenario's longest prompt and output (the workload's P and G are its means). The rounds build
+/// it, and the memory checks and the memory table count it.
+StageConfig partition_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                                   TpGroup* tp = nullptr);
 
 /// What a stage of units [first, last] allocates on this backend (weights, KV cache, scratch).
 StageBytes stage_bytes(const RunContext& ctx, int first, int last, int groups, int tp_width = 1, int tp_rank = 0);
@@ -47,8 +56,8 @@ void check_memory_for_profile(RunContext& ctx);
 /// says it; nothing with --memory-limit (the user's figure) or without groups.
 void reserve_tp_communicators(RunContext& ctx);
 
-/// Every rank checks its stage of every partition of `set` (its shard, scratch included)
-/// against its limit before anything is built.
+/// Every rank checks its stage of every partition of `set` (its shard, scratch included, as
+/// partition_stage_config sizes it) against its limit before anything is built.
 void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set);
 
 }  // namespace ppb::run

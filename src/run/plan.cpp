@@ -296,26 +296,42 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
   if (!warning.empty()) print_warnings({warning});
   pr.validated = false;  // until its serialized run, after the rounds (gather_final)
   const int S = p.num_stages();
-  const Workload& w = ctx.workload;
-  const int M = partition_groups(ctx, p);
+  const std::vector<std::vector<int>> ranks = p.stage_ranks();
+  std::vector<StageBytes> bytes;  // what each stage allocates (its group's first shard), as the rounds build it
+  StageConfig sc;
   for (int k = 0; k < S; ++k) {
-    const StageBytes b = stage_bytes(ctx, p.first_unit[k], p.last_unit[k], M, p.width(k), 0);  // the group's first shard
-    pr.stage_weight_bytes.push_back(static_cast<int64_t>(b.weights));
-    pr.stage_kv_bytes.push_back(static_cast<int64_t>(b.kv_cache));
+    sc = partition_stage_config(ctx, p, PartitionSet::placement(p, ranks[k][0]));
+    bytes.push_back(ctx.device->stage_bytes(ctx.spec, p.first_unit[k], p.last_unit[k], sc));
+    pr.stage_weight_bytes.push_back(static_cast<int64_t>(bytes.back().weights));
+    pr.stage_kv_bytes.push_back(static_cast<int64_t>(bytes.back().kv_cache));
   }
   if (!ctx.opt.quiet && !p.tensor_parallel()) {
     // Each device's limit net of its stage's activation scratch, so that "free" and "KV tokens
     // left" agree with the memory check (which counts the scratch too).
     std::vector<int64_t> net(ctx.ranks);
-    for (int k = 0; k < S; ++k) {
-      const int d = p.device_rank[k];
-      net[d] = std::max<int64_t>(1, static_cast<int64_t>(ctx.cluster.memory_limits[d]) -
-                                        static_cast<int64_t>(stage_bytes(ctx, p.first_unit[k], p.last_unit[k], M).scratch));
+    for (int k = 0; k < S; ++k)
+      net[p.device_rank[k]] = std::max<int64_t>(
+          1, static_cast<int64_t>(ctx.cluster.memory_limits[p.device_rank[k]]) - static_cast<int64_t>(bytes[k].scratch));
+    // Per unit, the KV cache of the tokens the stages hold (the profile's unit_kv_bytes are for
+    // the workload's M x B x (P + G): linear in the tokens, memory_report's model).
+    const int64_t kv_tokens = int64_t(sc.work.groups) * sc.work.batch * sc.work.max_context();
+    const double per_workload_token = 1.0 / (double(partition_groups(ctx, p)) * ctx.workload.batch * ctx.workload.max_context());
+    std::vector<int64_t> unit_kv(prof.unit_kv_bytes.size());
+    for (size_t u = 0; u < unit_kv.size(); ++u)
+      unit_kv[u] = std::llround(double(prof.unit_kv_bytes[u]) * per_workload_token * double(kv_tokens));
+    const auto mr = balance::memory_report(p, prof.unit_weight_bytes, unit_kv, kv_tokens, net);
+    std::string pool;
+    if (ctx.opt.scenario.on() && ctx.opt.scenario.spec->kv_blocks > 0) {
+      const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
+      const int64_t pool_tokens = int64_t(sched.groups) * sched.kv_blocks * sched.kv_block_size;  // M pools, or one of M x
+      pool = "\nthe scheduler's KV pool (--kv-blocks): " + std::to_string(pool_tokens) + " tokens of the " +
+             std::to_string(kv_tokens) + " these stages hold (" + format_fixed(100.0 * double(pool_tokens) / double(kv_tokens), 1) +
+             "%): admission and preemption count blocks of the pool, the storage stays one row per slot";
     }
-    const auto mr = balance::memory_report(p, prof.unit_weight_bytes, prof.unit_kv_bytes,
-                                           int64_t(M) * w.batch * w.max_context(), net);
     ctx.progress.say("memory of partition " + p.solver + " (limits: " + limit_origin(ctx) +
-                     ", net of each stage's activation scratch):\n" + balance::format_memory_report(mr));
+                     ", net of each stage's activation scratch" +
+                     (ctx.opt.scenario.on() ? "; KV cache for every slot at the scenario's longest request" : "") +
+                     "):\n" + balance::format_memory_report(mr) + pool);
   }
   ctx.progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +
                    (p.tensor_parallel() ? " on stages of widths " + pr.layout : "") + ", predicted bottleneck " +

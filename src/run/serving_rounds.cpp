@@ -29,21 +29,6 @@ namespace ppb::run {
 
 namespace {
 
-/// The stage of a serving partition: B slots, M groups (batch-queue: 1 of M x B), a context for
-/// the longest request.
-StageConfig serving_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
-                                 TpGroup* tp) {
-  StageConfig sc = stage_config(ctx, partition_groups(ctx, p), place.tp_width, place.tp_rank, tp);
-  sc.work.prompt_len = ctx.opt.scenario.spec->max_prompt_len;
-  sc.work.gen_len = ctx.opt.scenario.spec->max_gen_len;
-  const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
-  if (sched.pp_schedule == serving::PpSchedule::batch_queue) {  // one KV cache of the groups' slots
-    sc.work.groups = 1;
-    sc.work.batch = sched.pool_slots();
-  }
-  return sc;
-}
-
 ServingConfig serving_config(const RunContext& ctx, const balance::Partition& p) {
   ServingConfig c;
   c.scheduler = serving_sim_config(ctx, p).scheduler;
@@ -317,7 +302,7 @@ class ServingRounds final : public RoundScenario {
 
   StageConfig stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
                            TpGroup* tp) const override {
-    return serving_stage_config(ctx, p, place, tp);
+    return partition_stage_config(ctx, p, place, tp);
   }
   void add_bench(size_t j) override { last_.resize(j + 1); }
 

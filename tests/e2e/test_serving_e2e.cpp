@@ -501,6 +501,20 @@ TEST(ServingE2E, RateSearchMeasuresAroundThePredictedMaximum) {
   EXPECT_DOUBLE_EQ(best, R);
 }
 
+TEST(ServingE2E, MemoryCheckCountsEverySlotAtTheLongestRequest) {
+  // Prompts of 1..2048 tokens (a mean near 1000): a stage of three units holds 2 groups of 2
+  // slots at the longest request, ~0.0169 GiB, about twice its size at the mean request (the
+  // workload's P + G). A limit of 0.01 GiB passes the profile's checks (one unit, the mean) and
+  // must refuse the partitions before anything is built, naming the longest request.
+  const std::string dir = ppb_test::scratch_dir("ppbench_serving_");
+  auto r = run(mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate 40 --requests 8 -b 2 "
+               "-p 2048 -g 4 --prompt-lens uniform:1,2048 --iters 1 --memory-limit 0.01 -q -o " + dir + "/mem.h5 --timeout 60");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("for 2 group(s) of B=2 sequences of up to 2052 tokens (the scenario's longest request)"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(ppb::h5::File::open(dir + "/mem.h5").root().get_attr<int64_t>("complete"), 0);
+}
+
 TEST(ServingE2E, BadServingFlagsExitTwo) {
   const std::string dir = ppb_test::scratch_dir("ppbench_serving_");
   const std::string tiny = "--model tests/data/tiny-llama.json ";
