@@ -547,7 +547,10 @@ def plan_of_results(f):
     devices = int(g.attrs["devices"])
     cands = []
     for i in range(n):
-        c = {"layout": text(g["label"][i]), "widths": text(g["widths"][i]), "groups": int(g["groups"][i]),
+        reps = int(g["replicas"][i]) if "replicas" in g else 1  # R pipelines side by side; absent in older files
+        widths = text(g["widths"][i])
+        c = {"layout": text(g["label"][i]), "widths": f"DP{reps} {widths}" if reps > 1 else widths,
+             "groups": int(g["groups"][i]),
              "tokens_per_s": float(g["tokens_per_s"][i]),
              "tokens_per_s_per_device": float(g["tokens_per_s_per_device"][i]),
              "tokens_per_s_per_user": float(g["tokens_per_s_per_user"][i]),

@@ -223,6 +223,12 @@ void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate)
                  "measured tokens/s, TTFT and TPOT per point, and whether the predicted best measured best (/plan). "
                  "Replaces --partition and --tp; 0 = off")
       ->capture_default_str();
+  run.add_option("--replicas", opt.replicas,
+                 "with --plan: the replica counts its search lays out (as `ppbench plan --replicas`): auto, every R "
+                 "dividing the ranks (R pipelines of N/R ranks, \"DP2 PP1\"), or R; a point with R > 1 is measured as R "
+                 "pipelines side by side on the ranks (replica r on ranks r*N/R .. (r+1)*N/R-1), its tokens/s over "
+                 "every replica's requests, each replica validated")
+      ->capture_default_str();
   run.add_option("--warmup", opt.warmup, "untimed repetitions per partition")->capture_default_str();
   run.add_option("--iters", opt.iters,
                  "timed repetitions per partition, at least: the partitions are measured in interleaved rounds "

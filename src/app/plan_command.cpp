@@ -53,19 +53,8 @@ void check_batch_list(const std::string& list, int file_batch, const std::string
   }
 }
 
-/// --replicas as balance::PlanRequest::replicas: "auto" 0, else R >= 1.
-/// @throws ppb::UserError naming the flag otherwise.
-int replicas_of(const PlanOptions& opt) {
-  if (opt.replicas == "auto") return 0;
-  int r = 0;
-  const auto [end, ec] = std::from_chars(opt.replicas.data(), opt.replicas.data() + opt.replicas.size(), r);
-  if (ec != std::errc() || end != opt.replicas.data() + opt.replicas.size() || r < 1)
-    throw UserError("--replicas '" + opt.replicas + "': give auto (every R dividing --devices) or a count R >= 1");
-  if (opt.devices % r != 0)
-    throw UserError("--replicas " + opt.replicas + " does not divide --devices " + std::to_string(opt.devices) +
-                    ": every replica is the same pipeline of N / R devices");
-  return r;
-}
+/// --replicas as balance::PlanRequest::replicas (balance::parse_replicas).
+int replicas_of(const PlanOptions& opt) { return balance::parse_replicas(opt.replicas, opt.devices, "--devices"); }
 
 /// Flags checked before the file is read (exit 2, naming the flag).
 void check_plan_flags(const PlanOptions& opt) {

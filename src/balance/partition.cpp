@@ -153,10 +153,19 @@ bool Partition::tensor_parallel() const {
   return std::any_of(tp_width.begin(), tp_width.end(), [](int t) { return t > 1; });
 }
 
-std::vector<std::vector<int>> Partition::stage_ranks() const {
+int Partition::ranks_per_replica() const {
+  int n = 0;
+  for (int k = 0; k < num_stages(); ++k) n += width(k);
+  return n;
+}
+
+std::vector<std::vector<int>> Partition::stage_ranks(int replica) const {
+  if (replica < 0 || replica >= std::max(1, replicas))
+    throw InternalError("Partition::stage_ranks: replica " + std::to_string(replica) + " of " + std::to_string(replicas));
+  const int base = replica * ranks_per_replica();
   std::vector<std::vector<int>> out(num_stages());
   for (int k = 0; k < num_stages(); ++k)
-    for (int j = 0; j < width(k); ++j) out[k].push_back(device_rank[k] + j);
+    for (int j = 0; j < width(k); ++j) out[k].push_back(base + device_rank[k] + j);
   return out;
 }
 
@@ -164,7 +173,7 @@ Sameness compare_splits(const Partition& a, const Partition& b, const SplitEquiv
   std::vector<int> wa(a.num_stages()), wb(b.num_stages());
   for (int k = 0; k < a.num_stages(); ++k) wa[k] = a.width(k);
   for (int k = 0; k < b.num_stages(); ++k) wb[k] = b.width(k);
-  if (a.groups != b.groups || a.step_policy != b.step_policy || a.pp_schedule != b.pp_schedule)
+  if (a.groups != b.groups || a.replicas != b.replicas || a.step_policy != b.step_policy || a.pp_schedule != b.pp_schedule)
     return Sameness::different;
   if (a.first_unit == b.first_unit && a.last_unit == b.last_unit && a.device_rank == b.device_rank && wa == wb)
     return Sameness::identical;

@@ -38,12 +38,21 @@ struct Partition {
   /// Likewise its pipeline schedule (`run --pp-schedule groups,batch-queue`); "" = the scenario's.
   std::string pp_schedule;
 
+  /// R pipelines of this layout side by side (issue 49: `run --plan` measures the planner's
+  /// replicated points): replica r runs on the ranks r x ranks_per_replica() .. (r + 1) x
+  /// ranks_per_replica() - 1, each stage on device_rank[k] + r x ranks_per_replica() (device_rank
+  /// and tp_width are replica 0's). 1 = one pipeline. Splits of different R are different
+  /// measurements.
+  int replicas = 1;
+
   int num_stages() const { return static_cast<int>(first_unit.size()); }
+  /// The ranks one replica spans: the widths' sum (a pipeline's ranks are contiguous).
+  int ranks_per_replica() const;
   int width(int stage) const { return tp_width.empty() ? 1 : tp_width[stage]; }
   /// Whether some stage is wider than one rank.
   bool tensor_parallel() const;
-  /// [S] the ranks of each stage, in group-rank order.
-  std::vector<std::vector<int>> stage_ranks() const;
+  /// [S] the ranks of each stage of replica `replica` (in [0, replicas)), in group-rank order.
+  std::vector<std::vector<int>> stage_ranks(int replica = 0) const;
   int units_in(int stage) const { return last_unit[stage] - first_unit[stage] + 1; }
   /// "5,6,5,6" style unit counts per stage.
   std::string counts_string() const;
@@ -74,7 +83,7 @@ enum class Sameness {
 };
 
 /// Whether splits `a` and `b` run the same stages (issue 13, "say what is the same") at the same
-/// M (Partition::groups: different M is always different):
+/// M and replica count (Partition::groups, replicas: a different one is always different):
 /// identical (first/last units, device order and tensor-parallel widths), or, without tensor
 /// parallelism in either, with `eq` filled, equivalent: a one-to-one
 /// matching of their stages such that matched stages hold the same number of units of every

@@ -1,6 +1,7 @@
 #include "balance/plan.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -589,6 +590,18 @@ long long most_devices_per_pipeline(const RunRecord& run, int devices) {
 }
 
 }  // namespace
+
+int parse_replicas(const std::string& text, int devices, const std::string& devices_flag) {
+  if (text == "auto") return 0;
+  int r = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), r);
+  if (ec != std::errc() || end != text.data() + text.size() || r < 1)
+    throw UserError("--replicas '" + text + "': give auto (every R dividing " + devices_flag + ") or a count R >= 1");
+  if (devices % r != 0)
+    throw UserError("--replicas " + text + " does not divide " + devices_flag + " " + std::to_string(devices) +
+                    ": every replica is the same pipeline of N / R devices");
+  return r;
+}
 
 int replicas_for(int devices, int replicas) { return replicas > 1 && devices % replicas != 0 ? 0 : replicas; }
 

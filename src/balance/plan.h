@@ -134,6 +134,11 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups);
 ///         req.replicas < 0 or not dividing N; no R leaving each replica devices the model can use.
 PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req);
 
+/// `text` ("auto" or a count R >= 1 dividing `devices`) as PlanRequest::replicas: auto 0, else R.
+/// `devices_flag` names the device count in messages ("--devices", "the ranks").
+/// @throws ppb::UserError naming --replicas, what it got and what is valid.
+int parse_replicas(const std::string& text, int devices, const std::string& devices_flag);
+
 /// PlanRequest::replicas for a search of `devices` devices asked with `replicas`: as asked, or 0
 /// (every R) where a fixed R > 1 does not divide them (`plan`'s search of N + 1 devices).
 int replicas_for(int devices, int replicas);

@@ -27,6 +27,7 @@ Partition partition_of(const PartitionRecord& pr) {
   p.tp_width = pr.tp_width;
   if (p.tp_width.size() != p.first_unit.size()) p.tp_width.assign(p.first_unit.size(), 1);
   p.groups = pr.groups;
+  p.replicas = std::max(1, pr.replicas);
   return p;
 }
 
@@ -192,7 +193,14 @@ std::vector<double> Predictor::stage_costs(const Partition& p, const std::vector
 }
 
 PartitionMetrics Predictor::simulate(const Partition& p, const std::vector<double>& phase_ms) const {
-  return simulate_pipeline(sim_stages(p, phase_ms), sim_for(p)).metrics;
+  PartitionMetrics m = simulate_pipeline(sim_stages(p, phase_ms), sim_for(p)).metrics;
+  if (p.replicas > 1) {  // R pipelines side by side, each as one (the planner's model of replicas)
+    const double R = p.replicas;
+    for (double* rate : {&m.tokens_per_s, &m.decode_tokens_per_s, &m.bottleneck_bound_tok_s}) *rate *= R;
+    for (std::vector<double>* rates : {&m.rep_tokens_per_s, &m.rep_decode_tokens_per_s})
+      for (double& v : *rates) v *= R;
+  }
+  return m;
 }
 
 PartitionRecord Predictor::describe(const Partition& p, const ProfileTable& prof, std::string* warning) const {
@@ -206,6 +214,7 @@ PartitionRecord Predictor::describe(const Partition& p, const ProfileTable& prof
   for (int k = 0; k < S; ++k) pr.tp_width.push_back(p.width(k));
   pr.layout = layout_label(pr.tp_width);
   pr.groups = sim_for(p).groups;
+  pr.replicas = p.replicas;
   for (int k = 0; k < S; ++k) pr.handoff_copies.push_back(S == 1 ? 0 : handoff_copies(p.width(k), p.width((k + 1) % S)));
   PhasePrediction phases = predicted_phases(p, prof);
   if (warning) *warning = phases.warning;

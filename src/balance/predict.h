@@ -115,7 +115,9 @@ class Predictor {
   /// [S] each stage's cost in the objective from `phase_ms` ([S][2] ms) with its transfers as
   /// the balancer counts them (stage_transfer_ms of the run's problem, with_transfers).
   std::vector<double> stage_costs(const Partition& p, const std::vector<double>& phase_ms) const;
-  /// The simulator's metrics of `p` from `phase_ms` ([S][2] ms) on the run's links.
+  /// The simulator's metrics of `p` from `phase_ms` ([S][2] ms) on the run's links; with
+  /// p.replicas = R > 1, its rates (tokens/s, decode tokens/s, the bound, per repetition) x R:
+  /// R pipelines side by side, none slowing another (the planner's model of replicas).
   /// @throws what simulate_pipeline throws.
   PartitionMetrics simulate(const Partition& p, const std::vector<double>& phase_ms) const;
 

@@ -48,6 +48,7 @@ struct PipelineConfig {
 /// whom.
 struct StagePlacement {
   int rank = 0;         ///< this process's rank (where the stage runs)
+  int replica = 0;      ///< which of the layout's replicas (balance::Partition::replicas) it serves
   int stage = 0;
   int num_stages = 1;
   int tp_rank = 0;      ///< this rank's index in its stage's group, [0, tp_width)

@@ -63,6 +63,8 @@ void write_plan(Group& root, const RunRecord& run) {
                            "(the best layout at another M); empty: not measured");
   g.write_dataset("groups", column<int>(c, [](const auto& x) { return x.groups; })).set_attr("content", "M groups in flight");
   g.write_dataset("batch", column<int>(c, [](const auto& x) { return x.batch; })).set_attr("content", "B sequences per group");
+  g.write_dataset("replicas", column<int>(c, [](const auto& x) { return x.replicas; }))
+      .set_attr("content", "R pipelines of the layout side by side (DP); tokens_per_s is all R's");
   g.write_dataset("bottleneck_stage", column<int>(c, [](const auto& x) { return x.bottleneck_stage; }));
   g.write_dataset("on_front", column<int>(c, [](const auto& x) { return x.on_front ? 1 : 0; }));
   write_ms(g, "tokens_per_s", column<double>(c, [](const auto& x) { return x.tokens_per_s; }), "tokens/s", "predicted");
@@ -101,6 +103,7 @@ void read_plan(const Group& root, RunRecord& run) {
   const auto role = g.exists("role") ? g.open_dataset("role").read_strings() : std::vector<std::string>(label.size());
   const auto groups = g.open_dataset("groups").read<int64_t>();
   const auto batch = g.open_dataset("batch").read<int64_t>();
+  const auto replicas = g.exists("replicas") ? g.open_dataset("replicas").read<int64_t>() : std::vector<int64_t>(label.size(), 1);
   const auto stage = g.open_dataset("bottleneck_stage").read<int64_t>();
   const auto front = g.open_dataset("on_front").read<int64_t>();
   const auto tps = g.open_dataset("tokens_per_s").read<double>();
@@ -117,6 +120,7 @@ void read_plan(const Group& root, RunRecord& run) {
     c.role = role.at(i);
     c.groups = static_cast<int>(groups.at(i));
     c.batch = static_cast<int>(batch.at(i));
+    c.replicas = static_cast<int>(replicas.at(i));
     c.bottleneck_stage = static_cast<int>(stage.at(i));
     c.on_front = front.at(i) != 0;
     c.tokens_per_s = tps.at(i);

@@ -79,6 +79,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   if (p.tp_width.size() != p.first_unit.size()) p.tp_width.assign(p.first_unit.size(), 1);  // older files
   p.layout = attr_or<std::string>(part, "layout", "1");
   p.groups = attr_or<int>(part, "microbatches", 0);  // 0 in older files: the workload's (read_run)
+  p.replicas = attr_or<int>(part, "replicas", 1);
   p.handoff_copies = to_int(dataset_or_empty<int64_t>(part, "handoff_copies"));
   auto pred = part.open_dataset("predicted_stage_ms");
   p.predicted_stage_ms = pred.read<double>();
@@ -108,6 +109,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
   if (!p.measured) return p;
   Group bench = root.open_group(bench_path);
   p.events = bench.open_dataset("events").read<double>();
+  if (bench.exists("replica_events")) p.replica_events = bench.open_dataset("replica_events").read<double>();
   p.stage_compute_ms = dataset_or_empty<double>(bench, "stage_compute_ms");  // none in a group append_results made
   p.stage_workload_ms = dataset_or_empty<double>(bench, "stage_workload_ms");
   p.measured_stage_ms = dataset_or_empty<double>(bench, "measured_stage_ms");
@@ -144,6 +146,7 @@ PartitionRecord read_partition(const Group& root, const std::string& name) {
     p.checksum_match = attr_or<bool>(val, "checksum_match", false);
     p.tokens_match_first_partition = attr_or<bool>(val, "tokens_match_first_partition", true);
     p.tokens_differing_first_partition = attr_or<int>(val, "tokens_differing_first_partition", 0);
+    p.replica_tokens_differing = attr_or<int>(val, "replica_tokens_differing", 0);
     p.checksum_rel_diff_first_partition = attr_or<double>(val, "checksum_rel_diff_first_partition", 0.0);
     p.checksum = attr_or<double>(val, "checksum", 0.0);
     p.reference_checksum = attr_or<double>(val, "reference_checksum", 0.0);

@@ -141,6 +141,13 @@ struct PartitionRecord {
   /// the workload's, or its own for `run --plan`'s points (issue 36); the events' and tokens'
   /// group axis. 0 only before it is filled (the reader fills the workload's for older files).
   int groups = 0;
+  /// R replicas of this layout measured side by side (balance::Partition::replicas; `run --plan`'s
+  /// replicated points): the rates and latencies below are all R's (every replica's requests),
+  /// the per-stage figures and `events` replica 0's. 1 = one pipeline (and in older files).
+  int replicas = 1;
+  /// R > 1: [reps][R][M][G+1][S][6] every replica's events (replica r's stage k on its own
+  /// rank, rank 0's clock); empty with one replica.
+  std::vector<double> replica_events;
   /// [S] copies of each item's output that one sending rank of stage k sends (the hand-off to
   /// stage k + 1; for the last stage, the token return to stage 0): ceil(width(k+1) / width(k))
   /// (pipeline.h layout_placement); each link carries one copy. Empty in older files.
@@ -233,6 +240,9 @@ struct PartitionRecord {
   /// partition's, and |checksum / first partition's checksum - 1| (the same bits across splits
   /// of one-rank stages; a tensor-parallel layout sums in another order: within kLayoutChecksumTol).
   int tokens_differing_first_partition = 0;
+  /// R > 1: the tokens of replicas 1..R-1 that differ from replica 0's (each replica runs the same
+  /// prompts: 0 is required for tokens_match); 0 with one replica.
+  int replica_tokens_differing = 0;
   double checksum_rel_diff_first_partition = 0.0;
 };
 
@@ -266,6 +276,7 @@ struct PlanRecord {
     std::string widths;  ///< the layout as --tp spells it: "1,1", "2"
     std::string counts;  ///< units per stage: "15,15"
     int groups = 0, batch = 0;
+    int replicas = 1;  ///< R pipelines like this one ("DP2 ..."); tokens/s is all R's
     double tokens_per_s = 0, tokens_per_s_per_device = 0, ttft_p50_ms = 0, tpot_p50_ms = 0, tokens_per_s_per_user = 0;
     int bottleneck_stage = 0;
     bool on_front = false;
@@ -276,7 +287,9 @@ struct PlanRecord {
   };
   std::vector<Candidate> candidates;
   std::vector<int> front;   ///< indices into candidates, tokens/s per user descending
-  std::string curve_layout;  ///< the widths of the layout whose M curve was measured (strategy 3)
+  /// The layout whose M curve was measured (strategy 3): its widths, "DP{R} " before them with
+  /// R > 1 replicas ("DP2 1").
+  std::string curve_layout;
   /// The verdict: the measured point the planner predicted best (most tokens/s), the one that
   /// measured best, and whether they are the same or the predicted best's tokens/s is within the
   /// paired 95% CI of the measured best's (1/0; -1 = not decided: fewer than two points).

@@ -2,6 +2,7 @@
 #include "results/serving_summary.h"
 
 #include <algorithm>
+#include <numeric>
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -439,7 +440,12 @@ void print_partition_header(std::ostream& os, const RunRecord& run, const Partit
   const bool tp = std::any_of(p.tp_width.begin(), p.tp_width.end(), [](int w) { return w > 1; });
   const int M = partition_groups(run, p);
   os << "\npartition " << p.name << " (solver " << p.solver << (tp ? ", layout --tp " + p.layout : std::string())
-     << (M != run.workload.microbatches ? ", M=" + std::to_string(M) : std::string()) << ")"
+     << (M != run.workload.microbatches ? ", M=" + std::to_string(M) : std::string())
+     << (p.replicas > 1 ? ", " + std::to_string(p.replicas) + " replicas side by side, each on " +
+                              std::to_string(std::accumulate(p.tp_width.begin(), p.tp_width.end(), 0)) +
+                              " rank(s): the stages below are replica 0's, the rates and latencies all replicas'"
+                        : std::string())
+     << ")"
      << (p.same_as.empty()                  ? ""
          : p.same_as_reason == "equivalent" ? ": its split " + p.solver_split + " is " + p.same_as +
                                                   "'s with identical devices' stages in another order (the same "

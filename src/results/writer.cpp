@@ -74,6 +74,15 @@ void for_each_benchmark_rows(const RunRecord& run, const PartitionRecord& p, Fn&
                                                        "send_start", "send_end"});
        ev.set_attr("missing", "NaN: no such operation (stage 0 does not receive the prompt; no send after the last step)");
      }));
+  if (p.replicas > 1)
+    fn("replica_events", p.replica_events,
+       std::vector<hs>{static_cast<hs>(p.replicas), static_cast<hs>(partition_groups(run, p)), static_cast<hs>(w.gen_len + 1), S, 6},
+       SetAttrs([](h5::Dataset& ev) {
+         ev.set_attr("units", "s");
+         ev.set_attr("dims", std::vector<std::string>{"iter", "replica", "group", "step", "stage", "event"});
+         ev.set_attr("content", "every replica's events as `events` holds replica 0's (replica r's stage k on rank "
+                                "r x ranks per replica + device_rank[k]); the rates and latencies are over all of them");
+       }));
   fn("rep_wall_s", p.rep_wall_s, std::vector<hs>{}, units("s"));
   fn("rep_tokens_per_s", p.rep_tokens_per_s, std::vector<hs>{}, units("tokens/s"));
   if (p.rep_decode_tokens_per_s.size() == p.rep_tokens_per_s.size()) {
@@ -363,6 +372,7 @@ void write_validation(Group& root, const RunRecord& run, const PartitionRecord& 
   val.set_attr("tokens_match_first_partition", p.tokens_match_first_partition);
   val.set_attr("tokens_differing_first_partition", static_cast<int64_t>(p.tokens_differing_first_partition));
   val.set_attr("checksum_rel_diff_first_partition", p.checksum_rel_diff_first_partition);
+  if (p.replicas > 1) val.set_attr("replica_tokens_differing", static_cast<int64_t>(p.replica_tokens_differing));
   val.set_attr("checksum", p.checksum);
   val.set_attr("reference_checksum", p.reference_checksum);
   val.set_attr("reference", "serialized run: one lane per stage, a barrier after every item");
@@ -422,6 +432,7 @@ void write_split(Group& root, const RunRecord& run, const PartitionRecord& p) {
                            "device_rank[k] + tp_width[k] - 1");
     part.set_attr("layout", p.layout);
     part.set_attr("microbatches", static_cast<int64_t>(partition_groups(run, p)));
+    part.set_attr("replicas", static_cast<int64_t>(p.replicas));
     if (p.handoff_copies.size() == S) {
       auto hc = part.write_dataset("handoff_copies", p.handoff_copies);
       hc.set_attr("content", "copies of each item's output one rank of stage k sends to stage k + 1 (the last stage: "

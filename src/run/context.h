@@ -36,6 +36,8 @@ struct MeasurePlan {
   /// --plan K: the planner's K front points are added to the uniform split (run/plan_points.h);
   /// auto_widths are profiled for its layouts.
   int plan_points = 0;
+  /// --replicas with --plan as balance::PlanRequest::replicas (0 = every R dividing the ranks).
+  int plan_replicas = 0;
 };
 
 /// Facts about the ranks, from start-up on.

@@ -21,25 +21,34 @@ size_t rep_events(const RunContext& ctx, const balance::Partition& p) {
   return static_cast<size_t>(partition_groups(ctx, p)) * (ctx.workload.gen_len + 1) * kNumEvents;
 }
 
-/// Appends repetition `rep` of every stage (their ranks' slices `slice[k]`, this rank's clock) to
-/// partition record `pr`'s events on rank 0's clock, and its per-repetition metrics.
+/// The first rank of stage k of replica r of partition `p` (Partition::stage_ranks).
+int stage_rank(const balance::Partition& p, int r, int k) { return r * p.ranks_per_replica() + p.device_rank[k]; }
+
+/// Appends repetition `rep` of every stage of every replica (their ranks' slices `slice[r x S +
+/// k]`, this rank's clock) to partition record `pr`'s events on rank 0's clock (replica 0's in
+/// `events`, every replica's in `replica_events` with R > 1), and its per-repetition metrics
+/// (over every replica's groups: replica r's group g is group r x M + g of one timeline).
 void append_repetition(const RunContext& ctx, const balance::Partition& p, PartitionRecord& pr,
                        const std::vector<const double*>& slice, int round) {
   const Workload& w = ctx.workload;
-  const int S = p.num_stages(), steps = w.gen_len + 1, M = partition_groups(ctx, p);
-  const EventShape one{1, M, steps, S};
-  std::vector<double> events(rep_events(ctx, p) * S, std::nan(""));
+  const int S = p.num_stages(), steps = w.gen_len + 1, M = partition_groups(ctx, p), R = std::max(1, p.replicas);
+  const EventShape all{1, R * M, steps, S};
+  std::vector<double> events(rep_events(ctx, p) * S * R, std::nan(""));
   // A tensor-parallel stage's timeline is its first rank's (the group computes in lockstep).
-  for (int k = 0; k < S; ++k) {
-    const int r = p.device_rank[k];
-    const double shift = ctx.cluster.clock_offsets_s[r] + ctx.record().run_start_s;
-    for (int g = 0; g < M; ++g)
-      for (int t = 0; t < steps; ++t)
-        for (int x = 0; x < kNumEvents; ++x)
-          events[one.index(0, g, t, k, x)] = slice[k][(static_cast<size_t>(g) * steps + t) * kNumEvents + x] - shift;
-  }
-  const PartitionMetrics m = compute_metrics(events, one, w.batch, w.gen_len);
-  pr.events.insert(pr.events.end(), events.begin(), events.end());
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < S; ++k) {
+      const int rank = stage_rank(p, r, k);
+      const double shift = ctx.cluster.clock_offsets_s[rank] + ctx.record().run_start_s;
+      const double* from = slice[static_cast<size_t>(r) * S + k];
+      for (int g = 0; g < M; ++g)
+        for (int t = 0; t < steps; ++t)
+          for (int x = 0; x < kNumEvents; ++x)
+            events[all.index(0, r * M + g, t, k, x)] = from[(static_cast<size_t>(g) * steps + t) * kNumEvents + x] - shift;
+    }
+  const PartitionMetrics m = compute_metrics(events, all, w.batch, w.gen_len);
+  const auto replica0_end = events.begin() + static_cast<std::ptrdiff_t>(rep_events(ctx, p) * S);  // groups 0..M-1
+  pr.events.insert(pr.events.end(), events.begin(), replica0_end);
+  if (R > 1) pr.replica_events.insert(pr.replica_events.end(), events.begin(), events.end());
   pr.rep_round.push_back(round);
   pr.rep_wall_s.push_back(m.rep_wall_s.at(0));
   pr.rep_tokens_per_s.push_back(m.rep_tokens_per_s.at(0));
@@ -100,8 +109,18 @@ void validate_record(RunContext& ctx, const balance::Partition& p, PartitionReco
     group_agrees = group_agrees && toks[r] == toks[lr] && sums[r * 6] == sums[lr * 6];
   if (!group_agrees)
     std::cerr << "ppbench: partition " << p.solver << ": the ranks of the last stage sampled different tokens" << std::endl;
+  // Every replica runs the same prompts (group g's depend on (seed, g) alone): the same tokens,
+  // pipelined and serialized, as replica 0's.
+  pr.replica_tokens_differing = 0;
+  for (int r = 1; r < p.replicas; ++r) {
+    const int rr = stage_rank(p, r, S - 1);
+    const auto& t = toks[rr];
+    const auto& f = refs[rr];
+    for (size_t i = 0; i < pr.tokens.size(); ++i)
+      pr.replica_tokens_differing += (i >= t.size() || t[i] != pr.tokens[i]) + (i >= f.size() || f[i] != pr.reference_tokens[i]);
+  }
   pr.validated = ctx.opt.validate;
-  pr.tokens_match = pr.validated && pr.tokens == pr.reference_tokens && group_agrees;
+  pr.tokens_match = pr.validated && pr.tokens == pr.reference_tokens && group_agrees && pr.replica_tokens_differing == 0;
   pr.checksum_match = pr.validated && pr.checksum == pr.reference_checksum;
   // Across partitions and layouts: the same tokens, and the same final hidden states but for the
   // order of the tensor-parallel sums (fp32: within kLayoutChecksumTol relative).
@@ -126,8 +145,17 @@ void validate_record(RunContext& ctx, const balance::Partition& p, PartitionReco
 void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRecord& pr) {
   const Workload& w = ctx.workload;
   const int S = p.num_stages();
-  const EventShape sh{static_cast<int>(pr.rep_round.size()), partition_groups(ctx, p), w.gen_len + 1, S};
+  const int M = partition_groups(ctx, p), R = std::max(1, p.replicas);
+  const EventShape sh{static_cast<int>(pr.rep_round.size()), M, w.gen_len + 1, S};
+  // The stages' figures from replica 0's timeline (one pipeline); with replicas, the rates and
+  // latencies from every replica's groups as one timeline (R x M groups), the bound R pipelines'.
   const auto m = compute_metrics(pr.events, sh, w.batch, w.gen_len);
+  PartitionMetrics rates = m;
+  if (R > 1) {
+    rates = compute_metrics(pr.replica_events, EventShape{sh.iters, R * M, sh.steps, S}, w.batch, w.gen_len);
+    rates.bottleneck_bound_tok_s = R * m.bottleneck_bound_tok_s;
+    rates.pipeline_efficiency = rates.bottleneck_bound_tok_s > 0 ? rates.decode_tokens_per_s / rates.bottleneck_bound_tok_s : 0.0;
+  }
   pr.stage_compute_ms.clear();
   pr.measured_stage_ms.clear();
   pr.stage_compute_mean_ms.clear();
@@ -142,27 +170,27 @@ void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRec
   }
   pr.bubble_fraction = m.bubble_fraction;
   pr.recv_wait_ms = m.recv_wait_ms;
-  pr.rep_wall_s = m.rep_wall_s;
-  pr.rep_tokens_per_s = m.rep_tokens_per_s;
-  pr.rep_decode_tokens_per_s = m.rep_decode_tokens_per_s;
-  pr.rep_ttft_p50_ms = m.rep_ttft_p50_ms;
-  pr.rep_tpot_p50_ms = m.rep_tpot_p50_ms;
+  pr.rep_wall_s = rates.rep_wall_s;
+  pr.rep_tokens_per_s = rates.rep_tokens_per_s;
+  pr.rep_decode_tokens_per_s = rates.rep_decode_tokens_per_s;
+  pr.rep_ttft_p50_ms = rates.rep_ttft_p50_ms;
+  pr.rep_tpot_p50_ms = rates.rep_tpot_p50_ms;
   pr.bottleneck_stage = m.bottleneck_stage;
-  pr.metrics = {{"tokens_per_s", m.tokens_per_s},
-                {"decode_tokens_per_s", m.decode_tokens_per_s},
-                {"ttft_p50_ms", m.ttft_p50_ms},
-                {"ttft_p99_ms", m.ttft_p99_ms},
-                {"tpot_p50_ms", m.tpot_p50_ms},
-                {"tpot_p99_ms", m.tpot_p99_ms},
-                {"bottleneck_bound_tok_s", m.bottleneck_bound_tok_s},
-                {"pipeline_efficiency", m.pipeline_efficiency},
+  pr.metrics = {{"tokens_per_s", rates.tokens_per_s},
+                {"decode_tokens_per_s", rates.decode_tokens_per_s},
+                {"ttft_p50_ms", rates.ttft_p50_ms},
+                {"ttft_p99_ms", rates.ttft_p99_ms},
+                {"tpot_p50_ms", rates.tpot_p50_ms},
+                {"tpot_p99_ms", rates.tpot_p99_ms},
+                {"bottleneck_bound_tok_s", rates.bottleneck_bound_tok_s},
+                {"pipeline_efficiency", rates.pipeline_efficiency},
                 {"predicted_bottleneck_ms", pr.predicted_bottleneck_ms},
                 {"measured_bottleneck_ms", *std::max_element(pr.measured_stage_ms.begin(), pr.measured_stage_ms.end())}};
   std::vector<std::string> warnings;
-  balance::add_simulated_metrics(ctx.predictor(), p, pr, m.decode_tokens_per_s, balance::rounds_profile(ctx.record()), warnings);
+  balance::add_simulated_metrics(ctx.predictor(), p, pr, rates.decode_tokens_per_s, balance::rounds_profile(ctx.record()), warnings);
   print_warnings(warnings);
   pr.measured = true;
-  ctx.progress.say("benchmark " + p.solver + ": " + format_fixed(m.tokens_per_s, 2) + " tokens/s, validation " +
+  ctx.progress.say("benchmark " + p.solver + ": " + format_fixed(rates.tokens_per_s, 2) + " tokens/s, validation " +
                    (!pr.validated ? "skipped" : pr.tokens_match && pr.checksum_match ? "OK" : "FAILED"));
 }
 
@@ -192,8 +220,9 @@ void gather_round(RunContext& ctx, const PartitionSet& set, const std::vector<Be
       const balance::Partition& p = set.splits[b.pi];
       const size_t per_rep = rep_events(ctx, p);
       for (size_t j = 0; j < fresh[i]; ++j) {
-        std::vector<const double*> slice;
-        for (int k = 0; k < p.num_stages(); ++k) slice.push_back(all[p.device_rank[k]].data() + offset[i] + j * per_rep);
+        std::vector<const double*> slice;  // [R][S]
+        for (int r = 0; r < std::max(1, p.replicas); ++r)
+          for (int k = 0; k < p.num_stages(); ++k) slice.push_back(all[stage_rank(p, r, k)].data() + offset[i] + j * per_rep);
         append_repetition(ctx, p, ctx.record().partitions[b.pi], slice, b.rounds[t.reps_gathered + j]);
       }
     }

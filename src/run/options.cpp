@@ -94,6 +94,9 @@ RunOptions parse_run_options(const RunFlags& f) {
   }
   check_range("--plan", f.plan, 0, 16);
   o.plan_points = f.plan;
+  o.plan_replicas = f.replicas;
+  if (o.plan_points == 0 && f.replicas != "auto")
+    throw UserError("--replicas " + f.replicas + " chooses the replica counts of --plan's search; give --plan K too");
   if (o.plan_points > 0 && (f.partition != "both" || f.tp != std::vector<std::string>{"1"}))
     throw UserError("--plan " + std::to_string(f.plan) + " chooses the partitions itself (the planner's front points "
                     "and the uniform split as the reference): drop --partition and --tp");

@@ -29,6 +29,7 @@ struct RunFlags {
   std::string order = "rank";
   std::vector<std::string> tp = {"1"};
   int plan = 0;  ///< --plan K: measure the planner's K best front points (0 = off)
+  std::string replicas = "auto";  ///< --replicas auto|R with --plan: the replica counts it searches
   int warmup = 1;
   int iters = 2;
   double target_ci_pct = 5;
@@ -113,6 +114,9 @@ struct RunOptions {
   /// M = 1 .. 2S), and the K front points with the most predicted tokens/s, the chosen layout's
   /// curve over M and the uniform split measured in the rounds; 0 = off.
   int plan_points = 0;
+  /// --replicas with --plan: "auto" (every R dividing the ranks) or R; checked against the ranks
+  /// at start-up (MeasurePlan::plan_replicas).
+  std::string plan_replicas = "auto";
   int warmup = 1, iters = 2;         ///< untimed and (at least) timed repetitions per partition
   double target_ci_pct = 5;          ///< 0 = exactly --iters rounds
   double max_time_s = 120;

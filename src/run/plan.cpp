@@ -25,7 +25,10 @@ int PartitionSet::index_of(const std::string& name) const {
 }
 
 StagePlacement PartitionSet::placement(const balance::Partition& p, int rank) {
-  return layout_placement(p.stage_ranks(), rank);
+  const int replica = rank / p.ranks_per_replica();
+  StagePlacement place = layout_placement(p.stage_ranks(replica), rank);
+  place.replica = replica;
+  return place;
 }
 
 bool PartitionSet::measured_alone(size_t i, const balance::SplitEquivalence& eq) const {
@@ -43,6 +46,7 @@ void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>
       flat.insert(flat.end(), p.device_rank.begin(), p.device_rank.end());
       for (int k = 0; k < S; ++k) flat.push_back(p.width(k));
       flat.push_back(p.groups);
+      flat.push_back(p.replicas);
       names += p.solver + "\n";
     }
   mpi.bcast_ints(flat);
@@ -63,6 +67,7 @@ void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>
     }
     at += 3 * static_cast<size_t>(S);
     p.groups = flat.at(at++);
+    p.replicas = flat.at(at++);
     parts.push_back(std::move(p));
   }
 }

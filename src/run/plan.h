@@ -30,7 +30,8 @@ class PartitionSet {
   size_t size() const { return splits.size(); }
   /// Index of the partition named `name`, or -1.
   int index_of(const std::string& name) const;
-  /// Rank `rank`'s place in partition `p`'s layout (pipeline.h layout_placement).
+  /// Rank `rank`'s place in partition `p`'s layout (pipeline.h layout_placement), in replica
+  /// rank / p.ranks_per_replica().
   static StagePlacement placement(const balance::Partition& p, int rank);
   /// Whether partition i is measured by itself: not the same split as an earlier one
   /// (balance::same_split_as with `eq`), or the A/A control (measured twice on purpose).
@@ -45,7 +46,7 @@ inline int partition_groups(const RunContext& ctx, const balance::Partition& p) 
 
 /// The one MPI codec of partitions: rank 0's `parts` to every rank (its splits, layouts and
 /// names). Collective; on the other ranks `parts` is replaced.
-/// Encoding: per partition S, then S first units, S device ranks, S widths, M; names one per line.
+/// Encoding: per partition S, then S first units, S device ranks, S widths, M, R; names one per line.
 void broadcast_partitions(const MpiContext& mpi, std::vector<balance::Partition>& parts, int units);
 
 /// The plan phase: rank 0 solves each --partition split of each layout (and --tp auto's layout:

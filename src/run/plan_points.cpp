@@ -32,13 +32,19 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
   return a.tokens_per_s_per_user > b.tokens_per_s_per_user;
 }
 
-/// The candidates of the best layout (`best`'s widths) at every M the search holds, ascending;
+/// The layout of candidate `c` as PlanRecord::curve_layout names it: its widths, "DP{R} " first.
+std::string layout_of(const balance::PlanCandidate& c) {
+  return (c.replicas > 1 ? "DP" + std::to_string(c.replicas) + " " : std::string()) + balance::layout_label(c.widths);
+}
+
+/// The candidates of the best layout (`best`'s widths and replicas) at every M the search holds, ascending;
 /// at most kMaxCurve of them, evenly spaced over the M's, the first, the last and `best` kept.
 std::vector<size_t> curve_of(const balance::PlanResult& res, size_t best) {
   constexpr size_t kMaxCurve = 8;
   std::vector<size_t> same;
   for (size_t i = 0; i < res.candidates.size(); ++i)
-    if (res.candidates[i].widths == res.candidates[best].widths) same.push_back(i);
+    if (res.candidates[i].widths == res.candidates[best].widths && res.candidates[i].replicas == res.candidates[best].replicas)
+      same.push_back(i);
   std::sort(same.begin(), same.end(),
             [&](size_t a, size_t b) { return res.candidates[a].groups < res.candidates[b].groups; });
   if (same.size() <= kMaxCurve) return same;
@@ -65,6 +71,7 @@ PlanRecord plan_record_of(const balance::PlanResult& res, int points) {
     r.counts = c.split.counts_string();
     r.groups = c.groups;
     r.batch = c.batch;
+    r.replicas = c.replicas;
     r.tokens_per_s = c.tokens_per_s;
     r.tokens_per_s_per_device = c.tokens_per_s_per_device;
     r.ttft_p50_ms = c.ttft_p50_ms;
@@ -86,6 +93,7 @@ std::vector<balance::Partition> plan_points(RunContext& ctx) {
   RunRecord& run = ctx.record();
   balance::PlanRequest req;
   req.devices = ctx.ranks;
+  req.replicas = ctx.plan.plan_replicas;
   req.prune = false;  // R devices: every candidate simulated, each one stored
   const balance::PlanResult res = balance::plan_layouts(run, req);
   for (const std::string& w : res.warnings) ctx.progress.say("--plan: note: " + w);
@@ -104,7 +112,7 @@ std::vector<balance::Partition> plan_points(RunContext& ctx) {
   std::stable_sort(rest.begin(), rest.end(), by_rank);
   for (size_t j = 0; chosen.size() < K && j < rest.size(); ++j) chosen.push_back(rest[j]);
   const size_t best = chosen.front(), k_points = chosen.size();
-  run.plan.curve_layout = balance::layout_label(c[best].widths);
+  run.plan.curve_layout = layout_of(c[best]);
   for (const size_t i : curve_of(res, best))
     if (std::find(chosen.begin(), chosen.end(), i) == chosen.end()) chosen.push_back(i);
   std::vector<balance::Partition> parts;
@@ -115,6 +123,7 @@ std::vector<balance::Partition> plan_points(RunContext& ctx) {
     p.solver = plan_point_name(c[i].label);
     p.algorithm = "plan";
     p.groups = c[i].groups;
+    p.replicas = c[i].replicas;  // its split is one replica's, on ranks 0 .. N/R - 1
     if (p.tp_width.empty()) p.tp_width.assign(p.num_stages(), 1);
     run.plan.candidates[i].measured_as = p.solver;
     run.plan.candidates[i].role = j >= k_points ? "curve" : run.plan.candidates[i].on_front ? "front" : "next";

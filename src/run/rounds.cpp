@@ -64,9 +64,11 @@ void add_bench(RunContext& ctx, RoundScenario& scenario, const PartitionSet& set
   Bench b;
   b.pi = pi;
   b.place = PartitionSet::placement(set.splits[pi], ctx.mpi.rank());
-  // Collective (every rank adds the same benches in the same order): the stage's group.
+  // Collective (every rank adds the same benches in the same order): the stage's group, one
+  // colour per stage of each replica.
+  const int colour = b.place.replica * set.splits[pi].num_stages() + b.place.stage;
   ctx.phase("tensor-parallel group of partition " + set.splits[pi].solver,
-            [&] { b.tp = ctx.make_tp_group(b.place.tp_width > 1 ? b.place.stage : -1, b.place.tp_rank); });
+            [&] { b.tp = ctx.make_tp_group(b.place.tp_width > 1 ? colour : -1, b.place.tp_rank); });
   ctx.phase("memory check of the partitions side by side",
             [&] { b.resident = ctx.mpi.agree(resident_bytes <= ctx.cluster.memory_limit ? 0 : 1) == 0; });
   if (b.resident) build_stage(ctx, scenario, set, b);

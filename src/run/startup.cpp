@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "backend/memory_pool.h"
+#include "balance/plan.h"
 #include "backend/tensor_parallel.h"
 #include "balance/layout.h"
 #include "common/cgroup.h"
@@ -369,6 +370,7 @@ void start_up(RunContext& ctx) {
     if (plan.plan_points > 0) {  // the reference: uniform at the default layout; the rest from the planner
       plan.methods = {balance::Method::uniform};
       plan.adaptive = false;
+      plan.plan_replicas = balance::parse_replicas(opt.plan_replicas, ctx.ranks, "the ranks");
     }
     // One rank has one split (all units): benchmarking it twice would only measure noise.
     if (ctx.ranks == 1) {

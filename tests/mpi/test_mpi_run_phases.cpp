@@ -28,6 +28,7 @@ void expect_same_everywhere(const MpiContext& mpi, const std::vector<balance::Pa
   for (const auto& p : parts) {
     flat.push_back(p.num_stages());
     for (int k = 0; k < p.num_stages(); ++k) flat.insert(flat.end(), {p.first_unit[k], p.last_unit[k], p.device_rank[k], p.width(k)});
+    flat.insert(flat.end(), {p.groups, p.replicas});
     for (char c : p.solver) flat.push_back(c);
   }
   const auto all = mpi.gatherv_ints(flat);
@@ -53,9 +54,26 @@ TEST(RunPhases, PartitionCodecCarriesSplitsWidthsAndNames) {
     b.device_rank = {0};
     b.tp_width = {R};
     parts.push_back(b);
+    balance::Partition c;  // R replicas of one rank each, at M = 3
+    c.solver = "plan-dp" + std::to_string(R) + "-pp1-m3";
+    c.first_unit = {0};
+    c.last_unit = {U - 1};
+    c.device_rank = {0};
+    c.tp_width = {1};
+    c.groups = 3;
+    c.replicas = R;
+    parts.push_back(c);
   }
   run::broadcast_partitions(mpi, parts, U);
-  ASSERT_EQ(parts.size(), 2u);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[2].replicas, R);
+  EXPECT_EQ(parts[2].groups, 3);
+  EXPECT_EQ(parts[0].replicas, 1);
+  // Each rank serves its own replica of the one-rank layout, as its stage 0.
+  const StagePlacement place = run::PartitionSet::placement(parts[2], mpi.rank());
+  EXPECT_EQ(place.replica, mpi.rank());
+  EXPECT_EQ(place.stage, 0);
+  EXPECT_EQ(place.rank, mpi.rank());
   EXPECT_EQ(parts[0].solver, "uniform");
   EXPECT_EQ(parts[1].solver, "uniform_tp" + std::to_string(R));
   EXPECT_EQ(parts[0].device_rank.front(), R - 1);

@@ -394,6 +394,11 @@ TEST(SameSplit, EquivalentUpToSwappingIdenticalDevices) {
   av1.step_policy = bv1.step_policy = "vllm-v1";
   EXPECT_EQ(ppb::balance::compare_splits(a, av1, eq), Sameness::different);
   EXPECT_EQ(ppb::balance::compare_splits(av1, bv1, eq), Sameness::equivalent);
+  // And R replicas of a split side by side (run --plan --replicas) another again.
+  Partition a2 = a;
+  a2.replicas = 2;
+  EXPECT_EQ(ppb::balance::compare_splits(a, a2, eq), Sameness::different);
+  EXPECT_EQ(ppb::balance::compare_splits(a2, a2, eq), Sameness::identical);
   // Rank 2 is another kind of device (a CPU quota, an older GPU): its 5 layers are not rank 1's.
   ppb::balance::SplitEquivalence mixed = eq;
   mixed.device_class = {0, 0, 1, 0};
@@ -426,6 +431,21 @@ TEST(SameSplit, EquivalentUpToSwappingIdenticalDevices) {
   ppb::balance::SplitEquivalence short_eq = eq;
   short_eq.device_class = {0, 0};
   EXPECT_THROW(ppb::balance::compare_splits(a, b, short_eq), ppb::InternalError);
+}
+
+TEST(SameSplit, ReplicasRunOnConsecutiveRankBlocks) {
+  // Two replicas of a 3-rank layout (a TP2 stage, then one rank): replica 1 on ranks 3..5.
+  ppb::balance::Partition p;
+  p.first_unit = {0, 4};
+  p.last_unit = {3, 7};
+  p.device_rank = {0, 2};
+  p.tp_width = {2, 1};
+  p.replicas = 2;
+  EXPECT_EQ(p.ranks_per_replica(), 3);
+  EXPECT_EQ(p.stage_ranks(), (std::vector<std::vector<int>>{{0, 1}, {2}}));
+  EXPECT_EQ(p.stage_ranks(1), (std::vector<std::vector<int>>{{3, 4}, {5}}));
+  EXPECT_THROW(p.stage_ranks(2), ppb::InternalError);
+  EXPECT_THROW(p.stage_ranks(-1), ppb::InternalError);
 }
 
 /// compare_splits against the definition: some one-to-one matching of the stages (tried over
