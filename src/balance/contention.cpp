@@ -95,11 +95,13 @@ std::pair<std::vector<double>, std::vector<double>> overlap_of_steps(const std::
 }
 
 ContentionResult contended_step_times(const std::vector<SimStage>& alone, const std::vector<SimStage>& together,
-                                      const std::vector<int>& node, const SimConfig& cfg) {
+                                      const std::vector<int>& node, const SimConfig& cfg,
+                                      const std::vector<char>& always_overlapped) {
   const size_t S = alone.size();
-  if (together.size() != S || node.size() != S)
+  if (together.size() != S || node.size() != S || (!always_overlapped.empty() && always_overlapped.size() != S))
     throw UserError("contended_step_times: " + std::to_string(alone.size()) + " alone stages, " +
-                    std::to_string(together.size()) + " together, " + std::to_string(node.size()) + " node ids");
+                    std::to_string(together.size()) + " together, " + std::to_string(node.size()) + " node ids, " +
+                    std::to_string(always_overlapped.size()) + " twin flags");
   ContentionResult res;
   res.stages = alone;
   for (size_t k = 0; k < S; ++k) {  // start from the together times: a busy pipeline's
@@ -113,6 +115,8 @@ ContentionResult contended_step_times(const std::vector<SimStage>& alone, const 
   for (res.iterations = 1; res.iterations <= kMaxSimulations; ++res.iterations) {
     const SimResult sim = simulate_pipeline(res.stages, cfg);
     std::tie(res.overlap_prefill, res.overlap_decode) = compute_overlap(sim.events, sim.shape, node);
+    for (size_t k = 0; k < always_overlapped.size(); ++k)
+      if (always_overlapped[k]) res.overlap_prefill[k] = res.overlap_decode[k] = 1.0;
     double moved = 0.0;
     for (size_t k = 0; k < S; ++k) {
       auto step = [&](double& x, double a, double t, double f) {

@@ -47,10 +47,14 @@ struct ContentionResult {
 /// (`converged` says whether it settled).
 /// A together time below its alone time (profile noise) is used as measured: the model then
 /// speeds the stage up with overlap, as the profile says.
+/// always_overlapped: [S] (or empty = none) stages whose machine holds a twin computing whenever
+/// they do (a replica's stage k beside another replica's, in lockstep: Predictor::twin_on_machine):
+/// f = 1 in both phases, the together times.
 /// @throws ppb::UserError if the sizes differ, or a time is negative or NaN (simulate_pipeline's
 ///         checks).
 ContentionResult contended_step_times(const std::vector<SimStage>& alone, const std::vector<SimStage>& together,
-                                      const std::vector<int>& node, const SimConfig& cfg);
+                                      const std::vector<int>& node, const SimConfig& cfg,
+                                      const std::vector<char>& always_overlapped = {});
 
 /// The share of each stage's compute time, per phase, during which another stage of its node
 /// computes, from one simulated (or measured) repetition: events [1][M][G+1][S][6] as

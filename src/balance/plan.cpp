@@ -332,14 +332,18 @@ struct Slot {
 
 /// One candidate from the predictor of M = `groups`.
 PlanCandidate predict_candidate(const Predictor& pred, const RunRecord& rec, const Slot& slot, int groups, int devices,
-                                std::set<std::string>& warnings) {
+                                int beside, std::set<std::string>& warnings) {
   PlanCandidate c;
   c.widths = slot.widths;
   c.groups = groups;
   c.batch = rec.workload.batch;
   c.split = *slot.split;
   c.label = plan_label(c.widths, groups);
-  const PhasePrediction ph = pred.predicted_phases(c.split, rec.profile);
+  // Its steps with the replicas beside it (PlanRequest::beside): a stage whose twin shares its
+  // machine pays the together pass (Predictor::twin_on_machine); its rates stay one replica's.
+  Partition with_twins = c.split;
+  with_twins.replicas = beside;
+  const PhasePrediction ph = pred.predicted_phases(with_twins, rec.profile);
   if (!ph.warning.empty()) warnings.insert(ph.warning);
   const PartitionMetrics m = pred.simulate(c.split, ph.phase_ms);
   c.phase_ms = ph.phase_ms;
@@ -502,7 +506,8 @@ void simulate_jobs(const std::vector<Job>& jobs, const std::vector<std::unique_p
       at.stages = static_cast<int>(job.widths.size());
       at.widths = job.widths;
       at.split = job.split;
-      out[b] = predict_candidate(*preds[job.groups - 1], *recs[job.groups - 1], at, job.groups, req.devices, warn[b]);
+      out[b] = predict_candidate(*preds[job.groups - 1], *recs[job.groups - 1], at, job.groups, req.devices, req.beside,
+                                 warn[b]);
     });
     for (size_t b = 0; b < batch.size(); ++b) {
       res.candidates.push_back(std::move(out[b]));
@@ -548,6 +553,7 @@ PlanResult plan_one_pipeline(const RunRecord& run, const PlanRequest& req) {
     }
     recs.push_back(std::make_unique<RunRecord>(M == 1 ? rec1 : plan_record(run, req.devices, M)));
     preds.push_back(std::make_unique<Predictor>(*recs.back()));
+    if (req.beside > 1) preds.back()->set_devices_per_machine(sp.m);  // the replicas' devices, as plan_record places them
     std::optional<std::vector<std::vector<int>>> dp_widths;
     for (size_t i = 0; i < slots.size(); ++i) {
       Slot& slot = slots[i];
@@ -642,6 +648,7 @@ PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
     PlanRequest one = req;
     one.devices = req.devices / R;
     one.replicas = 1;
+    one.beside = R;
     PlanResult r;
     try {
       r = plan_one_pipeline(run, one);
@@ -669,10 +676,6 @@ PlanResult plan_layouts(const RunRecord& run, const PlanRequest& req) {
     }
   }
   if (!any) throw UserError(last_error);
-  if (res.replica_counts.back() > 1 && machine_size(run) > 1 && run.workload.profile_passes == "alone+together")
-    warnings.insert("replicas are modelled as independent, but the file's ranks shared a machine (its profile has an "
-                    "alone and a together pass): replicas on one such machine contend for its memory bandwidth, which "
-                    "the figures of DP layouts leave out");
   for (const std::string& m : modes) res.mode += (res.mode.empty() ? "" : " / ") + m;
   res.warnings.assign(warnings.begin(), warnings.end());
   res.front = pareto_front(res.candidates);

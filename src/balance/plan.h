@@ -42,13 +42,19 @@ struct PlanRequest {
   /// Replicas R (data parallelism, issue 49): the N devices as R identical pipelines of N / R
   /// devices each, the requests spread over them round-robin, so that every replica runs the
   /// same layout at the same load: the layout's tokens/s (and decode tokens/s) times R; tokens/s
-  /// per device and per user, TTFT and TPOT are one replica's. Replicas are independent: ranks of
-  /// two replicas on one machine are not modelled as contending for its memory (GPUs: each has
-  /// its own; CPU ranks sharing a machine do contend, as balance/contention.h says of stages).
+  /// per device and per user, TTFT and TPOT are one replica's. Ranks of two replicas on one
+  /// machine contend for its memory where the profile has two passes (CPU ranks sharing a machine;
+  /// GPUs have one pass, their own memory): a stage whose twin in another replica shares its
+  /// machine takes its together times (PlanRequest::beside, Predictor::twin_on_machine).
   /// 1: one pipeline of N devices (what `run --plan` and `--tp auto` measure); 0: every R that
   /// divides N and leaves each replica devices the model can use (`plan`'s default); > 1: that R
   /// only (it must divide N).
   int replicas = 1;
+  /// The replicas this search's one pipeline runs beside (plan_layouts sets it to each R it
+  /// searches): its stages' steps are predicted with their twins on the machines plan_record
+  /// lays the N devices out on (device d on machine d / the file's ranks per machine); the
+  /// candidates' figures stay one pipeline's. 1 = alone.
+  int beside = 1;
 };
 
 /// One candidate deployment: a layout, its split and M, as predicted.

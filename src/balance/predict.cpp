@@ -120,6 +120,20 @@ std::vector<int> Predictor::stage_machines(const Partition& p) const {
   return node;
 }
 
+bool Predictor::same_machine(int a, int b) const {
+  const int n = static_cast<int>(machine_.size());
+  if (devices_per_machine_ > 0) return a / devices_per_machine_ == b / devices_per_machine_;
+  return a < n && b < n && machine_[a] == machine_[b];
+}
+
+std::vector<char> Predictor::twin_on_machine(const Partition& p) const {
+  std::vector<char> twin(p.num_stages(), 0);
+  for (int k = 0; k < p.num_stages(); ++k)
+    for (int r = 1; r < p.replicas && !twin[k]; ++r)
+      twin[k] = same_machine(p.device_rank[k], r * p.ranks_per_replica() + p.device_rank[k]) ? 1 : 0;
+  return twin;
+}
+
 Predictor::BoundaryLink Predictor::boundary_link(const Partition& p, int k) const {
   const int S = p.num_stages(), next = (k + 1) % S;
   BoundaryLink l;
@@ -156,7 +170,8 @@ std::vector<SimStage> Predictor::sim_stages(const Partition& p, const std::vecto
 PhasePrediction Predictor::contended_phases(const Partition& p, const StageSums& sums) const {
   PhasePrediction out;
   try {
-    const auto m = contended_step_times(sim_stages(p, sums.alone), sim_stages(p, sums.together), stage_machines(p), sim_for(p));
+    const auto m = contended_step_times(sim_stages(p, sums.alone), sim_stages(p, sums.together), stage_machines(p), sim_for(p),
+                                        twin_on_machine(p));
     if (!m.converged)
       out.warning = "the contention model did not settle for partition " + p.solver + " in " +
                     std::to_string(m.iterations) + " simulations; its predictions are the last iterate's";

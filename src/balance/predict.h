@@ -84,6 +84,15 @@ class Predictor {
   /// [S] for each stage of `p`, the index of the first stage on the same machine (rank_machine:
   /// stages on one machine slow each other, even on different MPI nodes).
   std::vector<int> stage_machines(const Partition& p) const;
+  /// [S] 1 where stage k of `p` shares its machine with its twin (stage k of another of its
+  /// p.replicas replicas, on rank r x ranks_per_replica() + device_rank[k]); 0 elsewhere and with
+  /// one replica. Replicas run in lockstep (run --plan starts every replica's repetition
+  /// together; a deployment's replicas are each busy as one is): a twin computes whenever its
+  /// stage does, so such a stage's steps are overlapped all the time (contention.h, f = 1).
+  std::vector<char> twin_on_machine(const Partition& p) const;
+  /// Devices per machine for ranks beyond the record's (the planner's replicas of a record laid
+  /// out for one replica: plan_record's machine of device d is d / m); 0 = none beyond.
+  void set_devices_per_machine(int m) { devices_per_machine_ = m; }
 
   /// The link stage k of `p` sends its output over (to stage k + 1; from the last stage the token
   /// return to stage 0): each node pair's measured link on several nodes (node_pair_links), else
@@ -148,6 +157,9 @@ class Predictor {
   PairLinks pair_links_;
   std::vector<int> device_class_;
   std::vector<std::string> machine_;
+  int devices_per_machine_ = 0;  ///< set_devices_per_machine
+  /// Whether ranks a and b are on one machine (machine_, or devices_per_machine_ beyond it).
+  bool same_machine(int a, int b) const;
   BalanceProblem problem_;  ///< the run's problem (its links and activation bytes); empty cost without a profile
   bool have_problem_ = false;
 };

@@ -102,6 +102,21 @@ TEST(Contention, OneStageOrOneStagePerNodeRunsAtItsAloneTimes) {
   for (int k = 0; k < 2; ++k) EXPECT_NEAR(r.stages[k].decode_ms, two[k].decode_ms, 1e-3 * two[k].decode_ms);
 }
 
+TEST(Contention, AStageWithATwinOnItsNodeRunsAtItsTogetherTimes) {
+  // Replicas in lockstep: a stage whose twin (another replica's copy) shares its node is
+  // overlapped all the time, whatever its own pipeline does; the others keep their model.
+  const std::vector<SimStage> two = {{30.0, 3.0, 0.1, 0.01}, {40.0, 4.0, 0.01, 0.01}};
+  const auto t = scaled(two, 1.4);
+  const auto r = contended_step_times(two, t, {0, 1}, config(2, 16), {1, 0});
+  EXPECT_TRUE(r.converged);
+  EXPECT_DOUBLE_EQ(r.overlap_prefill[0], 1.0);
+  EXPECT_DOUBLE_EQ(r.overlap_decode[0], 1.0);
+  EXPECT_NEAR(r.stages[0].prefill_ms, t[0].prefill_ms, 1e-3 * t[0].prefill_ms);
+  EXPECT_NEAR(r.stages[0].decode_ms, t[0].decode_ms, 1e-3 * t[0].decode_ms);
+  EXPECT_NEAR(r.stages[1].decode_ms, two[1].decode_ms, 1e-3 * two[1].decode_ms);  // alone on node 1
+  EXPECT_THROW(contended_step_times(two, t, {0, 1}, config(2, 16), {1}), UserError);
+}
+
 TEST(Contention, EqualStagesOnOneNodeRunNearTheirTogetherTimes) {
   // Two equal stages, M = 2 groups: in the decode steady state each computes while the other
   // does; only the fill and drain are alone.

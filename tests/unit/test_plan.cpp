@@ -357,6 +357,41 @@ TEST(Plan, SixtyFourDevicesOnTwentySixUnitsAnswerWithReplicas) {
   EXPECT_TRUE(found) << best.label;
 }
 
+// Replicas on one machine contend (issue 49; a profile of two passes, CPU ranks): a replica's
+// stage whose twin in another replica shares its machine is overlapped all the time, so it runs
+// at its together times; replicas on machines of their own run at their alone times.
+TEST(Plan, ReplicasOnOneMachineRunAtTheirTogetherTimes) {
+  const RunRecord shared = make_profile(2, 4, {}, 5, true);  // two ranks on machine m0
+  balance::PlanRequest one;
+  one.devices = 1;
+  one.prune = false;
+  RunRecord always = shared;  // a device whose every step is overlapped: its together times alone
+  always.profile.latency_alone_ms = always.profile.latency_ms;
+  const auto alone = balance::plan_layouts(shared, one), together = balance::plan_layouts(always, one);
+  RunRecord apart = shared;  // one rank per machine
+  apart.ranks[1].machine_id = "m1";
+  balance::PlanRequest dp;
+  dp.devices = 2;
+  dp.replicas = 2;
+  dp.prune = false;
+  using Case = std::pair<const RunRecord*, const balance::PlanResult*>;
+  for (const auto& [run, twin] : {Case{&shared, &together}, Case{&apart, &alone}}) {
+    const auto r = balance::plan_layouts(*run, dp);
+    ASSERT_EQ(r.candidates.size(), twin->candidates.size());
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      const PlanCandidate &c = r.candidates[i], &t = twin->candidates[i];
+      SCOPED_TRACE(c.label);
+      EXPECT_EQ(c.replicas, 2);
+      EXPECT_EQ(c.groups, t.groups);
+      EXPECT_NEAR(c.tpot_p50_ms, t.tpot_p50_ms, 1e-9 * t.tpot_p50_ms);
+      EXPECT_NEAR(c.ttft_p50_ms, t.ttft_p50_ms, 1e-9 * t.ttft_p50_ms);
+      EXPECT_NEAR(c.tokens_per_s, 2 * t.tokens_per_s, 1e-9 * c.tokens_per_s);
+    }
+  }
+  // The together pass is the slower here (alone = together x 0.6..0.95): sharing costs.
+  EXPECT_GT(together.candidates[0].tpot_p50_ms, alone.candidates[0].tpot_p50_ms);
+}
+
 TEST(Plan, EveryLayoutMatchesBruteForce) {
   for (unsigned seed : {1u, 2u, 3u}) {
     const RunRecord run = make_profile(2, 6, {2}, seed);
