@@ -9,7 +9,12 @@
 // times them for a run of --ranks ranks).
 //
 //   build/ppb_stage_units_bench [--model M.json] [--batch 4] [--prompt 64] [--layers 1,2,4,8]
-//                               [--reps 5] [--iters 5] [--ranks 2]
+//                               [--reps 5] [--iters 5] [--ranks 2] [--cold-check N]
+//
+// --cold-check N: one layer's decode step timed after the old cache flush (a write stream) and
+// after evicting its own lines (the profile's now), each against a stage of N layers run back to
+// back (the pipeline's steady state), per layer: the ratios say which one times what the
+// pipeline sees.
 //
 // Exit status: 0 printed; 2 bad input; CLI11's codes for bad arguments; 3 an internal error.
 #include <CLI/CLI.hpp>
@@ -32,6 +37,7 @@ struct Options {
   std::string model = PPB_SOURCE_DIR "/inputs/models/qwen3-0.6b.json";
   int batch = 4, prompt = 64, reps = 5, iters = 5, ranks = 2;
   std::vector<int> layers = {1, 2, 4, 8};
+  int cold_check = 0;  ///< > 0: the flush comparison on a stage of this many layers instead
 };
 
 /// A stage of units [first, last] with its input (activations in [-1, 1)) and output buffers.
@@ -62,6 +68,48 @@ ppb::RaggedStep step_of(const std::vector<int>& pos, const std::vector<int>& tok
   return s;
 }
 
+/// The profile's cold timing against the pipeline's (issue 47): one layer's decode step timed
+/// after the old flush (a write stream through 1.5x the last-level cache: Device::flush_caches
+/// without a stage) and after evicting the layer's own lines (with the stage, what the profile
+/// does now), against a stage of n layers run back to back without any flush (the pipeline's
+/// steady state: n layers' weights streamed again each step), per layer. Ratios per repetition.
+int cold_check(const Options& o, ppb::Device& device, ppb::Lane& lane, const ppb::model::ModelSpec& m,
+               const ppb::StageConfig& sc, size_t resident) {
+  const int n = o.cold_check;
+  if (n + 1 > m.num_units() - 1) throw ppb::UserError("--cold-check: " + std::to_string(n) + " is more layers than the model has");
+  Built one = build(device, m, 1, 1, sc), many = build(device, m, 1, n, sc);
+  const ppb::RaggedStep step = step_of(std::vector<int>(o.batch, o.prompt / 2), std::vector<int>(o.batch, 1));
+  auto after = [&](const ppb::StageExecutor* evict) {
+    std::vector<double> t;
+    for (int i = 0; i < o.iters; ++i) {
+      device.flush_caches(lane, resident, evict);
+      lane.synchronize();
+      t.push_back(ppb::time_ragged(device, lane, *one.stage, one.in->data(), one.out->data(), step, 0, 1, 0).at(0));
+    }
+    return ppb::median(t);
+  };
+  std::vector<double> stream, lines, pipe, r_stream, r_lines;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    stream.push_back(after(nullptr));
+    lines.push_back(after(one.stage.get()));
+    pipe.push_back(ppb::median(ppb::time_ragged(device, lane, *many.stage, many.in->data(), many.out->data(), step, 1, o.iters, 0)) / n);
+    r_stream.push_back(stream.back() / pipe.back());
+    r_lines.push_back(lines.back() / pipe.back());
+  }
+  auto range = [](const std::vector<double>& v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.3f [%.3f..%.3f]", ppb::median(v), *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(b);
+  };
+  std::printf("%s, decode of B=%d rows at %d keys, %d reps x median of %d forwards (ms per layer):\n", m.model_type.c_str(),
+              o.batch, o.prompt / 2, o.reps, o.iters);
+  std::printf("  one layer after a write stream (the old flush)   %8.3f   / pipeline %s\n", ppb::median(stream), range(r_stream).c_str());
+  std::printf("  one layer after evicting its own lines (the fix) %8.3f   / pipeline %s\n", ppb::median(lines), range(r_lines).c_str());
+  std::printf("  a stage of %d layers back to back, per layer    %8.3f   (the pipeline's steady state)\n", n, ppb::median(pipe));
+  return 0;
+}
+
 int run(const Options& o) {
   const ppb::model::ModelSpec m = ppb::model::load_model_config(o.model);
   auto device = ppb::create_cpu_device(1);
@@ -82,6 +130,7 @@ int run(const Options& o) {
        }())},
       {"one prompt of P", step_of({0}, {o.prompt})}};
   auto lane = device->create_lane("bench");
+  if (o.cold_check > 0) return cold_check(o, *device, *lane, m, sc, resident);
   Built one = build(*device, m, 1, 1, sc);
   std::printf("%s, B=%d P=%d, %d reps x median of %d forwards; ratio = n-layer stage / (n x one layer)\n",
               m.model_type.c_str(), B, o.prompt, o.reps, o.iters);
@@ -116,6 +165,10 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "alternating repetitions")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--iters", o.iters, "timed forwards per repetition (median kept)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--ranks", o.ranks, "the run's ranks (decides cold or warm timing)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--cold-check", o.cold_check,
+                 "N > 0: instead, one layer's decode timed after the old flush and after evicting its lines, against "
+                 "a stage of N layers back to back (per layer)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

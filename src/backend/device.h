@@ -53,8 +53,11 @@ class Device {
   /// cache (a 63 MB layer profiled alone would otherwise stay in a 480 MB L3).
   /// resident_bytes: the weights the run keeps on the device's cache domain (all stages of the
   /// ranks sharing it); when they fit in the cache, stages run warm and nothing is flushed.
+  /// stage: the stage about to be timed, whose memory (StageExecutor::host_blocks) the CPU
+  /// device evicts line by line (backend/cpu/cpu_evict.h: a write stream through the cache does
+  /// not evict it); null: a stream through a buffer larger than the cache.
   /// Default: no-op.
-  virtual void flush_caches(Lane& lane, size_t resident_bytes) {}
+  virtual void flush_caches(Lane& lane, size_t resident_bytes, const StageExecutor* stage = nullptr) {}
   /// Whether the ranks of one node compute from one memory (the CPU backend: every rank streams
   /// its weights through the node's memory controllers), so that a stage runs slower while
   /// another stage of its node computes (balance/contention.h). GPUs: false, each has its own

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "backend/dtype.h"
@@ -109,6 +110,10 @@ class StageExecutor {
   /// n_layers + k), then the tokens routed to each of its experts since reset_checksum()
   /// (a token counts once per expert it reaches). Empty without MoE layers.
   virtual std::vector<std::vector<int64_t>> expert_tokens() const { return {}; }
+  /// The host memory a forward reads, as blocks (address, bytes): the weights and the KV store
+  /// of a CPU stage (Device::flush_caches evicts them to time a unit cold); empty where the
+  /// stage's memory is not host memory (CUDA).
+  virtual std::vector<std::pair<const void*, size_t>> host_blocks() const { return {}; }
   /// Resident weight bytes and KV-cache bytes of the stage.
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_cache_bytes() const = 0;

@@ -23,22 +23,22 @@ flight::Tag profile_tag(const StageExecutor& stage, int tokens, int pos) {
   return t;
 }
 
-/// One timed forward (ms), whatever `enqueue` puts on the lane: cache flush (cold where the
-/// run's resident weights exceed the caches, Device::flush_caches), `align` where set (after the
+/// One timed forward (ms), whatever `enqueue` puts on `stage` via the lane: cache flush (cold where the
+/// run's resident weights exceed the caches, Device::flush_caches of `stage`'s memory), `align` where set (after the
 /// flush, so that the ranks' timed forwards start together), then the forward bracketed by
 /// events on `lane`, held until enqueued where `hold` (backend/lane_hold.h).
-double time_enqueued(Device& device, Lane& lane, const flight::Tag& tag, bool hold, size_t resident_bytes,
-                     const std::function<void()>& align, const std::function<void()>& enqueue) {
+double time_enqueued(Device& device, Lane& lane, const StageExecutor& stage, const flight::Tag& tag, bool hold,
+                     size_t resident_bytes, const std::function<void()>& align, const std::function<void()>& enqueue) {
   flight::Scope scope(tag);
   auto start = device.create_event();
   auto stop = device.create_event();
   if (align) {
-    device.flush_caches(lane, resident_bytes);
+    device.flush_caches(lane, resident_bytes, &stage);
     lane.synchronize();
     align();
   }
   auto forward = [&] {
-    if (!align) device.flush_caches(lane, resident_bytes);
+    if (!align) device.flush_caches(lane, resident_bytes, &stage);
     lane.record(*start);
     enqueue();
     lane.record(*stop);
@@ -54,7 +54,7 @@ double time_enqueued(Device& device, Lane& lane, const flight::Tag& tag, bool ho
 /// One timed forward of `tokens` tokens per sequence at `pos` (time_enqueued).
 double time_one_forward(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out, int pos,
                         int tokens, bool hold, size_t resident_bytes, const std::function<void()>& align) {
-  return time_enqueued(device, lane, profile_tag(stage, tokens, pos), hold, resident_bytes, align,
+  return time_enqueued(device, lane, stage, profile_tag(stage, tokens, pos), hold, resident_bytes, align,
                        [&] { stage.enqueue_forward(lane, in, out, 0, pos, tokens); });
 }
 
@@ -69,7 +69,7 @@ bool held(const StageExecutor& stage, int tokens, int warmup) {
 /// One timed ragged forward of `step` (time_enqueued).
 double time_one_ragged(Device& device, Lane& lane, StageExecutor& stage, const void* in, void* out,
                        const RaggedStep& step, bool hold, size_t resident_bytes, const std::function<void()>& align) {
-  return time_enqueued(device, lane, profile_tag(stage, step.total_tokens(), step.pos.front()), hold, resident_bytes,
+  return time_enqueued(device, lane, stage, profile_tag(stage, step.total_tokens(), step.pos.front()), hold, resident_bytes,
                        align, [&] { stage.enqueue_forward_ragged(lane, in, out, 0, step); });
 }
 

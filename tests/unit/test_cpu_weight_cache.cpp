@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_stage.h"
+#include "backend/cpu/cpu_evict.h"
 #include "backend/cpu/cpu_weight_cache.h"
 #include "backend/stage.h"
 #include "common/error.h"
@@ -148,6 +149,31 @@ TEST(CpuStageWeights, OverlappingStagesOfOneCacheHoldTheModelOnceAndComputeAsThe
       b.reset();
       EXPECT_EQ(cache->resident_bytes(), 0u) << name;
     }
+  }
+}
+
+// The memory the profile evicts before a cold forward (Device::flush_caches with the stage):
+// the stage's weight blocks and its KV store, every byte it counts; evicting them changes no bit
+// of what the stages compute.
+TEST(CpuStageWeights, HostBlocksAreTheWeightsAndTheKvStoreAndEvictingThemChangesNothing) {
+  for (const char* name : {"tiny-llama", "tiny-qwen3-moe", "tiny-deepseek-v3"}) {
+    const ModelSpec m = tiny(name);
+    const int last = m.num_units() - 1;
+    const ppb::StageConfig cfg = config();
+    auto a = ppb::create_cpu_stage(m, 0, last - 1, cfg);
+    auto b = ppb::create_cpu_stage(m, last - 1, last, cfg);
+    for (const ppb::StageExecutor* s : {a.get(), b.get()}) {
+      size_t bytes = 0;
+      for (const auto& [p, n] : s->host_blocks()) {
+        EXPECT_NE(p, nullptr) << name;
+        bytes += n;
+      }
+      EXPECT_EQ(bytes, s->weight_bytes() + s->kv_cache_bytes()) << name;
+    }
+    const std::vector<double> before = run_two_stages(*a, *b, cfg, m.vocab);
+    for (const ppb::StageExecutor* s : {a.get(), b.get()})
+      for (const auto& [p, n] : s->host_blocks()) ppb::cpu::evict_lines(p, n);
+    EXPECT_EQ(run_two_stages(*a, *b, cfg, m.vocab), before) << name;
   }
 }
 

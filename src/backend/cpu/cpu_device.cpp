@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cpu/cpu_evict.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_lane.h"
 #include "backend/cpu/cpu_memory.h"
@@ -222,9 +223,17 @@ class CpuDevice final : public Device {
   /// MemAvailable, shared by the machine's ranks, and the memory cgroup's headroom, shared by
   /// the ranks in that cgroup: cpu_memory_pools().
   std::vector<MemoryPool> memory_pools() const override { return cpu_memory_pools(); }
-  void flush_caches(Lane& lane, size_t resident_bytes) override {
+  void flush_caches(Lane& lane, size_t resident_bytes, const StageExecutor* stage) override {
     // Weights that fit in half the last-level cache stay there during the pipeline too.
     if (resident_bytes <= cpu_last_level_cache_bytes() / 2) return;
+    if (stage != nullptr && cpu::can_evict_lines()) {
+      // The stage's own lines, evicted one by one: a write stream through a larger buffer left
+      // a block the profile reads again and again in this VM's L3 (cpu_evict.h's figures).
+      lane.host_task([blocks = stage->host_blocks()] {
+        for (const auto& [p, n] : blocks) cpu::evict_lines(p, n);
+      });
+      return;
+    }
     if (!flush_) {
       // 1.5x the last-level cache, at least 64 MiB, at most 2 GiB.
       flush_bytes_ = std::clamp<size_t>(cpu_last_level_cache_bytes() * 3 / 2, size_t(64) << 20, size_t(2) << 30);

@@ -55,6 +55,7 @@ using model::LayerShape;
 float* CpuStage::weights(const WeightKey& k, size_t n, const std::function<void(float*)>& fill) {
   weight_store_.push_back(cache_->get(k, n, fill));
   weight_bytes_ += n * sizeof(float);
+  blocks_.emplace_back(weight_store_.back().get(), n * sizeof(float));
   return weight_store_.back().get();
 }
 
@@ -330,6 +331,7 @@ void CpuStage::carve_kv_caches(const ScratchSizes& z) {
   kv_bytes_ = z.kv_floats * sizeof(float);
   if (z.kv_floats == 0) return;
   kv_store_ = cpu::make_aligned_floats(z.kv_floats, /*zero=*/true);  // zeros: pages touched now
+  blocks_.emplace_back(kv_store_.get(), kv_bytes_);
   float* p = kv_store_.get();
   std::vector<LayerWeights*> cached;
   for (LayerWeights& w : layers_) cached.push_back(&w);

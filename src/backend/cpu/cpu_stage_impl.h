@@ -108,6 +108,7 @@ class CpuStage final : public StageExecutor {
     for (auto& row : expert_tokens_) std::fill(row.begin() + 1, row.end(), 0);
   }
   std::vector<std::vector<int64_t>> expert_tokens() const override { return expert_tokens_; }
+  std::vector<std::pair<const void*, size_t>> host_blocks() const override { return blocks_; }
   size_t weight_bytes() const override { return weight_bytes_; }
   size_t kv_cache_bytes() const override { return kv_bytes_; }
 
@@ -211,6 +212,7 @@ class CpuStage final : public StageExecutor {
   std::shared_ptr<WeightCache> cache_;
   std::vector<std::shared_ptr<float>> weight_store_;  // the tensors it holds, one 64-byte-aligned block each
   size_t weight_bytes_ = 0;
+  std::vector<std::pair<const void*, size_t>> blocks_;  ///< host_blocks(): the weight blocks, then the KV store
   const float* embed_ = nullptr;
   const float* final_norm_ = nullptr;
   const float* lm_head_ = nullptr;

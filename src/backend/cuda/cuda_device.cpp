@@ -120,7 +120,7 @@ class CudaDevice final : public Device {
             {"cuda_driver", cuda_ver(driver)},
             {"cublas", std::to_string(cublas) + "." + std::to_string(cublas_minor) + "." + std::to_string(cublas_patch)}};
   }
-  void flush_caches(Lane& lane, size_t resident_bytes) override {
+  void flush_caches(Lane& lane, size_t resident_bytes, const StageExecutor* /*stage*/) override {
     // As the CPU device: weights that fit in half the L2 (H200: 60 MB) stay there in the
     // pipeline too, so a unit is profiled warm only then; otherwise it would be timed from a
     // warm L2 (a Qwen3-0.6B layer is ~30 MB in bf16) while the stage streams it from HBM.
