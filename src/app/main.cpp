@@ -215,7 +215,7 @@ void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->capture_default_str();
   run.add_option("--plan", opt.plan,
-                 "K: the deployment planner on this run's own profile (the ranks' layouts: stages x tensor-parallel "
+                 "K: the deployment planner on this run's own profile (the ranks' layouts: replicas x stages x tensor-parallel "
                  "widths x M groups in flight, M = 1..2S; as `ppbench plan FILE --devices R`), then measure its K "
                  "front points with the most predicted tokens/s (filled from the candidates off the front where it "
                  "has fewer), the best layout at every M (the groups-in-flight "
@@ -225,7 +225,7 @@ void add_benchmark_options(CLI::App& run, ppb::RunFlags& opt, bool& no_validate)
       ->capture_default_str();
   run.add_option("--replicas", opt.replicas,
                  "with --plan: the replica counts its search lays out (as `ppbench plan --replicas`): auto, every R "
-                 "dividing the ranks (R pipelines of N/R ranks, \"DP2 PP1\"), or R; a point with R > 1 is measured as R "
+                 "dividing the ranks whose N/R ranks one pipeline can use (R pipelines of N/R ranks, \"DP2 PP1\"), or R; a point with R > 1 is measured as R "
                  "pipelines side by side on the ranks (replica r on ranks r*N/R .. (r+1)*N/R-1), its tokens/s over "
                  "every replica's requests, each replica validated")
       ->capture_default_str();

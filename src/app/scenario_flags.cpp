@@ -19,7 +19,7 @@ std::string scenario_help(Command c) {
            "beside the running requests' decodes, and leaves at its own output length. Per-request TTFT, TPOT, "
            "ITL, E2E, goodput; every split under the same arrivals in interleaved rounds. -p and -g become "
            "the longest prompt and output a request may have; the profile and balancer take the scenario's "
-           "mean request";
+           "mean request, the memory check every slot at the longest";
   if (c == Command::plan)
     return "closed | poisson | gamma. closed (default): the closed-batch front. poisson | gamma: requests that "
            "arrive; every layout ranked by the highest request rate at which --attainment of the requests meet "
