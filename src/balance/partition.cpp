@@ -162,10 +162,9 @@ int Partition::ranks_per_replica() const {
 std::vector<std::vector<int>> Partition::stage_ranks(int replica) const {
   if (replica < 0 || replica >= std::max(1, replicas))
     throw InternalError("Partition::stage_ranks: replica " + std::to_string(replica) + " of " + std::to_string(replicas));
-  const int base = replica * ranks_per_replica();
   std::vector<std::vector<int>> out(num_stages());
   for (int k = 0; k < num_stages(); ++k)
-    for (int j = 0; j < width(k); ++j) out[k].push_back(base + device_rank[k] + j);
+    for (int j = 0; j < width(k); ++j) out[k].push_back(first_rank(replica, k) + j);
   return out;
 }
 

@@ -51,6 +51,8 @@ struct Partition {
   int width(int stage) const { return tp_width.empty() ? 1 : tp_width[stage]; }
   /// Whether some stage is wider than one rank.
   bool tensor_parallel() const;
+  /// The first rank of stage k of replica `replica`: replica x ranks_per_replica() + device_rank[k].
+  int first_rank(int replica, int stage) const { return replica * ranks_per_replica() + device_rank[stage]; }
   /// [S] the ranks of each stage of replica `replica` (in [0, replicas)), in group-rank order.
   std::vector<std::vector<int>> stage_ranks(int replica = 0) const;
   int units_in(int stage) const { return last_unit[stage] - first_unit[stage] + 1; }

@@ -130,7 +130,7 @@ std::vector<char> Predictor::twin_on_machine(const Partition& p) const {
   std::vector<char> twin(p.num_stages(), 0);
   for (int k = 0; k < p.num_stages(); ++k)
     for (int r = 1; r < p.replicas && !twin[k]; ++r)
-      twin[k] = same_machine(p.device_rank[k], r * p.ranks_per_replica() + p.device_rank[k]) ? 1 : 0;
+      twin[k] = same_machine(p.device_rank[k], p.first_rank(r, k)) ? 1 : 0;
   return twin;
 }
 

@@ -44,11 +44,6 @@ void print_front(std::ostream& os, const PlanRecord& plan) {
   }
 }
 
-/// A candidate's layout as PlanRecord::curve_layout names it: its widths, "DP{R} " first.
-std::string layout_of(const PlanRecord::Candidate& c) {
-  return (c.replicas > 1 ? "DP" + std::to_string(c.replicas) + " " : std::string()) + c.widths;
-}
-
 void print_measured(std::ostream& os, const RunRecord& run) {
   const PlanRecord& plan = run.plan;
   os << "plan: measured points, predicted (the planner's, before the rounds; then, where there is one, cross-calibrated "
@@ -62,7 +57,7 @@ void print_measured(std::ostream& os, const RunRecord& run) {
     const PartitionRecord* p = measured(run, c.measured_as);
     if (!p) continue;
     const std::string gain = std::isnan(p->gain.ratio) ? "-" : ratio_ci_text(p->gain.ratio, p->gain);
-    std::snprintf(line, sizeof(line), "  %-20s %-8s %3d %-26s %-26s %-26s %s%s\n", c.measured_as.c_str(), layout_of(c).c_str(),
+    std::snprintf(line, sizeof(line), "  %-20s %-8s %3d %-26s %-26s %-26s %s%s\n", c.measured_as.c_str(), c.layout().c_str(),
                   c.groups, pair_text("%8.1f", c.tokens_per_s, metric(*p, "tokens_per_s")).c_str(),
                   pair_text("%7.1f", c.ttft_p50_ms, metric(*p, "ttft_p50_ms")).c_str(),
                   pair_text("%6.2f", c.tpot_p50_ms, metric(*p, "tpot_p50_ms")).c_str(), gain.c_str(),
@@ -81,7 +76,7 @@ void print_curve(std::ostream& os, const RunRecord& run) {
   const PlanRecord& plan = run.plan;
   std::vector<const PlanRecord::Candidate*> curve;
   for (const PlanRecord::Candidate& c : plan.candidates)
-    if (layout_of(c) == plan.curve_layout && !c.measured_as.empty() && measured(run, c.measured_as)) curve.push_back(&c);
+    if (c.layout() == plan.curve_layout && !c.measured_as.empty() && measured(run, c.measured_as)) curve.push_back(&c);
   if (curve.size() < 2) return;
   std::sort(curve.begin(), curve.end(), [](const auto* a, const auto* b) { return a->groups < b->groups; });
   os << "plan: groups in flight (layout " << plan.curve_layout << "), M: tokens/s, TTFT p50, TPOT p50 predicted / measured\n";

@@ -277,6 +277,8 @@ struct PlanRecord {
     std::string counts;  ///< units per stage: "15,15"
     int groups = 0, batch = 0;
     int replicas = 1;  ///< R pipelines like this one ("DP2 ..."); tokens/s is all R's
+    /// The layout as curve_layout names it: the widths, "DP{R} " before them with R > 1.
+    std::string layout() const { return (replicas > 1 ? "DP" + std::to_string(replicas) + " " : std::string()) + widths; }
     double tokens_per_s = 0, tokens_per_s_per_device = 0, ttft_p50_ms = 0, tpot_p50_ms = 0, tokens_per_s_per_user = 0;
     int bottleneck_stage = 0;
     bool on_front = false;

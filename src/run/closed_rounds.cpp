@@ -33,11 +33,6 @@ void append_record(StageRecord& to, const StageRecord& one) {
 
 }  // namespace
 
-StageConfig ClosedRounds::stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
-                                       TpGroup* tp) const {
-  return partition_stage_config(ctx, p, place, tp);
-}
-
 void ClosedRounds::play_turn(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j, bool warm_up) {
   PipelineConfig pc = pipeline_config(ctx, p);
   pc.iters = 1;

@@ -14,8 +14,6 @@ namespace ppb::run {
 
 class ClosedRounds final : public RoundScenario {
  public:
-  StageConfig stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
-                           TpGroup* tp) const override;
   void add_bench(size_t j) override { turns_.resize(j + 1); }
   /// Its --warmup repetitions when `warm_up`, then one timed repetition.
   void play_turn(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j, bool warm_up) override;

@@ -21,9 +21,6 @@ size_t rep_events(const RunContext& ctx, const balance::Partition& p) {
   return static_cast<size_t>(partition_groups(ctx, p)) * (ctx.workload.gen_len + 1) * kNumEvents;
 }
 
-/// The first rank of stage k of replica r of partition `p` (Partition::stage_ranks).
-int stage_rank(const balance::Partition& p, int r, int k) { return r * p.ranks_per_replica() + p.device_rank[k]; }
-
 /// Appends repetition `rep` of every stage of every replica (their ranks' slices `slice[r x S +
 /// k]`, this rank's clock) to partition record `pr`'s events on rank 0's clock (replica 0's in
 /// `events`, every replica's in `replica_events` with R > 1), and its per-repetition metrics
@@ -31,13 +28,13 @@ int stage_rank(const balance::Partition& p, int r, int k) { return r * p.ranks_p
 void append_repetition(const RunContext& ctx, const balance::Partition& p, PartitionRecord& pr,
                        const std::vector<const double*>& slice, int round) {
   const Workload& w = ctx.workload;
-  const int S = p.num_stages(), steps = w.gen_len + 1, M = partition_groups(ctx, p), R = std::max(1, p.replicas);
+  const int S = p.num_stages(), steps = w.gen_len + 1, M = partition_groups(ctx, p), R = p.replicas;
   const EventShape all{1, R * M, steps, S};
   std::vector<double> events(rep_events(ctx, p) * S * R, std::nan(""));
   // A tensor-parallel stage's timeline is its first rank's (the group computes in lockstep).
   for (int r = 0; r < R; ++r)
     for (int k = 0; k < S; ++k) {
-      const int rank = stage_rank(p, r, k);
+      const int rank = p.first_rank(r, k);
       const double shift = ctx.cluster.clock_offsets_s[rank] + ctx.record().run_start_s;
       const double* from = slice[static_cast<size_t>(r) * S + k];
       for (int g = 0; g < M; ++g)
@@ -113,7 +110,7 @@ void validate_record(RunContext& ctx, const balance::Partition& p, PartitionReco
   // pipelined and serialized, as replica 0's.
   pr.replica_tokens_differing = 0;
   for (int r = 1; r < p.replicas; ++r) {
-    const int rr = stage_rank(p, r, S - 1);
+    const int rr = p.first_rank(r, S - 1);
     const auto& t = toks[rr];
     const auto& f = refs[rr];
     for (size_t i = 0; i < pr.tokens.size(); ++i)
@@ -145,7 +142,7 @@ void validate_record(RunContext& ctx, const balance::Partition& p, PartitionReco
 void complete_metrics(RunContext& ctx, const balance::Partition& p, PartitionRecord& pr) {
   const Workload& w = ctx.workload;
   const int S = p.num_stages();
-  const int M = partition_groups(ctx, p), R = std::max(1, p.replicas);
+  const int M = partition_groups(ctx, p), R = p.replicas;
   const EventShape sh{static_cast<int>(pr.rep_round.size()), M, w.gen_len + 1, S};
   // The stages' figures from replica 0's timeline (one pipeline); with replicas, the rates and
   // latencies from every replica's groups as one timeline (R x M groups), the bound R pipelines'.
@@ -221,8 +218,8 @@ void gather_round(RunContext& ctx, const PartitionSet& set, const std::vector<Be
       const size_t per_rep = rep_events(ctx, p);
       for (size_t j = 0; j < fresh[i]; ++j) {
         std::vector<const double*> slice;  // [R][S]
-        for (int r = 0; r < std::max(1, p.replicas); ++r)
-          for (int k = 0; k < p.num_stages(); ++k) slice.push_back(all[stage_rank(p, r, k)].data() + offset[i] + j * per_rep);
+        for (int r = 0; r < p.replicas; ++r)
+          for (int k = 0; k < p.num_stages(); ++k) slice.push_back(all[p.first_rank(r, k)].data() + offset[i] + j * per_rep);
         append_repetition(ctx, p, ctx.record().partitions[b.pi], slice, b.rounds[t.reps_gathered + j]);
       }
     }

@@ -32,11 +32,6 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
   return a.tokens_per_s_per_user > b.tokens_per_s_per_user;
 }
 
-/// The layout of candidate `c` as PlanRecord::curve_layout names it: its widths, "DP{R} " first.
-std::string layout_of(const balance::PlanCandidate& c) {
-  return (c.replicas > 1 ? "DP" + std::to_string(c.replicas) + " " : std::string()) + balance::layout_label(c.widths);
-}
-
 /// The candidates of the best layout (`best`'s widths and replicas) at every M the search holds, ascending;
 /// at most kMaxCurve of them, evenly spaced over the M's, the first, the last and `best` kept.
 std::vector<size_t> curve_of(const balance::PlanResult& res, size_t best) {
@@ -112,7 +107,7 @@ std::vector<balance::Partition> plan_points(RunContext& ctx) {
   std::stable_sort(rest.begin(), rest.end(), by_rank);
   for (size_t j = 0; chosen.size() < K && j < rest.size(); ++j) chosen.push_back(rest[j]);
   const size_t best = chosen.front(), k_points = chosen.size();
-  run.plan.curve_layout = layout_of(c[best]);
+  run.plan.curve_layout = run.plan.candidates[best].layout();
   for (const size_t i : curve_of(res, best))
     if (std::find(chosen.begin(), chosen.end(), i) == chosen.end()) chosen.push_back(i);
   std::vector<balance::Partition> parts;

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/format.h"
+#include "run/memory_checks.h"
 
 namespace ppb::run {
 
@@ -27,18 +28,18 @@ std::pair<std::vector<double>, std::vector<double>> same_rounds(const std::vecto
 
 namespace {
 
-/// Bytes this rank's stage of partition `p` needs under `scenario` (weights, KV cache and scratch).
-size_t stage_total_bytes(const RunContext& ctx, const RoundScenario& scenario, const balance::Partition& p) {
+/// Bytes this rank's stage of partition `p` needs (weights, KV cache and scratch: partition_stage_config).
+size_t stage_total_bytes(const RunContext& ctx, const balance::Partition& p) {
   const StagePlacement place = PartitionSet::placement(p, ctx.mpi.rank());
   const int k = place.stage;
-  return ctx.device->stage_bytes(ctx.spec, p.first_unit[k], p.last_unit[k], scenario.stage_config(ctx, p, place, nullptr)).total();
+  return ctx.device->stage_bytes(ctx.spec, p.first_unit[k], p.last_unit[k], partition_stage_config(ctx, p, place)).total();
 }
 
-void build_stage(RunContext& ctx, const RoundScenario& scenario, const PartitionSet& set, Bench& b) {
+void build_stage(RunContext& ctx, const PartitionSet& set, Bench& b) {
   const balance::Partition& p = set.splits[b.pi];
   ctx.phase("build of partition " + p.solver, [&] {
     b.stage = ctx.device->create_stage(ctx.spec, p.first_unit[b.place.stage], p.last_unit[b.place.stage],
-                                       scenario.stage_config(ctx, p, b.place, b.tp.get()));
+                                       partition_stage_config(ctx, p, b.place, b.tp.get()));
   });
 }
 
@@ -48,7 +49,7 @@ void build_stage(RunContext& ctx, const RoundScenario& scenario, const Partition
 void take_turn(RunContext& ctx, RoundScenario& scenario, const PartitionSet& set, std::vector<Bench>& benches, size_t j,
                int round) {
   Bench& b = benches[j];
-  if (!b.stage) build_stage(ctx, scenario, set, b);
+  if (!b.stage) build_stage(ctx, set, b);
   scenario.play_turn(ctx, set.splits[b.pi], b, j, !(b.resident && b.warmed));
   b.warmed = true;
   b.rounds.push_back(round);
@@ -58,9 +59,9 @@ void take_turn(RunContext& ctx, RoundScenario& scenario, const PartitionSet& set
 /// Adds partition `pi` to the benchmark: resident when this rank and every other can hold its
 /// stage beside the resident ones (collective), built now if so.
 void add_bench(RunContext& ctx, RoundScenario& scenario, const PartitionSet& set, std::vector<Bench>& benches, size_t pi) {
-  size_t resident_bytes = stage_total_bytes(ctx, scenario, set.splits[pi]);
+  size_t resident_bytes = stage_total_bytes(ctx, set.splits[pi]);
   for (const Bench& b : benches)
-    if (b.resident) resident_bytes += stage_total_bytes(ctx, scenario, set.splits[b.pi]);
+    if (b.resident) resident_bytes += stage_total_bytes(ctx, set.splits[b.pi]);
   Bench b;
   b.pi = pi;
   b.place = PartitionSet::placement(set.splits[pi], ctx.mpi.rank());
@@ -71,7 +72,7 @@ void add_bench(RunContext& ctx, RoundScenario& scenario, const PartitionSet& set
             [&] { b.tp = ctx.make_tp_group(b.place.tp_width > 1 ? colour : -1, b.place.tp_rank); });
   ctx.phase("memory check of the partitions side by side",
             [&] { b.resident = ctx.mpi.agree(resident_bytes <= ctx.cluster.memory_limit ? 0 : 1) == 0; });
-  if (b.resident) build_stage(ctx, scenario, set, b);
+  if (b.resident) build_stage(ctx, set, b);
   scenario.add_bench(benches.size());
   benches.push_back(std::move(b));
 }
@@ -253,7 +254,7 @@ void add_proposed(RunContext& ctx, RoundScenario& scenario, PartitionSet& set, s
   for (balance::Partition& p : proposed) {
     set.splits.push_back(p);
     ctx.phase("memory check of partition " + p.solver, [&] {
-      if (stage_total_bytes(ctx, scenario, p) > ctx.cluster.memory_limit)
+      if (stage_total_bytes(ctx, p) > ctx.cluster.memory_limit)
         throw UserError("the adaptive split " + p.counts_string() + " does not fit rank " + std::to_string(ctx.mpi.rank()) +
                         "'s --memory-limit");
     });
@@ -268,7 +269,7 @@ void add_proposed(RunContext& ctx, RoundScenario& scenario, PartitionSet& set, s
 void validate_benches(RunContext& ctx, RoundScenario& scenario, const PartitionSet& set, std::vector<Bench>& benches) {
   for (size_t j = 0; j < benches.size(); ++j) {
     Bench& b = benches[j];
-    if (!b.stage) build_stage(ctx, scenario, set, b);
+    if (!b.stage) build_stage(ctx, set, b);
     scenario.validate(ctx, set.splits[b.pi], b, j);
     b.stage.reset();
   }

@@ -47,9 +47,6 @@ struct RoundFigure {
 class RoundScenario {
  public:
   virtual ~RoundScenario() = default;
-  /// The stage of partition `p` on this rank (`place`; `tp`: its group, null for the bytes alone).
-  virtual StageConfig stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
-                                   TpGroup* tp) const = 0;
   /// Bench j (= the benches so far) joined: room for what its turns record.
   virtual void add_bench(size_t j) = 0;
   /// Collective: bench j's turn: its warm-up when `warm_up` (its first turn, or every turn of a

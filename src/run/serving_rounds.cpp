@@ -300,10 +300,6 @@ class ServingRounds final : public RoundScenario {
   ServingRounds(ServingRunRecord* into, bool validate, bool snapshot)
       : into_(into), validate_(validate), snapshot_(snapshot) {}
 
-  StageConfig stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
-                           TpGroup* tp) const override {
-    return partition_stage_config(ctx, p, place, tp);
-  }
   void add_bench(size_t j) override { last_.resize(j + 1); }
 
   void play_turn(RunContext& ctx, const balance::Partition& p, Bench& b, size_t j, bool warm_up) override {
