@@ -108,7 +108,9 @@ void add_serve_search_command(CLI::App& app) {
       "One scenario for every rate: N requests drawn from the seed at 1 request/s, their arrivals divided by R.\n"
       "The rate is bracketed by doubling (halving) from a light load, then bisected to 1% of the rate.\n"
       "Step times: the step model fitted to the profile's grid (/profile/step_model), or in files without one prefill\n"
-      "linear in tokens and decode at the rows' mean context (docs/OFFLINE.md).\n"
+      "linear in tokens and decode at the rows' mean context (docs/OFFLINE.md). With the grid, each answer comes with\n"
+      "a band: the rate again with every step slower and faster by the model's held-out error (the interpolation's\n"
+      "uncertainty; not the machine's drift between the profile and a later run).\n"
       "Example: ppbench serve-search results/run.h5 --slo-ttft 2000 --slo-tpot 200 --attainment 0.99");
   c->callback([] { run_and_exit([] { return serve_search_command(ss); }); });
 }

@@ -81,6 +81,10 @@ struct SearchOutcome {
   serving::RateSearchResult search;
   serving::ServingMetrics at_rate;  ///< at search.rate (found or unbounded)
   bool have_metrics = false;
+  /// The rate at the ends of the step model's held-out error (serving::search_rate_band); only
+  /// where the file's profile timed the step model's grid and the search found a rate.
+  serving::RateBand band;
+  bool have_band = false;
   double seconds = 0.0;
 };
 
@@ -105,7 +109,7 @@ std::vector<balance::StepCalibration> file_calibration(const RunRecord& run, con
 SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& pred, const balance::Partition& p,
                                const std::vector<serving::Request>& unit, const ServeSearchOptions& opt,
                                const serving::ScenarioSpec& spec,
-                               const std::vector<balance::StepCalibration>& calibration) {
+                               const std::vector<balance::StepCalibration>& calibration, double rel_error) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchOutcome out;
   out.name = p.solver;
@@ -126,6 +130,10 @@ SearchOutcome search_partition(const RunRecord& run, const balance::Predictor& p
   if (out.search.outcome != serving::RateSearchResult::Outcome::none) {
     out.at_rate = serving::simulate_at_rate(unit, out.search.rate, costs, cfg, spec.goodput);
     out.have_metrics = true;
+  }
+  if (rel_error > 0.0 && out.search.outcome == serving::RateSearchResult::Outcome::found) {
+    out.band = serving::search_rate_band(unit, costs, cfg, slo, rel_error);
+    out.have_band = true;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
@@ -167,6 +175,14 @@ json outcome_json(const SearchOutcome& o) {
                         {"request_throughput", m.request_throughput}, {"output_tokens_per_s", m.output_tokens_per_s},
                         {"duration_s", m.duration_s}};
   }
+  if (o.have_band) {
+    auto end = [](const serving::RateSearchResult& r) {
+      return json{{"outcome", serving::outcome_name(r.outcome)},
+                  {"max_rate_req_per_s", r.outcome == serving::RateSearchResult::Outcome::none ? json(nullptr) : json(r.rate)}};
+    };
+    j["max_rate_band"] = {{"step_rel_error", o.band.rel_error}, {"slower_steps", end(o.band.slower)},
+                          {"faster_steps", end(o.band.faster)}};
+  }
   return j;
 }
 
@@ -203,6 +219,15 @@ void print_header(const RunRecord& run, const ServeSearchOptions& opt, const ser
 /// Notes under the table: monotonicity, MLPerf's minimum duration.
 void print_notes(const std::vector<SearchOutcome>& all, const ServeSearchOptions& opt, int requests) {
   for (const SearchOutcome& o : all) {
+    if (o.have_band) {
+      auto end = [](const serving::RateSearchResult& r) {
+        if (r.outcome == serving::RateSearchResult::Outcome::none) return std::string("none");
+        return sig(r.rate) + (r.outcome == serving::RateSearchResult::Outcome::unbounded ? "+" : "");
+      };
+      std::printf("band: %s: %s .. %s req/s with every step %.1f%% slower .. faster (the step model's held-out error, "
+                  "p50): the rate's uncertainty from the model's interpolation alone\n", o.name.c_str(),
+                  end(o.band.slower).c_str(), end(o.band.faster).c_str(), 100.0 * o.band.rel_error);
+    }
     if (o.search.non_monotone > 0)
       std::printf("note: %s: %d probe(s) passed above a failing rate: attainment is not monotone in the rate at N = %d "
                   "(which requests share a step moves with the rate); the answer is a pass with a failure within 1%% "
@@ -242,10 +267,11 @@ int serve_search_command(const ServeSearchOptions& opt) {
     std::printf("step model calibrated per rank by the file's measured serving steps (%s; "
                 "balance/serving_calibration.h)\n",
                 run.profile.step_rows.empty() ? "per kind and band of step tokens" : "a scale per kind of step on the step model");
+  const double rel_error = step_model_band_error(run.profile);
   std::vector<SearchOutcome> all;
   json out = json::array();
   for (const balance::Partition& p : parts) {
-    all.push_back(search_partition(run, pred, p, unit, opt, spec, calibration));
+    all.push_back(search_partition(run, pred, p, unit, opt, spec, calibration, rel_error));
     print_outcome(all.back());
     out.push_back(outcome_json(all.back()));
   }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "backend/lane_hold.h"
@@ -184,7 +185,8 @@ StageConfig stage_config_of(const ProfileConfig& cfg) {
 
 /// Medians of the grid's steps on one built unit, appended to `ms`. The steps are timed in
 /// passes: an untimed pass (cfg.warmup > 0), then cfg.iters passes of one timed forward of every
-/// step, so that a step's samples spread over the whole grid's time, as the profile's cycles
+/// step, each pass in its own order (grid_pass_order), so that a step's samples spread over the
+/// whole grid's time, as the profile's cycles
 /// spread a unit's: on the VMs of issue 13 the machine's speed moves by ~20% from one ~1-2 s
 /// window to the next, and consecutive forwards of one step would all fall in one window (one
 /// disturbed window made a layer's steps at 8-32 tokens 25-40% off in one grid). A unit whose cost
@@ -208,8 +210,11 @@ void time_grid_of_unit(Device& device, Lane& lane, StageExecutor& stage, Buffer&
   }
   const int passes = std::max(1, cfg.iters);
   std::vector<std::vector<double>> samples(N);
-  for (int pass = -std::min(cfg.warmup, 1); pass < passes; ++pass)
-    for (std::size_t n = 0; n < N; ++n) {
+  for (int pass = -std::min(cfg.warmup, 1); pass < passes; ++pass) {
+    std::vector<std::size_t> order(N);
+    std::iota(order.begin(), order.end(), std::size_t{0});  // the untimed pass: grid order
+    if (pass >= 0) order = grid_pass_order(N, cfg.work.seed, pass);
+    for (std::size_t n : order) {
       if (timed_as[n] != n) continue;
       if (pass < 0) {
         stage.enqueue_forward_ragged(lane, in.data(), out.data(), 0, steps[n]);
@@ -220,6 +225,7 @@ void time_grid_of_unit(Device& device, Lane& lane, StageExecutor& stage, Buffer&
       samples[n].push_back(
           time_one_ragged(device, lane, stage, in.data(), out.data(), steps[n], hold, cfg.resident_bytes, cfg.align));
     }
+  }
   for (std::size_t n = 0; n < N; ++n) ms.push_back(median(samples[timed_as[n]]));
 }
 
@@ -303,6 +309,14 @@ ProfileResult profile_model(Device& device, const model::ModelSpec& model, const
   }
   if (progress) progress(sigs, sigs, "done");
   return expand_to_units(model, contexts, times);
+}
+
+std::vector<std::size_t> grid_pass_order(std::size_t N, uint64_t seed, int pass) {
+  std::vector<std::size_t> order(N);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937_64 rng(seed * 7919ULL + static_cast<uint64_t>(pass));
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
 }
 
 stepcost::GridSpec step_grid_spec(const ProfileConfig& cfg, int max_tokens) {

@@ -3,6 +3,8 @@
 // several KV-cache lengths (DESIGN.md §1 step 3).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,6 +62,15 @@ struct StepGridResult {
   std::vector<stepcost::GridStep> grid;  ///< [N]
   std::vector<double> ms;                ///< [signatures][N]
 };
+
+/// The order the grid's timed pass `pass` (>= 0) takes its N steps in: a permutation of 0..N-1
+/// drawn from `seed` and the pass (std::mt19937_64, std::shuffle), the same on every rank of one
+/// build, so that the ranks' aligned forwards time the same step. Each pass its own order: in
+/// grid order, a run of consecutive steps fell in the same slow stretch pass after pass and their
+/// medians kept it (docs/MEASUREMENTS.md § "2026-12-06 slow windows, the rate band and a public
+/// trace replayed").
+std::vector<std::size_t> grid_pass_order(std::size_t N, uint64_t seed, int pass);
+
 
 /// The grid the profile times for `cfg`'s workload: B rows, steps up to `max_tokens` tokens
 /// (<= B·P: the units' buffers hold B·P tokens), the cache's P + G positions, the decode

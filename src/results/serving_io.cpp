@@ -200,6 +200,7 @@ void for_each_search_scalar(R& r, Fn&& fn) {
 template <class R, class Fn>
 void for_each_search_partition_scalar(R& r, Fn&& fn) {
   fn("profile_max_rate", r.profile_max_rate), fn("calibrated_max_rate", r.calibrated_max_rate);
+  fn("profile_max_rate_low", r.profile_max_rate_low), fn("profile_max_rate_high", r.profile_max_rate_high);
   fn("predicted_attainment_below", r.predicted_attainment_below);
   fn("predicted_attainment_above", r.predicted_attainment_above);
   fn("measured_attainment_below", r.measured_attainment_below);
@@ -261,7 +262,10 @@ void read_rate_search(const Group& g, RateSearchRecord& r) {
     const Group q = g.open_group("predicted/" + name);
     RateSearchPartitionRecord p;
     p.name = name;
-    for_each_search_partition_scalar(p, [&](const char* k, double& v) { v = q.get_attr<double>(k); });
+    // (the band's ends are absent in older files: NaN)
+    for_each_search_partition_scalar(p, [&](const char* k, double& v) {
+      if (q.has_attr(k)) v = q.get_attr<double>(k);
+    });
     p.outcome = q.get_attr<std::string>("outcome");
     for_each_curve(p, [&](const char* k, std::vector<double>& v, const char*) { v = q.open_dataset(k).read<double>(); });
     r.partitions.push_back(std::move(p));

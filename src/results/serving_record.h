@@ -94,6 +94,11 @@ struct RateSearchPartitionRecord {
   /// partition's); NaN where no rate passes; outcome: found, none or unbounded (calibrated).
   double profile_max_rate = std::numeric_limits<double>::quiet_NaN();
   double calibrated_max_rate = std::numeric_limits<double>::quiet_NaN();
+  /// The profile's highest rate with every step x (1 + e) (low) and x (1 - e) (high), e the step
+  /// model's held-out error (serving::search_rate_band); NaN where no rate passes there or the
+  /// profile timed no grid.
+  double profile_max_rate_low = std::numeric_limits<double>::quiet_NaN();
+  double profile_max_rate_high = std::numeric_limits<double>::quiet_NaN();
   std::string outcome;
   /// The calibrated simulator's prediction at each rate of the curve [K] (ascending; the rates
   /// below and above included).

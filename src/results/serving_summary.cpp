@@ -114,12 +114,15 @@ void print_rate_search(std::ostream& os, const RateSearchRecord& r) {
                     "profile's highest for the uniform split, or N / --max-time), R* = %.3f req/s (%s, calibrated by the pilot's steps)\n",
                     r.slo_ttft_ms, r.slo_tpot_ms, 100.0 * r.attainment_target, r.pilot_rate, r.max_rate,
                     r.searched_partition.c_str());
-  os << format_line("  %-12s %14s %14s %24s %24s\n", "partition", "max (profile)", "max (calib.)",
+  os << format_line("  %-12s %14s %16s %14s %24s %24s\n", "partition", "max (profile)", "its band", "max (calib.)",
                     "attain. 0.9R* meas/pred", "attain. 1.1R* meas/pred");
   for (const RateSearchPartitionRecord& p : r.partitions)
-    os << format_line("  %-12s %14.3f %14.3f %15.3f / %-6.3f %15.3f / %-6.3f\n", p.name.c_str(), p.profile_max_rate,
-                      p.calibrated_max_rate, p.measured_attainment_below, p.predicted_attainment_below,
-                      p.measured_attainment_above, p.predicted_attainment_above);
+    os << format_line("  %-12s %14.3f %7.3f..%-7.3f %14.3f %15.3f / %-6.3f %15.3f / %-6.3f\n", p.name.c_str(),
+                      p.profile_max_rate, p.profile_max_rate_low, p.profile_max_rate_high, p.calibrated_max_rate,
+                      p.measured_attainment_below, p.predicted_attainment_below, p.measured_attainment_above,
+                      p.predicted_attainment_above);
+  os << "  (its band: the profile's highest rate with every step slower .. faster by the step model's held-out "
+        "error, p50; nan where none passes or the profile timed no grid)\n";
   os << "  (0.9 R* = " << format_fixed(r.rate_below, 3) << " req/s is the scenario above; 1.1 R* = "
      << format_fixed(r.rate_above, 3) << " req/s in /rate_search/above, " << r.above_rounds << " rounds)\n";
   os << "  rate search verdict: "

@@ -75,6 +75,12 @@ std::string step_model_uncertainty(const ProfileTable& p) {
   return format_line("held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50, 100 * fit.abs_error_max);
 }
 
+double step_model_band_error(const ProfileTable& p) {
+  if (p.step_rows.empty() || p.step_by_rows.empty()) return 0.0;
+  const double e = fit_step_model(p).abs_error_p50;
+  return e < 0.5 ? e : 0.0;
+}
+
 void read_step_model(const Group& prof, ProfileTable& p) {
   if (!prof.is_group("step_model")) return;
   {

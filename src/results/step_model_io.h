@@ -28,6 +28,11 @@ stepcost::GridFit fit_step_model(const ProfileTable& p);
 /// VMs up to ~40% within minutes: docs/MEASUREMENTS.md § 2026-12-06).
 std::string step_model_uncertainty(const ProfileTable& p);
 
+/// The relative error a prediction's band is drawn at (serving::search_rate_band): the step
+/// model's held-out |model / measured - 1| (p50) over the whole model (fit_step_model); 0 where
+/// the profile timed no grid or the error is 50% or more (a model that far off bounds nothing).
+double step_model_band_error(const ProfileTable& p);
+
 /// Reads the grid and its medians back into `p` (files without the group leave them empty).
 void read_step_model(const h5::Group& prof, ProfileTable& p);
 

@@ -469,8 +469,9 @@ void rate_search_pilot(RunContext& ctx, PartitionSet& set) {
     s.rate_search.pilot_rounds = s.rounds;
     s.partitions.clear();
     for (const RateSearchPartitionRecord& r : s.rate_search.partitions)
-      ctx.progress.say(format_line("rate search: %-10s highest rate meeting the SLO %.3f requests/s from the profile, "
-                                   "%.3f calibrated by the pilot's steps", r.name.c_str(), r.profile_max_rate,
+      ctx.progress.say(format_line("rate search: %-10s highest rate meeting the SLO %.3f requests/s from the profile "
+                                   "(%.3f..%.3f at the step model's held-out error), %.3f calibrated by the pilot's steps",
+                                   r.name.c_str(), r.profile_max_rate, r.profile_max_rate_low, r.profile_max_rate_high,
                                    r.calibrated_max_rate));
     below = s.rate_search.rate_below;
     ctx.progress.say(format_line("rate search: R* = %.3f requests/s (%s); measuring at 0.9 R* = %.3f and 1.1 R* = %.3f",

@@ -9,6 +9,7 @@
 #include "balance/serving_step_model.h"
 #include "common/error.h"
 #include "common/format.h"
+#include "results/step_model_io.h"
 #include "serving/arrivals.h"
 #include "serving/simulated_rate.h"
 
@@ -82,7 +83,16 @@ void plan_rate_confirmation(RunContext& ctx, const PartitionSet& set) {
     const serving::PipelineSimConfig cfg = serving_sim_config(ctx, p);
     const serving::RateSearchResult prof =
         serving::search_simulated_rate(unit, balance::ProfileStepCosts(run, pred, p), cfg, slo);
-    if (prof.outcome == serving::RateSearchResult::Outcome::found) r.profile_max_rate = prof.rate;
+    if (prof.outcome == serving::RateSearchResult::Outcome::found) {
+      r.profile_max_rate = prof.rate;
+      const double e = step_model_band_error(run.profile);
+      if (e > 0.0) {
+        const serving::RateBand band =
+            serving::search_rate_band(unit, balance::ProfileStepCosts(run, pred, p), cfg, slo, e);
+        if (band.slower.outcome == serving::RateSearchResult::Outcome::found) r.profile_max_rate_low = band.slower.rate;
+        if (band.faster.outcome == serving::RateSearchResult::Outcome::found) r.profile_max_rate_high = band.faster.rate;
+      }
+    }
     models.push_back(std::make_unique<balance::CalibratedStepCosts>(run, pred, p, calibration));
     const serving::RateSearchResult cal = serving::search_simulated_rate(unit, *models.back(), cfg, slo);
     r.outcome = serving::outcome_name(cal.outcome);

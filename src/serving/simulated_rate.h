@@ -28,6 +28,36 @@ double mean_solo_e2e_s(const std::vector<Request>& unit, const StepCostModel& co
 RateSearchResult search_simulated_rate(const std::vector<Request>& unit, const StepCostModel& costs,
                                        const PipelineSimConfig& cfg, const SloTarget& slo);
 
+/// `base`'s step costs with every stage's compute x `scale` (> 0, finite), transfers as `base`'s:
+/// a step model's relative error propagated to what is predicted from it (search_rate_band).
+/// Keeps a reference to `base`.
+/// @throws ppb::InternalError for a scale <= 0 or not finite.
+class ScaledStepCosts final : public StepCostModel {
+ public:
+  ScaledStepCosts(const StepCostModel& base, double scale);
+  int stages() const override { return base_.stages(); }
+  double compute_ms(int k, const StepShape& s) const override { return scale_ * base_.compute_ms(k, s); }
+  double transfer_ms(int k, const StepShape& s) const override { return base_.transfer_ms(k, s); }
+
+ private:
+  const StepCostModel& base_;
+  double scale_;
+};
+
+/// The highest rate at the ends of a step model's relative error e (issue 47: every prediction
+/// with the model's own uncertainty): search_simulated_rate with every compute x (1 + e)
+/// (`slower`: the band's low end) and x (1 - e) (`faster`: its high end). The SLO's pass/fail
+/// is monotone in step times for a fixed schedule only, so the ends bracket the answer at e's
+/// edges, not every rate between (the searches' non_monotone counts say where they did not).
+struct RateBand {
+  double rel_error = 0.0;     ///< e, in [0, 1)
+  RateSearchResult slower;    ///< at compute x (1 + e)
+  RateSearchResult faster;    ///< at compute x (1 - e)
+};
+/// @throws ppb::InternalError for e outside [0, 1) or an empty `unit`; what the cost model throws.
+RateBand search_rate_band(const std::vector<Request>& unit, const StepCostModel& costs, const PipelineSimConfig& cfg,
+                          const SloTarget& slo, double rel_error);
+
 /// The simulator's metrics of `unit` at `rate` (> 0, finite) with goodput limits `limits`.
 ServingMetrics simulate_at_rate(const std::vector<Request>& unit, double rate, const StepCostModel& costs,
                                 const PipelineSimConfig& cfg, const GoodputSpec& limits);

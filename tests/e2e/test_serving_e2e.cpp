@@ -455,6 +455,8 @@ TEST(ServingE2E, RateSearchMeasuresAroundThePredictedMaximum) {
                "--attainment 0.8 -o " + dir + "/s.h5");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("rate search verdict:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("its band: the profile's highest rate with every step slower .. faster"), std::string::npos)
+      << r.output;
   auto f = ppb::h5::File::open(dir + "/s.h5");
   auto root = f.root();
   auto rs = root.open_group("rate_search");
@@ -479,6 +481,15 @@ TEST(ServingE2E, RateSearchMeasuresAroundThePredictedMaximum) {
     auto q = rs.open_group("predicted/" + name);
     const double calibrated = q.get_attr<double>("calibrated_max_rate");
     best = std::max(best, calibrated);
+    // The profile's rate with its band at the step model's held-out error (tiny-llama's grid is
+    // timed): slower steps pass less, faster more, each end within the bisection's 1%.
+    const double prof = q.get_attr<double>("profile_max_rate");
+    const double lo = q.get_attr<double>("profile_max_rate_low"), hi = q.get_attr<double>("profile_max_rate_high");
+    if (!std::isnan(prof)) {
+      ASSERT_FALSE(std::isnan(lo) || std::isnan(hi)) << "no band around " << prof;
+      EXPECT_LE(lo, 1.01 * prof);
+      EXPECT_GE(hi, prof / 1.01);
+    }
     if (name == searched) EXPECT_DOUBLE_EQ(calibrated, R);
     const auto curve = q.open_dataset("rate").read<double>();
     ASSERT_EQ(curve.size(), 26u);

@@ -2,6 +2,7 @@
 // model, and that time_forwards times the enqueued work only, not the host enqueueing it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -159,6 +160,33 @@ TEST(Profiler, ProfilesEveryUnitOfTinyLlama) {
   for (size_t a = 0; a < U; ++a)
     for (size_t b = a + 1; b < U; ++b)
       if (m.units[a].signature == m.units[b].signature) EXPECT_EQ(r.prefill_ms[a], r.prefill_ms[b]);
+}
+
+/// The grid's timed passes each take their own order (issue 47: in grid order a slow stretch of
+/// the machine kept the same consecutive steps slow in every pass, and their medians with it):
+/// every pass a permutation, the passes different, the same for the same seed (the ranks' aligned
+/// forwards must time the same step). The grid on tiny-llama: a median per signature and step.
+TEST(Profiler, GridPassesTakeSeededOrders) {
+  const std::size_t N = 28;
+  std::vector<std::vector<std::size_t>> orders;
+  for (int pass = 0; pass < 5; ++pass) {
+    orders.push_back(grid_pass_order(N, 1234, pass));
+    std::vector<std::size_t> sorted = orders.back();
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t i = 0; i < N; ++i) ASSERT_EQ(sorted[i], i) << "pass " << pass;
+    EXPECT_EQ(orders.back(), grid_pass_order(N, 1234, pass));
+  }
+  for (int a = 0; a < 5; ++a)
+    for (int b = a + 1; b < 5; ++b) EXPECT_NE(orders[a], orders[b]) << a << " " << b;
+  EXPECT_NE(grid_pass_order(N, 1235, 0), orders[0]);
+
+  const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
+  auto dev = create_cpu_device(1);
+  const ProfileConfig cfg = tiny_llama_config(3);
+  const auto grid = stepcost::plan_grid(step_grid_spec(cfg, cfg.work.batch * cfg.work.prompt_len));
+  const StepGridResult r = profile_grid(*dev, m, cfg, grid);
+  ASSERT_EQ(r.ms.size(), m.signatures.size() * grid.size());
+  for (double v : r.ms) EXPECT_GT(v, 0.0);
 }
 
 /// The units built once and profiled twice: each profile shaped as profile_model's (the same

@@ -677,6 +677,60 @@ TEST(ServingRateSearch, BisectionMatchesABruteForceScan) {
   }
 }
 
+// The rate band (issue 47: the max rate with the step model's own uncertainty): its ends are the
+// searches at compute x (1 -+ e), and scaling every compute by s with the SLO's limits scaled alike
+// is the same pipeline on a clock s times slower, so its highest rate is the unscaled one / s
+// (exact in the simulator with free transfers; each search within its 1% bisection).
+TEST(ServingRateSearch, BandIsTheSearchAtScaledStepsAndScalesAsTime) {
+  const FixedCosts with_xfer({0.05, 0.04}, {2.0, 1.5}, {0.1, 0.05});
+  const serving::ScaledStepCosts scaled(with_xfer, 1.25);
+  StepShape sh;
+  sh.prefill_tokens = 10;
+  sh.decode_rows = 2;
+  EXPECT_DOUBLE_EQ(scaled.compute_ms(1, sh), 1.25 * with_xfer.compute_ms(1, sh));
+  EXPECT_DOUBLE_EQ(scaled.transfer_ms(0, sh), with_xfer.transfer_ms(0, sh));
+  EXPECT_EQ(scaled.stages(), 2);
+  EXPECT_THROW(serving::ScaledStepCosts(with_xfer, 0.0), InternalError);
+
+  const FixedCosts costs({0.05, 0.04}, {2.0, 1.5}, {0.0, 0.0});
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 2;
+  cfg.scheduler.slots = 4;
+  serving::SloTarget slo;
+  slo.ttft_ms = 150;
+  slo.tpot_ms = 12;
+  slo.attainment = 0.9;
+  serving::ScenarioSpec spec;
+  spec.arrivals = {1.0, INFINITY, true};
+  spec.requests = 200;
+  spec.prompt_lens = serving::parse_length_spec("fixed:64", "--prompt-lens");
+  spec.gen_lens = serving::parse_length_spec("fixed:16", "--gen-lens");
+  spec.max_prompt_len = spec.max_gen_len = 1000;
+  const auto unit = serving::generate_requests(spec);
+  const auto mid = serving::search_simulated_rate(unit, costs, cfg, slo);
+  ASSERT_EQ(mid.outcome, serving::RateSearchResult::Outcome::found);
+  const auto band = serving::search_rate_band(unit, costs, cfg, slo, 0.1);
+  EXPECT_DOUBLE_EQ(band.rel_error, 0.1);
+  EXPECT_DOUBLE_EQ(band.slower.rate,
+                   serving::search_simulated_rate(unit, serving::ScaledStepCosts(costs, 1.1), cfg, slo).rate);
+  EXPECT_DOUBLE_EQ(band.faster.rate,
+                   serving::search_simulated_rate(unit, serving::ScaledStepCosts(costs, 0.9), cfg, slo).rate);
+  EXPECT_LT(band.slower.rate, mid.rate);
+  EXPECT_GT(band.faster.rate, mid.rate);
+  for (double s : {1.1, 0.9}) {
+    serving::SloTarget slo_s = slo;
+    slo_s.ttft_ms *= s;
+    slo_s.tpot_ms *= s;
+    const auto dilated = serving::search_simulated_rate(unit, serving::ScaledStepCosts(costs, s), cfg, slo_s);
+    ASSERT_EQ(dilated.outcome, serving::RateSearchResult::Outcome::found);
+    EXPECT_NEAR(dilated.rate * s, mid.rate, 0.02 * mid.rate) << "scale " << s;
+  }
+  const auto zero = serving::search_rate_band(unit, costs, cfg, slo, 0.0);
+  EXPECT_DOUBLE_EQ(zero.slower.rate, mid.rate);
+  EXPECT_DOUBLE_EQ(zero.faster.rate, mid.rate);
+  EXPECT_THROW(serving::search_rate_band(unit, costs, cfg, slo, 1.0), InternalError);
+}
+
 TEST(ServingRateSearch, BracketsDownwardsAndReportsNoneOrUnbounded) {
   auto threshold = [](double t) {
     return [t](double rate) {
