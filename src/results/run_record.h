@@ -126,6 +126,9 @@ struct ProfileTable {
   /// older files and with --step-grid off.
   std::vector<int> step_rows, step_pos, step_tokens, step_role, step_by_rows;
   std::vector<double> step_ms;
+  /// How many times the grid was timed (a disturbed grid is timed again: run/profile_phase.cpp
+  /// time_step_grid; each rank kept its attempt of the lowest held-out error); 0 in older files.
+  int step_attempts = 0;
 };
 
 struct PartitionRecord {

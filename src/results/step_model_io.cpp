@@ -35,6 +35,7 @@ void write_step_model(Group& prof, const RunRecord& run) {
   g.write_dataset("step_role", p.step_role).set_attr("roles", std::vector<std::string>{"knot", "context", "attention", "held_out"});
   g.write_dataset("by_rows", p.step_by_rows, {S});
   g.write_dataset("step_ms", p.step_ms, {R, S, N}).set_attr("units", "ms");
+  g.set_attr("attempts", static_cast<int64_t>(p.step_attempts));
   const stepcost::GridFit fit = fit_step_model(p);
   std::vector<double> pre, dec, err, kx, kms;
   hs K = 0;
@@ -91,6 +92,7 @@ void read_step_model(const Group& prof, ProfileTable& p) {
     p.step_role = to_int(g.open_dataset("step_role").read<int64_t>());
     p.step_by_rows = to_int(g.open_dataset("by_rows").read<int64_t>());
     p.step_ms = g.open_dataset("step_ms").read<double>();
+    if (g.has_attr("attempts")) p.step_attempts = static_cast<int>(g.get_attr<int64_t>("attempts"));
   }
 }
 

@@ -405,7 +405,11 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
   os << "step model: " << t.step_rows.size() << " step shapes timed on each signature and rank, piecewise linear in a "
      << "step's tokens plus its attention keys (/profile/step_model); " << held << " held-out steps of the whole model on "
      << ranks << " rank(s): |model / measured - 1| p50 " << fmt("%.1f", 100 * fit.abs_error_p50) << "%, max "
-     << fmt("%.1f", 100 * fit.abs_error_max) << "%: the serving predictions' interpolation error\n";
+     << fmt("%.1f", 100 * fit.abs_error_max) << "%: the serving predictions' interpolation error";
+  if (t.step_attempts > 1)
+    os << " (the grid was timed " << t.step_attempts << " times: a disturbed one is timed again, each rank keeping "
+       << "its attempt of the lowest held-out error)";
+  os << "\n";
 }
 
 /// What the partition tables' columns and figures mean.
