@@ -186,8 +186,8 @@ StageConfig stage_config_of(const ProfileConfig& cfg) {
 /// Medians of the grid's steps on one built unit, appended to `ms`. The steps are timed in
 /// passes: an untimed pass (cfg.warmup > 0), then cfg.iters passes of one timed forward of every
 /// step, each pass in its own order (grid_pass_order), so that a step's samples spread over the
-/// whole grid's time, as the profile's cycles
-/// spread a unit's: on the VMs of issue 13 the machine's speed moves by ~20% from one ~1-2 s
+/// whole grid's time, as the profile's cycles spread a unit's, and no step's samples all follow
+/// the same steps: on the VMs of issue 13 the machine's speed moves by ~20% from one ~1-2 s
 /// window to the next, and consecutive forwards of one step would all fall in one window (one
 /// disturbed window made a layer's steps at 8-32 tokens 25-40% off in one grid). A unit whose cost
 /// goes by rows (`by_rows`: the head, stepcost/step_model.h) times each row count of the fitted

@@ -71,7 +71,6 @@ struct StepGridResult {
 /// trace replayed").
 std::vector<std::size_t> grid_pass_order(std::size_t N, uint64_t seed, int pass);
 
-
 /// The grid the profile times for `cfg`'s workload: B rows, steps up to `max_tokens` tokens
 /// (<= B·P: the units' buffers hold B·P tokens), the cache's P + G positions, the decode
 /// contexts of the profile (evenly spaced in [P, P+G-1]).
