@@ -188,15 +188,20 @@ constexpr double kGridDisturbedError = 0.03;
 /// How many times a disturbed grid is timed again (each a grid's time: ~6 s for Qwen3-0.6B here).
 constexpr int kGridRetries = 2;
 
+/// [signatures] 1 where the signature's step cost goes by rows (the head: stepcost/step_model.h).
+std::vector<int> grid_by_rows(const model::ModelSpec& spec) {
+  std::vector<int> by_rows;
+  for (std::size_t s = 0; s < spec.signatures.size(); ++s)
+    by_rows.push_back(spec.units[spec.signature_example[s]].kind == model::UnitKind::head ? 1 : 0);
+  return by_rows;
+}
+
 /// This rank's held-out error of its grid over the whole model (stepcost::fit_grid of `ms`
 /// [signatures][N], each signature counted by its units): the |model / measured - 1| p50.
 double local_grid_error(const RunContext& ctx, const std::vector<stepcost::GridStep>& grid, const std::vector<double>& ms) {
-  const model::ModelSpec& spec = ctx.spec;
-  std::vector<int> by_rows, units(spec.signatures.size(), 0);
-  for (std::size_t s = 0; s < spec.signatures.size(); ++s)
-    by_rows.push_back(spec.units[spec.signature_example[s]].kind == model::UnitKind::head ? 1 : 0);
-  for (const auto& u : spec.units) ++units[u.signature];
-  return stepcost::fit_grid(grid, by_rows, ms, units).abs_error_p50;
+  std::vector<int> units(ctx.spec.signatures.size(), 0);
+  for (const auto& u : ctx.spec.units) ++units[u.signature];
+  return stepcost::fit_grid(grid, grid_by_rows(ctx.spec), ms, units).abs_error_p50;
 }
 
 /// The step model's grid (issue 47) timed on every rank: on the resident units where there are
@@ -318,9 +323,7 @@ void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool
     t.step_rows = flat.rows, t.step_pos = flat.pos, t.step_tokens = flat.tokens, t.step_role = flat.role;
     t.step_ms = grid_ms;
     t.step_attempts = grid_attempts;
-    t.step_by_rows.clear();
-    for (std::size_t s = 0; s < ctx.spec.signatures.size(); ++s)
-      t.step_by_rows.push_back(ctx.spec.units[ctx.spec.signature_example[s]].kind == model::UnitKind::head ? 1 : 0);
+    t.step_by_rows = grid_by_rows(ctx.spec);
   }
 }
 

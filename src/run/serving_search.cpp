@@ -77,18 +77,17 @@ void plan_rate_confirmation(RunContext& ctx, const PartitionSet& set) {
   const std::vector<balance::StepCalibration> calibration = balance::calibrate_steps(run, pred, set.splits, "");
   rs.partitions.clear();
   std::vector<std::unique_ptr<balance::CalibratedStepCosts>> models;
+  const double band_error = step_model_band_error(run.profile);  // one fit for every partition
   for (const balance::Partition& p : set.splits) {
     RateSearchPartitionRecord r;
     r.name = p.solver;
     const serving::PipelineSimConfig cfg = serving_sim_config(ctx, p);
-    const serving::RateSearchResult prof =
-        serving::search_simulated_rate(unit, balance::ProfileStepCosts(run, pred, p), cfg, slo);
+    const balance::ProfileStepCosts profile_costs(run, pred, p);
+    const serving::RateSearchResult prof = serving::search_simulated_rate(unit, profile_costs, cfg, slo);
     if (prof.outcome == serving::RateSearchResult::Outcome::found) {
       r.profile_max_rate = prof.rate;
-      const double e = step_model_band_error(run.profile);
-      if (e > 0.0) {
-        const serving::RateBand band =
-            serving::search_rate_band(unit, balance::ProfileStepCosts(run, pred, p), cfg, slo, e);
+      if (band_error > 0.0) {
+        const serving::RateBand band = serving::search_rate_band(unit, profile_costs, cfg, slo, band_error);
         if (band.slower.outcome == serving::RateSearchResult::Outcome::found) r.profile_max_rate_low = band.slower.rate;
         if (band.faster.outcome == serving::RateSearchResult::Outcome::found) r.profile_max_rate_high = band.faster.rate;
       }

@@ -616,25 +616,39 @@ struct ScanCase {
   const char* outputs;
 };
 
-TEST(ServingRateSearch, BisectionMatchesABruteForceScan) {
-  const FixedCosts costs({0.05, 0.04}, {2.0, 1.5}, {0.1, 0.05});
+/// The rate searches' pipeline (2 groups of 4 slots), SLO (TTFT 150 ms, TPOT 12 ms for 90%) and
+/// requests: 200 of case `c` at unit rate, seed 3.
+serving::PipelineSimConfig search_config() {
   serving::PipelineSimConfig cfg;
   cfg.scheduler.groups = 2;
   cfg.scheduler.slots = 4;
+  return cfg;
+}
+serving::SloTarget search_slo() {
   serving::SloTarget slo;
   slo.ttft_ms = 150;
   slo.tpot_ms = 12;
   slo.attainment = 0.9;
+  return slo;
+}
+std::vector<Request> search_requests(const ScanCase& c) {
+  serving::ScenarioSpec spec;
+  spec.arrivals = {1.0, c.burstiness, true};
+  spec.requests = 200;
+  spec.prompt_lens = serving::parse_length_spec(c.prompts, "--prompt-lens");
+  spec.gen_lens = serving::parse_length_spec(c.outputs, "--gen-lens");
+  spec.max_prompt_len = spec.max_gen_len = 1000;
+  spec.seed = 3;
+  return serving::generate_requests(spec);
+}
+
+TEST(ServingRateSearch, BisectionMatchesABruteForceScan) {
+  const FixedCosts costs({0.05, 0.04}, {2.0, 1.5}, {0.1, 0.05});
+  const serving::PipelineSimConfig cfg = search_config();
+  const serving::SloTarget slo = search_slo();
   for (const ScanCase& c : {ScanCase{"constant gaps, fixed lengths", INFINITY, "fixed:64", "fixed:16"},
                             ScanCase{"Poisson, lognormal lengths", 1.0, "lognormal:64,0.5", "lognormal:16,0.5"}}) {
-    serving::ScenarioSpec spec;
-    spec.arrivals = {1.0, c.burstiness, true};
-    spec.requests = 200;
-    spec.prompt_lens = serving::parse_length_spec(c.prompts, "--prompt-lens");
-    spec.gen_lens = serving::parse_length_spec(c.outputs, "--gen-lens");
-    spec.max_prompt_len = spec.max_gen_len = 1000;
-    spec.seed = 3;
-    const auto unit = serving::generate_requests(spec);
+    const auto unit = search_requests(c);
     auto judge = [&](double rate) {
       return serving::judge_requests(serving::simulate_serving(serving::scale_arrivals(unit, rate), costs, cfg).times, slo);
     };
@@ -693,20 +707,9 @@ TEST(ServingRateSearch, BandIsTheSearchAtScaledStepsAndScalesAsTime) {
   EXPECT_THROW(serving::ScaledStepCosts(with_xfer, 0.0), InternalError);
 
   const FixedCosts costs({0.05, 0.04}, {2.0, 1.5}, {0.0, 0.0});
-  serving::PipelineSimConfig cfg;
-  cfg.scheduler.groups = 2;
-  cfg.scheduler.slots = 4;
-  serving::SloTarget slo;
-  slo.ttft_ms = 150;
-  slo.tpot_ms = 12;
-  slo.attainment = 0.9;
-  serving::ScenarioSpec spec;
-  spec.arrivals = {1.0, INFINITY, true};
-  spec.requests = 200;
-  spec.prompt_lens = serving::parse_length_spec("fixed:64", "--prompt-lens");
-  spec.gen_lens = serving::parse_length_spec("fixed:16", "--gen-lens");
-  spec.max_prompt_len = spec.max_gen_len = 1000;
-  const auto unit = serving::generate_requests(spec);
+  const serving::PipelineSimConfig cfg = search_config();
+  const serving::SloTarget slo = search_slo();
+  const auto unit = search_requests({"constant gaps, fixed lengths", INFINITY, "fixed:64", "fixed:16"});
   const auto mid = serving::search_simulated_rate(unit, costs, cfg, slo);
   ASSERT_EQ(mid.outcome, serving::RateSearchResult::Outcome::found);
   const auto band = serving::search_rate_band(unit, costs, cfg, slo, 0.1);
