@@ -88,7 +88,11 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
                  when + "N: blocks in each group's KV pool (vLLM's paged KV cache): a step takes the blocks its rows' "
                         "positions cover, a request is admitted when its prefill's blocks are free, and when a "
                         "running request's next token finds none the request admitted last is preempted and "
-                        "recomputed later (vLLM V1's policy); 0: every slot at the longest request (nothing binds)")
+                        "recomputed later (vLLM V1's policy); 0: every slot at the longest request (nothing binds)" +
+                        std::string(run ? "; auto: as many as each split's stages' free memory holds after weights "
+                                          "and scratch (vLLM's rule; on CPU ranks the KV store is then demand-paged, "
+                                          "resident only where the pool's blocks are)"
+                                        : ""))
       ->capture_default_str();
   cmd.add_option("--kv-block-size", f.kv_block_size, when + "TOKENS per KV block (vLLM's --block-size)")
       ->capture_default_str();

@@ -48,6 +48,13 @@ void check_ragged_step(const RaggedStep& step, int group, const Workload& work) 
     if (pos < 0 || static_cast<long>(pos) + n > ctx)
       throw InternalError(row + "positions outside the cache's [0, " + std::to_string(ctx) + ")");
   }
+  std::vector<char> released(B, 0);
+  for (const int32_t slot : step.released) {
+    if (slot < 0 || slot >= B || released[slot])
+      throw InternalError(what + ": released slot " + std::to_string(slot) + " outside [0, " + std::to_string(B) +
+                          ") or given twice");
+    released[slot] = 1;
+  }
 }
 
 }  // namespace ppb

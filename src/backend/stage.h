@@ -35,14 +35,33 @@ struct StageConfig {
   int tp_width = 1;
   int tp_rank = 0;
   TpGroup* tp = nullptr;
+  /// Tokens of KV cache a serving scheduler's pool lets this stage hold at once, over all its
+  /// groups and slots (M x --kv-blocks x --kv-block-size; serving/scheduler.h); 0: every slot of
+  /// every group at max_context (closed batches, or a pool that does not bind). A backend whose
+  /// KV storage is demand-paged (StageBytes::kv_paged: the CPU) then holds only the pages of the
+  /// positions written and not given back (RaggedStep::released), and counts the pool's tokens
+  /// in stage_bytes; one that allocates every slot (CUDA, today) ignores it.
+  int64_t kv_pool_tokens = 0;
 };
 
 /// Bytes a stage allocates (cpu_stage_bytes, cuda_stage_bytes): computed before anything is
 /// allocated, to check --memory-limit.
 struct StageBytes {
   size_t weights = 0;
+  /// The KV cache the stage holds at most: every slot at max_context, or with a demand-paged
+  /// store and StageConfig::kv_pool_tokens > 0 the pool's tokens plus kv_page_slack (whichever
+  /// is less).
   size_t kv_cache = 0;
   size_t scratch = 0;  ///< activations, attention and library workspace
+  /// Bytes of KV cache one token position of one slot takes over the stage's layers (K and V,
+  /// or MLA's latent row); the cache of every slot at max_context is this x slots x max_context.
+  size_t kv_token_bytes = 0;
+  /// Whether the KV storage is demand-paged (a slot's pages are resident only once written and
+  /// until released: the CPU store, after vAttention's design) rather than allocated whole.
+  bool kv_paged = false;
+  /// Paged storage: the most bytes its pages hold beyond the pool's tokens (a partly written
+  /// page at each end of every slot's region of every layer); 0 otherwise.
+  size_t kv_page_slack = 0;
   size_t total() const { return weights + kv_cache + scratch; }
 };
 
@@ -55,6 +74,11 @@ struct StageBytes {
 /// rows share a slot; rows <= B.
 struct RaggedStep {
   std::vector<int32_t> slot, pos, tokens;  ///< [rows] each
+  /// Slots of the group whose request left (finished, or preempted) since the group's pool formed
+  /// its previous step, in [0, B), each once: their KV positions are free before this step's
+  /// rows run (a new request may take the slot in this very step). A demand-paged store gives
+  /// their pages back; a whole one ignores it.
+  std::vector<int32_t> released;
   int rows() const { return static_cast<int>(slot.size()); }
   /// Sum of tokens: the token rows of the input.
   int total_tokens() const {
@@ -117,6 +141,9 @@ class StageExecutor {
   /// Resident weight bytes and KV-cache bytes of the stage.
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_cache_bytes() const = 0;
+  /// KV-cache bytes resident now: a demand-paged store's pages written and not released
+  /// (StageBytes::kv_paged), else kv_cache_bytes().
+  virtual size_t kv_resident_bytes() const { return kv_cache_bytes(); }
   /// Upper bound of the work items (kernel launches; a library call counts as two, e.g. a
   /// cuBLAS GEMM and its split-K reduction) that one enqueue_forward of `tokens` tokens per
   /// sequence puts on a device's launch queue; 0 where the backend has no such queue (CPU lanes
@@ -135,7 +162,7 @@ class StageExecutor {
 /// Checks a ragged step against the shape a stage is built for (enqueue_forward_ragged's
 /// refusals, every backend's): group in [0, work.groups); slot, pos and tokens of one length,
 /// 1 <= rows <= B; each row's slot in [0, B) and no slot twice, tokens >= 1, pos >= 0 and
-/// pos + tokens <= work.max_context(). Then total_tokens <= B * max_context, the token rows a
+/// pos + tokens <= work.max_context(); each released slot in [0, B), none twice. Then total_tokens <= B * max_context, the token rows a
 /// stage's scratch holds (each row fits one sequence's context, and there are at most B rows).
 /// @throws ppb::InternalError naming the group or the first bad row (a scheduler's bug, not a
 ///         user's error).

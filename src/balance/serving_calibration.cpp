@@ -141,6 +141,10 @@ StoredScenario stored_scenario(const ServingRunRecord& s) {
 serving::ServingMetrics play(const StoredScenario& sc, const ServingPartitionRecord& p, const serving::StepCostModel& costs) {
   serving::PipelineSimConfig cfg;
   cfg.scheduler = sc.spec.scheduler(p.groups, p.step_policy, p.pp_schedule);
+  if (cfg.scheduler.kv_blocks == serving::kKvBlocksAuto) {  // the pool auto chose for this split
+    if (p.kv_blocks < 0) throw UserError("serving prediction: partition " + p.name + " ran --kv-blocks auto but its record has no kv_blocks");
+    cfg.scheduler.kv_blocks = p.kv_blocks;
+  }
   return serving::serving_metrics(serving::simulate_serving(sc.requests, costs, cfg).times, sc.spec.goodput);
 }
 

@@ -20,13 +20,14 @@
 
 namespace ppb {
 
-size_t serving_header_ints(int slots) { return 4 + 3 * static_cast<size_t>(slots); }
+size_t serving_header_ints(int slots) { return 5 + 4 * static_cast<size_t>(slots); }
 
 std::vector<ScheduledStep> alone_schedule(const std::vector<serving::Request>& requests, const std::vector<int>& which) {
   std::vector<ScheduledStep> out;
   for (int q : which) {
     const serving::Request& r = requests.at(q);
-    out.push_back({0, {{q, 0, 0, r.prompt_len}}});
+    // Each prefill after the first takes slot 0 over: its previous request's positions released.
+    out.push_back({0, {{q, 0, 0, r.prompt_len}}, 0.0, 0.0, out.empty() ? std::vector<int>{} : std::vector<int>{0}});
     for (int k = 1; k < r.gen_len; ++k) out.push_back({0, {{q, 0, r.prompt_len + k - 1, 1}}});
   }
   return out;
@@ -62,7 +63,7 @@ class ServingLoop : StageLoopBase {
   StepEvents& new_step(int rows, int tokens);
   /// Stage 0: enqueues group g's step (its input ids, the forward, the header and payload
   /// sends, the token return and the flag that says it is back).
-  void launch(int g, const std::vector<ScheduledRow>& rows);
+  void launch(int g, const std::vector<ScheduledRow>& rows, const std::vector<int>& released);
   /// Stage 0: whether group g's tokens are back; waits until then or until monotonic `deadline`.
   /// `idle`: nothing is in flight (the wait is for an arrival: it beats the watchdog's heart).
   bool wait_return(int g, double deadline, bool idle = false);
@@ -207,8 +208,9 @@ ServingLoop::StepEvents& ServingLoop::new_step(int rows, int tokens) {
   return *steps_.back();
 }
 
-void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows) {
+void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows, const std::vector<int>& released) {
   RaggedStep rs;
+  rs.released.assign(released.begin(), released.end());
   std::vector<int32_t>& ids = ids_host_[g];
   int n = 0;
   for (const ScheduledRow& row : rows) {
@@ -238,11 +240,13 @@ void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows) {
     h[1] = g;
     h[2] = R;
     h[3] = n;
+    h[4] = static_cast<int32_t>(rs.released.size());
     for (int r = 0; r < R; ++r) {
-      h[4 + r] = rs.slot[r];
-      h[4 + B + r] = rs.pos[r];
-      h[4 + 2 * B + r] = rs.tokens[r];
+      h[5 + r] = rs.slot[r];
+      h[5 + B + r] = rs.pos[r];
+      h[5 + 2 * B + r] = rs.tokens[r];
     }
+    std::copy(rs.released.begin(), rs.released.end(), h.begin() + 5 + 3 * B);
     send_->copy(header_out_[g]->data(), h.data(), header_ints_ * sizeof(int32_t));
     for (int peer : stage0_peers_) transport_.enqueue_send(*send_, header_out_[g]->data(), header_ints_ * sizeof(int32_t), peer, kHeaderTag);
     if (!stage0_peers_.empty()) {
@@ -319,9 +323,9 @@ ServingRecord ServingLoop::run_live() {
       first_offer = std::min(first_offer, now);
       const serving::Step& st = sched.next_step(g, now);
       if (st.rows.empty()) continue;
-      ScheduledStep s{g, {}, st.start_s, kNaN};
+      ScheduledStep s{g, {}, st.start_s, kNaN, st.released};
       for (const serving::BatchRow& br : st.rows) s.rows.push_back({br.request, br.slot, br.position, br.tokens, br.emits});
-      launch(g, s.rows);
+      launch(g, s.rows, s.released);
       in_flight[g] = rec_.schedule.size();
       rec_.schedule.push_back(std::move(s));
       fifo.push_back(g);
@@ -363,10 +367,10 @@ ServingRecord ServingLoop::run_replay(const std::vector<ScheduledStep>& schedule
   rec_.tokens.assign(requests_.size(), {});
   for (const ScheduledStep& s : schedule) {
     if (s.group < 0 || s.group >= M) throw InternalError("replay_serving: a step of group " + std::to_string(s.group));
-    launch(s.group, s.rows);
+    launch(s.group, s.rows, s.released);
     wait_return(s.group, std::numeric_limits<double>::infinity());
     const double end = take_return(s.group, s.rows) - t0;
-    rec_.schedule.push_back({s.group, s.rows, end, end});
+    rec_.schedule.push_back({s.group, s.rows, end, end, s.released});
   }
   send_end();
   return finish(t0);
@@ -408,14 +412,16 @@ void ServingLoop::follow() {
         }
       return;
     }
-    const int g = hd[1], R = hd[2], n = hd[3];
-    if (hd[0] != kStep || g < 0 || g >= M || R < 1 || R > B || n < R || n > max_tokens_)
+    const int g = hd[1], R = hd[2], n = hd[3], freed = hd[4];
+    if (hd[0] != kStep || g < 0 || g >= M || R < 1 || R > B || n < R || n > max_tokens_ || freed < 0 || freed > B)
       throw InternalError(describe_stage() + ": a malformed step header (kind " + std::to_string(hd[0]) + ", group " +
-                          std::to_string(g) + ", rows " + std::to_string(R) + ", tokens " + std::to_string(n) + ")");
+                          std::to_string(g) + ", rows " + std::to_string(R) + ", tokens " + std::to_string(n) +
+                          ", released " + std::to_string(freed) + ")");
     RaggedStep rs;
-    rs.slot.assign(hd.begin() + 4, hd.begin() + 4 + R);
-    rs.pos.assign(hd.begin() + 4 + B, hd.begin() + 4 + B + R);
-    rs.tokens.assign(hd.begin() + 4 + 2 * B, hd.begin() + 4 + 2 * B + R);
+    rs.slot.assign(hd.begin() + 5, hd.begin() + 5 + R);
+    rs.pos.assign(hd.begin() + 5 + B, hd.begin() + 5 + B + R);
+    rs.tokens.assign(hd.begin() + 5 + 2 * B, hd.begin() + 5 + 2 * B + R);
+    rs.released.assign(hd.begin() + 5 + 3 * B, hd.begin() + 5 + 3 * B + freed);
     StepEvents& e = new_step(R, n);
     flight::Scope scope(flight::Tag{"serving step", -1, g, i});
     recv_->record(*e.ev[kRecvStart]);

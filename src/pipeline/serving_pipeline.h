@@ -7,7 +7,8 @@
 // requests that have arrived into its free slots), sends the step's ragged batch down the
 // pipeline and learns its tokens when the last stage returns them; a group with nothing to run
 // waits for the next arrival. Every step travels as a header (its group and rows: slot,
-// position, new tokens) followed by its payload (the rows' packed activations), so the other
+// position, new tokens; the slots released since its pool's last step, whose KV a paged store
+// gives back) followed by its payload (the rows' packed activations), so the other
 // stages need no schedule: they run what arrives, in order, as the closed pipeline's stages do
 // (pipeline.h: each stage is FIFO and the transport keeps the order of messages between two
 // ranks, so the last stage returns the steps' tokens in the order stage 0 sent them). The run
@@ -60,6 +61,9 @@ struct ScheduledStep {
   std::vector<ScheduledRow> rows;  ///< in slot order
   double start_s = 0.0;  ///< formed (scenario clock, s)
   double end_s = 0.0;    ///< its tokens were back on stage 0 (scenario clock, s)
+  /// Slots whose request left before this step (serving::Step::released): the stages release
+  /// their KV positions before its rows run.
+  std::vector<int> released;
 };
 
 /// What one rank recorded of one scenario (or replay).
@@ -79,8 +83,8 @@ struct ServingRecord {
   double wall_s = 0.0;    ///< this rank's time from the start barrier to its lanes drained
 };
 
-/// Stage 0's bytes of a step header: kind, group, rows, packed tokens, then slot, pos and
-/// tokens of B rows (int32).
+/// Stage 0's ints of a step header: kind, group, rows, packed tokens, released slots, then slot,
+/// pos and tokens of B rows and the released slots (int32, B each).
 size_t serving_header_ints(int slots);
 
 /// Plays `requests` (arrival_s on the scenario's clock, t = 0 at the barrier that starts it) on

@@ -85,6 +85,7 @@ void write_partition(Group& parent, const ServingPartitionRecord& p) {
   b.set_attr("slots", static_cast<int64_t>(p.slots));
   b.set_attr("step_policy", p.step_policy);
   b.set_attr("pp_schedule", p.pp_schedule);
+  b.set_attr("kv_blocks", static_cast<int64_t>(p.kv_blocks));
   b.set_attr("steps", static_cast<int64_t>(p.steps));
   for_each_scalar(p, [&](const char* k, double v) { b.set_attr(k, v); });
   write_gain(b, "tokens_gain", p.tokens_gain);
@@ -142,6 +143,7 @@ ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
   p.slots = static_cast<int>(b.get_attr<int64_t>("slots"));
   p.step_policy = b.has_attr("step_policy") ? b.get_attr<std::string>("step_policy") : "";
   p.pp_schedule = b.has_attr("pp_schedule") ? b.get_attr<std::string>("pp_schedule") : "";
+  p.kv_blocks = b.has_attr("kv_blocks") ? static_cast<int>(b.get_attr<int64_t>("kv_blocks")) : -1;
   p.steps = static_cast<int>(b.get_attr<int64_t>("steps"));
   // Attributes a file of an earlier build of the format may lack read as NaN.
   for_each_scalar(p, [&](const char* k, double& v) {

@@ -21,6 +21,9 @@ struct ServingPartitionRecord {
   int groups = 0, slots = 0;  ///< M groups in flight, B slots each
   std::string step_policy;    ///< the policy it ran (the scenario's, or a compared one); "" in older files
   std::string pp_schedule;    ///< the pipeline schedule it ran (groups, batch-queue); "" in older files
+  /// Blocks of each group's KV pool it ran (--kv-blocks N, or what auto chose for this split from
+  /// its stages' free memory; 0: every slot at the longest request); -1 in older files.
+  int kv_blocks = -1;
   // ---- the last round, one entry per request [N], scenario clock (s from its start) ----
   std::vector<double> arrival_s, admitted_s, first_token_s, finish_s;
   std::vector<int> prompt_len, gen_len, group, slot;

@@ -59,8 +59,14 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
                       p.peak_concurrency);
   os << "\n";
   if (!s.spec || s.spec->kv_blocks == 0) return;
-  os << format_line("  KV pool: %d blocks of %d tokens per group; preemptions per round (mean over the rounds; the simulator's in one play):",
-                    s.spec->kv_blocks, s.spec->kv_block_size);
+  if (s.spec->kv_blocks == serving::kKvBlocksAuto) {
+    os << format_line("  KV pool (auto, from each split's stages' free memory), blocks of %d tokens per group:", s.spec->kv_block_size);
+    for (const ServingPartitionRecord& p : s.partitions) os << format_line(" %s %d;", p.name.c_str(), p.kv_blocks);
+    os << "\n  preemptions per round (mean over the rounds; the simulator's in one play):";
+  } else {
+    os << format_line("  KV pool: %d blocks of %d tokens per group; preemptions per round (mean over the rounds; the simulator's in one play):",
+                      s.spec->kv_blocks, s.spec->kv_block_size);
+  }
   for (const ServingPartitionRecord& p : s.partitions) {
     double sum = 0;
     for (double x : p.rep_preemptions) sum += x;

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 
 #include "common/check.h"
@@ -31,18 +32,60 @@ StageConfig stage_config(const RunContext& ctx, int groups, int tp_width, int tp
   return sc;
 }
 
-StageConfig partition_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
-                                   TpGroup* tp) {
+StageConfig scenario_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                                  const serving::SchedulerConfig& sched, TpGroup* tp) {
   StageConfig sc = stage_config(ctx, partition_groups(ctx, p), place.tp_width, place.tp_rank, tp);
-  if (!ctx.opt.scenario.on()) return sc;
   sc.work.prompt_len = ctx.opt.scenario.spec->max_prompt_len;
   sc.work.gen_len = ctx.opt.scenario.spec->max_gen_len;
-  const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
   if (sched.pp_schedule == serving::PpSchedule::batch_queue) {  // one KV cache of the groups' slots
     sc.work.groups = 1;
     sc.work.batch = sched.pool_slots();
   }
+  if (sched.kv_blocks > 0) sc.kv_pool_tokens = int64_t(sched.groups) * sched.kv_blocks * sched.kv_block_size;
   return sc;
+}
+
+StageConfig partition_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                                   TpGroup* tp) {
+  if (!ctx.opt.scenario.on()) return stage_config(ctx, partition_groups(ctx, p), place.tp_width, place.tp_rank, tp);
+  return scenario_stage_config(ctx, p, place, serving_sim_config(ctx, p).scheduler, tp);
+}
+
+int auto_kv_blocks(const RunContext& ctx, const balance::Partition& p, const serving::SchedulerConfig& sched) {
+  serving::SchedulerConfig whole = sched;
+  whole.kv_blocks = 0;  // the storage of every slot: its bytes do not depend on the pool
+  int64_t tokens = std::numeric_limits<int64_t>::max();
+  int tight_stage = 0;
+  double tight_free = 0;
+  for (int r = 0; r < p.replicas; ++r) {
+    const std::vector<std::vector<int>> ranks = p.stage_ranks(r);
+    for (int k = 0; k < p.num_stages(); ++k)
+      for (int rank : ranks[k]) {
+        const StageConfig sc = scenario_stage_config(ctx, p, PartitionSet::placement(p, rank), whole);
+        const StageBytes b = ctx.device->stage_bytes(ctx.spec, p.first_unit[k], p.last_unit[k], sc);
+        // A paged store holds min(every slot, the pool + its page slack): the slack counts only
+        // where every slot does not fit.
+        double free = ctx.cluster.memory_limits.at(rank) - double(b.weights + b.scratch);
+        if (b.kv_paged && free < double(b.kv_cache)) free -= double(b.kv_page_slack);
+        const int64_t t = b.kv_token_bytes == 0 ? std::numeric_limits<int64_t>::max()
+                                                : static_cast<int64_t>(std::max(0.0, free) / double(b.kv_token_bytes));
+        if (t < tokens) tokens = t, tight_stage = k, tight_free = free;
+      }
+  }
+  const int64_t per_pool = int64_t(sched.groups) * sched.kv_block_size;  // M pools of kv_block_size-token blocks
+  const int64_t blocks = std::min<int64_t>(tokens / per_pool, std::numeric_limits<int>::max() / 2);
+  int longest = 0;
+  for (const serving::Request& q : ctx.opt.scenario.drawn.requests)
+    longest = std::max(longest, (q.prompt_len + q.gen_len - 1 + sched.kv_block_size - 1) / sched.kv_block_size);
+  if (blocks < longest)
+    throw UserError("--kv-blocks auto: partition " + p.solver + "'s stage " + std::to_string(tight_stage) + " (units " +
+                    ctx.spec.units[p.first_unit[tight_stage]].name + ".." + ctx.spec.units[p.last_unit[tight_stage]].name +
+                    ") has " + gib(std::max(0.0, tight_free)) + " left for its KV cache after weights and scratch: " +
+                    std::to_string(blocks) + " blocks of " + std::to_string(sched.kv_block_size) + " tokens per group of M=" +
+                    std::to_string(sched.groups) + ", fewer than the scenario's longest request needs (" +
+                    std::to_string(longest) + "); raise --memory-limit, or use fewer --microbatches, more ranks, "
+                    "shorter --max-prompt-len/--max-gen-len or a smaller model");
+  return static_cast<int>(blocks);
 }
 
 StageBytes stage_bytes(const RunContext& ctx, int first, int last, int groups, int tp_width, int tp_rank) {
@@ -168,6 +211,7 @@ void reserve_tp_communicators(RunContext& ctx) {
   const size_t reserve = std::min(ctx.cluster.memory_limit, static_cast<size_t>(most) * tp_groups_held_at_once(ctx));
   ctx.cluster.memory_limit -= reserve;
   ctx.cluster.memory_limits = ctx.mpi.gather_doubles({static_cast<double>(ctx.cluster.memory_limit)});
+  ctx.mpi.bcast_doubles(ctx.cluster.memory_limits);
   const auto reserves = ctx.mpi.gather_doubles({static_cast<double>(reserve)});
   if (!ctx.root) return;
   for (int r = 0; r < ctx.ranks; ++r) {

@@ -10,6 +10,7 @@
 #include "backend/stage.h"
 #include "pipeline/pipeline.h"
 #include "run/context.h"
+#include "serving/scheduler.h"
 
 namespace ppb::run {
 
@@ -29,6 +30,29 @@ StageConfig stage_config(const RunContext& ctx, int groups, int tp_width = 1, in
 /// it, and the memory checks and the memory table count it.
 StageConfig partition_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
                                    TpGroup* tp = nullptr);
+
+/// The stage partition_stage_config gives for the scheduler `sched` (its schedule, its resolved
+/// pool): under --scenario the longest request, the batch queue's one group of M x B slots, and
+/// with a bounded pool (sched.kv_blocks > 0) StageConfig::kv_pool_tokens = M x kv_blocks x
+/// kv_block_size (a paged store then holds only that).
+StageConfig scenario_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
+                                  const serving::SchedulerConfig& sched, TpGroup* tp = nullptr);
+
+/// `--kv-blocks auto` for partition `p` under the scheduler `sched` (its kv_blocks unresolved):
+/// the blocks of each group's pool that the stages' free memory holds, as vLLM sizes its pool
+/// (vllm/v1/worker/gpu_worker.py determine_available_memory: the memory budget less weights and
+/// activations, over the KV bytes of one block: vllm/v1/core/kv_cache_utils.py). Per stage and
+/// per rank of it (every replica): the rank's limit (ctx.cluster.memory_limits) less the
+/// stage's weights, scratch and, on a demand-paged store where every slot at the longest
+/// request does not fit, its page slack (StageBytes), in tokens of
+/// the stage's KV (StageBytes::kv_token_bytes); the least over the stages, shared by the M
+/// groups' pools (or the batch queue's one of M x the result) in blocks of kv_block_size tokens.
+/// Every rank computes the same (the limits are every rank's). Where the storage is allocated
+/// whole (CUDA, today) the pool cannot bind before the storage does: the memory check refuses
+/// a stage whose every slot at the longest request does not fit.
+/// @throws ppb::UserError when a pool would not hold the scenario's longest request, naming the
+///         stage, its free memory and the flags that help.
+int auto_kv_blocks(const RunContext& ctx, const balance::Partition& p, const serving::SchedulerConfig& sched);
 
 /// What a stage of units [first, last] allocates on this backend (weights, KV cache, scratch).
 StageBytes stage_bytes(const RunContext& ctx, int first, int last, int groups, int tp_width = 1, int tp_rank = 0);

@@ -142,7 +142,7 @@ ScenarioObjective scenario_objective(RunContext& ctx, const balance::BalanceProb
   const balance::Predictor pred(run);
   const balance::ProfileStepCosts costs(run, pred, uniform);
   serving::PipelineSimConfig cfg;
-  cfg.scheduler = sc.scheduler(ctx.workload.groups);
+  cfg.scheduler = serving_sim_config(ctx, uniform).scheduler;  // --kv-blocks auto: the uniform split's pool
   cfg.record_shapes = ctx.opt.objective == balance::Objective::workload;
   std::vector<serving::Request> requests = ctx.scenario_requests;
   if (sc.rate_search) {  // the pilot's rate (run/serving_search.h): the offered load of the objective
@@ -319,23 +319,35 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
           1, static_cast<int64_t>(ctx.cluster.memory_limits[p.device_rank[k]]) - static_cast<int64_t>(bytes[k].scratch));
     // Per unit, the KV cache of the tokens the stages hold (the profile's unit_kv_bytes are for
     // the workload's M x B x (P + G): linear in the tokens, memory_report's model).
-    const int64_t kv_tokens = int64_t(sc.work.groups) * sc.work.batch * sc.work.max_context();
+    const int64_t slot_tokens = int64_t(sc.work.groups) * sc.work.batch * sc.work.max_context();
+    // A demand-paged store under a pool holds the pool's tokens and its page slack (counted in
+    // tokens of the stage it is most of), not every slot.
+    const bool paged = sc.kv_pool_tokens > 0 && bytes.front().kv_paged;
+    int64_t slack_tokens = 0;
+    for (const StageBytes& b : bytes)
+      if (b.kv_token_bytes > 0) slack_tokens = std::max<int64_t>(slack_tokens, int64_t((b.kv_page_slack + b.kv_token_bytes - 1) / b.kv_token_bytes));
+    const int64_t kv_tokens = paged ? std::min<int64_t>(slot_tokens, sc.kv_pool_tokens + slack_tokens) : slot_tokens;
     const double per_workload_token = 1.0 / (double(partition_groups(ctx, p)) * ctx.workload.batch * ctx.workload.max_context());
     std::vector<int64_t> unit_kv(prof.unit_kv_bytes.size());
     for (size_t u = 0; u < unit_kv.size(); ++u)
       unit_kv[u] = std::llround(double(prof.unit_kv_bytes[u]) * per_workload_token * double(kv_tokens));
     const auto mr = balance::memory_report(p, prof.unit_weight_bytes, unit_kv, kv_tokens, net);
     std::string pool;
-    if (ctx.opt.scenario.on() && ctx.opt.scenario.spec->kv_blocks > 0) {
+    if (ctx.opt.scenario.on() && ctx.opt.scenario.spec->kv_blocks != 0) {
       const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
       const int64_t pool_tokens = int64_t(sched.groups) * sched.kv_blocks * sched.kv_block_size;  // M pools, or one of M x
-      pool = "\nthe scheduler's KV pool (--kv-blocks): " + std::to_string(pool_tokens) + " tokens of the " +
-             std::to_string(kv_tokens) + " these stages hold (" + format_fixed(100.0 * double(pool_tokens) / double(kv_tokens), 1) +
-             "%): admission and preemption count blocks of the pool, the storage stays one row per slot";
+      pool = "\nthe scheduler's KV pool (--kv-blocks" + std::string(ctx.opt.scenario.spec->kv_blocks < 0 ? " auto: " : " ") +
+             std::to_string(sched.kv_blocks) + " blocks per group): " + std::to_string(pool_tokens) + " tokens, " +
+             format_fixed(100.0 * double(pool_tokens) / double(slot_tokens), 1) + "% of every slot at the longest request (" +
+             std::to_string(slot_tokens) + "); admission and preemption count its blocks; " +
+             (paged ? "the KV store is demand-paged: resident only where the pool's blocks are (the table counts the pool)"
+                    : "the storage stays one row per slot (this backend allocates it whole)");
     }
     ctx.progress.say("memory of partition " + p.solver + " (limits: " + limit_origin(ctx) +
                      ", net of each stage's activation scratch" +
-                     (ctx.opt.scenario.on() ? "; KV cache for every slot at the scenario's longest request" : "") +
+                     (paged                   ? "; KV cache of the scheduler's pool and its page slack"
+                      : ctx.opt.scenario.on() ? "; KV cache for every slot at the scenario's longest request"
+                                              : "") +
                      "):\n" + balance::format_memory_report(mr) + pool);
   }
   ctx.progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +

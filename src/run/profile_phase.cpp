@@ -227,7 +227,7 @@ StepGridResult time_step_grid(RunContext& ctx, ResidentProfiler* units, bool two
     const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
     pc.work.prompt_len = sc.max_prompt_len;
     pc.work.gen_len = sc.max_gen_len;
-    max_tokens = pc.work.batch * (sc.max_prompt_len + (sc.kv_blocks > 0 ? sc.max_gen_len - 1 : 0));
+    max_tokens = pc.work.batch * (sc.max_prompt_len + (sc.kv_blocks != 0 ? sc.max_gen_len - 1 : 0));
     if (sc.policy == serving::StepPolicy::vllm_v1 && sc.compared_policies.empty())
       max_tokens = std::min(max_tokens, sc.max_batched_tokens);
     units = nullptr;

@@ -43,7 +43,10 @@ ScenarioOptions parse_scenario_options(const RunFlags& f) {
   s.drawn = serving::scenario_requests(*s.spec);
   if (s.spec->kind == serving::ArrivalKind::trace) s.spec->requests = static_cast<int>(s.drawn.requests.size());
   // The scheduler's own checks (a KV pool too small for one request) before anything runs.
-  serving::Scheduler(s.drawn.requests, s.spec->scheduler(1));
+  // (--kv-blocks auto: per split once the memory is known, run/memory_checks.h auto_kv_blocks.)
+  serving::SchedulerConfig check = s.spec->scheduler(1);
+  if (check.kv_blocks == serving::kKvBlocksAuto) check.kv_blocks = 0;
+  serving::Scheduler(s.drawn.requests, check);
   return s;
 }
 

@@ -120,8 +120,13 @@ void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePl
     for (const ScheduledStep& st : rec.schedule) {
       double prefill = 0, decode = 0, context = 0;
       for (const ScheduledRow& row : st.rows) {
-        if (row.position < ctx.scenario_requests.at(row.request).prompt_len) prefill += row.tokens;  // or a chunk of one
-        else decode += 1, context += row.position;
+        // A prompt or a chunk of one, or a recompute's (positions past the prompt, several tokens,
+        // or a chunk before its last: no token); else one decode token (a one-token last chunk of
+        // a recompute is that shape too).
+        if (row.position < ctx.scenario_requests.at(row.request).prompt_len || row.tokens > 1 || !row.emits)
+          prefill += row.tokens;
+        else
+          decode += 1, context += row.position;
       }
       mine.insert(mine.end(), {static_cast<double>(st.group), prefill, decode, decode > 0 ? context / decode : 0.0});
     }
@@ -429,6 +434,7 @@ void measure_scenario(RunContext& ctx, PartitionSet& set, bool one_round, bool v
       const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
       pr.step_policy = serving::step_policy_name(sched.policy);
       pr.pp_schedule = serving::pp_schedule_name(sched.pp_schedule);
+      pr.kv_blocks = sched.kv_blocks;
       into->partitions.push_back(pr);
     }
     ctx.progress.say(format_line("scenario: %s; M=%d groups in flight", serving_scenario_text(*into).c_str(),

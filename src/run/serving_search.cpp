@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/format.h"
 #include "results/step_model_io.h"
+#include "run/memory_checks.h"
 #include "serving/arrivals.h"
 #include "serving/simulated_rate.h"
 
@@ -49,6 +50,7 @@ void fill_curve(RateSearchPartitionRecord& r, const std::vector<serving::Request
 serving::PipelineSimConfig serving_sim_config(const RunContext& ctx, const balance::Partition& p) {
   serving::PipelineSimConfig cfg;
   cfg.scheduler = ctx.opt.scenario.spec->scheduler(partition_groups(ctx, p), p.step_policy, p.pp_schedule);
+  if (cfg.scheduler.kv_blocks == serving::kKvBlocksAuto) cfg.scheduler.kv_blocks = auto_kv_blocks(ctx, p, cfg.scheduler);
   return cfg;
 }
 

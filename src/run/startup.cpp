@@ -474,6 +474,7 @@ void describe_run(RunContext& ctx) {
   share_equivalence(ctx, hosts);
   set_memory_limit(ctx);
   ctx.cluster.memory_limits = mpi.gather_doubles({static_cast<double>(ctx.cluster.memory_limit)});
+  mpi.bcast_doubles(ctx.cluster.memory_limits);  // every rank's (--kv-blocks auto sizes every stage's pool)
   // The scratch of a stage of every unit bounds any stage's scratch (the balancer keeps it free).
   const auto scratch =
       mpi.gather_doubles({static_cast<double>(stage_bytes(ctx, 0, ctx.spec.num_units() - 1, ctx.workload.groups).scratch)});

@@ -141,7 +141,7 @@ void refuse_on_closed(const ScenarioFlags& f, Command c) {
                      : f.step_policy != "mixed" ? "--step-policy"
                      : f.pp_schedule != "groups" ? "--pp-schedule"
                      : f.max_batched_tokens != 2048 ? "--max-batched-tokens"
-                     : f.kv_blocks != 0        ? "--kv-blocks"
+                     : f.kv_blocks != "0"      ? "--kv-blocks"
                      : f.kv_block_size != 16   ? "--kv-block-size"
                                                : nullptr;
   if (c == Command::run && !flag && (f.slo_ttft_ms > 0 || f.slo_tpot_ms > 0)) flag = f.slo_ttft_ms > 0 ? "--slo-ttft" : "--slo-tpot";
@@ -411,9 +411,12 @@ std::string describe_scenario(const ScenarioSpec& s) {
   if (s.pp_schedule == PpSchedule::batch_queue) out += "; one batch queue over the groups' slots (vLLM V1's PP)";
   if (!s.compared_schedules.empty())
     out += "; against the " + schedule_list_text(s.compared_schedules) + " schedule on every split, in the same rounds";
-  if (s.kv_blocks > 0)
-    out += "; a KV pool of " + std::to_string(s.kv_blocks) + " blocks of " + std::to_string(s.kv_block_size) +
-           " tokens per group (" +
+  if (s.kv_blocks != 0)
+    out += (s.kv_blocks == kKvBlocksAuto ? std::string("; a KV pool per split of as many blocks of ") +
+                                               std::to_string(s.kv_block_size) +
+                                               " tokens per group as its stages' free memory holds (auto; "
+                                         : "; a KV pool of " + std::to_string(s.kv_blocks) + " blocks of " +
+                                               std::to_string(s.kv_block_size) + " tokens per group (") +
            (s.pp_schedule == PpSchedule::batch_queue ||
                     std::find(s.compared_schedules.begin(), s.compared_schedules.end(), PpSchedule::batch_queue) !=
                         s.compared_schedules.end()
@@ -457,9 +460,9 @@ std::optional<ScenarioSpec> parse_scenario(const ScenarioFlags& f, const Scenari
   if (f.max_batched_tokens != 2048 && !s.runs_policy(StepPolicy::vllm_v1))
     throw UserError("--max-batched-tokens goes with --step-policy vllm-v1 (the other policies run whole prompts)");
   s.max_batched_tokens = f.max_batched_tokens;
-  check_kv_pool(f.kv_block_size, f.kv_blocks);
+  s.kv_blocks = parse_kv_blocks(f.kv_blocks, c == Command::run);
+  check_kv_pool(f.kv_block_size, std::max(s.kv_blocks, 0));
   s.kv_block_size = f.kv_block_size;
-  s.kv_blocks = f.kv_blocks;
   s.goodput = limits_of(f);
   s.attainment = f.attainment;
   s.slots = use.slots;

@@ -59,7 +59,9 @@ struct ScenarioSpec {
   int max_concurrency = 0;           ///< the client's limit on requests in flight (scheduler.h; 0: none)
   int max_batched_tokens = 2048;     ///< vllm-v1: tokens per step at most (scheduler.h)
   int kv_block_size = 16;            ///< tokens per KV block (scheduler.h)
-  int kv_blocks = 0;                 ///< blocks of each group's KV pool (0: every slot at the longest request)
+  /// Blocks of each group's KV pool (0: every slot at the longest request; kKvBlocksAuto: `run`
+  /// sizes it per split from its stages' free memory, run/memory_checks.h auto_kv_blocks).
+  int kv_blocks = 0;
   int slots = 1;                     ///< B: requests per group at once (the groups are the layout's M)
   GoodputSpec goodput;               ///< each request's limits, ms (NaN: none)
   double attainment = 0.9;           ///< the share of requests that must meet them, (0, 1]
@@ -108,7 +110,7 @@ std::vector<Request> generate_requests(const ScenarioSpec& spec);
 /// The spec as one flat JSON object (the results file's /scenario attributes; keys: kind,
 /// request_rate, burstiness, rate_search, requests, prompt_lens, gen_lens, max_prompt_len,
 /// max_gen_len, seed, trace, trace_speedup, trace_window_start_s, trace_window_end_s,
-/// step_policy, compared_step_policies, pp_schedule, compared_pp_schedules, max_batched_tokens, kv_block_size, kv_blocks, max_concurrency, ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, slots,
+/// step_policy, compared_step_policies, pp_schedule, compared_pp_schedules, max_batched_tokens, kv_block_size, kv_blocks (-1: auto), max_concurrency, ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, slots,
 /// goodput, attainment).
 nlohmann::json scenario_to_json(const ScenarioSpec& spec);
 
@@ -138,7 +140,7 @@ struct ScenarioFlags {
   int max_concurrency = 0;   ///< --max-concurrency N (0: none)
   int max_batched_tokens = 2048;  ///< --max-batched-tokens T (with --step-policy vllm-v1)
   int kv_block_size = 16;   ///< --kv-block-size TOKENS
-  int kv_blocks = 0;        ///< --kv-blocks N (0: every slot at the longest request)
+  std::string kv_blocks = "0";  ///< --kv-blocks N | auto (0: every slot at the longest request)
   std::string ramp_up_strategy;  ///< `run`: linear | exponential ("" = none)
   double ramp_up_start_rps = 0, ramp_up_end_rps = 0;
   uint64_t seed = 0;         ///< the offline commands' --seed (`run` passes its own)

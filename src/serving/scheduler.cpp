@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 
@@ -52,6 +53,8 @@ Scheduler::Scheduler(std::vector<Request> requests, SchedulerConfig config)
   if (config_.max_concurrency < 0)
     throw UserError("--max-concurrency " + std::to_string(config_.max_concurrency) + ": requests in flight at most, "
                     ">= 1 (0: no limit)");
+  if (config_.kv_blocks == kKvBlocksAuto)
+    throw InternalError("scheduler: --kv-blocks auto reached a scheduler unresolved (run/memory_checks.h auto_kv_blocks)");
   check_kv_pool(config_.kv_block_size, config_.kv_blocks);
   // A request holds at most the blocks of its prompt_len + gen_len - 1 positions (its last
   // token is not fed back).
@@ -154,6 +157,7 @@ void Scheduler::preempt(int g, int slot) {
   State& s = state_[id];
   free_blocks(g, id);
   p.slot_owner[slot] = -1;
+  p.released.push_back(slot);
   // The positions in its KV cache: those prefilled, or once its prefill is done the prompt and
   // every output token but the last (not fed back yet).
   times_[id].preempted_tokens += s.prefilled < s.target ? s.prefilled : requests_[id].prompt_len + s.produced - 1;
@@ -234,6 +238,7 @@ const Step& Scheduler::next_step(int g, double now_s) {
   group.step.start_s = now_s;
   group.step.admitted.clear();
   group.step.rows.clear();
+  group.step.released.clear();
   // mixed and prefill_first prefill whole prompts: no budget.
   int budget = config_.policy == StepPolicy::vllm_v1 ? config_.max_batched_tokens : std::numeric_limits<int>::max();
   if (config_.policy == StepPolicy::prefill_first) {
@@ -249,6 +254,7 @@ const Step& Scheduler::next_step(int g, double now_s) {
             [](const BatchRow& a, const BatchRow& b) { return a.slot < b.slot; });
   for (const BatchRow& row : group.step.rows) state_[row.request].in_flight = true;
   group.in_flight = !group.step.rows.empty();
+  if (group.in_flight) std::swap(group.step.released, pool(g).released);  // pool's now empty
   return group.step;
 }
 
@@ -285,6 +291,7 @@ void Scheduler::complete_step(int g, double end_s) {
       s.finished = true;
       ++finished_;
       pool(g).slot_owner[row.slot] = -1;
+      pool(g).released.push_back(row.slot);
       free_blocks(g, row.request);
       if (config_.max_concurrency > 0) {  // its permit is free again
         free_permits_.push_back(end_s);
@@ -323,10 +330,30 @@ void check_kv_pool(int kv_block_size, int kv_blocks) {
                     "(0: every slot at the longest request)");
 }
 
+int parse_kv_blocks(const std::string& text, bool allow_auto) {
+  if (text == "auto") {
+    if (allow_auto) return kKvBlocksAuto;
+    throw UserError("--kv-blocks auto sizes each split's pool from its stages' free memory, which only `ppbench run` "
+                    "knows; give a number of blocks here (a run's file has the pool it chose as kv_blocks of "
+                    "/benchmark/<name>)");
+  }
+  std::size_t used = 0;
+  long long n = -1;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || n < 0 || n > std::numeric_limits<int>::max())
+    throw UserError("--kv-blocks " + text + ": blocks in each group's KV pool, an integer >= 0 (0: every slot at the "
+                    "longest request)" + (allow_auto ? ", or auto (sized from the stages' free memory)" : ""));
+  return static_cast<int>(n);
+}
+
 int max_step_tokens(const std::vector<Request>& requests, const SchedulerConfig& config) {
   int row = 1;
   for (const Request& r : requests)
-    row = std::max(row, config.kv_blocks > 0 ? r.prompt_len + r.gen_len - 1 : r.prompt_len);
+    row = std::max(row, config.kv_blocks != 0 ? r.prompt_len + r.gen_len - 1 : r.prompt_len);
   return config.pool_slots() * row;
 }
 

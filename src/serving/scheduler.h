@@ -122,6 +122,14 @@ struct SchedulerConfig {
 /// its value and what is valid. The scheduler's constructor and the scenario's parser both call it.
 void check_kv_pool(int kv_block_size, int kv_blocks);
 
+/// ScenarioSpec::kv_blocks of `--kv-blocks auto`: `run` resolves it per split, before any
+/// SchedulerConfig reaches a Scheduler (which refuses it).
+inline constexpr int kKvBlocksAuto = -1;
+
+/// The text of --kv-blocks: a count >= 0, or "auto" (kKvBlocksAuto) where `allow_auto`.
+/// @throws ppb::UserError naming the flag, its text and what is valid.
+int parse_kv_blocks(const std::string& text, bool allow_auto);
+
 /// The most tokens one step of `config` can run over `requests`: pool_slots() rows of the longest prompt
 /// (the longest prompt + output - 1 where a bounded KV pool may preempt: a readmitted request
 /// prefills its tokens so far). vllm_v1's budget is not applied: a warm-up step (B whole
@@ -148,6 +156,11 @@ struct Step {
   double start_s = 0.0;        ///< when it was formed (the caller's now)
   std::vector<int> admitted;   ///< requests admitted at this step, in FCFS order
   std::vector<BatchRow> rows;  ///< ordered by slot; empty: nothing to run
+  /// Slots of the step's pool whose request left (finished or was preempted) since the pool's
+  /// previous step with rows was formed, in the order they were freed: their KV positions are
+  /// free before this step's rows run (RaggedStep::released; a demand-paged store gives their
+  /// pages back). A step without rows carries none: they wait for the next one.
+  std::vector<int> released;
   /// Tokens the stages process in this step: sum of rows' tokens.
   int total_tokens() const;
 };
@@ -213,6 +226,7 @@ class Scheduler {
   struct Pool {
     std::vector<int> slot_owner;  ///< request per slot, -1 free
     int free_blocks = 0;
+    std::vector<int> released;    ///< slots freed since its last step with rows (Step::released)
   };
   struct Group {
     bool in_flight = false;

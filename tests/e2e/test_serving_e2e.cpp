@@ -386,6 +386,45 @@ TEST(ServingE2E, KvPoolPreemptsAndRecomputesWithNothingLostUnderTwoPolicies) {
   EXPECT_TRUE(std::isfinite(m.get_attr<double>("ttft_p99_gain")));
 }
 
+// --kv-blocks auto (issue 49): each split's pool sized from its stages' free memory, the CPU
+// store demand-paged. 24 requests at once (prompts 20..64, 24 outputs: up to 22 blocks of 4
+// tokens), 8 slots per group, M = 2: every slot at the longest request would be 8 x 22 = 176
+// blocks per group. Under --memory-limit 0.0033 GiB the stages' weights and scratch leave a pool
+// that binds (fewer blocks than that, at least the longest request's): the run preempts, every
+// request finishes with its serialized replay's tokens, and the file and the memory table say
+// the pool. At 0.0031 GiB the pool would not hold the longest request: refused, exit 2, naming
+// the stage and the flags that help.
+TEST(ServingE2E, KvPoolAutoIsSizedFromTheStagesFreeMemory) {
+  const std::string dir = ppb_test::scratch_dir("ppbench_serving_");
+  const std::string args = mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate inf "
+                           "--requests 24 -p 64 -g 24 --prompt-lens uniform:20,64 -b 8 --step-policy vllm-v1 "
+                           "--max-batched-tokens 32 --kv-blocks auto --kv-block-size 4 --partition uniform --iters 2 ";
+  auto r = run(args + "--memory-limit 0.0033 -o " + dir + "/auto.h5");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("the KV store is demand-paged"), std::string::npos) << r.output;
+  auto root = ppb::h5::File::open(dir + "/auto.h5").root();
+  EXPECT_EQ(root.get_attr<std::string>("validation"), "ok");
+  EXPECT_EQ(root.open_group("scenario").get_attr<int64_t>("kv_blocks"), -1);  // auto
+  auto b = root.open_group("benchmark/uniform");
+  const int64_t pool = b.get_attr<int64_t>("kv_blocks");
+  EXPECT_GE(pool, 22);
+  EXPECT_LT(pool, 176);
+  EXPECT_NE(r.output.find("--kv-blocks auto: " + std::to_string(pool) + " blocks per group"), std::string::npos) << r.output;
+  int64_t preempted = 0;
+  for (int64_t n : b.open_dataset("requests/preemptions").read<int64_t>()) preempted += n;
+  EXPECT_GT(preempted, 0);
+  EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
+  auto sc = root.open_group("scenario");
+  check_requests(root, "uniform", sc.open_dataset("arrival_s").read<double>(), sc.open_dataset("gen_len").read<int64_t>());
+
+  auto refused = run(args + "--memory-limit 0.0031 -o " + dir + "/small.h5 --timeout 30");
+  EXPECT_EQ(refused.status, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--kv-blocks auto: partition uniform's stage 1"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("raise --memory-limit"), std::string::npos) << refused.output;
+  if (std::filesystem::exists(dir + "/small.h5"))  // the profile, kept and marked incomplete
+    EXPECT_EQ(ppb::h5::File::open(dir + "/small.h5").root().get_attr<int64_t>("complete"), 0);
+}
+
 // Tensor-parallel layouts under arrivals (issue 49): PP2 (uniform) and TP2 (uniform_tp2: one
 // stage of both ranks, rank 0 scheduling and sending each step's rows and ids to rank 1) play the
 // same requests in the same rounds; each is validated bitwise against its serialized replay, and
@@ -548,6 +587,7 @@ TEST(ServingE2E, BadServingFlagsExitTwo) {
       {"kv pool below one request", tiny + "--scenario poisson --request-rate 2 -p 24 -g 5 --kv-blocks 1 --kv-block-size 4",
        "--kv-blocks 1: request"},
       {"kv pool on closed batches", tiny + "--kv-blocks 8", "--kv-blocks describes requests that arrive"},
+      {"kv pool not a number", tiny + "--scenario poisson --request-rate 2 --kv-blocks many", "--kv-blocks many"},
       {"a policy twice", tiny + "--scenario poisson --request-rate 2 --step-policy mixed,mixed", "names mixed twice"},
       {"unknown step policy", tiny + "--scenario poisson --request-rate 2 --step-policy chunked", "--step-policy"},
       {"rate not a number", tiny + "--scenario poisson --request-rate fast", "--request-rate 'fast'"},

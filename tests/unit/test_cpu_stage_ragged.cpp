@@ -6,6 +6,8 @@
 //    against each request run alone on a B = 1 stage: equal up to the rounding of two fp32
 //    evaluations of the same layers (the GEMMs see another M, OpenBLAS another blocking), the
 //    bound derived in fp_bounds.h's way;
+//  - a demand-paged KV store under a scheduler's pool (StageConfig::kv_pool_tokens) that
+//    preempts: the whole store's bits, and never more resident than the pool's bound;
 //  - the steps a stage refuses, before it enqueues anything.
 #include <gtest/gtest.h>
 
@@ -31,6 +33,7 @@
 #include "common/error.h"
 #include "fp_bounds.h"
 #include "model/model_spec.h"
+#include "serving/scheduler.h"
 #include "sync_lane.h"
 
 namespace {
@@ -454,7 +457,81 @@ TEST(CpuStageRagged, StepsAtWidthTwoGiveWidthOnesTokens) {
   }
 }
 
-// ---- 3. refused steps ---------------------------------------------------------------------------
+// ---- 3. a demand-paged KV store ---------------------------------------------------------------
+
+/// vllm-v1 chunks under a KV pool that preempts (6 slots of up to 700 positions; a pool of 160
+/// blocks of 8 tokens, a quarter of them) drive two stages of the body (embed .. last layer) of m: one whose store
+/// holds every slot (kv_pool_tokens 0), one demand-paged under the pool, each step's released
+/// slots given back before its rows. Every step's activations are bitwise the whole store's (a
+/// released slot's pages read as zeros, and its next request writes each position before it
+/// reads it), and after every step the paged store's resident bytes are within cpu_stage_bytes'
+/// kv_cache for the pool, which is below what the slots' positions would hold without the
+/// releases (so the test fails if a release is lost).
+TEST(CpuStageRagged, PagedStoreHoldsThePoolAndGivesTheWholeStoresBits) {
+  for (const char* name : {"tiny-llama", "tiny-deepseek-v3", "tiny-gemma3"}) {
+    SCOPED_TRACE(name);
+    const ModelSpec m = tiny(name);
+    const int last = m.num_units() - 2, H = m.hidden;
+    ppb::serving::SchedulerConfig sc;
+    sc.slots = 6;
+    sc.policy = ppb::serving::StepPolicy::vllm_v1;
+    sc.max_batched_tokens = 128;
+    sc.kv_block_size = 8;
+    sc.kv_blocks = 160;
+    std::vector<ppb::serving::Request> reqs;
+    std::mt19937 gen(11);
+    for (int q = 0; q < 24; ++q)
+      reqs.push_back({0.0, std::uniform_int_distribution<int>(100, 600)(gen), std::uniform_int_distribution<int>(2, 60)(gen)});
+    const ppb::StageConfig whole_cfg = config(sc.slots, 600, 100, 1);
+    ppb::StageConfig paged_cfg = whole_cfg;
+    paged_cfg.kv_pool_tokens = int64_t(sc.kv_blocks) * sc.kv_block_size;
+    auto whole = ppb::create_cpu_stage(m, 0, last, whole_cfg);
+    auto paged = ppb::create_cpu_stage(m, 0, last, paged_cfg);
+    const ppb::StageBytes b = ppb::cpu_stage_bytes(m, 0, last, paged_cfg);
+    ASSERT_TRUE(b.kv_paged);
+    ASSERT_LT(b.kv_cache, ppb::cpu_stage_bytes(m, 0, last, whole_cfg).kv_cache / 2);
+    EXPECT_EQ(paged->kv_resident_bytes(), 0u);
+    SyncLane lane;
+    ppb::serving::Scheduler s(reqs, sc);
+    std::vector<int> touched(sc.slots, 0);  // the most positions each slot's rows wrote
+    size_t peak = 0;
+    int steps = 0;
+    for (double t = 0; !s.finished(); t += 1.0, ++steps) {
+      const ppb::serving::Step& st = s.next_step(0, t);
+      ASSERT_FALSE(st.rows.empty());  // every request arrived at 0
+      RaggedStep rs;
+      ids in;
+      for (const ppb::serving::BatchRow& row : st.rows) {
+        rs.slot.push_back(row.slot);
+        rs.pos.push_back(row.position);
+        rs.tokens.push_back(row.tokens);
+        for (int p = row.position; p < row.position + row.tokens; ++p) in.push_back((row.request * 131 + p * 7) % m.vocab);
+        touched[row.slot] = std::max(touched[row.slot], row.position + row.tokens);
+      }
+      rs.released.assign(st.released.begin(), st.released.end());
+      bytes out_w(in.size() * H * sizeof(float), 1), out_p(out_w.size(), 2);
+      whole->enqueue_forward_ragged(lane, in.data(), out_w.data(), 0, rs);
+      paged->enqueue_forward_ragged(lane, in.data(), out_p.data(), 0, rs);
+      lane.synchronize();
+      ASSERT_EQ(0, std::memcmp(out_w.data(), out_p.data(), out_w.size())) << "step " << steps;
+      const size_t resident = paged->kv_resident_bytes();
+      ASSERT_LE(resident, b.kv_cache) << "step " << steps;
+      peak = std::max(peak, resident);
+      s.complete_step(0, t + 1.0);
+    }
+    EXPECT_GT(s.preemptions(), 0);
+    EXPECT_GT(peak, 0u);
+    const size_t unreleased = static_cast<size_t>(std::accumulate(touched.begin(), touched.end(), 0)) * b.kv_token_bytes;
+    EXPECT_GT(unreleased, b.kv_cache);
+    EXPECT_EQ(whole->kv_resident_bytes(), whole->kv_cache_bytes());
+    std::printf("%s: %d steps, %d preemptions; paged KV peak %zu B, bound %zu B (pool %zu + slack %zu), "
+                "the slots' positions without releases %zu B, the whole store %zu B\n",
+                name, steps, s.preemptions(), peak, b.kv_cache, b.kv_cache - b.kv_page_slack, b.kv_page_slack,
+                unreleased, whole->kv_cache_bytes());
+  }
+}
+
+// ---- 4. refused steps ---------------------------------------------------------------------------
 
 /// Each bad step throws InternalError naming its row (or the group / the row count) before
 /// anything is enqueued.
@@ -479,6 +556,8 @@ TEST(CpuStageRagged, RefusesBadStepsBeforeEnqueueing) {
       {"negative slot", {{0, -1}, {0, 0}, {1, 1}}, 0, "row 1 (slot -1"},
       {"arrays of two lengths", {{0, 1}, {0}, {1, 1}}, 0, "entries"},
       {"group out of range", {{0}, {0}, {1}}, 2, "group 2"},
+      {"released slot out of range", {{0}, {0}, {1}, {3}}, 0, "released slot 3"},
+      {"released twice", {{0}, {0}, {1}, {1, 1}}, 0, "released slot 1"},
   };
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.what);

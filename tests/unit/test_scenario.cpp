@@ -122,7 +122,7 @@ TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
   f.request_rate = "4";
   f.step_policy = "mixed,vllm-v1,prefill-first";
   f.max_batched_tokens = 256;  // allowed: vllm-v1 is among the policies
-  f.kv_blocks = 12;
+  f.kv_blocks = "12";
   f.kv_block_size = 8;
   f.pp_schedule = "batch-queue,groups";
   const auto spec = serving::parse_scenario(f, use_of(ScenarioUse::Command::run));
@@ -171,7 +171,7 @@ TEST(ScenarioSpec, PolicyListAndKvPoolParseAndRoundTrip) {
                 .find("a list is `ppbench run`'s"),
             std::string::npos);
   f.step_policy = "mixed";
-  f.kv_blocks = -1;
+  f.kv_blocks = "-1";
   EXPECT_NE(error_of([&] { serving::parse_scenario(f, use_of(ScenarioUse::Command::serve_search)); }).find("--kv-blocks -1"),
             std::string::npos);
   // A stored list with a name this binary does not know is refused, never played as another.

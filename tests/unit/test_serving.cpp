@@ -769,6 +769,18 @@ TEST(ServingScheduler, KvPoolPreemptsTheLastAdmittedAndRecomputesIt) {
   EXPECT_EQ(t[1].preempted_tokens, 4);  // its prompt's positions; its first token was not fed back
   EXPECT_EQ(t[1].first_token_s, 1.0);  // the recompute's token is its second
   EXPECT_EQ(t[1].admitted_s, 0.0);     // queue time to the first admission
+  // The slots each step releases (what a paged KV store gives back before its rows): step 2 r1's
+  // slot 1 (preempted while that step formed), step 5 r0's slot 0 (finished at step 4's end),
+  // which r1 takes in that very step.
+  {
+    Scheduler r({{0.0, 4, 4}, {0.0, 4, 3}}, cfg);
+    std::vector<std::vector<int>> released;
+    for (int k = 0; !r.finished(); ++k) {
+      released.push_back(r.next_step(0, k).released);
+      r.complete_step(0, k + 1.0);
+    }
+    EXPECT_EQ(released, (std::vector<std::vector<int>>{{}, {1}, {}, {}, {0}, {}}));
+  }
   // Unbounded (kv_blocks 0: both slots at the longest request, 2 blocks each): no preemption.
   cfg.kv_blocks = 0;
   Scheduler u({{0.0, 4, 4}, {0.0, 4, 3}}, cfg);
@@ -945,7 +957,11 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
     std::vector<double> ready(groups, 0.0);
     std::vector<int> next_pos(reqs.size(), 0), out(reqs.size(), 0);
     std::vector<char> in_step(reqs.size(), 0);  // a row of it is in a step in flight
-    int steps = 0, restarts = 0;
+    // Each pool's slots as the stages see them: a slot's request changes only after a step
+    // released it (Step::released, what a paged KV store gives back), and only a slot in use is.
+    std::vector<std::vector<int>> owner(c.schedule == PpSchedule::batch_queue ? 1 : groups,
+                                        std::vector<int>(cfg.pool_slots(), -1));
+    int steps = 0, restarts = 0, releases = 0;
     long long run_tokens = 0;
     while (!s.finished()) {
       int g = 0;
@@ -966,6 +982,16 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
         continue;
       }
       ASSERT_LE(step.rows.size(), static_cast<std::size_t>(cfg.pool_slots()));
+      std::vector<int>& slots_of = owner[c.schedule == PpSchedule::batch_queue ? 0 : g];
+      for (int slot : step.released) {
+        ASSERT_NE(slots_of.at(slot), -1) << "slot " << slot << " released twice or unused";
+        slots_of[slot] = -1;
+        ++releases;
+      }
+      for (const BatchRow& row : step.rows) {
+        if (slots_of[row.slot] == -1) slots_of[row.slot] = row.request;
+        ASSERT_EQ(slots_of[row.slot], row.request) << "slot " << row.slot << " taken over without a release";
+      }
       for (const BatchRow& row : step.rows) {
         ASSERT_EQ(in_step[row.request], 0) << "request " << row.request << " in two steps in flight";
         in_step[row.request] = static_cast<char>(g + 1);
@@ -1002,6 +1028,11 @@ TEST(ServingScheduler, SimulatedRunKeepsTheInvariants) {
     EXPECT_EQ(run_tokens, want_tokens);
     EXPECT_EQ(preempted, s.preemptions());
     EXPECT_EQ(restarts, s.preemptions());
+    // Every request's slot is released when it finishes and when it is preempted, once; those
+    // freed after the last step with rows are never sent (at most every slot of every pool).
+    const int freed = static_cast<int>(reqs.size()) + s.preemptions();
+    EXPECT_LE(releases, freed);
+    EXPECT_GE(releases, freed - static_cast<int>(owner.size()) * cfg.pool_slots());
     if (c.kv_blocks > 0) {
       EXPECT_GT(s.preemptions(), 0);  // the pool binds: 40 blocks for 4 slots of up to 18 blocks (batch queue: 3 x 24 for 12)
       EXPECT_EQ(s.kv_blocks_peak(), c.kv_blocks * (c.schedule == PpSchedule::batch_queue ? groups : 1));

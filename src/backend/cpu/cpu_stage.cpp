@@ -330,9 +330,17 @@ void CpuStage::carve_kv_caches(const ScratchSizes& z) {
   const size_t max_tokens = static_cast<size_t>(cfg_.work.batch) * static_cast<size_t>(cfg_.work.max_context());
   kv_bytes_ = z.kv_floats * sizeof(float);
   if (z.kv_floats == 0) return;
-  kv_store_ = cpu::make_aligned_floats(z.kv_floats, /*zero=*/true);  // zeros: pages touched now
-  blocks_.emplace_back(kv_store_.get(), kv_bytes_);
-  float* p = kv_store_.get();
+  float* p = nullptr;
+  if (cfg_.kv_pool_tokens > 0) {
+    // Resident only where written (cpu_paged_store.h); not a host block: evicting it would
+    // map its untouched pages.
+    kv_paged_ = cpu::PagedStore(z.kv_floats);
+    p = kv_paged_.data();
+  } else {
+    kv_store_ = cpu::make_aligned_floats(z.kv_floats, /*zero=*/true);  // zeros: pages touched now
+    blocks_.emplace_back(kv_store_.get(), kv_bytes_);
+    p = kv_store_.get();
+  }
   std::vector<LayerWeights*> cached;
   for (LayerWeights& w : layers_) cached.push_back(&w);
   for (MtpModule& mod : mtp_) cached.push_back(&mod.layer);
@@ -347,6 +355,22 @@ void CpuStage::carve_kv_caches(const ScratchSizes& z) {
       p += per;
     }
   }
+}
+
+void CpuStage::release_slots(int group, const std::vector<int32_t>& slots) {
+  if (kv_paged_.data() == nullptr || slots.empty()) return;
+  const size_t ctx = static_cast<size_t>(cfg_.work.max_context());
+  auto release = [&](const LayerWeights& w) {
+    const size_t nkv = static_cast<size_t>(w.shape.n_kv_heads) * w.shape.head_dim;
+    // Floats of one slot in one cache: K or V rows, or MLA's latent rows (one cache).
+    const size_t seq = ctx * (w.shape.is_mla() ? layer_cache_floats(w.shape, nkv) : nkv);
+    for (const int32_t slot : slots) {
+      kv_paged_.release(w.k_cache[group] + slot * seq, seq);
+      if (!w.shape.is_mla()) kv_paged_.release(w.v_cache[group] + slot * seq, seq);
+    }
+  };
+  for (const LayerWeights& w : layers_) release(w);
+  for (const MtpModule& mod : mtp_) release(mod.layer);
 }
 
 void CpuStage::allocate_scratch(const ScratchSizes& z) {

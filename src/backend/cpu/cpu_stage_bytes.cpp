@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_paged_store.h"
 #include "backend/cpu/cpu_stage.h"
 #include "backend/cpu/cpu_stage_detail.h"
 #include "backend/tensor_parallel.h"
@@ -24,6 +25,7 @@ struct BytesPlan {
   size_t H = 0, ctx = 0, max_tokens = 0, groups = 0;  ///< hidden, P + G, B * ctx, M
   int t = 1, r = 0;                                  ///< tensor-parallel width and rank
   size_t weights = 0, kv = 0, rope = 0;
+  size_t kv_token = 0, kv_regions = 0;  ///< KV floats per token of one slot; regions per slot (K, V or MLA's)
   size_t max_q = 0, max_kv = 0, max_inter = 0, max_attn = 0;
   size_t max_mla_qa = 0, max_mla_kva = 0, max_mla_rope = 0, max_mla_values = 0, max_experts = 0, max_top_k = 0;
   bool has_layer = false;
@@ -62,6 +64,8 @@ void BytesPlan::add_layer(const LayerShape& ls) {
   max_attn = std::max(max_attn, attn_width);
   max_inter = std::max(max_inter, I);
   kv += groups * max_tokens * cpu::layer_cache_floats(ls, nkv);
+  kv_token += cpu::layer_cache_floats(ls, nkv);
+  kv_regions += ls.is_mla() ? 1 : 2;
   const int rotated = ls.is_mla() ? ls.mla.qk_rope : ls.head_dim;
   const auto key = std::make_pair(ls.rope, rotated);
   if (std::find(ropes.begin(), ropes.end(), key) == ropes.end()) {
@@ -153,7 +157,16 @@ StageBytes cpu_stage_bytes(const model::ModelSpec& m, int first, int last, const
   // Width > 1: the group's all-reduce gathers every rank's part of the largest [B x T, H]
   // (create_mpi_tp_group's buffer, one per stage's group; ThreadTpGroups' is smaller).
   if (t > 1 && plan.has_layer) scratch += static_cast<size_t>(t) * max_tokens * H;
-  return {plan.weights * sizeof(float), plan.kv * sizeof(float), scratch * sizeof(float)};
+  StageBytes b;
+  b.weights = plan.weights * sizeof(float);
+  b.scratch = scratch * sizeof(float);
+  b.kv_cache = plan.kv * sizeof(float);
+  b.kv_token_bytes = plan.kv_token * sizeof(float);
+  b.kv_paged = true;  // CpuStage: a PagedStore under a pool (cpu_paged_store.h)
+  b.kv_page_slack = cpu::page_slack_bytes(plan.groups * B * plan.kv_regions);
+  if (cfg.kv_pool_tokens > 0)
+    b.kv_cache = std::min(b.kv_cache, static_cast<size_t>(cfg.kv_pool_tokens) * b.kv_token_bytes + b.kv_page_slack);
+  return b;
 }
 
 }  // namespace ppb

@@ -30,11 +30,12 @@ void CpuStage::enqueue_forward_ragged(Lane& lane, const void* in, void* out, int
   check_ragged_step(step, group, cfg_.work);
   // The task owns its copy of the rows: the caller's step may be gone before the lane runs it.
   struct Rows {
-    std::vector<int32_t> slot, pos, offset;
+    std::vector<int32_t> slot, pos, offset, released;
   };
-  Rows rows{step.slot, step.pos, std::vector<int32_t>(step.slot.size() + 1, 0)};
+  Rows rows{step.slot, step.pos, std::vector<int32_t>(step.slot.size() + 1, 0), step.released};
   for (int r = 0; r < step.rows(); ++r) rows.offset[r + 1] = rows.offset[r] + step.tokens[r];
   lane.host_task([this, in, out, group, rows = std::move(rows)] {
+    release_slots(group, rows.released);  // before the rows: a new request may take a released slot
     forward(in, out, group, {static_cast<int>(rows.slot.size()), rows.slot.data(), rows.pos.data(), rows.offset.data()});
   });
 }

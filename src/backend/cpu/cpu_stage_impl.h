@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_aligned.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_paged_store.h"
 #include "backend/cpu/cpu_weight_cache.h"
 #include "backend/stage.h"
 #include "backend/tensor_parallel.h"
@@ -111,6 +112,7 @@ class CpuStage final : public StageExecutor {
   std::vector<std::pair<const void*, size_t>> host_blocks() const override { return blocks_; }
   size_t weight_bytes() const override { return weight_bytes_; }
   size_t kv_cache_bytes() const override { return kv_bytes_; }
+  size_t kv_resident_bytes() const override { return kv_paged_.data() != nullptr ? kv_paged_.resident_bytes() : kv_bytes_; }
 
  private:
   /// The tensor `key` of `n` floats from the cache (`fill` writes it if no stage holds it yet),
@@ -132,7 +134,8 @@ class CpuStage final : public StageExecutor {
   /// add_unit's head: the final norm, this rank's rows of lm_head (shared with embed when tied
   /// on this stage), the MTP modules.
   void add_head(const model::ModelSpec& m, int u, ScratchSizes& z);
-  /// The constructor's KV caches: one zeroed block of z.kv_floats, carved per layer and group.
+  /// The constructor's KV caches: one zeroed block of z.kv_floats (demand-paged under a pool:
+  /// StageConfig::kv_pool_tokens > 0), carved per layer and group.
   void carve_kv_caches(const ScratchSizes& z);
   /// The constructor's scratch buffers, sized once for batch * max_context tokens.
   void allocate_scratch(const ScratchSizes& z);
@@ -219,8 +222,11 @@ class CpuStage final : public StageExecutor {
   std::vector<LayerWeights> layers_;
   std::vector<RopeTable> ropes_;
 
-  cpu::AlignedFloats kv_store_;
+  cpu::AlignedFloats kv_store_;  ///< the KV caches, touched at construction (kv_pool_tokens = 0)
+  cpu::PagedStore kv_paged_;     ///< or, under a scheduler's pool, demand-paged (cpu_paged_store.h)
   size_t kv_bytes_ = 0;
+  /// Gives back the pages of `slots` of `group` in every layer's cache (a paged store only).
+  void release_slots(int group, const std::vector<int32_t>& slots);
 
   // Scratch, sized once for batch * max_context tokens: a uniform forward of up to max_context
   // tokens per sequence, or a ragged step (at most B rows of at most max_context tokens each,

@@ -317,6 +317,9 @@ StagePlan make_plan(const model::ModelSpec& m, int first, int last, const StageC
   scratch += ragged_meta_ints(cfg.work.batch, B * ctx) * sizeof(int32_t) + sizeof(int);
   p.bytes.weights = b.weight_elems * dt + b.weight_f32 * sizeof(float);
   p.bytes.kv_cache = b.kv_elems * dt;
+  // Every slot of every group at max_context, allocated whole (not demand-paged: kv_paged false,
+  // StageConfig::kv_pool_tokens ignored).
+  p.bytes.kv_token_bytes = b.kv_elems * dt / (static_cast<size_t>(std::max(cfg.work.groups, 1)) * std::max<size_t>(B * ctx, 1));
   p.bytes.scratch = scratch;
   return p;
 }
