@@ -70,6 +70,10 @@ class ServingLoop : StageLoopBase {
   /// Stage 0: group g's step is back: its tokens appended to its requests; returns the step's
   /// end (monotonic s: the token return's end, or the forward's with one stage).
   double take_return(int g, const std::vector<ScheduledRow>& rows);
+  /// Every 8th step (i % 8 == 0): the stage's resident KV into the record's peak.
+  void sample_kv(size_t i) {
+    if (i % 8 == 0) rec_.kv_resident_peak_bytes = std::max(rec_.kv_resident_peak_bytes, stage_.kv_resident_bytes());
+  }
   /// A later stage, or a tensor-parallel peer of stage 0: runs the steps its source sends until
   /// the end header.
   void follow();
@@ -326,6 +330,7 @@ ServingRecord ServingLoop::run_live() {
       ScheduledStep s{g, {}, st.start_s, kNaN, st.released};
       for (const serving::BatchRow& br : st.rows) s.rows.push_back({br.request, br.slot, br.position, br.tokens, br.emits});
       launch(g, s.rows, s.released);
+      sample_kv(rec_.schedule.size());  // while its forward computes
       in_flight[g] = rec_.schedule.size();
       rec_.schedule.push_back(std::move(s));
       fifo.push_back(g);
@@ -439,6 +444,7 @@ void ServingLoop::follow() {
     compute_->record(*e.ev[kComputeStart]);
     stage_.enqueue_forward_ragged(*compute_, in_[g]->data(), out_[g]->data(), kv_group(g), rs);
     compute_->record(*e.ev[kComputeEnd]);
+    sample_kv(static_cast<size_t>(i));  // while its forward computes
     if (!last) {
       send_->copy(header_out_[g]->data(), header_out_host_[g].data(), hbytes);
       for (int peer : place_.next_ranks) transport_.enqueue_send(*send_, header_out_[g]->data(), hbytes, peer, kHeaderTag);
@@ -456,6 +462,7 @@ void ServingLoop::follow() {
 
 ServingRecord ServingLoop::finish(double t0) {
   drain({compute_.get(), recv_.get(), send_.get()}, "end of the scenario");
+  rec_.kv_resident_peak_bytes = std::max(rec_.kv_resident_peak_bytes, stage_.kv_resident_bytes());
   rec_.wall_s = monotonic_s() - t0;
   rec_.start_monotonic_s = t0;
   rec_.events.assign(steps_.size() * kNumEvents, kNaN);

@@ -80,6 +80,11 @@ struct ServingRecord {
   std::vector<double> events;
   std::vector<int> step_rows, step_tokens;
   double checksum = 0.0;  ///< last stage: StageExecutor::checksum() over the scenario
+  /// Every rank: the most KV-cache bytes its stage held resident among samples taken while every
+  /// 8th step computed and at the end (StageExecutor::kv_resident_bytes: a demand-paged store's
+  /// pages written and not released; else the whole cache). A sample of a paged store costs a
+  /// mincore over its pages on the host thread, outside the timed forwards.
+  size_t kv_resident_peak_bytes = 0;
   double wall_s = 0.0;    ///< this rank's time from the start barrier to its lanes drained
 };
 

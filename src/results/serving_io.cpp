@@ -114,6 +114,10 @@ void write_partition(Group& parent, const ServingPartitionRecord& p) {
     cm.set_attr("units", "ms");
     cm.set_attr("content", "[step][stage] the step's compute on that stage");
   }
+  if (!p.stage_kv_resident_peak_bytes.empty())
+    ds(b, "stage_kv_resident_peak_bytes", p.stage_kv_resident_peak_bytes, "bytes",
+       "[stage] the most KV cache resident in the last round (a demand-paged store under --kv-blocks: its pages, "
+       "sampled every 8th step and at the end; else the whole cache)");
   Group r = b.create_group("requests");
   r.set_attr("content", "one row per request of the last round; times in s from the scenario's start (stage 0's clock)");
   ds(r, "arrival_s", p.arrival_s, "s", "arrived");
@@ -174,6 +178,8 @@ ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
     p.step_compute_ms = cm.read<double>();
     p.stages = static_cast<int>(cm.dims().at(1));
   }
+  if (b.exists("stage_kv_resident_peak_bytes"))
+    p.stage_kv_resident_peak_bytes = b.open_dataset("stage_kv_resident_peak_bytes").read<double>();
   const Group r = b.open_group("requests");
   p.arrival_s = r.open_dataset("arrival_s").read<double>();
   p.admitted_s = r.open_dataset("admitted_s").read<double>();

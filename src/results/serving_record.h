@@ -39,6 +39,9 @@ struct ServingPartitionRecord {
   std::vector<int> step_group, step_prefill_tokens, step_decode_rows;
   std::vector<double> step_decode_context, step_compute_start_s, step_compute_ms;
   double step_rows_mean = 0.0;     ///< rows per step, mean over the last round's steps
+  /// [S] per stage, the most KV-cache bytes resident in the last round (ServingRecord's samples;
+  /// a demand-paged store under --kv-blocks: its pages; else the whole cache); empty in older files.
+  std::vector<double> stage_kv_resident_peak_bytes;
   // ---- per round (one entry per round the partition took part in) ----
   std::vector<int> rep_round;
   std::vector<double> rep_duration_s, rep_output_tokens_per_s, rep_request_throughput, rep_goodput_req_per_s;

@@ -76,6 +76,17 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
     os << ";";
   }
   os << "\n";
+  bool any = false;
+  for (const ServingPartitionRecord& p : s.partitions) any = any || !p.stage_kv_resident_peak_bytes.empty();
+  if (!any) return;
+  os << "  KV cache resident at most in the last round, per stage (MiB; a demand-paged store: its pages):";
+  for (const ServingPartitionRecord& p : s.partitions) {
+    os << " " << p.name;
+    for (size_t k = 0; k < p.stage_kv_resident_peak_bytes.size(); ++k)
+      os << format_line("%s%.1f", k == 0 ? " " : " / ", p.stage_kv_resident_peak_bytes[k] / (1024.0 * 1024.0));
+    os << ";";
+  }
+  os << "\n";
 }
 
 std::string vs(double predicted, double measured) {

@@ -41,7 +41,11 @@ StageConfig scenario_stage_config(const RunContext& ctx, const balance::Partitio
     sc.work.groups = 1;
     sc.work.batch = sched.pool_slots();
   }
-  if (sched.kv_blocks > 0) sc.kv_pool_tokens = int64_t(sched.groups) * sched.kv_blocks * sched.kv_block_size;
+  // A pool smaller than every slot at the longest request: the store need hold only the pool
+  // (demand-paged where the backend can); one at least as large cannot bind: the whole store,
+  // touched once at build, without the paged store's page faults.
+  const int64_t pool = int64_t(sched.groups) * sched.kv_blocks * sched.kv_block_size;
+  if (sched.kv_blocks > 0 && pool < int64_t(sc.work.groups) * sc.work.batch * sc.work.max_context()) sc.kv_pool_tokens = pool;
   return sc;
 }
 
@@ -171,7 +175,11 @@ void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set) {
            << sc.work.max_context() << " tokens" << (ctx.opt.scenario.on() ? " (the scenario's longest request)" : "")
            << ", but the limit is " << gib(double(ctx.cluster.memory_limit))
            << " (--memory-limit, default 90% of the free memory per rank); use more ranks, a smaller "
-              "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model";
+              "--batch/--microbatches/--prompt-len/--gen-len, or a smaller model"
+           << (ctx.opt.scenario.on() && ctx.opt.scenario.spec->kv_blocks == 0
+                   ? ", or --kv-blocks auto (a KV pool sized from the free memory: requests admitted on free blocks "
+                     "and preempted when they run out, as vLLM does)"
+                   : "");
         throw UserError(os.str());
       }
     }

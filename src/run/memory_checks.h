@@ -33,8 +33,9 @@ StageConfig partition_stage_config(const RunContext& ctx, const balance::Partiti
 
 /// The stage partition_stage_config gives for the scheduler `sched` (its schedule, its resolved
 /// pool): under --scenario the longest request, the batch queue's one group of M x B slots, and
-/// with a bounded pool (sched.kv_blocks > 0) StageConfig::kv_pool_tokens = M x kv_blocks x
-/// kv_block_size (a paged store then holds only that).
+/// with a pool (sched.kv_blocks > 0) smaller than every slot at the longest request
+/// StageConfig::kv_pool_tokens = M x kv_blocks x kv_block_size (a paged store then holds only
+/// that; a larger pool cannot bind and the store stays whole).
 StageConfig scenario_stage_config(const RunContext& ctx, const balance::Partition& p, const StagePlacement& place,
                                   const serving::SchedulerConfig& sched, TpGroup* tp = nullptr);
 

@@ -340,8 +340,9 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
              std::to_string(sched.kv_blocks) + " blocks per group): " + std::to_string(pool_tokens) + " tokens, " +
              format_fixed(100.0 * double(pool_tokens) / double(slot_tokens), 1) + "% of every slot at the longest request (" +
              std::to_string(slot_tokens) + "); admission and preemption count its blocks; " +
-             (paged ? "the KV store is demand-paged: resident only where the pool's blocks are (the table counts the pool)"
-                    : "the storage stays one row per slot (this backend allocates it whole)");
+             (paged                        ? "the KV store is demand-paged: resident only where the pool's blocks are (the table counts the pool)"
+              : pool_tokens >= slot_tokens ? "it holds every slot, so it cannot bind: the store stays whole"
+                                           : "the storage stays one row per slot (this backend allocates it whole)");
     }
     ctx.progress.say("memory of partition " + p.solver + " (limits: " + limit_origin(ctx) +
                      ", net of each stage's activation scratch" +

@@ -130,10 +130,16 @@ void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePl
       }
       mine.insert(mine.end(), {static_cast<double>(st.group), prefill, decode, decode > 0 ? context / decode : 0.0});
     }
+  mine.push_back(static_cast<double>(rec.kv_resident_peak_bytes));  // last: every rank's
   const std::vector<std::vector<double>> all = ctx.mpi.gatherv_doubles(mine);
   if (!ctx.root) return;
   const int S = place.num_stages;
   pr->stages = S;
+  pr->stage_kv_resident_peak_bytes.assign(S, 0.0);
+  for (const std::vector<double>& d : all) {
+    double& peak = pr->stage_kv_resident_peak_bytes.at(static_cast<size_t>(d.at(0)));
+    peak = std::max(peak, d.back());
+  }
   pr->step_compute_start_s.assign(n * S, std::numeric_limits<double>::quiet_NaN());
   pr->step_compute_ms = pr->step_compute_start_s;
   for (const std::vector<double>& d : all) {

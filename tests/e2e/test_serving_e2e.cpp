@@ -414,6 +414,16 @@ TEST(ServingE2E, KvPoolAutoIsSizedFromTheStagesFreeMemory) {
   for (int64_t n : b.open_dataset("requests/preemptions").read<int64_t>()) preempted += n;
   EXPECT_GT(preempted, 0);
   EXPECT_EQ(b.get_attr<int64_t>("replay_tokens_differing"), 0);
+  // Each stage's resident KV (its paged store's pages, sampled) within what the memory check
+  // counted for it (the pool and its page slack).
+  const auto resident = b.open_dataset("stage_kv_resident_peak_bytes").read<double>();
+  const auto counted = root.open_group("partitions/uniform").open_dataset("stage_kv_bytes").read<int64_t>();
+  ASSERT_EQ(resident.size(), 2u);
+  ASSERT_EQ(counted.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_GT(resident[k], 0.0);
+    EXPECT_LE(resident[k], static_cast<double>(counted[k]));
+  }
   auto sc = root.open_group("scenario");
   check_requests(root, "uniform", sc.open_dataset("arrival_s").read<double>(), sc.open_dataset("gen_len").read<int64_t>());
 
