@@ -90,8 +90,9 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
                         "running request's next token finds none the request admitted last is preempted and "
                         "recomputed later (vLLM V1's policy); 0: every slot at the longest request (nothing binds)" +
                         std::string(run ? "; auto: as many as each split's stages' free memory holds after weights "
-                                          "and scratch (vLLM's rule; on CPU ranks the KV store is then demand-paged, "
-                                          "resident only where the pool's blocks are)"
+                                          "and scratch (vLLM's rule; on CPU ranks a pool smaller than every slot at the "
+                                          "longest request makes the KV store demand-paged, resident only where the "
+                                          "pool's blocks are; CUDA's store is allocated whole)"
                                         : ""))
       ->capture_default_str();
   cmd.add_option("--kv-block-size", f.kv_block_size, when + "TOKENS per KV block (vLLM's --block-size)")

@@ -76,14 +76,28 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
     os << ";";
   }
   os << "\n";
+}
+
+/// Under a KV pool: each stage's resident KV peak (a demand-paged store's pages), and in brackets
+/// what the memory check counted for it (the pool and its page slack, or the whole store).
+void print_kv_resident(std::ostream& os, const RunRecord& run) {
+  const ServingRunRecord& s = run.serving;
+  if (!s.spec || s.spec->kv_blocks == 0) return;
   bool any = false;
   for (const ServingPartitionRecord& p : s.partitions) any = any || !p.stage_kv_resident_peak_bytes.empty();
   if (!any) return;
-  os << "  KV cache resident at most in the last round, per stage (MiB; a demand-paged store: its pages):";
+  os << "  KV cache resident at most in the last round, per stage (MiB; a demand-paged store: its pages; [the memory "
+        "check's count]):";
   for (const ServingPartitionRecord& p : s.partitions) {
+    const PartitionRecord* counted = nullptr;
+    for (const PartitionRecord& q : run.partitions)
+      if (q.name == p.name) counted = &q;
     os << " " << p.name;
-    for (size_t k = 0; k < p.stage_kv_resident_peak_bytes.size(); ++k)
+    for (size_t k = 0; k < p.stage_kv_resident_peak_bytes.size(); ++k) {
       os << format_line("%s%.1f", k == 0 ? " " : " / ", p.stage_kv_resident_peak_bytes[k] / (1024.0 * 1024.0));
+      if (counted != nullptr && k < counted->stage_kv_bytes.size())
+        os << format_line(" [%.1f]", static_cast<double>(counted->stage_kv_bytes[k]) / (1024.0 * 1024.0));
+    }
     os << ";";
   }
   os << "\n";
@@ -157,6 +171,7 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
   if (!s.spec) return;
   os << "\nserving scenario: " << serving_scenario_text(s) << "; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
   print_latency_table(os, s);
+  print_kv_resident(os, run);
   print_predictions(os, s, run.profile);
   if (s.rate_search.on) print_rate_search(os, s.rate_search);
   const std::string goodput = serving::goodput_text(s.spec->goodput);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/check.h"
+#include "common/format.h"
 #include "pipeline/pipeline.h"
 #include "run/plan.h"
 #include "run/serving_search.h"
@@ -84,11 +85,13 @@ int auto_kv_blocks(const RunContext& ctx, const balance::Partition& p, const ser
   if (blocks < longest)
     throw UserError("--kv-blocks auto: partition " + p.solver + "'s stage " + std::to_string(tight_stage) + " (units " +
                     ctx.spec.units[p.first_unit[tight_stage]].name + ".." + ctx.spec.units[p.last_unit[tight_stage]].name +
-                    ") has " + gib(std::max(0.0, tight_free)) + " left for its KV cache after weights and scratch: " +
-                    std::to_string(blocks) + " blocks of " + std::to_string(sched.kv_block_size) + " tokens per group of M=" +
-                    std::to_string(sched.groups) + ", fewer than the scenario's longest request needs (" +
-                    std::to_string(longest) + "); raise --memory-limit, or use fewer --microbatches, more ranks, "
-                    "shorter --max-prompt-len/--max-gen-len or a smaller model");
+                    ") has " + format_fixed(std::max(0.0, tight_free) / 1048576.0, 3) +
+                    " MiB left for its KV cache after weights and scratch (and page slack): " + std::to_string(blocks) +
+                    " blocks of " + std::to_string(sched.kv_block_size) + " tokens per group of M=" +
+                    std::to_string(sched.groups) + ", fewer than the longest of the scenario's requests needs alone (" +
+                    std::to_string(longest) + " blocks: its prompt + output - 1 positions); raise --memory-limit, or use "
+                    "fewer --microbatches, more ranks, a smaller -b/--batch (the slots' scratch), shorter prompts or "
+                    "outputs (-p/--prompt-len, -g/--gen-len, --prompt-lens, --gen-lens) or a smaller model");
   return static_cast<int>(blocks);
 }
 

@@ -337,10 +337,13 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
       const serving::SchedulerConfig sched = serving_sim_config(ctx, p).scheduler;
       const int64_t pool_tokens = int64_t(sched.groups) * sched.kv_blocks * sched.kv_block_size;  // M pools, or one of M x
       pool = "\nthe scheduler's KV pool (--kv-blocks" + std::string(ctx.opt.scenario.spec->kv_blocks < 0 ? " auto: " : " ") +
-             std::to_string(sched.kv_blocks) + " blocks per group): " + std::to_string(pool_tokens) + " tokens, " +
-             format_fixed(100.0 * double(pool_tokens) / double(slot_tokens), 1) + "% of every slot at the longest request (" +
+             std::to_string(sched.kv_blocks) + " blocks of " + std::to_string(sched.kv_block_size) + " tokens per group): " +
+             std::to_string(pool_tokens) + " tokens over the M=" + std::to_string(sched.groups) + " groups, " +
+             format_fixed(100.0 * double(pool_tokens) / double(slot_tokens), 1) + "% of every slot at -p + -g (" +
              std::to_string(slot_tokens) + "); admission and preemption count its blocks; " +
-             (paged                        ? "the KV store is demand-paged: resident only where the pool's blocks are (the table counts the pool)"
+             (paged ? "the KV store is demand-paged: resident only where the pool's blocks are (the table's KV and "
+                      "capacity count the pool and its page slack, " +
+                          std::to_string(slack_tokens) + " tokens' worth: two pages per slot, layer and K/V)"
               : pool_tokens >= slot_tokens ? "it holds every slot, so it cannot bind: the store stays whole"
                                            : "the storage stays one row per slot (this backend allocates it whole)");
     }

@@ -335,10 +335,12 @@ class ServingRounds final : public RoundScenario {
       ServingPartitionRecord& pr = into_->partitions[b.pi];
       record_turn(ctx, pr, v, b.rounds.back());
       times_[b.pi].push_back(v.times);
+      const double preempted = pr.rep_preemptions.empty() ? 0.0 : pr.rep_preemptions.back();
       ctx.progress.say(format_line("round %d, %-10s %d requests in %.1f s: %.1f output tokens/s, TTFT p99 %.0f ms, "
-                                   "TPOT p99 %.1f ms", rounds, pr.name.c_str(), static_cast<int>(v.times.size()),
+                                   "TPOT p99 %.1f ms%s", rounds, pr.name.c_str(), static_cast<int>(v.times.size()),
                                    pr.rep_duration_s.back(), pr.rep_output_tokens_per_s.back(), pr.rep_ttft_p99_ms.back(),
-                                   pr.rep_tpot_p99_ms.back()));
+                                   pr.rep_tpot_p99_ms.back(),
+                                   preempted > 0 ? format_line(", %.0f preemptions (KV pool)", preempted).c_str() : ""));
     }
     if (ctx.root) into_->rounds = rounds;
     if (snapshot_) ctx.phase("write after round " + std::to_string(rounds), [&] { ctx.snapshot("benchmark"); });

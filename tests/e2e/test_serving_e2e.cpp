@@ -409,7 +409,8 @@ TEST(ServingE2E, KvPoolAutoIsSizedFromTheStagesFreeMemory) {
   const int64_t pool = b.get_attr<int64_t>("kv_blocks");
   EXPECT_GE(pool, 22);
   EXPECT_LT(pool, 176);
-  EXPECT_NE(r.output.find("--kv-blocks auto: " + std::to_string(pool) + " blocks per group"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--kv-blocks auto: " + std::to_string(pool) + " blocks of 4 tokens per group"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("preemptions (KV pool)"), std::string::npos) << r.output;  // in the round lines
   int64_t preempted = 0;
   for (int64_t n : b.open_dataset("requests/preemptions").read<int64_t>()) preempted += n;
   EXPECT_GT(preempted, 0);
@@ -431,6 +432,7 @@ TEST(ServingE2E, KvPoolAutoIsSizedFromTheStagesFreeMemory) {
   EXPECT_EQ(refused.status, 2) << refused.output;
   EXPECT_NE(refused.output.find("--kv-blocks auto: partition uniform's stage 1"), std::string::npos) << refused.output;
   EXPECT_NE(refused.output.find("raise --memory-limit"), std::string::npos) << refused.output;
+  EXPECT_EQ(refused.output.find("--max-prompt-len"), std::string::npos) << "a flag that does not exist";
   if (std::filesystem::exists(dir + "/small.h5"))  // the profile, kept and marked incomplete
     EXPECT_EQ(ppb::h5::File::open(dir + "/small.h5").root().get_attr<int64_t>("complete"), 0);
 }
