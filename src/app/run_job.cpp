@@ -47,6 +47,7 @@ int run_phases(run::RunContext& ctx) {
   // 4. Plan: rank 0 solves the splits of every layout and broadcasts them; each is predicted
   // from the profile (rank 0: balance::Predictor, the functions `ppbench simulate` uses).
   PartitionSet set = plan_partitions(ctx);
+  resolve_kv_pools(ctx, set);
   ctx.phase("predictions", [&] { ctx.make_predictor(); });
   describe_partitions(ctx, set);
   ctx.phase("write of the partitions", [&] { ctx.snapshot("benchmark"); });

@@ -161,6 +161,13 @@ void check_memory_for_profile(RunContext& ctx) {
   });
 }
 
+void resolve_kv_pools(RunContext& ctx, const PartitionSet& set) {
+  if (!ctx.opt.scenario.on() || ctx.opt.scenario.spec->kv_blocks != serving::kKvBlocksAuto) return;
+  ctx.phase("KV pools (--kv-blocks auto)", [&] {
+    for (const balance::Partition& p : set.splits) serving_sim_config(ctx, p);  // throws where a pool is too small
+  });
+}
+
 void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set) {
   ctx.phase("memory check", [&] {
     for (const balance::Partition& p : set.splits) {

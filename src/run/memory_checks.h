@@ -81,6 +81,11 @@ void check_memory_for_profile(RunContext& ctx);
 /// says it; nothing with --memory-limit (the user's figure) or without groups.
 void reserve_tp_communicators(RunContext& ctx);
 
+/// Collective, under --kv-blocks auto: every split's pool (auto_kv_blocks) on every rank, in its
+/// own phase, so that a pool too small for the longest request is refused by every rank at once
+/// (exit 2) before anything is described or built. Nothing without a scenario or with a number.
+void resolve_kv_pools(RunContext& ctx, const PartitionSet& set);
+
 /// Every rank checks its stage of every partition of `set` (its shard, scratch included, as
 /// partition_stage_config sizes it) against its limit before anything is built.
 void check_memory_of_partitions(RunContext& ctx, const PartitionSet& set);

@@ -393,7 +393,7 @@ TEST(ServingE2E, KvPoolPreemptsAndRecomputesWithNothingLostUnderTwoPolicies) {
 // that binds (fewer blocks than that, at least the longest request's): the run preempts, every
 // request finishes with its serialized replay's tokens, and the file and the memory table say
 // the pool. At 0.0031 GiB the pool would not hold the longest request: refused, exit 2, naming
-// the stage and the flags that help.
+// the stage and the flags that help; so is the batch queue's at 0.0033.
 TEST(ServingE2E, KvPoolAutoIsSizedFromTheStagesFreeMemory) {
   const std::string dir = ppb_test::scratch_dir("ppbench_serving_");
   const std::string args = mpirun(2) + "--model tests/data/tiny-llama.json --scenario poisson --request-rate inf "
@@ -435,6 +435,13 @@ TEST(ServingE2E, KvPoolAutoIsSizedFromTheStagesFreeMemory) {
   EXPECT_EQ(refused.output.find("--max-prompt-len"), std::string::npos) << "a flag that does not exist";
   if (std::filesystem::exists(dir + "/small.h5"))  // the profile, kept and marked incomplete
     EXPECT_EQ(ppb::h5::File::open(dir + "/small.h5").root().get_attr<int64_t>("complete"), 0);
+  // A compared schedule's split sized alone: the batch queue's one group of M x B slots needs the
+  // scratch of M x B rows, so at 0.0033 GiB its pool is refused (exit 2 on every rank, in the
+  // pools' own phase, not a crash while the splits are described).
+  auto bq = run(args + "--pp-schedule groups,batch-queue --memory-limit 0.0033 -o " + dir + "/bq.h5 --timeout 30");
+  EXPECT_EQ(bq.status, 2) << bq.output;
+  EXPECT_NE(bq.output.find("error in KV pools (--kv-blocks auto) (all ranks)"), std::string::npos) << bq.output;
+  EXPECT_NE(bq.output.find("partition uniform batch-queue's stage"), std::string::npos) << bq.output;
 }
 
 // Tensor-parallel layouts under arrivals (issue 49): PP2 (uniform) and TP2 (uniform_tp2: one
