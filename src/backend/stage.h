@@ -162,8 +162,9 @@ class StageExecutor {
 /// Checks a ragged step against the shape a stage is built for (enqueue_forward_ragged's
 /// refusals, every backend's): group in [0, work.groups); slot, pos and tokens of one length,
 /// 1 <= rows <= B; each row's slot in [0, B) and no slot twice, tokens >= 1, pos >= 0 and
-/// pos + tokens <= work.max_context(); each released slot in [0, B), none twice. Then total_tokens <= B * max_context, the token rows a
-/// stage's scratch holds (each row fits one sequence's context, and there are at most B rows).
+/// pos + tokens <= work.max_context(); each released slot in [0, B), none twice. Then
+/// total_tokens <= B * max_context, the token rows a stage's scratch holds (each row fits one
+/// sequence's context, and there are at most B rows).
 /// @throws ppb::InternalError naming the group or the first bad row (a scheduler's bug, not a
 ///         user's error).
 void check_ragged_step(const RaggedStep& step, int group, const Workload& work);
