@@ -489,7 +489,7 @@ void describe_run(RunContext& ctx) {
   os << "model " << ctx.opt.model_path << ": " << ctx.spec.architecture << ", " << ctx.spec.n_layers << " layers, "
      << ctx.spec.num_units() << " units, " << format_fixed(model::total_params(ctx.spec) / 1e9, 2) << " B params; "
      << ctx.ranks << " ranks (" << run.backend << ", " << run.transport << "), B=" << w.batch << " P=" << w.prompt_len
-     << " G=" << w.gen_len << " M=" << w.groups << (ctx.opt.overlap ? ", overlap" : ", no overlap") << "; output "
+     << " G=" << w.gen_len << (ctx.opt.scenario.on() ? " (the scenario's mean prompt and output)" : "") << " M=" << w.groups << (ctx.opt.overlap ? ", overlap" : ", no overlap") << "; output "
      << ctx.output;
   ctx.progress.say(os.str());
 }
