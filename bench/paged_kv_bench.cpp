@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "bench_range.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/stats.h"
@@ -57,13 +58,6 @@ Timed cycle(ppb::Lane& lane, ppb::StageExecutor& stage, const void* in, void* ou
   lane.synchronize();
   t.decode_ms = (ppb::monotonic_s() - t0) * 1e3;
   return t;
-}
-
-std::string range(const std::vector<double>& v) {
-  char b[80];
-  std::snprintf(b, sizeof b, "%.3f [%.3f..%.3f]", ppb::median(v), *std::min_element(v.begin(), v.end()),
-                *std::max_element(v.begin(), v.end()));
-  return b;
 }
 
 int run(const Options& o) {
@@ -105,8 +99,8 @@ int run(const Options& o) {
   }
   std::printf("%s, a stage of %d layers, B=%d requests of P=%d + G=%d tokens, %d alternating reps\n", m.model_type.c_str(),
               o.layers, o.batch, o.prompt, o.gen, o.reps);
-  std::printf("  prefill step (whole store %.1f ms): paged / whole %s\n", ppb::median(pw), range(prefill).c_str());
-  std::printf("  %d decode steps (whole store %.1f ms): paged / whole %s\n", o.gen, ppb::median(dw), range(decode).c_str());
+  std::printf("  prefill step (whole store %.1f ms): paged / whole %s\n", ppb::median(pw), ppb::bench::median_range(prefill).c_str());
+  std::printf("  %d decode steps (whole store %.1f ms): paged / whole %s\n", o.gen, ppb::median(dw), ppb::bench::median_range(decode).c_str());
   std::printf("  KV resident: paged %.1f MiB at the cycle's end; whole store %.1f MiB\n", resident / 1048576.0,
               whole->kv_cache_bytes() / 1048576.0);
   return 0;

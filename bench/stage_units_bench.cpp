@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "bench_range.h"
 #include "common/error.h"
 #include "common/stats.h"
 #include "model/model_spec.h"
@@ -96,16 +97,11 @@ int cold_check(const Options& o, ppb::Device& device, ppb::Lane& lane, const ppb
     r_stream.push_back(stream.back() / pipe.back());
     r_lines.push_back(lines.back() / pipe.back());
   }
-  auto range = [](const std::vector<double>& v) {
-    char b[64];
-    std::snprintf(b, sizeof b, "%.3f [%.3f..%.3f]", ppb::median(v), *std::min_element(v.begin(), v.end()),
-                  *std::max_element(v.begin(), v.end()));
-    return std::string(b);
-  };
+  using ppb::bench::median_range;
   std::printf("%s, decode of B=%d rows at %d keys, %d reps x median of %d forwards (ms per layer):\n", m.model_type.c_str(),
               o.batch, o.prompt / 2, o.reps, o.iters);
-  std::printf("  one layer after a write stream (the old flush)   %8.3f   / pipeline %s\n", ppb::median(stream), range(r_stream).c_str());
-  std::printf("  one layer after evicting its own lines (the fix) %8.3f   / pipeline %s\n", ppb::median(lines), range(r_lines).c_str());
+  std::printf("  one layer after a write stream (the old flush)   %8.3f   / pipeline %s\n", ppb::median(stream), median_range(r_stream).c_str());
+  std::printf("  one layer after evicting its own lines (the fix) %8.3f   / pipeline %s\n", ppb::median(lines), median_range(r_lines).c_str());
   std::printf("  a stage of %d layers back to back, per layer    %8.3f   (the pipeline's steady state)\n", n, ppb::median(pipe));
   return 0;
 }

@@ -78,7 +78,7 @@ struct RaggedStep {
   /// its previous step, in [0, B), each once: their KV positions are free before this step's
   /// rows run (a new request may take the slot in this very step). A demand-paged store gives
   /// their pages back; a whole one ignores it.
-  std::vector<int32_t> released;
+  std::vector<int32_t> released{};
   int rows() const { return static_cast<int>(slot.size()); }
   /// Sum of tokens: the token rows of the input.
   int total_tokens() const {

@@ -63,7 +63,7 @@ struct ScheduledStep {
   double end_s = 0.0;    ///< its tokens were back on stage 0 (scenario clock, s)
   /// Slots whose request left before this step (serving::Step::released): the stages release
   /// their KV positions before its rows run.
-  std::vector<int> released;
+  std::vector<int> released{};
 };
 
 /// What one rank recorded of one scenario (or replay).

@@ -221,6 +221,11 @@ size_t tp_groups_held_at_once(const RunContext& ctx) {
 
 }  // namespace
 
+void share_memory_limits(RunContext& ctx) {
+  ctx.cluster.memory_limits = ctx.mpi.gather_doubles({static_cast<double>(ctx.cluster.memory_limit)});
+  ctx.mpi.bcast_doubles(ctx.cluster.memory_limits);
+}
+
 void reserve_tp_communicators(RunContext& ctx) {
   unsigned long long mine = ctx.cluster.tp_group_bytes, most = 0;
   MPI_CHECK(MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, ctx.mpi.comm()));
@@ -228,8 +233,7 @@ void reserve_tp_communicators(RunContext& ctx) {
   if (most == 0 || ctx.opt.memory_limit_gib > 0) return;
   const size_t reserve = std::min(ctx.cluster.memory_limit, static_cast<size_t>(most) * tp_groups_held_at_once(ctx));
   ctx.cluster.memory_limit -= reserve;
-  ctx.cluster.memory_limits = ctx.mpi.gather_doubles({static_cast<double>(ctx.cluster.memory_limit)});
-  ctx.mpi.bcast_doubles(ctx.cluster.memory_limits);
+  share_memory_limits(ctx);
   const auto reserves = ctx.mpi.gather_doubles({static_cast<double>(reserve)});
   if (!ctx.root) return;
   for (int r = 0; r < ctx.ranks; ++r) {

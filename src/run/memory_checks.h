@@ -71,6 +71,10 @@ std::pair<int64_t, int64_t> unit_bytes(const RunContext& ctx, int u);
 /// Bad input: PhaseFailed{2} naming the unit and the flags that would help.
 void check_memory_for_profile(RunContext& ctx);
 
+/// Collective: every rank's limit (ctx.cluster.memory_limit) into ctx.cluster.memory_limits on
+/// every rank (--kv-blocks auto sizes every stage's pool from them).
+void share_memory_limits(RunContext& ctx);
+
 /// After the tensor-parallel profile (collective): the default memory limit (90% of the free
 /// memory, taken after the transport: run/startup.h) less a reserve for the tensor-parallel
 /// groups' communicators, which the rounds make beside the stages (one per benchmarked split

@@ -473,8 +473,7 @@ void describe_run(RunContext& ctx) {
   record_conditions(ctx);
   share_equivalence(ctx, hosts);
   set_memory_limit(ctx);
-  ctx.cluster.memory_limits = mpi.gather_doubles({static_cast<double>(ctx.cluster.memory_limit)});
-  mpi.bcast_doubles(ctx.cluster.memory_limits);  // every rank's (--kv-blocks auto sizes every stage's pool)
+  share_memory_limits(ctx);
   // The scratch of a stage of every unit bounds any stage's scratch (the balancer keeps it free).
   const auto scratch =
       mpi.gather_doubles({static_cast<double>(stage_bytes(ctx, 0, ctx.spec.num_units() - 1, ctx.workload.groups).scratch)});
@@ -489,7 +488,8 @@ void describe_run(RunContext& ctx) {
   os << "model " << ctx.opt.model_path << ": " << ctx.spec.architecture << ", " << ctx.spec.n_layers << " layers, "
      << ctx.spec.num_units() << " units, " << format_fixed(model::total_params(ctx.spec) / 1e9, 2) << " B params; "
      << ctx.ranks << " ranks (" << run.backend << ", " << run.transport << "), B=" << w.batch << " P=" << w.prompt_len
-     << " G=" << w.gen_len << (ctx.opt.scenario.on() ? " (the scenario's mean prompt and output)" : "") << " M=" << w.groups << (ctx.opt.overlap ? ", overlap" : ", no overlap") << "; output "
+     << " G=" << w.gen_len << (ctx.opt.scenario.on() ? " (the scenario's mean prompt and output)" : "")
+     << " M=" << w.groups << (ctx.opt.overlap ? ", overlap" : ", no overlap") << "; output "
      << ctx.output;
   ctx.progress.say(os.str());
 }

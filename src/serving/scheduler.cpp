@@ -146,18 +146,20 @@ void Scheduler::take_blocks(int g, const BatchRow& row) {
   blocks_peak_ = std::max(blocks_peak_, pool_blocks_ - p.free_blocks);
 }
 
-void Scheduler::free_blocks(int g, int id) {
-  pool(g).free_blocks += state_[id].blocks;
+void Scheduler::vacate(int g, int slot) {
+  Pool& p = pool(g);
+  const int id = p.slot_owner[slot];
+  p.free_blocks += state_[id].blocks;
   state_[id].blocks = 0;
+  p.slot_owner[slot] = -1;
+  p.released.push_back(slot);
 }
 
 void Scheduler::preempt(int g, int slot) {
   Pool& p = pool(g);
   const int id = p.slot_owner[slot];
   State& s = state_[id];
-  free_blocks(g, id);
-  p.slot_owner[slot] = -1;
-  p.released.push_back(slot);
+  vacate(g, slot);
   // The positions in its KV cache: those prefilled, or once its prefill is done the prompt and
   // every output token but the last (not fed back yet).
   times_[id].preempted_tokens += s.prefilled < s.target ? s.prefilled : requests_[id].prompt_len + s.produced - 1;
@@ -290,9 +292,7 @@ void Scheduler::complete_step(int g, double end_s) {
       t.finish_s = end_s;
       s.finished = true;
       ++finished_;
-      pool(g).slot_owner[row.slot] = -1;
-      pool(g).released.push_back(row.slot);
-      free_blocks(g, row.request);
+      vacate(g, row.slot);
       if (config_.max_concurrency > 0) {  // its permit is free again
         free_permits_.push_back(end_s);
         std::push_heap(free_permits_.begin(), free_permits_.end(), std::greater<double>());

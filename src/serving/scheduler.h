@@ -252,8 +252,9 @@ class Scheduler {
   int blocks_after(const BatchRow& row) const;
   /// Takes the blocks `row` needs beyond what its request holds from group g's pool.
   void take_blocks(int g, const BatchRow& row);
-  /// Frees request `id`'s blocks back to group g's pool.
-  void free_blocks(int g, int id);
+  /// Group g's pool takes `slot` back from its request (finished or preempted): its blocks freed,
+  /// the slot free, and released (Step::released of the pool's next step with rows).
+  void vacate(int g, int slot);
   /// With max_concurrency: sends the requests (in FCFS order) whose permit is free by now_s.
   void send(double now_s);
   /// When request fcfs_[i] reaches the engine (sent_s_ once sent, else its arrival); +inf while

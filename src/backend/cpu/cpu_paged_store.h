@@ -37,7 +37,6 @@ class PagedStore {
   PagedStore& operator=(const PagedStore&) = delete;
 
   float* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
   /// Gives back the pages wholly inside [p, p + floats) (which must lie in the store): they read
   /// as zeros again and hold no memory until written. The partial pages at either end stay.
   void release(const float* p, size_t floats);
