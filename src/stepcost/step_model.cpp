@@ -110,6 +110,7 @@ double pooled_slope(const std::map<double, std::vector<std::pair<double, double>
 std::vector<int> knot_tokens(const GridSpec& spec) {
   check_spec(spec);
   std::set<int> k;
+  for (int t = 1; t <= std::min(kEveryTokenKnotsUpTo, spec.max_tokens); ++t) k.insert(t);
   for (long long t = 1; t <= spec.max_tokens; t *= 2) {
     k.insert(static_cast<int>(t));
     if (t >= 8 && t + 1 <= spec.max_tokens) k.insert(static_cast<int>(t + 1));

@@ -10,9 +10,11 @@
 //
 // - g is piecewise linear between knots x_0 < x_1 < ... (Splitwise's piecewise-linear fit in
 //   batch tokens; Vidur interpolates operator profiles over token counts likewise): knots at
-//   the powers of two and one past each from 8 on (a GEMM kernel changes regime at a power of
-//   two: the CPU backend's own small-M kernel ends at 16 rows, cpu_gemm.h kSmallM, and
-//   OpenBLAS's packing starts at 17), and at the workload's largest step. Below x_0: g(x_0);
+//   every count up to 16 (a small-M kernel's cost goes by its register blocks, not linearly:
+//   kEveryTokenKnotsUpTo), at the powers of two and one past each from 16 on (a GEMM kernel
+//   changes regime at a power of two: the CPU backend's own small-M kernel ends at 16 rows,
+//   cpu_gemm.h kSmallM, and OpenBLAS's packing starts at 17), and at the workload's largest
+//   step. Below x_0: g(x_0);
 //   above the last knot: the last segment's slope (>= 0).
 // - The head's x is its rows, and it has no attention terms: it computes logits once per row
 //   whatever the row's tokens; g(R) is the mean of every fitted sample of R rows.
@@ -70,7 +72,17 @@ struct GridSpec {
   std::vector<int> contexts;     ///< decode contexts (each < max_context)
 };
 
-/// The knots of g: powers of two, one past each from 8, B, and max_tokens, all <= max_tokens.
+/// Every token count up to this is a knot. A small-M kernel runs its rows in register blocks
+/// (the CPU backend's: passes of 4, then 2, then 1 rows, cpu_small_m_kernel.inc), so its cost
+/// is not linear between powers of two: 3 rows take two passes over the weights and cost more
+/// than 4 (Qwen3-0.6B, 2 ranks of an AMD EPYC VM: decode steps of 3 rows measured 1.10x the
+/// model interpolated between the knots at 2 and 4, those of 2 and 4 rows 1.02x and 0.92-0.95x;
+/// docs/MEASUREMENTS.md § 2026-12-06 every row count a knot). The head goes by rows, so this also
+/// samples it at every row count up to B.
+inline constexpr int kEveryTokenKnotsUpTo = 16;
+
+/// The knots of g: every count up to kEveryTokenKnotsUpTo, then the powers of two and one past
+/// each, B, and max_tokens, all <= max_tokens.
 std::vector<int> knot_tokens(const GridSpec& spec);
 
 /// The grid the profiler times for every unit (file comment): a knot step per knot_tokens

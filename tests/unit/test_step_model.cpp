@@ -14,13 +14,26 @@
 namespace ppb::stepcost {
 namespace {
 
-/// A unit's synthetic cost (ms): a fixed 0.5 ms per step, a small-M kernel up to 16 tokens
-/// (0.2 ms per token), then a library GEMM with a 3 ms packing cost and 0.05 ms per token^1.15
-/// (curved: the piecewise-linear g can only interpolate it), attention at 2e-4 ms per prefill
-/// key and 5e-5 per decode key.
+/// A small-M kernel of register blocks of 4, 2 and 1 rows, as the CPU backend's
+/// (cpu_small_m_kernel.inc): each pass over the weights costs 0.5 ms plus 0.05 ms per row, so
+/// 3 rows (passes of 2 and 1) cost 1.15 ms and 4 rows (one pass) 0.7: not monotone, not linear.
+double small_m_gemm_ms(double T) {
+  double ms = 0.0;
+  for (int m = static_cast<int>(T); m > 0;) {
+    const int rows = m >= 4 ? 4 : m >= 2 ? 2 : 1;
+    ms += 0.5 + 0.05 * rows;
+    m -= rows;
+  }
+  return ms;
+}
+
+/// A unit's synthetic cost (ms): a fixed 0.5 ms per step, the small-M kernel above up to 16
+/// tokens, then a library GEMM with a 3 ms packing cost and 0.05 ms per token^1.15 (curved: the
+/// piecewise-linear g can only interpolate it), attention at 2e-4 ms per prefill key and 5e-5
+/// per decode key.
 double synthetic_ms(const StepWork& w) {
   const double T = w.tokens;
-  const double gemm = T <= 16 ? 0.2 * T : 3.0 + 0.05 * std::pow(T, 1.15);
+  const double gemm = T <= 16 ? small_m_gemm_ms(T) : 3.0 + 0.05 * std::pow(T, 1.15);
   return 0.5 + gemm + 2e-4 * w.prefill_keys + 5e-5 * w.decode_keys;
 }
 
@@ -56,7 +69,8 @@ TEST(StepModel, StepWorkCountsTokensRowsAndKeys) {
 TEST(StepModel, GridHasKnotsOnBothSidesOfEachPowerOfTwoAndFitsTheCache) {
   const GridSpec s = serving_spec();
   const std::vector<int> k = knot_tokens(s);
-  const std::vector<int> want = {1, 2, 4, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512};
+  const std::vector<int> want = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                  17, 32, 33, 64, 65, 128, 129, 256, 257, 512};
   EXPECT_EQ(k, want);
   int knots = 0, contexts = 0, attention = 0, held = 0;
   for (const GridStep& g : plan_grid(s)) {
@@ -76,11 +90,11 @@ TEST(StepModel, GridHasKnotsOnBothSidesOfEachPowerOfTwoAndFitsTheCache) {
   EXPECT_EQ(knots, static_cast<int>(want.size()));
   EXPECT_EQ(contexts, 3);
   EXPECT_GE(attention, 2);
-  EXPECT_EQ(held, 6 + 2);  // six between knots, a half decode, a mixed step
+  EXPECT_EQ(held, 5 + 2);  // five between knots (17..512), a half decode, a mixed step
   // A tiny closed workload (B=4, P=4, G=8: steps of at most 16 tokens) still gets a grid.
   GridSpec tiny;
   tiny.max_rows = 4, tiny.max_tokens = 16, tiny.max_context = 12, tiny.contexts = {4, 7, 11};
-  EXPECT_EQ(knot_tokens(tiny), (std::vector<int>{1, 2, 4, 8, 9, 16}));
+  EXPECT_EQ(knot_tokens(tiny), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}));
   EXPECT_FALSE(plan_grid(tiny).empty());
   tiny.max_tokens = 49;  // more than B rows of the cache hold
   EXPECT_THROW(plan_grid(tiny), InternalError);
@@ -96,10 +110,10 @@ TEST(StepModel, FitRecoversASyntheticCostWithinItsHeldOutError) {
   // At every knot g is the synthetic GEMM plus the fixed cost, exactly (both sides of the knee).
   for (std::size_t i = 0; i < m.knots.size(); ++i) {
     const double T = m.knots[i];
-    EXPECT_NEAR(m.base_ms[i], 0.5 + (T <= 16 ? 0.2 * T : 3.0 + 0.05 * std::pow(T, 1.15)), 1e-9) << "T=" << T;
+    EXPECT_NEAR(m.base_ms[i], 0.5 + (T <= 16 ? small_m_gemm_ms(T) : 3.0 + 0.05 * std::pow(T, 1.15)), 1e-9) << "T=" << T;
   }
   const std::vector<double> err = held_out_errors(m, samples);
-  ASSERT_EQ(err.size(), 8u);
+  ASSERT_EQ(err.size(), 7u);
   double reported = 0.0;
   for (double e : err) reported = std::max(reported, std::abs(e));
   EXPECT_GT(reported, 0.0);   // the curved term is not piecewise linear...
@@ -120,9 +134,12 @@ TEST(StepModel, FitRecoversASyntheticCostWithinItsHeldOutError) {
     }
   EXPECT_LE(worst, reported * 1.05) << "held-out " << reported;
   std::printf("held-out max |error| %.4f%%, everywhere %.4f%%\n", 100 * reported, 100 * worst);
-  // A knot step, a decode step at any context and a fixed-cost-dominated single token: exact.
+  // A knot step, a decode step at any context, a fixed-cost-dominated single token, and 3
+  // decode rows (two passes of the small-M kernel: dearer than 4, which a line from 2 to 4
+  // tokens would price at the mean of the two): exact.
+  EXPECT_GT(synthetic_ms(step_work({50, 50, 50}, {1, 1, 1})), synthetic_ms(step_work({50, 50, 50, 50}, {1, 1, 1, 1})));
   for (const StepWork& w : {step_work({0}, {1}), step_work(std::vector<int>(32, 50), std::vector<int>(32, 1)),
-                            step_work({0, 0}, {8, 8})})
+                            step_work({0, 0}, {8, 8}), step_work({50, 50, 50}, {1, 1, 1})})
     EXPECT_NEAR(m.ms(w), synthetic_ms(w), 1e-9 * synthetic_ms(w));
 }
 
