@@ -80,13 +80,17 @@ StepCalibration fit(const Ratios& r) {
 
 }  // namespace
 
-std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predictor& pred,
-                                             const std::vector<Partition>& parts, const std::string& exclude) {
+namespace {
+
+/// The calibration from the measured steps of the partitions `use` accepts (by name).
+template <class Use>
+std::vector<StepCalibration> calibrate_from(const RunRecord& run, const Predictor& pred, const std::vector<Partition>& parts,
+                                            Use use) {
   std::vector<Ratios> ratios(static_cast<size_t>(run.world_size));
   const auto& sps = run.serving.partitions;
   for (size_t j = 0; j < sps.size() && j < parts.size(); ++j) {
     const ServingPartitionRecord& sp = sps[j];
-    if (sp.name == exclude || sp.step_group.empty() || sp.stages != parts[j].num_stages()) continue;
+    if (!use(sp.name) || sp.step_group.empty() || sp.stages != parts[j].num_stages()) continue;
     const ProfileStepCosts model(run, pred, parts[j]);
     const int S = sp.stages;
     for (size_t i = 0; i < sp.step_group.size(); ++i) {
@@ -105,6 +109,18 @@ std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predict
   std::vector<StepCalibration> out;
   for (const Ratios& r : ratios) out.push_back(fit(r));
   return out;
+}
+
+}  // namespace
+
+std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predictor& pred,
+                                             const std::vector<Partition>& parts, const std::string& exclude) {
+  return calibrate_from(run, pred, parts, [&](const std::string& n) { return n != exclude; });
+}
+
+std::vector<StepCalibration> calibrate_own_steps(const RunRecord& run, const Predictor& pred,
+                                                 const std::vector<Partition>& parts, const std::string& name) {
+  return calibrate_from(run, pred, parts, [&](const std::string& n) { return n == name; });
 }
 
 CalibratedStepCosts::CalibratedStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p,
@@ -163,6 +179,19 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
       p.simulated_tpot_p50_ms = m.tpot.p50_ms, p.simulated_tpot_p99_ms = m.tpot.p99_ms;
       p.simulated_goodput_req_per_s = m.goodput_req_per_s, p.simulated_slo_attainment = m.slo_attainment;
       p.simulated_preemptions = static_cast<double>(m.preemptions);
+      if (!p.step_group.empty()) {  // the level its own rounds ran at, and the simulator there
+        const std::vector<StepCalibration> own = calibrate_own_steps(run, pred, parts, p.name);
+        const serving::ServingMetrics o = play(sc, p, CalibratedStepCosts(run, pred, parts[j], own));
+        p.self_output_tokens_per_s = o.output_tokens_per_s;
+        p.self_ttft_p50_ms = o.ttft.p50_ms, p.self_ttft_p99_ms = o.ttft.p99_ms;
+        p.self_tpot_p50_ms = o.tpot.p50_ms, p.self_tpot_p99_ms = o.tpot.p99_ms;
+        p.self_goodput_req_per_s = o.goodput_req_per_s, p.self_slo_attainment = o.slo_attainment;
+        p.step_level.clear();
+        for (int k = 0; k < parts[j].num_stages(); ++k) {
+          const StepCalibration& c = own.at(static_cast<size_t>(parts[j].device_rank[k]));
+          p.step_level.insert(p.step_level.end(), {c.decode_factor, c.prefill_factor.front()});
+        }
+      }
       std::string by;
       for (const auto& other : sps)
         if (other.name != p.name && !other.step_group.empty()) by += (by.empty() ? "" : ",") + other.name;

@@ -61,6 +61,12 @@ int step_token_band(long long tokens);
 std::vector<StepCalibration> calibrate_steps(const RunRecord& run, const Predictor& pred,
                                              const std::vector<Partition>& parts, const std::string& exclude);
 
+/// Per rank [R], the calibration from the measured steps of partition `name` alone (an in-sample
+/// scale: the level its own rounds ran at against the profile's model; ranks it does not use
+/// keep factors of 1). Same fit as calibrate_steps.
+std::vector<StepCalibration> calibrate_own_steps(const RunRecord& run, const Predictor& pred,
+                                                 const std::vector<Partition>& parts, const std::string& name);
+
 /// ProfileStepCosts of `p` with each stage's compute scaled by its rank's calibration.
 class CalibratedStepCosts final : public serving::StepCostModel {
  public:
@@ -84,8 +90,12 @@ namespace ppb::balance {
 /// M and B; the step policy and --goodput limits as stored) played by the serving simulator on
 /// each serving partition (`parts`: its balance::Partition, same order): simulated_* from the
 /// profile (ProfileStepCosts), and, where another partition measured steps, cross_* from the
-/// profile calibrated by them (calibrate_steps; cross_calibrated_by names them). A partition the
-/// model cannot predict keeps NaN; its message is returned ("" when every one was predicted).
+/// profile calibrated by them (calibrate_steps; cross_calibrated_by names them), and, where the
+/// partition measured steps itself, self_* and step_level from the profile calibrated by its own
+/// steps (calibrate_own_steps: not a prediction, an in-sample check that splits a miss into the
+/// level its rounds' steps ran at, step_level, and what the simulator's structure makes of it,
+/// self_*). A partition the model cannot predict keeps NaN; its message is returned ("" when
+/// every one was predicted).
 /// Used by `run --scenario` (rank 0, before and after the rounds) and by `ppbench simulate` on a
 /// scenario's file.
 std::string predict_serving(RunRecord& run, const Predictor& pred, const std::vector<Partition>& parts);

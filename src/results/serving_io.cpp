@@ -61,6 +61,10 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("simulated_cross_tpot_p50_ms", p.cross_tpot_p50_ms), fn("simulated_cross_tpot_p99_ms", p.cross_tpot_p99_ms);
   fn("simulated_cross_goodput_req_per_s", p.cross_goodput_req_per_s), fn("simulated_cross_slo_attainment", p.cross_slo_attainment);
   fn("simulated_cross_preemptions", p.cross_preemptions);
+  fn("simulated_self_output_tokens_per_s", p.self_output_tokens_per_s);
+  fn("simulated_self_ttft_p50_ms", p.self_ttft_p50_ms), fn("simulated_self_ttft_p99_ms", p.self_ttft_p99_ms);
+  fn("simulated_self_tpot_p50_ms", p.self_tpot_p50_ms), fn("simulated_self_tpot_p99_ms", p.self_tpot_p99_ms);
+  fn("simulated_self_goodput_req_per_s", p.self_goodput_req_per_s), fn("simulated_self_slo_attainment", p.self_slo_attainment);
 }
 
 /// The per-round datasets, name -> member.
@@ -113,6 +117,12 @@ void write_partition(Group& parent, const ServingPartitionRecord& p) {
     auto cm = st.write_dataset("compute_ms", p.step_compute_ms, {n, S});
     cm.set_attr("units", "ms");
     cm.set_attr("content", "[step][stage] the step's compute on that stage");
+  }
+  if (!p.step_level.empty()) {
+    auto lv = b.write_dataset("step_level", p.step_level, {p.step_level.size() / 2, 2});
+    lv.set_attr("content", "[stage][decode-only steps, steps with prefill rows] the median of measured / modelled compute "
+                           "over the last round's steps of each kind on the stage's rank (the level its rounds ran at "
+                           "against the profile's model; simulated_self_* replays the scenario at it)");
   }
   if (!p.stage_kv_resident_peak_bytes.empty())
     ds(b, "stage_kv_resident_peak_bytes", p.stage_kv_resident_peak_bytes, "bytes",
@@ -180,6 +190,7 @@ ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
   }
   if (b.exists("stage_kv_resident_peak_bytes"))
     p.stage_kv_resident_peak_bytes = b.open_dataset("stage_kv_resident_peak_bytes").read<double>();
+  if (b.exists("step_level")) p.step_level = b.open_dataset("step_level").read<double>();
   const Group r = b.open_group("requests");
   p.arrival_s = r.open_dataset("arrival_s").read<double>();
   p.admitted_s = r.open_dataset("admitted_s").read<double>();

@@ -83,6 +83,20 @@ struct ServingPartitionRecord {
   double cross_slo_attainment = std::numeric_limits<double>::quiet_NaN();
   double cross_preemptions = std::numeric_limits<double>::quiet_NaN();
   std::string cross_calibrated_by;
+  // ---- after the rounds, from the profile calibrated per rank by this partition's own measured
+  // steps (balance::calibrate_own_steps): not a prediction but an in-sample check of the
+  // simulator at the level its rounds' steps ran; NaN without measured steps ----
+  double self_output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+  double self_ttft_p50_ms = std::numeric_limits<double>::quiet_NaN();
+  double self_ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double self_tpot_p50_ms = std::numeric_limits<double>::quiet_NaN();
+  double self_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double self_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
+  double self_slo_attainment = std::numeric_limits<double>::quiet_NaN();
+  /// [S][2] each stage's measured / modelled step compute over its own steps (the median ratio):
+  /// decode-only steps, steps with prefill rows (without the step model's grid: those of at most
+  /// 16 token rows); 1 for a kind without steps. Empty without measured steps.
+  std::vector<double> step_level;
   // ---- validation ----
   bool validated = false;          ///< the serialized replay ran (off with --no-validate)
   int replay_tokens_differing = -1;  ///< output tokens of the last round that the replay gave otherwise

@@ -115,6 +115,31 @@ std::string uncertainty_clause(const ProfileTable& t) {
   return u.empty() ? u : "; the step model's " + u;
 }
 
+/// Each stage's step level (ServingPartitionRecord::step_level) as "decode x1.08, 1.11; with
+/// prefill x1.05, 1.05".
+std::string step_level_text(const std::vector<double>& level) {
+  std::string dec, pre;
+  for (size_t k = 0; k + 1 < level.size(); k += 2) {
+    dec += format_line("%s%.2f", k == 0 ? "x" : ", ", level[k]);
+    pre += format_line("%s%.2f", k == 0 ? "x" : ", ", level[k + 1]);
+  }
+  return "decode " + dec + "; with prefill " + pre;
+}
+
+/// The simulator again at the level each partition's own rounds ran (an in-sample check).
+void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
+  bool any = false;
+  for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.self_output_tokens_per_s);
+  if (!any) return;
+  os << "  at the rounds' own step level (the profile scaled per rank and kind of step by the partition's own steps, "
+        "measured / model per stage: not a prediction; the predictions' miss less this row's is the level's):\n";
+  for (const ServingPartitionRecord& p : s.partitions)
+    os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.self_output_tokens_per_s, p.output_tokens_per_s)
+       << " " << vs(p.self_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.self_ttft_p99_ms, p.ttft_p99_ms) << " "
+       << vs(p.self_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.self_tpot_p99_ms, p.tpot_p99_ms)
+       << (p.step_level.empty() ? "" : "  " + step_level_text(p.step_level)) << "\n";
+}
+
 void print_predictions(std::ostream& os, const ServingRunRecord& s, const ProfileTable& profile) {
   bool any = false, cross = false;
   for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.simulated_output_tokens_per_s);
@@ -129,6 +154,7 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
     os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.simulated_output_tokens_per_s, p.output_tokens_per_s)
        << " " << vs(p.simulated_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.simulated_ttft_p99_ms, p.ttft_p99_ms) << " "
        << vs(p.simulated_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.simulated_tpot_p99_ms, p.tpot_p99_ms) << "\n";
+  print_self_calibrated(os, s, w);
   if (!cross) return;
   os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : " and kind of step, decode or with prefill")
      << " by the other partitions' measured steps):\n";
@@ -177,8 +203,14 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
   const std::string goodput = serving::goodput_text(s.spec->goodput);
   if (!goodput.empty()) {
     os << "  goodput (" << goodput << "):\n";
-    for (const ServingPartitionRecord& p : s.partitions)
-      os << format_line("  %-12s %.3f req/s, attainment %.1f%%\n", p.name.c_str(), p.goodput_req_per_s, 100.0 * p.slo_attainment);
+    for (const ServingPartitionRecord& p : s.partitions) {
+      os << format_line("  %-12s %.3f req/s, attainment %.1f%%", p.name.c_str(), p.goodput_req_per_s, 100.0 * p.slo_attainment);
+      if (std::isfinite(p.simulated_slo_attainment))
+        os << format_line(" (predicted from the profile %.1f%%", 100.0 * p.simulated_slo_attainment)
+           << (std::isfinite(p.self_slo_attainment) ? format_line(", at the rounds' own step level %.1f%%", 100.0 * p.self_slo_attainment) : "")
+           << ")";
+      os << "\n";
+    }
   }
   bool header = false;
   for (const ServingPartitionRecord& p : s.partitions) {

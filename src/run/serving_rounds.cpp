@@ -274,7 +274,8 @@ void compare_serving(ServingRunRecord& s, const std::string& reference) {
 }
 
 /// Rank 0: every partition's scenario in `s` predicted (balance::predict_serving: from the profile
-/// before the rounds; after them also cross-calibrated by the other partitions' steps); what
+/// before the rounds; after them also cross-calibrated by the other partitions' steps, and at the
+/// level of each one's own steps); what
 /// could not be predicted is said, not fatal. `s` is the record's, or a measurement of the rate
 /// search's kept beside it (predicted on a copy of the record holding it).
 void predict_partitions(RunContext& ctx, const PartitionSet& set, ServingRunRecord& s) {

@@ -159,6 +159,17 @@ TEST(ServingE2E, PoissonScenarioRunsEverySplitUnderTheSameArrivals) {
   EXPECT_EQ(bal.get_attr<int64_t>("tokens_gain_n"), 3);
   EXPECT_TRUE(std::isfinite(bal.get_attr<double>("tokens_gain")));
   EXPECT_EQ(bal.open_dataset("rep_output_tokens_per_s").read<double>().size(), 3u);
+  // After the rounds, each split replayed at the level of its own steps: [stage][decode, with
+  // prefill] measured / model, and the simulator's figures there, printed in the summary.
+  for (const char* name : {"uniform", "balanced"}) {
+    auto b = root.open_group(std::string("benchmark/") + name);
+    const auto level = b.open_dataset("step_level").read<double>();
+    EXPECT_EQ(level.size(), 2u * 2) << name;
+    for (double v : level) EXPECT_TRUE(v > 0 && std::isfinite(v)) << name;
+    for (const char* k : {"simulated_self_ttft_p50_ms", "simulated_self_tpot_p99_ms", "simulated_self_output_tokens_per_s"})
+      EXPECT_GT(b.get_attr<double>(k), 0.0) << name << " " << k;
+  }
+  EXPECT_NE(r.output.find("at the rounds' own step level"), std::string::npos) << r.output;
 }
 
 // The serving scenario runs in the one rounds harness (run/rounds.h): --iters, --target-ci and

@@ -545,6 +545,73 @@ TEST(ServingCalibration, TheStepModelTakesAScalePerKindOfStep) {
     for (int k = 0; k < 2; ++k) EXPECT_NEAR(cb.compute_ms(k, s), model_b.compute_ms(k, s) * factor(s, k), 1e-9);
 }
 
+/// `model` with stage k's compute scaled by factor(shape, k).
+class ScaledCosts final : public serving::StepCostModel {
+ public:
+  ScaledCosts(const serving::StepCostModel& m, double (*f)(const StepShape&, int)) : m_(m), f_(f) {}
+  int stages() const override { return m_.stages(); }
+  double compute_ms(int k, const StepShape& s) const override { return m_.compute_ms(k, s) * f_(s, k); }
+  double transfer_ms(int k, const StepShape& s) const override { return m_.transfer_ms(k, s); }
+
+ private:
+  const serving::StepCostModel& m_;
+  double (*f_)(const StepShape&, int);
+};
+
+// After the rounds, a partition's own steps (measured 1.45x the model on decode and 1.1x with
+// prefill on rank 0, 1.25x that on rank 1) give its step_level exactly, and predict_serving's
+// self_* are the stored scenario played on the model scaled by them; steps that measured the
+// model itself replay the profile's prediction (self_* = simulated_*).
+TEST(ServingCalibration, OwnStepsGiveTheRoundsLevelAndTheSimulatorAtIt) {
+  RunRecord run = tiny_profile_with_grid(2);
+  const balance::Predictor pred(run);
+  const balance::Partition a = balance::parse_manual("2,1", 3, 2);
+  const balance::ProfileStepCosts model(run, pred, a);
+  serving::ScenarioSpec spec;
+  spec.slots = 2;
+  spec.goodput.ttft_ms = 40.0;
+  spec.goodput.tpot_ms = 12.0;
+  run.serving.spec = spec;
+  std::vector<serving::Request> reqs;
+  for (int i = 0; i < 16; ++i) {
+    reqs.push_back({0.004 * i, 2 + i % 5, 1 + i % 4});
+    run.serving.arrival_s.push_back(reqs.back().arrival_s);
+    run.serving.prompt_len.push_back(reqs.back().prompt_len);
+    run.serving.gen_len.push_back(reqs.back().gen_len);
+  }
+  const std::vector<StepShape> shapes = {shape_of({}, {4, 11}), shape_of({}, {6}), shape_of({5}, {}),
+                                         shape_of({3}, {7}), shape_of({}, {9, 12}), shape_of({8}, {})};
+  auto check = [&](double (*factor)(const StepShape&, int), const std::vector<double>& level) -> ServingPartitionRecord {
+    RunRecord r = run;
+    ServingPartitionRecord sp = measured_steps("a", model, 2, shapes, factor);
+    sp.groups = 2, sp.slots = 2;
+    r.serving.partitions = {sp};
+    EXPECT_EQ(balance::predict_serving(r, pred, {a}), "");
+    const ServingPartitionRecord& p = r.serving.partitions[0];
+    EXPECT_EQ(p.step_level.size(), level.size());
+    for (size_t i = 0; i < level.size() && i < p.step_level.size(); ++i) EXPECT_NEAR(p.step_level[i], level[i], 1e-9) << i;
+    serving::PipelineSimConfig cfg;
+    cfg.scheduler = spec.scheduler(2);
+    const ScaledCosts scaled(model, factor);
+    const serving::ServingMetrics want = serving::serving_metrics(serving::simulate_serving(reqs, scaled, cfg).times, spec.goodput);
+    EXPECT_NEAR(p.self_output_tokens_per_s, want.output_tokens_per_s, 1e-9 * want.output_tokens_per_s);
+    EXPECT_NEAR(p.self_ttft_p50_ms, want.ttft.p50_ms, 1e-9 * want.ttft.p50_ms);
+    EXPECT_NEAR(p.self_ttft_p99_ms, want.ttft.p99_ms, 1e-9 * want.ttft.p99_ms);
+    EXPECT_NEAR(p.self_tpot_p50_ms, want.tpot.p50_ms, 1e-9 * want.tpot.p50_ms);
+    EXPECT_NEAR(p.self_tpot_p99_ms, want.tpot.p99_ms, 1e-9 * want.tpot.p99_ms);
+    EXPECT_EQ(p.self_slo_attainment, want.slo_attainment);
+    return p;
+  };
+  const ServingPartitionRecord slow = check(
+      [](const StepShape& s, int k) { return (k == 0 ? 1.0 : 1.25) * (s.prefill_rows > 0 ? 1.1 : 1.45); },
+      {1.45, 1.1, 1.45 * 1.25, 1.1 * 1.25});
+  EXPECT_GT(slow.self_ttft_p50_ms, slow.simulated_ttft_p50_ms);  // slower steps: later tokens
+  const ServingPartitionRecord same = check([](const StepShape&, int) { return 1.0; }, {1, 1, 1, 1});
+  EXPECT_NEAR(same.self_ttft_p99_ms, same.simulated_ttft_p99_ms, 1e-9 * same.simulated_ttft_p99_ms);
+  EXPECT_NEAR(same.self_tpot_p50_ms, same.simulated_tpot_p50_ms, 1e-9 * same.simulated_tpot_p50_ms);
+  EXPECT_EQ(same.self_slo_attainment, same.simulated_slo_attainment);
+}
+
 // ---- MLPerf's rule --------------------------------------------------------------------------
 
 TEST(ServingMlperf, EarlyStoppingMatchesLoadGensCounts) {
