@@ -359,7 +359,14 @@ int simulate_scenario_file(const SimulateOptions& opt, RunRecord run) {
                                  {"simulated_cross_ttft_p99_ms", p.cross_ttft_p99_ms},
                                  {"simulated_cross_tpot_p50_ms", p.cross_tpot_p50_ms},
                                  {"simulated_cross_tpot_p99_ms", p.cross_tpot_p99_ms},
-                                 {"cross_calibrated_by", p.cross_calibrated_by}});
+                                 {"cross_calibrated_by", p.cross_calibrated_by},
+                                 {"simulated_self_output_tokens_per_s", p.self_output_tokens_per_s},
+                                 {"simulated_self_ttft_p50_ms", p.self_ttft_p50_ms},
+                                 {"simulated_self_ttft_p99_ms", p.self_ttft_p99_ms},
+                                 {"simulated_self_tpot_p50_ms", p.self_tpot_p50_ms},
+                                 {"simulated_self_tpot_p99_ms", p.self_tpot_p99_ms},
+                                 {"simulated_self_slo_attainment", p.self_slo_attainment},
+                                 {"step_level", p.step_level}});
   if (!opt.json_out.empty()) write_json_file(opt.json_out, out);
   return 0;
 }

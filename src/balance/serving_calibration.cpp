@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/error.h"
 #include "common/stats.h"
@@ -97,7 +98,7 @@ std::vector<StepCalibration> calibrate_from(const RunRecord& run, const Predicto
       const serving::StepShape s = measured_shape(sp, i);
       for (int k = 0; k < S; ++k) {
         const double meas = sp.step_compute_ms[i * S + k], want = model.compute_ms(k, s);
-        if (!(meas > 0) || !(want > 0) || !std::isfinite(meas)) continue;
+        if (!(meas > 0) || !(want > 0) || !std::isfinite(meas) || !std::isfinite(want)) continue;
         Ratios& r = ratios.at(static_cast<size_t>(parts[j].device_rank[k]));
         if (model.uses_step_model(k))
           (s.prefill_rows > 0 ? r.model_prefill : r.model_decode).push_back(meas / want);
@@ -186,10 +187,13 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
         p.self_ttft_p50_ms = o.ttft.p50_ms, p.self_ttft_p99_ms = o.ttft.p99_ms;
         p.self_tpot_p50_ms = o.tpot.p50_ms, p.self_tpot_p99_ms = o.tpot.p99_ms;
         p.self_goodput_req_per_s = o.goodput_req_per_s, p.self_slo_attainment = o.slo_attainment;
+        p.self_preemptions = static_cast<double>(o.preemptions);
         p.step_level.clear();
+        const double nan = std::numeric_limits<double>::quiet_NaN();
         for (int k = 0; k < parts[j].num_stages(); ++k) {
           const StepCalibration& c = own.at(static_cast<size_t>(parts[j].device_rank[k]));
-          p.step_level.insert(p.step_level.end(), {c.decode_factor, c.prefill_factor.front()});
+          p.step_level.insert(p.step_level.end(), {c.decode_samples > 0 ? c.decode_factor : nan,
+                                                   c.prefill_samples.front() > 0 ? c.prefill_factor.front() : nan});
         }
       }
       std::string by;

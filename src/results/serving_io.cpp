@@ -65,6 +65,7 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("simulated_self_ttft_p50_ms", p.self_ttft_p50_ms), fn("simulated_self_ttft_p99_ms", p.self_ttft_p99_ms);
   fn("simulated_self_tpot_p50_ms", p.self_tpot_p50_ms), fn("simulated_self_tpot_p99_ms", p.self_tpot_p99_ms);
   fn("simulated_self_goodput_req_per_s", p.self_goodput_req_per_s), fn("simulated_self_slo_attainment", p.self_slo_attainment);
+  fn("simulated_self_preemptions", p.self_preemptions);
 }
 
 /// The per-round datasets, name -> member.
@@ -122,7 +123,8 @@ void write_partition(Group& parent, const ServingPartitionRecord& p) {
     auto lv = b.write_dataset("step_level", p.step_level, {p.step_level.size() / 2, 2});
     lv.set_attr("content", "[stage][decode-only steps, steps with prefill rows] the median of measured / modelled compute "
                            "over the last round's steps of each kind on the stage's rank (the level its rounds ran at "
-                           "against the profile's model; simulated_self_* replays the scenario at it)");
+                           "against the profile's model; NaN for a kind without steps; simulated_self_* replays the "
+                           "scenario with the step model scaled so)");
   }
   if (!p.stage_kv_resident_peak_bytes.empty())
     ds(b, "stage_kv_resident_peak_bytes", p.stage_kv_resident_peak_bytes, "bytes",

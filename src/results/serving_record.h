@@ -84,8 +84,8 @@ struct ServingPartitionRecord {
   double cross_preemptions = std::numeric_limits<double>::quiet_NaN();
   std::string cross_calibrated_by;
   // ---- after the rounds, from the profile calibrated per rank by this partition's own measured
-  // steps (balance::calibrate_own_steps): not a prediction but an in-sample check of the
-  // simulator at the level its rounds' steps ran; NaN without measured steps ----
+  // steps (the last round's; balance::calibrate_own_steps): not a prediction but an in-sample
+  // check of the simulator at the level its rounds' steps ran; NaN without measured steps ----
   double self_output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
   double self_ttft_p50_ms = std::numeric_limits<double>::quiet_NaN();
   double self_ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
@@ -93,9 +93,11 @@ struct ServingPartitionRecord {
   double self_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
   double self_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
   double self_slo_attainment = std::numeric_limits<double>::quiet_NaN();
-  /// [S][2] each stage's measured / modelled step compute over its own steps (the median ratio):
-  /// decode-only steps, steps with prefill rows (without the step model's grid: those of at most
-  /// 16 token rows); 1 for a kind without steps. Empty without measured steps.
+  double self_preemptions = std::numeric_limits<double>::quiet_NaN();
+  /// [S][2] each stage's measured / modelled step compute over the last round's steps on its rank
+  /// (the median ratio): decode-only steps, steps with prefill rows (without the step model's
+  /// grid: the band of at most 16 token rows, or the nearest band with steps); NaN for a kind
+  /// without steps. Empty without measured steps.
   std::vector<double> step_level;
   // ---- validation ----
   bool validated = false;          ///< the serialized replay ran (off with --no-validate)

@@ -115,15 +115,17 @@ std::string uncertainty_clause(const ProfileTable& t) {
   return u.empty() ? u : "; the step model's " + u;
 }
 
-/// Each stage's step level (ServingPartitionRecord::step_level) as "decode x1.08, 1.11; with
-/// prefill x1.05, 1.05".
+/// Each stage's step level (ServingPartitionRecord::step_level) as "stage 0/1: decode
+/// x1.03/x1.09, with prefill x1.04/x1.04".
 std::string step_level_text(const std::vector<double>& level) {
-  std::string dec, pre;
+  std::string stages, dec, pre;
   for (size_t k = 0; k + 1 < level.size(); k += 2) {
-    dec += format_line("%s%.2f", k == 0 ? "x" : ", ", level[k]);
-    pre += format_line("%s%.2f", k == 0 ? "x" : ", ", level[k + 1]);
+    const char* sep = k == 0 ? "" : "/";
+    stages += format_line("%s%zu", sep, k / 2);
+    dec += format_line("%sx%.2f", sep, level[k]);
+    pre += format_line("%sx%.2f", sep, level[k + 1]);
   }
-  return "decode " + dec + "; with prefill " + pre;
+  return "stage " + stages + ": decode " + dec + ", with prefill " + pre;
 }
 
 /// The simulator again at the level each partition's own rounds ran (an in-sample check).
@@ -131,8 +133,9 @@ void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
   bool any = false;
   for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.self_output_tokens_per_s);
   if (!any) return;
-  os << "  at the rounds' own step level (the profile scaled per rank and kind of step by the partition's own steps, "
-        "measured / model per stage: not a prediction; the predictions' miss less this row's is the level's):\n";
+  os << "  in-sample, not a prediction: the simulator with each stage's step model scaled to the level of the last "
+        "round's own steps (measured / model per kind, right); its error is the simulator's, the prediction's error "
+        "less it the step level's:\n";
   for (const ServingPartitionRecord& p : s.partitions)
     os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.self_output_tokens_per_s, p.output_tokens_per_s)
        << " " << vs(p.self_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.self_ttft_p99_ms, p.ttft_p99_ms) << " "
@@ -207,7 +210,9 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
       os << format_line("  %-12s %.3f req/s, attainment %.1f%%", p.name.c_str(), p.goodput_req_per_s, 100.0 * p.slo_attainment);
       if (std::isfinite(p.simulated_slo_attainment))
         os << format_line(" (predicted from the profile %.1f%%", 100.0 * p.simulated_slo_attainment)
-           << (std::isfinite(p.self_slo_attainment) ? format_line(", at the rounds' own step level %.1f%%", 100.0 * p.self_slo_attainment) : "")
+           << (std::isfinite(p.self_slo_attainment)
+                   ? format_line("; in-sample at the last round's step level %.1f%%", 100.0 * p.self_slo_attainment)
+                   : "")
            << ")";
       os << "\n";
     }

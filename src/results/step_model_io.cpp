@@ -73,6 +73,9 @@ stepcost::GridFit fit_step_model(const ProfileTable& p) {
 std::string step_model_uncertainty(const ProfileTable& p) {
   if (p.step_rows.empty() || p.step_by_rows.empty()) return "";
   const stepcost::GridFit fit = fit_step_model(p);
+  bool any = false;
+  for (const std::vector<double>& h : fit.held_out) any = any || !h.empty();
+  if (!any) return "grid has no held-out steps (B = 1 and every step's tokens a knot): its error is not measured";
   return format_line("held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50, 100 * fit.abs_error_max);
 }
 

@@ -146,6 +146,9 @@ std::vector<GridStep> plan_grid(const GridSpec& spec) {
     const int rows = std::max(1, std::min(B, T) / 2);
     if ((T + rows - 1) / rows <= spec.max_context) grid.push_back(split_step(T, rows, Role::held_out));
   }
+  // Among the every-count knots: a prompt of 3 tokens in one row (the knot at 3 runs 3 rows of
+  // one: the same GEMM, other keys), where a small-M kernel's passes make the cost step.
+  if (B >= 2 && spec.max_tokens >= 3 && spec.max_context >= 3) grid.push_back(split_step(3, 1, Role::held_out));
   if (B >= 2 && !spec.contexts.empty()) {
     const int c = spec.contexts[spec.contexts.size() / 2];
     grid.push_back(decode_step(B / 2, c, Role::held_out));

@@ -25,7 +25,8 @@
 //   >= 0 (a negative slope is noise).
 // - g(x_i) is the mean over the knot samples at x_i of the measured time less the two
 //   attention terms (the context and attention samples fit the slopes only).
-// Held-out samples (timed, not fitted: steps between the knots, split into other rows, a mixed
+// Held-out samples (timed, not fitted: steps between the knots, split into other rows, a prompt of
+// 3 tokens in one row among the every-count knots, a mixed
 // prefill+decode step, a decode of half the rows) measure the model's interpolation error,
 // which every prediction from it carries (held_out_errors).
 //
