@@ -192,8 +192,10 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
         const double nan = std::numeric_limits<double>::quiet_NaN();
         for (int k = 0; k < parts[j].num_stages(); ++k) {
           const StepCalibration& c = own.at(static_cast<size_t>(parts[j].device_rank[k]));
+          int prefill_steps = 0;  // by_kind: all in band 0; else band 0's factor is the nearest band's
+          for (int n : c.prefill_samples) prefill_steps += n;
           p.step_level.insert(p.step_level.end(), {c.decode_samples > 0 ? c.decode_factor : nan,
-                                                   c.prefill_samples.front() > 0 ? c.prefill_factor.front() : nan});
+                                                   prefill_steps > 0 ? c.prefill_factor.front() : nan});
         }
       }
       std::string by;
