@@ -115,6 +115,15 @@ std::string uncertainty_clause(const ProfileTable& t) {
   return u.empty() ? u : "; the step model's " + u;
 }
 
+/// One partition's row of a prediction table: its name (width w) and each predicted figure
+/// against the measured one (vs): output tokens/s, TTFT p50 and p99, TPOT p50 and p99.
+std::string prediction_row(const ServingPartitionRecord& p, int w, double tokens_per_s, double ttft_p50, double ttft_p99,
+                           double tpot_p50, double tpot_p99) {
+  return "  " + format_line("%-*s", w, p.name.c_str()) + " " + vs(tokens_per_s, p.output_tokens_per_s) + " " +
+         vs(ttft_p50, p.ttft_p50_ms) + " " + vs(ttft_p99, p.ttft_p99_ms) + " " + vs(tpot_p50, p.tpot_p50_ms) + " " +
+         vs(tpot_p99, p.tpot_p99_ms);
+}
+
 /// Each stage's step level (ServingPartitionRecord::step_level) as "stage 0/1: decode
 /// x1.03/x1.09, with prefill x1.04/x1.04".
 std::string step_level_text(const std::vector<double>& level) {
@@ -137,9 +146,8 @@ void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
         "round's own steps (measured / model per kind, right); its error is the simulator's, the prediction's error "
         "less it the step level's:\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.self_output_tokens_per_s, p.output_tokens_per_s)
-       << " " << vs(p.self_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.self_ttft_p99_ms, p.ttft_p99_ms) << " "
-       << vs(p.self_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.self_tpot_p99_ms, p.tpot_p99_ms)
+    os << prediction_row(p, w, p.self_output_tokens_per_s, p.self_ttft_p50_ms, p.self_ttft_p99_ms, p.self_tpot_p50_ms,
+                         p.self_tpot_p99_ms)
        << (p.step_level.empty() ? "" : "  " + step_level_text(p.step_level)) << "\n";
 }
 
@@ -154,17 +162,16 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
   os << format_line("  %-*s %18s %18s %18s %18s %18s\n", w, "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                     "TPOT p99");
   for (const ServingPartitionRecord& p : s.partitions)
-    os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.simulated_output_tokens_per_s, p.output_tokens_per_s)
-       << " " << vs(p.simulated_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.simulated_ttft_p99_ms, p.ttft_p99_ms) << " "
-       << vs(p.simulated_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.simulated_tpot_p99_ms, p.tpot_p99_ms) << "\n";
+    os << prediction_row(p, w, p.simulated_output_tokens_per_s, p.simulated_ttft_p50_ms, p.simulated_ttft_p99_ms,
+                         p.simulated_tpot_p50_ms, p.simulated_tpot_p99_ms)
+       << "\n";
   print_self_calibrated(os, s, w);
   if (!cross) return;
   os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : " and kind of step, decode or with prefill")
      << " by the other partitions' measured steps):\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << "  " << format_line("%-*s", w, p.name.c_str()) << " " << vs(p.cross_output_tokens_per_s, p.output_tokens_per_s)
-       << " " << vs(p.cross_ttft_p50_ms, p.ttft_p50_ms) << " " << vs(p.cross_ttft_p99_ms, p.ttft_p99_ms) << " "
-       << vs(p.cross_tpot_p50_ms, p.tpot_p50_ms) << " " << vs(p.cross_tpot_p99_ms, p.tpot_p99_ms)
+    os << prediction_row(p, w, p.cross_output_tokens_per_s, p.cross_ttft_p50_ms, p.cross_ttft_p99_ms, p.cross_tpot_p50_ms,
+                         p.cross_tpot_p99_ms)
        << (p.cross_calibrated_by.empty() ? "" : "  by " + p.cross_calibrated_by) << "\n";
 }
 
