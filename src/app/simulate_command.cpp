@@ -337,6 +337,7 @@ int simulate_scenario_file(const SimulateOptions& opt, RunRecord run) {
     ProfileTable& t = run.profile;
     t.step_rows.clear(), t.step_pos.clear(), t.step_tokens.clear(), t.step_role.clear(), t.step_by_rows.clear();
     t.step_ms.clear();
+    for (auto& g : t.tp) g.step_ms.clear();
   }
   const balance::Predictor pred(run);
   std::vector<balance::Partition> parts;

@@ -21,19 +21,26 @@ double StepCalibration::factor(const serving::StepShape& s) const {
 
 namespace {
 
-/// The shape of measured step i of `sp` (its rows are not stored: prefill rows count as one
-/// prompt from position 0, for its attention keys too).
+/// The shape of measured step i of `sp`: its recorded prefill rows and attention keys (`steps/`
+/// prefill_rows, prefill_keys, decode_keys); in older files without them, its prefill rows as
+/// one prompt from position 0.
 serving::StepShape measured_shape(const ServingPartitionRecord& sp, size_t i) {
   serving::StepShape s;
   s.prefill_tokens = sp.step_prefill_tokens[i];
   s.prefill_rows = s.prefill_tokens > 0 ? 1 : 0;
   s.decode_rows = sp.step_decode_rows[i];
   s.decode_context_mean = sp.step_decode_context[i];
-  s.rows = s.prefill_rows + s.decode_rows;
   s.tokens = s.prefill_tokens + s.decode_rows;
-  const double t = static_cast<double>(s.prefill_tokens);  // one prompt from position 0
-  s.prefill_keys = t > 1.0 ? t * (t + 1.0) / 2.0 : 0.0;
-  s.decode_keys = s.decode_rows * (s.decode_context_mean + 1.0) + (t == 1.0 ? 1.0 : 0.0);
+  if (i < sp.step_prefill_keys.size() && i < sp.step_decode_keys.size() && i < sp.step_prefill_rows.size()) {
+    s.prefill_rows = sp.step_prefill_rows[i];  // each row at its own position, as recorded
+    s.prefill_keys = sp.step_prefill_keys[i];
+    s.decode_keys = sp.step_decode_keys[i];
+  } else {  // older files: the prefill as one prompt from position 0
+    const double t = static_cast<double>(s.prefill_tokens);
+    s.prefill_keys = t > 1.0 ? t * (t + 1.0) / 2.0 : 0.0;
+    s.decode_keys = s.decode_rows * (s.decode_context_mean + 1.0) + (t == 1.0 ? 1.0 : 0.0);
+  }
+  s.rows = s.prefill_rows + s.decode_rows;
   return s;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "balance/layout.h"
 #include "common/error.h"
 #include "common/transfer.h"
 
@@ -102,14 +103,41 @@ stepcost::GridFit profile_step_fit(const RunRecord& run) {
                                     t.unit_signature);
 }
 
+stepcost::GridFit group_step_fit(const RunRecord& run, const ProfileTable::TpGroupProfile& g) {
+  const ProfileTable& t = run.profile;
+  if (t.step_rows.empty() || t.step_by_rows.empty() || g.step_ms.size() != t.step_by_rows.size() * t.step_rows.size())
+    return {};
+  return stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, g.step_ms,
+                                    t.unit_signature);
+}
+
 ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p)
     : pred_(pred), stages_(stage_step_profiles(run, pred, p)), fits_(profile_step_fit(run).models) {
   const std::size_t sigs = run.profile.step_by_rows.size();
+  const std::size_t rank_fits = fits_.size();  // [R][signatures]; a group's fits follow them
+  std::vector<const ProfileTable::TpGroupProfile*> fitted;  // the groups whose fits are appended, in order
   for (int k = 0; k < p.num_stages(); ++k) {
     links_.push_back(pred.boundary_link(p, k));
+    std::size_t first = static_cast<std::size_t>(p.device_rank[k]) * sigs;  // the stage's fits: [first, first + sigs)
+    bool have = rank_fits > 0 && p.width(k) == 1 && first + sigs <= rank_fits;
+    if (rank_fits > 0 && p.width(k) > 1) {  // its group's grid at its width, fitted once per group
+      const ProfileTable::TpGroupProfile* g = group_profile(run, pred.device_class(), p.device_rank[k], p.width(k));
+      const auto at = std::find(fitted.begin(), fitted.end(), g);
+      if (at != fitted.end()) {
+        first = rank_fits + static_cast<std::size_t>(at - fitted.begin()) * sigs;
+        have = true;
+      } else if (g) {
+        const std::vector<stepcost::UnitModel> m = group_step_fit(run, *g).models;
+        if (m.size() == sigs) {
+          first = fits_.size();
+          fits_.insert(fits_.end(), m.begin(), m.end());
+          fitted.push_back(g);
+          have = true;
+        }
+      }
+    }
     std::vector<std::pair<int, int>> units;  // (fit, count) of each signature the stage holds
-    const std::size_t first = static_cast<std::size_t>(p.device_rank[k]) * sigs;
-    if (!fits_.empty() && p.width(k) == 1 && first + sigs <= fits_.size()) {
+    if (have) {
       std::vector<int> count(sigs, 0);
       for (int u = p.first_unit[k]; u <= p.last_unit[k]; ++u) ++count.at(static_cast<std::size_t>(run.profile.unit_signature.at(u)));
       for (std::size_t g = 0; g < sigs; ++g)

@@ -38,8 +38,9 @@
 // piecewise linear in the step's tokens, the head's in its rows, plus the attention keys),
 // fitted to steps timed over the shapes above — prefill at many token counts in B rows and one,
 // decode at 1..B rows across contexts, a mixed step — and assumptions 1-4 and 6 do not apply.
-// A tensor-parallel stage keeps the two-shape model (the grid is timed at width 1 only). Not
-// modelled either way: a per-step fixed cost apart from the units' (a stage of n units costs
+// A tensor-parallel stage's compute is its group's grid (timed at the group's width on its
+// shards: /profile/tp step_ms) fitted the same way; a group without one (older files) keeps the
+// two-shape model. Not modelled either way: a per-step fixed cost apart from the units' (a stage of n units costs
 // the sum of its units timed apart), contexts beyond P + G - 1 (the grid's last knot's slope).
 //
 // Pure C++ (no MPI, device or HDF5): functions of a RunRecord and a Partition.
@@ -83,6 +84,11 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
 /// the profile timed none. @throws what stepcost::fit_grid and stepcost::unflatten throw.
 stepcost::GridFit profile_step_fit(const RunRecord& run);
 
+/// The step model fitted to tensor-parallel group `g`'s grid (its step_ms on /profile/step_model's
+/// steps), [signatures], with its held-out errors; empty where the group or the profile timed
+/// no grid. @throws what stepcost::fit_profile_grid throws.
+stepcost::GridFit group_step_fit(const RunRecord& run, const ProfileTable::TpGroupProfile& g);
+
 /// The step work of a serving step shape (tokens, rows and attention keys, as stepcost counts).
 stepcost::StepWork step_work_of(const serving::StepShape& s);
 
@@ -94,7 +100,8 @@ stepcost::StepWork step_work_of(const serving::StepShape& s);
 std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
 
 /// The serving simulator's cost model of partition `p` of `run`: each stage's step time from
-/// the step model where the profile timed its grid (width-1 stages), else from
+/// the step model where the profile timed its grid (a width-1 stage: its rank's fits; a
+/// tensor-parallel stage: its group's, group_profile's group at its width), else from
 /// stage_step_profiles, each boundary's transfer over its measured link (Predictor::boundary_link:
 /// the hidden states of every token of the step, or the rows' token ids from the last stage,
 /// times the hand-off copies), as the closed simulator charges its steps. Keeps a reference to

@@ -341,6 +341,8 @@ void read_profile(const Group& root, RunRecord& run) {
     const auto lat = tp.open_dataset("latency_ms").read<double>();
     const auto lo = dataset_or_empty<double>(tp, "latency_min_ms");
     const auto hi = dataset_or_empty<double>(tp, "latency_max_ms");
+    const auto grid_ms = dataset_or_empty<double>(tp, "step_ms");  // [G][S][N]; older files: none
+    const size_t grid_n = p.step_by_rows.size() * p.step_rows.size();
     const size_t n = 2 * p.unit_name.size();
     for (size_t i = 0; i < first.size() && i < width.size() && (i + 1) * n <= lat.size(); ++i) {
       ProfileTable::TpGroupProfile g;
@@ -349,6 +351,8 @@ void read_profile(const Group& root, RunRecord& run) {
       g.latency_ms.assign(lat.begin() + i * n, lat.begin() + (i + 1) * n);
       if ((i + 1) * n <= lo.size()) g.latency_min_ms.assign(lo.begin() + i * n, lo.begin() + (i + 1) * n);
       if ((i + 1) * n <= hi.size()) g.latency_max_ms.assign(hi.begin() + i * n, hi.begin() + (i + 1) * n);
+      if (grid_n > 0 && (i + 1) * grid_n <= grid_ms.size())
+        g.step_ms.assign(grid_ms.begin() + i * grid_n, grid_ms.begin() + (i + 1) * grid_n);
       p.tp.push_back(std::move(g));
     }
   }

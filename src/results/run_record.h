@@ -115,6 +115,10 @@ struct ProfileTable {
     int first_rank = 0;
     int width = 1;
     std::vector<double> latency_ms, latency_min_ms, latency_max_ms;  ///< [U][2]
+    /// [signatures][N]: the step model's grid (step_rows ... below, the same N steps) timed on
+    /// the group's shard of one unit of each signature at this width (rank first_rank's
+    /// medians); empty where the profile timed no grid (and in older files).
+    std::vector<double> step_ms;
   };
   std::vector<TpGroupProfile> tp;
   /// The step model's grid (issue 47, stepcost/step_model.h), timed after the cycles in the

@@ -112,6 +112,11 @@ void write_partition(Group& parent, const ServingPartitionRecord& p) {
     st.write_dataset("prefill_tokens", p.step_prefill_tokens).set_attr("content", "tokens of the rows prefilled in the step");
     st.write_dataset("decode_rows", p.step_decode_rows);
     ds(st, "decode_context", p.step_decode_context, "tokens", "the decode rows' mean position (0 without decode rows)");
+    if (p.step_prefill_rows.size() == n && p.step_prefill_keys.size() == n && p.step_decode_keys.size() == n) {
+      st.write_dataset("prefill_rows", p.step_prefill_rows).set_attr("content", "rows prefilled in the step (prompts, chunks, recomputes)");
+      ds(st, "prefill_keys", p.step_prefill_keys, "keys", "KV-cache keys its rows of t > 1 tokens at position p attend: sum of t p + t (t + 1) / 2");
+      ds(st, "decode_keys", p.step_decode_keys, "keys", "KV-cache keys its rows of one token at position p attend: sum of p + 1");
+    }
     auto cs = st.write_dataset("compute_start_s", p.step_compute_start_s, {n, S});
     cs.set_attr("units", "s");
     cs.set_attr("content", "[step][stage] the step's compute start on that stage, from its rank's start barrier");
@@ -185,6 +190,11 @@ ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
     p.step_prefill_tokens = st.open_dataset("prefill_tokens").read<int>();
     p.step_decode_rows = st.open_dataset("decode_rows").read<int>();
     p.step_decode_context = st.open_dataset("decode_context").read<double>();
+    if (st.exists("prefill_keys")) {  // older files: none
+      p.step_prefill_rows = st.open_dataset("prefill_rows").read<int>();
+      p.step_prefill_keys = st.open_dataset("prefill_keys").read<double>();
+      p.step_decode_keys = st.open_dataset("decode_keys").read<double>();
+    }
     p.step_compute_start_s = st.open_dataset("compute_start_s").read<double>();
     const h5::Dataset cm = st.open_dataset("compute_ms");
     p.step_compute_ms = cm.read<double>();

@@ -38,6 +38,11 @@ struct ServingPartitionRecord {
   /// compute start (s from that stage's rank's start barrier) and duration (ms).
   std::vector<int> step_group, step_prefill_tokens, step_decode_rows;
   std::vector<double> step_decode_context, step_compute_start_s, step_compute_ms;
+  /// [steps] the step's prefill rows and the KV-cache keys its rows attend (serving::StepShape's
+  /// prefill_keys, decode_keys: each row at its own position); empty in older files, where a
+  /// step's prefill counts as one prompt of its tokens from position 0.
+  std::vector<int> step_prefill_rows;
+  std::vector<double> step_prefill_keys, step_decode_keys;
   double step_rows_mean = 0.0;     ///< rows per step, mean over the last round's steps
   /// [S] per stage, the most KV-cache bytes resident in the last round (ServingRecord's samples;
   /// a demand-paged store under --kv-blocks: its pages; else the whole cache); empty in older files.

@@ -70,13 +70,28 @@ stepcost::GridFit fit_step_model(const ProfileTable& p) {
                                     p.unit_signature);
 }
 
+stepcost::GridFit fit_step_model(const ProfileTable& p, const ProfileTable::TpGroupProfile& g) {
+  if (p.step_rows.empty() || p.step_by_rows.empty() || g.step_ms.size() != p.step_by_rows.size() * p.step_rows.size())
+    return {};
+  return stepcost::fit_profile_grid({p.step_rows, p.step_pos, p.step_tokens, p.step_role}, p.step_by_rows, g.step_ms,
+                                    p.unit_signature);
+}
+
 std::string step_model_uncertainty(const ProfileTable& p) {
   if (p.step_rows.empty() || p.step_by_rows.empty()) return "";
   const stepcost::GridFit fit = fit_step_model(p);
   bool any = false;
   for (const std::vector<double>& h : fit.held_out) any = any || !h.empty();
   if (!any) return "grid has no held-out steps (B = 1 and every step's tokens a knot): its error is not measured";
-  return format_line("held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50, 100 * fit.abs_error_max);
+  std::string out = format_line("held-out steps within %.1f%% (p50), %.1f%% (max)", 100 * fit.abs_error_p50,
+                                100 * fit.abs_error_max);
+  for (const auto& g : p.tp) {
+    const stepcost::GridFit gf = fit_step_model(p, g);
+    if (!gf.models.empty())
+      out += format_line("; width %d (ranks %d..%d) %.1f%%, %.1f%%", g.width, g.first_rank, g.first_rank + g.width - 1,
+                         100 * gf.abs_error_p50, 100 * gf.abs_error_max);
+  }
+  return out;
 }
 
 double step_model_band_error(const ProfileTable& p) {

@@ -21,9 +21,15 @@ void write_step_model(h5::Group& prof, const RunRecord& run);
 /// @throws what stepcost::fit_profile_grid throws.
 stepcost::GridFit fit_step_model(const ProfileTable& p);
 
+/// The step model fitted to tensor-parallel group `g`'s grid (its step_ms on p's grid steps),
+/// its held-out error over the whole model at the group's width; empty where either timed no grid.
+/// @throws what stepcost::fit_profile_grid throws.
+stepcost::GridFit fit_step_model(const ProfileTable& p, const ProfileTable::TpGroupProfile& g);
+
 /// The step model's own uncertainty (issue 47), for every prediction made from it: "held-out
 /// steps within X% (p50), Y% (max)", its held-out steps' |model / measured - 1| over the whole
-/// model (fit_step_model); "" where the profile timed no grid. The interpolation's error only:
+/// model (fit_step_model), then each tensor-parallel group's ("; width W (ranks a..b) X%, Y%");
+/// "" where the profile timed no grid. The interpolation's error only:
 /// not how far the machine's speed moves between the profile and the rounds (on this project's
 /// VMs up to ~40% within minutes: docs/MEASUREMENTS.md § 2026-12-06).
 std::string step_model_uncertainty(const ProfileTable& p);

@@ -410,6 +410,13 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
     os << " (the grid was timed " << t.step_attempts << " times: a disturbed one is timed again, each rank keeping "
        << "its attempt of the lowest held-out error)";
   os << "\n";
+  for (const auto& g : t.tp) {
+    const stepcost::GridFit gf = fit_step_model(t, g);
+    if (gf.models.empty()) continue;
+    os << "  tensor-parallel ranks " << g.first_rank << ".." << g.first_rank + g.width - 1 << " at width " << g.width
+       << ": the same grid on the group's shards (/profile/tp step_ms), held-out p50 " << fmt("%.1f", 100 * gf.abs_error_p50)
+       << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%\n";
+  }
 }
 
 /// What the partition tables' columns and figures mean.

@@ -204,35 +204,52 @@ double local_grid_error(const RunContext& ctx, const std::vector<stepcost::GridS
   return stepcost::fit_grid(grid, grid_by_rows(ctx.spec), ms, units).abs_error_p50;
 }
 
-/// The step model's grid (issue 47) timed on every rank: on the resident units where there are
-/// (else one unit at a time), in the together pass's conditions where the profile has two
-/// passes (a barrier before every timed forward). A grid whose held-out steps miss the fit by
-/// more than kGridDisturbedError (p50) on some rank is timed again, up to kGridRetries times,
-/// and each rank keeps its attempt of the lowest held-out error (`attempts`: how many were
-/// timed). Empty with --step-grid-iters 0 or where the phase ended on a peer's failure.
-/// Collective.
+/// The step model's grid (issue 47) as this run times it, on every rank and on every
+/// tensor-parallel group: the profile's config for it (--step-grid-iters passes, one untimed)
+/// and its steps. Closed batches: steps up to the prefill's B·P tokens. Requests that arrive:
+/// the workload's P and G are the scenario's means; its steps reach B prompts of the longest
+/// (with a KV pool that preempts, B recomputes of the longest request's positions; a vllm-v1
+/// budget, if smaller) at positions up to the longest request's, so units of that shape are
+/// built for the grid, one at a time (`resident` false).
+struct GridPlan {
+  ProfileConfig pc;
+  std::vector<stepcost::GridStep> grid;
+  bool resident = true;  ///< whether the profile's resident units have the grid's shapes
+};
+GridPlan grid_plan(const RunContext& ctx) {
+  GridPlan g;
+  g.pc = profile_config(ctx);
+  g.pc.iters = ctx.opt.step_grid_iters;
+  g.pc.warmup = std::min(g.pc.warmup, 1);
+  int max_tokens = ctx.workload.batch * ctx.workload.prompt_len;
+  if (ctx.opt.scenario.on()) {
+    const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
+    g.pc.work.prompt_len = sc.max_prompt_len;
+    g.pc.work.gen_len = sc.max_gen_len;
+    max_tokens = g.pc.work.batch * (sc.max_prompt_len + (sc.kv_blocks != 0 ? sc.max_gen_len - 1 : 0));
+    if (sc.policy == serving::StepPolicy::vllm_v1 && sc.compared_policies.empty())
+      max_tokens = std::min(max_tokens, sc.max_batched_tokens);
+    g.resident = false;
+  }
+  g.grid = stepcost::plan_grid(step_grid_spec(g.pc, max_tokens));
+  return g;
+}
+
+/// The step model's grid (issue 47) timed on every rank (grid_plan): on the resident units
+/// where they have its shapes (else one unit at a time), in the together pass's conditions where
+/// the profile has two passes (a barrier before every timed forward). A grid whose held-out
+/// steps miss the fit by more than kGridDisturbedError (p50) on some rank is timed again, up to
+/// kGridRetries times, and each rank keeps its attempt of the lowest held-out error (`attempts`:
+/// how many were timed). Empty with --step-grid-iters 0 or where the phase ended on a peer's
+/// failure. Collective.
 StepGridResult time_step_grid(RunContext& ctx, ResidentProfiler* units, bool two_passes, int& attempts) {
   StepGridResult out;
   attempts = 0;
   if (ctx.opt.step_grid_iters <= 0) return out;
-  ProfileConfig pc = profile_config(ctx);
-  pc.iters = ctx.opt.step_grid_iters;
-  pc.warmup = std::min(pc.warmup, 1);
-  int max_tokens = ctx.workload.batch * ctx.workload.prompt_len;  // closed batches: the prefill
-  if (ctx.opt.scenario.on()) {
-    // Requests that arrive: the workload's P and G are the scenario's means; its steps reach
-    // B prompts of the longest (with a KV pool that preempts, B recomputes of the longest
-    // request's positions; a vllm-v1 budget, if smaller) at positions up to the longest
-    // request's. Units of that shape are built for the grid, one at a time.
-    const serving::ScenarioSpec& sc = *ctx.opt.scenario.spec;
-    pc.work.prompt_len = sc.max_prompt_len;
-    pc.work.gen_len = sc.max_gen_len;
-    max_tokens = pc.work.batch * (sc.max_prompt_len + (sc.kv_blocks != 0 ? sc.max_gen_len - 1 : 0));
-    if (sc.policy == serving::StepPolicy::vllm_v1 && sc.compared_policies.empty())
-      max_tokens = std::min(max_tokens, sc.max_batched_tokens);
-    units = nullptr;
-  }
-  const std::vector<stepcost::GridStep> grid = stepcost::plan_grid(step_grid_spec(pc, max_tokens));
+  GridPlan plan = grid_plan(ctx);
+  ProfileConfig& pc = plan.pc;
+  const std::vector<stepcost::GridStep>& grid = plan.grid;
+  if (!plan.resident) units = nullptr;
   const MpiContext& mpi = ctx.mpi;
   if (two_passes) pc.align = [&mpi] { mpi.barrier(); };
   double best = std::numeric_limits<double>::infinity();
@@ -354,12 +371,23 @@ void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>
   std::vector<ProfileResult> runs;
   for (int k = 0; k < cycles; ++k) runs.push_back(profile_model(*ctx.device, ctx.spec, pc));
   const ProfileResult prof = pool_cycles(runs);  // as the width-1 profile's cycles
+  // The step model's grid at this width (issue 47): the width-1 grid's steps on the group's
+  // shards, one unit at a time, every forward after the group's barrier. Not timed again where
+  // its held-out error is high (the retries' agreement is the whole world's; the summary says
+  // the error).
+  std::vector<double> grid_ms;
+  if (ctx.opt.step_grid_iters > 0) {
+    GridPlan plan = grid_plan(ctx);
+    plan.pc.tp_width = pc.tp_width, plan.pc.tp_rank = pc.tp_rank, plan.pc.tp = pc.tp, plan.pc.align = pc.align;
+    grid_ms = profile_grid(*ctx.device, ctx.spec, plan.pc, plan.grid).ms;
+  }
   if (tp.rank() != 0) return;
   for (const auto& [pre, dec] : {std::pair{&prof.prefill_ms, &prof.decode_ms}, std::pair{&prof.prefill_min_ms, &prof.decode_min_ms},
                                  std::pair{&prof.prefill_max_ms, &prof.decode_max_ms}}) {
     const std::vector<double> rows = pack_phases(*pre, *dec);
     mine.insert(mine.end(), rows.begin(), rows.end());
   }
+  mine.insert(mine.end(), grid_ms.begin(), grid_ms.end());
 }
 
 /// Greedy rounds of groups: a group joins the first round none of whose groups shares a rank.
@@ -392,7 +420,8 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
       what += (what.empty() ? "" : ", ") + std::string("ranks ") + std::to_string(first) + ".." +
               std::to_string(first + w - 1) + " at width " + std::to_string(w);
     ctx.progress.say("profile: tensor-parallel groups " + what +
-                     (cycles > 1 ? ", " + std::to_string(cycles) + " cycles as the width-1 profile" : std::string()));
+                     (cycles > 1 ? ", " + std::to_string(cycles) + " cycles as the width-1 profile" : std::string()) +
+                     (ctx.opt.step_grid_iters > 0 ? ", then the step model's grid at the width" : ""));
     auto tp = ctx.make_tp_group(color, key);
     if (tp) ctx.cluster.tp_group_bytes = std::max(ctx.cluster.tp_group_bytes, tp->device_bytes());
     // Ranks outside the round's groups wait without spinning (a busy wait would take a core from
@@ -417,11 +446,12 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
       ProfileTable::TpGroupProfile g;
       g.first_rank = first;
       g.width = w;
-      if (row.size() != static_cast<size_t>(6 * U))
+      if (row.size() < static_cast<size_t>(6 * U))
         throw InternalError("profile of tensor-parallel group at rank " + std::to_string(first) + " is missing");
       g.latency_ms.assign(row.begin(), row.begin() + 2 * U);
       g.latency_min_ms.assign(row.begin() + 2 * U, row.begin() + 4 * U);
-      g.latency_max_ms.assign(row.begin() + 4 * U, row.end());
+      g.latency_max_ms.assign(row.begin() + 4 * U, row.begin() + 6 * U);
+      g.step_ms.assign(row.begin() + 6 * U, row.end());  // [signatures][N]; empty without the grid
       ctx.record().profile.tp.push_back(std::move(g));
     }
   });

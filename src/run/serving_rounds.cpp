@@ -106,7 +106,10 @@ Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool s
 
 /// Collective: every stage's steps of `rec` into rank 0's record `pr` (each rank sends its
 /// stage, its steps' compute start, s from its own start barrier, and duration, ms; stage 0 also
-/// each step's group, prefill tokens, decode rows and their mean position).
+/// each step's group, prefill tokens, decode rows and their mean position, prefill rows and the
+/// keys its rows attend).
+constexpr size_t kStepFields = 7;  ///< stage 0's fields per step: group, prefill tokens, decode rows, their
+                                   ///< mean position, prefill rows, prefill keys, decode keys
 void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePlacement& place, ServingPartitionRecord* pr) {
   // A stage's tensor-parallel rank 0 speaks for it (its peers ran the same steps).
   const size_t n = place.tp_rank == 0 ? rec.step_rows.size() : 0;
@@ -118,17 +121,24 @@ void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePl
   }
   if (place.stage == 0 && place.tp_rank == 0)
     for (const ScheduledStep& st : rec.schedule) {
-      double prefill = 0, decode = 0, context = 0;
+      double prefill = 0, decode = 0, context = 0, prefill_rows = 0, prefill_keys = 0, decode_keys = 0;
       for (const ScheduledRow& row : st.rows) {
         // A prompt or a chunk of one, or a recompute's (positions past the prompt, several tokens,
         // or a chunk before its last: no token); else one decode token (a one-token last chunk of
         // a recompute is that shape too).
         if (row.position < ctx.scenario_requests.at(row.request).prompt_len || row.tokens > 1 || !row.emits)
-          prefill += row.tokens;
+          prefill += row.tokens, ++prefill_rows;
         else
           decode += 1, context += row.position;
+        // The keys as serving::step_shape counts them (a row of one token attends as a decode).
+        const double t = row.tokens, p = row.position;
+        if (row.tokens == 1)
+          decode_keys += p + 1.0;
+        else
+          prefill_keys += t * p + t * (t + 1.0) / 2.0;
       }
-      mine.insert(mine.end(), {static_cast<double>(st.group), prefill, decode, decode > 0 ? context / decode : 0.0});
+      mine.insert(mine.end(), {static_cast<double>(st.group), prefill, decode, decode > 0 ? context / decode : 0.0,
+                               prefill_rows, prefill_keys, decode_keys});
     }
   mine.push_back(static_cast<double>(rec.kv_resident_peak_bytes));  // last: every rank's
   const std::vector<std::vector<double>> all = ctx.mpi.gatherv_doubles(mine);
@@ -149,13 +159,17 @@ void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePl
       pr->step_compute_start_s[i * S + k] = d[2 + 2 * i];
       pr->step_compute_ms[i * S + k] = d[3 + 2 * i];
     }
-    if (k != 0 || d.size() < 2 + 2 * static_cast<size_t>(d[1]) + 4 * n) continue;
+    if (k != 0 || d.size() < 2 + 2 * static_cast<size_t>(d[1]) + kStepFields * n) continue;
     pr->step_group.clear(), pr->step_prefill_tokens.clear(), pr->step_decode_rows.clear(), pr->step_decode_context.clear();
-    for (size_t i = 0, j = 2 + 2 * static_cast<size_t>(d[1]); i < n; ++i, j += 4) {
+    pr->step_prefill_rows.clear(), pr->step_prefill_keys.clear(), pr->step_decode_keys.clear();
+    for (size_t i = 0, j = 2 + 2 * static_cast<size_t>(d[1]); i < n; ++i, j += kStepFields) {
       pr->step_group.push_back(static_cast<int>(d[j]));
       pr->step_prefill_tokens.push_back(static_cast<int>(d[j + 1]));
       pr->step_decode_rows.push_back(static_cast<int>(d[j + 2]));
       pr->step_decode_context.push_back(d[j + 3]);
+      pr->step_prefill_rows.push_back(static_cast<int>(d[j + 4]));
+      pr->step_prefill_keys.push_back(d[j + 5]);
+      pr->step_decode_keys.push_back(d[j + 6]);
     }
   }
 }

@@ -91,9 +91,24 @@ void check_requests(ppb::h5::Group& root, const std::string& part, const std::ve
   int64_t recomputed = 0;
   if (r.exists("preempted_tokens"))
     for (int64_t t : r.open_dataset("preempted_tokens").read<int64_t>()) recomputed += t;
+  // The keys each step's rows attend (a row of t tokens at position p: p + 1 .. p + t), summed
+  // over the steps: every request's positions 0 .. P + G - 2 once, (P + G - 1)(P + G) / 2, however
+  // its prompt was chunked.
+  const auto pkeys = st.open_dataset("prefill_keys").read<double>(), dkeys = st.open_dataset("decode_keys").read<double>();
+  const auto prows = st.open_dataset("prefill_rows").read<int64_t>();
+  ASSERT_EQ(pkeys.size(), prefill.size());
+  ASSERT_EQ(prows.size(), prefill.size());
+  double got_keys = 0.0, want_keys = 0.0;
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    got_keys += pkeys[i] + dkeys[i];
+    EXPECT_EQ(prows[i] > 0, prefill[i] > 0) << i;
+    EXPECT_LE(prows[i], prefill[i]) << i;
+  }
+  for (size_t q = 0; q < N; ++q) want_keys += 0.5 * static_cast<double>((prompt[q] + gen[q] - 1) * (prompt[q] + gen[q]));
   if (recomputed == 0) {
     EXPECT_EQ(got_prefill, want_prefill);
     EXPECT_EQ(got_decode, want_decode);
+    EXPECT_EQ(got_keys, want_keys);
   } else {  // a recompute prefills what was decoded: only the sum is conserved
     EXPECT_EQ(got_prefill + got_decode, want_prefill + want_decode + recomputed);
     EXPECT_LE(got_decode, want_decode);
@@ -480,6 +495,20 @@ TEST(ServingE2E, TensorParallelStageUnderArrivals) {
     check_requests(root, name, arrivals, gen, NAN, NAN, stages);
   }
   EXPECT_EQ(root.open_group("benchmark/uniform_tp2").get_attr<int64_t>("tokens_gain_n"), 2);
+  // The step model's grid at width 2 (issue 47): the width-1 grid's steps on the group's shards,
+  // every signature, each > 0; its held-out error printed, the TP stage predicted from it.
+  auto prof = root.open_group("profile");
+  const std::size_t S = prof.open_group("step_model").open_dataset("by_rows").read<int64_t>().size();
+  const std::size_t N = prof.open_group("step_model").open_dataset("step_rows").read<int64_t>().size();
+  const auto tp_ms = prof.open_group("tp").open_dataset("step_ms").read<double>();
+  ASSERT_EQ(tp_ms.size(), S * N);
+  for (double v : tp_ms) EXPECT_GT(v, 0.0);
+  EXPECT_NE(r.output.find("tensor-parallel ranks 0..1 at width 2: the same grid on the group's shards"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("; width 2 (ranks 0..1) "), std::string::npos) << r.output;
+  const auto lvl = root.open_group("benchmark/uniform_tp2").open_dataset("step_level").read<double>();
+  ASSERT_EQ(lvl.size(), 2u);  // one stage: decode, with prefill, both against the group's step model
+  for (double v : lvl) EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
 }
 
 // vLLM V1's batch queue against M pinned groups (issue 49), paired in the same rounds: the

@@ -25,6 +25,7 @@
 #include "results/report.h"
 #include "results/summary.h"
 #include "results/writer.h"
+#include "stepcost/step_model.h"
 
 namespace {
 
@@ -109,6 +110,18 @@ RunRecord make_record() {
     tpg.latency_ms.push_back(0.5 + i);
     tpg.latency_min_ms.push_back(0.25 + i);
     tpg.latency_max_ms.push_back(0.75 + i);
+  }
+  // The step model's grid (issue 47) on both ranks and on the width-2 group (/profile/tp step_ms).
+  {
+    ppb::stepcost::GridSpec spec;
+    spec.max_rows = 2, spec.max_tokens = 4, spec.max_context = 6, spec.contexts = {4, 5};
+    const ppb::stepcost::FlatGrid f = ppb::stepcost::flatten(ppb::stepcost::plan_grid(spec));
+    p.step_rows = f.rows, p.step_pos = f.pos, p.step_tokens = f.tokens, p.step_role = f.role;
+    p.step_by_rows = {0, 0, 1};
+    p.step_attempts = 2;
+    const std::size_t N = f.rows.size();
+    for (std::size_t i = 0; i < 2 * 3 * N; ++i) p.step_ms.push_back(0.5 + 0.01 * static_cast<double>(i));
+    for (std::size_t i = 0; i < 3 * N; ++i) tpg.step_ms.push_back(0.3 + 0.02 * static_cast<double>(i));
   }
   p.tp.push_back(tpg);
   r.tp_auto_layout = "2";
@@ -325,6 +338,14 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   expect_same(pr.tp[0].latency_ms, pw.tp[0].latency_ms, "tp latency_ms");
   expect_same(pr.tp[0].latency_min_ms, pw.tp[0].latency_min_ms, "tp latency_min_ms");
   expect_same(pr.tp[0].latency_max_ms, pw.tp[0].latency_max_ms, "tp latency_max_ms");
+  EXPECT_EQ(pr.step_rows, pw.step_rows);
+  EXPECT_EQ(pr.step_pos, pw.step_pos);
+  EXPECT_EQ(pr.step_tokens, pw.step_tokens);
+  EXPECT_EQ(pr.step_role, pw.step_role);
+  EXPECT_EQ(pr.step_by_rows, pw.step_by_rows);
+  EXPECT_EQ(pr.step_attempts, 2);
+  expect_same(pr.step_ms, pw.step_ms, "step_ms");
+  expect_same(pr.tp[0].step_ms, pw.tp[0].step_ms, "tp step_ms");
   EXPECT_EQ(r.tp_auto_layout, "2");
 
   ASSERT_EQ(r.partitions.size(), 2u);

@@ -440,15 +440,45 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
     const StepShape sh = shape_of({5}, {9});
     EXPECT_NEAR(four_costs.compute_ms(k, sh), grid_unit_ms(0, k, balance::step_work_of(sh)), 1e-9) << k;
   }
-  // A tensor-parallel stage keeps the two-shape model (the grid is timed at width 1).
+  // A tensor-parallel stage whose group timed no grid (older files) keeps the two-shape model.
   RunRecord tp = tiny_profile_with_grid(2);
   add_tp2_group(tp);
-  const balance::Predictor tp_pred(tp);
   balance::Partition whole = balance::parse_manual("3", 3, 1);
   whole.tp_width = {2};
+  {
+    const balance::Predictor tp_pred(tp);
+    const balance::ProfileStepCosts tp_costs(tp, tp_pred, whole);
+    EXPECT_FALSE(tp_costs.uses_step_model(0));
+    EXPECT_NEAR(tp_costs.compute_ms(0, shape(8, 0, 0)), 2.25, 1e-12);
+  }
+  // With its grid (the same steps on the group's shards, timed as grid_unit_ms at "r = -0.5":
+  // half rank 0's), the stage is the sum of the group's three unit models, and a split whose
+  // stage 0 is a width-1 rank keeps that rank's own fits beside it.
+  const std::vector<stepcost::GridStep> grid = stepcost::unflatten(
+      {tp.profile.step_rows, tp.profile.step_pos, tp.profile.step_tokens, tp.profile.step_role});
+  for (int s = 0; s < 3; ++s)
+    for (const auto& g : grid) tp.profile.tp[0].step_ms.push_back(grid_unit_ms(0, s, g.work()) / 2);
+  const balance::Predictor tp_pred(tp);
   const balance::ProfileStepCosts tp_costs(tp, tp_pred, whole);
-  EXPECT_FALSE(tp_costs.uses_step_model(0));
-  EXPECT_NEAR(tp_costs.compute_ms(0, shape(8, 0, 0)), 2.25, 1e-12);
+  ASSERT_TRUE(tp_costs.uses_step_model(0));
+  EXPECT_LT(balance::group_step_fit(tp, tp.profile.tp[0]).abs_error_max, 1e-9);
+  for (const StepShape& sh : {shape_of({5}, {}), shape_of({3}, {7}), shape_of({}, {4, 11}), shape_of({12}, {})}) {
+    const stepcost::StepWork w = balance::step_work_of(sh);
+    EXPECT_NEAR(tp_costs.compute_ms(0, sh), (grid_unit_ms(0, 0, w) + grid_unit_ms(0, 1, w) + grid_unit_ms(0, 2, w)) / 2, 1e-9);
+  }
+  // Four devices like rank 0 with a group of two at width 2 (the planner's record carries the
+  // group's grid): stages 0..1 width 1 on their ranks' fits, stage 2 the group's.
+  const RunRecord four_tp = balance::plan_record(tp, 4, 2);
+  const balance::Predictor ftp_pred(four_tp);
+  balance::Partition mixed = balance::parse_manual("1,1,1", 3, 3);
+  mixed.tp_width = {1, 1, 2};
+  mixed.device_rank = {0, 1, 2};
+  const balance::ProfileStepCosts mixed_costs(four_tp, ftp_pred, mixed);
+  const stepcost::StepWork w = balance::step_work_of(shape_of({3}, {7}));
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(mixed_costs.uses_step_model(k)) << k;
+  EXPECT_NEAR(mixed_costs.compute_ms(0, shape_of({3}, {7})), grid_unit_ms(0, 0, w), 1e-9);
+  EXPECT_NEAR(mixed_costs.compute_ms(1, shape_of({3}, {7})), grid_unit_ms(0, 1, w), 1e-9);
+  EXPECT_NEAR(mixed_costs.compute_ms(2, shape_of({3}, {7})), grid_unit_ms(0, 2, w) / 2, 1e-9);
 }
 
 // ---- the step model calibrated on measured steps --------------------------------------------
@@ -464,6 +494,9 @@ ServingPartitionRecord measured_steps(const std::string& name, const balance::Pr
     sp.step_prefill_tokens.push_back(static_cast<int>(s.prefill_tokens));
     sp.step_decode_rows.push_back(s.decode_rows);
     sp.step_decode_context.push_back(s.decode_context_mean);
+    sp.step_prefill_rows.push_back(s.prefill_rows);
+    sp.step_prefill_keys.push_back(s.prefill_keys);
+    sp.step_decode_keys.push_back(s.decode_keys);
     for (int k = 0; k < S; ++k) {
       sp.step_compute_start_s.push_back(0.0);
       sp.step_compute_ms.push_back(model.compute_ms(k, s) * factor(s, k));
@@ -610,6 +643,43 @@ TEST(ServingCalibration, OwnStepsGiveTheRoundsLevelAndTheSimulatorAtIt) {
   EXPECT_NEAR(same.self_ttft_p99_ms, same.simulated_ttft_p99_ms, 1e-9 * same.simulated_ttft_p99_ms);
   EXPECT_NEAR(same.self_tpot_p50_ms, same.simulated_tpot_p50_ms, 1e-9 * same.simulated_tpot_p50_ms);
   EXPECT_EQ(same.self_slo_attainment, same.simulated_slo_attainment);
+}
+
+// Steps of two prompts, a chunk at a cached position and a recompute beside decodes, measured
+// 1.1x (steps with prefill) and 0.9x (decode-only) the step model of their exact shapes: the
+// recorded rows and keys (`steps/` prefill_rows, prefill_keys, decode_keys) give those levels
+// exactly; without them (older files) a step's prefill counts as one prompt of its tokens from
+// position 0, its keys miscounted, and the level comes out off.
+TEST(ServingCalibration, RecordedKeysCalibrateStepsOfSeveralPromptsExactly) {
+  const RunRecord run = tiny_profile_with_grid(2);
+  const balance::Predictor pred(run);
+  const balance::Partition a = balance::parse_manual("2,1", 3, 2);
+  const balance::ProfileStepCosts model(run, pred, a);
+  auto step = [](const std::vector<std::pair<int, int>>& prefill, const std::vector<int>& decode_pos) {
+    serving::Step st;
+    int slot = 0;
+    for (const auto& [pos, t] : prefill) st.rows.push_back({slot, slot, pos, t, true, true}), ++slot;
+    for (int p : decode_pos) st.rows.push_back({slot, slot, p, 1, false, true}), ++slot;
+    return serving::step_shape(st);
+  };
+  const std::vector<StepShape> shapes = {step({{0, 5}, {0, 7}}, {}), step({{6, 4}}, {9}), step({{0, 3}, {8, 6}}, {4}),
+                                         step({}, {5, 10}), step({}, {7})};
+  ASSERT_EQ(shapes[0].prefill_rows, 2);
+  ASSERT_EQ(shapes[0].prefill_keys, 15.0 + 28.0);  // 5 * 6 / 2 + 7 * 8 / 2, not 12 * 13 / 2
+  ASSERT_EQ(shapes[1].prefill_keys, 4 * 6 + 10.0);  // a chunk of 4 at position 6
+  auto factor = [](const StepShape& s, int) { return s.prefill_rows > 0 ? 1.1 : 0.9; };
+  RunRecord r = run;
+  r.serving.partitions = {measured_steps("a", model, 2, shapes, factor)};
+  for (const balance::StepCalibration& c : balance::calibrate_own_steps(r, pred, {a}, "a")) {
+    EXPECT_TRUE(c.by_kind);
+    EXPECT_NEAR(c.decode_factor, 0.9, 1e-12);
+    EXPECT_NEAR(c.prefill_factor.front(), 1.1, 1e-12);
+  }
+  ServingPartitionRecord& old = r.serving.partitions[0];
+  old.step_prefill_rows.clear(), old.step_prefill_keys.clear(), old.step_decode_keys.clear();
+  const std::vector<balance::StepCalibration> approx = balance::calibrate_own_steps(r, pred, {a}, "a");
+  EXPECT_NEAR(approx[0].decode_factor, 0.9, 1e-12);  // decode-only steps: the mean context is exact
+  EXPECT_GT(std::abs(approx[0].prefill_factor.front() - 1.1), 1e-3);
 }
 
 // ---- MLPerf's rule --------------------------------------------------------------------------
