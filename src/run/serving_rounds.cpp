@@ -104,12 +104,13 @@ Stage0View gather_stage0(const RunContext& ctx, const ServingRecord& rec, bool s
   return v;
 }
 
+/// Stage 0's fields per step in gather_steps: group, prefill tokens, decode rows, their mean
+/// position, prefill rows, prefill keys, decode keys.
+constexpr size_t kStepFields = 7;
+
 /// Collective: every stage's steps of `rec` into rank 0's record `pr` (each rank sends its
 /// stage, its steps' compute start, s from its own start barrier, and duration, ms; stage 0 also
-/// each step's group, prefill tokens, decode rows and their mean position, prefill rows and the
-/// keys its rows attend).
-constexpr size_t kStepFields = 7;  ///< stage 0's fields per step: group, prefill tokens, decode rows, their
-                                   ///< mean position, prefill rows, prefill keys, decode keys
+/// each step's kStepFields).
 void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePlacement& place, ServingPartitionRecord* pr) {
   // A stage's tensor-parallel rank 0 speaks for it (its peers ran the same steps).
   const size_t n = place.tp_rank == 0 ? rec.step_rows.size() : 0;

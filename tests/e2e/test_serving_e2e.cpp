@@ -466,7 +466,7 @@ TEST(ServingE2E, KvPoolAutoIsSizedFromTheStagesFreeMemory) {
   // A compared schedule's split sized alone: the batch queue's one group of M x B slots needs the
   // scratch of M x B rows, so at 0.0033 GiB its pool is refused (exit 2 on every rank, in the
   // pools' own phase, not a crash while the splits are described).
-  auto bq = run(args + "--pp-schedule groups,batch-queue --memory-limit 0.0033 -o " + dir + "/bq.h5 --timeout 30");
+  auto bq = run(args + "--pp-schedule groups,batch-queue --memory-limit 0.0033 -o " + dir + "/kv_auto_bq.h5 --timeout 30");
   EXPECT_EQ(bq.status, 2) << bq.output;
   EXPECT_NE(bq.output.find("error in KV pools (--kv-blocks auto) (all ranks)"), std::string::npos) << bq.output;
   EXPECT_NE(bq.output.find("partition uniform batch-queue's stage"), std::string::npos) << bq.output;
