@@ -348,26 +348,13 @@ int simulate_scenario_file(const SimulateOptions& opt, RunRecord run) {
   if (!why.empty()) std::cerr << "ppbench simulate: note: not predicted: " << why << std::endl;
   print_serving_summary(std::cout, run);
   json out;
-  for (const ServingPartitionRecord& p : run.serving.partitions)
-    out["partitions"].push_back({{"name", p.name},
-                                 {"simulated_output_tokens_per_s", p.simulated_output_tokens_per_s},
-                                 {"simulated_ttft_p50_ms", p.simulated_ttft_p50_ms},
-                                 {"simulated_ttft_p99_ms", p.simulated_ttft_p99_ms},
-                                 {"simulated_tpot_p50_ms", p.simulated_tpot_p50_ms},
-                                 {"simulated_tpot_p99_ms", p.simulated_tpot_p99_ms},
-                                 {"simulated_cross_output_tokens_per_s", p.cross_output_tokens_per_s},
-                                 {"simulated_cross_ttft_p50_ms", p.cross_ttft_p50_ms},
-                                 {"simulated_cross_ttft_p99_ms", p.cross_ttft_p99_ms},
-                                 {"simulated_cross_tpot_p50_ms", p.cross_tpot_p50_ms},
-                                 {"simulated_cross_tpot_p99_ms", p.cross_tpot_p99_ms},
-                                 {"cross_calibrated_by", p.cross_calibrated_by},
-                                 {"simulated_self_output_tokens_per_s", p.self_output_tokens_per_s},
-                                 {"simulated_self_ttft_p50_ms", p.self_ttft_p50_ms},
-                                 {"simulated_self_ttft_p99_ms", p.self_ttft_p99_ms},
-                                 {"simulated_self_tpot_p50_ms", p.self_tpot_p50_ms},
-                                 {"simulated_self_tpot_p99_ms", p.self_tpot_p99_ms},
-                                 {"simulated_self_slo_attainment", p.self_slo_attainment},
-                                 {"step_level", p.step_level}});
+  for (const ServingPartitionRecord& p : run.serving.partitions) {
+    json entry{{"name", p.name}, {"cross_calibrated_by", p.cross_calibrated_by}, {"step_level", p.step_level}};
+    for (auto [prefix, play] : {std::pair{"simulated_", &p.simulated}, std::pair{"simulated_cross_", &p.cross},
+                                std::pair{"simulated_self_", &p.self}})
+      ServingPrediction::for_each(*play, [&](const char* k, double v) { entry[std::string(prefix) + k] = v; });
+    out["partitions"].push_back(entry);
+  }
   if (!opt.json_out.empty()) write_json_file(opt.json_out, out);
   return 0;
 }

@@ -161,6 +161,17 @@ StoredScenario stored_scenario(const ServingRunRecord& s) {
   return out;
 }
 
+/// The figures of one play (ServingPrediction) from its metrics.
+ServingPrediction prediction_of(const serving::ServingMetrics& m) {
+  ServingPrediction out;
+  out.output_tokens_per_s = m.output_tokens_per_s;
+  out.ttft_p50_ms = m.ttft.p50_ms, out.ttft_p99_ms = m.ttft.p99_ms;
+  out.tpot_p50_ms = m.tpot.p50_ms, out.tpot_p99_ms = m.tpot.p99_ms;
+  out.goodput_req_per_s = m.goodput_req_per_s, out.slo_attainment = m.slo_attainment;
+  out.preemptions = static_cast<double>(m.preemptions);
+  return out;
+}
+
 /// The simulator's metrics of `costs` on the stored scenario with p's M and B.
 serving::ServingMetrics play(const StoredScenario& sc, const ServingPartitionRecord& p, const serving::StepCostModel& costs) {
   serving::PipelineSimConfig cfg;
@@ -182,19 +193,11 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
     ServingPartitionRecord& p = sps[j];
     try {
       const serving::ServingMetrics m = play(sc, p, ProfileStepCosts(run, pred, parts[j]));
-      p.simulated_output_tokens_per_s = m.output_tokens_per_s;
-      p.simulated_ttft_p50_ms = m.ttft.p50_ms, p.simulated_ttft_p99_ms = m.ttft.p99_ms;
-      p.simulated_tpot_p50_ms = m.tpot.p50_ms, p.simulated_tpot_p99_ms = m.tpot.p99_ms;
-      p.simulated_goodput_req_per_s = m.goodput_req_per_s, p.simulated_slo_attainment = m.slo_attainment;
-      p.simulated_preemptions = static_cast<double>(m.preemptions);
+      p.simulated = prediction_of(m);
       if (!p.step_group.empty()) {  // the level its own rounds ran at, and the simulator there
         const std::vector<StepCalibration> own = calibrate_own_steps(run, pred, parts, p.name);
         const serving::ServingMetrics o = play(sc, p, CalibratedStepCosts(run, pred, parts[j], own));
-        p.self_output_tokens_per_s = o.output_tokens_per_s;
-        p.self_ttft_p50_ms = o.ttft.p50_ms, p.self_ttft_p99_ms = o.ttft.p99_ms;
-        p.self_tpot_p50_ms = o.tpot.p50_ms, p.self_tpot_p99_ms = o.tpot.p99_ms;
-        p.self_goodput_req_per_s = o.goodput_req_per_s, p.self_slo_attainment = o.slo_attainment;
-        p.self_preemptions = static_cast<double>(o.preemptions);
+        p.self = prediction_of(o);
         p.step_level.clear();
         const double nan = std::numeric_limits<double>::quiet_NaN();
         for (int k = 0; k < parts[j].num_stages(); ++k) {
@@ -212,11 +215,7 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
       const CalibratedStepCosts costs(run, pred, parts[j], calibrate_steps(run, pred, parts, p.name));
       const serving::ServingMetrics c = play(sc, p, costs);
       p.cross_calibrated_by = by;
-      p.cross_output_tokens_per_s = c.output_tokens_per_s;
-      p.cross_ttft_p50_ms = c.ttft.p50_ms, p.cross_ttft_p99_ms = c.ttft.p99_ms;
-      p.cross_tpot_p50_ms = c.tpot.p50_ms, p.cross_tpot_p99_ms = c.tpot.p99_ms;
-      p.cross_goodput_req_per_s = c.goodput_req_per_s, p.cross_slo_attainment = c.slo_attainment;
-      p.cross_preemptions = static_cast<double>(c.preemptions);
+      p.cross = prediction_of(c);
     } catch (const std::exception& e) {
       why += (why.empty() ? "" : "; ") + p.name + ": " + e.what();
     }

@@ -2,6 +2,7 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -51,21 +52,9 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("peak_output_tokens_per_s", p.peak_output_tokens_per_s), fn("peak_concurrency", p.peak_concurrency);
   fn("goodput_req_per_s", p.goodput_req_per_s), fn("slo_attainment", p.slo_attainment);
   fn("step_rows_mean", p.step_rows_mean);
-  fn("simulated_output_tokens_per_s", p.simulated_output_tokens_per_s);
-  fn("simulated_ttft_p50_ms", p.simulated_ttft_p50_ms), fn("simulated_ttft_p99_ms", p.simulated_ttft_p99_ms);
-  fn("simulated_tpot_p50_ms", p.simulated_tpot_p50_ms), fn("simulated_tpot_p99_ms", p.simulated_tpot_p99_ms);
-  fn("simulated_goodput_req_per_s", p.simulated_goodput_req_per_s), fn("simulated_slo_attainment", p.simulated_slo_attainment);
-  fn("simulated_preemptions", p.simulated_preemptions);
-  fn("simulated_cross_output_tokens_per_s", p.cross_output_tokens_per_s);
-  fn("simulated_cross_ttft_p50_ms", p.cross_ttft_p50_ms), fn("simulated_cross_ttft_p99_ms", p.cross_ttft_p99_ms);
-  fn("simulated_cross_tpot_p50_ms", p.cross_tpot_p50_ms), fn("simulated_cross_tpot_p99_ms", p.cross_tpot_p99_ms);
-  fn("simulated_cross_goodput_req_per_s", p.cross_goodput_req_per_s), fn("simulated_cross_slo_attainment", p.cross_slo_attainment);
-  fn("simulated_cross_preemptions", p.cross_preemptions);
-  fn("simulated_self_output_tokens_per_s", p.self_output_tokens_per_s);
-  fn("simulated_self_ttft_p50_ms", p.self_ttft_p50_ms), fn("simulated_self_ttft_p99_ms", p.self_ttft_p99_ms);
-  fn("simulated_self_tpot_p50_ms", p.self_tpot_p50_ms), fn("simulated_self_tpot_p99_ms", p.self_tpot_p99_ms);
-  fn("simulated_self_goodput_req_per_s", p.self_goodput_req_per_s), fn("simulated_self_slo_attainment", p.self_slo_attainment);
-  fn("simulated_self_preemptions", p.self_preemptions);
+  for (auto [prefix, play] : {std::pair{"simulated_", &p.simulated}, std::pair{"simulated_cross_", &p.cross},
+                              std::pair{"simulated_self_", &p.self}})
+    ServingPrediction::for_each(*play, [&](const char* k, auto& v) { fn((std::string(prefix) + k).c_str(), v); });
 }
 
 /// The per-round datasets, name -> member.

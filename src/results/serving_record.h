@@ -14,6 +14,28 @@
 
 namespace ppb {
 
+/// One play of a scenario's requests by the serving simulator (a prediction, or an in-sample
+/// replay): the figures it gives, as serving::ServingMetrics computes them; NaN where not made.
+struct ServingPrediction {
+  double output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+  double ttft_p50_ms = std::numeric_limits<double>::quiet_NaN(), ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double tpot_p50_ms = std::numeric_limits<double>::quiet_NaN(), tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
+  double goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
+  double slo_attainment = std::numeric_limits<double>::quiet_NaN();  ///< fraction in [0, 1]
+  double preemptions = std::numeric_limits<double>::quiet_NaN();     ///< in one play of the requests
+  /// Whether the play was made (its tokens/s finite).
+  bool made() const { return output_tokens_per_s == output_tokens_per_s; }
+  /// fn(name, member) for every figure, in the file's order (the attribute name's suffix).
+  template <class Self, class Fn>
+  static void for_each(Self& p, Fn&& fn) {
+    fn("output_tokens_per_s", p.output_tokens_per_s);
+    fn("ttft_p50_ms", p.ttft_p50_ms), fn("ttft_p99_ms", p.ttft_p99_ms);
+    fn("tpot_p50_ms", p.tpot_p50_ms), fn("tpot_p99_ms", p.tpot_p99_ms);
+    fn("goodput_req_per_s", p.goodput_req_per_s), fn("slo_attainment", p.slo_attainment);
+    fn("preemptions", p.preemptions);
+  }
+};
+
 /// One partition's scenario: its requests in the last round, its rounds, its comparison with the
 /// reference and its validation.
 struct ServingPartitionRecord {
@@ -66,39 +88,21 @@ struct ServingPartitionRecord {
   /// Gains > 1 favour this partition: tokens/s and goodput this / reference; the p99 latencies
   /// reference / this (compare_paired on 1 / latency).
   PairedComparison tokens_gain, goodput_gain, ttft_p99_gain, tpot_p99_gain;
-  // ---- predicted before the rounds by the serving simulator from the profile (issue 38:
-  // serving/pipeline_sim.h with balance::ProfileStepCosts), the same requests and scheduler ----
-  double simulated_output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
-  double simulated_ttft_p50_ms = std::numeric_limits<double>::quiet_NaN();
-  double simulated_ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
-  double simulated_tpot_p50_ms = std::numeric_limits<double>::quiet_NaN();
-  double simulated_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
-  double simulated_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
-  double simulated_slo_attainment = std::numeric_limits<double>::quiet_NaN();
-  double simulated_preemptions = std::numeric_limits<double>::quiet_NaN();  ///< in one play of the requests
-  // ---- predicted after the rounds, the same way, from the profile calibrated per rank by the
-  // other partitions' measured steps (balance/serving_calibration.h); NaN where no other
-  // partition measured steps; cross_calibrated_by: their names, comma-separated ----
-  double cross_output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
-  double cross_ttft_p50_ms = std::numeric_limits<double>::quiet_NaN();
-  double cross_ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
-  double cross_tpot_p50_ms = std::numeric_limits<double>::quiet_NaN();
-  double cross_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
-  double cross_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
-  double cross_slo_attainment = std::numeric_limits<double>::quiet_NaN();
-  double cross_preemptions = std::numeric_limits<double>::quiet_NaN();
+  // ---- the serving simulator's plays of the same requests and scheduler (ServingPrediction) ----
+  /// Predicted before the rounds from the profile (issue 38: serving/pipeline_sim.h with
+  /// balance::ProfileStepCosts); file attributes simulated_*.
+  ServingPrediction simulated;
+  /// Predicted after the rounds, the same way, from the profile calibrated per rank by the other
+  /// partitions' measured steps (balance/serving_calibration.h); NaN where no other partition
+  /// measured steps; file attributes simulated_cross_*. cross_calibrated_by: their names,
+  /// comma-separated.
+  ServingPrediction cross;
   std::string cross_calibrated_by;
-  // ---- after the rounds, from the profile calibrated per rank by this partition's own measured
-  // steps (the last round's; balance::calibrate_own_steps): not a prediction but an in-sample
-  // check of the simulator at the level its rounds' steps ran; NaN without measured steps ----
-  double self_output_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
-  double self_ttft_p50_ms = std::numeric_limits<double>::quiet_NaN();
-  double self_ttft_p99_ms = std::numeric_limits<double>::quiet_NaN();
-  double self_tpot_p50_ms = std::numeric_limits<double>::quiet_NaN();
-  double self_tpot_p99_ms = std::numeric_limits<double>::quiet_NaN();
-  double self_goodput_req_per_s = std::numeric_limits<double>::quiet_NaN();
-  double self_slo_attainment = std::numeric_limits<double>::quiet_NaN();
-  double self_preemptions = std::numeric_limits<double>::quiet_NaN();
+  /// After the rounds, from the profile calibrated per rank by this partition's own measured steps
+  /// (the last round's; balance::calibrate_own_steps): not a prediction but an in-sample check of
+  /// the simulator at the level its rounds' steps ran; NaN without measured steps; file
+  /// attributes simulated_self_*.
+  ServingPrediction self;
   /// [S][2] each stage's measured / modelled step compute over the last round's steps on its rank
   /// (the median ratio): decode-only steps, steps with prefill rows (without the step model's
   /// grid: the band of at most 16 token rows, or the nearest band with steps); NaN for a kind

@@ -72,7 +72,7 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
     for (double x : p.rep_preemptions) sum += x;
     const double mean = p.rep_preemptions.empty() ? 0.0 : sum / static_cast<double>(p.rep_preemptions.size());
     os << format_line(" %s %.1f", p.name.c_str(), mean);
-    if (std::isfinite(p.simulated_preemptions)) os << format_line(" (simulated %.0f)", p.simulated_preemptions);
+    if (std::isfinite(p.simulated.preemptions)) os << format_line(" (simulated %.0f)", p.simulated.preemptions);
     os << ";";
   }
   os << "\n";
@@ -115,13 +115,12 @@ std::string uncertainty_clause(const ProfileTable& t) {
   return u.empty() ? u : "; the step model's " + u;
 }
 
-/// One partition's row of a prediction table: its name (width w) and each predicted figure
+/// One partition's row of a prediction table: its name (width w) and each figure of `play`
 /// against the measured one (vs): output tokens/s, TTFT p50 and p99, TPOT p50 and p99.
-std::string prediction_row(const ServingPartitionRecord& p, int w, double tokens_per_s, double ttft_p50, double ttft_p99,
-                           double tpot_p50, double tpot_p99) {
-  return "  " + format_line("%-*s", w, p.name.c_str()) + " " + vs(tokens_per_s, p.output_tokens_per_s) + " " +
-         vs(ttft_p50, p.ttft_p50_ms) + " " + vs(ttft_p99, p.ttft_p99_ms) + " " + vs(tpot_p50, p.tpot_p50_ms) + " " +
-         vs(tpot_p99, p.tpot_p99_ms);
+std::string prediction_row(const ServingPartitionRecord& p, int w, const ServingPrediction& play) {
+  return "  " + format_line("%-*s", w, p.name.c_str()) + " " + vs(play.output_tokens_per_s, p.output_tokens_per_s) + " " +
+         vs(play.ttft_p50_ms, p.ttft_p50_ms) + " " + vs(play.ttft_p99_ms, p.ttft_p99_ms) + " " +
+         vs(play.tpot_p50_ms, p.tpot_p50_ms) + " " + vs(play.tpot_p99_ms, p.tpot_p99_ms);
 }
 
 /// Each stage's step level (ServingPartitionRecord::step_level) as "stage 0/1: decode
@@ -140,21 +139,20 @@ std::string step_level_text(const std::vector<double>& level) {
 /// The simulator again at the level each partition's own rounds ran (an in-sample check).
 void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
   bool any = false;
-  for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.self_output_tokens_per_s);
+  for (const ServingPartitionRecord& p : s.partitions) any = any || p.self.made();
   if (!any) return;
   os << "  in-sample, not a prediction: the simulator with each stage's step model scaled to the level of the last "
         "round's own steps (measured / model per kind, right); its error is the simulator's, the prediction's error "
         "less it the step level's:\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(p, w, p.self_output_tokens_per_s, p.self_ttft_p50_ms, p.self_ttft_p99_ms, p.self_tpot_p50_ms,
-                         p.self_tpot_p99_ms)
+    os << prediction_row(p, w, p.self)
        << (p.step_level.empty() ? "" : "  " + step_level_text(p.step_level)) << "\n";
 }
 
 void print_predictions(std::ostream& os, const ServingRunRecord& s, const ProfileTable& profile) {
   bool any = false, cross = false;
-  for (const ServingPartitionRecord& p : s.partitions) any = any || std::isfinite(p.simulated_output_tokens_per_s);
-  for (const ServingPartitionRecord& p : s.partitions) cross = cross || std::isfinite(p.cross_output_tokens_per_s);
+  for (const ServingPartitionRecord& p : s.partitions) any = any || p.simulated.made();
+  for (const ServingPartitionRecord& p : s.partitions) cross = cross || p.cross.made();
   if (!any) return;
   os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured"
      << uncertainty_clause(profile) << "):\n";
@@ -162,16 +160,13 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
   os << format_line("  %-*s %18s %18s %18s %18s %18s\n", w, "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                     "TPOT p99");
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(p, w, p.simulated_output_tokens_per_s, p.simulated_ttft_p50_ms, p.simulated_ttft_p99_ms,
-                         p.simulated_tpot_p50_ms, p.simulated_tpot_p99_ms)
-       << "\n";
+    os << prediction_row(p, w, p.simulated) << "\n";
   print_self_calibrated(os, s, w);
   if (!cross) return;
   os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : " and kind of step, decode or with prefill")
      << " by the other partitions' measured steps):\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(p, w, p.cross_output_tokens_per_s, p.cross_ttft_p50_ms, p.cross_ttft_p99_ms, p.cross_tpot_p50_ms,
-                         p.cross_tpot_p99_ms)
+    os << prediction_row(p, w, p.cross)
        << (p.cross_calibrated_by.empty() ? "" : "  by " + p.cross_calibrated_by) << "\n";
 }
 
@@ -215,10 +210,10 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
     os << "  goodput (" << goodput << "):\n";
     for (const ServingPartitionRecord& p : s.partitions) {
       os << format_line("  %-12s %.3f req/s, attainment %.1f%%", p.name.c_str(), p.goodput_req_per_s, 100.0 * p.slo_attainment);
-      if (std::isfinite(p.simulated_slo_attainment))
-        os << format_line(" (predicted from the profile %.1f%%", 100.0 * p.simulated_slo_attainment)
-           << (std::isfinite(p.self_slo_attainment)
-                   ? format_line("; in-sample at the last round's step level %.1f%%", 100.0 * p.self_slo_attainment)
+      if (std::isfinite(p.simulated.slo_attainment))
+        os << format_line(" (predicted from the profile %.1f%%", 100.0 * p.simulated.slo_attainment)
+           << (std::isfinite(p.self.slo_attainment)
+                   ? format_line("; in-sample at the last round's step level %.1f%%", 100.0 * p.self.slo_attainment)
                    : "")
            << ")";
       os << "\n";

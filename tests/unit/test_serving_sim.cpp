@@ -627,22 +627,22 @@ TEST(ServingCalibration, OwnStepsGiveTheRoundsLevelAndTheSimulatorAtIt) {
     cfg.scheduler = spec.scheduler(2);
     const ScaledCosts scaled(model, factor);
     const serving::ServingMetrics want = serving::serving_metrics(serving::simulate_serving(reqs, scaled, cfg).times, spec.goodput);
-    EXPECT_NEAR(p.self_output_tokens_per_s, want.output_tokens_per_s, 1e-9 * want.output_tokens_per_s);
-    EXPECT_NEAR(p.self_ttft_p50_ms, want.ttft.p50_ms, 1e-9 * want.ttft.p50_ms);
-    EXPECT_NEAR(p.self_ttft_p99_ms, want.ttft.p99_ms, 1e-9 * want.ttft.p99_ms);
-    EXPECT_NEAR(p.self_tpot_p50_ms, want.tpot.p50_ms, 1e-9 * want.tpot.p50_ms);
-    EXPECT_NEAR(p.self_tpot_p99_ms, want.tpot.p99_ms, 1e-9 * want.tpot.p99_ms);
-    EXPECT_EQ(p.self_slo_attainment, want.slo_attainment);
+    EXPECT_NEAR(p.self.output_tokens_per_s, want.output_tokens_per_s, 1e-9 * want.output_tokens_per_s);
+    EXPECT_NEAR(p.self.ttft_p50_ms, want.ttft.p50_ms, 1e-9 * want.ttft.p50_ms);
+    EXPECT_NEAR(p.self.ttft_p99_ms, want.ttft.p99_ms, 1e-9 * want.ttft.p99_ms);
+    EXPECT_NEAR(p.self.tpot_p50_ms, want.tpot.p50_ms, 1e-9 * want.tpot.p50_ms);
+    EXPECT_NEAR(p.self.tpot_p99_ms, want.tpot.p99_ms, 1e-9 * want.tpot.p99_ms);
+    EXPECT_EQ(p.self.slo_attainment, want.slo_attainment);
     return p;
   };
   const ServingPartitionRecord slow = check(
       [](const StepShape& s, int k) { return (k == 0 ? 1.0 : 1.25) * (s.prefill_rows > 0 ? 1.1 : 1.45); },
       {1.45, 1.1, 1.45 * 1.25, 1.1 * 1.25});
-  EXPECT_GT(slow.self_ttft_p50_ms, slow.simulated_ttft_p50_ms);  // slower steps: later tokens
+  EXPECT_GT(slow.self.ttft_p50_ms, slow.simulated.ttft_p50_ms);  // slower steps: later tokens
   const ServingPartitionRecord same = check([](const StepShape&, int) { return 1.0; }, {1, 1, 1, 1});
-  EXPECT_NEAR(same.self_ttft_p99_ms, same.simulated_ttft_p99_ms, 1e-9 * same.simulated_ttft_p99_ms);
-  EXPECT_NEAR(same.self_tpot_p50_ms, same.simulated_tpot_p50_ms, 1e-9 * same.simulated_tpot_p50_ms);
-  EXPECT_EQ(same.self_slo_attainment, same.simulated_slo_attainment);
+  EXPECT_NEAR(same.self.ttft_p99_ms, same.simulated.ttft_p99_ms, 1e-9 * same.simulated.ttft_p99_ms);
+  EXPECT_NEAR(same.self.tpot_p50_ms, same.simulated.tpot_p50_ms, 1e-9 * same.simulated.tpot_p50_ms);
+  EXPECT_EQ(same.self.slo_attainment, same.simulated.slo_attainment);
 }
 
 // Steps of two prompts, a chunk at a cached position and a recompute beside decodes, measured
