@@ -9,6 +9,7 @@
 #include "balance/layout.h"
 #include "common/error.h"
 #include "common/transfer.h"
+#include "results/profile_step_fit.h"
 
 namespace ppb::balance {
 
@@ -96,46 +97,38 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
   return out;
 }
 
-stepcost::GridFit profile_step_fit(const RunRecord& run) {
-  const ProfileTable& t = run.profile;
-  if (t.step_rows.empty() || t.step_by_rows.empty()) return {};
-  return stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, t.step_ms,
-                                    t.unit_signature);
-}
-
-stepcost::GridFit group_step_fit(const RunRecord& run, const ProfileTable::TpGroupProfile& g) {
-  const ProfileTable& t = run.profile;
-  if (t.step_rows.empty() || t.step_by_rows.empty() || g.step_ms.size() != t.step_by_rows.size() * t.step_rows.size())
-    return {};
-  return stepcost::fit_profile_grid({t.step_rows, t.step_pos, t.step_tokens, t.step_role}, t.step_by_rows, g.step_ms,
-                                    t.unit_signature);
-}
-
 ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p)
-    : pred_(pred), stages_(stage_step_profiles(run, pred, p)), fits_(profile_step_fit(run).models) {
+    : pred_(pred), stages_(stage_step_profiles(run, pred, p)), fits_(fit_step_model(run.profile).models) {
   const std::size_t sigs = run.profile.step_by_rows.size();
   const std::size_t rank_fits = fits_.size();  // [R][signatures]; a group's fits follow them
+  const int B = run.workload.batch, P = run.workload.prompt_len;
+  const std::vector<stepcost::Level> rank_levels = step_model_levels(run.profile, B, P, fits_);
   std::vector<const ProfileTable::TpGroupProfile*> fitted;  // the groups whose fits are appended, in order
+  std::vector<stepcost::Level> group_levels;                // theirs
   for (int k = 0; k < p.num_stages(); ++k) {
     links_.push_back(pred.boundary_link(p, k));
     std::size_t first = static_cast<std::size_t>(p.device_rank[k]) * sigs;  // the stage's fits: [first, first + sigs)
     bool have = rank_fits > 0 && p.width(k) == 1 && first + sigs <= rank_fits;
+    stepcost::Level level = have ? rank_levels.at(static_cast<std::size_t>(p.device_rank[k])) : stepcost::Level{};
     if (rank_fits > 0 && p.width(k) > 1) {  // its group's grid at its width, fitted once per group
       const ProfileTable::TpGroupProfile* g = group_profile(run, pred.device_class(), p.device_rank[k], p.width(k));
       const auto at = std::find(fitted.begin(), fitted.end(), g);
       if (at != fitted.end()) {
         first = rank_fits + static_cast<std::size_t>(at - fitted.begin()) * sigs;
+        level = group_levels.at(static_cast<std::size_t>(at - fitted.begin()));
         have = true;
       } else if (g) {
-        const std::vector<stepcost::UnitModel> m = group_step_fit(run, *g).models;
+        const std::vector<stepcost::UnitModel> m = fit_step_model(run.profile, *g).models;
         if (m.size() == sigs) {
           first = fits_.size();
           fits_.insert(fits_.end(), m.begin(), m.end());
           fitted.push_back(g);
+          group_levels.push_back(level = group_step_level(run.profile, B, P, *g, m));
           have = true;
         }
       }
     }
+    levels_.push_back(level);
     std::vector<std::pair<int, int>> units;  // (fit, count) of each signature the stage holds
     if (have) {
       std::vector<int> count(sigs, 0);
@@ -157,14 +150,16 @@ stepcost::StepWork step_work_of(const serving::StepShape& s) {
 }
 
 std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
-  const std::vector<stepcost::UnitModel> fits = profile_step_fit(run).models;
+  const std::vector<stepcost::UnitModel> fits = fit_step_model(run.profile).models;
   const std::size_t S = run.profile.step_by_rows.size(), U = run.profile.unit_name.size();
   if (fits.empty() || S == 0) return {};
   const std::size_t R = fits.size() / S;
+  const std::vector<stepcost::Level> levels = step_model_levels(run.profile, run.workload.batch, run.workload.prompt_len, fits);
   std::vector<double> per_fit(fits.size(), 0.0);  // [R][S] summed over the shapes
   for (const serving::StepShape& sh : shapes) {
     const stepcost::StepWork w = step_work_of(sh);
-    for (std::size_t i = 0; i < fits.size(); ++i) per_fit[i] += fits[i].ms(w);
+    for (std::size_t i = 0; i < fits.size(); ++i)
+      per_fit[i] += fits[i].ms(w) * stepcost::pooled_level(levels.at(i / S), sh.prefill_rows > 0);
   }
   std::vector<double> cost(R * U);
   for (std::size_t r = 0; r < R; ++r)
@@ -179,7 +174,7 @@ double ProfileStepCosts::compute_ms(int k, const serving::StepShape& s) const {
   const stepcost::StepWork w = step_work_of(s);
   double ms = 0.0;
   for (const auto& [fit, count] : units) ms += count * fits_[static_cast<std::size_t>(fit)].ms(w);
-  return ms;
+  return ms * stepcost::pooled_level(levels_.at(static_cast<std::size_t>(k)), s.prefill_rows > 0);
 }
 
 double ProfileStepCosts::transfer_ms(int k, const serving::StepShape& s) const {

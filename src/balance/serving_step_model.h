@@ -80,20 +80,12 @@ double stage_step_ms(const StageStepProfile& s, const serving::StepShape& shape)
 ///         tensor-parallel stage has no group profile, or the workload lacks B or P.
 std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Predictor& pred, const Partition& p);
 
-/// The step model fitted to `run`'s grid (/profile/step_model), [R][signatures]; empty where
-/// the profile timed none. @throws what stepcost::fit_grid and stepcost::unflatten throw.
-stepcost::GridFit profile_step_fit(const RunRecord& run);
-
-/// The step model fitted to tensor-parallel group `g`'s grid (its step_ms on /profile/step_model's
-/// steps), [signatures], with its held-out errors; empty where the group or the profile timed
-/// no grid. @throws what stepcost::fit_profile_grid throws.
-stepcost::GridFit group_step_fit(const RunRecord& run, const ProfileTable::TpGroupProfile& g);
-
 /// The step work of a serving step shape (tokens, rows and attention keys, as stepcost counts).
 stepcost::StepWork step_work_of(const serving::StepShape& s);
 
 /// The balancer's unit costs under a scenario's step mix (issue 47), [R][U] ms: unit u on rank
-/// r costs `scale` x the sum over `shapes` of its signature's step model on r (profile_step_fit).
+/// r costs `scale` x the sum over `shapes` of its signature's step model on r (fit_step_model),
+/// at the pooled level of the grid and the cycles (stepcost::pooled_level, step_model_levels).
 /// With scale = B / N for the N requests those steps served, a unit's busy time per B requests:
 /// the workload objective's unit (a group's life), so the transfers the problem adds keep their
 /// weight. Empty where the profile has no grid.
@@ -122,6 +114,7 @@ class ProfileStepCosts final : public serving::StepCostModel {
   std::vector<StageStepProfile> stages_;
   std::vector<stepcost::UnitModel> fits_;                  ///< [R][signatures]; empty: no grid
   std::vector<std::vector<std::pair<int, int>>> stage_units_;  ///< [S] (index into fits_, units of it)
+  std::vector<stepcost::Level> levels_;  ///< [S] the stage's rank's (group's) grid level against its cycles
   std::vector<Predictor::BoundaryLink> links_;  ///< [S]
 };
 

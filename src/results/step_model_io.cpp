@@ -59,22 +59,20 @@ void write_step_model(Group& prof, const RunRecord& run) {
     auto d = g.write_dataset("held_out_error", err, {R, S, H});
     d.set_attr("content", "model / measured - 1 at each held-out step (step_role 3), in grid order");
   }
+  // The grid's level against the profile's cycles, per rank (what the predictions pool).
+  const std::vector<stepcost::Level> lv = step_model_levels(p, run.workload.batch, run.workload.prompt_len, fit.models);
+  if (lv.size() == R) {
+    std::vector<double> ld, lp;
+    for (const stepcost::Level& l : lv) ld.push_back(l.decode), lp.push_back(l.prefill);
+    const char* what = "the profile's cycles over the step model at the cycles' own shapes (B rows; decode at each "
+                       "profiled context, prefill of B prompts of P), summed over the units: the grid's level against "
+                       "the cycles'; the serving predictions scale the model by its square root (stepcost::pooled_level)";
+    g.write_dataset("level_decode", ld, {R}).set_attr("content", what);
+    g.write_dataset("level_prefill", lp, {R}).set_attr("content", what);
+  }
   // The attributes: over the whole model per rank (each held-out step summed over its units).
   g.set_attr("held_out_abs_error_p50", fit.abs_error_p50);
   g.set_attr("held_out_abs_error_max", fit.abs_error_max);
-}
-
-stepcost::GridFit fit_step_model(const ProfileTable& p) {
-  if (p.step_rows.empty() || p.step_by_rows.empty()) return {};
-  return stepcost::fit_profile_grid({p.step_rows, p.step_pos, p.step_tokens, p.step_role}, p.step_by_rows, p.step_ms,
-                                    p.unit_signature);
-}
-
-stepcost::GridFit fit_step_model(const ProfileTable& p, const ProfileTable::TpGroupProfile& g) {
-  if (p.step_rows.empty() || p.step_by_rows.empty() || g.step_ms.size() != p.step_by_rows.size() * p.step_rows.size())
-    return {};
-  return stepcost::fit_profile_grid({p.step_rows, p.step_pos, p.step_tokens, p.step_role}, p.step_by_rows, g.step_ms,
-                                    p.unit_signature);
 }
 
 std::string step_model_uncertainty(const ProfileTable& p) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "results/h5.h"
+#include "results/profile_step_fit.h"
 #include "results/run_record.h"
 #include "stepcost/step_model.h"
 
@@ -15,16 +16,6 @@ namespace ppb {
 /// Writes /profile/step_model under `prof` (nothing where the profile timed no grid).
 /// @throws InternalError if step_ms does not match the ranks, signatures and steps, or HDF5 fails.
 void write_step_model(h5::Group& prof, const RunRecord& run);
-
-/// The step model fitted to `p`'s grid, its held-out error over the whole model
-/// (stepcost::fit_profile_grid); empty where the profile timed no grid.
-/// @throws what stepcost::fit_profile_grid throws.
-stepcost::GridFit fit_step_model(const ProfileTable& p);
-
-/// The step model fitted to tensor-parallel group `g`'s grid (its step_ms on p's grid steps),
-/// its held-out error over the whole model at the group's width; empty where either timed no grid.
-/// @throws what stepcost::fit_profile_grid throws.
-stepcost::GridFit fit_step_model(const ProfileTable& p, const ProfileTable::TpGroupProfile& g);
 
 /// The step model's own uncertainty (issue 47), for every prediction made from it: "held-out
 /// steps within X% (p50), Y% (max)", its held-out steps' |model / measured - 1| over the whole

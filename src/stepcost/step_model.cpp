@@ -222,6 +222,33 @@ UnitModel fit_unit(const std::vector<Sample>& samples, bool by_rows) {
   return m;
 }
 
+Level level_against(const std::vector<UnitModel>& models, const std::vector<int>& unit_signature, int B, int P,
+                    const std::vector<int>& contexts, const std::vector<double>& prefill_ms,
+                    const std::vector<double>& decode_ms) {
+  const std::size_t U = unit_signature.size(), C = contexts.size();
+  if (prefill_ms.size() != U || decode_ms.size() != U * C || B < 1 || P < 1)
+    throw InternalError("level_against: " + std::to_string(prefill_ms.size()) + " prefill and " +
+                        std::to_string(decode_ms.size()) + " decode times for " + std::to_string(U) + " units and " +
+                        std::to_string(C) + " contexts (B=" + std::to_string(B) + ", P=" + std::to_string(P) + ")");
+  const StepWork prefill = step_work(std::vector<int>(static_cast<std::size_t>(B), 0), std::vector<int>(static_cast<std::size_t>(B), P));
+  std::vector<StepWork> decode;
+  for (int c : contexts) decode.push_back(step_work(std::vector<int>(static_cast<std::size_t>(B), c), std::vector<int>(static_cast<std::size_t>(B), 1)));
+  double pre_meas = 0, pre_model = 0, dec_meas = 0, dec_model = 0;
+  for (std::size_t u = 0; u < U; ++u) {
+    const UnitModel& m = models.at(static_cast<std::size_t>(unit_signature[u]));
+    pre_meas += prefill_ms[u];
+    pre_model += m.ms(prefill);
+    for (std::size_t c = 0; c < C; ++c) dec_meas += decode_ms[u * C + c], dec_model += m.ms(decode[c]);
+  }
+  auto ratio = [](double meas, double model) {
+    const double r = meas / model;
+    return meas > 0 && model > 0 && std::isfinite(r) ? r : 1.0;
+  };
+  return {ratio(dec_meas, dec_model), ratio(pre_meas, pre_model)};
+}
+
+double pooled_level(const Level& l, bool prefill) { return std::pow(prefill ? l.prefill : l.decode, kCyclesLevelWeight); }
+
 std::vector<double> held_out_errors(const UnitModel& model, const std::vector<Sample>& samples) {
   std::vector<double> out;
   for (const Sample& s : samples)

@@ -118,6 +118,33 @@ UnitModel fit_unit(const std::vector<Sample>& samples, bool by_rows);
 /// model / measured - 1 at every held-out sample, in sample order.
 std::vector<double> held_out_errors(const UnitModel& model, const std::vector<Sample>& samples);
 
+/// A fitted model's level against the profile's cycles on the same rank (issue 47): the cycles
+/// time B rows of their own shapes many times over the profile's span, the grid its shapes in a
+/// few seconds, and on a shared machine the two windows run at different speeds (on this
+/// project's VMs the cycles' decode 0.76-1.21x the grid's model of the same shapes,
+/// docs/MEASUREMENTS.md § 2026-12-06 the grid's level against the cycles').
+struct Level {
+  double decode = 1.0;   ///< Σ cycles' decode / Σ model's, over every unit and profiled context
+  double prefill = 1.0;  ///< Σ cycles' prefill / Σ model's, over every unit
+};
+/// The Level of `models` [signatures] (unit u's model models[unit_signature[u]]) against
+/// `prefill_ms` [U] (a step of B prompts of P tokens at position 0) and `decode_ms` [U][C] (B
+/// rows of one token at contexts[c]). 1 for a kind whose sums are not both positive and finite.
+/// @throws ppb::InternalError where the arrays disagree with unit_signature and contexts.
+Level level_against(const std::vector<UnitModel>& models, const std::vector<int>& unit_signature, int B, int P,
+                    const std::vector<int>& contexts, const std::vector<double>& prefill_ms,
+                    const std::vector<double>& decode_ms);
+
+/// The weight of the cycles' level in the level the predictions take (pooled_level): the two
+/// windows' levels weigh alike (their geometric mean). Over 26 (run, rank) pairs of 13 serving
+/// runs, the rounds' decode level against the grid's model missed by |log| 9.8% on average, against
+/// the pooled level 7.6% (docs/MEASUREMENTS.md § 2026-12-06 the grid's level against the cycles').
+inline constexpr double kCyclesLevelWeight = 0.5;
+
+/// The factor the predictions scale a model of Level `l` by for a step with (`prefill`) or
+/// without prefill rows: l.prefill or l.decode to the power kCyclesLevelWeight.
+double pooled_level(const Level& l, bool prefill);
+
 /// A grid in flat arrays (the results file's /profile/step_model): rows[n] rows of step n, the
 /// rows' positions and tokens of all steps in order, role[n] as an int (Role's order).
 struct FlatGrid {

@@ -1351,8 +1351,15 @@ TEST(RunE2E, ProfileOnlyFileFeedsTheOfflineBalancer) {
     EXPECT_EQ(err.size() % (2 * S), 0u);
     EXPECT_GT(err.size(), 0u);
     for (double e : err) EXPECT_TRUE(std::isfinite(e));
+    // The grid's level against the profile's cycles, per rank (what the predictions pool).
+    for (const char* k : {"level_decode", "level_prefill"}) {
+      const auto lv = g.open_dataset(k).read<double>();
+      ASSERT_EQ(lv.size(), 2u) << k;
+      for (double v : lv) EXPECT_TRUE(std::isfinite(v) && v > 0) << k;
+    }
   }
   EXPECT_NE(r.output.find("step model: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the profile's cycles against the grid's model of their shapes"), std::string::npos) << r.output;
   auto b = run(PPBENCH_BIN " balance " + h5 + " --stages 2");
   EXPECT_EQ(b.status, 0) << b.output;
   EXPECT_NE(b.output.find("bottleneck"), std::string::npos) << b.output;

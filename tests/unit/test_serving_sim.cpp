@@ -26,6 +26,7 @@
 #include "balance/predict.h"
 #include "balance/serving_calibration.h"
 #include "balance/serving_step_model.h"
+#include "results/profile_step_fit.h"
 #include "balance/simulator.h"
 #include "common/error.h"
 #include "common/events.h"
@@ -373,8 +374,11 @@ double grid_unit_ms(int r, int s, const stepcost::StepWork& w) {
   return (1 + r) * (0.3 * (s + 1) + 0.1 * (s + 1) * w.tokens + 1e-3 * w.prefill_keys + 2e-3 * w.decode_keys);
 }
 
-/// tiny_profile(R) with the grid of its workload (B=2, P=4, G=9) timed as grid_unit_ms.
-RunRecord tiny_profile_with_grid(int R) {
+/// tiny_profile(R) with the grid of its workload (B=2, P=4, G=9) timed as grid_unit_ms, and its
+/// cycles' tables (latency_ms prefill, decode_context_ms) the same function's at their shapes (B
+/// prompts of P; B rows at each context) times `decode_level` and `prefill_level`: the grid's
+/// stepcost::Level against the cycles.
+RunRecord tiny_profile_with_grid(int R, double decode_level = 1.0, double prefill_level = 1.0) {
   RunRecord run = tiny_profile(R);
   stepcost::GridSpec spec;
   spec.max_rows = 2, spec.max_tokens = 8, spec.max_context = 13, spec.contexts = {4, 8, 12};
@@ -386,6 +390,12 @@ RunRecord tiny_profile_with_grid(int R) {
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < 3; ++s)
       for (const auto& g : grid) p.step_ms.push_back(grid_unit_ms(r, s, g.work()));
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 3; ++u) {
+      p.latency_ms[(r * 3 + u) * 2] = prefill_level * grid_unit_ms(r, u, stepcost::step_work({0, 0}, {4, 4}));
+      for (int c = 0; c < 3; ++c)
+        p.decode_context_ms[(r * 3 + u) * 3 + c] = decode_level * grid_unit_ms(r, u, stepcost::step_work({4 * (c + 1), 4 * (c + 1)}, {1, 1}));
+    }
   return run;
 }
 
@@ -417,7 +427,7 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
   EXPECT_EQ(shape_of({1}, {4, 11}).decode_keys, 1.0 + 5.0 + 12.0);
   EXPECT_EQ(shape_of({1}, {4, 11}).prefill_keys, 0.0);
   // The stored fit's held-out errors: 0 on a cost the model represents exactly.
-  const stepcost::GridFit fit = balance::profile_step_fit(run);
+  const stepcost::GridFit fit = fit_step_model(run.profile);
   EXPECT_EQ(fit.models.size(), 6u);
   EXPECT_LT(fit.abs_error_max, 1e-9);
   // The balancer's step-mix costs: scale x each unit's model summed over the shapes.
@@ -458,10 +468,18 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
       {tp.profile.step_rows, tp.profile.step_pos, tp.profile.step_tokens, tp.profile.step_role});
   for (int s = 0; s < 3; ++s)
     for (const auto& g : grid) tp.profile.tp[0].step_ms.push_back(grid_unit_ms(0, s, g.work()) / 2);
+  // Its cycles at the group model's level (1: the grid's level is the cycles'; prefill of B=2
+  // prompts of 4, decode the mean over the contexts 4, 8, 12).
+  for (int u = 0; u < 3; ++u) {
+    tp.profile.tp[0].latency_ms[2 * u] = grid_unit_ms(0, u, stepcost::step_work({0, 0}, {4, 4})) / 2;
+    double dec = 0;
+    for (int c : {4, 8, 12}) dec += grid_unit_ms(0, u, stepcost::step_work({c, c}, {1, 1})) / 2 / 3;
+    tp.profile.tp[0].latency_ms[2 * u + 1] = dec;
+  }
   const balance::Predictor tp_pred(tp);
   const balance::ProfileStepCosts tp_costs(tp, tp_pred, whole);
   ASSERT_TRUE(tp_costs.uses_step_model(0));
-  EXPECT_LT(balance::group_step_fit(tp, tp.profile.tp[0]).abs_error_max, 1e-9);
+  EXPECT_LT(fit_step_model(tp.profile, tp.profile.tp[0]).abs_error_max, 1e-9);
   for (const StepShape& sh : {shape_of({5}, {}), shape_of({3}, {7}), shape_of({}, {4, 11}), shape_of({12}, {})}) {
     const stepcost::StepWork w = balance::step_work_of(sh);
     EXPECT_NEAR(tp_costs.compute_ms(0, sh), (grid_unit_ms(0, 0, w) + grid_unit_ms(0, 1, w) + grid_unit_ms(0, 2, w)) / 2, 1e-9);
@@ -479,6 +497,40 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
   EXPECT_NEAR(mixed_costs.compute_ms(0, shape_of({3}, {7})), grid_unit_ms(0, 0, w), 1e-9);
   EXPECT_NEAR(mixed_costs.compute_ms(1, shape_of({3}, {7})), grid_unit_ms(0, 1, w), 1e-9);
   EXPECT_NEAR(mixed_costs.compute_ms(2, shape_of({3}, {7})), grid_unit_ms(0, 2, w) / 2, 1e-9);
+}
+
+// The grid's level against the profile's cycles: cycles 1.21x the grid's model of their decode
+// shapes and 0.81x of their prefill on every rank give Level 1.21 / 0.81, and the predictions
+// take their geometric mean with the grid's (kCyclesLevelWeight 0.5): every stage's decode-only
+// steps 1.1x the model, its steps with prefill rows 0.9x, the balancer's step-mix costs likewise.
+TEST(ServingStepModel, PredictionsPoolTheGridsLevelWithTheCycles) {
+  const RunRecord same = tiny_profile_with_grid(2), run = tiny_profile_with_grid(2, 1.21, 0.81);
+  const balance::Predictor pred_same(same), pred(run);
+  const balance::Partition p = balance::parse_manual("2,1", 3, 2);
+  const balance::ProfileStepCosts base(same, pred_same, p), costs(run, pred, p);
+  const std::vector<stepcost::Level> lv = step_model_levels(run.profile, 2, 4, fit_step_model(run.profile).models);
+  ASSERT_EQ(lv.size(), 2u);
+  for (const stepcost::Level& l : lv) {
+    EXPECT_NEAR(l.decode, 1.21, 1e-9);
+    EXPECT_NEAR(l.prefill, 0.81, 1e-9);
+  }
+  for (const stepcost::Level& l : step_model_levels(same.profile, 2, 4, fit_step_model(same.profile).models)) {
+    EXPECT_NEAR(l.decode, 1.0, 1e-9);
+    EXPECT_NEAR(l.prefill, 1.0, 1e-9);
+  }
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NEAR(costs.compute_ms(k, shape_of({}, {4, 11})), 1.1 * base.compute_ms(k, shape_of({}, {4, 11})), 1e-9) << k;
+    EXPECT_NEAR(costs.compute_ms(k, shape_of({3}, {7})), 0.9 * base.compute_ms(k, shape_of({3}, {7})), 1e-9) << k;
+    EXPECT_NEAR(costs.compute_ms(k, shape_of({5}, {})), 0.9 * base.compute_ms(k, shape_of({5}, {})), 1e-9) << k;
+  }
+  const std::vector<StepShape> mix = {shape_of({5}, {}), shape_of({}, {4, 11})};
+  const std::vector<double> c_same = balance::step_mix_costs(same, {mix[0]}, 1.0), c = balance::step_mix_costs(run, {mix[0]}, 1.0);
+  const std::vector<double> d_same = balance::step_mix_costs(same, {mix[1]}, 1.0), d = balance::step_mix_costs(run, {mix[1]}, 1.0);
+  ASSERT_EQ(c.size(), 6u);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    EXPECT_NEAR(c[i], 0.9 * c_same[i], 1e-9) << i;
+    EXPECT_NEAR(d[i], 1.1 * d_same[i], 1e-9) << i;
+  }
 }
 
 // ---- the step model calibrated on measured steps --------------------------------------------

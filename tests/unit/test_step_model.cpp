@@ -143,6 +143,28 @@ TEST(StepModel, FitRecoversASyntheticCostWithinItsHeldOutError) {
     EXPECT_NEAR(m.ms(w), synthetic_ms(w), 1e-9 * synthetic_ms(w));
 }
 
+// The grid's level against the cycles: a model of g(T) = T ms on two units, B = 2, P = 4 (its
+// prefill step 8 ms, each decode 2 ms), against cycles of 12 ms per prefill and 3 ms per decode:
+// 1.5 for both kinds; the predictions take sqrt (kCyclesLevelWeight 0.5). Sums that cannot be
+// formed give 1; arrays of the wrong size throw.
+TEST(StepModel, LevelAgainstTheCyclesIsTheirSumsRatio) {
+  stepcost::UnitModel m;
+  m.knots = {1, 8};
+  m.base_ms = {1, 8};
+  const std::vector<stepcost::UnitModel> models = {m};
+  const stepcost::Level l = stepcost::level_against(models, {0, 0}, 2, 4, {5, 6}, {12, 12}, {3, 3, 3, 3});
+  EXPECT_NEAR(l.decode, 1.5, 1e-12);
+  EXPECT_NEAR(l.prefill, 1.5, 1e-12);
+  EXPECT_NEAR(stepcost::pooled_level(l, true), std::sqrt(1.5), 1e-12);
+  EXPECT_NEAR(stepcost::pooled_level({0.81, 1.21}, false), 0.9, 1e-12);
+  EXPECT_NEAR(stepcost::pooled_level({0.81, 1.21}, true), 1.1, 1e-12);
+  const stepcost::Level none = stepcost::level_against(models, {0, 0}, 2, 4, {}, {0, 0}, {});
+  EXPECT_EQ(none.decode, 1.0);
+  EXPECT_EQ(none.prefill, 1.0);
+  EXPECT_THROW(stepcost::level_against(models, {0, 0}, 2, 4, {5, 6}, {12}, {3, 3, 3, 3}), InternalError);
+  EXPECT_THROW(stepcost::level_against(models, {0, 0}, 2, 4, {5, 6}, {12, 12}, {3, 3}), InternalError);
+}
+
 TEST(StepModel, TheHeadIsFittedInRowsNotTokens) {
   const GridSpec s = serving_spec();
   const std::vector<Sample> samples = time_grid(plan_grid(s), synthetic_head_ms);
