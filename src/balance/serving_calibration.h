@@ -19,7 +19,9 @@
 // a rank without samples factor 1). Where a stage's compute comes from the step model
 // (serving_step_model.h, the profile's grid: issue 47), which carries the shape itself, its
 // steps' ratios pool into two medians, decode-only steps and steps with prefill rows (every band
-// the same): two per-rank scales on the same model (by_kind). One pooled median (before
+// the same): two per-rank scales on the same model (by_kind). A tensor-parallel stage's steps
+// (its group's model) count for the group's first rank, beside that rank's width-1 stages' and
+// applied to both; its peers get none of them. One pooled median (before
 // 2026-12-06) scaled the prefills by the decode steps' ratio, which dominates the steps: Qwen3-0.6B,
 // 2 ranks, 64-token prompts, its decode steps measured 1.46x / 1.24x the model (rank 0 / 1) where
 // its steps with prefill measured 1.13x / 1.12x, and the TTFT cross-calibrated came out +46..+73%

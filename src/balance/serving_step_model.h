@@ -93,7 +93,8 @@ std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<servi
 
 /// The serving simulator's cost model of partition `p` of `run`: each stage's step time from
 /// the step model where the profile timed its grid (a width-1 stage: its rank's fits; a
-/// tensor-parallel stage: its group's, group_profile's group at its width), else from
+/// tensor-parallel stage: its group's, group_profile's group at its width; each scaled per kind
+/// of step by stepcost::pooled_level of its rank's or group's level against the cycles), else from
 /// stage_step_profiles, each boundary's transfer over its measured link (Predictor::boundary_link:
 /// the hidden states of every token of the step, or the rows' token ids from the last stage,
 /// times the hand-off copies), as the closed simulator charges its steps. Keeps a reference to
@@ -112,7 +113,7 @@ class ProfileStepCosts final : public serving::StepCostModel {
  private:
   const Predictor& pred_;
   std::vector<StageStepProfile> stages_;
-  std::vector<stepcost::UnitModel> fits_;                  ///< [R][signatures]; empty: no grid
+  std::vector<stepcost::UnitModel> fits_;  ///< [R][signatures], then [signatures] per TP group used; empty: no grid
   std::vector<std::vector<std::pair<int, int>>> stage_units_;  ///< [S] (index into fits_, units of it)
   std::vector<stepcost::Level> levels_;  ///< [S] the stage's rank's (group's) grid level against its cycles
   std::vector<Predictor::BoundaryLink> links_;  ///< [S]

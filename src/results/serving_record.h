@@ -3,6 +3,7 @@
 // README.md, "/scenario" and "/benchmark/<name>/requests").
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -24,7 +25,7 @@ struct ServingPrediction {
   double slo_attainment = std::numeric_limits<double>::quiet_NaN();  ///< fraction in [0, 1]
   double preemptions = std::numeric_limits<double>::quiet_NaN();     ///< in one play of the requests
   /// Whether the play was made (its tokens/s finite).
-  bool made() const { return output_tokens_per_s == output_tokens_per_s; }
+  bool made() const { return std::isfinite(output_tokens_per_s); }
   /// fn(name, member) for every figure, in the file's order (the attribute name's suffix).
   template <class Self, class Fn>
   static void for_each(Self& p, Fn&& fn) {

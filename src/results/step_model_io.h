@@ -22,12 +22,14 @@ void write_step_model(h5::Group& prof, const RunRecord& run);
 /// model (fit_step_model), then each tensor-parallel group's ("; width W (ranks a..b) X%, Y%");
 /// "" where the profile timed no grid. The interpolation's error only:
 /// not how far the machine's speed moves between the profile and the rounds (on this project's
-/// VMs up to ~40% within minutes: docs/MEASUREMENTS.md § 2026-12-06).
+/// VMs ±30% over tens of seconds: docs/MEASUREMENTS.md § 2026-12-06 the grid's level against the cycles').
 std::string step_model_uncertainty(const ProfileTable& p);
 
 /// The relative error a prediction's band is drawn at (serving::search_rate_band): the step
-/// model's held-out |model / measured - 1| (p50) over the whole model (fit_step_model); 0 where
-/// the profile timed no grid or the error is 50% or more (a model that far off bounds nothing).
+/// model's held-out |model / measured - 1| (p50) over the whole model (fit_step_model), the
+/// width-1 grid's (a tensor-parallel group's grid, printed apart, misses by more: its band is
+/// narrower than its error); 0 where the profile timed no grid or the error is 50% or more (a
+/// model that far off bounds nothing).
 double step_model_band_error(const ProfileTable& p);
 
 /// Reads the grid and its medians back into `p` (files without the group leave them empty).

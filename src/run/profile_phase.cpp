@@ -359,7 +359,8 @@ std::vector<std::pair<int, int>> tp_groups_needed(const RunContext& ctx) {
 
 /// This rank's part of a tensor-parallel group's profile: its shard of every unit timed with
 /// the group, `cycles` times, pooled as the width-1 profile's cycles are (pool_cycles); the
-/// group's first rank appends [U][2] latency, min and max to `mine`.
+/// group's first rank appends [U][2] latency, min and max to `mine`, then the step model's grid
+/// timed at the group's width, [signatures][N] (none with --step-grid-iters 0).
 void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>& mine) {
   ProfileConfig pc = profile_config(ctx);  // cold or warm as the width-1 profile
   pc.tp_width = tp.width();
@@ -413,7 +414,7 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
       color = static_cast<int>(i);
       key = mpi.rank() - round[i].first;
     }
-  std::vector<double> mine;  // a group's first rank: latency, min, max [U][2] each
+  std::vector<double> mine;  // a group's first rank: latency, min, max [U][2] each, its grid [S][N]
   ctx.phase("profile at tensor-parallel widths", [&] {
     std::string what;
     for (const auto& [first, w] : round)

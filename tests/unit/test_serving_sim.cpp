@@ -484,6 +484,21 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
     const stepcost::StepWork w = balance::step_work_of(sh);
     EXPECT_NEAR(tp_costs.compute_ms(0, sh), (grid_unit_ms(0, 0, w) + grid_unit_ms(0, 1, w) + grid_unit_ms(0, 2, w)) / 2, 1e-9);
   }
+  {  // the group's own level: its cycles 1.44x its grid's decode and 0.64x its prefill scale the TP
+     // stage by 1.2 and 0.8 (the ranks' levels stay 1)
+    RunRecord lv = tp;
+    for (int u = 0; u < 3; ++u) lv.profile.tp[0].latency_ms[2 * u] *= 0.64, lv.profile.tp[0].latency_ms[2 * u + 1] *= 1.44;
+    const stepcost::Level gl = group_step_level(lv.profile, 2, 4, lv.profile.tp[0], fit_step_model(lv.profile, lv.profile.tp[0]).models);
+    EXPECT_NEAR(gl.decode, 1.44, 1e-9);
+    EXPECT_NEAR(gl.prefill, 0.64, 1e-9);
+    const balance::Predictor lv_pred(lv);
+    const balance::ProfileStepCosts lv_costs(lv, lv_pred, whole);
+    EXPECT_NEAR(lv_costs.compute_ms(0, shape_of({}, {4, 11})), 1.2 * tp_costs.compute_ms(0, shape_of({}, {4, 11})), 1e-9);
+    EXPECT_NEAR(lv_costs.compute_ms(0, shape_of({3}, {7})), 0.8 * tp_costs.compute_ms(0, shape_of({3}, {7})), 1e-9);
+    balance::Partition pp = balance::parse_manual("2,1", 3, 2);  // width 1 on the same ranks: their level, 1
+    const balance::ProfileStepCosts pp_costs(lv, lv_pred, pp), pp_base(tp, tp_pred, pp);
+    EXPECT_NEAR(pp_costs.compute_ms(0, shape_of({}, {4, 11})), pp_base.compute_ms(0, shape_of({}, {4, 11})), 1e-12);
+  }
   // Four devices like rank 0 with a group of two at width 2 (the planner's record carries the
   // group's grid): stages 0..1 width 1 on their ranks' fits, stage 2 the group's.
   const RunRecord four_tp = balance::plan_record(tp, 4, 2);
