@@ -413,8 +413,8 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
   const int B = run.workload.batch, P = run.workload.prompt_len;
   const std::vector<stepcost::Level> lv = step_model_levels(t, B, P, fit.models);
   if (!lv.empty()) {
-    os << "  the profile's cycles against the grid's model of their shapes (decode, prefill; the machine's speed in "
-          "the two windows):";
+    os << "  the profile's cycles against the grid's model of their shapes (cycles / model, decode and prefill: the "
+          "machine's speed in the two windows):";
     for (std::size_t r = 0; r < lv.size(); ++r)
       os << (r ? ";" : "") << " rank " << r << " x" << fmt("%.2f", lv[r].decode) << ", x" << fmt("%.2f", lv[r].prefill);
     os << "; the predictions take the two windows' geometric mean\n";
@@ -425,8 +425,9 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
     const stepcost::Level l = group_step_level(t, B, P, g, gf.models);
     os << "  tensor-parallel ranks " << g.first_rank << ".." << g.first_rank + g.width - 1 << " at width " << g.width
        << ": the same grid on the group's shards (/profile/tp step_ms), held-out p50 " << fmt("%.1f", 100 * gf.abs_error_p50)
-       << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%; its cycles against it x" << fmt("%.2f", l.decode)
-       << ", x" << fmt("%.2f", l.prefill) << "\n";
+       << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%"
+       << (gf.abs_error_p50 > 0.03 ? " (over 3%: a disturbed grid, not timed again at this width)" : "")
+       << "; its cycles against it x" << fmt("%.2f", l.decode) << ", x" << fmt("%.2f", l.prefill) << "\n";
   }
 }
 

@@ -355,7 +355,7 @@ PartitionRecord describe_partition(RunContext& ctx, const balance::Partition& p,
                      "):\n" + balance::format_memory_report(mr) + pool);
   }
   ctx.progress.say("partition " + p.solver + ": " + p.counts_string() + " units per stage" +
-                   (p.tensor_parallel() ? " on stages of widths " + pr.layout : "") + ", predicted bottleneck " +
+                   (p.tensor_parallel() ? " (tensor-parallel widths " + pr.layout + ")" : "") + ", predicted bottleneck " +
                    format_fixed(pr.predicted_bottleneck_ms, 2) + " ms (" + ctx.opt.objective_text +
                    (ctx.record().serving.objective_steps > 0 && !p.tensor_parallel()
                         ? "; solved on the scenario's step mix: " + format_fixed(p.bottleneck_ms, 2) +
