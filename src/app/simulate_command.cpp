@@ -350,9 +350,7 @@ int simulate_scenario_file(const SimulateOptions& opt, RunRecord run) {
   json out;
   for (const ServingPartitionRecord& p : run.serving.partitions) {
     json entry{{"name", p.name}, {"cross_calibrated_by", p.cross_calibrated_by}, {"step_level", p.step_level}};
-    for (auto [prefix, play] : {std::pair{"simulated_", &p.simulated}, std::pair{"simulated_cross_", &p.cross},
-                                std::pair{"simulated_self_", &p.self}})
-      ServingPrediction::for_each(*play, [&](const char* k, double v) { entry[std::string(prefix) + k] = v; });
+    ServingPartitionRecord::for_each_prediction(p, [&](const std::string& k, double v) { entry[k] = v; });
     out["partitions"].push_back(entry);
   }
   if (!opt.json_out.empty()) write_json_file(opt.json_out, out);

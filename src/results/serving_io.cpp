@@ -2,7 +2,6 @@
 
 #include <limits>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -52,9 +51,7 @@ void for_each_scalar(P& p, Fn&& fn) {
   fn("peak_output_tokens_per_s", p.peak_output_tokens_per_s), fn("peak_concurrency", p.peak_concurrency);
   fn("goodput_req_per_s", p.goodput_req_per_s), fn("slo_attainment", p.slo_attainment);
   fn("step_rows_mean", p.step_rows_mean);
-  for (auto [prefix, play] : {std::pair{"simulated_", &p.simulated}, std::pair{"simulated_cross_", &p.cross},
-                              std::pair{"simulated_self_", &p.self}})
-    ServingPrediction::for_each(*play, [&](const char* k, auto& v) { fn((std::string(prefix) + k).c_str(), v); });
+  ServingPartitionRecord::for_each_prediction(p, [&](const std::string& k, auto& v) { fn(k.c_str(), v); });
 }
 
 /// The per-round datasets, name -> member.

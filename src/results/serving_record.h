@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/stats.h"
@@ -109,6 +110,14 @@ struct ServingPartitionRecord {
   /// grid: the band of at most 16 token rows, or the nearest band with steps); NaN for a kind
   /// without steps. Empty without measured steps.
   std::vector<double> step_level;
+  /// fn(name, member) for every figure of the three plays, named as the file's attributes:
+  /// simulated_*, simulated_cross_*, simulated_self_* (ServingPrediction::for_each's suffixes).
+  template <class Self, class Fn>
+  static void for_each_prediction(Self& p, Fn&& fn) {
+    for (auto [prefix, play] : {std::pair{"simulated_", &p.simulated}, std::pair{"simulated_cross_", &p.cross},
+                                std::pair{"simulated_self_", &p.self}})
+      ServingPrediction::for_each(*play, [&](const char* k, auto& v) { fn(std::string(prefix) + k, v); });
+  }
   // ---- validation ----
   bool validated = false;          ///< the serialized replay ran (off with --no-validate)
   int replay_tokens_differing = -1;  ///< output tokens of the last round that the replay gave otherwise

@@ -426,7 +426,9 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
     os << "  tensor-parallel ranks " << g.first_rank << ".." << g.first_rank + g.width - 1 << " at width " << g.width
        << ": the same grid on the group's shards (/profile/tp step_ms), held-out p50 " << fmt("%.1f", 100 * gf.abs_error_p50)
        << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%"
-       << (gf.abs_error_p50 > 0.03 ? " (over 3%: a disturbed grid, not timed again at this width)" : "")
+       << (gf.abs_error_p50 > stepcost::kGridDisturbedError
+               ? fmt(" (over %.0f%%: a disturbed grid, not timed again at this width)", 100 * stepcost::kGridDisturbedError)
+               : "")
        << "; its cycles against it x" << fmt("%.2f", l.decode) << ", x" << fmt("%.2f", l.prefill) << "\n";
   }
 }

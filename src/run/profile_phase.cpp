@@ -180,11 +180,7 @@ void record_units(RunContext& ctx, const std::vector<int>& decode_contexts) {
   t.signature_name = spec.signatures;
 }
 
-/// A grid is disturbed where its held-out steps miss the fit by more than this (p50, whole model,
-/// any rank): undisturbed grids of Qwen3-0.6B held out 0.4-0.5% here, grids with slow stretches
-/// of the machine in them 8-14% (MEASUREMENTS.md § "2026-12-06 slow windows, the rate band and a
-/// public trace replayed").
-constexpr double kGridDisturbedError = 0.03;
+using stepcost::kGridDisturbedError;
 /// How many times a disturbed grid is timed again (each a grid's time: ~6 s for Qwen3-0.6B here).
 constexpr int kGridRetries = 2;
 

@@ -24,6 +24,7 @@
 #include "serving/arrivals.h"
 #include "serving/pipeline_sim.h"
 #include "serving/request_metrics.h"
+#include "stepcost/step_model.h"
 
 namespace ppb::run {
 
@@ -122,7 +123,8 @@ void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePl
   }
   if (place.stage == 0 && place.tp_rank == 0)
     for (const ScheduledStep& st : rec.schedule) {
-      double prefill = 0, decode = 0, context = 0, prefill_rows = 0, prefill_keys = 0, decode_keys = 0;
+      double prefill = 0, decode = 0, context = 0, prefill_rows = 0;
+      std::vector<int> pos, tokens;  // the rows, for the keys they attend (stepcost::step_work)
       for (const ScheduledRow& row : st.rows) {
         // A prompt or a chunk of one, or a recompute's (positions past the prompt, several tokens,
         // or a chunk before its last: no token); else one decode token (a one-token last chunk of
@@ -131,15 +133,11 @@ void gather_steps(const RunContext& ctx, const ServingRecord& rec, const StagePl
           prefill += row.tokens, ++prefill_rows;
         else
           decode += 1, context += row.position;
-        // The keys as serving::step_shape counts them (a row of one token attends as a decode).
-        const double t = row.tokens, p = row.position;
-        if (row.tokens == 1)
-          decode_keys += p + 1.0;
-        else
-          prefill_keys += t * p + t * (t + 1.0) / 2.0;
+        pos.push_back(row.position), tokens.push_back(row.tokens);
       }
+      const stepcost::StepWork w = stepcost::step_work(pos, tokens);  // as serving::step_shape counts them
       mine.insert(mine.end(), {static_cast<double>(st.group), prefill, decode, decode > 0 ? context / decode : 0.0,
-                               prefill_rows, prefill_keys, decode_keys});
+                               prefill_rows, w.prefill_keys, w.decode_keys});
     }
   mine.push_back(static_cast<double>(rec.kv_resident_peak_bytes));  // last: every rank's
   const std::vector<std::vector<double>> all = ctx.mpi.gatherv_doubles(mine);

@@ -145,6 +145,12 @@ inline constexpr double kCyclesLevelWeight = 0.5;
 /// without prefill rows: l.prefill or l.decode to the power kCyclesLevelWeight.
 double pooled_level(const Level& l, bool prefill);
 
+/// A grid is disturbed where its held-out steps miss the fit by more than this (p50, whole model,
+/// any rank; the profile times such a grid again, run/profile_phase.cpp): undisturbed grids of
+/// Qwen3-0.6B held out 0.4-0.5% here, grids with slow stretches of the machine in them 8-14%
+/// (docs/MEASUREMENTS.md § "2026-12-06 slow windows, the rate band and a public trace replayed").
+inline constexpr double kGridDisturbedError = 0.03;
+
 /// A grid in flat arrays (the results file's /profile/step_model): rows[n] rows of step n, the
 /// rows' positions and tokens of all steps in order, role[n] as an int (Role's order).
 struct FlatGrid {
