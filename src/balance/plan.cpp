@@ -13,6 +13,7 @@
 #include "balance/solver.h"
 #include "common/error.h"
 #include "common/parallel_for.h"
+#include "stepcost/step_model.h"
 
 namespace ppb::balance {
 
@@ -101,6 +102,15 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups) {
     p.step_by_rows = t.step_by_rows;
     for (int d = 0; d < devices; ++d)
       p.step_ms.insert(p.step_ms.end(), t.step_ms.begin(), t.step_ms.begin() + static_cast<long>(S * N));
+  }
+  // A forward's fixed cost: rank 0's pairs [2][pairs] per device, as its tables.
+  const std::size_t F = 2 * static_cast<std::size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  if (t.fixed_unit >= 0 && t.fixed_one_ms.size() >= F && t.fixed_two_ms.size() >= F) {
+    p.fixed_unit = t.fixed_unit;
+    for (int d = 0; d < devices; ++d) {
+      p.fixed_one_ms.insert(p.fixed_one_ms.end(), t.fixed_one_ms.begin(), t.fixed_one_ms.begin() + static_cast<long>(F));
+      p.fixed_two_ms.insert(p.fixed_two_ms.end(), t.fixed_two_ms.begin(), t.fixed_two_ms.begin() + static_cast<long>(F));
+    }
   }
   // The KV cache of M·B sequences from the file's of M_file·B: linear in the groups.
   const double scale = static_cast<double>(groups) / run.workload.microbatches;

@@ -15,6 +15,7 @@
 #include "common/events.h"
 #include "common/roofline.h"
 #include "common/transfer.h"
+#include "results/profile_step_fit.h"
 
 namespace ppb::balance {
 
@@ -56,6 +57,18 @@ Predictor::Predictor(const RunRecord& run) : run_(run) {
   }
 }
 
+namespace {
+
+/// A one-rank stage's sums of `units` one-unit timings (pre, dec) less its forward fixed cost
+/// counted units - 1 times too many (stepcost::FixedCost; prof's pairs, 0 where it has none).
+std::pair<double, double> with_fixed_cost(const ProfileTable& prof, int r, int units, double pre, double dec) {
+  if (prof.fixed_unit < 0) return {pre, dec};
+  return {std::max(0.0, pre + stepcost::stage_fixed_correction_ms(units, applied_fixed_ms(prof, r, 0))),
+          std::max(0.0, dec + stepcost::stage_fixed_correction_ms(units, applied_fixed_ms(prof, r, 1)))};
+}
+
+}  // namespace
+
 std::pair<double, double> Predictor::stage_sums(const ProfileTable& prof, const Partition& p, int k,
                                                 ProfileStat stat) const {
   const int r = p.device_rank[k], w = p.width(k);
@@ -69,7 +82,7 @@ std::pair<double, double> Predictor::stage_sums(const ProfileTable& prof, const 
       pre += t[(static_cast<size_t>(r) * U + u) * 2];
       dec += t[(static_cast<size_t>(r) * U + u) * 2 + 1];
     }
-    return {pre, dec};
+    return with_fixed_cost(prof, r, p.last_unit[k] - p.first_unit[k] + 1, pre, dec);
   }
   // The group's own profile, or that of a profiled group of the same width and device class
   // (--tp auto profiles one per class and width).
@@ -101,7 +114,8 @@ StageSums Predictor::pass_sums(const Partition& p, const ProfileTable& prof) con
       apre += prof.latency_alone_ms[(r * U + u) * 2];
       adec += prof.latency_alone_ms[(r * U + u) * 2 + 1];
     }
-    s.alone.insert(s.alone.end(), {apre, adec});
+    const auto [fpre, fdec] = with_fixed_cost(prof, static_cast<int>(r), p.last_unit[k] - p.first_unit[k] + 1, apre, adec);
+    s.alone.insert(s.alone.end(), {fpre, fdec});
   }
   return s;
 }

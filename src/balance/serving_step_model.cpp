@@ -137,6 +137,12 @@ ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, 
         if (count[g] > 0) units.emplace_back(static_cast<int>(first + g), count[g]);
     }
     stage_units_.push_back(std::move(units));
+    // A width-1 stage's units each carry a forward's fixed cost; the stage pays it once. A TP
+    // stage's group timed no pairs (its forwards all-reduce): none taken there.
+    const int n = p.last_unit[k] - p.first_unit[k] + 1;
+    const bool one_rank = p.width(k) == 1;
+    fixed_ms_.push_back({one_rank ? stepcost::stage_fixed_correction_ms(n, applied_fixed_ms(run.profile, p.device_rank[k], 0)) : 0.0,
+                         one_rank ? stepcost::stage_fixed_correction_ms(n, applied_fixed_ms(run.profile, p.device_rank[k], 1)) : 0.0});
   }
 }
 
@@ -174,6 +180,7 @@ double ProfileStepCosts::compute_ms(int k, const serving::StepShape& s) const {
   const stepcost::StepWork w = step_work_of(s);
   double ms = 0.0;
   for (const auto& [fit, count] : units) ms += count * fits_[static_cast<std::size_t>(fit)].ms(w);
+  ms = std::max(0.0, ms + fixed_ms_.at(static_cast<std::size_t>(k))[s.prefill_rows > 0 ? 0 : 1]);
   return ms * stepcost::pooled_level(levels_.at(static_cast<std::size_t>(k)), s.prefill_rows > 0);
 }
 

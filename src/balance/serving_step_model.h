@@ -40,12 +40,15 @@
 // decode at 1..B rows across contexts, a mixed step — and assumptions 1-4 and 6 do not apply.
 // A tensor-parallel stage's compute is its group's grid (timed at the group's width on its
 // shards: /profile/tp step_ms) fitted the same way; a group without one (older files) keeps the
-// two-shape model. Not modelled either way: a per-step fixed cost apart from the units' (a stage of n units costs
-// the sum of its units timed apart), contexts beyond P + G - 1 (the grid's last knot's slope).
+// two-shape model. A one-rank stage of n units pays a forward's fixed cost once where its rank's profile took one
+// (stepcost::FixedCost, /profile/step_model fixed_*: each unit's timings carry it, so the sum less (n - 1) of it),
+// in the step model and the two-shape model alike (Predictor::stage_sums); a TP stage's group times none. Not
+// modelled: contexts beyond P + G - 1 (the grid's last knot's slope).
 //
 // Pure C++ (no MPI, device or HDF5): functions of a RunRecord and a Partition.
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "balance/partition.h"
@@ -116,6 +119,9 @@ class ProfileStepCosts final : public serving::StepCostModel {
   std::vector<stepcost::UnitModel> fits_;  ///< [R][signatures], then [signatures] per TP group used; empty: no grid
   std::vector<std::vector<std::pair<int, int>>> stage_units_;  ///< [S] (index into fits_, units of it)
   std::vector<stepcost::Level> levels_;  ///< [S] the stage's rank's (group's) grid level against its cycles
+  /// [S] (prefill, decode): stepcost::stage_fixed_correction_ms of the stage's rank's applied
+  /// forward fixed cost (0 for a TP stage and where the profile timed none)
+  std::vector<std::array<double, 2>> fixed_ms_;
   std::vector<Predictor::BoundaryLink> links_;  ///< [S]
 };
 

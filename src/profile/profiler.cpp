@@ -346,6 +346,50 @@ StepGridResult profile_grid(Device& device, const model::ModelSpec& model, const
   return r;
 }
 
+int fixed_cost_unit(const model::ModelSpec& model) {
+  for (int u = 0; u + 1 < model.num_units(); ++u)
+    if (model.units[u].signature == model.units[u + 1].signature) return u;
+  return -1;
+}
+
+FixedCostTiming time_fixed_cost(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg, int pairs) {
+  FixedCostTiming r;
+  const int unit = fixed_cost_unit(model);
+  if (unit < 0 || pairs < 1) return r;
+  r.unit = unit;
+  const StageConfig sc = stage_config_of(cfg);
+  auto lane = device.create_lane("profile");
+  auto one = device.create_stage(model, unit, unit, sc);
+  auto two = device.create_stage(model, unit, unit + 1, sc);
+  const int P = cfg.work.prompt_len;
+  const size_t in_bytes = one->input_bytes(P);
+  auto in = device.allocate(in_bytes);
+  auto out = device.allocate(std::max({one->output_bytes(P), one->output_bytes(1), two->output_bytes(P), two->output_bytes(1)}));
+  fill_input(*in, model, unit, in_bytes, cfg.work.seed, cfg.work.dtype);
+  const std::vector<int> contexts = decode_contexts_of(cfg);
+  const std::pair<int, int> shapes[2] = {{0, P}, {contexts[contexts.size() / 2], 1}};  // (pos, tokens): prefill, decode
+  for (const auto& [pos, tokens] : shapes) {
+    for (StageExecutor* st : {one.get(), two.get()}) {
+      flight::Scope scope(profile_tag(*st, tokens, pos));
+      for (int i = 0; i < cfg.warmup; ++i) st->enqueue_forward(*lane, in->data(), out->data(), 0, pos, tokens);
+      lane->synchronize();
+      st->prepare_forward(0, pos, tokens);
+    }
+    for (int i = 0; i < pairs; ++i) {
+      double t[2];
+      for (int j = 0; j < 2; ++j) {
+        const int which = (i + j) % 2;  // pair i: one then two where i is even
+        StageExecutor& st = which == 0 ? *one : *two;
+        t[which] = time_one_forward(device, *lane, st, in->data(), out->data(), pos, tokens, held(st, tokens, cfg.warmup),
+                                    cfg.resident_bytes, cfg.align);
+      }
+      r.one_ms.push_back(t[0]);
+      r.two_ms.push_back(t[1]);
+    }
+  }
+  return r;
+}
+
 ResidentProfiler::ResidentProfiler(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg)
     : device_(device), model_(model), contexts_(decode_contexts_of(cfg)), lane_(device.create_lane("profile")) {
   const StageConfig sc = stage_config_of(cfg);

@@ -76,6 +76,26 @@ std::vector<std::size_t> grid_pass_order(std::size_t N, uint64_t seed, int pass)
 /// contexts of the profile (evenly spaced in [P, P+G-1]).
 stepcost::GridSpec step_grid_spec(const ProfileConfig& cfg, int max_tokens);
 
+/// One rank's timings of a forward's fixed cost (issue 47, stepcost::FixedCost): a one-unit
+/// stage of unit `unit` and a two-unit stage of units unit and unit + 1 (one signature), each
+/// timed as the cycles time a unit (cache flush, cfg.align, lane held), in `pairs` pairs whose
+/// order alternates (one then two, two then one), after cfg.warmup untimed forwards of each.
+/// Kind 0: a prefill of B rows of P tokens; kind 1: a decode of B rows at the middle profiled
+/// context (the cycles' shapes, and with CUDA graphs their decode replays a graph, as theirs).
+struct FixedCostTiming {
+  int unit = -1;                      ///< the pair's first unit; -1: nothing timed (fixed_cost_unit)
+  std::vector<double> one_ms, two_ms;  ///< [2][pairs] ms
+};
+
+/// The first unit u whose successor has its signature (a decoder layer, where a model has two),
+/// -1 where none has.
+int fixed_cost_unit(const model::ModelSpec& model);
+
+/// Times FixedCostTiming on this rank (both stages built for the call: three units' memory).
+/// Every rank that profiles must make the same call (cfg.align). Nothing timed (unit -1) where
+/// fixed_cost_unit is -1 or pairs < 1. @throws UserError if the stages do not fit.
+FixedCostTiming time_fixed_cost(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg, int pairs);
+
 /// Progress callback: (signatures done, signatures total, what is being timed).
 using ProgressFn = std::function<void(int, int, const std::string&)>;
 

@@ -4,8 +4,10 @@
 // file's writer and summary (results/step_model_io.h, results/summary.cpp) fit the same way.
 #pragma once
 
+#include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "results/run_record.h"
 #include "stepcost/step_model.h"
 
@@ -64,6 +66,31 @@ inline stepcost::Level group_step_level(const ProfileTable& p, int B, int P, con
     dec.insert(dec.end(), C, g.latency_ms[2 * u + 1]);
   }
   return stepcost::level_against(fits, p.unit_signature, B, P, p.decode_contexts, pre, dec);
+}
+
+/// Each rank's forward fixed cost per kind of step (stepcost::fixed_cost_of of p's fixed_one_ms /
+/// fixed_two_ms pairs), [R][2] (0 prefill, 1 decode); empty where the profile timed none.
+/// @throws ppb::UserError (naming /profile/step_model) where the two tables disagree in size or
+///         are not [R][2][pairs].
+inline std::vector<stepcost::FixedCost> step_fixed_costs(const ProfileTable& p) {
+  if (p.fixed_unit < 0 || p.fixed_one_ms.empty()) return {};
+  const std::size_t n = p.fixed_one_ms.size(), K = static_cast<std::size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  if (p.fixed_two_ms.size() != n || n % (2 * K) != 0)
+    throw UserError("/profile/step_model: fixed_one_ms and fixed_two_ms must both be [ranks][2][" + std::to_string(K) +
+                    "] (" + std::to_string(n) + " and " + std::to_string(p.fixed_two_ms.size()) + " values)");
+  std::vector<stepcost::FixedCost> out;
+  for (std::size_t i = 0; i < n; i += K)
+    out.push_back(stepcost::fixed_cost_of({p.fixed_one_ms.begin() + static_cast<long>(i), p.fixed_one_ms.begin() + static_cast<long>(i + K)},
+                                          {p.fixed_two_ms.begin() + static_cast<long>(i), p.fixed_two_ms.begin() + static_cast<long>(i + K)}));
+  return out;
+}
+
+/// The fixed cost (ms) a stage of one rank `r` takes for kind `ph` (0 prefill, 1 decode):
+/// FixedCost::applied_ms, 0 where the profile timed none or r is out of range.
+inline double applied_fixed_ms(const ProfileTable& p, int r, int ph) {
+  const std::vector<stepcost::FixedCost> f = step_fixed_costs(p);
+  const std::size_t at = 2 * static_cast<std::size_t>(r) + static_cast<std::size_t>(ph);
+  return r >= 0 && at < f.size() ? f[at].applied_ms() : 0.0;
 }
 
 }  // namespace ppb

@@ -133,6 +133,13 @@ struct ProfileTable {
   /// How many times the grid was timed (a disturbed grid is timed again: run/profile_phase.cpp
   /// time_step_grid; each rank kept its attempt of the lowest held-out error); 0 in older files.
   int step_attempts = 0;
+  /// A forward's fixed cost (issue 47, stepcost::FixedCost; profile/profiler.h time_fixed_cost),
+  /// timed after the grid: fixed_one_ms / fixed_two_ms [world][2][pairs] a one-unit stage of unit
+  /// fixed_unit and a two-unit stage of it and the next, in pairs, kind 0 prefill (B rows of P
+  /// tokens), 1 decode (B rows at the middle profiled context). Empty (fixed_unit -1) in older
+  /// files, with --step-grid-iters 0, and for a model without two adjacent units of one signature.
+  int fixed_unit = -1;
+  std::vector<double> fixed_one_ms, fixed_two_ms;
 };
 
 struct PartitionRecord {

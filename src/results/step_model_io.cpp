@@ -19,6 +19,31 @@ namespace {
 
 std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
+/// The forward's fixed cost's pairs and their estimates (stepcost::FixedCost) under `g`.
+void write_fixed_cost(Group& g, const ProfileTable& p, hs R) {
+  const std::vector<stepcost::FixedCost> f = step_fixed_costs(p);
+  if (f.empty()) return;
+  const hs K = static_cast<hs>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  if (f.size() != 2 * R) throw InternalError("write_results: /profile/step_model fixed_one_ms is not [ranks][2][pairs]");
+  const char* kinds = "kind 0: a prefill of B rows of P tokens; 1: a decode of B rows at the middle profiled context";
+  g.write_dataset("fixed_one_ms", p.fixed_one_ms, {R, 2, K})
+      .set_attr("content", std::string("a one-unit stage of unit fixed_unit, each pair's (9 before the grid, 9 after); ") + kinds);
+  g.write_dataset("fixed_two_ms", p.fixed_two_ms, {R, 2, K})
+      .set_attr("content", std::string("a two-unit stage of units fixed_unit and fixed_unit + 1, each pair's; ") + kinds);
+  std::vector<double> ms, lo, hi;
+  std::vector<int> taken;
+  for (const stepcost::FixedCost& c : f) ms.push_back(c.ms), lo.push_back(c.lo_ms), hi.push_back(c.hi_ms), taken.push_back(c.taken());
+  g.write_dataset("fixed_ms", ms, {R, 2})
+      .set_attr("content", "a forward's fixed cost: the median over the pairs of 2 x fixed_one_ms - fixed_two_ms (ms)");
+  g.write_dataset("fixed_lo_ms", lo, {R, 2}).set_attr("content", "the smallest pair's 2 x one - two (ms)");
+  g.write_dataset("fixed_hi_ms", hi, {R, 2}).set_attr("content", "the largest pair's 2 x one - two (ms)");
+  g.write_dataset("fixed_taken", taken, {R, 2})
+      .set_attr("content", "1 where the predictions take fixed_ms: every pair of both windows of one sign "
+                           "and |fixed_ms| at least 10% of fixed_one_ms's median (stepcost::FixedCost::taken); a one-rank "
+                           "stage of n units then costs the sum of its units less (n - 1) x fixed_ms");
+  g.set_attr("fixed_unit", static_cast<int64_t>(p.fixed_unit));
+}
+
 }  // namespace
 
 void write_step_model(Group& prof, const RunRecord& run) {
@@ -36,6 +61,7 @@ void write_step_model(Group& prof, const RunRecord& run) {
   g.write_dataset("by_rows", p.step_by_rows, {S});
   g.write_dataset("step_ms", p.step_ms, {R, S, N}).set_attr("units", "ms");
   g.set_attr("attempts", static_cast<int64_t>(p.step_attempts));
+  write_fixed_cost(g, p, R);
   const stepcost::GridFit fit = fit_step_model(p);
   std::vector<double> pre, dec, err, kx, kms;
   hs K = 0;
@@ -92,6 +118,27 @@ std::string step_model_uncertainty(const ProfileTable& p) {
   return out;
 }
 
+std::string fixed_cost_line(const ProfileTable& p) {
+  const std::vector<stepcost::FixedCost> f = step_fixed_costs(p);
+  if (f.empty()) return "";
+  std::string out = format_line("a forward's fixed cost (2 x one unit - a stage of two, median [min..max] of %d pairs in %d "
+                                "windows, ms):", stepcost::kFixedCostPairs * stepcost::kFixedCostWindows,
+                                stepcost::kFixedCostWindows);
+  int taken = 0;
+  for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
+    auto share = [](const stepcost::FixedCost& c) { return c.one_ms > 0 ? 100.0 * c.ms / c.one_ms : 0.0; };
+    out += format_line("%s rank %zu prefill %+.3f [%+.3f..%+.3f] (%+.1f%% of a unit), decode %+.3f [%+.3f..%+.3f] (%+.1f%%)",
+                       i ? ";" : "", i / 2, f[i].ms, f[i].lo_ms, f[i].hi_ms, share(f[i]), f[i + 1].ms, f[i + 1].lo_ms,
+                       f[i + 1].hi_ms, share(f[i + 1]));
+    taken += f[i].taken() + f[i + 1].taken();
+  }
+  const std::string rule = format_line("every pair of both windows has one sign and it is at least %.0f%% of a unit",
+                                       100 * stepcost::FixedCost::kMinShare);
+  return out + (taken ? format_line("; taken where %s (%d of %zu): a stage of n units costs its units less (n - 1) x it",
+                                    rule.c_str(), taken, f.size())
+                      : "; taken by no stage (it is taken where " + rule + ")");
+}
+
 double step_model_band_error(const ProfileTable& p) {
   if (p.step_rows.empty() || p.step_by_rows.empty()) return 0.0;
   const double e = fit_step_model(p).abs_error_p50;
@@ -109,6 +156,11 @@ void read_step_model(const Group& prof, ProfileTable& p) {
     p.step_by_rows = to_int(g.open_dataset("by_rows").read<int64_t>());
     p.step_ms = g.open_dataset("step_ms").read<double>();
     if (g.has_attr("attempts")) p.step_attempts = static_cast<int>(g.get_attr<int64_t>("attempts"));
+    if (g.has_attr("fixed_unit") && g.exists("fixed_one_ms") && g.exists("fixed_two_ms")) {
+      p.fixed_unit = static_cast<int>(g.get_attr<int64_t>("fixed_unit"));
+      p.fixed_one_ms = g.open_dataset("fixed_one_ms").read<double>();
+      p.fixed_two_ms = g.open_dataset("fixed_two_ms").read<double>();
+    }
   }
 }
 

@@ -25,6 +25,10 @@ void write_step_model(h5::Group& prof, const RunRecord& run);
 /// VMs ±30% over tens of seconds: docs/MEASUREMENTS.md § 2026-12-06 the grid's level against the cycles').
 std::string step_model_uncertainty(const ProfileTable& p);
 
+/// The forward's fixed cost per rank and kind of step (step_fixed_costs) in one line for the
+/// summary, and which the predictions take; "" where the profile timed none.
+std::string fixed_cost_line(const ProfileTable& p);
+
 /// The relative error a prediction's band is drawn at (serving::search_rate_band): the step
 /// model's held-out |model / measured - 1| (p50) over the whole model (fit_step_model), the
 /// width-1 grid's (a tensor-parallel group's grid, printed apart, misses by more: its band is

@@ -419,6 +419,8 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
       os << (r ? ";" : "") << " rank " << r << " x" << fmt("%.2f", lv[r].decode) << ", x" << fmt("%.2f", lv[r].prefill);
     os << "; the predictions take the two windows' geometric mean\n";
   }
+  const std::string fixed = fixed_cost_line(t);
+  if (!fixed.empty()) os << "  " << fixed << "\n";
   for (const auto& g : t.tp) {
     const stepcost::GridFit gf = fit_step_model(t, g);
     if (gf.models.empty()) continue;

@@ -278,9 +278,59 @@ StepGridResult time_step_grid(RunContext& ctx, ResidentProfiler* units, bool two
   return out;
 }
 
+/// One window of a forward's fixed cost (issue 47, stepcost::FixedCost): kFixedCostPairs pairs per
+/// kind of step on every rank, in the grid's conditions (with two passes every rank's forwards at
+/// the same moment), `window` 0 before the grid and 1 after it. Nothing without the grid
+/// (--step-grid-iters 0), for a model without two adjacent units of one signature, or where its
+/// three units do not fit some rank's free memory (agreed: every rank times or none). Collective.
+FixedCostTiming time_fixed_costs(RunContext& ctx, bool two_passes, int window) {
+  FixedCostTiming out;
+  const int unit = fixed_cost_unit(ctx.spec);
+  if (ctx.opt.step_grid_iters <= 0 || unit < 0) return out;
+  ProfileConfig pc = profile_config(ctx);
+  pc.warmup = std::min(pc.warmup, 1);
+  StageConfig sc;
+  sc.work = pc.work;
+  sc.work.groups = 1;
+  sc.cuda_graphs = pc.cuda_graphs;
+  const size_t need = ctx.device->stage_bytes(ctx.spec, unit, unit, sc).total() +
+                      ctx.device->stage_bytes(ctx.spec, unit, unit + 1, sc).total();
+  const MpiContext& mpi = ctx.mpi;
+  if (mpi.agree(need <= ctx.device->free_memory() ? 0 : 1) != 0) return out;
+  if (two_passes) pc.align = [&mpi] { mpi.barrier(); };
+  ctx.phase("fixed cost", [&] {
+    if (window == 0)
+      ctx.progress.say(format_line("profile: a forward's fixed cost, a stage of two units against one, %d pairs per kind "
+                                   "of step before the grid and %d after", stepcost::kFixedCostPairs, stepcost::kFixedCostPairs));
+    try {
+      out = time_fixed_cost(*ctx.device, ctx.spec, pc, stepcost::kFixedCostPairs);
+    } catch (const std::exception& e) {
+      if (two_passes) throw InternalError(std::string("the fixed cost's stages failed after the profile: ") + e.what());
+      throw;
+    }
+  });
+  return out;
+}
+
+/// Both windows' pairs per kind: [2][window 0's pairs, then window 1's]; nothing timed (unit -1)
+/// unless both windows timed theirs.
+FixedCostTiming join_windows(const FixedCostTiming& a, const FixedCostTiming& b) {
+  FixedCostTiming out;
+  const std::size_t K = stepcost::kFixedCostPairs;
+  if (a.unit < 0 || b.unit != a.unit || a.one_ms.size() != 2 * K || b.one_ms.size() != 2 * K) return out;
+  out.unit = a.unit;
+  for (std::size_t kind = 0; kind < 2; ++kind)
+    for (const FixedCostTiming* w : {&a, &b}) {
+      out.one_ms.insert(out.one_ms.end(), w->one_ms.begin() + static_cast<long>(kind * K), w->one_ms.begin() + static_cast<long>((kind + 1) * K));
+      out.two_ms.insert(out.two_ms.end(), w->two_ms.begin() + static_cast<long>(kind * K), w->two_ms.begin() + static_cast<long>((kind + 1) * K));
+    }
+  return out;
+}
+
 /// Collective: the pooled tables and every cycle of every rank gathered into rank 0's record.
 void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool interleaved,
-                    const StepGridResult& grid, int grid_attempts) {
+                    const StepGridResult& grid, int grid_attempts,
+                    const FixedCostTiming& fixed) {
   const MpiContext& mpi = ctx.mpi;
   ProfileResult prof = pool_cycles(cycles.together), alone;
   if (two_passes) {
@@ -302,6 +352,8 @@ void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool
   std::vector<double> lat_alone;
   if (two_passes) lat_alone = mpi.gather_doubles(pack_phases(alone.prefill_ms, alone.decode_ms));
   const std::vector<double> grid_ms = mpi.gather_doubles(grid.ms);  // [R][S][N]
+  const std::vector<double> fixed_one = mpi.gather_doubles(fixed.one_ms);  // [R][2][pairs]
+  const std::vector<double> fixed_two = mpi.gather_doubles(fixed.two_ms);
   std::vector<double> together_cycles, alone_cycles;  // [K][R][U][2] on rank 0
   for (const ProfileResult& c : cycles.together) {
     const auto all = mpi.gather_doubles(pack_phases(c.prefill_ms, c.decode_ms));
@@ -337,6 +389,11 @@ void gather_profile(RunContext& ctx, const Cycles& cycles, bool two_passes, bool
     t.step_ms = grid_ms;
     t.step_attempts = grid_attempts;
     t.step_by_rows = grid_by_rows(ctx.spec);
+  }
+  if (fixed.unit >= 0 && fixed_one.size() == fixed_two.size() && !fixed_one.empty()) {
+    t.fixed_unit = fixed.unit;
+    t.fixed_one_ms = fixed_one;
+    t.fixed_two_ms = fixed_two;
   }
 }
 
@@ -538,10 +595,12 @@ ProfileOutcome profile_units(RunContext& ctx) {
   const bool interleaved = units != nullptr;
   if (cycles.together.empty()) return outcome;  // the phase ended on a peer's failure (it threw there)
   int grid_attempts = 0;
+  const FixedCostTiming before = time_fixed_costs(ctx, two_passes, 0);
   const StepGridResult grid = time_step_grid(ctx, units.get(), two_passes, grid_attempts);
   units.reset();  // its units' memory, before the stages are built
+  const FixedCostTiming fixed = join_windows(before, time_fixed_costs(ctx, two_passes, 1));
   outcome.cycles = static_cast<int>(cycles.together.size());
-  gather_profile(ctx, cycles, two_passes, interleaved, grid, grid_attempts);
+  gather_profile(ctx, cycles, two_passes, interleaved, grid, grid_attempts, fixed);
   return outcome;
 }
 

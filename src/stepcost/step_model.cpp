@@ -256,6 +256,26 @@ std::vector<double> held_out_errors(const UnitModel& model, const std::vector<Sa
   return out;
 }
 
+FixedCost fixed_cost_of(const std::vector<double>& one_ms, const std::vector<double>& two_ms) {
+  if (one_ms.size() != two_ms.size())
+    throw InternalError("fixed_cost_of: " + std::to_string(one_ms.size()) + " one-unit timings against " +
+                        std::to_string(two_ms.size()) + " two-unit ones");
+  FixedCost f;
+  if (one_ms.empty()) return f;
+  std::vector<double> d;
+  for (std::size_t i = 0; i < one_ms.size(); ++i) d.push_back(2.0 * one_ms[i] - two_ms[i]);
+  std::sort(d.begin(), d.end());
+  const std::size_t n = d.size();
+  f.pairs = static_cast<int>(n);
+  f.ms = n % 2 ? d[n / 2] : 0.5 * (d[n / 2 - 1] + d[n / 2]);
+  f.lo_ms = d.front();
+  f.hi_ms = d.back();
+  std::vector<double> one = one_ms;
+  std::sort(one.begin(), one.end());
+  f.one_ms = n % 2 ? one[n / 2] : 0.5 * (one[n / 2 - 1] + one[n / 2]);
+  return f;
+}
+
 FlatGrid flatten(const std::vector<GridStep>& grid) {
   FlatGrid f;
   for (const GridStep& g : grid) {

@@ -34,6 +34,7 @@
 // runs them as ragged forwards (backend/stage.h RaggedStep).
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,50 @@ double pooled_level(const Level& l, bool prefill);
 /// Qwen3-0.6B held out 0.4-0.5% here, grids with slow stretches of the machine in them 8-14%
 /// (docs/MEASUREMENTS.md § "2026-12-06 slow windows, the rate band and a public trace replayed").
 inline constexpr double kGridDisturbedError = 0.03;
+
+/// A forward's fixed cost (issue 47): each unit is profiled as a one-unit stage, so each of its
+/// timings carries once what a forward costs whatever its units (the launch of a CUDA graph, the
+/// lane's events and hand-offs), and a stage of n units pays it once, not n times. With F that
+/// cost, a stage of n units costs the sum of its units' timings less (n - 1)·F
+/// (stage_fixed_correction_ms). The profile measures F on each rank as 2·t(one unit) -
+/// t(two units of its signature in one stage), both timed at the same shape, in pairs of
+/// alternating order, kFixedCostPairs in each of kFixedCostWindows windows (before and after the
+/// step model's grid, ~5-10 s apart).
+struct FixedCost {
+  int pairs = 0;        ///< pairs timed (all windows)
+  double ms = 0.0;      ///< the median over the pairs of 2·t1 - t2 (ms); 0 without pairs
+  double lo_ms = 0.0;   ///< the smallest pair's 2·t1 - t2
+  double hi_ms = 0.0;   ///< the largest pair's
+  double one_ms = 0.0;  ///< the median of the pairs' t1 (ms)
+  /// Whether the predictions take it: kMinPairs pairs or more (both windows), every one of one
+  /// sign, and |ms| at least kMinShare of a one-unit forward. Why both: on the CPU backend a
+  /// stage of n layers measures n layers apart within 0.97-1.02x (n = 2 .. 15, one process:
+  /// docs/MEASUREMENTS.md § 2026-12-05 step-cost model), yet of 28 (rank, kind) sets of 9 pairs in
+  /// 7 profiles of two ranks, 4 came out all of one sign, at 6-18% of a layer (§ 2026-12-07 a
+  /// forward's fixed cost): the machine's speed holds for a second or two, so the pairs of one
+  /// window are not independent and a sign test on them is not one. Two windows seconds apart
+  /// must agree, and (n - 1) times a share under 10% of a unit is not taken. A CUDA graph's
+  /// launch, ~10 us against ~25-35 us of a layer's decode (docs/GPU.md), is 25-40% of it.
+  bool taken() const {
+    return pairs >= kMinPairs && (lo_ms > 0.0 || hi_ms < 0.0) && std::abs(ms) >= kMinShare * one_ms;
+  }
+  /// The F the predictions take (ms): ms where taken(), else 0.
+  double applied_ms() const { return taken() ? ms : 0.0; }
+  static constexpr int kMinPairs = 18;
+  static constexpr double kMinShare = 0.10;
+};
+/// Pairs the profile times per window and kind of step (prefill, decode), and its windows.
+inline constexpr int kFixedCostPairs = 9;
+inline constexpr int kFixedCostWindows = 2;
+static_assert(kFixedCostPairs * kFixedCostWindows == FixedCost::kMinPairs);
+
+/// The FixedCost of pairs (one_ms[i], two_ms[i]): t1 a one-unit stage's forward, t2 a two-unit
+/// stage's at the same shape (ms). @throws ppb::InternalError where the lists differ in length.
+FixedCost fixed_cost_of(const std::vector<double>& one_ms, const std::vector<double>& two_ms);
+
+/// What a stage of `units` (>= 1) units adds to the sum of its units' one-unit timings for a
+/// forward fixed cost of `f` ms: -(units - 1)·f.
+inline double stage_fixed_correction_ms(int units, double f) { return -(units > 1 ? units - 1 : 0) * f; }
 
 /// A grid in flat arrays (the results file's /profile/step_model): rows[n] rows of step n, the
 /// rows' positions and tokens of all steps in order, role[n] as an int (Role's order).

@@ -77,6 +77,18 @@ std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, co
   for (size_t k = 0; k < sp.first.size(); ++k)
     for (int64_t u = sp.first[k]; u <= sp.last[k]; ++u)
       for (size_t ph = 0; ph < 2; ++ph) out[2 * k + ph] += lat[(static_cast<size_t>(sp.dev[k]) * U + u) * 2 + ph];
+  // A forward's fixed cost where the profile took it (fixed_taken): a stage of n units pays it
+  // once, not n times (stepcost::FixedCost).
+  auto sm = root.open_group("profile");
+  if (sm.exists("step_model/fixed_ms")) {
+    const auto f = sm.open_dataset("step_model/fixed_ms").read<double>();
+    const auto taken = sm.open_dataset("step_model/fixed_taken").read<int64_t>();
+    for (size_t k = 0; k < sp.first.size(); ++k)
+      for (size_t ph = 0; ph < 2; ++ph) {
+        const size_t at = 2 * static_cast<size_t>(sp.dev[k]) + ph;
+        if (taken.at(at)) out[2 * k + ph] = std::max(0.0, out[2 * k + ph] - static_cast<double>(sp.last[k] - sp.first[k]) * f.at(at));
+      }
+  }
   return out;
 }
 
@@ -1357,9 +1369,25 @@ TEST(RunE2E, ProfileOnlyFileFeedsTheOfflineBalancer) {
       ASSERT_EQ(lv.size(), 2u) << k;
       for (double v : lv) EXPECT_TRUE(std::isfinite(v) && v > 0) << k;
     }
+    // A forward's fixed cost: a stage of two adjacent layers of one signature against one, 18
+    // pairs per rank and kind (9 before the grid, 9 after), the estimate beside them.
+    ASSERT_TRUE(g.has_attr("fixed_unit"));
+    const auto one = g.open_dataset("fixed_one_ms").read<double>(), two = g.open_dataset("fixed_two_ms").read<double>();
+    EXPECT_EQ(g.open_dataset("fixed_one_ms").dims(), (std::vector<hsize_t>{2, 2, 18}));
+    ASSERT_EQ(two.size(), one.size());
+    for (std::size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(one[i] > 0 && two[i] > 0) << i;
+    const auto fixed = g.open_dataset("fixed_ms").read<double>();
+    ASSERT_EQ(fixed.size(), 4u);
+    for (std::size_t i = 0; i < 4; ++i) {  // the median pair's 2·one - two
+      std::vector<double> d;
+      for (std::size_t j = 0; j < 18; ++j) d.push_back(2 * one[18 * i + j] - two[18 * i + j]);
+      std::sort(d.begin(), d.end());
+      EXPECT_NEAR(fixed[i], 0.5 * (d[8] + d[9]), 1e-12) << i;
+    }
   }
   EXPECT_NE(r.output.find("step model: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the profile's cycles against the grid's model of their shapes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("a forward's fixed cost (2 x one unit - a stage of two"), std::string::npos) << r.output;
   auto b = run(PPBENCH_BIN " balance " + h5 + " --stages 2");
   EXPECT_EQ(b.status, 0) << b.output;
   EXPECT_NE(b.output.find("bottleneck"), std::string::npos) << b.output;

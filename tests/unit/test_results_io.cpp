@@ -122,6 +122,14 @@ RunRecord make_record() {
     const std::size_t N = f.rows.size();
     for (std::size_t i = 0; i < 2 * 3 * N; ++i) p.step_ms.push_back(0.5 + 0.01 * static_cast<double>(i));
     for (std::size_t i = 0; i < 3 * N; ++i) tpg.step_ms.push_back(0.3 + 0.02 * static_cast<double>(i));
+    // A forward's fixed cost's pairs [2 ranks][2 kinds][18]: 2·one - two = 0.15 x (kind + 1) on rank 1.
+    p.fixed_unit = 1;
+    const int K = ppb::stepcost::kFixedCostPairs * ppb::stepcost::kFixedCostWindows;
+    for (int i = 0; i < 2 * 2 * K; ++i) {
+      const int r = i / (2 * K), kind = i / K % 2;
+      p.fixed_one_ms.push_back(1.0 + 0.001 * i);
+      p.fixed_two_ms.push_back(2 * p.fixed_one_ms.back() - (r == 1 ? 0.15 * (kind + 1) : 0.0));
+    }
   }
   p.tp.push_back(tpg);
   r.tp_auto_layout = "2";
@@ -346,6 +354,20 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(pr.step_attempts, 2);
   expect_same(pr.step_ms, pw.step_ms, "step_ms");
   expect_same(pr.tp[0].step_ms, pw.tp[0].step_ms, "tp step_ms");
+  EXPECT_EQ(pr.fixed_unit, 1);
+  expect_same(pr.fixed_one_ms, pw.fixed_one_ms, "fixed_one_ms");
+  expect_same(pr.fixed_two_ms, pw.fixed_two_ms, "fixed_two_ms");
+  {  // the estimates beside the pairs, for h5py: rank 1's F = 0.15, 0.3 ms (taken: >= 10% of ~1.05 ms), rank 0's 0
+    auto g = ppb::h5::File::open(path_).root().open_group("profile/step_model");
+    const auto f = g.open_dataset("fixed_ms").read<double>();
+    const auto taken = g.open_dataset("fixed_taken").read<int64_t>();
+    ASSERT_EQ(f.size(), 4u);
+    ASSERT_EQ(taken.size(), 4u);
+    const double want[4] = {0.0, 0.0, 0.15, 0.3};
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(f[i], want[i], 1e-12) << i;
+    EXPECT_EQ(taken, (std::vector<int64_t>{0, 0, 1, 1}));
+    EXPECT_EQ(g.get_attr<int64_t>("fixed_unit"), 1);
+  }
   EXPECT_EQ(r.tp_auto_layout, "2");
 
   ASSERT_EQ(r.partitions.size(), 2u);

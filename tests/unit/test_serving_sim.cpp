@@ -408,6 +408,72 @@ StepShape shape_of(const std::vector<int>& prompts, const std::vector<int>& deco
   return serving::step_shape(st);
 }
 
+// A forward's fixed cost (stepcost::FixedCost): each unit's timings carry it once, a stage of n
+// units pays it once. Rank 0's decode pairs give F = 0.2 ms (20% of a 1 ms one-unit forward, all
+// of one sign: taken), its prefill pairs have both signs (not taken); rank 1's prefill F = -0.15
+// (taken: a stage of two then costs 0.15 more than its units), its decode pairs are 0 (not taken).
+void add_fixed_pairs(RunRecord& run) {
+  ProfileTable& t = run.profile;
+  t.fixed_unit = 1;
+  const double F[2][2] = {{0.0, 0.2}, {-0.15, 0.0}};  // [rank][prefill, decode]
+  for (int r = 0; r < 2; ++r)
+    for (int ph = 0; ph < 2; ++ph)
+      for (int i = 0; i < stepcost::kFixedCostPairs * stepcost::kFixedCostWindows; ++i) {
+        const double sign = r == 0 && ph == 0 ? (i % 2 ? 1.0 : -1.0) : 1.0;  // rank 0's prefill: +-0.05
+        const double f = r == 0 && ph == 0 ? 0.05 * sign : F[r][ph];
+        t.fixed_one_ms.push_back(1.0);
+        t.fixed_two_ms.push_back(2.0 - f);
+      }
+}
+
+TEST(ServingStepModel, AStageOfNUnitsPaysAForwardsFixedCostOnce) {
+  const RunRecord plain = tiny_profile_with_grid(2);
+  RunRecord run = plain;
+  add_fixed_pairs(run);
+  const std::vector<stepcost::FixedCost> f = step_fixed_costs(run.profile);
+  ASSERT_EQ(f.size(), 4u);
+  EXPECT_FALSE(f[0].taken());
+  EXPECT_TRUE(f[1].taken());
+  EXPECT_NEAR(f[1].ms, 0.2, 1e-12);
+  EXPECT_TRUE(f[2].taken());
+  EXPECT_NEAR(f[2].ms, -0.15, 1e-12);
+  EXPECT_FALSE(f[3].taken());
+  const balance::Predictor pred(run), plain_pred(plain);
+  const StepShape decode = shape_of({}, {4, 11}), prefill = shape_of({5}, {}), mixed = shape_of({3}, {7});
+  {  // 2,1: stage 0 of two units on rank 0 (decode less 0.2), stage 1 of one unit (as its unit)
+    const balance::Partition p = balance::parse_manual("2,1", 3, 2);
+    const balance::ProfileStepCosts costs(run, pred, p), base(plain, plain_pred, p);
+    EXPECT_NEAR(costs.compute_ms(0, decode), base.compute_ms(0, decode) - 0.2, 1e-9);
+    EXPECT_NEAR(costs.compute_ms(0, prefill), base.compute_ms(0, prefill), 1e-9);
+    EXPECT_NEAR(costs.compute_ms(0, mixed), base.compute_ms(0, mixed), 1e-9);  // a step with a prompt: prefill's
+    for (const StepShape& sh : {decode, prefill, mixed}) EXPECT_NEAR(costs.compute_ms(1, sh), base.compute_ms(1, sh), 1e-9);
+    // The closed predictions' sums (the cycles' tables) likewise.
+    const auto [pre, dec] = pred.stage_sums(run.profile, p, 0);
+    const auto [bpre, bdec] = plain_pred.stage_sums(plain.profile, p, 0);
+    EXPECT_NEAR(pre, bpre, 1e-12);
+    EXPECT_NEAR(dec, bdec - 0.2, 1e-12);
+  }
+  {  // 1,2: stage 1 of two units on rank 1 (prefill 0.15 more)
+    const balance::Partition p = balance::parse_manual("1,2", 3, 2);
+    const balance::ProfileStepCosts costs(run, pred, p), base(plain, plain_pred, p);
+    EXPECT_NEAR(costs.compute_ms(1, prefill), base.compute_ms(1, prefill) + 0.15, 1e-9);
+    EXPECT_NEAR(costs.compute_ms(1, mixed), base.compute_ms(1, mixed) + 0.15, 1e-9);
+    EXPECT_NEAR(costs.compute_ms(1, decode), base.compute_ms(1, decode), 1e-9);
+    EXPECT_NEAR(costs.compute_ms(0, prefill), base.compute_ms(0, prefill), 1e-9);  // one unit
+    const auto [pre, dec] = pred.stage_sums(run.profile, p, 1);
+    const auto [bpre, bdec] = plain_pred.stage_sums(plain.profile, p, 1);
+    EXPECT_NEAR(pre, bpre + 0.15, 1e-12);
+    EXPECT_NEAR(dec, bdec, 1e-12);
+  }
+  // The planner's record of 4 devices like rank 0 carries rank 0's pairs to each.
+  const std::vector<stepcost::FixedCost> four = step_fixed_costs(balance::plan_record(run, 4, 2).profile);
+  ASSERT_EQ(four.size(), 8u);
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(four[i].applied_ms(), f[i % 2].applied_ms()) << i;
+  // Pairs that are not [R][2][18] are named.
+  run.profile.fixed_two_ms.pop_back();
+  EXPECT_THROW(step_fixed_costs(run.profile), UserError);
+}
+
 TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
   const RunRecord run = tiny_profile_with_grid(2);
   const balance::Predictor pred(run);

@@ -165,6 +165,54 @@ TEST(StepModel, LevelAgainstTheCyclesIsTheirSumsRatio) {
   EXPECT_THROW(stepcost::level_against(models, {0, 0}, 2, 4, {5, 6}, {12, 12}, {3, 3}), InternalError);
 }
 
+// A forward's fixed cost: pairs of a one-unit stage (t1 = F + u) and a two-unit stage (t2 = F +
+// 2u) give 2·t1 - t2 = F whatever u; the predictions take it only where all 18 pairs (two
+// windows of 9) have one sign and it is at least 10% of a one-unit forward.
+TEST(StepModel, FixedCostIsTheMedianPairTakenWhereSignedAndMaterial) {
+  const double F = 0.6;
+  const int n = kFixedCostPairs * kFixedCostWindows;
+  ASSERT_EQ(n, 18);
+  std::vector<double> one, two;
+  for (int i = 0; i < n; ++i) {
+    const double u = 4.0 + 0.1 * i, noise = 0.02 * (i % 3 - 1);  // pairs' F: 0.58, 0.60, 0.62
+    one.push_back(F + u);
+    two.push_back(F + 2 * u - noise);
+  }
+  const FixedCost f = fixed_cost_of(one, two);
+  EXPECT_EQ(f.pairs, n);
+  EXPECT_NEAR(f.ms, F, 1e-12);
+  EXPECT_NEAR(f.lo_ms, F - 0.02, 1e-12);
+  EXPECT_NEAR(f.hi_ms, F + 0.02, 1e-12);
+  EXPECT_NEAR(f.one_ms, F + 4.85, 1e-12);  // the median of 18: between the 9th and 10th
+  EXPECT_TRUE(f.taken());                  // 0.6 of 5.45 ms: 11%
+  EXPECT_NEAR(f.applied_ms(), F, 1e-12);
+  // A stage of n units pays it once: its units' sum less (n - 1) F.
+  EXPECT_EQ(stage_fixed_correction_ms(1, F), 0.0);
+  EXPECT_NEAR(stage_fixed_correction_ms(4, F), -3 * F, 1e-15);
+  // Under 10% of a unit (units 2x longer): measured, not taken.
+  std::vector<double> one_long = one, two_long = two;
+  for (int i = 0; i < n; ++i) one_long[i] += 5.0, two_long[i] += 10.0;
+  const FixedCost small = fixed_cost_of(one_long, two_long);
+  EXPECT_NEAR(small.ms, F, 1e-9);
+  EXPECT_FALSE(small.taken());
+  EXPECT_EQ(small.applied_ms(), 0.0);
+  // One pair of the other sign (in either window): not taken; a negative F of one sign is.
+  for (int at : {4, 13}) {
+    std::vector<double> two_mixed = two;
+    two_mixed[at] = 2 * one[at] + 0.01;
+    EXPECT_FALSE(fixed_cost_of(one, two_mixed).taken()) << at;
+  }
+  std::vector<double> two_neg;
+  for (int i = 0; i < n; ++i) two_neg.push_back(2 * one[i] + 0.6 + 0.01 * i);
+  const FixedCost neg = fixed_cost_of(one, two_neg);
+  EXPECT_NEAR(neg.ms, -0.685, 1e-12);
+  EXPECT_TRUE(neg.taken());
+  // One window's pairs alone are not enough; none: nothing.
+  EXPECT_FALSE(fixed_cost_of({one.begin(), one.begin() + 9}, {two.begin(), two.begin() + 9}).taken());
+  EXPECT_EQ(fixed_cost_of({}, {}).applied_ms(), 0.0);
+  EXPECT_THROW(fixed_cost_of(one, {two.begin(), two.begin() + 8}), InternalError);
+}
+
 TEST(StepModel, TheHeadIsFittedInRowsNotTokens) {
   const GridSpec s = serving_spec();
   const std::vector<Sample> samples = time_grid(plan_grid(s), synthetic_head_ms);
