@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "stepcost/step_model.h"
 
 namespace ppb::balance {
 
@@ -22,6 +23,16 @@ std::pair<std::vector<double>, std::vector<double>> rank_sums(const std::vector<
     pred[2 * s.rank + 1] += s.predicted_decode_ms;
   }
   return {meas, pred};
+}
+
+/// Scales rank r's forward fixed-cost pairs of kind ph (0 prefill, 1 decode) by f, as its unit
+/// timings were: F is a share of the forward the pairs timed (the stage's sum less (n - 1) F then
+/// scales as a whole). Nothing where the table has no pairs or they are not [R][2][K].
+void scale_fixed_pairs(ProfileTable& c, size_t r, size_t ph, double f) {
+  const size_t K = static_cast<size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  if (c.fixed_unit < 0 || !(std::isfinite(f) && f > 0)) return;
+  for (std::vector<double>* v : {&c.fixed_one_ms, &c.fixed_two_ms})
+    for (size_t i = (2 * r + ph) * K; i < (2 * r + ph + 1) * K && i < v->size(); ++i) (*v)[i] *= f;
 }
 
 }  // namespace
@@ -57,6 +68,7 @@ ProfileTable calibrated_profile(const ProfileTable& t, const std::vector<double>
     }
     const size_t C = c.decode_contexts.size();
     for (size_t i = r * U * C; i < (r + 1) * U * C && i < c.decode_context_ms.size(); ++i) c.decode_context_ms[i] *= factors[2 * r + 1];
+    for (size_t ph = 0; ph < 2; ++ph) scale_fixed_pairs(c, r, ph, factors[2 * r + ph]);
   }
   return c;
 }
@@ -81,6 +93,7 @@ ProfileTable profile_as_rounds_saw_it(const ProfileTable& t, const std::vector<d
         if (ph == 1)
           for (size_t i = (r * U + u) * C; i < (r * U + u + 1) * C && i < c.decode_context_ms.size(); ++i)
             c.decode_context_ms[i] *= f;
+        if (static_cast<int>(u) == c.fixed_unit) scale_fixed_pairs(c, r, ph, f);  // timed on that unit
       }
       if (!c.cost_ms.empty())
         c.cost_ms[r * U + u] = objective_cost(o, c.latency_ms[(r * U + u) * 2], c.latency_ms[(r * U + u) * 2 + 1], gen_len);

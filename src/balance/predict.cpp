@@ -249,7 +249,10 @@ PartitionRecord Predictor::describe(const Partition& p, const ProfileTable& prof
   if (warning) *warning = phases.warning;
   pr.predicted_phase_ms = std::move(phases.phase_ms);
   pr.predicted_stage_ms = p.predicted_stage_ms;
-  if (!prof.latency_alone_ms.empty()) {
+  bool fixed = false;  // a forward's fixed cost taken on a width-1 stage's rank: not in the solver's unit sums
+  for (int k = 0; k < S && prof.fixed_unit >= 0; ++k)
+    for (int ph = 0; ph < 2; ++ph) fixed = fixed || (p.width(k) == 1 && applied_fixed_ms(prof, p.device_rank[k], ph) != 0.0);
+  if (!prof.latency_alone_ms.empty() || fixed) {
     // The solver's stage time is stage_time(compute on the together table, t_in, t_out); the
     // modelled compute takes the together compute's place, with the solver's own transfers. A
     // tensor-parallel stage keeps the solver's value (its group profile is not modelled).

@@ -72,9 +72,10 @@ class Predictor {
   /// [R] device class of each rank (rank_device_classes): equal values are identical devices.
   const std::vector<int>& device_class() const { return device_class_; }
 
-  /// Stage k of `p`'s prefill and decode sums (ms) of `prof`'s table `stat`: its rank's row, or,
-  /// for a tensor-parallel stage, its group's profile at its width (group_profile; NaN where
-  /// there is none).
+  /// Stage k of `p`'s prefill and decode sums (ms) of `prof`'s table `stat`: its rank's row, less
+  /// (n - 1) times the rank's forward fixed cost where the profile took one (a stage of n units
+  /// pays it once: stepcost::FixedCost), or, for a tensor-parallel stage, its group's profile at
+  /// its width (group_profile; NaN where there is none).
   std::pair<double, double> stage_sums(const ProfileTable& prof, const Partition& p, int k,
                                        ProfileStat stat = ProfileStat::median) const;
   /// `p`'s sums from `prof` per pass (the median's table). A profile of one pass, and a

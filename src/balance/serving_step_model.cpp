@@ -87,7 +87,11 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
     }
     for (int c : prof.decode_contexts) s.contexts.push_back(c);
     s.decode_ms = context_curve(prof, static_cast<std::size_t>(p.device_rank[k]), p.first_unit[k], p.last_unit[k]);
-    if (p.width(k) > 1) {  // assumption 5: the group's mean, the first rank's shape
+    if (p.width(k) == 1) {  // a forward's fixed cost once per stage, as stage_sums' decode
+      const double fix = stepcost::stage_fixed_correction_ms(p.last_unit[k] - p.first_unit[k] + 1,
+                                                             applied_fixed_ms(prof, p.device_rank[k], 1));
+      for (double& d : s.decode_ms) d = std::max(0.0, d + fix);
+    } else {  // assumption 5: the group's mean, the first rank's shape
       double mean = 0.0;
       for (double d : s.decode_ms) mean += d / static_cast<double>(C);
       for (double& d : s.decode_ms) d = mean > 0.0 ? d * (dec / mean) : dec;

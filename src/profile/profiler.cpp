@@ -352,6 +352,29 @@ int fixed_cost_unit(const model::ModelSpec& model) {
   return -1;
 }
 
+size_t fixed_cost_bytes(const Device& device, const model::ModelSpec& model, const ProfileConfig& cfg) {
+  const int unit = fixed_cost_unit(model);
+  if (unit < 0) return 0;
+  const StageConfig sc = stage_config_of(cfg);
+  return device.stage_bytes(model, unit, unit, sc).total() + device.stage_bytes(model, unit, unit + 1, sc).total();
+}
+
+FixedCostTiming join_fixed_windows(const FixedCostTiming& a, const FixedCostTiming& b) {
+  FixedCostTiming out;
+  const std::size_t K = a.one_ms.size() / 2;
+  if (a.unit < 0 || b.unit != a.unit || K == 0 || a.one_ms.size() != 2 * K || b.one_ms.size() != 2 * K ||
+      a.two_ms.size() != 2 * K || b.two_ms.size() != 2 * K)
+    return out;
+  out.unit = a.unit;
+  for (std::size_t kind = 0; kind < 2; ++kind)
+    for (const FixedCostTiming* w : {&a, &b}) {
+      const auto from = static_cast<long>(kind * K), to = static_cast<long>((kind + 1) * K);
+      out.one_ms.insert(out.one_ms.end(), w->one_ms.begin() + from, w->one_ms.begin() + to);
+      out.two_ms.insert(out.two_ms.end(), w->two_ms.begin() + from, w->two_ms.begin() + to);
+    }
+  return out;
+}
+
 FixedCostTiming time_fixed_cost(Device& device, const model::ModelSpec& model, const ProfileConfig& cfg, int pairs) {
   FixedCostTiming r;
   const int unit = fixed_cost_unit(model);

@@ -91,6 +91,13 @@ struct FixedCostTiming {
 /// -1 where none has.
 int fixed_cost_unit(const model::ModelSpec& model);
 
+/// Device memory time_fixed_cost's two stages take (bytes; 0 where fixed_cost_unit is -1).
+size_t fixed_cost_bytes(const Device& device, const model::ModelSpec& model, const ProfileConfig& cfg);
+
+/// Two windows' timings as one: per kind, window `a`'s pairs then `b`'s ([2][pairs_a + pairs_b]);
+/// nothing (unit -1) unless both timed the same unit and the same number of pairs per kind.
+FixedCostTiming join_fixed_windows(const FixedCostTiming& a, const FixedCostTiming& b);
+
 /// Times FixedCostTiming on this rank (both stages built for the call: three units' memory).
 /// Every rank that profiles must make the same call (cfg.align). Nothing timed (unit -1) where
 /// fixed_cost_unit is -1 or pairs < 1. @throws UserError if the stages do not fit.

@@ -68,10 +68,22 @@ inline stepcost::Level group_step_level(const ProfileTable& p, int B, int P, con
   return stepcost::level_against(fits, p.unit_signature, B, P, p.decode_contexts, pre, dec);
 }
 
-/// Each rank's forward fixed cost per kind of step (stepcost::fixed_cost_of of p's fixed_one_ms /
-/// fixed_two_ms pairs), [R][2] (0 prefill, 1 decode); empty where the profile timed none.
+/// The forward fixed cost of rank `r`, kind `ph` (0 prefill, 1 decode): stepcost::fixed_cost_of
+/// of its K = kFixedCostPairs x kFixedCostWindows pairs in p's fixed_one_ms / fixed_two_ms
+/// ([R][2][K]); empty (no pairs) where the profile timed none, r is out of range or the tables
+/// are not so shaped.
+inline stepcost::FixedCost fixed_cost_at(const ProfileTable& p, int r, int ph) {
+  const std::size_t K = static_cast<std::size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  const std::size_t n = p.fixed_one_ms.size(), at = (2 * static_cast<std::size_t>(r) + static_cast<std::size_t>(ph)) * K;
+  if (p.fixed_unit < 0 || r < 0 || ph < 0 || ph > 1 || p.fixed_two_ms.size() != n || n % (2 * K) != 0 || at + K > n) return {};
+  const auto one = p.fixed_one_ms.begin() + static_cast<long>(at), two = p.fixed_two_ms.begin() + static_cast<long>(at);
+  return stepcost::fixed_cost_of({one, one + static_cast<long>(K)}, {two, two + static_cast<long>(K)});
+}
+
+/// Each rank's forward fixed cost per kind of step (fixed_cost_at), [R][2] (0 prefill, 1
+/// decode); empty where the profile timed none.
 /// @throws ppb::UserError (naming /profile/step_model) where the two tables disagree in size or
-///         are not [R][2][pairs].
+///         are not [R][2][K].
 inline std::vector<stepcost::FixedCost> step_fixed_costs(const ProfileTable& p) {
   if (p.fixed_unit < 0 || p.fixed_one_ms.empty()) return {};
   const std::size_t n = p.fixed_one_ms.size(), K = static_cast<std::size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
@@ -79,18 +91,15 @@ inline std::vector<stepcost::FixedCost> step_fixed_costs(const ProfileTable& p) 
     throw UserError("/profile/step_model: fixed_one_ms and fixed_two_ms must both be [ranks][2][" + std::to_string(K) +
                     "] (" + std::to_string(n) + " and " + std::to_string(p.fixed_two_ms.size()) + " values)");
   std::vector<stepcost::FixedCost> out;
-  for (std::size_t i = 0; i < n; i += K)
-    out.push_back(stepcost::fixed_cost_of({p.fixed_one_ms.begin() + static_cast<long>(i), p.fixed_one_ms.begin() + static_cast<long>(i + K)},
-                                          {p.fixed_two_ms.begin() + static_cast<long>(i), p.fixed_two_ms.begin() + static_cast<long>(i + K)}));
+  for (std::size_t i = 0; i < n / K; ++i) out.push_back(fixed_cost_at(p, static_cast<int>(i / 2), static_cast<int>(i % 2)));
   return out;
 }
 
 /// The fixed cost (ms) a stage of one rank `r` takes for kind `ph` (0 prefill, 1 decode):
-/// FixedCost::applied_ms, 0 where the profile timed none or r is out of range.
+/// FixedCost::applied_ms of fixed_cost_at, 0 where the profile timed none. Does not throw (the
+/// reader checks the tables' shape: read_step_model).
 inline double applied_fixed_ms(const ProfileTable& p, int r, int ph) {
-  const std::vector<stepcost::FixedCost> f = step_fixed_costs(p);
-  const std::size_t at = 2 * static_cast<std::size_t>(r) + static_cast<std::size_t>(ph);
-  return r >= 0 && at < f.size() ? f[at].applied_ms() : 0.0;
+  return p.fixed_unit < 0 ? 0.0 : fixed_cost_at(p, r, ph).applied_ms();
 }
 
 }  // namespace ppb

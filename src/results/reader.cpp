@@ -342,6 +342,7 @@ void read_profile(const Group& root, RunRecord& run) {
     const auto lo = dataset_or_empty<double>(tp, "latency_min_ms");
     const auto hi = dataset_or_empty<double>(tp, "latency_max_ms");
     const auto grid_ms = dataset_or_empty<double>(tp, "step_ms");  // [G][S][N]; older files: none
+    const auto attempts = to_int(dataset_or_empty<int64_t>(tp, "step_attempts"));  // [G]; older files: none
     const size_t grid_n = p.step_by_rows.size() * p.step_rows.size();
     const size_t n = 2 * p.unit_name.size();
     for (size_t i = 0; i < first.size() && i < width.size() && (i + 1) * n <= lat.size(); ++i) {
@@ -353,6 +354,7 @@ void read_profile(const Group& root, RunRecord& run) {
       if ((i + 1) * n <= hi.size()) g.latency_max_ms.assign(hi.begin() + i * n, hi.begin() + (i + 1) * n);
       if (grid_n > 0 && (i + 1) * grid_n <= grid_ms.size())
         g.step_ms.assign(grid_ms.begin() + i * grid_n, grid_ms.begin() + (i + 1) * grid_n);
+      if (i < attempts.size()) g.step_attempts = attempts[i];
       p.tp.push_back(std::move(g));
     }
   }

@@ -119,6 +119,10 @@ struct ProfileTable {
     /// the group's shard of one unit of each signature at this width (rank first_rank's
     /// medians); empty where the profile timed no grid (and in older files).
     std::vector<double> step_ms;
+    /// How many times the group timed its grid (one over kGridDisturbedError held out on its
+    /// first rank is timed again, up to twice, keeping the attempt of the lowest error); 0
+    /// without a grid and in older files.
+    int step_attempts = 0;
   };
   std::vector<TpGroupProfile> tp;
   /// The step model's grid (issue 47, stepcost/step_model.h), timed after the cycles in the
@@ -134,7 +138,8 @@ struct ProfileTable {
   /// time_step_grid; each rank kept its attempt of the lowest held-out error); 0 in older files.
   int step_attempts = 0;
   /// A forward's fixed cost (issue 47, stepcost::FixedCost; profile/profiler.h time_fixed_cost),
-  /// timed after the grid: fixed_one_ms / fixed_two_ms [world][2][pairs] a one-unit stage of unit
+  /// timed before and after the grid: fixed_one_ms / fixed_two_ms [world][2][pairs] (per kind the
+  /// first window's kFixedCostPairs pairs, then the second's) a one-unit stage of unit
   /// fixed_unit and a two-unit stage of it and the next, in pairs, kind 0 prefill (B rows of P
   /// tokens), 1 decode (B rows at the middle profiled context). Empty (fixed_unit -1) in older
   /// files, with --step-grid-iters 0, and for a model without two adjacent units of one signature.

@@ -44,14 +44,21 @@ int name_width(const ServingRunRecord& s) {
   return static_cast<int>(w);
 }
 
+/// A figure (ms, or tokens/s) in 9 columns with the digits a small one needs: a tiny model's TPOT
+/// of 0.042 ms printed as 0.042, not 0.0.
+std::string cell9(double v) {
+  const double a = std::fabs(v);
+  return format_line(a >= 10 || a == 0 ? "%9.1f" : a >= 1 ? "%9.2f" : "%9.3f", v);
+}
+
 void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
   const int w = name_width(s);
   os << format_line("  %-*s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", w, "partition", "out tok/s", "req/s", "TTFT p50",
                     "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p99", "E2E p99", "queue p99");
   for (const ServingPartitionRecord& p : s.partitions)
-    os << format_line("  %-*s %9.1f %9.3f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", w, p.name.c_str(),
-                      p.output_tokens_per_s, p.request_throughput, p.ttft_p50_ms, p.ttft_p90_ms, p.ttft_p99_ms,
-                      p.tpot_p50_ms, p.tpot_p99_ms, p.itl_p99_ms, p.e2e_p99_ms, p.queue_p99_ms);
+    os << format_line("  %-*s %9.1f %9.3f", w, p.name.c_str(), p.output_tokens_per_s, p.request_throughput) + " " +
+              cell9(p.ttft_p50_ms) + " " + cell9(p.ttft_p90_ms) + " " + cell9(p.ttft_p99_ms) + " " + cell9(p.tpot_p50_ms) + " " +
+              cell9(p.tpot_p99_ms) + " " + cell9(p.itl_p99_ms) + " " + cell9(p.e2e_p99_ms) + " " + cell9(p.queue_p99_ms) + "\n";
   os << "  (latencies in ms, over every round's requests; rates over the rounds' total time)\n";
   os << "  peaks (vLLM's one-second buckets, the highest round's):";
   for (const ServingPartitionRecord& p : s.partitions)
@@ -105,7 +112,7 @@ void print_kv_resident(std::ostream& os, const RunRecord& run) {
 
 std::string vs(double predicted, double measured) {
   if (!std::isfinite(predicted) || !std::isfinite(measured) || measured == 0) return format_line("%9s", "-");
-  return format_line("%9.1f (%+5.1f%%)", predicted, 100.0 * (predicted / measured - 1.0));
+  return cell9(predicted) + format_line(" (%+5.1f%%)", 100.0 * (predicted / measured - 1.0));
 }
 
 /// The serving simulator's prediction from the profile against the measurement (issue 38).

@@ -160,6 +160,7 @@ void read_step_model(const Group& prof, ProfileTable& p) {
       p.fixed_unit = static_cast<int>(g.get_attr<int64_t>("fixed_unit"));
       p.fixed_one_ms = g.open_dataset("fixed_one_ms").read<double>();
       p.fixed_two_ms = g.open_dataset("fixed_two_ms").read<double>();
+      (void)step_fixed_costs(p);  // the shape checked here, once: a bad file is named, not ignored later
     }
   }
 }

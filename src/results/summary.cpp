@@ -428,8 +428,11 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
     os << "  tensor-parallel ranks " << g.first_rank << ".." << g.first_rank + g.width - 1 << " at width " << g.width
        << ": the same grid on the group's shards (/profile/tp step_ms), held-out p50 " << fmt("%.1f", 100 * gf.abs_error_p50)
        << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%"
+       << (g.step_attempts > 1 ? format_line(" (timed %d times: one over %.0f%% is timed again)", g.step_attempts,
+                                             100 * stepcost::kGridDisturbedError)
+                               : std::string())
        << (gf.abs_error_p50 > stepcost::kGridDisturbedError
-               ? fmt(" (over %.0f%%: a disturbed grid, not timed again at this width)", 100 * stepcost::kGridDisturbedError)
+               ? fmt(" (over %.0f%%: a disturbed grid)", 100 * stepcost::kGridDisturbedError)
                : "")
        << "; its cycles against it x" << fmt("%.2f", l.decode) << ", x" << fmt("%.2f", l.prefill) << "\n";
   }

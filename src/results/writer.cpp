@@ -630,6 +630,11 @@ void write_profile_tp(Group& prof, const RunRecord& run) {
       d.set_attr("units", "ms");
       d.set_attr("content", "the step model's grid (/profile/step_model's steps) timed on the group's shard of one "
                             "unit of each signature at its width: the group's first rank's medians");
+      std::vector<int> attempts;
+      for (const auto& g : p.tp) attempts.push_back(g.step_attempts);
+      tp.write_dataset("step_attempts", attempts, {N})
+          .set_attr("content", "how many times each group timed its grid: one over 3% held out (p50, its first rank) is "
+                               "timed again, up to twice, keeping the attempt of the lowest error");
     }
   }
 }

@@ -282,21 +282,19 @@ StepGridResult time_step_grid(RunContext& ctx, ResidentProfiler* units, bool two
 /// kind of step on every rank, in the grid's conditions (with two passes every rank's forwards at
 /// the same moment), `window` 0 before the grid and 1 after it. Nothing without the grid
 /// (--step-grid-iters 0), for a model without two adjacent units of one signature, or where its
-/// three units do not fit some rank's free memory (agreed: every rank times or none). Collective.
+/// three units do not fit some rank's free memory (agreed: every rank times or none; said).
+/// Collective.
 FixedCostTiming time_fixed_costs(RunContext& ctx, bool two_passes, int window) {
   FixedCostTiming out;
-  const int unit = fixed_cost_unit(ctx.spec);
-  if (ctx.opt.step_grid_iters <= 0 || unit < 0) return out;
+  if (ctx.opt.step_grid_iters <= 0 || fixed_cost_unit(ctx.spec) < 0) return out;
   ProfileConfig pc = profile_config(ctx);
   pc.warmup = std::min(pc.warmup, 1);
-  StageConfig sc;
-  sc.work = pc.work;
-  sc.work.groups = 1;
-  sc.cuda_graphs = pc.cuda_graphs;
-  const size_t need = ctx.device->stage_bytes(ctx.spec, unit, unit, sc).total() +
-                      ctx.device->stage_bytes(ctx.spec, unit, unit + 1, sc).total();
   const MpiContext& mpi = ctx.mpi;
-  if (mpi.agree(need <= ctx.device->free_memory() ? 0 : 1) != 0) return out;
+  if (mpi.agree(fixed_cost_bytes(*ctx.device, ctx.spec, pc) <= ctx.device->free_memory() ? 0 : 1) != 0) {
+    ctx.progress.say("profile: a forward's fixed cost not timed: a stage of two units and one do not fit some rank's "
+                     "free memory beside the profile's units (each stage then pays it once per unit)");
+    return out;
+  }
   if (two_passes) pc.align = [&mpi] { mpi.barrier(); };
   ctx.phase("fixed cost", [&] {
     if (window == 0)
@@ -309,21 +307,6 @@ FixedCostTiming time_fixed_costs(RunContext& ctx, bool two_passes, int window) {
       throw;
     }
   });
-  return out;
-}
-
-/// Both windows' pairs per kind: [2][window 0's pairs, then window 1's]; nothing timed (unit -1)
-/// unless both windows timed theirs.
-FixedCostTiming join_windows(const FixedCostTiming& a, const FixedCostTiming& b) {
-  FixedCostTiming out;
-  const std::size_t K = stepcost::kFixedCostPairs;
-  if (a.unit < 0 || b.unit != a.unit || a.one_ms.size() != 2 * K || b.one_ms.size() != 2 * K) return out;
-  out.unit = a.unit;
-  for (std::size_t kind = 0; kind < 2; ++kind)
-    for (const FixedCostTiming* w : {&a, &b}) {
-      out.one_ms.insert(out.one_ms.end(), w->one_ms.begin() + static_cast<long>(kind * K), w->one_ms.begin() + static_cast<long>((kind + 1) * K));
-      out.two_ms.insert(out.two_ms.end(), w->two_ms.begin() + static_cast<long>(kind * K), w->two_ms.begin() + static_cast<long>((kind + 1) * K));
-    }
   return out;
 }
 
@@ -412,8 +395,9 @@ std::vector<std::pair<int, int>> tp_groups_needed(const RunContext& ctx) {
 
 /// This rank's part of a tensor-parallel group's profile: its shard of every unit timed with
 /// the group, `cycles` times, pooled as the width-1 profile's cycles are (pool_cycles); the
-/// group's first rank appends [U][2] latency, min and max to `mine`, then the step model's grid
-/// timed at the group's width, [signatures][N] (none with --step-grid-iters 0).
+/// group's first rank appends [U][2] latency, min and max to `mine`, then how many times it timed
+/// the step model's grid at the group's width (0 with --step-grid-iters 0), then that grid's
+/// medians, [signatures][N] (none with --step-grid-iters 0).
 void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>& mine) {
   ProfileConfig pc = profile_config(ctx);  // cold or warm as the width-1 profile
   pc.tp_width = tp.width();
@@ -426,14 +410,32 @@ void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>
   for (int k = 0; k < cycles; ++k) runs.push_back(profile_model(*ctx.device, ctx.spec, pc));
   const ProfileResult prof = pool_cycles(runs);  // as the width-1 profile's cycles
   // The step model's grid at this width (issue 47): the width-1 grid's steps on the group's
-  // shards, one unit at a time, every forward after the group's barrier. Not timed again where
-  // its held-out error is high (the retries' agreement is the whole world's; the summary says
-  // the error).
+  // shards, one unit at a time, every forward after the group's barrier. As the width-1 grid, a
+  // grid whose held-out steps miss by more than kGridDisturbedError (p50, the group's first
+  // rank: its medians are the group's) is timed again, up to kGridRetries times, the group
+  // agreeing through its own all-reduce (the other ranks wait apart), keeping the best attempt.
   std::vector<double> grid_ms;
+  int attempts = 0;
   if (ctx.opt.step_grid_iters > 0) {
     GridPlan plan = grid_plan(ctx);
     plan.pc.tp_width = pc.tp_width, plan.pc.tp_rank = pc.tp_rank, plan.pc.tp = pc.tp, plan.pc.align = pc.align;
-    grid_ms = profile_grid(*ctx.device, ctx.spec, plan.pc, plan.grid).ms;
+    double best = std::numeric_limits<double>::infinity();
+    for (attempts = 1; attempts <= 1 + kGridRetries; ++attempts) {
+      std::vector<double> ms = profile_grid(*ctx.device, ctx.spec, plan.pc, plan.grid).ms;
+      double e = 0.0;
+      std::exception_ptr failed;  // the first rank's fit: its peers must still meet it below
+      if (tp.rank() == 0) try {
+          e = local_grid_error(ctx, plan.grid, ms);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      if (e < best || attempts == 1) best = e, grid_ms = std::move(ms);
+      // The first rank's verdict on every rank of the group, per mille as the width-1 grid's.
+      float again = tp.rank() == 0 && !failed && std::ceil(1000.0 * best) > 1000.0 * kGridDisturbedError ? 1.0f : 0.0f;
+      tp.allreduce_sum(&again, 1);
+      if (failed) std::rethrow_exception(failed);
+      if (again == 0.0f || attempts == 1 + kGridRetries) break;
+    }
   }
   if (tp.rank() != 0) return;
   for (const auto& [pre, dec] : {std::pair{&prof.prefill_ms, &prof.decode_ms}, std::pair{&prof.prefill_min_ms, &prof.decode_min_ms},
@@ -441,6 +443,7 @@ void profile_group(RunContext& ctx, TpGroup& tp, int cycles, std::vector<double>
     const std::vector<double> rows = pack_phases(*pre, *dec);
     mine.insert(mine.end(), rows.begin(), rows.end());
   }
+  mine.push_back(attempts);
   mine.insert(mine.end(), grid_ms.begin(), grid_ms.end());
 }
 
@@ -467,7 +470,7 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
       color = static_cast<int>(i);
       key = mpi.rank() - round[i].first;
     }
-  std::vector<double> mine;  // a group's first rank: latency, min, max [U][2] each, its grid [S][N]
+  std::vector<double> mine;  // a group's first rank: latency, min, max [U][2] each, grid attempts [1], its grid [S][N]
   ctx.phase("profile at tensor-parallel widths", [&] {
     std::string what;
     for (const auto& [first, w] : round)
@@ -500,12 +503,13 @@ void profile_group_round(RunContext& ctx, const std::vector<std::pair<int, int>>
       ProfileTable::TpGroupProfile g;
       g.first_rank = first;
       g.width = w;
-      if (row.size() < static_cast<size_t>(6 * U))
+      if (row.size() < static_cast<size_t>(6 * U + 1))
         throw InternalError("profile of tensor-parallel group at rank " + std::to_string(first) + " is missing");
       g.latency_ms.assign(row.begin(), row.begin() + 2 * U);
       g.latency_min_ms.assign(row.begin() + 2 * U, row.begin() + 4 * U);
       g.latency_max_ms.assign(row.begin() + 4 * U, row.begin() + 6 * U);
-      g.step_ms.assign(row.begin() + 6 * U, row.end());  // [signatures][N]; empty without the grid
+      g.step_attempts = static_cast<int>(row[6 * U]);
+      g.step_ms.assign(row.begin() + 6 * U + 1, row.end());  // [signatures][N]; empty without the grid
       ctx.record().profile.tp.push_back(std::move(g));
     }
   });
@@ -598,7 +602,9 @@ ProfileOutcome profile_units(RunContext& ctx) {
   const FixedCostTiming before = time_fixed_costs(ctx, two_passes, 0);
   const StepGridResult grid = time_step_grid(ctx, units.get(), two_passes, grid_attempts);
   units.reset();  // its units' memory, before the stages are built
-  const FixedCostTiming fixed = join_windows(before, time_fixed_costs(ctx, two_passes, 1));
+  // The second window where the first was timed (every rank alike: `before` is agreed).
+  const FixedCostTiming fixed =
+      before.unit >= 0 ? join_fixed_windows(before, time_fixed_costs(ctx, two_passes, 1)) : FixedCostTiming{};
   outcome.cycles = static_cast<int>(cycles.together.size());
   gather_profile(ctx, cycles, two_passes, interleaved, grid, grid_attempts, fixed);
   return outcome;

@@ -320,13 +320,21 @@ void record_links(RunContext& ctx, const MpiContext::LinkMatrix& host, const std
     for (const LinkSample& x : s.samples) run.link_sweep.push_back({s.src, s.dst, x});
   if (sweeps.empty() || sweeps.front().samples.empty()) return;
   const LinkSweep& s = sweeps.front();
+  // Where the model is the host ping-pong, its own figures for the same pair: the probe's above
+  // are through the transport's lanes (their polling and hand-offs), another measurement.
+  const std::size_t at = static_cast<std::size_t>(s.src) * static_cast<std::size_t>(ctx.ranks) + static_cast<std::size_t>(s.dst);
+  const std::string host_figures =
+      at < host.latency_s.size() && at < host.bandwidth_Bps.size()
+          ? " (" + format_fixed(1e6 * host.latency_s[at], 1) + " us, " + format_fixed(host.bandwidth_Bps[at] / 1e9, 2) +
+                " GB/s), not this probe"
+          : "";
   ctx.progress.say("link probe (" + run.transport + " transport, " + run.backend + " buffers): " +
                    std::to_string(sweeps.size()) + " pair(s) in " + format_fixed(probe_s, 2) + " s; ranks " +
                    std::to_string(s.src) + " <-> " + std::to_string(s.dst) + " " + format_fixed(1e6 * s.fit.latency_s, 1) +
                    " us + bytes / " + format_fixed(s.fit.bandwidth_Bps / 1e9, 2) + " GB/s over 8 B.." +
                    format_bytes(s.samples.back().bytes) + " (within " + format_fixed(100 * s.fit.max_rel_error, 0) +
                    "% of every size; " + format_fixed(s.wall_s, 2) + " s); the link model: " +
-                   (by_host ? "the MPI host ping-pong" : "this probe"));
+                   (by_host ? "the MPI host ping-pong" + host_figures : std::string("this probe")));
 }
 
 /// This rank's memory limit: --memory-limit, or 90% of its share of the free memory (ranks

@@ -9,6 +9,8 @@
 #include "balance/calibrate.h"
 #include "balance/problem.h"
 #include "common/error.h"
+#include "results/profile_step_fit.h"
+#include "stepcost/step_model.h"
 
 namespace ppb::balance {
 namespace {
@@ -64,6 +66,29 @@ TEST(Calibrate, ScalesEachRanksRowAndItsCost) {
   EXPECT_DOUBLE_EQ(c.decode_context_ms[0], 2.0);  // rank 0's decode contexts x2
   EXPECT_DOUBLE_EQ(c.decode_context_ms[8], 1.0);  // rank 1's x1
   EXPECT_THROW(calibrated_profile(t, {1.0, 1.0}, Objective::workload, 4), InternalError);
+}
+
+/// A forward's fixed cost scales with its rank's and kind's timings (the stage's sum less (n - 1)
+/// F then scales as a whole): pairs of one = 1 ms, two = 1.8 ms (F = 0.2) on both ranks and kinds,
+/// timed on unit 1.
+TEST(Calibrate, AForwardsFixedCostScalesWithItsRanksTimings) {
+  ProfileTable t = two_rank_table(3);
+  t.fixed_unit = 1;
+  const int K = stepcost::kFixedCostPairs * stepcost::kFixedCostWindows;
+  t.fixed_one_ms.assign(2 * 2 * K, 1.0);
+  t.fixed_two_ms.assign(2 * 2 * K, 1.8);
+  const ProfileTable c = calibrated_profile(t, {1.0, 2.0, 0.5, 1.0}, Objective::workload, 4);
+  const double want[2][2] = {{0.2, 0.4}, {0.1, 0.2}};
+  for (int r = 0; r < 2; ++r)
+    for (int ph = 0; ph < 2; ++ph) EXPECT_NEAR(fixed_cost_at(c, r, ph).ms, want[r][ph], 1e-12) << r << ph;
+  // The rounds' drift of the unit the pairs were timed on (1), not of another (0).
+  std::vector<double> rounds = t.latency_ms;
+  rounds[(0 * 3 + 1) * 2 + 1] *= 1.5;  // rank 0 unit 1 decode
+  rounds[(1 * 3 + 0) * 2] *= 3.0;      // rank 1 unit 0 prefill
+  const ProfileTable s = profile_as_rounds_saw_it(t, rounds, Objective::workload, 4);
+  EXPECT_NEAR(fixed_cost_at(s, 0, 1).ms, 0.3, 1e-12);
+  EXPECT_NEAR(fixed_cost_at(s, 0, 0).ms, 0.2, 1e-12);
+  EXPECT_NEAR(fixed_cost_at(s, 1, 0).ms, 0.2, 1e-12);
 }
 
 /// The rounds' table replaces the together table; each unit's alone time, spread and decode

@@ -228,6 +228,52 @@ TEST(Profiler, ResidentProfilerProfilesItsUnitsAgain) {
   EXPECT_THROW(resident.profile(other), InternalError);
 }
 
+/// A forward's fixed cost (issue 47): tiny Llama's first layer (unit 1, whose successor has its
+/// signature) as a one-layer stage and a two-layer stage, `pairs` per kind, every forward
+/// aligned; a two-layer forward takes longer than a one-layer one (median over the pairs); the
+/// memory is the two stages'; two windows join per kind, window a's pairs first.
+TEST(Profiler, FixedCostTimesOneLayerAgainstTwoAndJoinsWindowsPerKind) {
+  const model::ModelSpec m = model::load_model_config(PPB_SOURCE_DIR "/tests/data/tiny-llama.json");
+  auto dev = create_cpu_device(1);
+  ProfileConfig cfg = tiny_llama_config(3);
+  int aligned = 0;
+  cfg.align = [&aligned] { ++aligned; };
+  ASSERT_EQ(fixed_cost_unit(m), 1);
+  StageConfig sc;
+  sc.work = cfg.work;
+  sc.work.groups = 1;
+  EXPECT_EQ(fixed_cost_bytes(*dev, m, cfg), dev->stage_bytes(m, 1, 1, sc).total() + dev->stage_bytes(m, 1, 2, sc).total());
+  const FixedCostTiming t = time_fixed_cost(*dev, m, cfg, 5);
+  EXPECT_EQ(t.unit, 1);
+  ASSERT_EQ(t.one_ms.size(), 10u);
+  ASSERT_EQ(t.two_ms.size(), 10u);
+  EXPECT_EQ(aligned, 20);  // every timed forward
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<double> one(t.one_ms.begin() + 5 * kind, t.one_ms.begin() + 5 * kind + 5);
+    std::vector<double> two(t.two_ms.begin() + 5 * kind, t.two_ms.begin() + 5 * kind + 5);
+    for (double v : one) EXPECT_GT(v, 0.0);
+    std::sort(one.begin(), one.end());
+    std::sort(two.begin(), two.end());
+    EXPECT_GT(two[2], one[2]) << kind;
+  }
+  EXPECT_EQ(time_fixed_cost(*dev, m, cfg, 0).unit, -1);
+  // Windows: per kind, a's pairs then b's.
+  FixedCostTiming a, b;
+  a.unit = b.unit = 1;
+  a.one_ms = {1, 2, 3, 4}, a.two_ms = {10, 20, 30, 40};  // [kind][2 pairs]
+  b.one_ms = {5, 6, 7, 8}, b.two_ms = {50, 60, 70, 80};
+  const FixedCostTiming j = join_fixed_windows(a, b);
+  EXPECT_EQ(j.unit, 1);
+  EXPECT_EQ(j.one_ms, (std::vector<double>{1, 2, 5, 6, 3, 4, 7, 8}));
+  EXPECT_EQ(j.two_ms, (std::vector<double>{10, 20, 50, 60, 30, 40, 70, 80}));
+  b.unit = 2;
+  EXPECT_EQ(join_fixed_windows(a, b).unit, -1);  // another unit
+  b.unit = 1;
+  b.one_ms.pop_back();
+  EXPECT_EQ(join_fixed_windows(a, b).unit, -1);  // another shape
+  EXPECT_EQ(join_fixed_windows(FixedCostTiming{}, a).unit, -1);
+}
+
 /// The interleaved cycle (issue 13): `enter` is asked for every turn of every iteration, in an
 /// order rotated by one per iteration; a together turn aligns each of its timed forwards (one
 /// per signature's prefill and per decode context); each result is shaped as profile()'s, its

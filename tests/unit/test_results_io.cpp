@@ -122,6 +122,7 @@ RunRecord make_record() {
     const std::size_t N = f.rows.size();
     for (std::size_t i = 0; i < 2 * 3 * N; ++i) p.step_ms.push_back(0.5 + 0.01 * static_cast<double>(i));
     for (std::size_t i = 0; i < 3 * N; ++i) tpg.step_ms.push_back(0.3 + 0.02 * static_cast<double>(i));
+    tpg.step_attempts = 3;
     // A forward's fixed cost's pairs [2 ranks][2 kinds][18]: 2·one - two = 0.15 x (kind + 1) on rank 1.
     p.fixed_unit = 1;
     const int K = ppb::stepcost::kFixedCostPairs * ppb::stepcost::kFixedCostWindows;
@@ -354,6 +355,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
   EXPECT_EQ(pr.step_attempts, 2);
   expect_same(pr.step_ms, pw.step_ms, "step_ms");
   expect_same(pr.tp[0].step_ms, pw.tp[0].step_ms, "tp step_ms");
+  EXPECT_EQ(pr.tp[0].step_attempts, 3);
   EXPECT_EQ(pr.fixed_unit, 1);
   expect_same(pr.fixed_one_ms, pw.fixed_one_ms, "fixed_one_ms");
   expect_same(pr.fixed_two_ms, pw.fixed_two_ms, "fixed_two_ms");

@@ -465,6 +465,19 @@ TEST(ServingStepModel, AStageOfNUnitsPaysAForwardsFixedCostOnce) {
     EXPECT_NEAR(pre, bpre + 0.15, 1e-12);
     EXPECT_NEAR(dec, bdec, 1e-12);
   }
+  {  // Without the grid (the two-shape model): the decode curve and the prefill step alike
+    RunRecord two_shape = tiny_profile(2), two_shape_plain = tiny_profile(2);
+    add_fixed_pairs(two_shape);
+    const balance::Predictor tp(two_shape), tpp(two_shape_plain);
+    const balance::Partition p = balance::parse_manual("2,1", 3, 2), q = balance::parse_manual("1,2", 3, 2);
+    const balance::ProfileStepCosts c(two_shape, tp, p), b(two_shape_plain, tpp, p);
+    const balance::ProfileStepCosts cq(two_shape, tp, q), bq(two_shape_plain, tpp, q);
+    ASSERT_FALSE(c.uses_step_model(0));
+    for (double ctx : {4.0, 7.0, 12.0}) EXPECT_NEAR(c.compute_ms(0, shape(0, 2, ctx)), b.compute_ms(0, shape(0, 2, ctx)) - 0.2, 1e-12);
+    EXPECT_NEAR(c.compute_ms(0, shape(8, 0, 0)), b.compute_ms(0, shape(8, 0, 0)), 1e-12);
+    EXPECT_NEAR(cq.compute_ms(1, shape(8, 0, 0)), bq.compute_ms(1, shape(8, 0, 0)) + 0.15, 1e-12);
+    EXPECT_NEAR(cq.compute_ms(1, shape(0, 1, 7)), bq.compute_ms(1, shape(0, 1, 7)), 1e-12);
+  }
   // The planner's record of 4 devices like rank 0 carries rank 0's pairs to each.
   const std::vector<stepcost::FixedCost> four = step_fixed_costs(balance::plan_record(run, 4, 2).profile);
   ASSERT_EQ(four.size(), 8u);
