@@ -1,6 +1,8 @@
 // Number formatting for what people read (progress lines, summaries).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <string>
@@ -20,6 +22,19 @@ inline std::string format_fixed(double v, int decimals) {
 inline std::string format_printf(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+/// A latency (or any figure people read) with the digits its size needs: one decimal from 10 up
+/// (and 0), two from 1, below 1 three or as many as two significant digits take (up to 9:
+/// "123.4", "4.56", "0.042", "0.00037"); `sign` prints "+" before a positive value. A tiny
+/// model's TPOT of 0.042 ms is not "0.0". NaN as "nan".
+inline std::string format_digits(double v, bool sign = false) {
+  const double a = v < 0 ? -v : v;
+  int decimals = a >= 10 || a == 0 ? 1 : a >= 1 ? 2 : 3;
+  if (a > 0 && a < 1e-2) decimals = std::min(9, 1 - static_cast<int>(std::floor(std::log10(a))));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, sign ? "%+.*f" : "%.*f", decimals, v);
   return buf;
 }
 

@@ -46,10 +46,7 @@ int name_width(const ServingRunRecord& s) {
 
 /// A figure (ms, or tokens/s) in 9 columns with the digits a small one needs: a tiny model's TPOT
 /// of 0.042 ms printed as 0.042, not 0.0.
-std::string cell9(double v) {
-  const double a = std::fabs(v);
-  return format_line(a >= 10 || a == 0 ? "%9.1f" : a >= 1 ? "%9.2f" : "%9.3f", v);
-}
+std::string cell9(double v) { return format_line("%9s", format_digits(v).c_str()); }
 
 void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
   const int w = name_width(s);

@@ -127,9 +127,11 @@ std::string fixed_cost_line(const ProfileTable& p) {
   int taken = 0;
   for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
     auto share = [](const stepcost::FixedCost& c) { return c.one_ms > 0 ? 100.0 * c.ms / c.one_ms : 0.0; };
-    out += format_line("%s rank %zu prefill %+.3f [%+.3f..%+.3f] (%+.1f%% of a unit), decode %+.3f [%+.3f..%+.3f] (%+.1f%%)",
-                       i ? ";" : "", i / 2, f[i].ms, f[i].lo_ms, f[i].hi_ms, share(f[i]), f[i + 1].ms, f[i + 1].lo_ms,
-                       f[i + 1].hi_ms, share(f[i + 1]));
+    auto kind = [&](const char* name, const stepcost::FixedCost& c) {
+      return format_line(" %s %s [%s..%s] (%+.1f%% of a unit)", name, format_digits(c.ms, true).c_str(),
+                         format_digits(c.lo_ms, true).c_str(), format_digits(c.hi_ms, true).c_str(), share(c));
+    };
+    out += format_line("%s rank %zu", i ? ";" : "", i / 2) + kind("prefill", f[i]) + "," + kind("decode", f[i + 1]);
     taken += f[i].taken() + f[i + 1].taken();
   }
   const std::string rule = format_line("every pair of both windows has one sign and it is at least %.0f%% of a unit",

@@ -428,13 +428,13 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
     os << "  tensor-parallel ranks " << g.first_rank << ".." << g.first_rank + g.width - 1 << " at width " << g.width
        << ": the same grid on the group's shards (/profile/tp step_ms), held-out p50 " << fmt("%.1f", 100 * gf.abs_error_p50)
        << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%"
-       << (g.step_attempts > 1 ? format_line(" (timed %d times: one over %.0f%% is timed again)", g.step_attempts,
-                                             100 * stepcost::kGridDisturbedError)
-                               : std::string())
        << (gf.abs_error_p50 > stepcost::kGridDisturbedError
-               ? fmt(" (over %.0f%%: a disturbed grid)", 100 * stepcost::kGridDisturbedError)
-               : "")
-       << "; its cycles against it x" << fmt("%.2f", l.decode) << ", x" << fmt("%.2f", l.prefill) << "\n";
+               ? format_line(" (timed %d time(s), still over %.0f%%: a disturbed grid)", g.step_attempts,
+                             100 * stepcost::kGridDisturbedError)
+           : g.step_attempts > 1 ? format_line(" (timed %d times: one over %.0f%% is timed again)", g.step_attempts,
+                                               100 * stepcost::kGridDisturbedError)
+                                 : std::string())
+       << "; its cycles / its model, decode x" << fmt("%.2f", l.decode) << ", prefill x" << fmt("%.2f", l.prefill) << "\n";
   }
 }
 
@@ -554,9 +554,9 @@ void print_rates(std::ostream& os, const RunRecord& run, const PartitionRecord& 
   auto m = [&](const char* k) { return metric_or_nan(p, k); };
   os << "  tokens/s " << fmt("%.2f", m("tokens_per_s")) << " (decode " << fmt("%.2f", m("decode_tokens_per_s"))
      << ", bound " << fmt("%.2f", m("bottleneck_bound_tok_s")) << ", efficiency "
-     << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << fmt("%.1f", m("ttft_p50_ms")) << "/"
-     << fmt("%.1f", m("ttft_p99_ms")) << " ms  TPOT p50/p99 " << fmt("%.1f", m("tpot_p50_ms")) << "/"
-     << fmt("%.1f", m("tpot_p99_ms")) << " ms\n";
+     << fmt("%.1f%%", 100.0 * m("pipeline_efficiency")) << ")  TTFT p50/p99 " << format_digits(m("ttft_p50_ms")) << "/"
+     << format_digits(m("ttft_p99_ms")) << " ms  TPOT p50/p99 " << format_digits(m("tpot_p50_ms")) << "/"
+     << format_digits(m("tpot_p99_ms")) << " ms\n";
   print_slowest_boundary(os, run, p);
   if (p.metrics.count("simulated_decode_tokens_per_s"))
     os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "

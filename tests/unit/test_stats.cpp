@@ -11,12 +11,25 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "common/stats.h"
 
 namespace ppb {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// What people read keeps the digits a figure's size needs (a tiny model's TPOT is not "0.0").
+TEST(Format, DigitsFollowTheSize) {
+  EXPECT_EQ(format_digits(123.456), "123.5");
+  EXPECT_EQ(format_digits(0.0), "0.0");
+  EXPECT_EQ(format_digits(4.567), "4.57");
+  EXPECT_EQ(format_digits(0.0423), "0.042");
+  EXPECT_EQ(format_digits(0.00037), "0.00037");
+  EXPECT_EQ(format_digits(-0.0042, true), "-0.0042");
+  EXPECT_EQ(format_digits(0.25, true), "+0.250");
+  EXPECT_EQ(format_digits(1e-12), "0.000000000");  // at most 9 decimals
+}
 
 TEST(Stats, PercentileInterpolatesAndSkipsNaN) {
   EXPECT_DOUBLE_EQ(percentile({4, 1, kNaN, 3, 2}, 50), 2.5);
