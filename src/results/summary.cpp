@@ -429,8 +429,10 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
        << ": the same grid on the group's shards (/profile/tp step_ms), held-out p50 " << fmt("%.1f", 100 * gf.abs_error_p50)
        << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%"
        << (gf.abs_error_p50 > stepcost::kGridDisturbedError
-               ? format_line(" (timed %d time(s), still over %.0f%%: a disturbed grid)", g.step_attempts,
-                             100 * stepcost::kGridDisturbedError)
+               ? (g.step_attempts > 0 ? format_line(" (timed %d time%s, still over %.0f%%: a disturbed grid)", g.step_attempts,
+                                                    g.step_attempts > 1 ? "s" : "", 100 * stepcost::kGridDisturbedError)
+                                      : format_line(" (over %.0f%%: a disturbed grid, timed once in files before 2026-12-07)",
+                                                    100 * stepcost::kGridDisturbedError))
            : g.step_attempts > 1 ? format_line(" (timed %d times: one over %.0f%% is timed again)", g.step_attempts,
                                                100 * stepcost::kGridDisturbedError)
                                  : std::string())
