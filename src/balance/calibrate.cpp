@@ -29,7 +29,7 @@ std::pair<std::vector<double>, std::vector<double>> rank_sums(const std::vector<
 /// timings were: F is a share of the forward the pairs timed (the stage's sum less (n - 1) F then
 /// scales as a whole). Nothing where the table has no pairs or they are not [R][2][K].
 void scale_fixed_pairs(ProfileTable& c, size_t r, size_t ph, double f) {
-  const size_t K = static_cast<size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  const size_t K = static_cast<size_t>(stepcost::kFixedCostSamples);
   if (c.fixed_unit < 0 || !(std::isfinite(f) && f > 0)) return;
   for (std::vector<double>* v : {&c.fixed_one_ms, &c.fixed_two_ms})
     for (size_t i = (2 * r + ph) * K; i < (2 * r + ph + 1) * K && i < v->size(); ++i) (*v)[i] *= f;

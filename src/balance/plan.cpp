@@ -104,7 +104,7 @@ RunRecord plan_record(const RunRecord& run, int devices, int groups) {
       p.step_ms.insert(p.step_ms.end(), t.step_ms.begin(), t.step_ms.begin() + static_cast<long>(S * N));
   }
   // A forward's fixed cost: rank 0's pairs [2][pairs] per device, as its tables.
-  const std::size_t F = 2 * static_cast<std::size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  const std::size_t F = 2 * static_cast<std::size_t>(stepcost::kFixedCostSamples);
   if (t.fixed_unit >= 0 && t.fixed_one_ms.size() >= F && t.fixed_two_ms.size() >= F) {
     p.fixed_unit = t.fixed_unit;
     for (int d = 0; d < devices; ++d) {

@@ -63,8 +63,7 @@ namespace {
 /// counted units - 1 times too many (stepcost::FixedCost; prof's pairs, 0 where it has none).
 std::pair<double, double> with_fixed_cost(const ProfileTable& prof, int r, int units, double pre, double dec) {
   if (prof.fixed_unit < 0) return {pre, dec};
-  return {std::max(0.0, pre + stepcost::stage_fixed_correction_ms(units, applied_fixed_ms(prof, r, 0))),
-          std::max(0.0, dec + stepcost::stage_fixed_correction_ms(units, applied_fixed_ms(prof, r, 1)))};
+  return {std::max(0.0, pre + stage_fixed_ms(prof, r, units, 0)), std::max(0.0, dec + stage_fixed_ms(prof, r, units, 1))};
 }
 
 }  // namespace
@@ -251,7 +250,8 @@ PartitionRecord Predictor::describe(const Partition& p, const ProfileTable& prof
   pr.predicted_stage_ms = p.predicted_stage_ms;
   bool fixed = false;  // a forward's fixed cost taken on a width-1 stage's rank: not in the solver's unit sums
   for (int k = 0; k < S && prof.fixed_unit >= 0; ++k)
-    for (int ph = 0; ph < 2; ++ph) fixed = fixed || (p.width(k) == 1 && applied_fixed_ms(prof, p.device_rank[k], ph) != 0.0);
+    for (int ph = 0; ph < 2; ++ph)
+      fixed = fixed || (p.width(k) == 1 && stage_fixed_ms(prof, p.device_rank[k], p.last_unit[k] - p.first_unit[k] + 1, ph) != 0.0);
   if (!prof.latency_alone_ms.empty() || fixed) {
     // The solver's stage time is stage_time(compute on the together table, t_in, t_out); the
     // modelled compute takes the together compute's place, with the solver's own transfers. A

@@ -88,8 +88,7 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
     for (int c : prof.decode_contexts) s.contexts.push_back(c);
     s.decode_ms = context_curve(prof, static_cast<std::size_t>(p.device_rank[k]), p.first_unit[k], p.last_unit[k]);
     if (p.width(k) == 1) {  // a forward's fixed cost once per stage, as stage_sums' decode
-      const double fix = stepcost::stage_fixed_correction_ms(p.last_unit[k] - p.first_unit[k] + 1,
-                                                             applied_fixed_ms(prof, p.device_rank[k], 1));
+      const double fix = stage_fixed_ms(prof, p.device_rank[k], p.last_unit[k] - p.first_unit[k] + 1, 1);
       for (double& d : s.decode_ms) d = std::max(0.0, d + fix);
     } else {  // assumption 5: the group's mean, the first rank's shape
       double mean = 0.0;
@@ -143,10 +142,9 @@ ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, 
     stage_units_.push_back(std::move(units));
     // A width-1 stage's units each carry a forward's fixed cost; the stage pays it once. A TP
     // stage's group timed no pairs (its forwards all-reduce): none taken there.
-    const int n = p.last_unit[k] - p.first_unit[k] + 1;
+    const int n = p.last_unit[k] - p.first_unit[k] + 1, r = p.device_rank[k];
     const bool one_rank = p.width(k) == 1;
-    fixed_ms_.push_back({one_rank ? stepcost::stage_fixed_correction_ms(n, applied_fixed_ms(run.profile, p.device_rank[k], 0)) : 0.0,
-                         one_rank ? stepcost::stage_fixed_correction_ms(n, applied_fixed_ms(run.profile, p.device_rank[k], 1)) : 0.0});
+    fixed_ms_.push_back({one_rank ? stage_fixed_ms(run.profile, r, n, 0) : 0.0, one_rank ? stage_fixed_ms(run.profile, r, n, 1) : 0.0});
   }
 }
 

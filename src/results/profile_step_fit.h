@@ -69,11 +69,11 @@ inline stepcost::Level group_step_level(const ProfileTable& p, int B, int P, con
 }
 
 /// The forward fixed cost of rank `r`, kind `ph` (0 prefill, 1 decode): stepcost::fixed_cost_of
-/// of its K = kFixedCostPairs x kFixedCostWindows pairs in p's fixed_one_ms / fixed_two_ms
+/// of its K = kFixedCostSamples pairs in p's fixed_one_ms / fixed_two_ms
 /// ([R][2][K]); empty (no pairs) where the profile timed none, r is out of range or the tables
 /// are not so shaped.
 inline stepcost::FixedCost fixed_cost_at(const ProfileTable& p, int r, int ph) {
-  const std::size_t K = static_cast<std::size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  const std::size_t K = static_cast<std::size_t>(stepcost::kFixedCostSamples);
   const std::size_t n = p.fixed_one_ms.size(), at = (2 * static_cast<std::size_t>(r) + static_cast<std::size_t>(ph)) * K;
   if (p.fixed_unit < 0 || r < 0 || ph < 0 || ph > 1 || p.fixed_two_ms.size() != n || n % (2 * K) != 0 || at + K > n) return {};
   const auto one = p.fixed_one_ms.begin() + static_cast<long>(at), two = p.fixed_two_ms.begin() + static_cast<long>(at);
@@ -86,7 +86,7 @@ inline stepcost::FixedCost fixed_cost_at(const ProfileTable& p, int r, int ph) {
 ///         are not [R][2][K].
 inline std::vector<stepcost::FixedCost> step_fixed_costs(const ProfileTable& p) {
   if (p.fixed_unit < 0 || p.fixed_one_ms.empty()) return {};
-  const std::size_t n = p.fixed_one_ms.size(), K = static_cast<std::size_t>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  const std::size_t n = p.fixed_one_ms.size(), K = static_cast<std::size_t>(stepcost::kFixedCostSamples);
   if (p.fixed_two_ms.size() != n || n % (2 * K) != 0)
     throw UserError("/profile/step_model: fixed_one_ms and fixed_two_ms must both be [ranks][2][" + std::to_string(K) +
                     "] (" + std::to_string(n) + " and " + std::to_string(p.fixed_two_ms.size()) + " values)");
@@ -100,6 +100,13 @@ inline std::vector<stepcost::FixedCost> step_fixed_costs(const ProfileTable& p) 
 /// reader checks the tables' shape: read_step_model).
 inline double applied_fixed_ms(const ProfileTable& p, int r, int ph) {
   return p.fixed_unit < 0 ? 0.0 : fixed_cost_at(p, r, ph).applied_ms();
+}
+
+/// What a one-rank stage of `units` units on rank `r` adds to its units' summed timings of kind
+/// `ph` (ms): stepcost::stage_fixed_correction_ms of applied_fixed_ms, -(units - 1)·F; 0 where
+/// the profile took no F. The one rule of the closed sums, the two-shape model and the step model.
+inline double stage_fixed_ms(const ProfileTable& p, int r, int units, int ph) {
+  return p.fixed_unit < 0 ? 0.0 : stepcost::stage_fixed_correction_ms(units, applied_fixed_ms(p, r, ph));
 }
 
 }  // namespace ppb

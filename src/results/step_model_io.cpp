@@ -23,11 +23,12 @@ std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.en
 void write_fixed_cost(Group& g, const ProfileTable& p, hs R) {
   const std::vector<stepcost::FixedCost> f = step_fixed_costs(p);
   if (f.empty()) return;
-  const hs K = static_cast<hs>(stepcost::kFixedCostPairs * stepcost::kFixedCostWindows);
+  const hs K = static_cast<hs>(stepcost::kFixedCostSamples);
   if (f.size() != 2 * R) throw InternalError("write_results: /profile/step_model fixed_one_ms is not [ranks][2][pairs]");
   const char* kinds = "kind 0: a prefill of B rows of P tokens; 1: a decode of B rows at the middle profiled context";
   g.write_dataset("fixed_one_ms", p.fixed_one_ms, {R, 2, K})
-      .set_attr("content", std::string("a one-unit stage of unit fixed_unit, each pair's (9 before the grid, 9 after); ") + kinds);
+      .set_attr("content", format_line("a one-unit stage of unit fixed_unit, each pair's (%d before the grid, %d after); ",
+                                       stepcost::kFixedCostPairs, stepcost::kFixedCostPairs) + kinds);
   g.write_dataset("fixed_two_ms", p.fixed_two_ms, {R, 2, K})
       .set_attr("content", std::string("a two-unit stage of units fixed_unit and fixed_unit + 1, each pair's; ") + kinds);
   std::vector<double> ms, lo, hi;
@@ -38,9 +39,10 @@ void write_fixed_cost(Group& g, const ProfileTable& p, hs R) {
   g.write_dataset("fixed_lo_ms", lo, {R, 2}).set_attr("content", "the smallest pair's 2 x one - two (ms)");
   g.write_dataset("fixed_hi_ms", hi, {R, 2}).set_attr("content", "the largest pair's 2 x one - two (ms)");
   g.write_dataset("fixed_taken", taken, {R, 2})
-      .set_attr("content", "1 where the predictions take fixed_ms: every pair of both windows of one sign "
-                           "and |fixed_ms| at least 10% of fixed_one_ms's median (stepcost::FixedCost::taken); a one-rank "
-                           "stage of n units then costs the sum of its units less (n - 1) x fixed_ms");
+      .set_attr("content", format_line("1 where the predictions take fixed_ms: every pair of both windows of one sign and "
+                                       "|fixed_ms| at least %.0f%% of fixed_one_ms's median (stepcost::FixedCost::taken); a "
+                                       "one-rank stage of n units then costs the sum of its units less (n - 1) x fixed_ms",
+                                       100 * stepcost::FixedCost::kMinShare));
   g.set_attr("fixed_unit", static_cast<int64_t>(p.fixed_unit));
 }
 
@@ -122,15 +124,15 @@ std::string fixed_cost_line(const ProfileTable& p) {
   const std::vector<stepcost::FixedCost> f = step_fixed_costs(p);
   if (f.empty()) return "";
   std::string out = format_line("a forward's fixed cost (2 x one unit - a stage of two, median [min..max] of %d pairs in %d "
-                                "windows, ms):", stepcost::kFixedCostPairs * stepcost::kFixedCostWindows,
+                                "windows, ms):", stepcost::kFixedCostSamples,
                                 stepcost::kFixedCostWindows);
+  auto kind = [](const char* name, const stepcost::FixedCost& c) {
+    return format_line(" %s %s [%s..%s] (%+.1f%% of a unit)", name, format_digits(c.ms, true).c_str(),
+                       format_digits(c.lo_ms, true).c_str(), format_digits(c.hi_ms, true).c_str(),
+                       c.one_ms > 0 ? 100.0 * c.ms / c.one_ms : 0.0);
+  };
   int taken = 0;
   for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
-    auto share = [](const stepcost::FixedCost& c) { return c.one_ms > 0 ? 100.0 * c.ms / c.one_ms : 0.0; };
-    auto kind = [&](const char* name, const stepcost::FixedCost& c) {
-      return format_line(" %s %s [%s..%s] (%+.1f%% of a unit)", name, format_digits(c.ms, true).c_str(),
-                         format_digits(c.lo_ms, true).c_str(), format_digits(c.hi_ms, true).c_str(), share(c));
-    };
     out += format_line("%s rank %zu", i ? ";" : "", i / 2) + kind("prefill", f[i]) + "," + kind("decode", f[i + 1]);
     taken += f[i].taken() + f[i + 1].taken();
   }

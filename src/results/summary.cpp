@@ -395,6 +395,18 @@ void print_profile_only(std::ostream& os, const RunRecord& run) {
   }
 }
 
+/// How many times a tensor-parallel group's grid was timed, where it matters: " (timed N times:
+/// one over 3% is timed again)", " (timed N time(s), still over 3%: a disturbed grid)", or, in
+/// files before the retries (no step_attempts), " (over 3%: a disturbed grid, timed once ...)".
+std::string tp_grid_attempts_text(int attempts, double held_out_p50) {
+  const double limit = 100 * stepcost::kGridDisturbedError;
+  if (held_out_p50 > stepcost::kGridDisturbedError)
+    return attempts > 0 ? format_line(" (timed %d time%s, still over %.0f%%: a disturbed grid)", attempts,
+                                      attempts > 1 ? "s" : "", limit)
+                        : format_line(" (over %.0f%%: a disturbed grid, timed once in files before 2026-12-07)", limit);
+  return attempts > 1 ? format_line(" (timed %d times: one over %.0f%% is timed again)", attempts, limit) : "";
+}
+
 /// The step model's grid and its held-out error (issue 47), where the profile timed one.
 void print_step_model(std::ostream& os, const RunRecord& run) {
   const ProfileTable& t = run.profile;
@@ -427,15 +439,7 @@ void print_step_model(std::ostream& os, const RunRecord& run) {
     const stepcost::Level l = group_step_level(t, B, P, g, gf.models);
     os << "  tensor-parallel ranks " << g.first_rank << ".." << g.first_rank + g.width - 1 << " at width " << g.width
        << ": the same grid on the group's shards (/profile/tp step_ms), held-out p50 " << fmt("%.1f", 100 * gf.abs_error_p50)
-       << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%"
-       << (gf.abs_error_p50 > stepcost::kGridDisturbedError
-               ? (g.step_attempts > 0 ? format_line(" (timed %d time%s, still over %.0f%%: a disturbed grid)", g.step_attempts,
-                                                    g.step_attempts > 1 ? "s" : "", 100 * stepcost::kGridDisturbedError)
-                                      : format_line(" (over %.0f%%: a disturbed grid, timed once in files before 2026-12-07)",
-                                                    100 * stepcost::kGridDisturbedError))
-           : g.step_attempts > 1 ? format_line(" (timed %d times: one over %.0f%% is timed again)", g.step_attempts,
-                                               100 * stepcost::kGridDisturbedError)
-                                 : std::string())
+       << "%, max " << fmt("%.1f", 100 * gf.abs_error_max) << "%" << tp_grid_attempts_text(g.step_attempts, gf.abs_error_p50)
        << "; its cycles / its model, decode x" << fmt("%.2f", l.decode) << ", prefill x" << fmt("%.2f", l.prefill) << "\n";
   }
 }

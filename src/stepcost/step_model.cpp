@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/stats.h"
 
 namespace ppb::stepcost {
 
@@ -264,15 +265,11 @@ FixedCost fixed_cost_of(const std::vector<double>& one_ms, const std::vector<dou
   if (one_ms.empty()) return f;
   std::vector<double> d;
   for (std::size_t i = 0; i < one_ms.size(); ++i) d.push_back(2.0 * one_ms[i] - two_ms[i]);
-  std::sort(d.begin(), d.end());
-  const std::size_t n = d.size();
-  f.pairs = static_cast<int>(n);
-  f.ms = n % 2 ? d[n / 2] : 0.5 * (d[n / 2 - 1] + d[n / 2]);
-  f.lo_ms = d.front();
-  f.hi_ms = d.back();
-  std::vector<double> one = one_ms;
-  std::sort(one.begin(), one.end());
-  f.one_ms = n % 2 ? one[n / 2] : 0.5 * (one[n / 2 - 1] + one[n / 2]);
+  f.pairs = static_cast<int>(d.size());
+  f.ms = median(d);
+  f.lo_ms = *std::min_element(d.begin(), d.end());
+  f.hi_ms = *std::max_element(d.begin(), d.end());
+  f.one_ms = median(one_ms);
   return f;
 }
 

@@ -183,10 +183,12 @@ struct FixedCost {
   static constexpr int kMinPairs = 18;
   static constexpr double kMinShare = 0.10;
 };
-/// Pairs the profile times per window and kind of step (prefill, decode), and its windows.
+/// Pairs the profile times per window and kind of step (prefill, decode), its windows, and the
+/// pairs it stores per rank and kind (the results file's [R][2][kFixedCostSamples]).
 inline constexpr int kFixedCostPairs = 9;
 inline constexpr int kFixedCostWindows = 2;
-static_assert(kFixedCostPairs * kFixedCostWindows == FixedCost::kMinPairs);
+inline constexpr int kFixedCostSamples = kFixedCostPairs * kFixedCostWindows;
+static_assert(kFixedCostSamples == FixedCost::kMinPairs);
 
 /// The FixedCost of pairs (one_ms[i], two_ms[i]): t1 a one-unit stage's forward, t2 a two-unit
 /// stage's at the same shape (ms). @throws ppb::InternalError where the lists differ in length.

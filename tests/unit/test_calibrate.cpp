@@ -74,7 +74,7 @@ TEST(Calibrate, ScalesEachRanksRowAndItsCost) {
 TEST(Calibrate, AForwardsFixedCostScalesWithItsRanksTimings) {
   ProfileTable t = two_rank_table(3);
   t.fixed_unit = 1;
-  const int K = stepcost::kFixedCostPairs * stepcost::kFixedCostWindows;
+  const int K = stepcost::kFixedCostSamples;
   t.fixed_one_ms.assign(2 * 2 * K, 1.0);
   t.fixed_two_ms.assign(2 * 2 * K, 1.8);
   const ProfileTable c = calibrated_profile(t, {1.0, 2.0, 0.5, 1.0}, Objective::workload, 4);

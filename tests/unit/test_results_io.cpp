@@ -125,7 +125,7 @@ RunRecord make_record() {
     tpg.step_attempts = 3;
     // A forward's fixed cost's pairs [2 ranks][2 kinds][18]: 2·one - two = 0.15 x (kind + 1) on rank 1.
     p.fixed_unit = 1;
-    const int K = ppb::stepcost::kFixedCostPairs * ppb::stepcost::kFixedCostWindows;
+    const int K = ppb::stepcost::kFixedCostSamples;
     for (int i = 0; i < 2 * 2 * K; ++i) {
       const int r = i / (2 * K), kind = i / K % 2;
       p.fixed_one_ms.push_back(1.0 + 0.001 * i);

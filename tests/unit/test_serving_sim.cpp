@@ -418,7 +418,7 @@ void add_fixed_pairs(RunRecord& run) {
   const double F[2][2] = {{0.0, 0.2}, {-0.15, 0.0}};  // [rank][prefill, decode]
   for (int r = 0; r < 2; ++r)
     for (int ph = 0; ph < 2; ++ph)
-      for (int i = 0; i < stepcost::kFixedCostPairs * stepcost::kFixedCostWindows; ++i) {
+      for (int i = 0; i < stepcost::kFixedCostSamples; ++i) {
         const double sign = r == 0 && ph == 0 ? (i % 2 ? 1.0 : -1.0) : 1.0;  // rank 0's prefill: +-0.05
         const double f = r == 0 && ph == 0 ? 0.05 * sign : F[r][ph];
         t.fixed_one_ms.push_back(1.0);

@@ -170,7 +170,7 @@ TEST(StepModel, LevelAgainstTheCyclesIsTheirSumsRatio) {
 // windows of 9) have one sign and it is at least 10% of a one-unit forward.
 TEST(StepModel, FixedCostIsTheMedianPairTakenWhereSignedAndMaterial) {
   const double F = 0.6;
-  const int n = kFixedCostPairs * kFixedCostWindows;
+  const int n = kFixedCostSamples;
   ASSERT_EQ(n, 18);
   std::vector<double> one, two;
   for (int i = 0; i < n; ++i) {
