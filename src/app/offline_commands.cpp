@@ -44,8 +44,8 @@ BalanceProblem load_balance_problem(const std::string& path, const std::string& 
   const json j = read_json(path);
   if (!j.is_object()) throw UserError("input '" + path + "' must be a JSON object with 'latency_ms'");
   check_keys(j,
-             {"units", "latency_ms", "weight_bytes", "kv_bytes", "device_memory_bytes", "activation_bytes",
-              "link_bandwidth_GBps", "link_latency_us", "overlap"},
+             {"units", "latency_ms", "stage_fixed_ms", "weight_bytes", "kv_bytes", "device_memory_bytes",
+              "activation_bytes", "link_bandwidth_GBps", "link_latency_us", "overlap"},
              path, "top level");
   if (!j.contains("latency_ms")) throw UserError("input '" + path + "': field 'latency_ms' is missing ([devices][units] ms or one row)");
   const json& lat = j.at("latency_ms");
@@ -60,6 +60,12 @@ BalanceProblem load_balance_problem(const std::string& path, const std::string& 
     } else {
       p.unit_names = field<std::vector<std::string>>(j, "units", path, "a list of unit names or a unit count");
     }
+  }
+  if (j.contains("stage_fixed_ms")) {  // validate_problem checks the range against each row
+    const json& f = j["stage_fixed_ms"];
+    if (f.is_number()) p.stage_fixed_ms.assign(p.cost.size(), bounded(f, "stage_fixed_ms", path, kMaxMs, "ms"));
+    else if (f.is_array()) p.stage_fixed_ms = field<std::vector<double>>(j, "stage_fixed_ms", path, "ms per device row");
+    else throw UserError("input '" + path + "': field 'stage_fixed_ms' must be a number or a list (ms per device row)");
   }
   // Numbers are range-checked as doubles before any conversion to int64 (1e30 is not "negative").
   if (j.contains("weight_bytes")) p.weight_bytes = bytes_list(j, "weight_bytes", path);
@@ -138,6 +144,11 @@ void widen_results_rows(BalanceProblem& p, const std::string& path, const std::s
   for (const auto& row : p.cost)
     for (int u = 0; u < p.units(); ++u) mean[u] += row[u] / R;
   p.cost = {mean};
+  if (!p.stage_fixed_ms.empty()) {  // the ranks' fixed costs likewise
+    double f = 0.0;
+    for (double x : p.stage_fixed_ms) f += x / R;
+    p.stage_fixed_ms = {f};
+  }
   p.device_row.assign(stages, 0);
   // K hypothetical devices have no measured links between them: the one link serves them all.
   p.pair_bandwidth_GBps.clear();

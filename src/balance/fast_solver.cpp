@@ -38,13 +38,13 @@ struct Interval {
 };
 using IntervalSet = std::vector<Interval>;
 
-/// Block maxima of the single-unit compute time of one row and of the single-unit bytes, to
+/// Block maxima of the single-unit compute time (the unit and the row's fixed cost) of one row and of the single-unit bytes, to
 /// find the next unit that alone does not fit a stage in O(kBlock + U / kSuper) steps.
 struct UnitMaxima {
   std::vector<double> d, b1, b2;  // [U], [U/kBlock], [U/kSuper]
-  void build(const std::vector<double>& prefix, int U) {
+  void build(const std::vector<double>& prefix, double fixed, int U) {
     d.resize(U);
-    for (int j = 0; j < U; ++j) d[j] = prefix[j + 1] - prefix[j];
+    for (int j = 0; j < U; ++j) d[j] = (prefix[j + 1] - prefix[j]) + fixed;  // Prepared::compute(k, j, j + 1)
     b1.assign((U + kBlock - 1) / kBlock, 0.0);
     b2.assign((U + kSuper - 1) / kSuper, 0.0);
     for (int j = 0; j < U; ++j) {
@@ -59,7 +59,7 @@ class FastSolver {
   FastSolver(const BalanceProblem& problem, const detail::Prepared& pp) : problem_(problem), pp_(pp) {
     const int U = pp.U;
     row_max_.resize(pp.prefix.size());
-    for (std::size_t r = 0; r < pp.prefix.size(); ++r) row_max_[r].build(pp.prefix[r], U);
+    for (std::size_t r = 0; r < pp.prefix.size(); ++r) row_max_[r].build(pp.prefix[r], pp.fixed[r], U);
     for (int k = 0; k < pp.S; ++k)
       stage_max_.push_back(&row_max_[pp.slot_of[k]]);
     m_.resize(U);

@@ -155,6 +155,7 @@ std::vector<GroupCandidate> layout_candidates(const RunRecord& run, const Balanc
       g.width = w;
       if (w == 1) {
         g.cost = p.cost[p.row_of(d)];
+        g.fixed_ms = p.fixed_of_row(p.row_of(d));
       } else {
         const ProfileTable::TpGroupProfile* tp = group_profile(run, classes, d, w);
         if (!tp) continue;  // mixes device classes, or no profile at w
@@ -182,6 +183,7 @@ BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vect
   }
   BalanceProblem p = base;
   p.cost.assign(S, std::vector<double>(U));
+  p.stage_fixed_ms.assign(S, 0.0);  // a tensor-parallel group's profile times no fixed cost
   p.device_row.clear();
   p.device_memory_bytes.clear();
   p.pair_bandwidth_GBps.clear();
@@ -190,6 +192,7 @@ BalanceProblem layout_problem(const RunRecord& run, Objective o, const std::vect
     const auto [first, w] = groups[k];
     if (w == 1) {
       p.cost[k] = base.cost[base.row_of(first)];
+      p.stage_fixed_ms[k] = base.fixed_of_row(base.row_of(first));
     } else {
       const ProfileTable::TpGroupProfile* it = group_profile(run, classes, first, w);
       if (it == nullptr || it->latency_ms.size() != 2 * U)
@@ -229,6 +232,7 @@ class LayoutDp {
         throw InternalError("solve_layout: a group candidate has a malformed cost row or range");
     BalanceProblem xp = base;  // the default link over every boundary
     xp.cost.assign(1, groups[0].cost);
+    xp.stage_fixed_ms.clear();
     xp.device_row.clear();
     xp.pair_bandwidth_GBps.clear();
     xp.pair_latency_us.clear();
@@ -240,7 +244,7 @@ class LayoutDp {
 
   /// Stage time (ms) of group g over units [u, v); NaN when they do not fit its memory.
   double time(const GroupCandidate& g, int u, int v) const {
-    double compute = 0;
+    double compute = g.fixed_ms;
     int64_t bytes = 0;
     for (int x = u; x < v; ++x) {
       compute += g.cost[x];

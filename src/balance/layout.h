@@ -32,7 +32,8 @@ std::string layout_suffix(const std::vector<int>& widths);
 std::vector<std::pair<int, int>> layout_groups(const std::vector<int>& widths);
 
 /// The balancer's problem for `widths`: device k = stage k's group of ranks, whose cost row is
-/// the group's profile at its width (run.profile.tp; width 1: the rank's own row), whose memory
+/// the group's profile at its width (run.profile.tp; width 1: the rank's own row and its
+/// stage_fixed_ms; wider: no fixed cost), whose memory
 /// is width x the smallest limit of its ranks (the weights and KV cache split about 1/width;
 /// the replicated embedding and norms, and KV heads replicated where a layer has fewer than
 /// width, make this optimistic by their size, and the run's memory check of each rank's exact
@@ -61,18 +62,20 @@ std::vector<std::pair<int, int>> auto_layout_groups(const std::vector<int>& clas
 struct GroupCandidate;
 /// The groups a layout search may place stages on: for each device d in [0, classes.size()) and
 /// each width w of `widths` with d + w devices, devices d .. d + w - 1 when they are of one
-/// class; cost row (objective `o`, ms): p's row of device d at width 1, group_profile's at w > 1
-/// (skipped where there is none); memory: w x the smallest of p.device_memory_bytes over them
+/// class; cost row (objective `o`, ms): p's row of device d at width 1 (with its stage_fixed_ms),
+/// group_profile's at w > 1 (skipped where there is none; no fixed cost); memory: w x the smallest of p.device_memory_bytes over them
 /// (one entry per device; empty = unlimited).
 std::vector<GroupCandidate> layout_candidates(const RunRecord& run, const BalanceProblem& p, Objective o,
                                               const std::vector<int>& classes, const std::vector<int>& widths);
 
 /// One group of devices a stage may run on in the layout search: devices first .. first +
-/// width - 1, its cost row [U] (objective ms, compute only) and its memory (bytes; <= 0 =
-/// unlimited).
+/// width - 1, its cost row [U] (objective ms, compute only), the fixed cost a stage on it pays
+/// once besides its units' (BalanceProblem::stage_fixed_ms; 0 for a tensor-parallel group, whose
+/// profile times none) and its memory (bytes; <= 0 = unlimited).
 struct GroupCandidate {
   int first = 0, width = 1;
   std::vector<double> cost;
+  double fixed_ms = 0.0;
   int64_t memory_bytes = 0;
 };
 

@@ -27,7 +27,7 @@ bool same_links(const BalanceProblem& p, int d, int e) {
   return true;
 }
 
-/// Class id of every device: equal cost row (by content), equal memory limit and the same links
+/// Class id of every device: equal cost row and stage_fixed_ms (by content), equal memory limit and the same links
 /// to every other device (devices of one node, with per-pair links).
 std::vector<int> device_classes(const BalanceProblem& p) {
   const int D = p.devices();
@@ -41,7 +41,9 @@ std::vector<int> device_classes(const BalanceProblem& p) {
       if (cls[e] >= 0) continue;
       const int64_t cap_e = p.device_memory_bytes.empty() ? 0 : std::max<int64_t>(0, p.device_memory_bytes[e]);
       if (cap_d != cap_e) continue;
-      if ((p.row_of(d) == p.row_of(e) || p.cost[p.row_of(d)] == p.cost[p.row_of(e)]) && same_links(p, d, e))
+      if ((p.row_of(d) == p.row_of(e) ||
+           (p.cost[p.row_of(d)] == p.cost[p.row_of(e)] && p.fixed_of_row(p.row_of(d)) == p.fixed_of_row(p.row_of(e)))) &&
+          same_links(p, d, e))
         cls[e] = next;
     }
     ++next;

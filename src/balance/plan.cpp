@@ -180,7 +180,8 @@ void enumerate_layouts(const SearchSpace& sp, std::vector<int>& cur, int d, std:
 }
 
 /// The stage times of the bottleneck DP: group of width w over units [u, v) with the one link's
-/// boundary transfers (the layout problem's), NaN where the units do not fit its memory.
+/// boundary transfers (the layout problem's) and, at width 1, the forward's fixed cost once
+/// (BalanceProblem::stage_fixed_ms), NaN where the units do not fit its memory.
 class StageTimes {
  public:
   StageTimes(const RunRecord& rec, const SearchSpace& sp) : sp_(sp) {
@@ -204,13 +205,14 @@ class StageTimes {
           row[u] = objective_cost(sp.objective, g->latency_ms[2 * u], g->latency_ms[2 * u + 1], rec.workload.gen_len);
       }
       cost_.push_back(row);
+      fixed_.push_back(w == 1 ? p.fixed_of_row(p.row_of(0)) : 0.0);  // a TP group's profile times none
       memory_.push_back(dev > 0 ? dev * w : 0);
     }
   }
 
   /// Stage time (ms) of width index wi over units [u, v); NaN when they do not fit.
   double time(size_t wi, int u, int v) const {
-    double compute = 0;
+    double compute = fixed_[wi];
     int64_t bytes = 0;
     for (int x = u; x < v; ++x) {
       compute += cost_[wi][x];
@@ -226,6 +228,7 @@ class StageTimes {
   std::vector<double> xfer_;
   std::vector<int64_t> bytes_, memory_;
   std::vector<std::vector<double>> cost_;  ///< [widths][U] objective ms
+  std::vector<double> fixed_;              ///< [widths] ms a stage pays once (stage_fixed_ms; width 1 only)
 };
 
 /// Per stage count S (index S; empty where none fits): the widths whose best split has the

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/stats.h"
 #include "common/transfer.h"
+#include "results/profile_step_fit.h"
 
 namespace ppb::balance {
 
@@ -101,6 +102,20 @@ std::optional<std::pair<double, double>> PairLinks::measured(int from, int to, s
 
 int handoff_copies(int from_width, int to_width) { return (to_width + from_width - 1) / from_width; }
 
+void apply_stage_fixed(BalanceProblem& p, const std::vector<double>& fixed_per_row) {
+  if (std::all_of(fixed_per_row.begin(), fixed_per_row.end(), [](double f) { return f == 0.0; })) return;
+  if (fixed_per_row.size() != p.cost.size())
+    throw InternalError("apply_stage_fixed: " + std::to_string(fixed_per_row.size()) + " fixed costs for " +
+                        std::to_string(p.cost.size()) + " cost rows");
+  p.stage_fixed_ms.assign(p.cost.size(), 0.0);
+  for (size_t r = 0; r < p.cost.size(); ++r) {
+    if (p.cost[r].empty()) continue;
+    const double f = std::min(fixed_per_row[r], *std::min_element(p.cost[r].begin(), p.cost[r].end()));
+    for (double& c : p.cost[r]) c = std::max(0.0, c - f);  // >= 0 already but for rounding
+    p.stage_fixed_ms[r] = f;
+  }
+}
+
 BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   const ProfileTable& t = run.profile;
   const WorkloadInfo& w = run.workload;
@@ -113,6 +128,12 @@ BalanceProblem problem_from_run(const RunRecord& run, Objective o) {
   for (size_t r = 0; r < R; ++r)
     for (size_t u = 0; u < U; ++u)
       p.cost[r][u] = objective_cost(o, t.latency_ms[(r * U + u) * 2], t.latency_ms[(r * U + u) * 2 + 1], w.gen_len);
+  if (t.fixed_unit >= 0) {
+    std::vector<double> fixed(R);
+    for (size_t r = 0; r < R; ++r)
+      fixed[r] = objective_cost(o, applied_fixed_ms(t, static_cast<int>(r), 0), applied_fixed_ms(t, static_cast<int>(r), 1), w.gen_len);
+    apply_stage_fixed(p, fixed);
+  }
   p.unit_names = t.unit_name;
   p.weight_bytes = t.unit_weight_bytes;
   p.kv_bytes = t.unit_kv_bytes;
@@ -168,10 +189,13 @@ Partition make_split(const BalanceProblem& problem, const SplitRequest& r) {
       p = solve_uniform(U, r.stages, r.remainder);
       p.device_rank = rank_order(problem, r.stages);
       break;
-    case Method::seed:
-      p = solve_seed(problem.cost[problem.row_of(0)], r.stages);
+    case Method::seed: {  // the article's DP on the one-unit timings, each with its fixed cost
+      std::vector<double> row = problem.cost[problem.row_of(0)];
+      for (double& c : row) c += problem.fixed_of_row(problem.row_of(0));
+      p = solve_seed(row, r.stages);
       p.device_rank = rank_order(problem, r.stages);
       break;
+    }
     case Method::balanced:
       p = solve_with_order(problem, r.stages, r.order, r.kind);
       break;

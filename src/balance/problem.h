@@ -71,7 +71,9 @@ PairLinks node_pair_links(const RunRecord& run);
 int handoff_copies(int from_width, int to_width);
 
 /// The balancer's problem of `run` for objective `o`:
-///  - cost [R][U] = objective_cost of each rank's own profile row (/profile/latency_ms);
+///  - cost [R][U] = objective_cost of each rank's own profile row (/profile/latency_ms); where
+///    the profile took a forward's fixed cost (/profile/step_model fixed_taken), its
+///    objective_cost of the prefill and decode F apart: apply_stage_fixed (stage_fixed_ms [R]);
 ///  - weight_bytes, kv_bytes [U] = /profile/unit_weight_bytes, unit_kv_bytes;
 ///  - device_memory_bytes [R] = each rank's memory limit (when every rank has one > 0) less its
 ///    stage_scratch_bytes (the scratch of the largest possible stage), at least 1;
@@ -84,6 +86,17 @@ int handoff_copies(int from_width, int to_width);
 /// run.model_attrs_num["hidden_size"] (0 or absent: no activation bytes) and the link.
 /// @throws ppb::UserError when the record lacks a profile or its tables disagree in size.
 BalanceProblem problem_from_run(const RunRecord& run, Objective o);
+
+/// Takes a forward's fixed cost apart from the units' costs (issue 47; stepcost::FixedCost):
+/// `p.cost` holds one-unit timings, each of which carries the fixed cost once. For each row r
+/// with F = min(fixed_per_row[r], min_u p.cost[r][u]) (the cap keeps every unit's cost less F
+/// >= 0, so stage times stay monotone in their units: the solvers' precondition), every
+/// p.cost[r][u] -= F and p.stage_fixed_ms[r] = F, replacing what it held. A stage of n units on
+/// row r then costs sum(its timings) - (n - 1)·F, the closed predictions' rule
+/// (results/profile_step_fit.h stage_fixed_ms), wherever F is below the row's cheapest unit.
+/// An empty or all-zero `fixed_per_row` leaves `p` as it is.
+/// @throws ppb::InternalError when fixed_per_row is neither empty nor one value per cost row.
+void apply_stage_fixed(BalanceProblem& p, const std::vector<double>& fixed_per_row);
 
 /// How a split is made: `run --partition` and `ppbench balance --solver/--partition`, and the
 /// name a partition carries in the results file.

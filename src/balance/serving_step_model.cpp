@@ -176,6 +176,27 @@ std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<servi
   return cost;
 }
 
+std::vector<double> step_mix_fixed_ms(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
+  const ProfileTable& t = run.profile;
+  if (t.fixed_unit < 0) return {};
+  const std::vector<stepcost::UnitModel> fits = fit_step_model(t).models;
+  const std::size_t S = t.step_by_rows.size();
+  if (fits.empty() || S == 0) return {};
+  const std::size_t R = fits.size() / S;
+  const std::vector<stepcost::Level> levels = step_model_levels(t, run.workload.batch, run.workload.prompt_len, fits);
+  std::vector<double> out(R, 0.0);
+  bool any = false;
+  for (std::size_t r = 0; r < R; ++r) {
+    const double pre = applied_fixed_ms(t, static_cast<int>(r), 0), dec = applied_fixed_ms(t, static_cast<int>(r), 1);
+    any = any || pre != 0.0 || dec != 0.0;
+    for (const serving::StepShape& sh : shapes)
+      out[r] += (sh.prefill_rows > 0 ? pre : dec) * stepcost::pooled_level(levels.at(r), sh.prefill_rows > 0);
+    out[r] *= scale;
+  }
+  if (!any) return {};
+  return out;
+}
+
 double ProfileStepCosts::compute_ms(int k, const serving::StepShape& s) const {
   const auto& units = stage_units_.at(static_cast<std::size_t>(k));
   if (units.empty()) return stage_step_ms(stages_.at(k), s);

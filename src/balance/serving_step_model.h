@@ -94,6 +94,14 @@ stepcost::StepWork step_work_of(const serving::StepShape& s);
 /// weight. Empty where the profile has no grid.
 std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
 
+/// The forward's fixed cost under the same step mix (issue 47), [R] ms: `scale` x the sum over
+/// `shapes` of rank r's fixed cost of the step's kind (a step with prefill rows: the prefill F,
+/// else the decode F; results/profile_step_fit.h applied_fixed_ms) at step_mix_costs' pooled
+/// level. Each unit's step_mix_costs carries it once (the grid times one-unit stages), so
+/// apply_stage_fixed(problem, this) on those costs charges it once per stage, as
+/// ProfileStepCosts does. Empty where the profile took no fixed cost or has no grid.
+std::vector<double> step_mix_fixed_ms(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
+
 /// The serving simulator's cost model of partition `p` of `run`: each stage's step time from
 /// the step model where the profile timed its grid (a width-1 stage: its rank's fits; a
 /// tensor-parallel stage: its group's, group_profile's group at its width; each scaled per kind

@@ -94,6 +94,16 @@ void validate_problem(const BalanceProblem& p) {
                         g_text(p.cost[r][u]) + " ms; costs must be finite, >= 0 and <= " + g_text(kMaxCostMs) +
                         " ms (so that sums over units stay finite)");
   }
+  if (!p.stage_fixed_ms.empty() && p.stage_fixed_ms.size() != p.cost.size())
+    throw UserError("stage_fixed_ms has " + std::to_string(p.stage_fixed_ms.size()) +
+                    " entries; need one per cost row (" + std::to_string(p.cost.size()) + ") or none");
+  for (std::size_t r = 0; r < p.stage_fixed_ms.size(); ++r) {
+    const double least = *std::min_element(p.cost[r].begin(), p.cost[r].end());
+    if (!std::isfinite(p.stage_fixed_ms[r]) || p.stage_fixed_ms[r] < -least || p.stage_fixed_ms[r] > kMaxCostMs)
+      throw UserError("stage_fixed_ms[" + std::to_string(r) + "] is " + g_text(p.stage_fixed_ms[r]) +
+                      " ms; must be finite, <= " + g_text(kMaxCostMs) + " ms and >= -" + g_text(least) +
+                      " ms (minus the row's cheapest unit: a one-unit stage costs >= 0)");
+  }
   for (std::size_t d = 0; d < p.device_row.size(); ++d)
     if (p.device_row[d] < 0 || p.device_row[d] >= static_cast<int>(p.cost.size()))
       throw UserError("device_row[" + std::to_string(d) + "] = " + std::to_string(p.device_row[d]) +
@@ -249,12 +259,14 @@ Prepared prepare(const BalanceProblem& problem, const std::vector<int>& order) {
   for (auto& s : row_slot)
     if (s >= 0) s = slots++;
   pp.prefix.assign(slots, std::vector<double>(pp.U + 1, 0.0));
+  pp.fixed.assign(slots, 0.0);
   double scale = 0.0;
   for (std::size_t r = 0; r < problem.cost.size(); ++r) {
     if (row_slot[r] < 0) continue;
     auto& pre = pp.prefix[row_slot[r]];
     for (int u = 0; u < pp.U; ++u) pre[u + 1] = pre[u] + problem.cost[r][u];
-    scale = std::max(scale, pre[pp.U]);
+    pp.fixed[row_slot[r]] = problem.fixed_of_row(static_cast<int>(r));
+    scale = std::max(scale, pre[pp.U] + std::fabs(pp.fixed[row_slot[r]]));
   }
   for (int k = 0; k < pp.S; ++k) {
     pp.slot_of.push_back(row_slot[problem.row_of(order[k])]);
@@ -324,11 +336,12 @@ void evaluate(const BalanceProblem& problem, Partition& p) {
       for (int u = 0; u < U; ++u) pre[u + 1] = pre[u] + row[u];
     }
     const double pre_a = pre[p.first_unit[k]], pre_b = pre[p.last_unit[k] + 1];
+    const double fixed = problem.fixed_of_row(problem.row_of(d));
     // Only the two boundaries the stage touches, each over its own link: O(1) per stage
     // instead of a [U-1] row per stage boundary (issue 34); the same formula as the solvers'.
     const double t_in = k > 0 ? boundary_ms(problem, pair_link(problem, p.device_rank[k - 1], d), p.first_unit[k] - 1) : 0.0;
     const double t_out = k < S - 1 ? boundary_ms(problem, pair_link(problem, d, p.device_rank[k + 1]), p.last_unit[k]) : 0.0;
-    p.predicted_stage_ms[k] = stage_time(pre_b - pre_a, t_in, t_out, problem.overlap);
+    p.predicted_stage_ms[k] = stage_time((pre_b - pre_a) + fixed, t_in, t_out, problem.overlap);
   }
   const auto [lo, hi] = std::minmax_element(p.predicted_stage_ms.begin(), p.predicted_stage_ms.end());
   p.bottleneck_ms = *hi;
@@ -338,6 +351,7 @@ void evaluate(const BalanceProblem& problem, Partition& p) {
 std::vector<double> stage_transfer_ms(const BalanceProblem& problem, const Partition& p) {
   BalanceProblem links_only = problem;
   for (auto& row : links_only.cost) std::fill(row.begin(), row.end(), 0.0);
+  links_only.stage_fixed_ms.clear();
   Partition q = p;
   evaluate(links_only, q);
   return q.predicted_stage_ms;

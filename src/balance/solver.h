@@ -30,6 +30,12 @@ namespace ppb::balance {
 struct BalanceProblem {
   /// [R][U] ms: cost of every unit on a device of row r (e.g. prefill + G x decode). R >= 1.
   std::vector<std::vector<double>> cost;
+  /// [R] ms a stage on a device of row r costs once, besides its units' `cost` (a forward's fixed
+  /// cost, issue 47: kernel launches, a CUDA graph's replay, the lane's events): a stage of units
+  /// [a, b] on row r costs stage_fixed_ms[r] + sum cost[r][a..b]. Empty = 0. Entry r must be
+  /// finite and >= -min_u cost[r][u] (a one-unit stage costs >= 0); problem_from_run fills it with
+  /// the profile's fixed cost and takes it off each unit's cost (apply_stage_fixed).
+  std::vector<double> stage_fixed_ms;
   /// [D] row of `cost` used by device d (device classes: identical devices share a row).
   /// Empty: D = R and device d uses row d.
   std::vector<int> device_row;
@@ -58,6 +64,8 @@ struct BalanceProblem {
   int units() const { return cost.empty() ? 0 : static_cast<int>(cost[0].size()); }
   int devices() const { return device_row.empty() ? static_cast<int>(cost.size()) : static_cast<int>(device_row.size()); }
   int row_of(int device) const { return device_row.empty() ? device : device_row[device]; }
+  /// stage_fixed_ms of row r; 0 where empty.
+  double fixed_of_row(int r) const { return stage_fixed_ms.empty() ? 0.0 : stage_fixed_ms[r]; }
 };
 
 /// Which exact algorithm to run.
@@ -96,11 +104,13 @@ std::vector<double> boundary_transfer_ms(const BalanceProblem& p, int from = -1,
 /// precondition of solve_fast; always true with U <= 2 or without activation bytes and latency.
 bool uniform_transfers(const BalanceProblem& p);
 
-/// Fills p.predicted_stage_ms (stage_time on device p.device_rank[k], with transfers),
+/// Fills p.predicted_stage_ms (stage_time on device p.device_rank[k], with transfers and the
+/// row's stage_fixed_ms),
 /// p.bottleneck_ms and p.spread_ms. @throws ppb::InternalError on a malformed partition.
 void evaluate(const BalanceProblem& problem, Partition& p);
 
-/// [S] ms: each stage's boundary transfers as evaluate() counts them, without its compute:
+/// [S] ms: each stage's boundary transfers as evaluate() counts them, without its compute (its
+/// units and its stage_fixed_ms):
 /// stage_time(0, t_in, t_out, overlap), i.e. max(t_in, t_out) with overlap, t_in + t_out
 /// without. evaluate()'s stage time is then with_transfers(compute, this, overlap): a modelled
 /// compute (balance/contention.h) takes the profile's place in it.

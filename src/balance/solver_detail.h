@@ -18,6 +18,7 @@ struct Prepared {
   std::vector<int> order;                     ///< [S] device per stage
   std::vector<int> slot_of;                   ///< [S] index into `prefix` of stage k's row
   std::vector<std::vector<double>> prefix;    ///< [distinct rows in use][U+1]
+  std::vector<double> fixed;                  ///< [distinct rows in use] the row's stage_fixed_ms
   std::vector<int64_t> mem_prefix;            ///< [U+1] weights + KV cache
   std::vector<int64_t> mem_cap;               ///< [S] bytes; INT64_MAX = unlimited
   /// [distinct links in use][U-1] ms: the transfer time of every unit boundary over one link
@@ -29,7 +30,8 @@ struct Prepared {
   std::vector<int> xfer_slot_of;
   double eps = 0.0;                           ///< tolerance of the spread pass (1e-12 * scale)
 
-  double compute(int k, int j, int i) const { return prefix[slot_of[k]][i] - prefix[slot_of[k]][j]; }
+  /// Compute of stage k over units [j, i): the prefix-sum difference plus the row's fixed cost.
+  double compute(int k, int j, int i) const { return (prefix[slot_of[k]][i] - prefix[slot_of[k]][j]) + fixed[slot_of[k]]; }
   /// Transfer in of stage k starting at unit j (boundary j-1 over the link from stage k-1), ms.
   double t_in(int k, int j) const { return k > 0 ? xfer_rows[xfer_slot_of[k - 1]][j - 1] : 0.0; }
   /// Transfer out of stage k ending before unit i (boundary i-1 over the link to stage k+1), ms.

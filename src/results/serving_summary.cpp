@@ -58,14 +58,18 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
               cell9(p.tpot_p99_ms) + " " + cell9(p.itl_p99_ms) + " " + cell9(p.e2e_p99_ms) + " " + cell9(p.queue_p99_ms) + "\n";
   os << "  (latencies in ms, over every round's requests; rates over the rounds' total time)\n";
   os << "  peaks (vLLM's one-second buckets, the highest round's):";
-  for (const ServingPartitionRecord& p : s.partitions)
-    os << format_line(" %s %.0f output tokens/s, %.0f requests in flight;", p.name.c_str(), p.peak_output_tokens_per_s,
+  for (std::size_t i = 0; i < s.partitions.size(); ++i) {
+    const ServingPartitionRecord& p = s.partitions[i];
+    os << (i ? "; " : " ")
+       << format_line("%s %.0f output tokens/s, %.0f requests in flight", p.name.c_str(), p.peak_output_tokens_per_s,
                       p.peak_concurrency);
+  }
   os << "\n";
   if (!s.spec || s.spec->kv_blocks == 0) return;
   if (s.spec->kv_blocks == serving::kKvBlocksAuto) {
     os << format_line("  KV pool (auto, from each split's stages' free memory), blocks of %d tokens per group:", s.spec->kv_block_size);
-    for (const ServingPartitionRecord& p : s.partitions) os << format_line(" %s %d;", p.name.c_str(), p.kv_blocks);
+    for (std::size_t i = 0; i < s.partitions.size(); ++i)
+      os << (i ? "; " : " ") << s.partitions[i].name << " " << s.partitions[i].kv_blocks;
     os << "\n  preemptions per round (mean over the rounds; the simulator's in one play):";
   } else {
     os << format_line("  KV pool: %d blocks of %d tokens per group; preemptions per round (mean over the rounds; the simulator's in one play):",
@@ -146,8 +150,8 @@ void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
   for (const ServingPartitionRecord& p : s.partitions) any = any || p.self.made();
   if (!any) return;
   os << "  in-sample, not a prediction: the simulator with each stage's step model scaled to the level of the last "
-        "round's own steps (measured / model per kind, right); its error is the simulator's, the prediction's error "
-        "less it the step level's:\n";
+        "round's own steps (measured / model per kind, right); its error is the simulator's own, and the prediction's "
+        "error less this one is the step level's share:\n";
   for (const ServingPartitionRecord& p : s.partitions)
     os << prediction_row(p, w, p.self)
        << (p.step_level.empty() ? "" : "  " + step_level_text(p.step_level)) << "\n";
@@ -204,7 +208,8 @@ void print_rate_search(std::ostream& os, const RateSearchRecord& r) {
 void print_serving_summary(std::ostream& os, const RunRecord& run) {
   const ServingRunRecord& s = run.serving;
   if (!s.spec) return;
-  os << "\nserving scenario: " << serving_scenario_text(s) << "; " << s.rounds << " rounds (" << s.stop_reason << ")\n";
+  os << "\nserving scenario: " << serving_scenario_text(s) << "; " << s.rounds << (s.rounds == 1 ? " round" : " rounds")
+     << ", stopped: " << s.stop_reason << "\n";
   print_latency_table(os, s);
   print_kv_resident(os, run);
   print_predictions(os, s, run.profile);

@@ -149,6 +149,37 @@ double step_model_band_error(const ProfileTable& p) {
   return e < 0.5 ? e : 0.0;
 }
 
+void write_tp_step_grids(Group& tp, const ProfileTable& p) {
+  const hs N = p.tp.size(), S = p.step_by_rows.size(), steps = p.step_rows.size();
+  const bool grids = N > 0 && S > 0 && steps > 0 && std::all_of(p.tp.begin(), p.tp.end(), [&](const auto& g) {
+    return g.step_ms.size() == S * steps;
+  });
+  if (!grids) return;
+  std::vector<double> ms;
+  for (const auto& g : p.tp) ms.insert(ms.end(), g.step_ms.begin(), g.step_ms.end());
+  auto d = tp.write_dataset("step_ms", ms, {N, S, steps});
+  d.set_attr("units", "ms");
+  d.set_attr("content", "the step model's grid (/profile/step_model's steps) timed on the group's shard of one "
+                        "unit of each signature at its width: the group's first rank's medians");
+  std::vector<int> attempts;
+  for (const auto& g : p.tp) attempts.push_back(g.step_attempts);
+  tp.write_dataset("step_attempts", attempts, {N})
+      .set_attr("content", "how many times each group timed its grid: one over 3% held out (p50, its first rank) is "
+                           "timed again, up to twice, keeping the attempt of the lowest error");
+  // The group's fit's held-out error, as the summary prints it (written for h5py; readers refit).
+  std::vector<double> p50, mx;
+  for (const auto& g : p.tp) {
+    const stepcost::GridFit gf = fit_step_model(p, g);
+    p50.push_back(gf.models.empty() ? std::nan("") : gf.abs_error_p50);
+    mx.push_back(gf.models.empty() ? std::nan("") : gf.abs_error_max);
+  }
+  for (auto [name, data] : {std::pair<const char*, const std::vector<double>*>{"step_held_out_abs_error_p50", &p50},
+                            {"step_held_out_abs_error_max", &mx}})
+    tp.write_dataset(name, *data, {N})
+        .set_attr("content", "|model / measured - 1| of the group's held-out grid steps (a fraction; p50 or max over "
+                             "its signatures' held-out steps), as /profile/step_model held_out_abs_error_* for a rank");
+}
+
 void read_step_model(const Group& prof, ProfileTable& p) {
   if (!prof.is_group("step_model")) return;
   {

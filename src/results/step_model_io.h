@@ -17,6 +17,10 @@ namespace ppb {
 /// @throws InternalError if step_ms does not match the ranks, signatures and steps, or HDF5 fails.
 void write_step_model(h5::Group& prof, const RunRecord& run);
 
+/// Writes each tensor-parallel group's grid under /profile/tp `tp` (step_ms, step_attempts and
+/// its fit's held-out errors, results/README.md), where every group of p.tp timed it.
+void write_tp_step_grids(h5::Group& tp, const ProfileTable& p);
+
 /// The step model's own uncertainty (issue 47), for every prediction made from it: "held-out
 /// steps within X% (p50), Y% (max)", its held-out steps' |model / measured - 1| over the whole
 /// model (fit_step_model), then each tensor-parallel group's ("; width W (ranks a..b) X%, Y%");

@@ -565,9 +565,10 @@ void print_rates(std::ostream& os, const RunRecord& run, const PartitionRecord& 
      << format_digits(m("tpot_p99_ms")) << " ms\n";
   print_slowest_boundary(os, run, p);
   if (p.metrics.count("simulated_decode_tokens_per_s"))
-    os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << ", decode "
+    os << "  simulator (profile + link model): tokens/s " << fmt("%.2f", m("simulated_tokens_per_s")) << " ("
+       << fmt("%+.1f%%", 100.0 * (m("simulated_tokens_per_s") / m("tokens_per_s") - 1.0)) << "), decode "
        << fmt("%.2f", m("simulated_decode_tokens_per_s")) << " (" << fmt("%+.1f%%", 100.0 * m("simulated_decode_error"))
-       << " vs measured)\n";
+       << ") vs measured\n";
 }
 
 /// One prediction made again after the rounds (`label`): its stage costs `pred` against
@@ -584,7 +585,7 @@ void print_prediction_again(std::ostream& os, const PartitionRecord& p, const st
   os << vs << ")";
   if (p.metrics.count(prefix + "decode_tokens_per_s"))
     os << "; simulator tokens/s " << fmt("%.2f", metric_or_nan(p, prefix + "tokens_per_s")) << ", decode "
-       << fmt("%.2f", metric_or_nan(p, prefix + "decode_tokens_per_s")) << " ("
+       << fmt("%.2f", metric_or_nan(p, prefix + "decode_tokens_per_s")) << " (decode "
        << fmt("%+.1f%%", 100.0 * metric_or_nan(p, prefix + "decode_error")) << " vs measured)";
   os << "\n";
 }
@@ -762,7 +763,7 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   print_expert_load(os, run);
   os << "validation: "
      << (run.validation == "ok"        ? "OK"
-         : run.validation == "skipped" ? "skipped (--no-validate; the partitions' tokens agree)"
+         : run.validation == "skipped" ? "skipped (--no-validate: the pipelined tokens were not compared with a serialized run)"
          : run.validation == "pending" ? "pending (incomplete run)"
          : run.validation == "n/a"     ? "n/a (profile only)"
                                        : "FAILED")

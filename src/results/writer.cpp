@@ -618,24 +618,7 @@ void write_profile_tp(Group& prof, const RunRecord& run) {
       d.set_attr("units", "ms");
       d.set_attr("phases", std::vector<std::string>{"prefill", "decode"});
     }
-    // The step model's grid at each group's width (issue 47): where every group timed it.
-    const hs S = p.step_by_rows.size(), steps = p.step_rows.size();
-    const bool grids = S > 0 && steps > 0 && std::all_of(p.tp.begin(), p.tp.end(), [&](const auto& g) {
-      return g.step_ms.size() == S * steps;
-    });
-    if (grids) {
-      std::vector<double> ms;
-      for (const auto& g : p.tp) ms.insert(ms.end(), g.step_ms.begin(), g.step_ms.end());
-      auto d = tp.write_dataset("step_ms", ms, {N, S, steps});
-      d.set_attr("units", "ms");
-      d.set_attr("content", "the step model's grid (/profile/step_model's steps) timed on the group's shard of one "
-                            "unit of each signature at its width: the group's first rank's medians");
-      std::vector<int> attempts;
-      for (const auto& g : p.tp) attempts.push_back(g.step_attempts);
-      tp.write_dataset("step_attempts", attempts, {N})
-          .set_attr("content", "how many times each group timed its grid: one over 3% held out (p50, its first rank) is "
-                               "timed again, up to twice, keeping the attempt of the lowest error");
-    }
+    write_tp_step_grids(tp, p);
   }
 }
 

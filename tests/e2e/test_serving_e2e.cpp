@@ -512,6 +512,15 @@ TEST(ServingE2E, TensorParallelStageUnderArrivals) {
   EXPECT_NE(r.output.find("tensor-parallel ranks 0..1 at width 2: the same grid on the group's shards"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("; width 2 (ranks 0..1) "), std::string::npos) << r.output;
+  // Its held-out error stored as printed.
+  const auto p50 = prof.open_group("tp").open_dataset("step_held_out_abs_error_p50").read<double>();
+  const auto mx = prof.open_group("tp").open_dataset("step_held_out_abs_error_max").read<double>();
+  ASSERT_EQ(p50.size(), 1u);
+  ASSERT_EQ(mx.size(), 1u);
+  EXPECT_TRUE(p50[0] >= 0 && p50[0] <= mx[0]) << p50[0] << " " << mx[0];
+  char printed[64];
+  std::snprintf(printed, sizeof(printed), "held-out p50 %.1f%%, max %.1f%%", 100 * p50[0], 100 * mx[0]);
+  EXPECT_NE(r.output.find(printed), std::string::npos) << printed << "\n" << r.output;
   const auto lvl = root.open_group("benchmark/uniform_tp2").open_dataset("step_level").read<double>();
   ASSERT_EQ(lvl.size(), 2u);  // one stage: decode, with prefill, both against the group's step model
   for (double v : lvl) EXPECT_TRUE(std::isfinite(v) && v > 0) << v;

@@ -68,6 +68,21 @@ TEST_F(OfflineTest, LoadsLatencyJson) {
   EXPECT_DOUBLE_EQ(xfer[0], 1.0);  // 1000 bytes at 1e3 bytes/ms
 }
 
+// A stage's fixed cost from the JSON: a number for every row or one per row; paid once per stage.
+TEST_F(OfflineTest, LatencyJsonTakesAStagesFixedCost) {
+  auto p = load_balance_problem(write("f1.json", R"({"latency_ms":[[1,1,1,1,6],[1,1,1,1,6]],"stage_fixed_ms":2})"));
+  EXPECT_EQ(p.stage_fixed_ms, (std::vector<double>{2.0, 2.0}));
+  p = load_balance_problem(write("f2.json", R"({"latency_ms":[[1,1,1,1,6],[1,1,1,1,6]],"stage_fixed_ms":[0,2]})"));
+  balance::Partition q = balance::parse_manual("4,1", 5, 2);
+  q.device_rank = {0, 1};
+  balance::evaluate(p, q);
+  EXPECT_EQ(q.predicted_stage_ms, (std::vector<double>{4.0, 8.0}));
+  std::string m = test::error_of([&] { load_balance_problem(write("f3.json", R"({"latency_ms":[1,1],"stage_fixed_ms":[1,2]})")); });
+  EXPECT_NE(m.find("stage_fixed_ms has 2 entries"), std::string::npos) << m;
+  m = test::error_of([&] { load_balance_problem(write("f4.json", R"({"latency_ms":[1,1],"stage_fixed_ms":"x"})")); });
+  EXPECT_NE(m.find("stage_fixed_ms"), std::string::npos) << m;
+}
+
 TEST_F(OfflineTest, BalanceWritesJson) {
   BalanceOptions o;
   o.input = write("lat.json", kLatency);

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,9 +22,11 @@
 #include <nlohmann/json.hpp>
 
 #include "app/offline_commands.h"
+#include "balance/layout.h"
 #include "balance/partition.h"
 #include "balance/plan.h"
 #include "balance/predict.h"
+#include "balance/problem.h"
 #include "balance/serving_calibration.h"
 #include "balance/serving_step_model.h"
 #include "results/profile_step_fit.h"
@@ -485,6 +488,66 @@ TEST(ServingStepModel, AStageOfNUnitsPaysAForwardsFixedCostOnce) {
   // Pairs that are not [R][2][18] are named.
   run.profile.fixed_two_ms.pop_back();
   EXPECT_THROW(step_fixed_costs(run.profile), UserError);
+}
+
+// The balancer's problem charges the forward's fixed cost once per stage, as the predictions do:
+// every split's stage times are Predictor::stage_sums' (objective_cost, with the transfers),
+// the solved split the best of them, and the scenario's step mix charges it per step.
+TEST(ServingStepModel, TheBalancerChargesAForwardsFixedCostOncePerStage) {
+  const RunRecord plain = tiny_profile_with_grid(2);
+  RunRecord run = plain;
+  add_fixed_pairs(run);
+  const int G = run.workload.gen_len;
+  const balance::Objective o = balance::Objective::workload;
+  const balance::BalanceProblem pf = balance::problem_from_run(run, o), p0 = balance::problem_from_run(plain, o);
+  EXPECT_TRUE(p0.stage_fixed_ms.empty());
+  ASSERT_EQ(pf.stage_fixed_ms.size(), 2u);
+  EXPECT_NEAR(pf.stage_fixed_ms[0], G * 0.2, 1e-12);  // rank 0: its decode F, G times
+  EXPECT_NEAR(pf.stage_fixed_ms[1], -0.15, 1e-12);    // rank 1: its prefill F
+  for (int r = 0; r < 2; ++r)
+    for (int u = 0; u < 3; ++u) EXPECT_NEAR(pf.cost[r][u], p0.cost[r][u] - pf.stage_fixed_ms[r], 1e-12) << r << "," << u;
+  const balance::Predictor pred(run);
+  double best = std::numeric_limits<double>::infinity();
+  for (const std::vector<int>& order : {std::vector<int>{0, 1}, std::vector<int>{1, 0}})
+    for (const char* split : {"1,2", "2,1"}) {
+      balance::Partition p = balance::parse_manual(split, 3, 2);
+      p.device_rank = order;
+      balance::evaluate(pf, p);
+      const std::vector<double> xfer = balance::stage_transfer_ms(pf, p);
+      for (int k = 0; k < 2; ++k) {
+        const auto [pre, dec] = pred.stage_sums(run.profile, p, k);
+        EXPECT_NEAR(p.predicted_stage_ms[k], balance::with_transfers(balance::objective_cost(o, pre, dec, G), xfer[k], pf.overlap),
+                    1e-9) << split << " order " << order[0] << " stage " << k;
+      }
+      best = std::min(best, p.bottleneck_ms);
+    }
+  EXPECT_NEAR(balance::solve_with_order(pf, 2, balance::OrderMode::automatic).bottleneck_ms, best, 1e-9);
+  {  // one stage of all three units on rank 0 pays F once: its timings less 2·F
+    balance::Partition one = balance::parse_manual("3", 3, 1);
+    one.device_rank = {0};
+    balance::evaluate(pf, one);
+    double sum = 0;
+    for (int u = 0; u < 3; ++u) sum += p0.cost[0][u];
+    EXPECT_NEAR(one.predicted_stage_ms[0], sum - 2 * pf.stage_fixed_ms[0], 1e-9);
+  }
+  // The layout problem keeps it for width-1 stages.
+  EXPECT_EQ(balance::layout_problem(run, o, {1, 1}).stage_fixed_ms, pf.stage_fixed_ms);
+  // The scenario's step mix: scale x each step's F of its kind (the level is 1 here).
+  const std::vector<StepShape> mix = {shape_of({5}, {}), shape_of({}, {4, 11}), shape_of({3}, {7})};
+  const std::vector<double> f = balance::step_mix_fixed_ms(run, mix, 0.5);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_NEAR(f[0], 0.5 * 0.2, 1e-9);           // one decode-only step
+  EXPECT_NEAR(f[1], 0.5 * 2 * -0.15, 1e-9);     // two steps with a prompt
+  EXPECT_TRUE(balance::step_mix_fixed_ms(plain, mix, 0.5).empty());
+  // apply_stage_fixed caps F at the row's cheapest unit (every unit's cost less F stays >= 0).
+  balance::BalanceProblem q;
+  q.cost = {{1.0, 0.3, 2.0}, {1.0, 1.0, 1.0}};
+  balance::apply_stage_fixed(q, {0.5, -0.25});
+  EXPECT_EQ(q.stage_fixed_ms, (std::vector<double>{0.3, -0.25}));
+  EXPECT_NEAR(q.cost[0][0], 0.7, 1e-12);
+  EXPECT_EQ(q.cost[0][1], 0.0);
+  EXPECT_NEAR(q.cost[1][2], 1.25, 1e-12);
+  EXPECT_NO_THROW(balance::validate_problem(q));
 }
 
 TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {

@@ -42,7 +42,7 @@ double brute_xfer(const BalanceProblem& p, int b, int d, int e) {
 /// Stage time computed independently of the solvers (plain loops, no prefix sums).
 double brute_stage_time(const BalanceProblem& p, const std::vector<int>& order, int k, int a, int b) {
   const int S = static_cast<int>(order.size()), device = order[k];
-  double c = 0;
+  double c = p.stage_fixed_ms.empty() ? 0.0 : p.stage_fixed_ms[p.row_of(device)];
   for (int u = a; u <= b; ++u) c += p.cost[p.row_of(device)][u];
   const double tin = k > 0 ? brute_xfer(p, a - 1, order[k - 1], device) : 0.0;
   const double tout = k < S - 1 ? brute_xfer(p, b, device, order[k + 1]) : 0.0;
@@ -95,8 +95,9 @@ std::vector<double> random_row(std::mt19937& rng, int U, int kind) {
   return row;
 }
 
-/// A random instance: D device rows (some shared), optional memory limits, transfers, overlap.
-BalanceProblem random_problem(std::mt19937& rng, int U, int D, bool uniform_xfer) {
+/// A random instance: D device rows (some shared), optional memory limits, transfers, overlap;
+/// with `fixed`, in a third of them a stage's fixed cost per row, of either sign.
+BalanceProblem random_problem(std::mt19937& rng, int U, int D, bool uniform_xfer, bool fixed = false) {
   BalanceProblem p;
   std::uniform_int_distribution<int> coin(0, 1), kinds(0, 3), bytes(0, 9);
   const int kind = kinds(rng);
@@ -118,6 +119,13 @@ BalanceProblem random_problem(std::mt19937& rng, int U, int D, bool uniform_xfer
     for (int b = 0; b + 1 < U; ++b) p.activation_bytes.push_back(uniform_xfer ? a : 1000.0 * bytes(rng) * 2);
   }
   p.overlap = coin(rng);
+  if (fixed && std::uniform_int_distribution<int>(0, 2)(rng) == 0) {  // a forward's fixed cost per stage
+    for (const auto& row : p.cost) {
+      const double least = *std::min_element(row.begin(), row.end());
+      p.stage_fixed_ms.push_back(coin(rng) ? -least * std::uniform_real_distribution<double>(0.0, 1.0)(rng)
+                                           : std::uniform_real_distribution<double>(0.0, 5.0)(rng));
+    }
+  }
   return p;
 }
 
@@ -136,13 +144,13 @@ void expect_optimal(const BalanceProblem& p, const std::vector<int>& order, cons
 
 TEST(BalanceSolver, DpAndFastMatchBruteForceOnRandomInstances) {
   std::mt19937 rng(4242);
-  int optimal = 0, infeasible = 0, fast_checked = 0;
+  int optimal = 0, infeasible = 0, fast_checked = 0, with_fixed = 0;
   for (int trial = 0; trial < 4000; ++trial) {
     const int U = std::uniform_int_distribution<int>(1, 10)(rng);
     const int S = std::uniform_int_distribution<int>(1, std::min(U, 5))(rng);
     const int D = S + std::uniform_int_distribution<int>(0, 1)(rng);
     const bool uniform_xfer = trial % 2 == 0;
-    const BalanceProblem p = random_problem(rng, U, D, uniform_xfer);
+    const BalanceProblem p = random_problem(rng, U, D, uniform_xfer, true);
     std::vector<int> order(S);
     std::iota(order.begin(), order.end(), 0);
     if (D > S) std::shuffle(order.begin(), order.end(), rng), order[0] = D - 1;  // a non-identity order
@@ -160,6 +168,7 @@ TEST(BalanceSolver, DpAndFastMatchBruteForceOnRandomInstances) {
     EXPECT_EQ(dp.algorithm, "dp");
     expect_optimal(p, order, dp, o, what + " dp");
     ++optimal;
+    with_fixed += !p.stage_fixed_ms.empty();
     if (uniform_transfers(p)) {
       const Partition fast = solve_fast(p, order);
       EXPECT_EQ(fast.algorithm, "fast");
@@ -173,6 +182,7 @@ TEST(BalanceSolver, DpAndFastMatchBruteForceOnRandomInstances) {
   EXPECT_GE(optimal, 2500);
   EXPECT_GE(infeasible, 100);
   EXPECT_GE(fast_checked, 1500);
+  EXPECT_GE(with_fixed, 600);  // a third of them pay a stage's fixed cost
 }
 
 /// Issue 16: a link per device pair (shared memory inside a node, the network between nodes).
@@ -186,7 +196,7 @@ TEST(BalanceSolver, ALinkPerBoundaryMatchesBruteForce) {
     const int U = std::uniform_int_distribution<int>(2, 9)(rng);
     const int S = std::uniform_int_distribution<int>(2, std::min(U, 4))(rng);
     const int D = S;
-    BalanceProblem p = random_problem(rng, U, D, trial % 2 == 0);
+    BalanceProblem p = random_problem(rng, U, D, trial % 2 == 0, true);
     if (p.activation_bytes.empty()) p.activation_bytes.assign(U - 1, 4000.0 * (1 + trial % 3));
     p.link_bandwidth_GBps = 1e-3 * (1 + trial % 4);
     // Two nodes: devices [0, D/2) and [D/2, D); a fast link inside, a slow one between, with
@@ -232,7 +242,7 @@ TEST(BalanceSolver, ALinkPerBoundaryMatchesBruteForce) {
       const std::vector<double> xfer = stage_transfer_ms(q, e);
       ASSERT_EQ(xfer.size(), static_cast<size_t>(S));
       for (int k = 0; k < S; ++k) {
-        double compute = 0.0;
+        double compute = q.fixed_of_row(q.row_of(e.device_rank[k]));  // the stage's fixed cost and its units
         for (int u = e.first_unit[k]; u <= e.last_unit[k]; ++u) compute += q.cost[q.row_of(e.device_rank[k])][u];
         EXPECT_GE(xfer[k], 0.0);
         EXPECT_NEAR(with_transfers(compute, xfer[k], overlap), e.predicted_stage_ms[k],
@@ -365,7 +375,7 @@ TEST(BalanceSolver, FastEqualsDpOnLargerInstances) {
   for (int trial = 0; trial < 60; ++trial) {
     const int U = std::uniform_int_distribution<int>(20, 160)(rng);
     const int S = std::uniform_int_distribution<int>(1, 12)(rng);
-    BalanceProblem p = random_problem(rng, U, S, true);
+    BalanceProblem p = random_problem(rng, U, S, true, true);
     if (trial % 3 == 0) {  // tight memory: holes in the reachable sets
       p.weight_bytes.assign(U, 0);
       p.kv_bytes.assign(U, 0);
@@ -413,7 +423,7 @@ TEST(BalanceSolver, OrderSearchFindsTheBestPermutation) {
   for (int trial = 0; trial < 120; ++trial) {
     const int S = std::uniform_int_distribution<int>(2, 4)(rng);
     const int U = std::uniform_int_distribution<int>(S, 9)(rng);
-    BalanceProblem p = random_problem(rng, U, S, true);
+    BalanceProblem p = random_problem(rng, U, S, true, true);
     std::vector<int> perm(S);
     std::iota(perm.begin(), perm.end(), 0);
     double best = kInf;
@@ -500,6 +510,53 @@ TEST(BalanceSolver, ValidationNamesTheField) {
   p.cost = {{1, 2, 3}};
   EXPECT_THROW(rank_order(p, 2), UserError);  // 1 device, 2 stages
   EXPECT_THROW(solve(p, {0, 0}), UserError);
+  // A stage's fixed cost: one per row, finite, and no lower than minus the row's cheapest unit.
+  p.stage_fixed_ms = {-1.0};
+  EXPECT_NO_THROW(validate_problem(p));
+  for (const std::vector<double>& bad : {std::vector<double>{-1.5}, std::vector<double>{0.5, 0.5},
+                                         std::vector<double>{std::nan("")}}) {
+    p.stage_fixed_ms = bad;
+    try {
+      validate_problem(p);
+      ADD_FAILURE() << bad.size();
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("stage_fixed_ms"), std::string::npos) << e.what();
+    }
+  }
+}
+
+/// A stage's fixed cost (issue 47), paid once per stage. On one row it adds F to every stage
+/// (the split stays, the bottleneck moves by F): 4 units of 1 ms and a 6 ms head over 2 stages,
+/// 4,1 costs 4 + F and 6 + F (3,2: 3 + F, 7 + F); over 3 stages 2,2,1 and 3,1,1 share the
+/// bottleneck 6 + F and the spread picks 2,2,1 (4 against 5). The fast solver and the DP agree
+/// with these sums. On rows that differ only in F it decides the device order.
+TEST(BalanceSolver, AStagesFixedCostIsPaidOncePerStage) {
+  BalanceProblem p;
+  p.cost = {{1, 1, 1, 1, 6}};
+  p.device_row = {0, 0, 0};
+  for (double f : {0.0, 3.0}) {
+    p.stage_fixed_ms = {f};
+    for (const Partition& two : {solve_dp(p, {0, 1}), solve_fast(p, {0, 1})}) {
+      EXPECT_EQ(two.counts_string(), "4,1");
+      EXPECT_DOUBLE_EQ(two.predicted_stage_ms[0], 4 + f);
+      EXPECT_DOUBLE_EQ(two.predicted_stage_ms[1], 6 + f);
+    }
+    const Partition three = solve_dp(p, {0, 1, 2});
+    EXPECT_EQ(three.counts_string(), "2,2,1");
+    EXPECT_DOUBLE_EQ(three.bottleneck_ms, 6 + f);
+    EXPECT_DOUBLE_EQ(solve_fast(p, {0, 1, 2}).bottleneck_ms, three.bottleneck_ms);
+  }
+  // Two rows that differ only in their fixed cost are two device classes: the cheaper-per-stage
+  // device takes the head.
+  p.cost = {{1, 1, 1, 1, 6}, {1, 1, 1, 1, 6}};
+  p.device_row.clear();
+  p.stage_fixed_ms = {0.0, 2.0};
+  const Partition ordered = solve_with_order(p, 2, OrderMode::automatic);
+  EXPECT_EQ(ordered.device_rank, (std::vector<int>{1, 0}));  // 4 + 2, 6 + 0 = 6, against 4, 8
+  EXPECT_DOUBLE_EQ(ordered.bottleneck_ms, 6.0);
+  // The transfers alone leave the fixed cost out.
+  Partition q = ordered;
+  for (double t : stage_transfer_ms(p, q)) EXPECT_EQ(t, 0.0);
 }
 
 }  // namespace
