@@ -364,7 +364,7 @@ if want graphs && ! lanes_hang graphs && need_mpi graphs; then
     RC[$mode]=$?
     grep -E '^  (tokens/s|simulator)' "$LOG/$mode"
     DEC[$mode]=$(grep -m1 -oE 'tokens/s [0-9.]+ \(decode [0-9.]+' "$LOG/$mode" | awk '{print $4}')
-    SIM[$mode]=$(grep -m1 -oE '\([-+0-9.]+% vs measured' "$LOG/$mode" | grep -oE '[-+0-9.]+%')
+    SIM[$mode]=$(grep -m1 -oE 'decode [0-9.]+ \([-+0-9.]+%\) vs measured' "$LOG/$mode" | grep -oE '[-+0-9.]+%')
   done
   if [ "${RC[graphs]}" = 0 ] && [ "${RC[eager]}" = 0 ] && [ -n "${DEC[graphs]}" ] && [ -n "${DEC[eager]}" ]; then
     result graphs ok "decode tok/s graphs ${DEC[graphs]} vs eager ${DEC[eager]} ($(awk -v a="${DEC[graphs]}" -v b="${DEC[eager]}" 'BEGIN {printf "%.2fx", a / b}')); simulator decode error graphs ${SIM[graphs]:-?}, eager ${SIM[eager]:-?}"

@@ -63,7 +63,7 @@ BalanceProblem load_balance_problem(const std::string& path, const std::string& 
   }
   if (j.contains("stage_fixed_ms")) {  // validate_problem checks the range against each row
     const json& f = j["stage_fixed_ms"];
-    if (f.is_number()) p.stage_fixed_ms.assign(p.cost.size(), bounded(f, "stage_fixed_ms", path, kMaxMs, "ms"));
+    if (f.is_number()) p.stage_fixed_ms.assign(p.cost.size(), f.get<double>());
     else if (f.is_array()) p.stage_fixed_ms = field<std::vector<double>>(j, "stage_fixed_ms", path, "ms per device row");
     else throw UserError("input '" + path + "': field 'stage_fixed_ms' must be a number or a list (ms per device row)");
   }

@@ -134,9 +134,11 @@ int describe_command(const DescribeOptions& opt);
 /// combined by `objective` with G from /config/workload, unit names/weight/KV bytes from
 /// /profile, activation bytes B*(P+G)*hidden*dtype from the config) or a latency JSON:
 ///   {"units": [names] | count, "latency_ms": [[U] per device] | [U],
-///    "weight_bytes": [U], "kv_bytes": [U], "device_memory_bytes": [D] | n,
-///    "activation_bytes": [U-1] | n, "link_bandwidth_GBps": x, "link_latency_us": x,
-///    "overlap": bool}   (all but latency_ms optional; any other key is refused).
+///    "stage_fixed_ms": [rows] | x, "weight_bytes": [U], "kv_bytes": [U],
+///    "device_memory_bytes": [D] | n, "activation_bytes": [U-1] | n, "link_bandwidth_GBps": x,
+///    "link_latency_us": x, "overlap": bool}   (all but latency_ms optional; any other key is
+///    refused). A results file's problem is problem_from_run's (a forward's fixed cost apart
+///    where the profile took one).
 /// Latencies are finite ms in [0, 1e12]; byte counts whole numbers in [0, 2^50]; device memory
 /// 0 = unlimited; link_bandwidth_GBps >= 0 (0 = infinite). docs/OFFLINE.md has the details.
 /// @throws ppb::UserError naming the file and the field that is missing or malformed.

@@ -248,7 +248,7 @@ PartitionRecord Predictor::describe(const Partition& p, const ProfileTable& prof
   if (warning) *warning = phases.warning;
   pr.predicted_phase_ms = std::move(phases.phase_ms);
   pr.predicted_stage_ms = p.predicted_stage_ms;
-  bool fixed = false;  // a forward's fixed cost taken on a width-1 stage's rank: not in the solver's unit sums
+  bool fixed = false;  // a forward's fixed cost taken on a width-1 stage's rank: the solver caps it (apply_stage_fixed)
   for (int k = 0; k < S && prof.fixed_unit >= 0; ++k)
     for (int ph = 0; ph < 2; ++ph)
       fixed = fixed || (p.width(k) == 1 && stage_fixed_ms(prof, p.device_rank[k], p.last_unit[k] - p.first_unit[k] + 1, ph) != 0.0);

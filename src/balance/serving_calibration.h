@@ -18,8 +18,11 @@
 // [65, 128], [129, inf) (prefill_factor; a band without samples takes the nearest band's, and
 // a rank without samples factor 1). Where a stage's compute comes from the step model
 // (serving_step_model.h, the profile's grid: issue 47), which carries the shape itself, its
-// steps' ratios pool into two medians, decode-only steps and steps with prefill rows (every band
-// the same): two per-rank scales on the same model (by_kind). A tensor-parallel stage's steps
+// steps pool into two busy-time ratios, sum measured / sum modelled over the decode-only steps and
+// over the steps with prefill rows (every band the same): two per-rank scales on the same model
+// (by_kind); not their medians, which the rounds' skewed ratios (a few slow steps) leave a few %
+// under the busy time a queue serves at (docs/MEASUREMENTS.md § 2026-12-07 the rounds' own step
+// times replayed). A tensor-parallel stage's steps
 // (its group's model) count for the group's first rank, beside that rank's width-1 stages' and
 // applied to both; its peers get none of them. One pooled median (before
 // 2026-12-06) scaled the prefills by the decode steps' ratio, which dominates the steps: Qwen3-0.6B,
@@ -28,6 +31,7 @@
 // (docs/MEASUREMENTS.md § 2026-12-06 step policies). Pure C++.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -45,8 +49,8 @@ struct StepCalibration {
   double decode_factor = 1.0;
   std::vector<double> prefill_factor = std::vector<double>(kStepTokenBands.size() + 1, 1.0);  ///< [bands]
   int decode_samples = 0;
-  /// The step model's stages: decode_factor the decode-only steps' median, every prefill_factor
-  /// the steps with prefill's (prefill_samples[0] their count); not per band.
+  /// The step model's stages: decode_factor the decode-only steps' busy time over the model's,
+  /// every prefill_factor the steps with prefill's (prefill_samples[0] their count); not per band.
   bool by_kind = false;
   std::vector<int> prefill_samples = std::vector<int>(kStepTokenBands.size() + 1, 0);
   /// The factor for a step of shape `s`.
@@ -84,6 +88,29 @@ class CalibratedStepCosts final : public serving::StepCostModel {
   std::vector<StepCalibration> by_rank_;
 };
 
+/// ProfileStepCosts of `p` with each step's compute scaled by the measured / modelled ratio of
+/// one of partition `sp`'s own measured steps (ServingPartitionRecord::step_*, its last round),
+/// taken in the order they ran, per stage and kind of step: the n-th decode-only step the
+/// simulator forms on stage k takes the ratio of the n-th decode-only step measured on stage k
+/// (steps with prefill rows likewise; cycling where the play forms more). Not a prediction: the
+/// simulator replaying the round's own step times, slow windows and all, so that a miss splits
+/// into the level between the profile and the rounds (CalibratedStepCosts by calibrate_own_steps),
+/// the steps' movement inside the round (this, against that), and the simulator's structure
+/// (this, against the measurement). Stateful: one play per instance.
+class ReplayedStepCosts final : public serving::StepCostModel {
+ public:
+  /// @throws ppb::InternalError where sp's stages are not p's.
+  ReplayedStepCosts(const RunRecord& run, const Predictor& pred, const Partition& p, const ServingPartitionRecord& sp);
+  int stages() const override { return base_.stages(); }
+  double compute_ms(int k, const serving::StepShape& s) const override;
+  double transfer_ms(int k, const serving::StepShape& s) const override { return base_.transfer_ms(k, s); }
+
+ private:
+  ProfileStepCosts base_;
+  std::vector<std::array<std::vector<double>, 2>> ratios_;  ///< [S][with prefill, decode-only] in order
+  mutable std::vector<std::array<size_t, 2>> next_;          ///< [S][kind] the next ratio's index
+};
+
 }  // namespace ppb::balance
 
 namespace ppb::balance {
@@ -96,7 +123,7 @@ namespace ppb::balance {
 /// partition measured steps itself, self_* and step_level from the profile calibrated by its own
 /// steps (calibrate_own_steps: not a prediction, an in-sample check that splits a miss into the
 /// level its rounds' steps ran at, step_level, and what the simulator's structure makes of it,
-/// self_*). A partition the model cannot predict keeps NaN; its message is returned ("" when
+/// self_*) and replayed_* from its own steps' ratios in the order they ran (ReplayedStepCosts). A partition the model cannot predict keeps NaN; its message is returned ("" when
 /// every one was predicted).
 /// Used by `run --scenario` (rank 0, before and after the rounds) and by `ppbench simulate` on a
 /// scenario's file.

@@ -368,7 +368,8 @@ struct RunRecord {
   std::vector<std::string> flight_records;
   /// Every partition validated against its serialized run and all matched ("ok"); the run's
   /// verdict in `validation`: "ok", "failed" (a mismatch, or partitions' tokens differ),
-  /// "skipped" (--no-validate, and the partitions' tokens agree), "pending" (incomplete file).
+  /// "skipped" (--no-validate; a closed run's partitions' tokens agree with each other, a serving
+  /// run compares none), "pending" (incomplete file).
   bool validation_ok = false;
   std::string validation = "pending";
   double balance_gain = 0.0;         ///< tokens_per_s(balanced) / tokens_per_s(uniform), 0 if n/a

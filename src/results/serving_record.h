@@ -105,17 +105,22 @@ struct ServingPartitionRecord {
   /// the simulator at the level its rounds' steps ran; NaN without measured steps; file
   /// attributes simulated_self_*.
   ServingPrediction self;
+  /// After the rounds, the profile with each step scaled by one of this partition's own measured
+  /// steps' ratios in the order they ran (balance::ReplayedStepCosts): the simulator replaying the
+  /// round's own step times; NaN without measured steps; file attributes simulated_replay_*.
+  ServingPrediction replayed;
   /// [S][2] each stage's measured / modelled step compute over the last round's steps on its rank
-  /// (the median ratio): decode-only steps, steps with prefill rows (without the step model's
-  /// grid: the band of at most 16 token rows, or the nearest band with steps); NaN for a kind
-  /// without steps. Empty without measured steps.
+  /// (with the step model's grid: their busy time, sum measured / sum modelled; without it: the
+  /// median ratio of the band of at most 16 token rows, or the nearest band with steps):
+  /// decode-only steps, steps with prefill rows; NaN for a kind without steps. Empty without
+  /// measured steps.
   std::vector<double> step_level;
-  /// fn(name, member) for every figure of the three plays, named as the file's attributes:
-  /// simulated_*, simulated_cross_*, simulated_self_* (ServingPrediction::for_each's suffixes).
+  /// fn(name, member) for every figure of the four plays, named as the file's attributes:
+  /// simulated_*, simulated_cross_*, simulated_self_*, simulated_replay_* (ServingPrediction::for_each's suffixes).
   template <class Self, class Fn>
   static void for_each_prediction(Self& p, Fn&& fn) {
     for (auto [prefix, play] : {std::pair{"simulated_", &p.simulated}, std::pair{"simulated_cross_", &p.cross},
-                                std::pair{"simulated_self_", &p.self}})
+                                std::pair{"simulated_self_", &p.self}, std::pair{"simulated_replay_", &p.replayed}})
       ServingPrediction::for_each(*play, [&](const char* k, auto& v) { fn(std::string(prefix) + k, v); });
   }
   // ---- validation ----

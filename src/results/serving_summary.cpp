@@ -75,13 +75,13 @@ void print_latency_table(std::ostream& os, const ServingRunRecord& s) {
     os << format_line("  KV pool: %d blocks of %d tokens per group; preemptions per round (mean over the rounds; the simulator's in one play):",
                       s.spec->kv_blocks, s.spec->kv_block_size);
   }
-  for (const ServingPartitionRecord& p : s.partitions) {
+  for (std::size_t i = 0; i < s.partitions.size(); ++i) {
+    const ServingPartitionRecord& p = s.partitions[i];
     double sum = 0;
     for (double x : p.rep_preemptions) sum += x;
     const double mean = p.rep_preemptions.empty() ? 0.0 : sum / static_cast<double>(p.rep_preemptions.size());
-    os << format_line(" %s %.1f", p.name.c_str(), mean);
+    os << (i ? ";" : "") << format_line(" %s %.1f", p.name.c_str(), mean);
     if (std::isfinite(p.simulated.preemptions)) os << format_line(" (simulated %.0f)", p.simulated.preemptions);
-    os << ";";
   }
   os << "\n";
 }
@@ -96,17 +96,18 @@ void print_kv_resident(std::ostream& os, const RunRecord& run) {
   if (!any) return;
   os << "  KV cache resident at most in the last round, per stage (MiB; a demand-paged store: its pages; [the memory "
         "check's count]):";
+  bool first = true;
   for (const ServingPartitionRecord& p : s.partitions) {
     const PartitionRecord* counted = nullptr;
     for (const PartitionRecord& q : run.partitions)
       if (q.name == p.name) counted = &q;
-    os << " " << p.name;
+    os << (first ? " " : "; ") << p.name;
+    first = false;
     for (size_t k = 0; k < p.stage_kv_resident_peak_bytes.size(); ++k) {
       os << format_line("%s%.1f", k == 0 ? " " : " / ", p.stage_kv_resident_peak_bytes[k] / (1024.0 * 1024.0));
       if (counted != nullptr && k < counted->stage_kv_bytes.size())
         os << format_line(" [%.1f]", static_cast<double>(counted->stage_kv_bytes[k]) / (1024.0 * 1024.0));
     }
-    os << ";";
   }
   os << "\n";
 }
@@ -131,6 +132,23 @@ std::string prediction_row(const ServingPartitionRecord& p, int w, const Serving
          vs(play.tpot_p50_ms, p.tpot_p50_ms) + " " + vs(play.tpot_p99_ms, p.tpot_p99_ms);
 }
 
+/// The last round's own measurement where the partition ran more than one (its rep_* entries),
+/// else the rounds' pooled one: what a play at the last round's step level is compared with.
+ServingPartitionRecord last_round(const ServingPartitionRecord& p) {
+  const std::size_t n = p.rep_ttft_p50_ms.size();
+  if (n < 2 || p.rep_output_tokens_per_s.size() != n || p.rep_ttft_p99_ms.size() != n || p.rep_tpot_p50_ms.size() != n ||
+      p.rep_tpot_p99_ms.size() != n || p.rep_slo_attainment.size() != n)
+    return p;
+  ServingPartitionRecord q = p;
+  q.output_tokens_per_s = p.rep_output_tokens_per_s.back();
+  q.ttft_p50_ms = p.rep_ttft_p50_ms.back();
+  q.ttft_p99_ms = p.rep_ttft_p99_ms.back();
+  q.tpot_p50_ms = p.rep_tpot_p50_ms.back();
+  q.tpot_p99_ms = p.rep_tpot_p99_ms.back();
+  q.slo_attainment = p.rep_slo_attainment.back();
+  return q;
+}
+
 /// Each stage's step level (ServingPartitionRecord::step_level) as "stage 0/1: decode
 /// x1.03/x1.09, with prefill x1.04/x1.04".
 std::string step_level_text(const std::vector<double>& level) {
@@ -150,11 +168,20 @@ void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
   for (const ServingPartitionRecord& p : s.partitions) any = any || p.self.made();
   if (!any) return;
   os << "  in-sample, not a prediction: the simulator with each stage's step model scaled to the level of the last "
-        "round's own steps (measured / model per kind, right); its error is the simulator's own, and the prediction's "
-        "error less this one is the step level's share:\n";
+        "round's own steps (measured / model per kind, right), against that round's measurement"
+     << (s.rounds > 1 ? " (not the rounds' pooled one above)" : "")
+     << "; its error is the simulator's own, and the prediction's error less this one is the step level's share:\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(p, w, p.self)
+    os << prediction_row(last_round(p), w, p.self)
        << (p.step_level.empty() ? "" : "  " + step_level_text(p.step_level)) << "\n";
+  bool replayed = false;
+  for (const ServingPartitionRecord& p : s.partitions) replayed = replayed || p.replayed.made();
+  if (!replayed) return;
+  os << "  replayed, not a prediction: the same round's own steps, each step the simulator forms scaled by one measured "
+        "step's measured / model in the order they ran (per stage and kind of step): against the in-sample row, what "
+        "the steps' movement inside the round did; against the measurement, the simulator's own error:\n";
+  for (const ServingPartitionRecord& p : s.partitions)
+    if (p.replayed.made()) os << prediction_row(last_round(p), w, p.replayed) << "\n";
 }
 
 void print_predictions(std::ostream& os, const ServingRunRecord& s, const ProfileTable& profile) {
@@ -222,7 +249,13 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
       if (std::isfinite(p.simulated.slo_attainment))
         os << format_line(" (predicted from the profile %.1f%%", 100.0 * p.simulated.slo_attainment)
            << (std::isfinite(p.self.slo_attainment)
-                   ? format_line("; in-sample at the last round's step level %.1f%%", 100.0 * p.self.slo_attainment)
+                   ? format_line("; in-sample at the last round's step level %.1f%%", 100.0 * p.self.slo_attainment) +
+                         (std::isfinite(p.replayed.slo_attainment)
+                              ? format_line(", its steps replayed %.1f%%", 100.0 * p.replayed.slo_attainment)
+                              : "") +
+                         (p.rep_slo_attainment.size() > 1
+                              ? format_line(", that round measured %.1f%%", 100.0 * p.rep_slo_attainment.back())
+                              : "")
                    : "")
            << ")";
       os << "\n";

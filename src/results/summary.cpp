@@ -763,7 +763,9 @@ void print_summary(std::ostream& os, const RunRecord& run) {
   print_expert_load(os, run);
   os << "validation: "
      << (run.validation == "ok"        ? "OK"
-         : run.validation == "skipped" ? "skipped (--no-validate: the pipelined tokens were not compared with a serialized run)"
+         : run.validation == "skipped" ? (run.serving.spec ? "skipped (--no-validate: no serialized replay)"
+                                                           : "skipped (--no-validate: no serialized replay; the partitions' "
+                                                             "tokens agree with each other)")
          : run.validation == "pending" ? "pending (incomplete run)"
          : run.validation == "n/a"     ? "n/a (profile only)"
                                        : "FAILED")

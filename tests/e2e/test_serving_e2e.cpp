@@ -182,11 +182,13 @@ TEST(ServingE2E, PoissonScenarioRunsEverySplitUnderTheSameArrivals) {
     const auto level = b.open_dataset("step_level").read<double>();
     EXPECT_EQ(level.size(), 2u * 2) << name;
     for (double v : level) EXPECT_TRUE(v > 0 && std::isfinite(v)) << name;
-    for (const char* k : {"simulated_self_ttft_p50_ms", "simulated_self_tpot_p99_ms", "simulated_self_output_tokens_per_s"})
+    for (const char* k : {"simulated_self_ttft_p50_ms", "simulated_self_tpot_p99_ms", "simulated_self_output_tokens_per_s",
+                          "simulated_replay_ttft_p50_ms", "simulated_replay_tpot_p99_ms", "simulated_replay_output_tokens_per_s"})
       EXPECT_GT(b.get_attr<double>(k), 0.0) << name << " " << k;
   }
   EXPECT_NE(r.output.find("in-sample, not a prediction: the simulator with each stage's step model scaled"), std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("replayed, not a prediction: the same round's own steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("in-sample at the last round's step level"), std::string::npos) << r.output;
 }
 

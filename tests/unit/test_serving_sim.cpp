@@ -842,6 +842,10 @@ TEST(ServingCalibration, OwnStepsGiveTheRoundsLevelAndTheSimulatorAtIt) {
     EXPECT_NEAR(p.self.tpot_p50_ms, want.tpot.p50_ms, 1e-9 * want.tpot.p50_ms);
     EXPECT_NEAR(p.self.tpot_p99_ms, want.tpot.p99_ms, 1e-9 * want.tpot.p99_ms);
     EXPECT_EQ(p.self.slo_attainment, want.slo_attainment);
+    // Steps of one ratio per stage and kind: the replay in order is the same play.
+    EXPECT_NEAR(p.replayed.ttft_p50_ms, want.ttft.p50_ms, 1e-9 * want.ttft.p50_ms);
+    EXPECT_NEAR(p.replayed.tpot_p99_ms, want.tpot.p99_ms, 1e-9 * want.tpot.p99_ms);
+    EXPECT_EQ(p.replayed.slo_attainment, want.slo_attainment);
     return p;
   };
   const ServingPartitionRecord slow = check(
@@ -889,6 +893,45 @@ TEST(ServingCalibration, RecordedKeysCalibrateStepsOfSeveralPromptsExactly) {
   const std::vector<balance::StepCalibration> approx = balance::calibrate_own_steps(r, pred, {a}, "a");
   EXPECT_NEAR(approx[0].decode_factor, 0.9, 1e-12);  // decode-only steps: the mean context is exact
   EXPECT_GT(std::abs(approx[0].prefill_factor.front() - 1.1), 1e-3);
+}
+
+// The level of a kind of step is its steps' busy time against the model's (sum measured / sum
+// modelled), not their median ratio: three decode steps at 0.9x, 0.9x and 2x of the model weigh
+// by their time. And the replay takes the ratios in the order the steps ran, per stage and kind.
+TEST(ServingCalibration, TheLevelIsTheBusyTimeAndTheReplayTakesEachStepInOrder) {
+  const RunRecord run = tiny_profile_with_grid(2);
+  const balance::Predictor pred(run);
+  const balance::Partition a = balance::parse_manual("2,1", 3, 2);
+  const balance::ProfileStepCosts model(run, pred, a);
+  const std::vector<StepShape> shapes = {shape_of({}, {4, 11}), shape_of({5}, {}), shape_of({}, {7}),
+                                         shape_of({3}, {7}), shape_of({}, {4, 11})};
+  auto one = [](const StepShape&, int) { return 1.0; };
+  RunRecord r = run;
+  r.serving.partitions = {measured_steps("a", model, 2, shapes, one)};
+  ServingPartitionRecord& sp = r.serving.partitions[0];
+  const double ratio[5][2] = {{0.9, 1.0}, {1.2, 1.1}, {0.9, 1.0}, {1.5, 1.3}, {2.0, 0.7}};  // [step][stage]
+  double meas[2][2] = {}, want[2][2] = {};  // [stage][with prefill, decode-only]
+  for (int i = 0; i < 5; ++i)
+    for (int k = 0; k < 2; ++k) {
+      sp.step_compute_ms[static_cast<std::size_t>(i * 2 + k)] *= ratio[i][k];
+      const int kind = shapes[static_cast<std::size_t>(i)].prefill_rows > 0 ? 0 : 1;
+      meas[k][kind] += model.compute_ms(k, shapes[static_cast<std::size_t>(i)]) * ratio[i][k];
+      want[k][kind] += model.compute_ms(k, shapes[static_cast<std::size_t>(i)]);
+    }
+  const std::vector<balance::StepCalibration> own = balance::calibrate_own_steps(r, pred, {a}, "a");
+  ASSERT_EQ(own.size(), 2u);
+  for (int k = 0; k < 2; ++k) {  // stage k runs on rank k
+    EXPECT_NEAR(own[k].decode_factor, meas[k][1] / want[k][1], 1e-12) << k;
+    EXPECT_NEAR(own[k].prefill_factor.front(), meas[k][0] / want[k][0], 1e-12) << k;
+  }
+  EXPECT_GT(std::abs(own[0].decode_factor - 0.9), 0.1);  // the median of 0.9, 0.9, 2.0 would say 0.9
+  // The replay: the n-th step of a kind the simulator forms takes the n-th measured one's ratio,
+  // whatever its own shape, cycling past the last.
+  const balance::ReplayedStepCosts replay(r, pred, a, sp);
+  const StepShape d = shape_of({}, {6}), p = shape_of({8}, {});
+  for (double want_ratio : {0.9, 0.9, 2.0, 0.9}) EXPECT_NEAR(replay.compute_ms(0, d), model.compute_ms(0, d) * want_ratio, 1e-12);
+  for (double want_ratio : {1.2, 1.5, 1.2}) EXPECT_NEAR(replay.compute_ms(0, p), model.compute_ms(0, p) * want_ratio, 1e-12);
+  for (double want_ratio : {1.0, 1.0, 0.7}) EXPECT_NEAR(replay.compute_ms(1, d), model.compute_ms(1, d) * want_ratio, 1e-12);
 }
 
 // ---- MLPerf's rule --------------------------------------------------------------------------
