@@ -21,8 +21,8 @@
 // steps pool into two busy-time ratios, sum measured / sum modelled over the decode-only steps and
 // over the steps with prefill rows (every band the same): two per-rank scales on the same model
 // (by_kind); not their medians, which the rounds' skewed ratios (a few slow steps) leave a few %
-// under the busy time a queue serves at (docs/MEASUREMENTS.md § 2026-12-07 the rounds' own step
-// times replayed). A tensor-parallel stage's steps
+// under the busy time a queue serves at (docs/MEASUREMENTS.md § 2026-12-07 issue 47's bars
+// again). A tensor-parallel stage's steps
 // (its group's model) count for the group's first rank, beside that rank's width-1 stages' and
 // applied to both; its peers get none of them. One pooled median (before
 // 2026-12-06) scaled the prefills by the decode steps' ratio, which dominates the steps: Qwen3-0.6B,
@@ -92,7 +92,8 @@ class CalibratedStepCosts final : public serving::StepCostModel {
 /// one of partition `sp`'s own measured steps (ServingPartitionRecord::step_*, its last round),
 /// taken in the order they ran, per stage and kind of step: the n-th decode-only step the
 /// simulator forms on stage k takes the ratio of the n-th decode-only step measured on stage k
-/// (steps with prefill rows likewise; cycling where the play forms more). Not a prediction: the
+/// (steps with prefill rows likewise; cycling where the play forms more; a kind the round did not
+/// measure on that stage keeps the model's time). Not a prediction: the
 /// simulator replaying the round's own step times, slow windows and all, so that a miss splits
 /// into the level between the profile and the rounds (CalibratedStepCosts by calibrate_own_steps),
 /// the steps' movement inside the round (this, against that), and the simulator's structure

@@ -158,6 +158,7 @@ stepcost::StepWork step_work_of(const serving::StepShape& s) {
 }
 
 std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
+  if (shapes.empty()) return {};  // no mix (the simulator recorded none): the objective's own costs stand
   const std::vector<stepcost::UnitModel> fits = fit_step_model(run.profile).models;
   const std::size_t S = run.profile.step_by_rows.size(), U = run.profile.unit_name.size();
   if (fits.empty() || S == 0) return {};
@@ -178,7 +179,7 @@ std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<servi
 
 std::vector<double> step_mix_fixed_ms(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
   const ProfileTable& t = run.profile;
-  if (t.fixed_unit < 0) return {};
+  if (t.fixed_unit < 0 || shapes.empty()) return {};
   const std::vector<stepcost::UnitModel> fits = fit_step_model(t).models;
   const std::size_t S = t.step_by_rows.size();
   if (fits.empty() || S == 0) return {};

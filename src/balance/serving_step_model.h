@@ -91,7 +91,9 @@ stepcost::StepWork step_work_of(const serving::StepShape& s);
 /// at the pooled level of the grid and the cycles (stepcost::pooled_level, step_model_levels).
 /// With scale = B / N for the N requests those steps served, a unit's busy time per B requests:
 /// the workload objective's unit (a group's life), so the transfers the problem adds keep their
-/// weight. Empty where the profile has no grid.
+/// weight. Empty where the profile has no grid or `shapes` is empty (the simulator records them
+/// for the workload objective only: with --objective decode or prefill the objective's own
+/// costs stand, not a mix of no steps priced 0).
 std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
 
 /// The forward's fixed cost under the same step mix (issue 47), [R] ms: `scale` x the sum over

@@ -272,7 +272,7 @@ double read_model_norms(const ConfigReader& r, const json& cfg, Family fam, Mode
 /// DeepseekV3Attention's softmax scale: 1/sqrt(qk_nope + qk_rope) (= 1/sqrt(head_dim)), times
 /// mscale^2 with YaRN's mscale = 0.1 * mscale_all_dim * ln(factor) + 1 when rope_scaling gives
 /// mscale_all_dim (and a factor > 1). @throws ppb::UserError for a non-numeric factor or
-/// mscale_all_dim.
+/// mscale_all_dim, or one that makes the scale overflow.
 double deepseek_attn_scale(const ConfigReader& r, int head_dim) {
   double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   if (r.has("rope_scaling") && r.at("rope_scaling").is_object()) {
@@ -288,6 +288,10 @@ double deepseek_attn_scale(const ConfigReader& r, int head_dim) {
     if (all_dim > 0.0 && factor > 1.0) {
       const double mscale = 0.1 * all_dim * std::log(factor) + 1.0;
       scale *= mscale * mscale;
+      if (!std::isfinite(scale) || !(scale > 0.0))
+        r.fail(r.field("rope_scaling") + ".mscale_all_dim " + show(rs.at("mscale_all_dim")) + " with factor " +
+               show(rs.at("factor")) + " gives the attention scale (0.1 * mscale_all_dim * ln(factor) + 1)^2 / " +
+               "sqrt(head_dim) = " + std::to_string(scale) + "; it must be finite (DeepSeek-V3 ships 1.0)");
     }
   }
   return scale;

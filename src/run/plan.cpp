@@ -185,6 +185,12 @@ ScenarioObjective scenario_objective(RunContext& ctx, const balance::BalanceProb
                                  static_cast<long long>(sim.shapes.size()), rows, ctx.workload.batch));
     return out;
   }
+  if (ctx.opt.objective != balance::Objective::workload) {
+    ctx.progress.say(format_line("scenario objective: --objective %s: the split is balanced on one %s step of B=%d, not "
+                                 "on the scenario's mix", balance::objective_name(ctx.opt.objective),
+                                 balance::objective_name(ctx.opt.objective), ctx.workload.batch));
+    return out;
+  }
   ctx.progress.say(format_line("scenario objective: %.2f decode rows per decode step at the offered load (of B=%d; "
                                "simulated on the uniform split), mean output %.1f tokens after the first: the split "
                                "is balanced on prefill(B x P=%d) + %d x decode(B)",

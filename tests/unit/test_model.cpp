@@ -221,6 +221,15 @@ TEST(ModelConfigsMoe, DeepSeekV3TotalActiveAndMtp) {
   // Softmax scale: 192^-0.5 * (0.1 * ln 40 + 1)^2.
   const double mscale = 0.1 * std::log(40.0) + 1.0;
   EXPECT_NEAR(s.attn_scale, mscale * mscale / std::sqrt(192.0), 1e-15);
+  // An mscale_all_dim whose square overflows is refused by name (the fuzzer's input: 1.01e308).
+  json j = read_json("deepseek-v3.json");
+  j["rope_scaling"]["mscale_all_dim"] = 1.01e308;
+  try {
+    parse_model_config(j.dump());
+    ADD_FAILURE() << "an infinite attention scale was accepted";
+  } catch (const ppb::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_scaling.mscale_all_dim"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModelConfigsMoe, KimiK2TotalAndActive) {

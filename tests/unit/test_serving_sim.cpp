@@ -576,6 +576,7 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
   const std::vector<StepShape> mix = {shape_of({5}, {}), shape_of({}, {4, 11})};
   const std::vector<double> cost = balance::step_mix_costs(run, mix, 0.5);
   ASSERT_EQ(cost.size(), 6u);
+  EXPECT_TRUE(balance::step_mix_costs(run, {}, 0.5).empty());  // no steps (another objective): no mix, not zeros
   for (int r = 0; r < 2; ++r)
     for (int u = 0; u < 3; ++u) {
       double want = 0;
