@@ -44,32 +44,48 @@ serving::StepShape measured_shape(const ServingPartitionRecord& sp, size_t i) {
   return s;
 }
 
+/// fn(k, shape, measured, modelled) for every step of `sp` on every stage k where both times are
+/// finite and > 0: its measured compute (steps/compute_ms) and `model`'s for its shape (ms). The
+/// one walk of the calibrations and the replay.
+template <class Fn>
+void for_each_measured_step(const ServingPartitionRecord& sp, const ProfileStepCosts& model, Fn&& fn) {
+  const int S = sp.stages;
+  for (size_t i = 0; i < sp.step_group.size(); ++i) {
+    const serving::StepShape s = measured_shape(sp, i);
+    for (int k = 0; k < S; ++k) {
+      const double meas = sp.step_compute_ms.at(i * static_cast<size_t>(S) + static_cast<size_t>(k)), want = model.compute_ms(k, s);
+      if (!(meas > 0) || !(want > 0) || !std::isfinite(meas) || !std::isfinite(want)) continue;
+      fn(k, s, meas, want);
+    }
+  }
+}
+
 /// The ratios gathered for one rank: decode-only steps, and steps with prefill per band.
 struct Ratios {
   std::vector<double> decode;
   std::vector<std::vector<double>> prefill = std::vector<std::vector<double>>(kStepTokenBands.size() + 1);
-  /// Against the step model: decode-only steps, and steps with prefill rows, and the sums of
-  /// their measured and modelled compute (ms).
-  std::vector<double> model_decode, model_prefill;
+  /// Against the step model: decode-only steps, and steps with prefill rows: their counts and
+  /// the sums of their measured and modelled compute (ms).
+  int model_decode = 0, model_prefill = 0;
   double meas_decode = 0, want_decode = 0, meas_prefill = 0, want_prefill = 0;
 };
 
 StepCalibration fit(const Ratios& r) {
   StepCalibration c;
-  if (!r.model_decode.empty() || !r.model_prefill.empty()) {
+  if (r.model_decode > 0 || r.model_prefill > 0) {
     // The step model carries the shape: a scale for each kind of step, its steps' busy time
     // against the model's, sum measured / sum modelled (a kind without samples takes the
     // other's). Not their median ratio: the rounds' steps' ratios are skewed (a few slow
     // steps), and a queue serves at their mean (docs/MEASUREMENTS.md § 2026-12-07 issue 47's
     // bars again: over 21 partitions the median left the in-sample TPOT p50 4.4% low on average,
     // the busy time 2.4%).
-    const double dec = r.model_decode.empty() ? r.meas_prefill / r.want_prefill : r.meas_decode / r.want_decode;
-    const double pre = r.model_prefill.empty() ? r.meas_decode / r.want_decode : r.meas_prefill / r.want_prefill;
+    const double dec = r.model_decode == 0 ? r.meas_prefill / r.want_prefill : r.meas_decode / r.want_decode;
+    const double pre = r.model_prefill == 0 ? r.meas_decode / r.want_decode : r.meas_prefill / r.want_prefill;
     c.decode_factor = dec;
     c.prefill_factor.assign(c.prefill_factor.size(), pre);
-    c.decode_samples = static_cast<int>(r.model_decode.size());
+    c.decode_samples = r.model_decode;
     c.prefill_samples.assign(c.prefill_samples.size(), 0);
-    c.prefill_samples[0] = static_cast<int>(r.model_prefill.size());
+    c.prefill_samples[0] = r.model_prefill;
     c.by_kind = true;
     return c;
   }
@@ -106,21 +122,17 @@ std::vector<StepCalibration> calibrate_from(const RunRecord& run, const Predicto
     const ServingPartitionRecord& sp = sps[j];
     if (!use(sp.name) || sp.step_group.empty() || sp.stages != parts[j].num_stages()) continue;
     const ProfileStepCosts model(run, pred, parts[j]);
-    const int S = sp.stages;
-    for (size_t i = 0; i < sp.step_group.size(); ++i) {
-      const serving::StepShape s = measured_shape(sp, i);
-      for (int k = 0; k < S; ++k) {
-        const double meas = sp.step_compute_ms[i * S + k], want = model.compute_ms(k, s);
-        if (!(meas > 0) || !(want > 0) || !std::isfinite(meas) || !std::isfinite(want)) continue;
-        Ratios& r = ratios.at(static_cast<size_t>(parts[j].device_rank[k]));
-        if (model.uses_step_model(k)) {
-          (s.prefill_rows > 0 ? r.model_prefill : r.model_decode).push_back(meas / want);
-          (s.prefill_rows > 0 ? r.meas_prefill : r.meas_decode) += meas;
-          (s.prefill_rows > 0 ? r.want_prefill : r.want_decode) += want;
-        } else
-          (s.prefill_rows > 0 ? r.prefill[step_token_band(s.tokens)] : r.decode).push_back(meas / want);
+    for_each_measured_step(sp, model, [&](int k, const serving::StepShape& s, double meas, double want) {
+      Ratios& r = ratios.at(static_cast<size_t>(parts[j].device_rank[k]));
+      const bool pre = s.prefill_rows > 0;
+      if (model.uses_step_model(k)) {
+        ++(pre ? r.model_prefill : r.model_decode);
+        (pre ? r.meas_prefill : r.meas_decode) += meas;
+        (pre ? r.want_prefill : r.want_decode) += want;
+      } else {
+        (pre ? r.prefill[step_token_band(s.tokens)] : r.decode).push_back(meas / want);
       }
-    }
+    });
   }
   std::vector<StepCalibration> out;
   for (const Ratios& r : ratios) out.push_back(fit(r));
@@ -157,14 +169,9 @@ ReplayedStepCosts::ReplayedStepCosts(const RunRecord& run, const Predictor& pred
                                           " stages in its record, " + std::to_string(S) + " in its split");
   ratios_.assign(static_cast<size_t>(S), {});
   next_.assign(static_cast<size_t>(S), {0, 0});
-  for (size_t i = 0; i < sp.step_group.size(); ++i) {
-    const serving::StepShape s = measured_shape(sp, i);
-    for (int k = 0; k < S; ++k) {
-      const double meas = sp.step_compute_ms.at(i * static_cast<size_t>(S) + static_cast<size_t>(k)), want = base_.compute_ms(k, s);
-      if (!(meas > 0) || !(want > 0) || !std::isfinite(meas) || !std::isfinite(want)) continue;
-      ratios_[static_cast<size_t>(k)][s.prefill_rows > 0 ? 0 : 1].push_back(meas / want);
-    }
-  }
+  for_each_measured_step(sp, base_, [&](int k, const serving::StepShape& s, double meas, double want) {
+    ratios_[static_cast<size_t>(k)][s.prefill_rows > 0 ? 0 : 1].push_back(meas / want);
+  });
 }
 
 double ReplayedStepCosts::compute_ms(int k, const serving::StepShape& s) const {

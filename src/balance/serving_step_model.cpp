@@ -157,44 +157,36 @@ stepcost::StepWork step_work_of(const serving::StepShape& s) {
   return w;
 }
 
-std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
+StepMixCosts step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
   if (shapes.empty()) return {};  // no mix (the simulator recorded none): the objective's own costs stand
-  const std::vector<stepcost::UnitModel> fits = fit_step_model(run.profile).models;
-  const std::size_t S = run.profile.step_by_rows.size(), U = run.profile.unit_name.size();
+  const ProfileTable& t = run.profile;
+  const std::vector<stepcost::UnitModel> fits = fit_step_model(t).models;
+  const std::size_t S = t.step_by_rows.size(), U = t.unit_name.size();
   if (fits.empty() || S == 0) return {};
   const std::size_t R = fits.size() / S;
-  const std::vector<stepcost::Level> levels = step_model_levels(run.profile, run.workload.batch, run.workload.prompt_len, fits);
+  const std::vector<stepcost::Level> levels = step_model_levels(t, run.workload.batch, run.workload.prompt_len, fits);
   std::vector<double> per_fit(fits.size(), 0.0);  // [R][S] summed over the shapes
   for (const serving::StepShape& sh : shapes) {
     const stepcost::StepWork w = step_work_of(sh);
     for (std::size_t i = 0; i < fits.size(); ++i)
       per_fit[i] += fits[i].ms(w) * stepcost::pooled_level(levels.at(i / S), sh.prefill_rows > 0);
   }
-  std::vector<double> cost(R * U);
+  StepMixCosts out;
+  out.unit_ms.resize(R * U);
   for (std::size_t r = 0; r < R; ++r)
     for (std::size_t u = 0; u < U; ++u)
-      cost[r * U + u] = scale * per_fit[r * S + static_cast<std::size_t>(run.profile.unit_signature.at(u))];
-  return cost;
-}
-
-std::vector<double> step_mix_fixed_ms(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale) {
-  const ProfileTable& t = run.profile;
-  if (t.fixed_unit < 0 || shapes.empty()) return {};
-  const std::vector<stepcost::UnitModel> fits = fit_step_model(t).models;
-  const std::size_t S = t.step_by_rows.size();
-  if (fits.empty() || S == 0) return {};
-  const std::size_t R = fits.size() / S;
-  const std::vector<stepcost::Level> levels = step_model_levels(t, run.workload.batch, run.workload.prompt_len, fits);
-  std::vector<double> out(R, 0.0);
+      out.unit_ms[r * U + u] = scale * per_fit[r * S + static_cast<std::size_t>(t.unit_signature.at(u))];
+  // The forward's fixed cost of each step's kind, at the same level, where the profile took one.
   bool any = false;
-  for (std::size_t r = 0; r < R; ++r) {
+  std::vector<double> fixed(R, 0.0);
+  for (std::size_t r = 0; r < R && t.fixed_unit >= 0; ++r) {
     const double pre = applied_fixed_ms(t, static_cast<int>(r), 0), dec = applied_fixed_ms(t, static_cast<int>(r), 1);
     any = any || pre != 0.0 || dec != 0.0;
     for (const serving::StepShape& sh : shapes)
-      out[r] += (sh.prefill_rows > 0 ? pre : dec) * stepcost::pooled_level(levels.at(r), sh.prefill_rows > 0);
-    out[r] *= scale;
+      fixed[r] += (sh.prefill_rows > 0 ? pre : dec) * stepcost::pooled_level(levels.at(r), sh.prefill_rows > 0);
+    fixed[r] *= scale;
   }
-  if (!any) return {};
+  if (any) out.stage_fixed_ms = std::move(fixed);
   return out;
 }
 

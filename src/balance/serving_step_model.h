@@ -86,23 +86,25 @@ std::vector<StageStepProfile> stage_step_profiles(const RunRecord& run, const Pr
 /// The step work of a serving step shape (tokens, rows and attention keys, as stepcost counts).
 stepcost::StepWork step_work_of(const serving::StepShape& s);
 
-/// The balancer's unit costs under a scenario's step mix (issue 47), [R][U] ms: unit u on rank
-/// r costs `scale` x the sum over `shapes` of its signature's step model on r (fit_step_model),
-/// at the pooled level of the grid and the cycles (stepcost::pooled_level, step_model_levels).
-/// With scale = B / N for the N requests those steps served, a unit's busy time per B requests:
-/// the workload objective's unit (a group's life), so the transfers the problem adds keep their
-/// weight. Empty where the profile has no grid or `shapes` is empty (the simulator records them
-/// for the workload objective only: with --objective decode or prefill the objective's own
-/// costs stand, not a mix of no steps priced 0).
-std::vector<double> step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
-
-/// The forward's fixed cost under the same step mix (issue 47), [R] ms: `scale` x the sum over
-/// `shapes` of rank r's fixed cost of the step's kind (a step with prefill rows: the prefill F,
-/// else the decode F; results/profile_step_fit.h applied_fixed_ms) at step_mix_costs' pooled
-/// level. Each unit's step_mix_costs carries it once (the grid times one-unit stages), so
-/// apply_stage_fixed(problem, this) on those costs charges it once per stage, as
-/// ProfileStepCosts does. Empty where the profile took no fixed cost or has no grid.
-std::vector<double> step_mix_fixed_ms(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
+/// The balancer's costs under a scenario's step mix (issue 47), from one fit of the profile's
+/// step model (fit_step_model) at the pooled level of the grid and the cycles
+/// (stepcost::pooled_level, step_model_levels):
+///  - unit_ms [R][U] ms: unit u on rank r costs `scale` x the sum over `shapes` of its
+///    signature's step model on r. With scale = B / N for the N requests those steps served, a
+///    unit's busy time per B requests: the workload objective's unit (a group's life), so the
+///    transfers the problem adds keep their weight.
+///  - stage_fixed_ms [R] ms: `scale` x the sum over `shapes` of rank r's forward fixed cost of the
+///    step's kind (a step with prefill rows: the prefill F, else the decode F;
+///    results/profile_step_fit.h applied_fixed_ms) at the same level. Each unit's cost carries it
+///    once (the grid times one-unit stages), so apply_stage_fixed(problem, this) on those costs
+///    charges it once per stage, as ProfileStepCosts does. Empty where the profile took none.
+/// Both empty where the profile has no grid or `shapes` is empty (the simulator records them for
+/// the workload objective only: with --objective decode or prefill the objective's own costs
+/// stand, not a mix of no steps priced 0).
+struct StepMixCosts {
+  std::vector<double> unit_ms, stage_fixed_ms;
+};
+StepMixCosts step_mix_costs(const RunRecord& run, const std::vector<serving::StepShape>& shapes, double scale);
 
 /// The serving simulator's cost model of partition `p` of `run`: each stage's step time from
 /// the step model where the profile timed its grid (a width-1 stage: its rank's fits; a

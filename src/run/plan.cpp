@@ -126,8 +126,7 @@ std::vector<int> choose_layout(RunContext& ctx, const balance::BalanceProblem& p
 /// steps the scheduler forms only through their timing).
 struct ScenarioObjective {
   int gen_len = 1;
-  std::vector<double> mix_cost;   ///< [R][U]; empty: the G-weighted objective
-  std::vector<double> mix_fixed;  ///< [R] the forward's fixed cost over the mix; empty: none taken
+  balance::StepMixCosts mix;  ///< unit_ms [R][U] (empty: the G-weighted objective), stage_fixed_ms [R]
 };
 
 ScenarioObjective scenario_objective(RunContext& ctx, const balance::BalanceProblem& prob) {
@@ -173,11 +172,9 @@ ScenarioObjective scenario_objective(RunContext& ctx, const balance::BalanceProb
   run.serving.objective_gen_len = G;
   ScenarioObjective out;
   out.gen_len = G;
-  out.mix_cost = balance::step_mix_costs(run, sim.shapes,
-                                         static_cast<double>(ctx.workload.batch) / static_cast<double>(requests.size()));
-  out.mix_fixed = balance::step_mix_fixed_ms(run, sim.shapes,
-                                             static_cast<double>(ctx.workload.batch) / static_cast<double>(requests.size()));
-  if (!out.mix_cost.empty()) {
+  out.mix = balance::step_mix_costs(run, sim.shapes,
+                                    static_cast<double>(ctx.workload.batch) / static_cast<double>(requests.size()));
+  if (!out.mix.unit_ms.empty()) {
     run.serving.objective_steps = static_cast<long long>(sim.shapes.size());
     ctx.progress.say(format_line("scenario objective: the units' step-model costs over the %lld steps the serving "
                                  "simulator plays on the uniform split at the offered load (%.2f decode rows per "
@@ -209,12 +206,12 @@ std::vector<balance::Partition> solve_partitions(RunContext& ctx) {
     weighted.workload.gen_len = so.gen_len;
     prob = balance::problem_from_run(weighted, ctx.opt.objective);
     const std::size_t U = static_cast<std::size_t>(prob.units());
-    if (!so.mix_cost.empty() && so.mix_cost.size() == prob.cost.size() * U) {
+    const std::vector<double>& mix = so.mix.unit_ms;
+    if (!mix.empty() && mix.size() == prob.cost.size() * U) {
       for (std::size_t r = 0; r < prob.cost.size(); ++r)
-        prob.cost[r].assign(so.mix_cost.begin() + static_cast<std::ptrdiff_t>(r * U),
-                            so.mix_cost.begin() + static_cast<std::ptrdiff_t>((r + 1) * U));
+        prob.cost[r].assign(mix.begin() + static_cast<std::ptrdiff_t>(r * U), mix.begin() + static_cast<std::ptrdiff_t>((r + 1) * U));
       prob.stage_fixed_ms.clear();  // the workload objective's; the mix's own, where taken:
-      if (so.mix_fixed.size() == prob.cost.size()) balance::apply_stage_fixed(prob, so.mix_fixed);
+      if (so.mix.stage_fixed_ms.size() == prob.cost.size()) balance::apply_stage_fixed(prob, so.mix.stage_fixed_ms);
     }
   }
   const RunRecord& run = ctx.record();

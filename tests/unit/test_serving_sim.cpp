@@ -534,11 +534,11 @@ TEST(ServingStepModel, TheBalancerChargesAForwardsFixedCostOncePerStage) {
   EXPECT_EQ(balance::layout_problem(run, o, {1, 1}).stage_fixed_ms, pf.stage_fixed_ms);
   // The scenario's step mix: scale x each step's F of its kind (the level is 1 here).
   const std::vector<StepShape> mix = {shape_of({5}, {}), shape_of({}, {4, 11}), shape_of({3}, {7})};
-  const std::vector<double> f = balance::step_mix_fixed_ms(run, mix, 0.5);
+  const std::vector<double> f = balance::step_mix_costs(run, mix, 0.5).stage_fixed_ms;
   ASSERT_EQ(f.size(), 2u);
   EXPECT_NEAR(f[0], 0.5 * 0.2, 1e-9);           // one decode-only step
   EXPECT_NEAR(f[1], 0.5 * 2 * -0.15, 1e-9);     // two steps with a prompt
-  EXPECT_TRUE(balance::step_mix_fixed_ms(plain, mix, 0.5).empty());
+  EXPECT_TRUE(balance::step_mix_costs(plain, mix, 0.5).stage_fixed_ms.empty());
   // apply_stage_fixed caps F at the row's cheapest unit (every unit's cost less F stays >= 0).
   balance::BalanceProblem q;
   q.cost = {{1.0, 0.3, 2.0}, {1.0, 1.0, 1.0}};
@@ -574,9 +574,9 @@ TEST(ServingStepModel, StagesSumTheirUnitsStepModelsWhereTheProfileTimedAGrid) {
   EXPECT_LT(fit.abs_error_max, 1e-9);
   // The balancer's step-mix costs: scale x each unit's model summed over the shapes.
   const std::vector<StepShape> mix = {shape_of({5}, {}), shape_of({}, {4, 11})};
-  const std::vector<double> cost = balance::step_mix_costs(run, mix, 0.5);
+  const std::vector<double> cost = balance::step_mix_costs(run, mix, 0.5).unit_ms;
   ASSERT_EQ(cost.size(), 6u);
-  EXPECT_TRUE(balance::step_mix_costs(run, {}, 0.5).empty());  // no steps (another objective): no mix, not zeros
+  EXPECT_TRUE(balance::step_mix_costs(run, {}, 0.5).unit_ms.empty());  // no steps (another objective): no mix, not zeros
   for (int r = 0; r < 2; ++r)
     for (int u = 0; u < 3; ++u) {
       double want = 0;
@@ -682,8 +682,8 @@ TEST(ServingStepModel, PredictionsPoolTheGridsLevelWithTheCycles) {
     EXPECT_NEAR(costs.compute_ms(k, shape_of({5}, {})), 0.9 * base.compute_ms(k, shape_of({5}, {})), 1e-9) << k;
   }
   const std::vector<StepShape> mix = {shape_of({5}, {}), shape_of({}, {4, 11})};
-  const std::vector<double> c_same = balance::step_mix_costs(same, {mix[0]}, 1.0), c = balance::step_mix_costs(run, {mix[0]}, 1.0);
-  const std::vector<double> d_same = balance::step_mix_costs(same, {mix[1]}, 1.0), d = balance::step_mix_costs(run, {mix[1]}, 1.0);
+  const std::vector<double> c_same = balance::step_mix_costs(same, {mix[0]}, 1.0).unit_ms, c = balance::step_mix_costs(run, {mix[0]}, 1.0).unit_ms;
+  const std::vector<double> d_same = balance::step_mix_costs(same, {mix[1]}, 1.0).unit_ms, d = balance::step_mix_costs(run, {mix[1]}, 1.0).unit_ms;
   ASSERT_EQ(c.size(), 6u);
   for (std::size_t i = 0; i < c.size(); ++i) {
     EXPECT_NEAR(c[i], 0.9 * c_same[i], 1e-9) << i;
