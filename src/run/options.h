@@ -43,7 +43,7 @@ struct RunFlags {
   int profile_iters = 5;
   int profile_contexts = 3;
   int profile_repeats = 0;
-  int step_grid_iters = 3;
+  int step_grid_iters = 9;
   std::string round_profile = "auto";
   bool no_overlap = false;
   bool validate = true;
@@ -128,7 +128,10 @@ struct RunOptions {
   bool cuda_graphs = true;
   int profile_warmup = 2, profile_iters = 5, profile_contexts = 3;
   int profile_repeats = 0;           ///< 0 = auto (profile_phase.h)
-  int step_grid_iters = 3;           ///< timed forwards per step of the step model's grid (0 = no grid)
+  /// Timed forwards per step of the step model's grid (0 = no grid). 9, not 3: four interleaved
+  /// pairs of Qwen3-0.6B profiles, 2 ranks, put the layer's grid level at a sd of 1.2% between
+  /// profiles against 2.4%, for 7-10 s more (docs/MEASUREMENTS.md § 2026-12-07 the pooled rounds).
+  int step_grid_iters = 9;
   bool overlap = true;
   bool validate = true;
   std::string device = "auto";       ///< "auto" or a backend's name (backend registry)
