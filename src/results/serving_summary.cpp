@@ -124,29 +124,38 @@ std::string uncertainty_clause(const ProfileTable& t) {
   return u.empty() ? u : "; the step model's " + u;
 }
 
-/// One partition's row of a prediction table: its name (width w) and each figure of `play`
-/// against the measured one (vs): output tokens/s, TTFT p50 and p99, TPOT p50 and p99.
-std::string prediction_row(const ServingPartitionRecord& p, int w, const ServingPrediction& play) {
-  return "  " + format_line("%-*s", w, p.name.c_str()) + " " + vs(play.output_tokens_per_s, p.output_tokens_per_s) + " " +
-         vs(play.ttft_p50_ms, p.ttft_p50_ms) + " " + vs(play.ttft_p99_ms, p.ttft_p99_ms) + " " +
-         vs(play.tpot_p50_ms, p.tpot_p50_ms) + " " + vs(play.tpot_p99_ms, p.tpot_p99_ms);
+/// The rounds' pooled measurement of `p` as the figures a play predicts (ServingPrediction's
+/// fields: tokens/s, TTFT and TPOT p50/p99, goodput, attainment).
+ServingPrediction pooled_figures(const ServingPartitionRecord& p) {
+  ServingPrediction m;
+  m.output_tokens_per_s = p.output_tokens_per_s;
+  m.ttft_p50_ms = p.ttft_p50_ms, m.ttft_p99_ms = p.ttft_p99_ms;
+  m.tpot_p50_ms = p.tpot_p50_ms, m.tpot_p99_ms = p.tpot_p99_ms;
+  m.goodput_req_per_s = p.goodput_req_per_s, m.slo_attainment = p.slo_attainment;
+  return m;
 }
 
 /// The last round's own measurement where the partition ran more than one (its rep_* entries),
 /// else the rounds' pooled one: what a play at the last round's step level is compared with.
-ServingPartitionRecord last_round(const ServingPartitionRecord& p) {
+ServingPrediction last_round_figures(const ServingPartitionRecord& p) {
+  ServingPrediction m = pooled_figures(p);
   const std::size_t n = p.rep_ttft_p50_ms.size();
   if (n < 2 || p.rep_output_tokens_per_s.size() != n || p.rep_ttft_p99_ms.size() != n || p.rep_tpot_p50_ms.size() != n ||
       p.rep_tpot_p99_ms.size() != n || p.rep_slo_attainment.size() != n)
-    return p;
-  ServingPartitionRecord q = p;
-  q.output_tokens_per_s = p.rep_output_tokens_per_s.back();
-  q.ttft_p50_ms = p.rep_ttft_p50_ms.back();
-  q.ttft_p99_ms = p.rep_ttft_p99_ms.back();
-  q.tpot_p50_ms = p.rep_tpot_p50_ms.back();
-  q.tpot_p99_ms = p.rep_tpot_p99_ms.back();
-  q.slo_attainment = p.rep_slo_attainment.back();
-  return q;
+    return m;
+  m.output_tokens_per_s = p.rep_output_tokens_per_s.back();
+  m.ttft_p50_ms = p.rep_ttft_p50_ms.back(), m.ttft_p99_ms = p.rep_ttft_p99_ms.back();
+  m.tpot_p50_ms = p.rep_tpot_p50_ms.back(), m.tpot_p99_ms = p.rep_tpot_p99_ms.back();
+  m.slo_attainment = p.rep_slo_attainment.back();
+  return m;
+}
+
+/// One partition's row of a prediction table: its name (width w) and each figure of `play`
+/// against the `measured` one (vs): output tokens/s, TTFT p50 and p99, TPOT p50 and p99.
+std::string prediction_row(const std::string& name, int w, const ServingPrediction& measured, const ServingPrediction& play) {
+  return "  " + format_line("%-*s", w, name.c_str()) + " " + vs(play.output_tokens_per_s, measured.output_tokens_per_s) +
+         " " + vs(play.ttft_p50_ms, measured.ttft_p50_ms) + " " + vs(play.ttft_p99_ms, measured.ttft_p99_ms) + " " +
+         vs(play.tpot_p50_ms, measured.tpot_p50_ms) + " " + vs(play.tpot_p99_ms, measured.tpot_p99_ms);
 }
 
 /// Each stage's step level (ServingPartitionRecord::step_level) as "stage 0/1: decode
@@ -172,7 +181,7 @@ void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
      << (s.rounds > 1 ? " (not the rounds' pooled one above)" : "")
      << "; its error is the simulator's own, and the prediction's error less this one is the step level's share:\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(last_round(p), w, p.self)
+    os << prediction_row(p.name, w, last_round_figures(p), p.self)
        << (p.step_level.empty() ? "" : "  " + step_level_text(p.step_level)) << "\n";
   bool replayed = false;
   for (const ServingPartitionRecord& p : s.partitions) replayed = replayed || p.replayed.made();
@@ -181,7 +190,7 @@ void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
         "step's measured / model in the order they ran (per stage and kind of step): against the in-sample row, what "
         "the steps' movement inside the round did; against the measurement, the simulator's own error:\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    if (p.replayed.made()) os << prediction_row(last_round(p), w, p.replayed) << "\n";
+    if (p.replayed.made()) os << prediction_row(p.name, w, last_round_figures(p), p.replayed) << "\n";
 }
 
 void print_predictions(std::ostream& os, const ServingRunRecord& s, const ProfileTable& profile) {
@@ -195,14 +204,30 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
   os << format_line("  %-*s %18s %18s %18s %18s %18s\n", w, "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                     "TPOT p99");
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(p, w, p.simulated) << "\n";
+    os << prediction_row(p.name, w, pooled_figures(p), p.simulated) << "\n";
   print_self_calibrated(os, s, w);
   if (!cross) return;
   os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : " and kind of step, decode or with prefill")
      << " by the other partitions' measured steps):\n";
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(p, w, p.cross)
+    os << prediction_row(p.name, w, pooled_figures(p), p.cross)
        << (p.cross_calibrated_by.empty() ? "" : "  by " + p.cross_calibrated_by) << "\n";
+}
+
+/// " (predicted from the profile x%; in-sample at the last round's step level y%, its steps
+/// replayed z%, that round measured w%)": the plays' attainment beside a partition's measured
+/// one, each clause where its play was made ("" without a prediction).
+std::string attainment_plays(const ServingPartitionRecord& p) {
+  if (!std::isfinite(p.simulated.slo_attainment)) return "";
+  std::string out = format_line(" (predicted from the profile %.1f%%", 100.0 * p.simulated.slo_attainment);
+  if (std::isfinite(p.self.slo_attainment)) {
+    out += format_line("; in-sample at the last round's step level %.1f%%", 100.0 * p.self.slo_attainment);
+    if (std::isfinite(p.replayed.slo_attainment))
+      out += format_line(", its steps replayed %.1f%%", 100.0 * p.replayed.slo_attainment);
+    if (p.rep_slo_attainment.size() > 1)
+      out += format_line(", that round measured %.1f%%", 100.0 * p.rep_slo_attainment.back());
+  }
+  return out + ")";
 }
 
 /// --request-rate search: the predicted highest rates and the attainment measured around R*.
@@ -246,19 +271,7 @@ void print_serving_summary(std::ostream& os, const RunRecord& run) {
     os << "  goodput (" << goodput << "):\n";
     for (const ServingPartitionRecord& p : s.partitions) {
       os << format_line("  %-12s %.3f req/s, attainment %.1f%%", p.name.c_str(), p.goodput_req_per_s, 100.0 * p.slo_attainment);
-      if (std::isfinite(p.simulated.slo_attainment))
-        os << format_line(" (predicted from the profile %.1f%%", 100.0 * p.simulated.slo_attainment)
-           << (std::isfinite(p.self.slo_attainment)
-                   ? format_line("; in-sample at the last round's step level %.1f%%", 100.0 * p.self.slo_attainment) +
-                         (std::isfinite(p.replayed.slo_attainment)
-                              ? format_line(", its steps replayed %.1f%%", 100.0 * p.replayed.slo_attainment)
-                              : "") +
-                         (p.rep_slo_attainment.size() > 1
-                              ? format_line(", that round measured %.1f%%", 100.0 * p.rep_slo_attainment.back())
-                              : "")
-                   : "")
-           << ")";
-      os << "\n";
+      os << attainment_plays(p) << "\n";
     }
   }
   bool header = false;
