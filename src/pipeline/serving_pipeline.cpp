@@ -275,6 +275,11 @@ void ServingLoop::launch(int g, const std::vector<ScheduledRow>& rows, const std
     transport_.enqueue_send(*send_, out_[g]->data(), stage_.ragged_output_bytes(R, n), peer, kPayloadTag);
   send_->record(*e.ev[kSendEnd]);
   e.has_send = true;
+  // The return cannot come before this forward ends (the last stage computes on its output), so
+  // the receiving lane waits for the forward on its event, asleep, before it polls: on a CPU
+  // rank every poll takes the core from this forward (docs/MEASUREMENTS.md § "2026-12-07 the
+  // return's receive after the forward"). The returns are received in the order they are sent.
+  recv_->wait(*e.ev[kComputeEnd]);
   recv_->record(*e.ev[kRecvStart]);
   transport_.enqueue_recv(*recv_, return_[g]->data(), static_cast<size_t>(R) * sizeof(int32_t), place_.last_rank, kReturnTag);
   recv_->record(*e.ev[kRecvEnd]);

@@ -13,6 +13,7 @@
 
 #include "backend/device.h"
 #include "balance/partition.h"
+#include "common/events.h"
 #include "model/model_spec.h"
 #include "mpi_test_main.h"
 #include "pipeline/serving_pipeline.h"
@@ -92,6 +93,10 @@ void check_serving(const char* config, serving::StepPolicy policy, int max_batch
   const ServingRecord replay = replay_serving(*device, *transport, *stage, place, cfg, reqs, live.schedule);
   EXPECT_EQ(live.events.size(), live.step_rows.size() * kNumEvents);
   if (place.stage != 0) return;
+  // Stage 0 receives a step's token return only once the step's forward has ended (it polls for
+  // nothing before it can come): its receive starts at or after its forward's end.
+  for (size_t i = 0; S > 1 && i < live.step_rows.size(); ++i)
+    EXPECT_GE(live.events[i * kNumEvents + kRecvStart], live.events[i * kNumEvents + kComputeEnd]) << "step " << i;
 
   ASSERT_EQ(live.tokens.size(), reqs.size());
   ASSERT_EQ(live.times.size(), reqs.size());
