@@ -122,7 +122,9 @@ void add_scenario_flags(CLI::App& cmd, serving::ScenarioFlags& f, Command c) {
                      "the share of requests that must meet the TTFT and TPOT limits, in (0, 1] (0.9: DistServe's "
                      "goodput target; 0.99)")
       ->capture_default_str();
-  if (!run) cmd.add_option("--seed", f.seed, when + "arrivals and lengths")->capture_default_str();
+  if (!run)
+    cmd.add_option("--seed", f.seed, when + "arrivals and lengths (the default is `ppbench run`'s: the same requests a run draws)")
+        ->capture_default_str();
 }
 
 }  // namespace ppb

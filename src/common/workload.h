@@ -10,6 +10,13 @@
 
 namespace ppb {
 
+/// The seed `ppbench run` takes by default (--seed), and the offline commands' scenarios too
+/// (`serve-search`, `plan --scenario`: ScenarioFlags::seed): with the same flags they draw the
+/// same requests as a run, so that a rate found offline is measured on the requests it was found
+/// on. On 64 requests two seeds' highest rates at one SLO differed 1.9x (docs/MEASUREMENTS.md §
+/// "2026-12-07 the rate search's requests").
+inline constexpr uint64_t kDefaultSeed = 1234;
+
 struct Workload {
   int batch = 1;        ///< B: sequences per request group (micro-batch)
   int prompt_len = 1;   ///< P: prompt tokens per sequence (prefill)

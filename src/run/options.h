@@ -12,6 +12,7 @@
 #include "balance/problem.h"
 #include "balance/solver.h"
 #include "common/dtype.h"
+#include "common/workload.h"
 #include "serving/scenario.h"
 
 namespace ppb {
@@ -47,7 +48,7 @@ struct RunFlags {
   std::string round_profile = "auto";
   bool no_overlap = false;
   bool validate = true;
-  uint64_t seed = 1234;
+  uint64_t seed = kDefaultSeed;
   std::string dtype = "auto";
   std::string device = "auto";
   std::string transport = "auto";
@@ -102,7 +103,7 @@ struct RunOptions {
   int batch = 4, prompt_len = 32, gen_len = 16;
   int microbatches = 0;              ///< 0 = one group per stage
   std::optional<DType> dtype;        ///< nullopt = auto: the backend's default
-  uint64_t seed = 1234;
+  uint64_t seed = kDefaultSeed;
   PartitionRequest partition;
   balance::Objective objective = balance::Objective::workload;
   balance::OrderMode order = balance::OrderMode::rank;

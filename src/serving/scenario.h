@@ -18,6 +18,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/workload.h"
 #include "serving/arrivals.h"
 #include "serving/rate_search.h"
 #include "serving/request_metrics.h"
@@ -143,7 +144,7 @@ struct ScenarioFlags {
   std::string kv_blocks = "0";  ///< --kv-blocks N | auto (0: every slot at the longest request)
   std::string ramp_up_strategy;  ///< `run`: linear | exponential ("" = none)
   double ramp_up_start_rps = 0, ramp_up_end_rps = 0;
-  uint64_t seed = 0;         ///< the offline commands' --seed (`run` passes its own)
+  uint64_t seed = kDefaultSeed;  ///< the offline commands' --seed (`run` passes its own, of the same default)
 };
 
 /// Which command parses the flags, and what it fills in.

@@ -18,6 +18,8 @@
 #include "results/h5.h"
 #include "results/reader.h"
 #include "results/writer.h"
+#include "run/options.h"
+#include "serving/pipeline_sim.h"
 #include "serving/scenario.h"
 #include "serving/simulated_rate.h"
 #include "tiny_profile.h"
@@ -232,6 +234,38 @@ TEST(ScenarioSpec, EachCommandsRulesNameTheFlag) {
     s.requests = 256;  // the commands' defaults differ
     return s;
   }());
+}
+
+// `serve-search` (or `plan --scenario`) then `run --request-rate R` with the same flags and no
+// --seed: the run plays the very requests the rate was found on (the offline requests drawn at
+// 1 request/s, scaled to R), not another set (2026-12-07: on 64 requests two sets' R* differed 1.9x).
+TEST(ScenarioSpec, OfflineCommandsDrawTheRequestsOfARunAtItsDefaultSeed) {
+  ScenarioFlags f;
+  f.requests = 64;
+  f.prompt_lens = "lognormal:16,0.5";
+  f.gen_lens = "lognormal:8,0.5";
+  f.slo_ttft_ms = 100;
+  f.slo_tpot_ms = 10;
+  const auto offline = serving::parse_scenario(f, use_of(ScenarioUse::Command::serve_search));
+  ASSERT_TRUE(offline);
+  ScenarioUse run = use_of(ScenarioUse::Command::run);
+  run.seed = RunFlags{}.seed;  // `ppbench run`'s own --seed, not given
+  f.scenario = "poisson";
+  f.request_rate = "2.5";
+  f.slo_ttft_ms = f.slo_tpot_ms = 0;
+  const auto online = serving::parse_scenario(f, run);
+  ASSERT_TRUE(online);
+  EXPECT_EQ(offline->seed, online->seed);
+  const auto unit = serving::generate_requests(*offline);
+  const auto scaled = serving::scale_arrivals(unit, 2.5);
+  const auto drawn = serving::generate_requests(*online);
+  ASSERT_EQ(scaled.size(), drawn.size());
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    EXPECT_EQ(scaled[i].prompt_len, drawn[i].prompt_len) << "request " << i;
+    EXPECT_EQ(scaled[i].gen_len, drawn[i].gen_len) << "request " << i;
+    // Exponential gaps of rate R are those of rate 1 over R, to rounding (a few ulps).
+    EXPECT_NEAR(scaled[i].arrival_s, drawn[i].arrival_s, 1e-12 * (1.0 + drawn[i].arrival_s)) << "request " << i;
+  }
 }
 
 TEST(ScenarioSpec, TraceWindowAndSpeedupParseAndRoundTrip) {
