@@ -24,28 +24,33 @@ std::optional<long long> to_int(std::string_view s) {
   return v;
 }
 
+std::optional<CpuQuota> make_quota(std::optional<long long> q, std::optional<long long> p) {
+  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
+  return CpuQuota{static_cast<double>(*q) / static_cast<double>(*p), static_cast<double>(*p) / 1000.0};
+}
+
 /// quota / period of one directory, or nullopt.
-std::optional<double> quota_v2(const std::filesystem::path& dir) {
+std::optional<CpuQuota> quota_v2(const std::filesystem::path& dir) {
   const std::string text = read_text(dir / "cpu.max");  // "" when absent: no quota
   const auto parts = split_fields(trim(text), ' ');
   if (parts.size() != 2 || parts[0] == "max") return std::nullopt;
-  const auto q = to_int(parts[0]), p = to_int(parts[1]);
-  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
-  return static_cast<double>(*q) / static_cast<double>(*p);
+  return make_quota(to_int(parts[0]), to_int(parts[1]));
 }
 
-std::optional<double> quota_v1(const std::filesystem::path& dir) {
-  const auto q = to_int(read_text(dir / "cpu.cfs_quota_us")), p = to_int(read_text(dir / "cpu.cfs_period_us"));
-  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
-  return static_cast<double>(*q) / static_cast<double>(*p);
+std::optional<CpuQuota> quota_v1(const std::filesystem::path& dir) {
+  return make_quota(to_int(read_text(dir / "cpu.cfs_quota_us")), to_int(read_text(dir / "cpu.cfs_period_us")));
 }
 
-/// The smallest quota from <root>/<path> up to <root>.
+/// Keeps the binding quota of two: the fewer cores, of equal cores the longer period.
+void take_binding(std::optional<CpuQuota>& best, const std::optional<CpuQuota>& q) {
+  if (q && (!best || q->cores < best->cores || (q->cores == best->cores && q->period_ms > best->period_ms))) best = q;
+}
+
+/// The binding quota from <root>/<path> up to <root>.
 template <class Fn>
-std::optional<double> hierarchy_quota(const std::filesystem::path& root, std::string_view path, Fn quota) {
-  std::optional<double> best;
-  for (const std::filesystem::path& dir : cgroup_dirs_up(root, path))
-    if (const auto q = quota(dir)) best = best ? std::min(*best, *q) : *q;
+std::optional<CpuQuota> hierarchy_quota(const std::filesystem::path& root, std::string_view path, Fn quota) {
+  std::optional<CpuQuota> best;
+  for (const std::filesystem::path& dir : cgroup_dirs_up(root, path)) take_binding(best, quota(dir));
   return best;
 }
 
@@ -93,21 +98,23 @@ std::optional<std::vector<int>> parse_cpu_list(std::string_view text) {
   return cpus;
 }
 
-std::optional<double> cgroup_cpu_quota_cores(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
-  std::optional<double> best;
-  auto take = [&best](std::optional<double> q) {
-    if (q) best = best ? std::min(*best, *q) : *q;
-  };
+std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
+  std::optional<CpuQuota> best;
   for (const CgroupMembership& m : cgroup_memberships(self_cgroup)) {
     if (m.v2) {
-      take(hierarchy_quota(cgroup_root, m.path, quota_v2));
+      take_binding(best, hierarchy_quota(cgroup_root, m.path, quota_v2));
     } else if (m.has("cpu")) {  // cgroup v1: mounted as cpu or cpu,cpuacct
       const std::string mount(m.controllers);
-      take(hierarchy_quota(cgroup_root / mount, m.path, quota_v1));
-      if (mount != "cpu") take(hierarchy_quota(cgroup_root / "cpu", m.path, quota_v1));
+      take_binding(best, hierarchy_quota(cgroup_root / mount, m.path, quota_v1));
+      if (mount != "cpu") take_binding(best, hierarchy_quota(cgroup_root / "cpu", m.path, quota_v1));
     }
   }
   return best;
+}
+
+std::optional<double> cgroup_cpu_quota_cores(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
+  const auto q = cgroup_cpu_quota(self_cgroup, cgroup_root);
+  return q ? std::optional<double>(q->cores) : std::nullopt;
 }
 
 std::string cpu_governor(int cpu, const std::filesystem::path& sys_root) {

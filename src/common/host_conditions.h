@@ -35,6 +35,18 @@ std::optional<std::vector<int>> parse_cpu_list(std::string_view text);
 /// "..", mean no quota from that source; never throws.
 std::optional<double> cgroup_cpu_quota_cores(std::string_view self_cgroup, const std::filesystem::path& cgroup_root);
 
+/// The binding CPU quota of a process's cgroups: its cores (quota / period) and the CFS period it
+/// is enforced over, in ms. The process runs at most cores x period in each period, then waits
+/// for the next: under a long period a timing shorter than it runs at full speed or stalls.
+struct CpuQuota {
+  double cores = 0.0;
+  double period_ms = 0.0;
+};
+
+/// cgroup_cpu_quota_cores with the period of the level that binds (the smallest quota / period;
+/// of equal ones, the longest period). nullopt when no level sets a quota; never throws.
+std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std::filesystem::path& cgroup_root);
+
 /// The cpufreq scaling governor of `cpu` (<sys_root>/devices/system/cpu/cpu<N>/cpufreq/
 /// scaling_governor: "performance", "powersave", "schedutil", ...), or "" when the kernel does
 /// not expose it (virtual machines, containers without /sys).

@@ -1,6 +1,7 @@
 #include "results/conditions.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <string>
 
@@ -69,6 +70,20 @@ std::string oversubscription_warning(const HostLoad& h) {
          " ranks) on " + (h.nodes > 1 ? "its " : "") + std::to_string(h.cpus) + " CPUs (" + h.cpu_list +
          "): ranks share cores, so stage times include waiting for a core; fine for trying ppbench, not for timings "
          "to publish";
+}
+
+std::string quota_period_warning(int rank, const RankInfo& info) {
+  const double q = info.cpu_quota_cores, p = info.cpu_quota_period_ms;
+  if (!(q > 0) || !(p > kEvenQuotaPeriodMs) || info.compute_threads <= 0 || q >= info.compute_threads) return "";
+  char text[640];
+  std::snprintf(text, sizeof text,
+                "WARNING: rank %d's CPU quota of %.2f cores is enforced over %.0f ms periods (a container's or "
+                "Docker's --cpus default is 100 ms): it runs %.0f ms and then waits, so a timing shorter than %.0f ms "
+                "runs at full speed or stalls, and the profile's medians predict the rank faster than the pipeline "
+                "runs it (20%% at a 10 ms period, docs/MEASUREMENTS.md). For a slower device on purpose use a period "
+                "of %.0f ms or less: scripts/cpu_quota.sh",
+                rank, q, p, q * p, p, kEvenQuotaPeriodMs);
+  return text;
 }
 
 bool any_oversubscribed(const std::vector<RankInfo>& ranks) {

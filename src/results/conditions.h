@@ -33,6 +33,18 @@ std::vector<HostLoad> machine_loads(const std::vector<RankInfo>& ranks);
 /// a machine of several nodes), one line without its newline.
 std::string oversubscription_warning(const HostLoad& h);
 
+/// The longest CFS period (ms) at which a CPU quota still throttles a rank evenly enough for the
+/// profile: measured at 2 ms within +-1.5% per stage, at 10 ms a stage 20% over its prediction
+/// (docs/MEASUREMENTS.md, 2026-12-07 unequal devices).
+inline constexpr double kEvenQuotaPeriodMs = 2.0;
+
+/// A warning (one line, no "ppbench:" prefix or newline) when rank `rank`'s CPU quota is below its
+/// compute threads (so it throttles them) over a period longer than kEvenQuotaPeriodMs: a timing
+/// shorter than the period then runs at full speed or stalls, the profile's medians keep the
+/// full-speed ones, and the rank is predicted faster than the pipeline runs it. "" otherwise, and
+/// for files that recorded no period.
+std::string quota_period_warning(int rank, const RankInfo& info);
+
 /// Whether any node or machine is oversubscribed (host_loads, machine_loads).
 bool any_oversubscribed(const std::vector<RankInfo>& ranks);
 

@@ -283,6 +283,7 @@ void read_ranks(const Group& root, RunRecord& run) {
   auto bw_shared = dataset_or_empty<double>(ranks, "read_bandwidth_shared_GBps");
   auto gflops = dataset_or_empty<double>(ranks, "peak_gflops");
   auto quota = dataset_or_empty<double>(ranks, "cpu_quota_cores");  // files before conditions: none
+  auto quota_period = dataset_or_empty<double>(ranks, "cpu_quota_period_ms");  // files before it: NaN
   auto threads = dataset_or_empty<int64_t>(ranks, "compute_threads");
   auto affinity = ranks.exists("cpu_affinity") ? ranks.open_dataset("cpu_affinity").read_strings()
                                                : std::vector<std::string>();
@@ -300,6 +301,7 @@ void read_ranks(const Group& root, RunRecord& run) {
     info.read_bandwidth_shared_GBps = r < bw_shared.size() ? bw_shared[r] : nan;
     info.peak_gflops = r < gflops.size() ? gflops[r] : nan;
     info.cpu_quota_cores = r < quota.size() ? quota[r] : nan;
+    info.cpu_quota_period_ms = r < quota_period.size() ? quota_period[r] : nan;
     info.compute_threads = r < threads.size() ? static_cast<int>(threads[r]) : 0;
     info.cpu_affinity = r < affinity.size() ? affinity[r] : "";
     info.cpu_governor = r < governor.size() ? governor[r] : "";

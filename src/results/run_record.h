@@ -32,10 +32,12 @@ struct RankInfo {
   double read_bandwidth_shared_GBps = std::numeric_limits<double>::quiet_NaN();
   double peak_gflops = std::numeric_limits<double>::quiet_NaN();
   /// Conditions (common/host_conditions.h): the CPUs the rank may run on as a cpulist ("" =
-  /// not recorded), its cgroups' CPU quota in cores (NaN = none), the governor of its first CPU
+  /// not recorded), its cgroups' CPU quota in cores (NaN = none) and the CFS period it is
+  /// enforced over in ms (NaN = none, or a file before it), the governor of its first CPU
   /// ("" = not exposed), and its compute threads (BLAS threads; 1 on a GPU; 0 = not recorded).
   std::string cpu_affinity{};
   double cpu_quota_cores = std::numeric_limits<double>::quiet_NaN();
+  double cpu_quota_period_ms = std::numeric_limits<double>::quiet_NaN();
   std::string cpu_governor{};
   int compute_threads = 0;
   /// The machine (MpiContext::machine_id: the kernel's boot id, or "host:<hostname>"); "" in

@@ -133,12 +133,18 @@ void print_conditions(std::ostream& os, const RunRecord& run) {
     for (size_t r = 0; r < run.ranks.size(); ++r) {
       const RankInfo& i = run.ranks[r];
       if (i.hostname != h.hostname) continue;
-      if (i.cpu_quota_cores > 0)
+      if (i.cpu_quota_cores > 0) {
         os << "; rank " << r << " CPU quota " << fmt("%.2f", i.cpu_quota_cores) << " cores";
+        if (i.cpu_quota_period_ms > 0) os << " per " << fmt("%g", i.cpu_quota_period_ms) << " ms";
+      }
       if (!i.cpu_governor.empty() && governors.find(i.cpu_governor) == std::string::npos)
         governors += (governors.empty() ? "" : "/") + i.cpu_governor;
     }
     os << "; governor " << (governors.empty() ? std::string("not exposed") : governors) << "\n";
+    for (size_t r = 0; r < run.ranks.size(); ++r)
+      if (const std::string w = run.ranks[r].hostname == h.hostname ? quota_period_warning(static_cast<int>(r), run.ranks[r]) : "";
+          !w.empty())
+        os << "  " << w << "\n";
     if (h.oversubscribed())
       os << "  WARNING: oversubscribed: " << h.threads << " compute threads on " << h.cpus
          << " CPUs; ranks share cores, so stage times include waiting for a core (not timings to publish)\n";

@@ -497,6 +497,9 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
       .set_attr("content", "CPUs the rank may run on (sched_getaffinity), Linux cpulist format; \"\" = not recorded");
   ranks.write_dataset("cpu_quota_cores", column(rs, &RankInfo::cpu_quota_cores))
       .set_attr("content", "CPU quota of the rank's cgroups in cores (cpu.max / cfs_quota); NaN = none");
+  auto period = ranks.write_dataset("cpu_quota_period_ms", column(rs, &RankInfo::cpu_quota_period_ms));
+  period.set_attr("units", "ms");
+  period.set_attr("content", "CFS period over which that quota is enforced (of the binding level); NaN = none");
   ranks.write_strings("cpu_governor", column(rs, &RankInfo::cpu_governor))
       .set_attr("content", "cpufreq scaling governor of the rank's first CPU; \"\" = not exposed");
   ranks.write_dataset("compute_threads", column(rs, &RankInfo::compute_threads))

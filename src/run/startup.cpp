@@ -242,18 +242,22 @@ void record_conditions(RunContext& ctx) {
   const std::vector<int> cpus = cpu_affinity();
   const auto affinity = mpi.gather_strings(format_cpu_list(cpus));
   const auto governor = mpi.gather_strings(cpus.empty() ? std::string() : cpu_governor(cpus.front()));
-  const auto quota = cgroup_cpu_quota_cores(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
-  const auto nums = mpi.gather_doubles(
-      {quota ? *quota : std::numeric_limits<double>::quiet_NaN(), static_cast<double>(ctx.device->compute_threads())});
+  const auto quota = cgroup_cpu_quota(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto nums = mpi.gather_doubles({quota ? quota->cores : nan, quota ? quota->period_ms : nan,
+                                        static_cast<double>(ctx.device->compute_threads())});
   if (!ctx.root) return;
   RunRecord& run = ctx.record();
   for (int r = 0; r < ctx.ranks; ++r) {
     RankInfo& info = run.ranks[r];
     info.cpu_affinity = affinity[r];
     info.cpu_governor = governor[r];
-    info.cpu_quota_cores = nums[2 * r];
-    info.compute_threads = static_cast<int>(nums[2 * r + 1]);
+    info.cpu_quota_cores = nums[3 * r];
+    info.cpu_quota_period_ms = nums[3 * r + 1];
+    info.compute_threads = static_cast<int>(nums[3 * r + 2]);
   }
+  for (int r = 0; r < ctx.ranks; ++r)
+    if (const std::string w = quota_period_warning(r, run.ranks[r]); !w.empty()) std::cerr << "ppbench: " << w << std::endl;
   for (const HostLoad& h : host_loads(run.ranks))
     if (h.oversubscribed()) std::cerr << oversubscription_warning(h) << std::endl;
   for (const HostLoad& m : machine_loads(run.ranks))  // nodes that are one machine

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -61,6 +62,29 @@ TEST_F(FakeTree, CgroupV2QuotaSmallestOverTheHierarchy) {
   EXPECT_DOUBLE_EQ(*ppb::cgroup_cpu_quota_cores("0::/job/step\n", root_ / "cg"), 3.0);
   EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("0::/other\n", root_ / "cg"));  // "max" only
   EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("0::/../job\n", root_ / "cg"));  // never leaves the root
+}
+
+/// The period comes from the level that binds: the fewest cores, of equal cores the longest period
+/// (the one that stalls a rank longest).
+TEST_F(FakeTree, CgroupQuotaPeriodOfTheBindingLevel) {
+  write("cg/job/cpu.max", "300000 100000\n");  // 3 cores per 100 ms
+  write("cg/job/step/cpu.max", "1000 2000\n");  // 0.5 cores per 2 ms: binds
+  auto q = ppb::cgroup_cpu_quota("0::/job/step\n", root_ / "cg");
+  ASSERT_TRUE(q);
+  EXPECT_DOUBLE_EQ(q->cores, 0.5);
+  EXPECT_DOUBLE_EQ(q->period_ms, 2.0);
+  write("cg/job/cpu.max", "50000 100000\n");  // 0.5 cores per 100 ms: equal cores, longer period
+  q = ppb::cgroup_cpu_quota("0::/job/step\n", root_ / "cg");
+  ASSERT_TRUE(q);
+  EXPECT_DOUBLE_EQ(q->cores, 0.5);
+  EXPECT_DOUBLE_EQ(q->period_ms, 100.0);
+  write("cg/cpu/ppb/cpu.cfs_quota_us", "5000\n");  // cgroup v1, as scripts/cpu_quota.sh at 10 ms
+  write("cg/cpu/ppb/cpu.cfs_period_us", "10000\n");
+  q = ppb::cgroup_cpu_quota("3:cpu:/ppb\n", root_ / "cg");
+  ASSERT_TRUE(q);
+  EXPECT_DOUBLE_EQ(q->cores, 0.5);
+  EXPECT_DOUBLE_EQ(q->period_ms, 10.0);
+  EXPECT_FALSE(ppb::cgroup_cpu_quota("0::/other\n", root_ / "cg"));
 }
 
 TEST_F(FakeTree, CgroupV1QuotaUnderCpuCpuacct) {
@@ -178,6 +202,39 @@ TEST(HostLoads, SummaryWarnsAndNamesQuotas) {
   std::ostringstream ok;
   ppb::print_summary(ok, run);
   EXPECT_EQ(ok.str().find("WARNING"), std::string::npos) << ok.str();
+}
+
+/// A quota under the rank's compute threads over a period longer than kEvenQuotaPeriodMs warns
+/// (the profile sees the full-speed windows); a short period, a quota the threads fit in, or no
+/// recorded period does not.
+TEST(HostLoads, QuotaOverALongPeriodWarns) {
+  ppb::RankInfo info = rank("vm", "0-1", 1);
+  info.cpu_quota_cores = 0.5;
+  info.cpu_quota_period_ms = 100.0;
+  const std::string w = ppb::quota_period_warning(1, info);
+  EXPECT_NE(w.find("rank 1's CPU quota of 0.50 cores is enforced over 100 ms periods"), std::string::npos) << w;
+  EXPECT_NE(w.find("it runs 50 ms and then waits"), std::string::npos) << w;
+  EXPECT_NE(w.find("a period of 2 ms or less"), std::string::npos) << w;
+  info.cpu_quota_period_ms = ppb::kEvenQuotaPeriodMs;
+  EXPECT_EQ(ppb::quota_period_warning(1, info), "");
+  info.cpu_quota_period_ms = 100.0;
+  info.cpu_quota_cores = 1.0;  // one compute thread fits in one core
+  EXPECT_EQ(ppb::quota_period_warning(1, info), "");
+  info.cpu_quota_cores = 0.5;
+  info.cpu_quota_period_ms = std::numeric_limits<double>::quiet_NaN();  // a file before the period
+  EXPECT_EQ(ppb::quota_period_warning(1, info), "");
+
+  ppb::RunRecord run;
+  run.world_size = 2;
+  run.ranks = {rank("vm", "0", 1), rank("vm", "1", 1)};
+  run.ranks[1].cpu_quota_cores = 0.5;
+  run.ranks[1].cpu_quota_period_ms = 10.0;
+  std::ostringstream os;
+  ppb::print_summary(os, run);
+  EXPECT_NE(os.str().find("; rank 1 CPU quota 0.50 cores per 10 ms; governor not exposed\n  WARNING: rank 1's CPU "
+                          "quota of 0.50 cores is enforced over 10 ms periods"),
+            std::string::npos)
+      << os.str();
 }
 
 /// Two CUDA ranks on one GPU (gpu_check's set-up on a one-GPU machine): the summary warns that

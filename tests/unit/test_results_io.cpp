@@ -70,6 +70,7 @@ RunRecord make_record() {
   r.ranks[0].compute_threads = 4;
   r.ranks[1].cpu_affinity = "0";
   r.ranks[1].cpu_quota_cores = 0.5;
+  r.ranks[1].cpu_quota_period_ms = 2.0;
   r.ranks[1].compute_threads = 1;
   r.ranks[0].machine_id = "3f1c2d9e-0000-4000-8000-00000000abcd";
   r.ranks[1].machine_id = "host:gpu-node-7";
@@ -315,8 +316,10 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(rank_machine(r.ranks[i]), w.ranks[i].machine_id);
     if (std::isnan(w.ranks[i].cpu_quota_cores)) {
       EXPECT_TRUE(std::isnan(r.ranks[i].cpu_quota_cores));
+      EXPECT_TRUE(std::isnan(r.ranks[i].cpu_quota_period_ms));
     } else {
       EXPECT_EQ(r.ranks[i].cpu_quota_cores, w.ranks[i].cpu_quota_cores);
+      EXPECT_EQ(r.ranks[i].cpu_quota_period_ms, w.ranks[i].cpu_quota_period_ms);
     }
   }
 
