@@ -141,10 +141,10 @@ void print_conditions(std::ostream& os, const RunRecord& run) {
         governors += (governors.empty() ? "" : "/") + i.cpu_governor;
     }
     os << "; governor " << (governors.empty() ? std::string("not exposed") : governors) << "\n";
-    for (size_t r = 0; r < run.ranks.size(); ++r)
-      if (const std::string w = run.ranks[r].hostname == h.hostname ? quota_period_warning(static_cast<int>(r), run.ranks[r]) : "";
-          !w.empty())
-        os << "  " << w << "\n";
+    for (size_t r = 0; r < run.ranks.size(); ++r) {
+      if (run.ranks[r].hostname != h.hostname) continue;
+      if (const std::string w = quota_period_warning(static_cast<int>(r), run.ranks[r]); !w.empty()) os << "  " << w << "\n";
+    }
     if (h.oversubscribed())
       os << "  WARNING: oversubscribed: " << h.threads << " compute threads on " << h.cpus
          << " CPUs; ranks share cores, so stage times include waiting for a core (not timings to publish)\n";
