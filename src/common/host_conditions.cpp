@@ -112,11 +112,6 @@ std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std
   return best;
 }
 
-std::optional<double> cgroup_cpu_quota_cores(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
-  const auto q = cgroup_cpu_quota(self_cgroup, cgroup_root);
-  return q ? std::optional<double>(q->cores) : std::nullopt;
-}
-
 std::string cpu_governor(int cpu, const std::filesystem::path& sys_root) {
   std::string dir = "cpu";
   dir += std::to_string(cpu);

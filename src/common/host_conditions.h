@@ -25,16 +25,6 @@ std::string format_cpu_list(const std::vector<int>& cpus);
 /// a cpulist (empty pieces, a range whose end is before its start, not a number).
 std::optional<std::vector<int>> parse_cpu_list(std::string_view text);
 
-/// CPU quota in cores that the cgroups of a process impose, or nullopt when none does.
-/// `self_cgroup` is the text of /proc/<pid>/cgroup, `cgroup_root` where cgroups are mounted.
-///  - cgroup v2 ("0::/<path>"): cpu.max "<quota> <period>" (quota "max" = none) in every
-///    directory from <root>/<path> up to <root>;
-///  - cgroup v1 (a line whose controllers include "cpu"): cpu.cfs_quota_us (-1 = none) /
-///    cpu.cfs_period_us in the same directories under <root>/cpu (or <root>/cpu,cpuacct).
-/// The smallest quota / period of all levels wins. Missing or unreadable files, or a path with
-/// "..", mean no quota from that source; never throws.
-std::optional<double> cgroup_cpu_quota_cores(std::string_view self_cgroup, const std::filesystem::path& cgroup_root);
-
 /// The binding CPU quota of a process's cgroups: its cores (quota / period) and the CFS period it
 /// is enforced over, in ms. The process runs at most cores x period in each period, then waits
 /// for the next: under a long period a timing shorter than it runs at full speed or stalls.
@@ -43,8 +33,14 @@ struct CpuQuota {
   double period_ms = 0.0;
 };
 
-/// cgroup_cpu_quota_cores with the period of the level that binds (the smallest quota / period;
-/// of equal ones, the longest period). nullopt when no level sets a quota; never throws.
+/// The CPU quota that the cgroups of a process impose, or nullopt when none does.
+/// `self_cgroup` is the text of /proc/<pid>/cgroup, `cgroup_root` where cgroups are mounted.
+///  - cgroup v2 ("0::/<path>"): cpu.max "<quota> <period>" (quota "max" = none) in every
+///    directory from <root>/<path> up to <root>;
+///  - cgroup v1 (a line whose controllers include "cpu"): cpu.cfs_quota_us (-1 = none) /
+///    cpu.cfs_period_us in the same directories under <root>/cpu (or <root>/cpu,cpuacct).
+/// The level that binds wins: the smallest quota / period, of equal ones the longest period.
+/// Missing or unreadable files, or a path with "..", mean no quota from that source; never throws.
 std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std::filesystem::path& cgroup_root);
 
 /// The cpufreq scaling governor of `cpu` (<sys_root>/devices/system/cpu/cpu<N>/cpufreq/

@@ -55,13 +55,13 @@ TEST_F(FakeTree, CgroupV2QuotaSmallestOverTheHierarchy) {
   write("cg/cpu.max", "max 100000\n");
   write("cg/job/cpu.max", "300000 100000\n");      // 3 cores for the job
   write("cg/job/step/cpu.max", "50000 100000\n");  // half a core for this step
-  const auto q = ppb::cgroup_cpu_quota_cores("0::/job/step\n", root_ / "cg");
+  const auto q = ppb::cgroup_cpu_quota("0::/job/step\n", root_ / "cg");
   ASSERT_TRUE(q);
-  EXPECT_DOUBLE_EQ(*q, 0.5);
+  EXPECT_DOUBLE_EQ(q->cores, 0.5);
   write("cg/job/step/cpu.max", "max 100000\n");
-  EXPECT_DOUBLE_EQ(*ppb::cgroup_cpu_quota_cores("0::/job/step\n", root_ / "cg"), 3.0);
-  EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("0::/other\n", root_ / "cg"));  // "max" only
-  EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("0::/../job\n", root_ / "cg"));  // never leaves the root
+  EXPECT_DOUBLE_EQ(ppb::cgroup_cpu_quota("0::/job/step\n", root_ / "cg")->cores, 3.0);
+  EXPECT_FALSE(ppb::cgroup_cpu_quota("0::/other\n", root_ / "cg"));  // "max" only
+  EXPECT_FALSE(ppb::cgroup_cpu_quota("0::/../job\n", root_ / "cg"));  // never leaves the root
 }
 
 /// The period comes from the level that binds: the fewest cores, of equal cores the longest period
@@ -92,10 +92,10 @@ TEST_F(FakeTree, CgroupV1QuotaUnderCpuCpuacct) {
   write("cg/cpu,cpuacct/slurm/cpu.cfs_period_us", "100000\n");
   write("cg/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
   write("cg/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
-  const auto q = ppb::cgroup_cpu_quota_cores("4:memory:/slurm\n3:cpu,cpuacct:/slurm\n", root_ / "cg");
+  const auto q = ppb::cgroup_cpu_quota("4:memory:/slurm\n3:cpu,cpuacct:/slurm\n", root_ / "cg");
   ASSERT_TRUE(q);
-  EXPECT_DOUBLE_EQ(*q, 2.0);
-  EXPECT_FALSE(ppb::cgroup_cpu_quota_cores("4:memory:/slurm\n", root_ / "cg"));  // no cpu controller
+  EXPECT_DOUBLE_EQ(q->cores, 2.0);
+  EXPECT_FALSE(ppb::cgroup_cpu_quota("4:memory:/slurm\n", root_ / "cg"));  // no cpu controller
 }
 
 TEST_F(FakeTree, GovernorOrEmpty) {
