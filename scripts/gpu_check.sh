@@ -105,7 +105,9 @@ if [ "${1:-}" = "--pack" ]; then
       ldd "$f" 2>/dev/null || true; done; } |
     awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | grep -v -E "$HOST_LIBS_RE" |
     while read -r l; do cp -L "$l" "$st/lib/"; done
-  tar -C "$st" -cJf "$OUT_FILE" .
+  # xz -3 on every core: 150 MB packed in 16 s to 31.5 MB on 2 cores, against 62 s to 27.3 MB
+  # with tar -J's default (-6, one thread); the device tool carries 64 MiB with the repo.
+  XZ_OPT="-3 -T0" tar -C "$st" -cJf "$OUT_FILE" .
   rm -rf "$st"
   ls -l "$OUT_FILE"
   echo "carry $OUT_FILE to the GPU machine and run scripts/gpu_check.sh $(dirname "$OUT_FILE") there"

@@ -19,6 +19,7 @@
 #include <hdf5.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
 #include "scratch_dir.h"
 #include "common/host_conditions.h"
 #include "common/stats.h"
@@ -28,26 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int status = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-/// Runs `cmd` through the shell from the source root, capturing stdout+stderr.
-Result run(const std::string& cmd) {
-  auto t0 = std::chrono::steady_clock::now();
-  std::string full = "cd " PPB_SOURCE_DIR " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                     "OPENBLAS_NUM_THREADS=1 " + cmd + " 2>&1";
-  Result r;
-  FILE* p = popen(full.c_str(), "r");
-  char buf[4096];
-  while (p && fgets(buf, sizeof(buf), p)) r.output += buf;
-  int st = p ? pclose(p) : -1;
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
+using ppb_test::Result;
+using ppb_test::run;
 
 /// `ppbench run` on np ranks for exactly --iters rounds (--target-ci 0): a test's time does not
 /// depend on this machine's noise; BenchmarkRoundsStopAtTheTargetCI tests the target.
@@ -629,8 +612,10 @@ TEST(RunE2E, Qwen3TwoRanksHeavyHeadWritesCompleteFile) {
 
 TEST(RunE2E, BenchmarkRoundsStopAtTheTargetCIOrTheTimeLimit) {
   // Qwen3 on 2 ranks: uniform (15,15) and balanced (heavier stage 0) are different splits.
+  // The rounds' stopping rule, not the profile or the tokens: one profile cycle, no step-model
+  // grid, no validation (other tests check all three).
   const std::string wl = "--model inputs/models/qwen3-0.6b.json -p 4 -g 2 -b 1 --warmup 1 --profile-iters 2 "
-                         "--profile-warmup 1 -q ";
+                         "--profile-warmup 1 --profile-repeats 1 --step-grid-iters 0 --no-validate -q ";
   const std::string bin = "mpirun --oversubscribe -np 2 " PPBENCH_BIN " run ";
   auto rounds_file = [](const std::string& path) {
     auto root = ppb::h5::File::open(path).root();
@@ -822,8 +807,11 @@ TEST(RunE2E, EqualSplitsAreMeasuredOnceAndJudgedTheSame) {
 
 TEST(RunE2E, FourRanksTinyLlamaManualSplitAndNoOverlap) {
   std::string out = temp_dir() + "/tinyllama4.h5";
+  // A manual split and the rounds of a real-sized model, not its profile: one profile cycle and
+  // no step-model grid (together 70 s of a 100-s run on 2 cores; other tests check both).
   auto r = run(mpirun(4) + "--model inputs/models/tinyllama-1.1b-chat-v1.0.json --prompt-len 16 --gen-len 4 "
-               "--partition 7,6,5,6 --no-overlap --iters 1 --warmup 0 --profile-iters 2 --profile-warmup 0 -o " + out);
+               "--partition 7,6,5,6 --no-overlap --iters 1 --warmup 0 --profile-iters 2 --profile-warmup 0 "
+               "--profile-repeats 1 --step-grid-iters 0 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   check_file(out, 4, 24, 4, 16, 4, 4, {"manual"});
   // Four one-thread ranks on a node with fewer CPUs they may use are oversubscribed: the run
@@ -1292,18 +1280,24 @@ TEST(RunE2E, BadInputsExitTwoQuicklyOnEveryRank) {
       {"replicas not dividing the ranks", 2, tiny + "--plan 1 --replicas 3", "does not divide the ranks 2"},
       {"replicas not a count", 2, tiny + "--plan 1 --replicas two", "--replicas 'two'"},
   };
-  for (const auto& c : cases) {
+  // Each case its own output file: the cases run a few at a time (run_all).
+  std::vector<std::string> cmds;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    std::string out = c.args.find(" -o ") == std::string::npos ? " -o " + dir + "/bad" + std::to_string(i) + ".h5" : "";
+    cmds.push_back(mpirun(c.np) + c.args + out + " --timeout 30");
+  }
+  const auto results = ppb_test::run_all(cmds);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    const auto& r = results[i];
     SCOPED_TRACE(c.name);
-    std::string out = c.args.find(" -o ") == std::string::npos ? " -o " + dir + "/bad.h5" : "";
-    auto r = run(mpirun(c.np) + c.args + out + " --timeout 30");
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in:\n" << r.output;
     EXPECT_LT(r.seconds, 30.0);
     // A failure after the profile keeps what was measured (complete=0); never a complete file.
-    if (fs::exists(dir + "/bad.h5")) {
-      EXPECT_EQ(ppb::h5::File::open(dir + "/bad.h5").root().get_attr<int64_t>("complete"), 0);
-      fs::remove(dir + "/bad.h5");
-    }
+    const std::string bad = dir + "/bad" + std::to_string(i) + ".h5";
+    if (fs::exists(bad)) EXPECT_EQ(ppb::h5::File::open(bad).root().get_attr<int64_t>("complete"), 0);
   }
 }
 

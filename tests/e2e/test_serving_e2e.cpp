@@ -13,31 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "run_command.h"
 #include "scratch_dir.h"
 #include "common/stats.h"
 #include "results/h5.h"
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-Result run(const std::string& cmd) {
-  auto t0 = std::chrono::steady_clock::now();
-  const std::string full = "cd " PPB_SOURCE_DIR " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                           "OPENBLAS_NUM_THREADS=1 " + cmd + " 2>&1";
-  Result r;
-  FILE* p = popen(full.c_str(), "r");
-  char buf[4096];
-  while (p && fgets(buf, sizeof(buf), p)) r.output += buf;
-  const int st = p ? pclose(p) : -1;
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
+using ppb_test::Result;
+using ppb_test::run;
 
 std::string mpirun(int np) {
   return "mpirun --oversubscribe -np " + std::to_string(np) + " " PPBENCH_BIN " run --target-ci 0 ";
@@ -221,11 +205,12 @@ TEST(ServingE2E, RoundsStopAtTheTargetCIOrTheTimeLimit) {
   }
   // A loose target: --iters 3 rounds, then as many as the gain's 95% CI needs to be within +-50%
   // (the first CI needs 5 paired rounds). Qwen3: its heavy head makes the balanced split another
-  // split than uniform's (tiny-llama's is uniform's).
+  // split than uniform's (tiny-llama's is uniform's). The stopping rule, not the profile or the
+  // tokens: one profile cycle, no step-model grid, no validation (the exact run above validates).
   const std::string loose = ppb_test::scratch_dir("ppbench_serving_") + "/loose.h5";
   const std::string qwen3 = "--model inputs/models/qwen3-0.6b.json --scenario poisson --request-rate 20 --requests 8 "
                             "-p 8 -g 4 --prompt-lens uniform:2,8 --gen-lens uniform:1,4 -b 2 --profile-iters 2 "
-                            "--profile-warmup 1 --profile-repeats 1 -q ";
+                            "--profile-warmup 1 --profile-repeats 1 --step-grid-iters 0 --no-validate -q ";
   r = run(bin + qwen3 + "--iters 3 --target-ci 50 --max-time 120 -o " + loose);
   ASSERT_EQ(r.status, 0) << r.output;
   const bool one_split =
@@ -677,13 +662,19 @@ TEST(ServingE2E, BadServingFlagsExitTwo) {
       {"attainment without search", tiny + "--scenario poisson --request-rate 2 --attainment 0.99", "--request-rate search"},
       {"attainment on trace", tiny + "--scenario trace --trace x.csv --attainment 0.99", "--attainment"},
   };
-  for (const auto& c : cases) {
+  // Each case its own output file: the cases run a few at a time (run_all).
+  std::vector<std::string> cmds;
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    cmds.push_back(mpirun(2) + cases[i].args + " -o " + dir + "/bad" + std::to_string(i) + ".h5 --timeout 30");
+  const auto results = ppb_test::run_all(cmds);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    const auto& r = results[i];
     SCOPED_TRACE(c.name);
-    auto r = run(mpirun(2) + c.args + " -o " + dir + "/bad.h5 --timeout 30");
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in:\n" << r.output;
     EXPECT_LT(r.seconds, 30.0);
-    EXPECT_FALSE(std::filesystem::exists(dir + "/bad.h5"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/bad" + std::to_string(i) + ".h5"));
   }
 }
 
