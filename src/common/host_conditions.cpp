@@ -1,6 +1,7 @@
 #include "common/host_conditions.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <charconv>
@@ -24,9 +25,10 @@ std::optional<long long> to_int(std::string_view s) {
   return v;
 }
 
-std::optional<CpuQuota> make_quota(std::optional<long long> q, std::optional<long long> p) {
+std::optional<CpuQuota> make_quota(std::optional<long long> q, std::optional<long long> p,
+                                   const std::filesystem::path& dir) {
   if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
-  return CpuQuota{static_cast<double>(*q) / static_cast<double>(*p), static_cast<double>(*p) / 1000.0};
+  return CpuQuota{static_cast<double>(*q) / static_cast<double>(*p), static_cast<double>(*p) / 1000.0, dir};
 }
 
 /// quota / period of one directory, or nullopt.
@@ -34,11 +36,11 @@ std::optional<CpuQuota> quota_v2(const std::filesystem::path& dir) {
   const std::string text = read_text(dir / "cpu.max");  // "" when absent: no quota
   const auto parts = split_fields(trim(text), ' ');
   if (parts.size() != 2 || parts[0] == "max") return std::nullopt;
-  return make_quota(to_int(parts[0]), to_int(parts[1]));
+  return make_quota(to_int(parts[0]), to_int(parts[1]), dir);
 }
 
 std::optional<CpuQuota> quota_v1(const std::filesystem::path& dir) {
-  return make_quota(to_int(read_text(dir / "cpu.cfs_quota_us")), to_int(read_text(dir / "cpu.cfs_period_us")));
+  return make_quota(to_int(read_text(dir / "cpu.cfs_quota_us")), to_int(read_text(dir / "cpu.cfs_period_us")), dir);
 }
 
 /// Keeps the binding quota of two: the fewer cores, of equal cores the longer period.
@@ -110,6 +112,13 @@ std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std
     }
   }
   return best;
+}
+
+std::string cgroup_identity(const std::filesystem::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "";
+  return std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+         std::to_string(static_cast<unsigned long long>(st.st_ino));
 }
 
 std::string cpu_governor(int cpu, const std::filesystem::path& sys_root) {

@@ -31,6 +31,10 @@ std::optional<std::vector<int>> parse_cpu_list(std::string_view text);
 struct CpuQuota {
   double cores = 0.0;
   double period_ms = 0.0;
+  /// The cgroup directory that sets it (the binding level), as this process's mounts show it.
+  /// Every process in that cgroup or below shares the quota: ranks in one cgroup take turns
+  /// within cores x period together.
+  std::filesystem::path dir{};
 };
 
 /// The CPU quota that the cgroups of a process impose, or nullopt when none does.
@@ -42,6 +46,11 @@ struct CpuQuota {
 /// The level that binds wins: the smallest quota / period, of equal ones the longest period.
 /// Missing or unreadable files, or a path with "..", mean no quota from that source; never throws.
 std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std::filesystem::path& cgroup_root);
+
+/// The identity of a cgroup directory on its machine, "<st_dev>:<st_ino>": the same for every
+/// process in that cgroup whatever path its cgroup namespace shows (a container sees "/"), and
+/// different for two containers' cgroups that each show "/". "" when stat fails.
+std::string cgroup_identity(const std::filesystem::path& dir);
 
 /// The cpufreq scaling governor of `cpu` (<sys_root>/devices/system/cpu/cpu<N>/cpufreq/
 /// scaling_governor: "performance", "powersave", "schedutil", ...), or "" when the kernel does

@@ -86,12 +86,48 @@ std::string quota_period_warning(int rank, const RankInfo& info) {
   return text;
 }
 
+std::vector<SharedQuota> shared_quotas(const std::vector<RankInfo>& ranks) {
+  std::vector<SharedQuota> out;
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const RankInfo& i = ranks[r];
+    if (i.cpu_quota_cgroup_id.empty() || !(i.cpu_quota_cores > 0)) continue;
+    const std::string key = rank_machine(i) + " " + i.cpu_quota_cgroup_id;
+    const size_t at = static_cast<size_t>(std::find(keys.begin(), keys.end(), key) - keys.begin());
+    if (at == keys.size()) {
+      keys.push_back(key);
+      out.push_back({{}, i.cpu_quota_cores, i.cpu_quota_period_ms, 0, i.cpu_quota_cgroup});
+    }
+    SharedQuota& q = out[at];
+    q.ranks.push_back(static_cast<int>(r));
+    q.threads += std::max(1, i.compute_threads);
+  }
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [](const SharedQuota& q) { return q.ranks.size() < 2 || q.threads <= q.cores; }),
+            out.end());
+  return out;
+}
+
+std::string shared_quota_warning(const SharedQuota& q) {
+  std::string ranks;
+  for (const int r : q.ranks) {
+    if (!ranks.empty()) ranks += ',';
+    ranks += std::to_string(r);
+  }
+  char cores[32];
+  std::snprintf(cores, sizeof cores, "%.2f", q.cores);
+  return "WARNING: ranks " + ranks + " share one CPU quota of " + cores + " cores (cgroup " + q.cgroup + ") with " +
+         std::to_string(q.threads) + " compute threads: each sees the whole quota, but together they run at most " +
+         cores + " cores, so stage times include waiting for the quota, as on oversubscribed cores (not timings to "
+         "publish). Give each rank its own quota (scripts/cpu_quota.sh) or the job a core per compute thread";
+}
+
 bool any_oversubscribed(const std::vector<RankInfo>& ranks) {
   for (const auto& h : host_loads(ranks))
     if (h.oversubscribed()) return true;
   for (const auto& h : machine_loads(ranks))
     if (h.oversubscribed()) return true;
-  return false;
+  return !shared_quotas(ranks).empty();
 }
 
 }  // namespace ppb

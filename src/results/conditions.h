@@ -45,7 +45,27 @@ inline constexpr double kEvenQuotaPeriodMs = 2.0;
 /// for files that recorded no period.
 std::string quota_period_warning(int rank, const RankInfo& info);
 
-/// Whether any node or machine is oversubscribed (host_loads, machine_loads).
+/// Ranks of one machine in one cgroup with a CPU quota (RankInfo::cpu_quota_cgroup_id), which
+/// they share: each sees the whole quota, so none is throttled alone, yet together they run at
+/// most `cores` (a container's --cpus, or a Slurm job's cgroup, over several ranks).
+struct SharedQuota {
+  std::vector<int> ranks;  ///< world ranks, ascending (two or more)
+  double cores = 0.0;      ///< the quota, in cores
+  double period_ms = 0.0;  ///< the CFS period it is enforced over (NaN: not recorded)
+  int threads = 0;         ///< the ranks' compute threads together
+  std::string cgroup;      ///< its directory as the first rank's mounts show it
+};
+
+/// The shared quotas that the ranks' compute threads exceed (threads > cores), in order of first
+/// rank; those ranks take turns within the quota as oversubscribed ranks take turns on cores.
+/// Ranks without a recorded cgroup identity (no quota, or older files) are in none.
+std::vector<SharedQuota> shared_quotas(const std::vector<RankInfo>& ranks);
+
+/// The warning for one entry of shared_quotas: one line, no "ppbench:" prefix or newline.
+std::string shared_quota_warning(const SharedQuota& q);
+
+/// Whether any node or machine is oversubscribed (host_loads, machine_loads), or any quota is
+/// shared by more compute threads than its cores (shared_quotas).
 bool any_oversubscribed(const std::vector<RankInfo>& ranks);
 
 }  // namespace ppb

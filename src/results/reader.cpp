@@ -289,6 +289,10 @@ void read_ranks(const Group& root, RunRecord& run) {
                                                : std::vector<std::string>();
   auto governor = ranks.exists("cpu_governor") ? ranks.open_dataset("cpu_governor").read_strings()
                                                : std::vector<std::string>();
+  auto quota_cgroup = ranks.exists("cpu_quota_cgroup") ? ranks.open_dataset("cpu_quota_cgroup").read_strings()
+                                                       : std::vector<std::string>();  // files before it: ""
+  auto quota_cgroup_id = ranks.exists("cpu_quota_cgroup_id") ? ranks.open_dataset("cpu_quota_cgroup_id").read_strings()
+                                                             : std::vector<std::string>();
   auto machine = ranks.exists("machine_id") ? ranks.open_dataset("machine_id").read_strings()
                                             : std::vector<std::string>();  // files before it: ""
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -305,6 +309,8 @@ void read_ranks(const Group& root, RunRecord& run) {
     info.compute_threads = r < threads.size() ? static_cast<int>(threads[r]) : 0;
     info.cpu_affinity = r < affinity.size() ? affinity[r] : "";
     info.cpu_governor = r < governor.size() ? governor[r] : "";
+    info.cpu_quota_cgroup = r < quota_cgroup.size() ? quota_cgroup[r] : "";
+    info.cpu_quota_cgroup_id = r < quota_cgroup_id.size() ? quota_cgroup_id[r] : "";
     info.machine_id = r < machine.size() ? machine[r] : "";
     run.ranks.push_back(info);
   }

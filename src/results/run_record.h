@@ -38,6 +38,11 @@ struct RankInfo {
   std::string cpu_affinity{};
   double cpu_quota_cores = std::numeric_limits<double>::quiet_NaN();
   double cpu_quota_period_ms = std::numeric_limits<double>::quiet_NaN();
+  /// The cgroup whose quota binds, as the rank's mounts show its directory, and its identity on
+  /// the machine (cgroup_identity: "<dev>:<inode>"): ranks of one machine with one identity share
+  /// one quota. "" = no quota, or a file before them.
+  std::string cpu_quota_cgroup{};
+  std::string cpu_quota_cgroup_id{};
   std::string cpu_governor{};
   int compute_threads = 0;
   /// The machine (MpiContext::machine_id: the kernel's boot id, or "host:<hostname>"); "" in

@@ -122,7 +122,8 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
 }
 
 /// One line per node: ranks, compute threads, the CPUs they may use; CPU quotas and governors
-/// where set; a warning when a node is oversubscribed. Then one line per machine that holds
+/// where set; a warning when a node is oversubscribed or ranks share one CPU quota with more
+/// compute threads than its cores (shared_quotas). Then one line per machine that holds
 /// several nodes (machine_loads), with its own warning. Nothing for files before conditions.
 void print_conditions(std::ostream& os, const RunRecord& run) {
   if (run.ranks.empty() || run.ranks[0].compute_threads == 0) return;
@@ -149,6 +150,7 @@ void print_conditions(std::ostream& os, const RunRecord& run) {
       os << "  WARNING: oversubscribed: " << h.threads << " compute threads on " << h.cpus
          << " CPUs; ranks share cores, so stage times include waiting for a core (not timings to publish)\n";
   }
+  for (const SharedQuota& q : shared_quotas(run.ranks)) os << "  " << shared_quota_warning(q) << "\n";
   // Nodes that are containers or namespaces of one machine share its CPUs.
   for (const HostLoad& m : machine_loads(run.ranks)) {
     if (m.nodes < 2) continue;

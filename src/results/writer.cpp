@@ -500,6 +500,12 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
   auto period = ranks.write_dataset("cpu_quota_period_ms", column(rs, &RankInfo::cpu_quota_period_ms));
   period.set_attr("units", "ms");
   period.set_attr("content", "CFS period over which that quota is enforced (of the binding level); NaN = none");
+  ranks.write_strings("cpu_quota_cgroup", column(rs, &RankInfo::cpu_quota_cgroup))
+      .set_attr("content", "the cgroup directory whose quota binds, as the rank's mounts show it; \"\" = no quota");
+  ranks.write_strings("cpu_quota_cgroup_id", column(rs, &RankInfo::cpu_quota_cgroup_id))
+      .set_attr("content",
+                "that cgroup's identity on its machine, \"<st_dev>:<st_ino>\" of its directory: ranks of one "
+                "machine_id with one identity share one quota; \"\" = no quota");
   ranks.write_strings("cpu_governor", column(rs, &RankInfo::cpu_governor))
       .set_attr("content", "cpufreq scaling governor of the rank's first CPU; \"\" = not exposed");
   ranks.write_dataset("compute_threads", column(rs, &RankInfo::compute_threads))

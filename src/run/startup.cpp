@@ -235,8 +235,9 @@ void describe_metadata(RunContext& ctx) {
 }
 
 /// Every rank's CPU affinity, cgroup CPU quota, governor and compute threads into /ranks;
-/// a node, or a machine of several nodes, with more compute threads than CPUs is said loudly
-/// (its timings measure ranks waiting for a core).
+/// a node, or a machine of several nodes, with more compute threads than CPUs, or ranks sharing
+/// one quota with more compute threads than its cores, is said loudly (its timings measure ranks
+/// waiting for a core).
 void record_conditions(RunContext& ctx) {
   const MpiContext& mpi = ctx.mpi;
   const std::vector<int> cpus = cpu_affinity();
@@ -246,6 +247,8 @@ void record_conditions(RunContext& ctx) {
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   const auto nums = mpi.gather_doubles({quota ? quota->cores : nan, quota ? quota->period_ms : nan,
                                         static_cast<double>(ctx.device->compute_threads())});
+  const auto quota_cgroup = mpi.gather_strings(quota ? quota->dir.string() : std::string());
+  const auto quota_cgroup_id = mpi.gather_strings(quota ? cgroup_identity(quota->dir) : std::string());
   if (!ctx.root) return;
   RunRecord& run = ctx.record();
   for (int r = 0; r < ctx.ranks; ++r) {
@@ -254,6 +257,8 @@ void record_conditions(RunContext& ctx) {
     info.cpu_governor = governor[r];
     info.cpu_quota_cores = nums[3 * r];
     info.cpu_quota_period_ms = nums[3 * r + 1];
+    info.cpu_quota_cgroup = quota_cgroup[r];
+    info.cpu_quota_cgroup_id = quota_cgroup_id[r];
     info.compute_threads = static_cast<int>(nums[3 * r + 2]);
   }
   for (int r = 0; r < ctx.ranks; ++r)
@@ -262,6 +267,7 @@ void record_conditions(RunContext& ctx) {
     if (h.oversubscribed()) std::cerr << oversubscription_warning(h) << std::endl;
   for (const HostLoad& m : machine_loads(run.ranks))  // nodes that are one machine
     if (m.nodes > 1 && m.oversubscribed()) std::cerr << oversubscription_warning(m) << std::endl;
+  for (const SharedQuota& q : shared_quotas(run.ranks)) std::cerr << "ppbench: " << shared_quota_warning(q) << std::endl;
 }
 
 /// Device classes (ranks with the same class are identical devices: rank_device_classes),

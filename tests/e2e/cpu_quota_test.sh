@@ -6,7 +6,9 @@
 #    shortest the kernel allows), the command's exit status comes back, the cgroup is removed,
 #    and a TERM to the wrapper reaches the command and still removes it;
 #  - under mpirun, `ppbench profile` records the quota of rank 1 and none on rank 0 (its
-#    conditions line), i.e. what the wrapper set is what the results file says.
+#    conditions line), i.e. what the wrapper set is what the results file says;
+#  - with the wrapper around mpirun (both ranks in one cgroup of 1 core), the summary warns that
+#    the ranks share one quota past its cores.
 #
 # Usage: tests/e2e/cpu_quota_test.sh BUILD_DIR [MODEL_JSON]     (ctest label e2e)
 # Exit status: 0 pass, 1 fail, 77 skipped (no writable cgroup cpu controller: not root, or a
@@ -91,4 +93,13 @@ mpirun --oversubscribe -np 2 "$Q" --rank 1 --cores 0.5 -- "$BUILD/ppbench" profi
 grep -q "^conditions: .*rank 1 CPU quota 0.50 cores" "$TMP/prof.log" || { grep "^conditions" "$TMP/prof.log"; fail "the profile's conditions lack rank 1's quota of 0.50 cores"; }
 ! grep -q "^conditions: .*rank 0 CPU quota 0.50" "$TMP/prof.log" || fail "the profile's conditions give rank 0 the quota: $(grep '^conditions' "$TMP/prof.log")"
 say "ppbench profile under mpirun: rank 1's quota of 0.50 cores recorded, not rank 0's"
+
+# One quota over the whole job (as a container's --cpus): the wrapper around mpirun puts both
+# ranks in one cgroup of 1 core; each rank alone fits (1 thread), together they do not: warned.
+SLURM_PROCID=0 "$Q" --rank 0 --cores 1 -- env -u SLURM_PROCID mpirun --oversubscribe -np 2 "$BUILD/ppbench" profile \
+  --model "$MODEL" -b 2 -p 8 -g 4 --profile-warmup 1 --profile-iters 2 --step-grid-iters 0 -o "$TMP/shared.h5" \
+  >"$TMP/shared.log" 2>&1 || { cat "$TMP/shared.log"; fail "ppbench profile under one shared quota failed"; }
+grep -q "^  WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup .*) with 2 compute threads" "$TMP/shared.log" ||
+  { grep -A3 "^conditions" "$TMP/shared.log"; fail "the summary does not warn of the shared quota"; }
+say "ppbench profile with both ranks under one quota of 1 core: the shared quota warned"
 say "PASS"

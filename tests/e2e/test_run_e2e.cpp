@@ -808,7 +808,7 @@ TEST(RunE2E, EqualSplitsAreMeasuredOnceAndJudgedTheSame) {
 TEST(RunE2E, FourRanksTinyLlamaManualSplitAndNoOverlap) {
   std::string out = temp_dir() + "/tinyllama4.h5";
   // A manual split and the rounds of a real-sized model, not its profile: one profile cycle and
-  // no step-model grid (together 70 s of a 100-s run on 2 cores; other tests check both).
+  // no step-model grid (63 s of a 103-s run on 2 cores; other tests check both).
   auto r = run(mpirun(4) + "--model inputs/models/tinyllama-1.1b-chat-v1.0.json --prompt-len 16 --gen-len 4 "
                "--partition 7,6,5,6 --no-overlap --iters 1 --warmup 0 --profile-iters 2 --profile-warmup 0 "
                "--profile-repeats 1 --step-grid-iters 0 -o " + out);

@@ -87,6 +87,30 @@ TEST_F(FakeTree, CgroupQuotaPeriodOfTheBindingLevel) {
   EXPECT_FALSE(ppb::cgroup_cpu_quota("0::/other\n", root_ / "cg"));
 }
 
+/// The quota names the directory of its binding level, and that directory's identity is one per
+/// cgroup: the same through another path to it (as another cgroup namespace shows it), another
+/// for another cgroup.
+TEST_F(FakeTree, CgroupQuotaNamesTheBindingDirectoryAndItsIdentity) {
+  write("cg/job/cpu.max", "200000 100000\n");  // 2 cores: binds
+  write("cg/job/step0/cpu.max", "max 100000\n");
+  write("cg/job/step1/cpu.max", "max 100000\n");
+  const auto a = ppb::cgroup_cpu_quota("0::/job/step0\n", root_ / "cg");
+  const auto b = ppb::cgroup_cpu_quota("0::/job/step1\n", root_ / "cg");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->dir, root_ / "cg/job");
+  EXPECT_EQ(b->dir, a->dir);  // two steps under one job quota: one cgroup
+  write("cg/job/step1/cpu.max", "50000 100000\n");
+  const auto c = ppb::cgroup_cpu_quota("0::/job/step1\n", root_ / "cg");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->dir, root_ / "cg/job/step1");  // its own, tighter quota binds
+  const std::string id = ppb::cgroup_identity(a->dir);
+  EXPECT_FALSE(id.empty());
+  fs::create_directory_symlink(root_ / "cg/job", root_ / "seen_from_a_container");
+  EXPECT_EQ(ppb::cgroup_identity(root_ / "seen_from_a_container"), id);
+  EXPECT_NE(ppb::cgroup_identity(c->dir), id);
+  EXPECT_EQ(ppb::cgroup_identity(root_ / "absent"), "");
+}
+
 TEST_F(FakeTree, CgroupV1QuotaUnderCpuCpuacct) {
   write("cg/cpu,cpuacct/slurm/cpu.cfs_quota_us", "200000\n");
   write("cg/cpu,cpuacct/slurm/cpu.cfs_period_us", "100000\n");
@@ -235,6 +259,57 @@ TEST(HostLoads, QuotaOverALongPeriodWarns) {
                           "quota of 0.50 cores is enforced over 10 ms periods"),
             std::string::npos)
       << os.str();
+}
+
+/// Ranks of one machine in one quota'd cgroup (a container's --cpus over several ranks) take turns
+/// within it: warned, and counted oversubscribed, where their compute threads exceed its cores;
+/// not where they fit, where each rank has its own cgroup (scripts/cpu_quota.sh), or where the
+/// same identity is on another machine.
+TEST(HostLoads, RanksSharingOneQuotaPastItsCoresWarn) {
+  std::vector<ppb::RankInfo> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(rank("vm", "0-3", 1));  // 4 CPUs: not oversubscribed by affinity
+    ranks.back().machine_id = "boot-1";
+    ranks.back().cpu_quota_cores = 2.0;
+    ranks.back().cpu_quota_period_ms = 100.0;
+    ranks.back().cpu_quota_cgroup = "/sys/fs/cgroup";
+    ranks.back().cpu_quota_cgroup_id = "35:1";
+  }
+  EXPECT_FALSE(ppb::host_loads(ranks)[0].oversubscribed());
+  auto shared = ppb::shared_quotas(ranks);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared[0].ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(shared[0].threads, 4);
+  EXPECT_DOUBLE_EQ(shared[0].cores, 2.0);
+  EXPECT_TRUE(ppb::any_oversubscribed(ranks));
+  EXPECT_EQ(ppb::shared_quota_warning(shared[0]).rfind(
+                "WARNING: ranks 0,1,2,3 share one CPU quota of 2.00 cores (cgroup /sys/fs/cgroup) with 4 compute "
+                "threads: each sees the whole quota, but together they run at most 2.00 cores",
+                0),
+            0u)
+      << ppb::shared_quota_warning(shared[0]);
+  ppb::RunRecord run;
+  run.world_size = 4;
+  run.ranks = ranks;
+  std::ostringstream os;
+  ppb::print_summary(os, run);
+  EXPECT_NE(os.str().find("governor not exposed\n  WARNING: ranks 0,1,2,3 share one CPU quota of 2.00 cores"),
+            std::string::npos)
+      << os.str();
+
+  auto two = ranks;  // two ranks fit in 2 cores
+  two.resize(2);
+  EXPECT_TRUE(ppb::shared_quotas(two).empty());
+  EXPECT_FALSE(ppb::any_oversubscribed(two));
+  auto own = ranks;  // each rank its own cgroup, as scripts/cpu_quota.sh makes them
+  for (int r = 0; r < 4; ++r) own[r].cpu_quota_cgroup_id = "35:" + std::to_string(10 + r);
+  EXPECT_TRUE(ppb::shared_quotas(own).empty());
+  auto machines = ranks;  // one identity on two machines: two cgroups
+  machines[2].machine_id = machines[3].machine_id = "boot-2";
+  EXPECT_TRUE(ppb::shared_quotas(machines).empty());
+  auto older = ranks;  // files before the identity: never grouped
+  for (auto& r : older) r.cpu_quota_cgroup_id.clear();
+  EXPECT_TRUE(ppb::shared_quotas(older).empty());
 }
 
 /// Two CUDA ranks on one GPU (gpu_check's set-up on a one-GPU machine): the summary warns that

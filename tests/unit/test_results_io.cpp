@@ -71,6 +71,8 @@ RunRecord make_record() {
   r.ranks[1].cpu_affinity = "0";
   r.ranks[1].cpu_quota_cores = 0.5;
   r.ranks[1].cpu_quota_period_ms = 2.0;
+  r.ranks[1].cpu_quota_cgroup = "/sys/fs/cgroup/cpu/ppbench_quota_1591";
+  r.ranks[1].cpu_quota_cgroup_id = "35:4021";
   r.ranks[1].compute_threads = 1;
   r.ranks[0].machine_id = "3f1c2d9e-0000-4000-8000-00000000abcd";
   r.ranks[1].machine_id = "host:gpu-node-7";
@@ -313,6 +315,8 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(r.ranks[i].cpu_governor, w.ranks[i].cpu_governor);
     EXPECT_EQ(r.ranks[i].compute_threads, w.ranks[i].compute_threads);
     EXPECT_EQ(r.ranks[i].machine_id, w.ranks[i].machine_id);
+    EXPECT_EQ(r.ranks[i].cpu_quota_cgroup, w.ranks[i].cpu_quota_cgroup);
+    EXPECT_EQ(r.ranks[i].cpu_quota_cgroup_id, w.ranks[i].cpu_quota_cgroup_id);
     EXPECT_EQ(rank_machine(r.ranks[i]), w.ranks[i].machine_id);
     if (std::isnan(w.ranks[i].cpu_quota_cores)) {
       EXPECT_TRUE(std::isnan(r.ranks[i].cpu_quota_cores));
