@@ -8,6 +8,6 @@ scripts/build.sh
 export OPENBLAS_NUM_THREADS=1
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 cd build
-# Two at a time where a test allows it (unit and MPI tests: 46 s against 70 s one by one on 2
-# cores); the e2e tests, whose runs time themselves, are RUN_SERIAL and run alone.
+# Two at a time where a test allows it (the unit tests); the MPI and e2e tests, whose ranks
+# oversubscribe the cores and some of which assert on timings, are RUN_SERIAL and run alone.
 ctest -j2 --output-on-failure --timeout 1800 "$@"
