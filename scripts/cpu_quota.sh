@@ -15,7 +15,7 @@
 # cores, 1 ms from 1 core), so that a timed unit of a few ms sees the mean rate rather than
 # all-or-nothing windows (Linux's default 100 ms stalls a 30 ms decode step for up to 50 ms at 0.5
 # cores, and the profile's medians then see the unthrottled windows). ppbench records each rank's
-# quota in /conditions (cpu_quota).
+# quota in /ranks (cpu_quota_cores, cpu_quota_period_ms, cpu_quota_cgroup).
 #
 # Needs a writable cgroup hierarchy (root on this project's machines); the cgroup is removed when
 # the command ends. Errors (bad flags, no writable cgroup) exit 2 before the command starts.

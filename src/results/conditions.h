@@ -47,7 +47,9 @@ std::string quota_period_warning(int rank, const RankInfo& info);
 
 /// Ranks of one machine in one cgroup with a CPU quota (RankInfo::cpu_quota_cgroup_id), which
 /// they share: each sees the whole quota, so none is throttled alone, yet together they run at
-/// most `cores` (a container's --cpus, or a Slurm job's cgroup, over several ranks).
+/// most `cores` (a container's --cpus over several ranks). Only the binding level groups: ranks
+/// whose own tighter quotas sit under one shared quota (scripts/cpu_quota.sh inside a container
+/// with --cpus) are not grouped, and not warned about.
 struct SharedQuota {
   std::vector<int> ranks;  ///< world ranks, ascending (two or more)
   double cores = 0.0;      ///< the quota, in cores

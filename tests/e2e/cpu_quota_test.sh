@@ -96,7 +96,7 @@ say "ppbench profile under mpirun: rank 1's quota of 0.50 cores recorded, not ra
 
 # One quota over the whole job (as a container's --cpus): the wrapper around mpirun puts both
 # ranks in one cgroup of 1 core; each rank alone fits (1 thread), together they do not: warned.
-SLURM_PROCID=0 "$Q" --rank 0 --cores 1 -- env -u SLURM_PROCID mpirun --oversubscribe -np 2 "$BUILD/ppbench" profile \
+env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK SLURM_PROCID=0 "$Q" --rank 0 --cores 1 -- env -u SLURM_PROCID mpirun --oversubscribe -np 2 "$BUILD/ppbench" profile \
   --model "$MODEL" -b 2 -p 8 -g 4 --profile-warmup 1 --profile-iters 2 --step-grid-iters 0 -o "$TMP/shared.h5" \
   >"$TMP/shared.log" 2>&1 || { cat "$TMP/shared.log"; fail "ppbench profile under one shared quota failed"; }
 grep -q "^  WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup .*) with 2 compute threads" "$TMP/shared.log" ||

@@ -2,7 +2,7 @@
 // as root and one OpenBLAS thread per rank, stdout and stderr captured together, timed. run_all
 // runs a table of commands a few at a time: a bad-input case is a launch that ends in about 1.5
 // s, nearly all of it mpirun's start-up waiting, not computing: run_e2e's 40 cases took 72 s one
-// after the other and take 18 s 8 at a time on a 2-core machine (serving's 23: 40 s, 7 s).
+// after the other and take 18-20 s 8 at a time on a 2-core machine (serving's 23: 40 s, 7-8 s).
 #pragma once
 
 #include <sys/wait.h>
@@ -39,12 +39,14 @@ inline Result run(const std::string& cmd) {
   return r;
 }
 
-/// Runs every command of `cmds`, at most `in_flight` at once (each its own thread), and returns
+/// Runs every command of `cmds` in batches of `in_flight` (at least 1; each its own thread, the
+/// next batch when the whole batch has ended), and returns
 /// their results in the order of `cmds`. The commands must not share an output file.
 /// A command's `seconds` counts from its own start, so a time limit asserted on it still holds
 /// for one launch (8 in flight on 2 cores: each about 3.5 s against 1.5 s alone).
 inline std::vector<Result> run_all(const std::vector<std::string>& cmds, std::size_t in_flight = 8) {
   std::vector<Result> out(cmds.size());
+  in_flight = std::max<std::size_t>(1, in_flight);
   for (std::size_t first = 0; first < cmds.size(); first += in_flight) {
     const std::size_t last = std::min(cmds.size(), first + in_flight);
     std::vector<std::future<Result>> running;

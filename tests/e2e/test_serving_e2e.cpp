@@ -206,7 +206,8 @@ TEST(ServingE2E, RoundsStopAtTheTargetCIOrTheTimeLimit) {
   // A loose target: --iters 3 rounds, then as many as the gain's 95% CI needs to be within +-50%
   // (the first CI needs 5 paired rounds). Qwen3: its heavy head makes the balanced split another
   // split than uniform's (tiny-llama's is uniform's). The stopping rule, not the profile or the
-  // tokens: one profile cycle, no step-model grid, no validation (the exact run above validates).
+  // tokens: one profile cycle, no step-model grid (nor its fixed-cost pairs), no validation (the
+  // exact run above validates).
   const std::string loose = ppb_test::scratch_dir("ppbench_serving_") + "/loose.h5";
   const std::string qwen3 = "--model inputs/models/qwen3-0.6b.json --scenario poisson --request-rate 20 --requests 8 "
                             "-p 8 -g 4 --prompt-lens uniform:2,8 --gen-lens uniform:1,4 -b 2 --profile-iters 2 "

@@ -456,11 +456,15 @@ TEST_F(ResultsIoTest, FileWithoutMachineIdReadsEmptyIds) {
     const hid_t f = H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     ASSERT_GE(f, 0);
     ASSERT_GE(H5Ldelete(f, "/ranks/machine_id", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(f, "/ranks/cpu_quota_cgroup", H5P_DEFAULT), 0);  // and files before the quota's cgroup
+    ASSERT_GE(H5Ldelete(f, "/ranks/cpu_quota_cgroup_id", H5P_DEFAULT), 0);
     H5Fclose(f);
   }
   const RunRecord r = ppb::read_results(path_);
   ASSERT_FALSE(r.ranks.empty());
   for (const auto& rank : r.ranks) {
+    EXPECT_EQ(rank.cpu_quota_cgroup, "");
+    EXPECT_EQ(rank.cpu_quota_cgroup_id, "");
     EXPECT_EQ(rank.machine_id, "");
     EXPECT_EQ(ppb::rank_machine(rank), "host:" + rank.hostname);
   }
