@@ -3,7 +3,14 @@
 // runs a table of commands a few at a time: a bad-input case is a launch that ends in about 1.5
 // s, nearly all of it mpirun's start-up waiting, not computing: run_e2e's 40 cases took 72 s one
 // after the other and take 18-20 s 8 at a time on a 2-core machine (serving's 23: 40 s, 7-8 s).
+//
+// Launches in flight together each get their own Open MPI session directory base
+// (OMPI_MCA_orte_tmpdir_base): Open MPI 4.x mpiruns started at once race to create the shared
+// /tmp/ompi.<host>.<uid> and one fails with "A call to mkdir was unable to create the desired
+// directory ... File exists" (open-mpi/ompi#8510; seen in CI on 2026-12-07).
 #pragma once
+
+#include <stdlib.h>
 
 #include <sys/wait.h>
 
@@ -11,7 +18,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <filesystem>
 #include <future>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,7 +50,9 @@ inline Result run(const std::string& cmd) {
 
 /// Runs every command of `cmds` in batches of `in_flight` (at least 1; each its own thread, the
 /// next batch when the whole batch has ended), and returns
-/// their results in the order of `cmds`. The commands must not share an output file.
+/// their results in the order of `cmds`. The commands must not share an output file. Each runs
+/// with its own fresh Open MPI session directory base under $TMPDIR (or /tmp), removed after it.
+/// Throws std::runtime_error where that directory cannot be made.
 /// A command's `seconds` counts from its own start, so a time limit asserted on it still holds
 /// for one launch (8 in flight on 2 cores: each about 3.5 s against 1.5 s alone).
 inline std::vector<Result> run_all(const std::vector<std::string>& cmds, std::size_t in_flight = 8) {
@@ -50,8 +61,19 @@ inline std::vector<Result> run_all(const std::vector<std::string>& cmds, std::si
   for (std::size_t first = 0; first < cmds.size(); first += in_flight) {
     const std::size_t last = std::min(cmds.size(), first + in_flight);
     std::vector<std::future<Result>> running;
-    for (std::size_t i = first; i < last; ++i) running.push_back(std::async(std::launch::async, run, cmds[i]));
+    std::vector<std::string> session_bases;
+    for (std::size_t i = first; i < last; ++i) {
+      const char* tmp = getenv("TMPDIR");
+      std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/ppb_ompi_XXXXXX";
+      if (!mkdtemp(base.data())) throw std::runtime_error("run_all: cannot make a directory from " + base);
+      session_bases.push_back(base);
+      running.push_back(std::async(std::launch::async, run, "OMPI_MCA_orte_tmpdir_base=" + base + " " + cmds[i]));
+    }
     for (std::size_t i = first; i < last; ++i) out[i] = running[i - first].get();
+    for (const auto& base : session_bases) {
+      std::error_code ignored;  // a session directory mpirun left behind is not the test's failure
+      std::filesystem::remove_all(base, ignored);
+    }
   }
   return out;
 }
