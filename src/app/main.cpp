@@ -3,6 +3,7 @@
 // Exit status: 0 success; 1 validation mismatch or internal failure; 2 bad input (flags, model
 // config, impossible partition, unwritable output) — the same on every rank, never a hang.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -306,9 +307,22 @@ void set_cuda_environment() {
   setenv("NCCL_RUNTIME_CONNECT", "0", 0);
 }
 
+/// Makes every line written to stderr one write(2): stderr line-buffered (a 64 KiB buffer, so a
+/// line up to that long goes whole) and std::cerr without unitbuf (which flushed after each `<<`).
+/// Unbuffered, "ppbench: error in " << phase << ... was several writes, and mpirun, which forwards
+/// a rank's stdout and stderr apart, put a progress line from stdout between them (seen in CI:
+/// "ppbench: error in [ppbench 1.3s] scenario objective: ...\nKV pools ..."). Every message ends in
+/// std::endl, which still flushes; call before anything is written to stderr.
+void write_stderr_by_line() {
+  static char buffer[1 << 16];
+  std::setvbuf(stderr, buffer, _IOLBF, sizeof buffer);
+  std::cerr.unsetf(std::ios_base::unitbuf);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  write_stderr_by_line();
   set_cuda_environment();
   CLI::App app{kAppDescription};
   app.set_version_flag("--version", ppb::ppbench_version());
