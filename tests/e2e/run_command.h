@@ -15,13 +15,13 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <filesystem>
-#include <future>
-#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ppb_test {
@@ -48,33 +48,39 @@ inline Result run(const std::string& cmd) {
   return r;
 }
 
-/// Runs every command of `cmds` in batches of `in_flight` (at least 1; each its own thread, the
-/// next batch when the whole batch has ended), and returns
-/// their results in the order of `cmds`. The commands must not share an output file. Each runs
-/// with its own fresh Open MPI session directory base under $TMPDIR (or /tmp), removed after it.
-/// Throws std::runtime_error where that directory cannot be made.
+/// Runs one command of run_all in its own fresh Open MPI session directory base under $TMPDIR
+/// (or /tmp), removed after it. A base that cannot be made gives status -1 and says why.
+inline Result run_in_own_session(const std::string& cmd) {
+  const char* tmp = getenv("TMPDIR");
+  std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/ppb_ompi_XXXXXX";
+  if (!mkdtemp(base.data())) {
+    Result r;
+    r.output = "run_all: cannot make a session directory from " + base;
+    return r;
+  }
+  Result r = run("OMPI_MCA_orte_tmpdir_base=" + base + " " + cmd);
+  std::error_code ignored;  // a session directory mpirun left behind is not the test's failure
+  std::filesystem::remove_all(base, ignored);
+  return r;
+}
+
+/// Runs every command of `cmds` with `in_flight` of them running at a time (at least 1): a pool
+/// of that many threads, each taking the next command not yet started when its last one ends, so
+/// one slow command holds up no other. Returns their results in the order of `cmds`. The
+/// commands must not share an output file; each has its own Open MPI session directory base
+/// (run_in_own_session).
 /// A command's `seconds` counts from its own start, so a time limit asserted on it still holds
 /// for one launch (8 in flight on 2 cores: each about 3.5 s against 1.5 s alone).
 inline std::vector<Result> run_all(const std::vector<std::string>& cmds, std::size_t in_flight = 8) {
   std::vector<Result> out(cmds.size());
-  in_flight = std::max<std::size_t>(1, in_flight);
-  for (std::size_t first = 0; first < cmds.size(); first += in_flight) {
-    const std::size_t last = std::min(cmds.size(), first + in_flight);
-    std::vector<std::future<Result>> running;
-    std::vector<std::string> session_bases;
-    for (std::size_t i = first; i < last; ++i) {
-      const char* tmp = getenv("TMPDIR");
-      std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/ppb_ompi_XXXXXX";
-      if (!mkdtemp(base.data())) throw std::runtime_error("run_all: cannot make a directory from " + base);
-      session_bases.push_back(base);
-      running.push_back(std::async(std::launch::async, run, "OMPI_MCA_orte_tmpdir_base=" + base + " " + cmds[i]));
-    }
-    for (std::size_t i = first; i < last; ++i) out[i] = running[i - first].get();
-    for (const auto& base : session_bases) {
-      std::error_code ignored;  // a session directory mpirun left behind is not the test's failure
-      std::filesystem::remove_all(base, ignored);
-    }
-  }
+  std::atomic<std::size_t> next{0};
+  const auto worker = [&] {
+    for (std::size_t i = next++; i < cmds.size(); i = next++) out[i] = run_in_own_session(cmds[i]);
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < std::clamp<std::size_t>(in_flight, 1, std::max<std::size_t>(1, cmds.size())); ++t)
+    pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
   return out;
 }
 
