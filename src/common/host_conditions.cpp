@@ -48,12 +48,11 @@ void take_binding(std::optional<CpuQuota>& best, const std::optional<CpuQuota>& 
   if (q && (!best || q->cores < best->cores || (q->cores == best->cores && q->period_ms > best->period_ms))) best = q;
 }
 
-/// The binding quota from <root>/<path> up to <root>.
+/// Appends the quota of every directory from <root>/<path> up to <root> that sets one, deepest first.
 template <class Fn>
-std::optional<CpuQuota> hierarchy_quota(const std::filesystem::path& root, std::string_view path, Fn quota) {
-  std::optional<CpuQuota> best;
-  for (const std::filesystem::path& dir : cgroup_dirs_up(root, path)) take_binding(best, quota(dir));
-  return best;
+void hierarchy_quotas(std::vector<CpuQuota>& out, const std::filesystem::path& root, std::string_view path, Fn quota) {
+  for (const std::filesystem::path& dir : cgroup_dirs_up(root, path))
+    if (const auto q = quota(dir)) out.push_back(*q);
 }
 
 }  // namespace
@@ -100,18 +99,30 @@ std::optional<std::vector<int>> parse_cpu_list(std::string_view text) {
   return cpus;
 }
 
-std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
-  std::optional<CpuQuota> best;
+std::vector<CpuQuota> cgroup_cpu_quotas(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
+  std::vector<CpuQuota> all;
   for (const CgroupMembership& m : cgroup_memberships(self_cgroup)) {
     if (m.v2) {
-      take_binding(best, hierarchy_quota(cgroup_root, m.path, quota_v2));
+      hierarchy_quotas(all, cgroup_root, m.path, quota_v2);
     } else if (m.has("cpu")) {  // cgroup v1: mounted as cpu or cpu,cpuacct
       const std::string mount(m.controllers);
-      take_binding(best, hierarchy_quota(cgroup_root / mount, m.path, quota_v1));
-      if (mount != "cpu") take_binding(best, hierarchy_quota(cgroup_root / "cpu", m.path, quota_v1));
+      hierarchy_quotas(all, cgroup_root / mount, m.path, quota_v1);
+      if (mount != "cpu") hierarchy_quotas(all, cgroup_root / "cpu", m.path, quota_v1);
     }
   }
-  return best;
+  std::optional<CpuQuota> best;
+  for (const CpuQuota& q : all) take_binding(best, q);
+  if (best) {  // the binding level first, the others after it in the order found
+    const auto at = std::find_if(all.begin(), all.end(), [&](const CpuQuota& q) { return q.dir == best->dir; });
+    std::rotate(all.begin(), at, at + 1);
+  }
+  return all;
+}
+
+std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std::filesystem::path& cgroup_root) {
+  const std::vector<CpuQuota> all = cgroup_cpu_quotas(self_cgroup, cgroup_root);
+  if (all.empty()) return std::nullopt;
+  return all.front();
 }
 
 std::string cgroup_identity(const std::filesystem::path& dir) {

@@ -47,6 +47,12 @@ struct CpuQuota {
 /// Missing or unreadable files, or a path with "..", mean no quota from that source; never throws.
 std::optional<CpuQuota> cgroup_cpu_quota(std::string_view self_cgroup, const std::filesystem::path& cgroup_root);
 
+/// Every level of a process's cgroups that sets a CPU quota, as cgroup_cpu_quota reads them: the
+/// binding one first (cgroup_cpu_quota's), then the others, deepest first per hierarchy. A level
+/// above the binding one is shared by every process below it, each held to its own tighter
+/// quota (scripts/cpu_quota.sh inside a container's --cpus). Empty when none; never throws.
+std::vector<CpuQuota> cgroup_cpu_quotas(std::string_view self_cgroup, const std::filesystem::path& cgroup_root);
+
 /// The identity of a cgroup directory on its machine, "<st_dev>:<st_ino>": the same for every
 /// process in that cgroup whatever path its cgroup namespace shows (a container sees "/"), and
 /// different for two containers' cgroups that each show "/". "" when stat fails.

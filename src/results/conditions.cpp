@@ -5,6 +5,9 @@
 #include <set>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
 #include "common/host_conditions.h"
 
 namespace ppb {
@@ -88,23 +91,64 @@ std::string quota_period_warning(int rank, const RankInfo& info) {
 
 std::vector<SharedQuota> shared_quotas(const std::vector<RankInfo>& ranks) {
   std::vector<SharedQuota> out;
-  std::vector<std::string> keys;
+  std::vector<std::string> keys;  // [entry] machine and cgroup identity
   for (size_t r = 0; r < ranks.size(); ++r) {
     const RankInfo& i = ranks[r];
-    if (i.cpu_quota_cgroup_id.empty() || !(i.cpu_quota_cores > 0)) continue;
-    const std::string key = rank_machine(i) + " " + i.cpu_quota_cgroup_id;
-    const size_t at = static_cast<size_t>(std::find(keys.begin(), keys.end(), key) - keys.begin());
-    if (at == keys.size()) {
-      keys.push_back(key);
-      out.push_back({{}, i.cpu_quota_cores, i.cpu_quota_period_ms, 0, i.cpu_quota_cgroup});
+    std::vector<QuotaLevel> levels = i.cpu_quota_levels;
+    if (levels.empty() && !i.cpu_quota_cgroup_id.empty())  // files before the levels: the binding one
+      levels.push_back({i.cpu_quota_cgroup_id, i.cpu_quota_cores, i.cpu_quota_cgroup});
+    if (levels.empty() || !(levels.front().cores > 0)) continue;
+    const int threads = std::max(1, i.compute_threads);
+    // Under a level above its binding one (levels.front()) a rank runs at most that binding quota.
+    const double held = std::min(static_cast<double>(threads), levels.front().cores);
+    std::set<std::string> seen;  // one level once per rank (a v1 hierarchy mounted under two names)
+    for (const QuotaLevel& l : levels) {
+      if (l.cgroup_id.empty() || !(l.cores > 0) || !seen.insert(l.cgroup_id).second) continue;
+      const std::string key = rank_machine(i) + " " + l.cgroup_id;
+      const size_t at = static_cast<size_t>(std::find(keys.begin(), keys.end(), key) - keys.begin());
+      if (at == keys.size()) {
+        keys.push_back(key);
+        out.push_back({{}, l.cores, 0, 0.0, l.cgroup});
+      }
+      SharedQuota& q = out[at];
+      q.ranks.push_back(static_cast<int>(r));
+      q.threads += threads;
+      q.demand_cores += l.cgroup_id == levels.front().cgroup_id ? threads : held;
     }
-    SharedQuota& q = out[at];
-    q.ranks.push_back(static_cast<int>(r));
-    q.threads += std::max(1, i.compute_threads);
   }
-  out.erase(std::remove_if(out.begin(), out.end(),
-                           [](const SharedQuota& q) { return q.ranks.size() < 2 || q.threads <= q.cores; }),
+  const auto fits = [](const SharedQuota& q) { return q.ranks.size() < 2 || q.demand_cores <= q.cores * (1 + 1e-9); };
+  out.erase(std::remove_if(out.begin(), out.end(), fits), out.end());
+  // Of levels holding the same ranks (a quota nested in another over the same ranks) the tightest.
+  std::stable_sort(out.begin(), out.end(), [](const SharedQuota& a, const SharedQuota& b) {
+    return a.ranks != b.ranks ? a.ranks < b.ranks : a.cores < b.cores;
+  });
+  out.erase(std::unique(out.begin(), out.end(), [](const SharedQuota& a, const SharedQuota& b) { return a.ranks == b.ranks; }),
             out.end());
+  return out;
+}
+
+std::string quota_levels_text(const std::vector<QuotaLevel>& levels) {
+  if (levels.empty()) return "";
+  nlohmann::json a = nlohmann::json::array();
+  for (const QuotaLevel& l : levels) a.push_back({{"cgroup_id", l.cgroup_id}, {"cores", l.cores}, {"cgroup", l.cgroup}});
+  return a.dump();
+}
+
+std::vector<QuotaLevel> parse_quota_levels(const std::string& text) {
+  std::vector<QuotaLevel> out;
+  if (text.empty()) return out;
+  const auto bad = [&](const std::string& why) {
+    return UserError("/ranks/cpu_quota_levels: " + why + " in '" + text +
+                      "' (expected a JSON array of {\"cgroup_id\": text, \"cores\": number > 0, \"cgroup\": text})");
+  };
+  const nlohmann::json a = nlohmann::json::parse(text, nullptr, false);
+  if (!a.is_array()) throw bad("not a JSON array");
+  for (const auto& l : a) {
+    if (!l.is_object() || !l.contains("cgroup_id") || !l["cgroup_id"].is_string() || !l.contains("cores") ||
+        !l["cores"].is_number() || !l.contains("cgroup") || !l["cgroup"].is_string())
+      throw bad("a level without a text cgroup_id and cgroup and a number of cores");
+    out.push_back({l["cgroup_id"].get<std::string>(), l["cores"].get<double>(), l["cgroup"].get<std::string>()});
+  }
   return out;
 }
 
@@ -116,8 +160,15 @@ std::string shared_quota_warning(const SharedQuota& q) {
   }
   char cores[32];
   std::snprintf(cores, sizeof cores, "%.2f", q.cores);
+  std::string want;
+  if (q.demand_cores < q.threads) {  // some ranks held to their own tighter quotas below this one
+    char text[64];
+    std::snprintf(text, sizeof text, " (%.2f cores under their own quotas)", q.demand_cores);
+    want = text;
+  }
   return "WARNING: ranks " + ranks + " share one CPU quota of " + cores + " cores (cgroup " + q.cgroup + ") with " +
-         std::to_string(q.threads) + " compute threads: each sees the whole quota, but together they run at most " +
+         std::to_string(q.threads) + " compute threads" + want +
+         ": each sees the whole quota, but together they run at most " +
          cores + " cores, so stage times include waiting for the quota, as on oversubscribed cores (not timings to "
          "publish). Give each rank its own quota (scripts/cpu_quota.sh) or the job a core per compute thread";
 }

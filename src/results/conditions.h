@@ -45,23 +45,34 @@ inline constexpr double kEvenQuotaPeriodMs = 2.0;
 /// for files that recorded no period.
 std::string quota_period_warning(int rank, const RankInfo& info);
 
-/// Ranks of one machine in one cgroup with a CPU quota (RankInfo::cpu_quota_cgroup_id), which
-/// they share: each sees the whole quota, so none is throttled alone, yet together they run at
-/// most `cores` (a container's --cpus over several ranks). Only the binding level groups: ranks
-/// whose own tighter quotas sit under one shared quota (scripts/cpu_quota.sh inside a container
-/// with --cpus) are not grouped, and not warned about.
+/// A cgroup with a CPU quota that several ranks of one machine run under (at any level of their
+/// cgroups: RankInfo::cpu_quota_levels, or the binding one, cpu_quota_cgroup_id, in files before
+/// them), which they share: each sees the whole quota, so none is throttled alone, yet together
+/// they run at most `cores` (a container's --cpus over several ranks, also where some of them run
+/// under their own tighter quota inside it: scripts/cpu_quota.sh in a container).
 struct SharedQuota {
-  std::vector<int> ranks;  ///< world ranks, ascending (two or more)
-  double cores = 0.0;      ///< the quota, in cores
-  double period_ms = 0.0;  ///< the CFS period it is enforced over (NaN: not recorded)
-  int threads = 0;         ///< the ranks' compute threads together
-  std::string cgroup;      ///< its directory as the first rank's mounts show it
+  std::vector<int> ranks;     ///< world ranks, ascending (two or more)
+  double cores = 0.0;         ///< the quota, in cores
+  int threads = 0;            ///< the ranks' compute threads together
+  /// The cores they would run: each rank's compute threads, at most its own tighter quota where
+  /// one binds below this one (then below `threads`).
+  double demand_cores = 0.0;
+  std::string cgroup;         ///< its directory as the first rank's mounts show it
 };
 
-/// The shared quotas that the ranks' compute threads exceed (threads > cores), in order of first
-/// rank; those ranks take turns within the quota as oversubscribed ranks take turns on cores.
-/// Ranks without a recorded cgroup identity (no quota, or older files) are in none.
+/// The shared quotas that the ranks would run past (demand_cores > cores), in order of first rank;
+/// those ranks take turns within the quota as oversubscribed ranks take turns on cores. Of
+/// levels with the same ranks only the tightest is kept. Ranks without a recorded cgroup identity
+/// (no quota, or older files) are in none.
 std::vector<SharedQuota> shared_quotas(const std::vector<RankInfo>& ranks);
+
+/// RankInfo::cpu_quota_levels as the text /ranks/cpu_quota_levels stores per rank: a JSON array
+/// of {"cgroup_id", "cores", "cgroup"}, "" for none.
+std::string quota_levels_text(const std::vector<QuotaLevel>& levels);
+
+/// The inverse of quota_levels_text ("" -> none).
+/// @throws ppb::UserError naming /ranks/cpu_quota_levels where `text` is not such an array.
+std::vector<QuotaLevel> parse_quota_levels(const std::string& text);
 
 /// The warning for one entry of shared_quotas: one line, no "ppbench:" prefix or newline.
 std::string shared_quota_warning(const SharedQuota& q);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "results/conditions.h"
 #include "results/h5.h"
 #include "results/links_io.h"
 #include "results/plan_io.h"
@@ -293,6 +294,8 @@ void read_ranks(const Group& root, RunRecord& run) {
                                                        : std::vector<std::string>();  // files before it: ""
   auto quota_cgroup_id = ranks.exists("cpu_quota_cgroup_id") ? ranks.open_dataset("cpu_quota_cgroup_id").read_strings()
                                                              : std::vector<std::string>();
+  auto quota_levels = ranks.exists("cpu_quota_levels") ? ranks.open_dataset("cpu_quota_levels").read_strings()
+                                                       : std::vector<std::string>();  // files before it: none
   auto machine = ranks.exists("machine_id") ? ranks.open_dataset("machine_id").read_strings()
                                             : std::vector<std::string>();  // files before it: ""
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -311,6 +314,7 @@ void read_ranks(const Group& root, RunRecord& run) {
     info.cpu_governor = r < governor.size() ? governor[r] : "";
     info.cpu_quota_cgroup = r < quota_cgroup.size() ? quota_cgroup[r] : "";
     info.cpu_quota_cgroup_id = r < quota_cgroup_id.size() ? quota_cgroup_id[r] : "";
+    if (r < quota_levels.size()) info.cpu_quota_levels = parse_quota_levels(quota_levels[r]);
     info.machine_id = r < machine.size() ? machine[r] : "";
     run.ranks.push_back(info);
   }

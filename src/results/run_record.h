@@ -14,6 +14,15 @@
 
 namespace ppb {
 
+/// One level of a rank's cgroups that sets a CPU quota (common/host_conditions.h
+/// cgroup_cpu_quotas).
+struct QuotaLevel {
+  std::string cgroup_id{};  ///< cgroup_identity of its directory, "<st_dev>:<st_ino>" ("" = stat failed)
+  double cores = 0.0;       ///< quota / period
+  std::string cgroup{};     ///< its directory, as the rank's mounts show it
+  bool operator==(const QuotaLevel&) const = default;
+};
+
 struct RankInfo {
   std::string hostname, device_name, bus_id;
   int local_rank = 0;
@@ -43,6 +52,10 @@ struct RankInfo {
   /// one quota. "" = no quota, or a file before them.
   std::string cpu_quota_cgroup{};
   std::string cpu_quota_cgroup_id{};
+  /// Every level of the rank's cgroups that sets a CPU quota (cgroup_cpu_quotas), the binding one
+  /// above first: a level above it is shared with every rank below it, each held to its own
+  /// tighter quota. Empty = no quota, or a file before them (then only the binding one is known).
+  std::vector<QuotaLevel> cpu_quota_levels{};
   std::string cpu_governor{};
   int compute_threads = 0;
   /// The machine (MpiContext::machine_id: the kernel's boot id, or "host:<hostname>"); "" in

@@ -506,6 +506,14 @@ void write_ranks(Group& root, const std::vector<RankInfo>& rs) {
       .set_attr("content",
                 "that cgroup's identity on its machine, \"<st_dev>:<st_ino>\" of its directory: ranks of one "
                 "machine_id with one identity share one quota; \"\" = no quota");
+  std::vector<std::string> levels;
+  for (const RankInfo& r : rs) levels.push_back(quota_levels_text(r.cpu_quota_levels));
+  ranks.write_strings("cpu_quota_levels", levels)
+      .set_attr("content",
+                "every level of the rank's cgroups that sets a CPU quota, the binding one first: a JSON array of "
+                "{\"cgroup_id\": \"<st_dev>:<st_ino>\", \"cores\": quota / period, \"cgroup\": its directory}; ranks "
+                "of one machine_id under one cgroup_id share that quota, each held to its own binding one; \"\" = "
+                "no quota");
   ranks.write_strings("cpu_governor", column(rs, &RankInfo::cpu_governor))
       .set_attr("content", "cpufreq scaling governor of the rank's first CPU; \"\" = not exposed");
   ranks.write_dataset("compute_threads", column(rs, &RankInfo::compute_threads))

@@ -243,7 +243,11 @@ void record_conditions(RunContext& ctx) {
   const std::vector<int> cpus = cpu_affinity();
   const auto affinity = mpi.gather_strings(format_cpu_list(cpus));
   const auto governor = mpi.gather_strings(cpus.empty() ? std::string() : cpu_governor(cpus.front()));
-  const auto quota = cgroup_cpu_quota(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
+  const std::vector<CpuQuota> quotas = cgroup_cpu_quotas(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
+  const std::optional<CpuQuota> quota = quotas.empty() ? std::nullopt : std::optional<CpuQuota>(quotas.front());
+  std::vector<QuotaLevel> my_levels;
+  for (const CpuQuota& q : quotas) my_levels.push_back({cgroup_identity(q.dir), q.cores, q.dir.string()});
+  const auto quota_levels = mpi.gather_strings(quota_levels_text(my_levels));
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   const auto nums = mpi.gather_doubles({quota ? quota->cores : nan, quota ? quota->period_ms : nan,
                                         static_cast<double>(ctx.device->compute_threads())});
@@ -259,6 +263,7 @@ void record_conditions(RunContext& ctx) {
     info.cpu_quota_period_ms = nums[3 * r + 1];
     info.cpu_quota_cgroup = quota_cgroup[r];
     info.cpu_quota_cgroup_id = quota_cgroup_id[r];
+    info.cpu_quota_levels = parse_quota_levels(quota_levels[r]);
     info.compute_threads = static_cast<int>(nums[3 * r + 2]);
   }
   for (int r = 0; r < ctx.ranks; ++r)

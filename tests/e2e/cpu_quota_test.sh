@@ -102,4 +102,21 @@ env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK SLURM_PROCID=0 "$Q" --rank 0 --cores 1 
 grep -q "^  WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup .*) with 2 compute threads" "$TMP/shared.log" ||
   { grep -A3 "^conditions" "$TMP/shared.log"; fail "the summary does not warn of the shared quota"; }
 say "ppbench profile with both ranks under one quota of 1 core: the shared quota warned"
+
+# Rank 1 under its own quota inside that shared one (scripts/cpu_quota.sh in a container): 1 core
+# for rank 0 and 0.5 for rank 1 run past the shared 1 core (warned), not past 1.5 cores.
+for outer in 1 1.5; do
+  env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK SLURM_PROCID=0 "$Q" --rank 0 --cores "$outer" -- env -u SLURM_PROCID mpirun --oversubscribe -np 2 \
+    "$Q" --rank 1 --cores 0.5 -- "$BUILD/ppbench" profile --model "$MODEL" -b 2 -p 8 -g 4 --profile-warmup 1 \
+    --profile-iters 2 --step-grid-iters 0 -o "$TMP/nested_$outer.h5" >"$TMP/nested.log" 2>&1 ||
+    { cat "$TMP/nested.log"; fail "ppbench profile with rank 1's quota inside a shared one of $outer cores failed"; }
+  grep -q "^conditions: .*rank 1 CPU quota 0.50 cores" "$TMP/nested.log" || { grep "^conditions" "$TMP/nested.log"; fail "nested in $outer cores: rank 1's own quota not recorded"; }
+  if [[ $outer == 1 ]]; then
+    grep -q "^  WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup .*) with 2 compute threads (1.50 cores under their own quotas)" "$TMP/nested.log" ||
+      { grep -A3 "^conditions" "$TMP/nested.log"; fail "the summary does not warn of the shared quota over rank 1's own"; }
+  else
+    ! grep -q "share one CPU quota" "$TMP/nested.log" || fail "1 + 0.5 cores fit in 1.5, yet warned: $(grep 'share one' "$TMP/nested.log")"
+  fi
+done
+say "ppbench profile with rank 1's 0.5 cores inside a shared quota: warned at 1 core, not at 1.5"
 say "PASS"

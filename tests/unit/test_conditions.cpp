@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "common/host_conditions.h"
 #include "results/conditions.h"
 #include "results/run_record.h"
@@ -109,6 +110,29 @@ TEST_F(FakeTree, CgroupQuotaNamesTheBindingDirectoryAndItsIdentity) {
   EXPECT_EQ(ppb::cgroup_identity(root_ / "seen_from_a_container"), id);
   EXPECT_NE(ppb::cgroup_identity(c->dir), id);
   EXPECT_EQ(ppb::cgroup_identity(root_ / "absent"), "");
+}
+
+/// Every level that sets a quota, the binding one first: a rank's own quota inside a container's
+/// (scripts/cpu_quota.sh under --cpus), then the container's; the binding one is cgroup_cpu_quota's.
+TEST_F(FakeTree, CgroupQuotasListEveryLevelTheBindingOneFirst) {
+  write("cg/cpu.max", "max 100000\n");
+  write("cg/docker/cpu.max", "150000 100000\n");          // the container: 1.5 cores
+  write("cg/docker/rank1/cpu.max", "max 100000\n");       // no quota of its own
+  write("cg/docker/rank1/ppb/cpu.max", "1000 2000\n");    // 0.5 cores per 2 ms: binds
+  auto all = ppb::cgroup_cpu_quotas("0::/docker/rank1/ppb\n", root_ / "cg");
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].dir, root_ / "cg/docker/rank1/ppb");
+  EXPECT_DOUBLE_EQ(all[0].cores, 0.5);
+  EXPECT_DOUBLE_EQ(all[0].period_ms, 2.0);
+  EXPECT_EQ(all[1].dir, root_ / "cg/docker");
+  EXPECT_DOUBLE_EQ(all[1].cores, 1.5);
+  EXPECT_EQ(ppb::cgroup_cpu_quota("0::/docker/rank1/ppb\n", root_ / "cg")->dir, all[0].dir);
+  write("cg/docker/cpu.max", "20000 100000\n");  // the container tighter (0.2 cores): it binds, listed first
+  all = ppb::cgroup_cpu_quotas("0::/docker/rank1/ppb\n", root_ / "cg");
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].dir, root_ / "cg/docker");
+  EXPECT_EQ(all[1].dir, root_ / "cg/docker/rank1/ppb");
+  EXPECT_TRUE(ppb::cgroup_cpu_quotas("0::/other\n", root_ / "cg").empty());
 }
 
 TEST_F(FakeTree, CgroupV1QuotaUnderCpuCpuacct) {
@@ -310,6 +334,75 @@ TEST(HostLoads, RanksSharingOneQuotaPastItsCoresWarn) {
   auto older = ranks;  // files before the identity: never grouped
   for (auto& r : older) r.cpu_quota_cgroup_id.clear();
   EXPECT_TRUE(ppb::shared_quotas(older).empty());
+}
+
+/// A quota nested in a shared one (scripts/cpu_quota.sh on rank 1 inside a container's --cpus):
+/// the container's level groups both ranks, rank 1 counted at its own 0.5 cores. Warned where
+/// they would run past the container (1 core: 1 + 0.5), not where they fit (1.5 or 2 cores), not
+/// where each runs under its own quota inside it; of two levels over the same ranks the tightest.
+TEST(HostLoads, RanksUnderTheirOwnQuotasInsideASharedOneWarnPastIt) {
+  std::vector<ppb::RankInfo> ranks(2, rank("vm", "0-1", 1));
+  for (auto& r : ranks) r.machine_id = "boot-1";
+  const ppb::QuotaLevel container{"35:1", 1.0, "/sys/fs/cgroup/cpu/docker/c1"};
+  ranks[0].cpu_quota_cores = 1.0;
+  ranks[0].cpu_quota_cgroup = container.cgroup;
+  ranks[0].cpu_quota_cgroup_id = container.cgroup_id;
+  ranks[0].cpu_quota_levels = {container};
+  ranks[1].cpu_quota_cores = 0.5;
+  ranks[1].cpu_quota_cgroup = "/sys/fs/cgroup/cpu/docker/c1/ppb_quota_7";
+  ranks[1].cpu_quota_cgroup_id = "35:2";
+  ranks[1].cpu_quota_levels = {{"35:2", 0.5, ranks[1].cpu_quota_cgroup}, container};
+  auto shared = ppb::shared_quotas(ranks);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_DOUBLE_EQ(shared[0].cores, 1.0);
+  EXPECT_EQ(shared[0].threads, 2);
+  EXPECT_DOUBLE_EQ(shared[0].demand_cores, 1.5);
+  EXPECT_EQ(shared[0].cgroup, container.cgroup);
+  EXPECT_TRUE(ppb::any_oversubscribed(ranks));
+  EXPECT_EQ(ppb::shared_quota_warning(shared[0]).rfind(
+                "WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup /sys/fs/cgroup/cpu/docker/c1) with 2 "
+                "compute threads (1.50 cores under their own quotas): each sees the whole quota",
+                0),
+            0u)
+      << ppb::shared_quota_warning(shared[0]);
+  for (const double cores : {1.5, 2.0}) {  // 1 + 0.5 fits
+    auto roomy = ranks;
+    roomy[0].cpu_quota_cores = roomy[0].cpu_quota_levels[0].cores = roomy[1].cpu_quota_levels[1].cores = cores;
+    EXPECT_TRUE(ppb::shared_quotas(roomy).empty()) << cores;
+  }
+  auto both = ranks;  // rank 0 under its own 0.5 too: 0.5 + 0.5 fits in the container's 1
+  both[0].cpu_quota_cores = 0.5;
+  both[0].cpu_quota_cgroup_id = "35:3";
+  both[0].cpu_quota_levels = {{"35:3", 0.5, "/sys/fs/cgroup/cpu/docker/c1/ppb_quota_6"}, container};
+  EXPECT_TRUE(ppb::shared_quotas(both).empty());
+  auto twice = ranks;  // a second level over the same ranks, also past (1.2 cores): the tighter kept
+  for (auto& r : twice) r.cpu_quota_levels.push_back({"35:0", 1.2, "/sys/fs/cgroup/cpu/docker"});
+  shared = ppb::shared_quotas(twice);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_DOUBLE_EQ(shared[0].cores, 1.0);
+  auto v1_twice = ranks;  // one level listed twice for a rank (a v1 hierarchy under two names): counted once
+  v1_twice[0].cpu_quota_levels.push_back(container);
+  shared = ppb::shared_quotas(v1_twice);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_DOUBLE_EQ(shared[0].demand_cores, 1.5);
+}
+
+/// /ranks/cpu_quota_levels' text: a round trip, "" for none, and a clear error for what is not
+/// such an array.
+TEST(HostLoads, QuotaLevelsTextRoundTripsAndRefusesOtherText) {
+  const std::vector<ppb::QuotaLevel> levels{{"35:2", 0.5, "/a b"}, {"35:1", 1.5, "/\"x\";y"}};
+  EXPECT_EQ(ppb::parse_quota_levels(ppb::quota_levels_text(levels)), levels);
+  EXPECT_EQ(ppb::quota_levels_text({}), "");
+  EXPECT_TRUE(ppb::parse_quota_levels("").empty());
+  for (const char* bad : {"{", "{}", "[{\"cgroup_id\": \"1:2\"}]", "[{\"cgroup_id\": 1, \"cores\": 1, \"cgroup\": \"/\"}]"}) {
+    try {
+      ppb::parse_quota_levels(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const ppb::UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("/ranks/cpu_quota_levels"), std::string::npos) << e.what();
+    }
+  }
 }
 
 /// Two CUDA ranks on one GPU (gpu_check's set-up on a one-GPU machine): the summary warns that

@@ -73,6 +73,9 @@ RunRecord make_record() {
   r.ranks[1].cpu_quota_period_ms = 2.0;
   r.ranks[1].cpu_quota_cgroup = "/sys/fs/cgroup/cpu/ppbench_quota_1591";
   r.ranks[1].cpu_quota_cgroup_id = "35:4021";
+  // Its own quota inside a container's 2 cores (a directory name with a quote, a ';' and a space).
+  r.ranks[1].cpu_quota_levels = {{"35:4021", 0.5, "/sys/fs/cgroup/cpu/ppbench_quota_1591"},
+                                 {"35:12", 2.0, "/sys/fs/cgroup/cpu/docker/a \"b\";c"}};
   r.ranks[1].compute_threads = 1;
   r.ranks[0].machine_id = "3f1c2d9e-0000-4000-8000-00000000abcd";
   r.ranks[1].machine_id = "host:gpu-node-7";
@@ -317,6 +320,7 @@ TEST_F(ResultsIoTest, RoundTripEveryField) {
     EXPECT_EQ(r.ranks[i].machine_id, w.ranks[i].machine_id);
     EXPECT_EQ(r.ranks[i].cpu_quota_cgroup, w.ranks[i].cpu_quota_cgroup);
     EXPECT_EQ(r.ranks[i].cpu_quota_cgroup_id, w.ranks[i].cpu_quota_cgroup_id);
+    EXPECT_EQ(r.ranks[i].cpu_quota_levels, w.ranks[i].cpu_quota_levels);
     EXPECT_EQ(rank_machine(r.ranks[i]), w.ranks[i].machine_id);
     if (std::isnan(w.ranks[i].cpu_quota_cores)) {
       EXPECT_TRUE(std::isnan(r.ranks[i].cpu_quota_cores));
@@ -458,11 +462,13 @@ TEST_F(ResultsIoTest, FileWithoutMachineIdReadsEmptyIds) {
     ASSERT_GE(H5Ldelete(f, "/ranks/machine_id", H5P_DEFAULT), 0);
     ASSERT_GE(H5Ldelete(f, "/ranks/cpu_quota_cgroup", H5P_DEFAULT), 0);  // and files before the quota's cgroup
     ASSERT_GE(H5Ldelete(f, "/ranks/cpu_quota_cgroup_id", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(f, "/ranks/cpu_quota_levels", H5P_DEFAULT), 0);
     H5Fclose(f);
   }
   const RunRecord r = ppb::read_results(path_);
   ASSERT_FALSE(r.ranks.empty());
   for (const auto& rank : r.ranks) {
+    EXPECT_TRUE(rank.cpu_quota_levels.empty());
     EXPECT_EQ(rank.cpu_quota_cgroup, "");
     EXPECT_EQ(rank.cpu_quota_cgroup_id, "");
     EXPECT_EQ(rank.machine_id, "");
