@@ -53,7 +53,8 @@ rank="${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-}}}"
 name="ppbench_quota_$$"
 if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
   # cgroup v2: a sibling of our own cgroup (a cgroup with processes cannot delegate the cpu
-  # controller to a child), inside our parent's limits (a Slurm job's, a container's)
+  # controller to a child), inside our parent's limits (a Slurm job's, a container's whose cgroup
+  # namespace shows it as /); so this wrapper inside another one lands beside it, not in it
   parent="/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)"
   parent="${parent%/*}"; [[ -n "$parent" ]] || parent=/sys/fs/cgroup
   grep -qw cpu "$parent/cgroup.subtree_control" 2>/dev/null || echo +cpu >"$parent/cgroup.subtree_control" 2>/dev/null ||

@@ -131,7 +131,8 @@ std::string quota_levels_text(const std::vector<QuotaLevel>& levels) {
   if (levels.empty()) return "";
   nlohmann::json a = nlohmann::json::array();
   for (const QuotaLevel& l : levels) a.push_back({{"cgroup_id", l.cgroup_id}, {"cores", l.cores}, {"cgroup", l.cgroup}});
-  return a.dump();
+  // A directory name that is not UTF-8 is stored with U+FFFD in its place, never a failed run.
+  return a.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::vector<QuotaLevel> parse_quota_levels(const std::string& text) {
@@ -145,8 +146,8 @@ std::vector<QuotaLevel> parse_quota_levels(const std::string& text) {
   if (!a.is_array()) throw bad("not a JSON array");
   for (const auto& l : a) {
     if (!l.is_object() || !l.contains("cgroup_id") || !l["cgroup_id"].is_string() || !l.contains("cores") ||
-        !l["cores"].is_number() || !l.contains("cgroup") || !l["cgroup"].is_string())
-      throw bad("a level without a text cgroup_id and cgroup and a number of cores");
+        !l["cores"].is_number() || !(l["cores"].get<double>() > 0) || !l.contains("cgroup") || !l["cgroup"].is_string())
+      throw bad("a level without a text cgroup_id and cgroup and a number of cores > 0");
     out.push_back({l["cgroup_id"].get<std::string>(), l["cores"].get<double>(), l["cgroup"].get<std::string>()});
   }
   return out;
@@ -160,17 +161,19 @@ std::string shared_quota_warning(const SharedQuota& q) {
   }
   char cores[32];
   std::snprintf(cores, sizeof cores, "%.2f", q.cores);
-  std::string want;
+  const std::string head = "WARNING: ranks " + ranks + " share one CPU quota of " + cores + " cores (cgroup " + q.cgroup +
+                           ") with " + std::to_string(q.threads) + " compute threads";
+  const std::string tail = " cores, so stage times include waiting for the quota, as on oversubscribed cores (not timings to "
+                           "publish). ";
   if (q.demand_cores < q.threads) {  // some ranks held to their own tighter quotas below this one
-    char text[64];
-    std::snprintf(text, sizeof text, " (%.2f cores under their own quotas)", q.demand_cores);
-    want = text;
+    char want[32];
+    std::snprintf(want, sizeof want, "%.2f", q.demand_cores);
+    return head + " that would run " + want + " cores, some ranks held to their own quotas inside it: together they run at most " +
+           cores + tail + "Make the quotas inside it, and the ranks without one, add up to at most " + cores +
+           " cores, or raise it";
   }
-  return "WARNING: ranks " + ranks + " share one CPU quota of " + cores + " cores (cgroup " + q.cgroup + ") with " +
-         std::to_string(q.threads) + " compute threads" + want +
-         ": each sees the whole quota, but together they run at most " +
-         cores + " cores, so stage times include waiting for the quota, as on oversubscribed cores (not timings to "
-         "publish). Give each rank its own quota (scripts/cpu_quota.sh) or the job a core per compute thread";
+  return head + ": each sees the whole quota, but together they run at most " + cores + tail +
+         "Give each rank its own quota (scripts/cpu_quota.sh) or the job a core per compute thread";
 }
 
 bool any_oversubscribed(const std::vector<RankInfo>& ranks) {

@@ -61,6 +61,8 @@ struct SharedQuota {
 };
 
 /// The shared quotas that the ranks would run past (demand_cores > cores), in order of first rank;
+/// a rank is counted at its own binding quota, not at a shared level between that and this one
+/// (so a level above another shared one may be warned where that one already caps its ranks);
 /// those ranks take turns within the quota as oversubscribed ranks take turns on cores. Of
 /// levels with the same ranks only the tightest is kept. Ranks without a recorded cgroup identity
 /// (no quota, or older files) are in none.
@@ -78,7 +80,7 @@ std::vector<QuotaLevel> parse_quota_levels(const std::string& text);
 std::string shared_quota_warning(const SharedQuota& q);
 
 /// Whether any node or machine is oversubscribed (host_loads, machine_loads), or any quota is
-/// shared by more compute threads than its cores (shared_quotas).
+/// shared by ranks that would run past its cores (shared_quotas).
 bool any_oversubscribed(const std::vector<RankInfo>& ranks);
 
 }  // namespace ppb

@@ -314,7 +314,13 @@ void read_ranks(const Group& root, RunRecord& run) {
     info.cpu_governor = r < governor.size() ? governor[r] : "";
     info.cpu_quota_cgroup = r < quota_cgroup.size() ? quota_cgroup[r] : "";
     info.cpu_quota_cgroup_id = r < quota_cgroup_id.size() ? quota_cgroup_id[r] : "";
-    if (r < quota_levels.size()) info.cpu_quota_levels = parse_quota_levels(quota_levels[r]);
+    if (r < quota_levels.size()) {
+      try {
+        info.cpu_quota_levels = parse_quota_levels(quota_levels[r]);
+      } catch (const UserError& e) {  // read_results names the file
+        throw InternalError("rank " + std::to_string(r) + ": " + e.what());
+      }
+    }
     info.machine_id = r < machine.size() ? machine[r] : "";
     run.ranks.push_back(info);
   }

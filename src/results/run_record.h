@@ -53,7 +53,7 @@ struct RankInfo {
   std::string cpu_quota_cgroup{};
   std::string cpu_quota_cgroup_id{};
   /// Every level of the rank's cgroups that sets a CPU quota (cgroup_cpu_quotas), the binding one
-  /// above first: a level above it is shared with every rank below it, each held to its own
+  /// (cpu_quota_cgroup) first: a level above it is shared with every rank below it, each held to its own
   /// tighter quota. Empty = no quota, or a file before them (then only the binding one is known).
   std::vector<QuotaLevel> cpu_quota_levels{};
   std::string cpu_governor{};

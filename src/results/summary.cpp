@@ -122,8 +122,8 @@ void print_profile_passes(std::ostream& os, const RunRecord& run) {
 }
 
 /// One line per node: ranks, compute threads, the CPUs they may use; CPU quotas and governors
-/// where set; a warning when a node is oversubscribed or ranks share one CPU quota with more
-/// compute threads than its cores (shared_quotas). Then one line per machine that holds
+/// where set; a warning when a node is oversubscribed or ranks share one CPU quota that they
+/// would run past (shared_quotas). Then one line per machine that holds
 /// several nodes (machine_loads), with its own warning. Nothing for files before conditions.
 void print_conditions(std::ostream& os, const RunRecord& run) {
   if (run.ranks.empty() || run.ranks[0].compute_threads == 0) return;

@@ -236,8 +236,8 @@ void describe_metadata(RunContext& ctx) {
 
 /// Every rank's CPU affinity, cgroup CPU quota, governor and compute threads into /ranks;
 /// a node, or a machine of several nodes, with more compute threads than CPUs, or ranks sharing
-/// one quota with more compute threads than its cores, is said loudly (its timings measure ranks
-/// waiting for a core).
+/// one quota (at any level of their cgroups) that they would run past, is said loudly (its
+/// timings measure ranks waiting for a core).
 void record_conditions(RunContext& ctx) {
   const MpiContext& mpi = ctx.mpi;
   const std::vector<int> cpus = cpu_affinity();
@@ -246,7 +246,11 @@ void record_conditions(RunContext& ctx) {
   const std::vector<CpuQuota> quotas = cgroup_cpu_quotas(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
   const std::optional<CpuQuota> quota = quotas.empty() ? std::nullopt : std::optional<CpuQuota>(quotas.front());
   std::vector<QuotaLevel> my_levels;
-  for (const CpuQuota& q : quotas) my_levels.push_back({cgroup_identity(q.dir), q.cores, q.dir.string()});
+  for (const CpuQuota& q : quotas) {  // one level once (a v1 hierarchy mounted as cpu and cpu,cpuacct)
+    QuotaLevel l{cgroup_identity(q.dir), q.cores, q.dir.string()};
+    if (l.cgroup_id.empty() || std::none_of(my_levels.begin(), my_levels.end(), [&](const QuotaLevel& m) { return m.cgroup_id == l.cgroup_id; }))
+      my_levels.push_back(std::move(l));
+  }
   const auto quota_levels = mpi.gather_strings(quota_levels_text(my_levels));
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   const auto nums = mpi.gather_doubles({quota ? quota->cores : nan, quota ? quota->period_ms : nan,

@@ -8,7 +8,9 @@
 #  - under mpirun, `ppbench profile` records the quota of rank 1 and none on rank 0 (its
 #    conditions line), i.e. what the wrapper set is what the results file says;
 #  - with the wrapper around mpirun (both ranks in one cgroup of 1 core), the summary warns that
-#    the ranks share one quota past its cores.
+#    the ranks share one quota past its cores;
+#  - with rank 1 under its own 0.5 cores inside that shared quota (cgroup v1, where the wrapper's
+#    cgroup is a child of the rank's own), warned at 1 core (1 + 0.5), not at 1.5.
 #
 # Usage: tests/e2e/cpu_quota_test.sh BUILD_DIR [MODEL_JSON]     (ctest label e2e)
 # Exit status: 0 pass, 1 fail, 77 skipped (no writable cgroup cpu controller: not root, or a
@@ -104,7 +106,10 @@ grep -q "^  WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup .*) wit
 say "ppbench profile with both ranks under one quota of 1 core: the shared quota warned"
 
 # Rank 1 under its own quota inside that shared one (scripts/cpu_quota.sh in a container): 1 core
-# for rank 0 and 0.5 for rank 1 run past the shared 1 core (warned), not past 1.5 cores.
+# for rank 0 and 0.5 for rank 1 run past the shared 1 core (warned), not past 1.5 cores. cgroup v1
+# only: on v2 the wrapper's cgroup is a sibling of the rank's own (a cgroup with processes cannot
+# hand the cpu controller to a child), so a wrapper inside the wrapper lands beside it, not in it.
+[[ -f /sys/fs/cgroup/cgroup.controllers ]] && { say "cgroup v2: the nested quota is not tested here"; say "PASS"; exit 0; }
 for outer in 1 1.5; do
   env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK SLURM_PROCID=0 "$Q" --rank 0 --cores "$outer" -- env -u SLURM_PROCID mpirun --oversubscribe -np 2 \
     "$Q" --rank 1 --cores 0.5 -- "$BUILD/ppbench" profile --model "$MODEL" -b 2 -p 8 -g 4 --profile-warmup 1 \
@@ -112,7 +117,7 @@ for outer in 1 1.5; do
     { cat "$TMP/nested.log"; fail "ppbench profile with rank 1's quota inside a shared one of $outer cores failed"; }
   grep -q "^conditions: .*rank 1 CPU quota 0.50 cores" "$TMP/nested.log" || { grep "^conditions" "$TMP/nested.log"; fail "nested in $outer cores: rank 1's own quota not recorded"; }
   if [[ $outer == 1 ]]; then
-    grep -q "^  WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup .*) with 2 compute threads (1.50 cores under their own quotas)" "$TMP/nested.log" ||
+    grep -q "^  WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup .*) with 2 compute threads that would run 1.50 cores" "$TMP/nested.log" ||
       { grep -A3 "^conditions" "$TMP/nested.log"; fail "the summary does not warn of the shared quota over rank 1's own"; }
   else
     ! grep -q "share one CPU quota" "$TMP/nested.log" || fail "1 + 0.5 cores fit in 1.5, yet warned: $(grep 'share one' "$TMP/nested.log")"

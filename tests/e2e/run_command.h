@@ -11,16 +11,19 @@
 #pragma once
 
 #include <stdlib.h>
-
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <filesystem>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -48,17 +51,18 @@ inline Result run(const std::string& cmd) {
   return r;
 }
 
-/// Runs one command of run_all in its own fresh Open MPI session directory base under $TMPDIR
-/// (or /tmp), removed after it. A base that cannot be made gives status -1 and says why.
+/// Runs one command of run_all in its own fresh Open MPI session directory base under
+/// std::filesystem::temp_directory_path() ($TMPDIR, or /tmp), removed after it; `cmd` must be
+/// one simple command (the variable is set for it alone), as `mpirun ...` is. A base that cannot
+/// be made gives status -1 and says why.
 inline Result run_in_own_session(const std::string& cmd) {
-  const char* tmp = getenv("TMPDIR");
-  std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/ppb_ompi_XXXXXX";
-  if (!mkdtemp(base.data())) {
+  std::string base = (std::filesystem::temp_directory_path() / "ppb_ompi_XXXXXX").string();
+  if (!::mkdtemp(base.data())) {
     Result r;
-    r.output = "run_all: cannot make a session directory from " + base;
+    r.output = "run_all: cannot make a session directory from " + base + ": " + std::strerror(errno);
     return r;
   }
-  Result r = run("OMPI_MCA_orte_tmpdir_base=" + base + " " + cmd);
+  Result r = run("OMPI_MCA_orte_tmpdir_base='" + base + "' " + cmd);
   std::error_code ignored;  // a session directory mpirun left behind is not the test's failure
   std::filesystem::remove_all(base, ignored);
   return r;
@@ -75,12 +79,18 @@ inline std::vector<Result> run_all(const std::vector<std::string>& cmds, std::si
   std::vector<Result> out(cmds.size());
   std::atomic<std::size_t> next{0};
   const auto worker = [&] {
-    for (std::size_t i = next++; i < cmds.size(); i = next++) out[i] = run_in_own_session(cmds[i]);
+    for (std::size_t i = next++; i < cmds.size(); i = next++) {
+      try {
+        out[i] = run_in_own_session(cmds[i]);
+      } catch (const std::exception& e) {  // the test reads it as a failed command, not a terminate
+        out[i].output = std::string("run_all: ") + e.what();
+      }
+    }
   };
-  std::vector<std::thread> pool;
+  std::vector<std::jthread> pool;  // joined on every way out
   for (std::size_t t = 0; t < std::clamp<std::size_t>(in_flight, 1, std::max<std::size_t>(1, cmds.size())); ++t)
     pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
+  pool.clear();
   return out;
 }
 

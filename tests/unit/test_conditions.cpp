@@ -362,7 +362,8 @@ TEST(HostLoads, RanksUnderTheirOwnQuotasInsideASharedOneWarnPastIt) {
   EXPECT_TRUE(ppb::any_oversubscribed(ranks));
   EXPECT_EQ(ppb::shared_quota_warning(shared[0]).rfind(
                 "WARNING: ranks 0,1 share one CPU quota of 1.00 cores (cgroup /sys/fs/cgroup/cpu/docker/c1) with 2 "
-                "compute threads (1.50 cores under their own quotas): each sees the whole quota",
+                "compute threads that would run 1.50 cores, some ranks held to their own quotas inside it: together "
+                "they run at most 1.00 cores",
                 0),
             0u)
       << ppb::shared_quota_warning(shared[0]);
@@ -394,8 +395,13 @@ TEST(HostLoads, QuotaLevelsTextRoundTripsAndRefusesOtherText) {
   const std::vector<ppb::QuotaLevel> levels{{"35:2", 0.5, "/a b"}, {"35:1", 1.5, "/\"x\";y"}};
   EXPECT_EQ(ppb::parse_quota_levels(ppb::quota_levels_text(levels)), levels);
   EXPECT_EQ(ppb::quota_levels_text({}), "");
+  // A directory name that is not UTF-8 is stored with U+FFFD, not a failed run.
+  const auto odd = ppb::parse_quota_levels(ppb::quota_levels_text({{"35:3", 0.5, "/cg/\xff"}}));
+  ASSERT_EQ(odd.size(), 1u);
+  EXPECT_EQ(odd[0].cgroup, "/cg/\xef\xbf\xbd");
   EXPECT_TRUE(ppb::parse_quota_levels("").empty());
-  for (const char* bad : {"{", "{}", "[{\"cgroup_id\": \"1:2\"}]", "[{\"cgroup_id\": 1, \"cores\": 1, \"cgroup\": \"/\"}]"}) {
+  for (const char* bad : {"{", "{}", "[{\"cgroup_id\": \"1:2\"}]", "[{\"cgroup_id\": 1, \"cores\": 1, \"cgroup\": \"/\"}]",
+                          "[{\"cgroup_id\": \"1:2\", \"cores\": 0, \"cgroup\": \"/\"}]"}) {
     try {
       ppb::parse_quota_levels(bad);
       ADD_FAILURE() << "accepted " << bad;
