@@ -245,18 +245,16 @@ void record_conditions(RunContext& ctx) {
   const auto governor = mpi.gather_strings(cpus.empty() ? std::string() : cpu_governor(cpus.front()));
   const std::vector<CpuQuota> quotas = cgroup_cpu_quotas(read_text("/proc/self/cgroup"), "/sys/fs/cgroup");
   const std::optional<CpuQuota> quota = quotas.empty() ? std::nullopt : std::optional<CpuQuota>(quotas.front());
-  std::vector<QuotaLevel> my_levels;
-  for (const CpuQuota& q : quotas) {  // one level once (a v1 hierarchy mounted as cpu and cpu,cpuacct)
+  std::vector<QuotaLevel> my_levels;  // the binding one first, as quotas; each level once
+  for (const CpuQuota& q : quotas) {   // (a v1 hierarchy mounted as cpu and as cpu,cpuacct)
     QuotaLevel l{cgroup_identity(q.dir), q.cores, q.dir.string()};
-    if (l.cgroup_id.empty() || std::none_of(my_levels.begin(), my_levels.end(), [&](const QuotaLevel& m) { return m.cgroup_id == l.cgroup_id; }))
-      my_levels.push_back(std::move(l));
+    const auto same = [&](const QuotaLevel& m) { return m.cgroup_id == l.cgroup_id; };
+    if (l.cgroup_id.empty() || std::none_of(my_levels.begin(), my_levels.end(), same)) my_levels.push_back(std::move(l));
   }
   const auto quota_levels = mpi.gather_strings(quota_levels_text(my_levels));
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   const auto nums = mpi.gather_doubles({quota ? quota->cores : nan, quota ? quota->period_ms : nan,
                                         static_cast<double>(ctx.device->compute_threads())});
-  const auto quota_cgroup = mpi.gather_strings(quota ? quota->dir.string() : std::string());
-  const auto quota_cgroup_id = mpi.gather_strings(quota ? cgroup_identity(quota->dir) : std::string());
   if (!ctx.root) return;
   RunRecord& run = ctx.record();
   for (int r = 0; r < ctx.ranks; ++r) {
@@ -265,9 +263,11 @@ void record_conditions(RunContext& ctx) {
     info.cpu_governor = governor[r];
     info.cpu_quota_cores = nums[3 * r];
     info.cpu_quota_period_ms = nums[3 * r + 1];
-    info.cpu_quota_cgroup = quota_cgroup[r];
-    info.cpu_quota_cgroup_id = quota_cgroup_id[r];
     info.cpu_quota_levels = parse_quota_levels(quota_levels[r]);
+    if (!info.cpu_quota_levels.empty()) {  // the binding level, also stored on its own
+      info.cpu_quota_cgroup = info.cpu_quota_levels.front().cgroup;
+      info.cpu_quota_cgroup_id = info.cpu_quota_levels.front().cgroup_id;
+    }
     info.compute_threads = static_cast<int>(nums[3 * r + 2]);
   }
   for (int r = 0; r < ctx.ranks; ++r)

@@ -2,7 +2,7 @@
 // as root and one OpenBLAS thread per rank, stdout and stderr captured together, timed. run_all
 // runs a table of commands a few at a time: a bad-input case is a launch that ends in about 1.5
 // s, nearly all of it mpirun's start-up waiting, not computing: run_e2e's 40 cases took 72 s one
-// after the other and take 18-20 s 8 at a time on a 2-core machine (serving's 23: 40 s, 7-8 s).
+// after the other and take 12-16 s 8 at a time on a 2-core machine (serving's 23: 40 s, 7-8 s).
 //
 // Launches in flight together each get their own Open MPI session directory base
 // (OMPI_MCA_orte_tmpdir_base): Open MPI 4.x mpiruns started at once race to create the shared

@@ -67,18 +67,21 @@ void less_fixed_cost(ppb::h5::Group& root, const StoredSplit& sp, std::vector<do
     }
 }
 
-/// [S][2] sums of /profile table `table` ([R][U][2]) over each stage's units on its rank, for
-/// partition `part` of a run with one rank per stage, less the fixed cost (less_fixed_cost).
-std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, const std::string& table) {
-  const StoredSplit sp = stored_split(root, part);
-  const auto lat = root.open_group("profile").open_dataset(table).read<double>();
+/// [S][2] sums of a per-unit table `t` ([R][U][2]) over each stage's units of `sp` on its rank (one
+/// rank per stage), less the fixed cost (less_fixed_cost): each stage's phases as predicted.
+std::vector<double> split_sums(ppb::h5::Group& root, const StoredSplit& sp, const std::vector<double>& t) {
   const size_t U = root.open_group("profile").open_dataset("unit_name").read_strings().size();
   std::vector<double> out(2 * sp.first.size(), 0.0);
   for (size_t k = 0; k < sp.first.size(); ++k)
     for (int64_t u = sp.first[k]; u <= sp.last[k]; ++u)
-      for (size_t ph = 0; ph < 2; ++ph) out[2 * k + ph] += lat[(static_cast<size_t>(sp.dev[k]) * U + u) * 2 + ph];
+      for (size_t ph = 0; ph < 2; ++ph) out[2 * k + ph] += t[(static_cast<size_t>(sp.dev[k]) * U + u) * 2 + ph];
   less_fixed_cost(root, sp, out);
   return out;
+}
+
+/// split_sums of /profile table `table` for partition `part`.
+std::vector<double> stage_sums(ppb::h5::Group& root, const std::string& part, const std::string& table) {
+  return split_sums(root, stored_split(root, part), root.open_group("profile").open_dataset(table).read<double>());
 }
 
 /// The profile cycles between rounds (--round-profile auto, a profile of two passes): K >= 1
@@ -108,20 +111,12 @@ void check_profile_between_rounds(ppb::h5::Group& root, const std::vector<std::s
   for (size_t k = 0; k < K; ++k)
     for (size_t i = 0; i < n; ++i) together[i] += cyc[k * n + i] / static_cast<double>(K);
   for (size_t i = 0; i < n; ++i) scaled[i] = alone[i] * together[i] / lat[i];
-  const size_t U = prof.open_dataset("unit_name").read_strings().size();
   for (const auto& part : parts) {
     SCOPED_TRACE(part);
     if (!root.open_group("partitions/" + part).get_attr<std::string>("same_as").empty()) continue;
     const StoredSplit sp = stored_split(root, part);
-    auto sums = [&](const std::vector<double>& t) {
-      std::vector<double> out(2 * sp.first.size(), 0.0);
-      for (size_t k = 0; k < sp.first.size(); ++k)
-        for (int64_t u = sp.first[k]; u <= sp.last[k]; ++u)
-          for (size_t ph = 0; ph < 2; ++ph) out[2 * k + ph] += t[(static_cast<size_t>(sp.dev[k]) * U + u) * 2 + ph];
-      less_fixed_cost(root, sp, out);  // the predictions pay it as the profile's do (CI failed without it)
-      return out;
-    };
-    const auto lo = sums(scaled), hi = sums(together);
+    // Less the fixed cost, as the predictions pay it (CI failed where the profile had taken one).
+    const auto lo = split_sums(root, sp, scaled), hi = split_sums(root, sp, together);
     auto g = root.open_group("partitions/" + part);
     const auto phase = g.open_dataset("predicted_phase_rounds_ms").read<double>();
     ASSERT_EQ(phase.size(), lo.size());
