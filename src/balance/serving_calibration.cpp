@@ -213,15 +213,22 @@ ServingPrediction prediction_of(const serving::ServingMetrics& m) {
   return out;
 }
 
-/// The simulator's metrics of `costs` on the stored scenario with p's M and B.
-serving::ServingMetrics play(const StoredScenario& sc, const ServingPartitionRecord& p, const serving::StepCostModel& costs) {
+/// The simulator's metrics of `costs` on the stored scenario with p's M and B; `overlap`, where
+/// given, gets the play's contention overlap ([S][2] flattened, PipelineSimResult::overlap).
+serving::ServingMetrics play(const StoredScenario& sc, const ServingPartitionRecord& p, const serving::StepCostModel& costs,
+                             std::vector<double>* overlap = nullptr) {
   serving::PipelineSimConfig cfg;
   cfg.scheduler = sc.spec.scheduler(p.groups, p.step_policy, p.pp_schedule);
   if (cfg.scheduler.kv_blocks == serving::kKvBlocksAuto) {  // the pool auto chose for this split
     if (p.kv_blocks < 0) throw UserError("serving prediction: partition " + p.name + " ran --kv-blocks auto but its record has no kv_blocks");
     cfg.scheduler.kv_blocks = p.kv_blocks;
   }
-  return serving::serving_metrics(serving::simulate_serving(sc.requests, costs, cfg).times, sc.spec.goodput);
+  const serving::PipelineSimResult r = serving::simulate_serving(sc.requests, costs, cfg);
+  if (overlap) {
+    overlap->clear();
+    for (const auto& f : r.overlap) overlap->insert(overlap->end(), f.begin(), f.end());
+  }
+  return serving::serving_metrics(r.times, sc.spec.goodput);
 }
 
 }  // namespace
@@ -233,7 +240,7 @@ std::string predict_serving(RunRecord& run, const Predictor& pred, const std::ve
   for (size_t j = 0; j < sps.size() && j < parts.size(); ++j) {
     ServingPartitionRecord& p = sps[j];
     try {
-      const serving::ServingMetrics m = play(sc, p, ProfileStepCosts(run, pred, parts[j]));
+      const serving::ServingMetrics m = play(sc, p, ProfileStepCosts(run, pred, parts[j]), &p.simulated_overlap);
       p.simulated = prediction_of(m);
       if (!p.step_group.empty()) {  // the level its own rounds ran at, and the simulator there
         const std::vector<StepCalibration> own = calibrate_own_steps(run, pred, parts, p.name);

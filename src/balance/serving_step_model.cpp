@@ -146,6 +146,22 @@ ProfileStepCosts::ProfileStepCosts(const RunRecord& run, const Predictor& pred, 
     const bool one_rank = p.width(k) == 1;
     fixed_ms_.push_back({one_rank ? stage_fixed_ms(run.profile, r, n, 0) : 0.0, one_rank ? stage_fixed_ms(run.profile, r, n, 1) : 0.0});
   }
+  // The profile's two passes per stage, for the simulator's contention model (one pass: 1).
+  const StageSums sums = pred.pass_sums(p, run.profile);
+  const std::vector<int> machine = pred.stage_machines(p);
+  const std::vector<char> twin = pred.twin_on_machine(p);
+  for (int k = 0; k < p.num_stages(); ++k) {
+    serving::StageContention c;
+    c.machine = machine.at(static_cast<std::size_t>(k));
+    c.always_overlapped = !twin.empty() && twin.at(static_cast<std::size_t>(k)) != 0;
+    for (std::size_t q = 0; q < 2; ++q) {
+      const double alone = sums.alone.at(2 * static_cast<std::size_t>(k) + q);
+      const double together = sums.together.at(2 * static_cast<std::size_t>(k) + q);
+      if (p.width(k) == 1 && alone > 0.0 && together > 0.0 && std::isfinite(alone / together))
+        c.alone_share[q] = alone / together;
+    }
+    contention_.push_back(c);
+  }
 }
 
 stepcost::StepWork step_work_of(const serving::StepShape& s) {

@@ -8,7 +8,9 @@
 //    c of decode_contexts (evenly spaced in [P, P+G-1]; decode_context_ms [R][U][C]).
 // Where the profile has two passes (alone, then all ranks of a machine together: latency_alone_ms
 // non-empty), both tables are the together pass's, the one the balancer solves on; the contention
-// model between the passes (balance/contention.h) is not applied here.
+// model between the passes (balance/contention.h) is applied by the serving simulator, to which
+// ProfileStepCosts gives each stage's alone / together sums per kind of step and its machine
+// (serving::StageContention; pipeline_sim.h).
 //
 // The model, for stage k (units first..last on rank r) and a step of shape s (StepShape):
 //   prefill(s) = (s.prefill_tokens / (B·P)) x sum_u latency_ms[r][u][prefill]
@@ -121,6 +123,11 @@ class ProfileStepCosts final : public serving::StepCostModel {
   int stages() const override { return static_cast<int>(stages_.size()); }
   double compute_ms(int k, const serving::StepShape& s) const override;
   double transfer_ms(int k, const serving::StepShape& s) const override;
+  /// [S] each stage's machine (Predictor::stage_machines), its alone / together sums of the
+  /// profile's two passes per kind of step (Predictor::pass_sums: prefill for steps with prefill
+  /// rows, decode for decode-only; 1 with one pass, for a tensor-parallel stage and where a sum is
+  /// not > 0) and whether a twin replica overlaps it always (Predictor::twin_on_machine).
+  std::vector<serving::StageContention> contention() const override { return contention_; }
   const std::vector<StageStepProfile>& profiles() const { return stages_; }
   /// Whether stage k's compute comes from the step model (else the two-shape model).
   bool uses_step_model(int k) const { return !stage_units_.at(static_cast<std::size_t>(k)).empty(); }
@@ -135,6 +142,7 @@ class ProfileStepCosts final : public serving::StepCostModel {
   /// forward fixed cost (0 for a TP stage and where the profile timed none)
   std::vector<std::array<double, 2>> fixed_ms_;
   std::vector<Predictor::BoundaryLink> links_;  ///< [S]
+  std::vector<serving::StageContention> contention_;  ///< [S]
 };
 
 }  // namespace ppb::balance

@@ -110,6 +110,12 @@ void write_partition(Group& parent, const ServingPartitionRecord& p) {
     cm.set_attr("units", "ms");
     cm.set_attr("content", "[step][stage] the step's compute on that stage");
   }
+  if (!p.simulated_overlap.empty()) {
+    auto ov = b.write_dataset("simulated_overlap", p.simulated_overlap, {p.simulated_overlap.size() / 2, 2});
+    ov.set_attr("content", "[stage][steps with prefill rows, decode-only] the share of the stage's compute another stage "
+                           "of its machine overlapped in the play simulated_* was predicted from (the contention fixed "
+                           "point: each step at alone + (together - alone) x this share)");
+  }
   if (!p.step_level.empty()) {
     auto lv = b.write_dataset("step_level", p.step_level, {p.step_level.size() / 2, 2});
     lv.set_attr("content", "[stage][decode-only steps, steps with prefill rows] the median of measured / modelled compute "
@@ -189,6 +195,7 @@ ServingPartitionRecord read_partition(const Group& b, const std::string& name) {
   if (b.exists("stage_kv_resident_peak_bytes"))
     p.stage_kv_resident_peak_bytes = b.open_dataset("stage_kv_resident_peak_bytes").read<double>();
   if (b.exists("step_level")) p.step_level = b.open_dataset("step_level").read<double>();
+  if (b.exists("simulated_overlap")) p.simulated_overlap = b.open_dataset("simulated_overlap").read<double>();
   const Group r = b.open_group("requests");
   p.arrival_s = r.open_dataset("arrival_s").read<double>();
   p.admitted_s = r.open_dataset("admitted_s").read<double>();

@@ -94,6 +94,11 @@ struct ServingPartitionRecord {
   /// Predicted before the rounds from the profile (issue 38: serving/pipeline_sim.h with
   /// balance::ProfileStepCosts); file attributes simulated_*.
   ServingPrediction simulated;
+  /// [S][2] the share f of each stage's compute overlapped by another stage of its machine in the
+  /// prediction's play (with prefill rows, decode-only: the contention fixed point the simulator
+  /// played `simulated` at, serving/pipeline_sim.h); empty where no two stages share a machine or
+  /// the profile has one pass (and in older files)
+  std::vector<double> simulated_overlap;
   /// Predicted after the rounds, the same way, from the profile calibrated per rank by the other
   /// partitions' measured steps (balance/serving_calibration.h); NaN where no other partition
   /// measured steps; file attributes simulated_cross_*. cross_calibrated_by: their names,

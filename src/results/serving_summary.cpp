@@ -171,6 +171,19 @@ std::string step_level_text(const std::vector<double>& level) {
   return "stage " + stages + ": decode " + dec + ", with prefill " + pre;
 }
 
+/// The prediction's contention overlap (ServingPartitionRecord::simulated_overlap) as
+/// "overlapped: decode 0.73/0.67, with prefill 0.39/0.40"; "" without one.
+std::string overlap_text(const std::vector<double>& f) {
+  if (f.empty()) return "";
+  std::string dec, pre;
+  for (size_t k = 0; k + 1 < f.size(); k += 2) {
+    const char* sep = k == 0 ? "" : "/";
+    pre += format_line("%s%.2f", sep, f[k]);
+    dec += format_line("%s%.2f", sep, f[k + 1]);
+  }
+  return "  overlapped: decode " + dec + ", with prefill " + pre;
+}
+
 /// The simulator again at the level each partition's own rounds ran (an in-sample check).
 void print_self_calibrated(std::ostream& os, const ServingRunRecord& s, int w) {
   bool any = false;
@@ -198,13 +211,19 @@ void print_predictions(std::ostream& os, const ServingRunRecord& s, const Profil
   for (const ServingPartitionRecord& p : s.partitions) any = any || p.simulated.made();
   for (const ServingPartitionRecord& p : s.partitions) cross = cross || p.cross.made();
   if (!any) return;
+  bool overlap = false;
+  for (const ServingPartitionRecord& p : s.partitions) overlap = overlap || !p.simulated_overlap.empty();
   os << "  predicted from the profile (the serving simulator, before the rounds; error vs measured"
-     << uncertainty_clause(profile) << "):\n";
+     << uncertainty_clause(profile)
+     << (overlap ? "; stages of one machine between their alone and together times by the share f of their compute the "
+                   "other overlapped in the play, right"
+                 : "")
+     << "):\n";
   const int w = name_width(s);
   os << format_line("  %-*s %18s %18s %18s %18s %18s\n", w, "partition", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
                     "TPOT p99");
   for (const ServingPartitionRecord& p : s.partitions)
-    os << prediction_row(p.name, w, pooled_figures(p), p.simulated) << "\n";
+    os << prediction_row(p.name, w, pooled_figures(p), p.simulated) << overlap_text(p.simulated_overlap) << "\n";
   print_self_calibrated(os, s, w);
   if (!cross) return;
   os << "  cross-calibrated (the profile scaled per rank" << (profile.step_rows.empty() ? " and token band" : " and kind of step, decode or with prefill")

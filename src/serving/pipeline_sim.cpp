@@ -66,11 +66,15 @@ struct Later {
 struct StepCosts {
   std::vector<double> hop_s;
   double last_compute_s = 0.0;
+  int kind = 0;  ///< 0: the step has prefill rows, 1: decode-only (StageContention::alone_share's index)
 };
 
-StepCosts step_costs(const StepCostModel& costs, const StepShape& shape, bool overlap) {
+/// `scale` [S][kind] (empty: 1) multiplies each stage's compute: the contention model's factor.
+StepCosts step_costs(const StepCostModel& costs, const StepShape& shape, bool overlap,
+                     const std::vector<std::array<double, 2>>& scale) {
   const int S = costs.stages();
   StepCosts out;
+  out.kind = shape.prefill_rows > 0 ? 0 : 1;
   std::vector<double>& c = out.hop_s;
   c.reserve(2 * static_cast<std::size_t>(S));
   auto checked = [](double ms, const char* what, int k) {
@@ -80,7 +84,8 @@ StepCosts step_costs(const StepCostModel& costs, const StepShape& shape, bool ov
     return ms * 1e-3;
   };
   for (int k = 0; k < S; ++k) {
-    const double compute = checked(costs.compute_ms(k, shape), "compute", k);
+    double compute = checked(costs.compute_ms(k, shape), "compute", k);
+    if (!scale.empty()) compute *= scale[static_cast<std::size_t>(k)][static_cast<std::size_t>(out.kind)];
     const double send = S > 1 ? checked(costs.transfer_ms(k, shape), "transfer", k) : 0.0;
     if (overlap) {
       c.push_back(compute);
@@ -93,11 +98,21 @@ StepCosts step_costs(const StepCostModel& costs, const StepShape& shape, bool ov
   return out;
 }
 
+/// A stage's compute of one step on the simulated clock (s).
+struct Busy {
+  double start = 0.0, end = 0.0;
+  int kind = 0;
+};
+
 /// The simulation's state and its event loop.
 class ServingSim {
  public:
-  ServingSim(const std::vector<Request>& requests, const StepCostModel& costs, const PipelineSimConfig& config)
-      : sched_(requests, config.scheduler), costs_(costs), overlap_(config.overlap), record_shapes_(config.record_shapes) {
+  /// `scale` [S][kind] or empty: each stage's compute factor (contention); `record_busy`: keep
+  /// every stage's compute intervals (busy()).
+  ServingSim(const std::vector<Request>& requests, const StepCostModel& costs, const PipelineSimConfig& config,
+             std::vector<std::array<double, 2>> scale = {}, bool record_busy = false)
+      : sched_(requests, config.scheduler), costs_(costs), overlap_(config.overlap), record_shapes_(config.record_shapes),
+        scale_(std::move(scale)), record_busy_(record_busy) {
     const int S = costs.stages();
     if (S < 1) throw InternalError("serving simulator: the cost model has no stage");
     hops_ = overlap_ && S > 1 ? 2 * S : S;
@@ -106,7 +121,11 @@ class ServingSim {
     result_.stage_busy_s.assign(static_cast<std::size_t>(S), 0.0);
     group_costs_.resize(static_cast<std::size_t>(config.scheduler.groups));
     form_at_.assign(static_cast<std::size_t>(config.scheduler.groups), kNever);
+    if (record_busy_) busy_.resize(static_cast<std::size_t>(S));
   }
+
+  /// [S] each stage's compute intervals in time order (with record_busy; after run()).
+  const std::vector<std::vector<Busy>>& busy() const { return busy_; }
 
   PipelineSimResult run() {
     for (int g = 0; g < static_cast<int>(group_costs_.size()); ++g) push_form(g, 0.0);
@@ -155,7 +174,7 @@ class ServingSim {
       result_.decode_rows += shape.decode_rows;
     }
     if (record_shapes_) result_.shapes.push_back(shape);
-    group_costs_[g] = step_costs(costs_, shape, overlap_);
+    group_costs_[g] = step_costs(costs_, shape, overlap_, scale_);
     push(t, Event::hop, g, 0);
   }
 
@@ -166,7 +185,11 @@ class ServingSim {
     const double end = start + cost;
     free_at_[j] = end;
     const bool compute = !(overlap_ && hops_ > 1) || j % 2 == 0;
-    if (compute) result_.stage_busy_s[overlap_ && hops_ > 1 ? j / 2 : j] += cost;
+    if (compute) {
+      const int k = overlap_ && hops_ > 1 ? j / 2 : j;
+      result_.stage_busy_s[static_cast<std::size_t>(k)] += cost;
+      if (record_busy_ && cost > 0.0) busy_[static_cast<std::size_t>(k)].push_back({start, end, group_costs_[e.group].kind});
+    }
     if (j == last_compute_) {
       const double out = start + group_costs_[e.group].last_compute_s;  // = end with overlap
       push(out, Event::done, e.group, j);
@@ -189,6 +212,9 @@ class ServingSim {
   const StepCostModel& costs_;
   bool overlap_ = true;
   bool record_shapes_ = false;
+  std::vector<std::array<double, 2>> scale_;  ///< [S][kind] or empty
+  bool record_busy_ = false;
+  std::vector<std::vector<Busy>> busy_;       ///< [S] with record_busy_
   int hops_ = 1, last_compute_ = 0;
   std::vector<double> free_at_;                  ///< [hops] when each resource is free (s)
   std::vector<StepCosts> group_costs_;  ///< [M] the costs of each group's step in flight
@@ -199,11 +225,89 @@ class ServingSim {
   PipelineSimResult result_;
 };
 
+/// Per stage and kind, the share of its compute that another stage of its machine overlaps
+/// (`machine` [S]), from the play's intervals (each stage's in time order); -1 where the stage
+/// computed nothing of that kind.
+std::vector<std::array<double, 2>> overlap_shares(const std::vector<std::vector<Busy>>& busy, const std::vector<int>& machine) {
+  const std::size_t S = busy.size();
+  std::vector<std::array<double, 2>> out(S, {-1.0, -1.0});
+  for (std::size_t k = 0; k < S; ++k) {
+    // The union of the other stages' compute on k's machine, merged into disjoint intervals.
+    std::vector<std::pair<double, double>> others;
+    for (std::size_t j = 0; j < S; ++j)
+      if (j != k && machine[j] == machine[k])
+        for (const Busy& b : busy[j]) others.emplace_back(b.start, b.end);
+    std::sort(others.begin(), others.end());
+    std::vector<std::pair<double, double>> merged;
+    for (const auto& iv : others) {
+      if (!merged.empty() && iv.first <= merged.back().second) merged.back().second = std::max(merged.back().second, iv.second);
+      else merged.push_back(iv);
+    }
+    std::array<double, 2> total{0.0, 0.0}, shared{0.0, 0.0};
+    std::size_t m = 0;
+    for (const Busy& b : busy[k]) {  // k's intervals ascend, as the merged ones do
+      while (m < merged.size() && merged[m].second <= b.start) ++m;
+      double o = 0.0;
+      for (std::size_t i = m; i < merged.size() && merged[i].first < b.end; ++i)
+        o += std::min(b.end, merged[i].second) - std::max(b.start, merged[i].first);
+      total[static_cast<std::size_t>(b.kind)] += b.end - b.start;
+      shared[static_cast<std::size_t>(b.kind)] += o;
+    }
+    for (std::size_t q = 0; q < 2; ++q)
+      if (total[q] > 0.0) out[k][q] = std::clamp(shared[q] / total[q], 0.0, 1.0);
+  }
+  return out;
+}
+
 }  // namespace
 
 PipelineSimResult simulate_serving(const std::vector<Request>& requests, const StepCostModel& costs,
                                    const PipelineSimConfig& config) {
-  return ServingSim(requests, costs, config).run();
+  const std::vector<StageContention> c = costs.contention();
+  const std::size_t S = static_cast<std::size_t>(std::max(costs.stages(), 0));
+  if (!c.empty() && c.size() != S)
+    throw InternalError("serving simulator: the cost model's contention has " + std::to_string(c.size()) + " stages, not " +
+                        std::to_string(S));
+  bool contended = false;  // some stage with an alone share != 1 beside another stage of its machine
+  std::vector<int> machine(S, 0);
+  for (std::size_t k = 0; k < c.size(); ++k) {
+    machine[k] = c[k].machine;
+    for (double a : c[k].alone_share)
+      if (!(a > 0.0) || !std::isfinite(a))
+        throw InternalError("serving simulator: stage " + std::to_string(k) + "'s alone share is " + std::to_string(a) +
+                            " (must be finite and > 0)");
+  }
+  for (std::size_t k = 0; k < c.size(); ++k)
+    for (std::size_t j = 0; j < c.size(); ++j)
+      contended = contended || (j != k && machine[j] == machine[k] && (c[k].alone_share[0] != 1.0 || c[k].alone_share[1] != 1.0));
+  if (!contended) return ServingSim(requests, costs, config).run();
+
+  // balance/contention.h's fixed point on the serving play: f from 1 (the together times), each
+  // play's own overlap fed back, damped by half after the first (which takes the together play's
+  // overlap whole: most plays' overlap moves little with f, so the fixed point is near it).
+  std::vector<std::array<double, 2>> f(S, {1.0, 1.0});
+  PipelineSimResult out;
+  for (int play = 1;; ++play) {
+    std::vector<std::array<double, 2>> scale(S);
+    for (std::size_t k = 0; k < S; ++k)
+      for (std::size_t q = 0; q < 2; ++q) scale[k][q] = c[k].alone_share[q] + (1.0 - c[k].alone_share[q]) * f[k][q];
+    ServingSim sim(requests, costs, config, std::move(scale), true);
+    out = sim.run();
+    const std::vector<std::array<double, 2>> seen = overlap_shares(sim.busy(), machine);
+    double moved = 0.0;
+    std::vector<std::array<double, 2>> next = f;
+    for (std::size_t k = 0; k < S; ++k)
+      for (std::size_t q = 0; q < 2; ++q) {
+        if (c[k].always_overlapped || seen[k][q] < 0.0) continue;  // f = 1, or nothing of that kind to see
+        moved = std::max(moved, std::abs(seen[k][q] - f[k][q]));
+        next[k][q] = play == 1 ? seen[k][q] : 0.5 * (f[k][q] + seen[k][q]);
+      }
+    out.overlap = f;
+    out.contention_plays = play;
+    out.contention_converged = moved < kOverlapTolerance;
+    if (out.contention_converged || play >= kMaxContentionPlays) return out;
+    f = std::move(next);
+  }
 }
 
 }  // namespace ppb::serving

@@ -26,10 +26,21 @@
 //    there (first token of a prefilled request, one more of each decoding one).
 //  - Costs are asked per step and stage from a StepCostModel, as functions of the step's
 //    StepShape (its prefill tokens, decode rows and their contexts).
+//  - Stages of one machine share its memory bandwidth (balance/contention.h's model, where the
+//    cost model gives StepCostModel::contention): compute_ms is the step's time with the
+//    machine's other stages computing all through it (the profile's together pass); a step of
+//    stage k overlapped for a share f of its time by another stage of its machine costs
+//    compute_ms x (a + (1 - a) f), a = the stage's alone / together time for the step's kind
+//    (with prefill rows, decode-only). f per stage and kind is the share of the stage's compute
+//    of that kind overlapped in the play itself: a fixed point, f <- (f + f(play(f))) / 2 as the
+//    closed simulator's, from f = f(play(1)) (the together play's overlap) rather than 1 (a
+//    serving play's load decides how often the stages compute at once: at a light load hardly
+//    ever).
 // Not modelled: chunked prefill and token budgets, preemption, KV-block limits (the scheduler
-// has none), jitter, contention between stages of one machine.
+// has none), jitter.
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "serving/arrivals.h"
@@ -57,6 +68,16 @@ struct StepShape {
 /// The shape of `step` (its rows' tokens, kinds and positions).
 StepShape step_shape(const Step& step);
 
+/// How a stage shares its machine's memory bandwidth with the machine's other stages (the file
+/// comment's contention; balance/contention.h).
+struct StageContention {
+  int machine = 0;  ///< stages with equal values slow each other
+  /// [with prefill rows, decode-only]: the stage's step time with its machine's other stages
+  /// waiting over its time with them computing all through it (compute_ms), > 0; 1: no contention
+  std::array<double, 2> alone_share{1.0, 1.0};
+  bool always_overlapped = false;  ///< a twin (another replica's stage) computes whenever it does: f = 1
+};
+
 /// Per-stage costs of a step, in ms. Implementations: balance::ProfileStepCosts (from a
 /// results file's profile), fixed costs in tests.
 class StepCostModel {
@@ -69,6 +90,10 @@ class StepCostModel {
   /// Transfer of stage k's output of that step to stage k + 1 (k = S-1: the token return to
   /// stage 0), ms >= 0; not asked with one stage.
   virtual double transfer_ms(int k, const StepShape& s) const = 0;
+  /// [S] how each stage shares its machine (StageContention), or empty (the default): no stage
+  /// slows another, compute_ms as it is. A model scaled to measured steps (which ran at their own
+  /// overlap) gives none.
+  virtual std::vector<StageContention> contention() const { return {}; }
 };
 
 struct PipelineSimConfig {
@@ -86,13 +111,27 @@ struct PipelineSimResult {
   double end_s = 0.0;                ///< the last token out
   /// Every step's shape in the order formed, all groups (only with config.record_shapes).
   std::vector<StepShape> shapes;
+  /// [S] (with prefill rows, decode-only): the share f of each stage's compute of that kind
+  /// overlapped by another stage of its machine, at the contention fixed point the play was made
+  /// at (a kind the stage never computed keeps the f it was played at); empty where the cost model
+  /// gives no contention or no two stages share a machine
+  std::vector<std::array<double, 2>> overlap;
+  int contention_plays = 0;     ///< plays of the fixed point (0: no contention model)
+  bool contention_converged = true;  ///< every f moved < kOverlapTolerance in the last play
 };
 
+/// The contention fixed point's tolerance on f and its most plays (simulate_serving).
+inline constexpr double kOverlapTolerance = 1e-3;
+inline constexpr int kMaxContentionPlays = 40;
+
 /// Plays `requests` (arrival order not required; the scheduler sorts FCFS) through the model
-/// above. Cost O(steps x (S + B) x log M) time, O(N x mean gen_len) memory (each token's time).
+/// above. Cost O(steps x (S + B) x log M) time per play, O(N x mean gen_len) memory (each token's
+/// time); with contention (two stages on one machine, an alone share != 1) up to
+/// kMaxContentionPlays plays, the last returned (contention_converged says whether it settled).
 /// @throws ppb::UserError from the scheduler (M or B < 1: naming -M/--microbatches, -b/--batch;
 ///         a request with a length < 1 or a bad arrival); ppb::InternalError when the model has
-///         no stage, a cost is negative or not finite, or a request never finishes (a bug).
+///         no stage, a cost is negative or not finite, a contention list is not [S] or an alone
+///         share not finite and > 0, or a request never finishes (a bug).
 PipelineSimResult simulate_serving(const std::vector<Request>& requests, const StepCostModel& costs,
                                    const PipelineSimConfig& config);
 

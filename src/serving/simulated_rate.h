@@ -38,6 +38,8 @@ class ScaledStepCosts final : public StepCostModel {
   int stages() const override { return base_.stages(); }
   double compute_ms(int k, const StepShape& s) const override { return scale_ * base_.compute_ms(k, s); }
   double transfer_ms(int k, const StepShape& s) const override { return base_.transfer_ms(k, s); }
+  /// `base`'s: the scale moves the together and alone times alike.
+  std::vector<StageContention> contention() const override { return base_.contention(); }
 
  private:
   const StepCostModel& base_;

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/offline_commands.h"
+#include "balance/contention.h"
 #include "balance/layout.h"
 #include "balance/partition.h"
 #include "balance/plan.h"
@@ -33,6 +34,7 @@
 #include "balance/simulator.h"
 #include "common/error.h"
 #include "common/events.h"
+#include "results/reader.h"
 #include "results/writer.h"
 #include "serving/arrivals.h"
 #include "serving/scenario.h"
@@ -282,6 +284,128 @@ TEST(ServingSim, AgreesWithTheClosedSimulatorWithEagerSends) {
     }
   }
   std::printf("closed simulator with rendezvous sends: %d of 200 cases differ\n", rendezvous_differs);
+}
+
+/// PhaseCosts whose stages share machines (StageContention): compute_ms is the together time.
+class ContendedCosts final : public serving::StepCostModel {
+ public:
+  PhaseCosts base;
+  std::vector<serving::StageContention> stages_of;
+  int stages() const override { return base.stages(); }
+  double compute_ms(int k, const StepShape& s) const override { return base.compute_ms(k, s); }
+  double transfer_ms(int k, const StepShape& s) const override { return base.transfer_ms(k, s); }
+  std::vector<serving::StageContention> contention() const override { return stages_of; }
+};
+
+// The contention model in the serving simulator is balance/contention.h's: on a closed batch
+// (M groups of B requests at t = 0, as above), stages on one machine with random alone shares
+// in [0.6, 1) settle at the closed model's overlap f per stage and phase, on 100 random cases of
+// 2..3 stages and 1..4 groups. Both iterate the same damped map from f = 1 and stop on different
+// rules (f moved < kOverlapTolerance here; every step time < 1e-4 relative there), so where
+// both settled their f agree within 2 kOverlapTolerance (the map halves a step each play).
+TEST(ServingSim, ContentionSettlesWhereTheClosedModelDoes) {
+  const int B = 2, P = 5, G = 6;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> ms(0.05, 3.0), share(0.6, 1.0);
+  int compared = 0;
+  for (int trial = 0; trial < 100; ++trial) {
+    const int S = 2 + trial % 2, M = 1 + (trial / 2) % 4;
+    ContendedCosts costs;
+    std::vector<balance::SimStage> together(S), alone(S);
+    for (int k = 0; k < S; ++k) {
+      costs.base.pre.push_back(ms(rng));
+      costs.base.dec.push_back(ms(rng));
+      costs.base.send_pre.push_back(0.2 * ms(rng));
+      costs.base.send_dec.push_back(0.05 * ms(rng));
+      serving::StageContention c;
+      c.alone_share = {share(rng), share(rng)};
+      costs.stages_of.push_back(c);
+      together[k] = {costs.base.pre[k] * B * P, costs.base.dec[k], costs.base.send_pre[k], costs.base.send_dec[k]};
+      alone[k] = {together[k].prefill_ms * c.alone_share[0], together[k].decode_ms * c.alone_share[1],
+                  together[k].send_prefill_ms, together[k].send_decode_ms};
+    }
+    serving::PipelineSimConfig cfg;
+    cfg.scheduler.groups = M;
+    cfg.scheduler.slots = B;
+    const auto r = serving::simulate_serving(std::vector<Request>(M * B, req(0.0, P, G + 1)), costs, cfg);
+    balance::SimConfig closed_cfg;
+    closed_cfg.groups = M;
+    closed_cfg.gen_len = G;
+    closed_cfg.batch = B;
+    closed_cfg.eager_sends = true;
+    const balance::ContentionResult closed = balance::contended_step_times(alone, together, std::vector<int>(S, 0), closed_cfg);
+    ASSERT_EQ(r.overlap.size(), static_cast<std::size_t>(S));
+    EXPECT_GT(r.contention_plays, 1);
+    if (!r.contention_converged || !closed.converged) continue;
+    ++compared;
+    for (int k = 0; k < S; ++k) {
+      EXPECT_NEAR(r.overlap[k][0], closed.overlap_prefill[k], 2 * serving::kOverlapTolerance) << "trial " << trial << " stage " << k;
+      EXPECT_NEAR(r.overlap[k][1], closed.overlap_decode[k], 2 * serving::kOverlapTolerance) << "trial " << trial << " stage " << k;
+    }
+  }
+  std::printf("contention: %d of 100 cases settled in both models\n", compared);
+  EXPECT_GE(compared, 90);
+}
+
+// One group in flight on two stages of one machine: the stages never compute at once, f falls
+// to 0 and every step costs its alone time; on two machines the model does not apply.
+TEST(ServingSim, ContentionWithOneGroupInFlightGivesTheAloneTimes) {
+  ContendedCosts costs;
+  costs.base.pre = {0.5, 0.7};
+  costs.base.dec = {4.0, 6.0};
+  costs.base.send_pre = {0.3, 0.1};
+  costs.base.send_dec = {0.2, 0.1};
+  costs.stages_of.resize(2);
+  costs.stages_of[0].alone_share = {0.9, 0.8};
+  costs.stages_of[1].alone_share = {0.95, 0.75};
+  // The alone times, no contention model: a step with prefill rows (a mixed one too) at the
+  // prefill share, a decode-only step at the decode share.
+  class AloneCosts final : public serving::StepCostModel {
+   public:
+    explicit AloneCosts(const ContendedCosts& c) : c_(c) {}
+    int stages() const override { return c_.stages(); }
+    double compute_ms(int k, const StepShape& s) const override {
+      return c_.compute_ms(k, s) * c_.stages_of[k].alone_share[s.prefill_rows > 0 ? 0 : 1];
+    }
+    double transfer_ms(int k, const StepShape& s) const override { return c_.transfer_ms(k, s); }
+
+   private:
+    const ContendedCosts& c_;
+  } alone(costs);
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler.groups = 1;
+  cfg.scheduler.slots = 2;
+  const std::vector<Request> requests = {req(0.0, 4, 5), req(0.001, 3, 4), req(0.05, 6, 3)};
+  const auto r = serving::simulate_serving(requests, costs, cfg);
+  const auto want = serving::simulate_serving(requests, alone, cfg);
+  ASSERT_TRUE(r.contention_converged);
+  for (const auto& f : r.overlap) {
+    EXPECT_LT(f[0], serving::kOverlapTolerance);
+    EXPECT_LT(f[1], serving::kOverlapTolerance);
+  }
+  // Played at f < kOverlapTolerance: each step at most (1 - a) / a x f over its alone time, (1 - a) / a <= 1/3 here.
+  ASSERT_EQ(r.times.size(), want.times.size());
+  for (std::size_t i = 0; i < r.times.size(); ++i)
+    for (std::size_t t = 0; t < r.times[i].token_s.size(); ++t) {
+      EXPECT_GE(r.times[i].token_s[t], want.times[i].token_s[t] - 1e-12);
+      EXPECT_LE(r.times[i].token_s[t], want.times[i].token_s[t] * (1.0 + serving::kOverlapTolerance / 3.0) + 1e-12);
+    }
+
+  costs.stages_of[1].machine = 1;  // two machines: the together times, one play
+  const auto apart = serving::simulate_serving(requests, costs, cfg);
+  const auto plain = serving::simulate_serving(requests, costs.base, cfg);
+  EXPECT_EQ(apart.contention_plays, 0);
+  EXPECT_TRUE(apart.overlap.empty());
+  for (std::size_t i = 0; i < apart.times.size(); ++i) EXPECT_EQ(apart.times[i].token_s, plain.times[i].token_s);
+
+  costs.stages_of[1].machine = 0;
+  costs.stages_of[1].alone_share = {0.0, 1.0};
+  try {
+    serving::simulate_serving(requests, costs, cfg);
+    ADD_FAILURE() << "an alone share of 0 was played";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 1's alone share is 0"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ServingSim, ScaledArrivalsEqualTheArrivalsDrawnAtThatRate) {
@@ -857,6 +981,67 @@ TEST(ServingCalibration, OwnStepsGiveTheRoundsLevelAndTheSimulatorAtIt) {
   EXPECT_NEAR(same.self.ttft_p99_ms, same.simulated.ttft_p99_ms, 1e-9 * same.simulated.ttft_p99_ms);
   EXPECT_NEAR(same.self.tpot_p50_ms, same.simulated.tpot_p50_ms, 1e-9 * same.simulated.tpot_p50_ms);
   EXPECT_EQ(same.self.slo_attainment, same.simulated.slo_attainment);
+}
+
+// A profile of two passes (alone: prefill 0.95x, decode 0.8x the together times) on one
+// machine: ProfileStepCosts gives each stage those alone shares, predict_serving plays them
+// (simulated_* is the simulator's own play of that model, simulated_overlap its fixed point's f),
+// and the results file keeps the overlap.
+TEST(ServingCalibration, TwoPassProfileGivesTheStagesContentionAndTheirOverlap) {
+  RunRecord run = tiny_profile_with_grid(2);
+  for (std::size_t i = 0; i < run.profile.latency_ms.size(); ++i)
+    run.profile.latency_alone_ms.push_back(run.profile.latency_ms[i] * (i % 2 == 0 ? 0.95 : 0.8));
+  const balance::Predictor pred(run);
+  const balance::Partition a = balance::parse_manual("2,1", 3, 2);
+  const balance::ProfileStepCosts model(run, pred, a);
+  const std::vector<serving::StageContention> c = model.contention();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].machine, c[1].machine);  // tiny_profile: the ranks of one machine
+  for (const serving::StageContention& s : c) {
+    EXPECT_NEAR(s.alone_share[0], 0.95, 1e-12);
+    EXPECT_NEAR(s.alone_share[1], 0.8, 1e-12);
+    EXPECT_FALSE(s.always_overlapped);
+  }
+  serving::ScenarioSpec spec;
+  spec.slots = 2;
+  spec.goodput.ttft_ms = 40.0;
+  spec.goodput.tpot_ms = 12.0;
+  run.serving.spec = spec;
+  std::vector<serving::Request> reqs;
+  for (int i = 0; i < 16; ++i) {
+    reqs.push_back({0.004 * i, 2 + i % 5, 1 + i % 4});
+    run.serving.arrival_s.push_back(reqs.back().arrival_s);
+    run.serving.prompt_len.push_back(reqs.back().prompt_len);
+    run.serving.gen_len.push_back(reqs.back().gen_len);
+  }
+  ServingPartitionRecord sp;
+  sp.name = "a", sp.stages = 2, sp.groups = 2, sp.slots = 2;
+  run.serving.partitions = {sp};
+  EXPECT_EQ(balance::predict_serving(run, pred, {a}), "");
+  const ServingPartitionRecord& p = run.serving.partitions[0];
+  serving::PipelineSimConfig cfg;
+  cfg.scheduler = spec.scheduler(2);
+  const serving::PipelineSimResult r = serving::simulate_serving(reqs, model, cfg);
+  const serving::ServingMetrics want = serving::serving_metrics(r.times, spec.goodput);
+  EXPECT_EQ(p.simulated.ttft_p50_ms, want.ttft.p50_ms);
+  EXPECT_EQ(p.simulated.tpot_p99_ms, want.tpot.p99_ms);
+  ASSERT_EQ(p.simulated_overlap.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(p.simulated_overlap[i], r.overlap[i / 2][i % 2]);
+    EXPECT_GE(p.simulated_overlap[i], 0.0);
+    EXPECT_LE(p.simulated_overlap[i], 1.0);
+  }
+  EXPECT_GT(p.simulated_overlap[1] + p.simulated_overlap[3], 0.0);  // two groups: the stages' decodes overlap
+  // Faster than the together play, where something overlapped less than all the time.
+  const serving::PipelineSimResult together = serving::simulate_serving(reqs, ScaledCosts(model, [](const StepShape&, int) { return 1.0; }), cfg);
+  EXPECT_LT(r.times.back().finish_s, together.times.back().finish_s);
+
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / ("ppb_overlap_" + std::to_string(::getpid()) + ".h5");
+  write_results(path.string(), run);
+  const RunRecord back = read_results(path.string());
+  std::filesystem::remove(path);
+  ASSERT_EQ(back.serving.partitions.size(), 1u);
+  EXPECT_EQ(back.serving.partitions[0].simulated_overlap, p.simulated_overlap);
 }
 
 // Steps of two prompts, a chunk at a cached position and a recompute beside decodes, measured
