@@ -268,7 +268,7 @@ PipelineSimResult simulate_serving(const std::vector<Request>& requests, const S
   if (!c.empty() && c.size() != S)
     throw InternalError("serving simulator: the cost model's contention has " + std::to_string(c.size()) + " stages, not " +
                         std::to_string(S));
-  bool contended = false;  // some stage with an alone share != 1 beside another stage of its machine
+  bool contended = false;  // some stage with an alone share != 1
   std::vector<int> machine(S, 0);
   for (std::size_t k = 0; k < c.size(); ++k) {
     machine[k] = c[k].machine;
@@ -277,15 +277,21 @@ PipelineSimResult simulate_serving(const std::vector<Request>& requests, const S
         throw InternalError("serving simulator: stage " + std::to_string(k) + "'s alone share is " + std::to_string(a) +
                             " (must be finite and > 0)");
   }
-  for (std::size_t k = 0; k < c.size(); ++k)
-    for (std::size_t j = 0; j < c.size(); ++j)
-      contended = contended || (j != k && machine[j] == machine[k] && (c[k].alone_share[0] != 1.0 || c[k].alone_share[1] != 1.0));
+  for (const StageContention& s : c) contended = contended || s.alone_share[0] != 1.0 || s.alone_share[1] != 1.0;
   if (!contended) return ServingSim(requests, costs, config).run();
 
   // balance/contention.h's fixed point on the serving play: f from 1 (the together times), each
   // play's own overlap fed back, damped by half after the first (which takes the together play's
-  // overlap whole: most plays' overlap moves little with f, so the fixed point is near it).
+  // overlap whole: most plays' overlap moves little with f, so the fixed point is near it). A
+  // stage alone on its machine has f = 0 (its alone times), a twin's f = 1, from the start.
   std::vector<std::array<double, 2>> f(S, {1.0, 1.0});
+  std::vector<char> fixed(S, 0);
+  for (std::size_t k = 0; k < S; ++k) {
+    bool lonely = true;
+    for (std::size_t j = 0; j < S; ++j) lonely = lonely && (j == k || machine[j] != machine[k]);
+    if (lonely && !c[k].always_overlapped) f[k] = {0.0, 0.0};
+    fixed[k] = lonely || c[k].always_overlapped;
+  }
   PipelineSimResult out;
   for (int play = 1;; ++play) {
     std::vector<std::array<double, 2>> scale(S);
@@ -298,7 +304,7 @@ PipelineSimResult simulate_serving(const std::vector<Request>& requests, const S
     std::vector<std::array<double, 2>> next = f;
     for (std::size_t k = 0; k < S; ++k)
       for (std::size_t q = 0; q < 2; ++q) {
-        if (c[k].always_overlapped || seen[k][q] < 0.0) continue;  // f = 1, or nothing of that kind to see
+        if (fixed[k] || seen[k][q] < 0.0) continue;  // f = 0 or 1, or nothing of that kind to see
         moved = std::max(moved, std::abs(seen[k][q] - f[k][q]));
         next[k][q] = play == 1 ? seen[k][q] : 0.5 * (f[k][q] + seen[k][q]);
       }

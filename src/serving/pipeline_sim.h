@@ -35,7 +35,8 @@
 //    of that kind overlapped in the play itself: a fixed point, f <- (f + f(play(f))) / 2 as the
 //    closed simulator's, from f = f(play(1)) (the together play's overlap) rather than 1 (a
 //    serving play's load decides how often the stages compute at once: at a light load hardly
-//    ever).
+//    ever). As there, a stage alone on its machine runs at its alone times (f = 0), a stage whose
+//    twin always computes beside it (StageContention::always_overlapped) at its together times.
 // Not modelled: chunked prefill and token budgets, preemption, KV-block limits (the scheduler
 // has none), jitter.
 #pragma once
@@ -114,7 +115,7 @@ struct PipelineSimResult {
   /// [S] (with prefill rows, decode-only): the share f of each stage's compute of that kind
   /// overlapped by another stage of its machine, at the contention fixed point the play was made
   /// at (a kind the stage never computed keeps the f it was played at); empty where the cost model
-  /// gives no contention or no two stages share a machine
+  /// gives no contention (every alone share 1)
   std::vector<std::array<double, 2>> overlap;
   int contention_plays = 0;     ///< plays of the fixed point (0: no contention model)
   bool contention_converged = true;  ///< every f moved < kOverlapTolerance in the last play

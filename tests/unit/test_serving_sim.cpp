@@ -348,7 +348,8 @@ TEST(ServingSim, ContentionSettlesWhereTheClosedModelDoes) {
 }
 
 // One group in flight on two stages of one machine: the stages never compute at once, f falls
-// to 0 and every step costs its alone time; on two machines the model does not apply.
+// to 0 and every step costs its alone time; on two machines, each stage alone on its own, too,
+// in one play (the closed model's rule).
 TEST(ServingSim, ContentionWithOneGroupInFlightGivesTheAloneTimes) {
   ContendedCosts costs;
   costs.base.pre = {0.5, 0.7};
@@ -391,14 +392,20 @@ TEST(ServingSim, ContentionWithOneGroupInFlightGivesTheAloneTimes) {
       EXPECT_LE(r.times[i].token_s[t], want.times[i].token_s[t] * (1.0 + serving::kOverlapTolerance / 3.0) + 1e-12);
     }
 
-  costs.stages_of[1].machine = 1;  // two machines: the together times, one play
+  costs.stages_of[1].machine = 1;  // two machines: the alone times at once, one play
   const auto apart = serving::simulate_serving(requests, costs, cfg);
-  const auto plain = serving::simulate_serving(requests, costs.base, cfg);
-  EXPECT_EQ(apart.contention_plays, 0);
-  EXPECT_TRUE(apart.overlap.empty());
-  for (std::size_t i = 0; i < apart.times.size(); ++i) EXPECT_EQ(apart.times[i].token_s, plain.times[i].token_s);
+  EXPECT_EQ(apart.contention_plays, 1);
+  for (const auto& f : apart.overlap) EXPECT_EQ(f, (std::array<double, 2>{0.0, 0.0}));
+  for (std::size_t i = 0; i < apart.times.size(); ++i)
+    for (std::size_t t = 0; t < apart.times[i].token_s.size(); ++t)
+      EXPECT_NEAR(apart.times[i].token_s[t], want.times[i].token_s[t], 1e-12);
+  costs.stages_of[0].alone_share = costs.stages_of[1].alone_share = {1.0, 1.0};  // one pass: no model, one plain play
+  const auto plain = serving::simulate_serving(requests, costs, cfg);
+  const auto base = serving::simulate_serving(requests, costs.base, cfg);
+  EXPECT_EQ(plain.contention_plays, 0);
+  EXPECT_TRUE(plain.overlap.empty());
+  for (std::size_t i = 0; i < plain.times.size(); ++i) EXPECT_EQ(plain.times[i].token_s, base.times[i].token_s);
 
-  costs.stages_of[1].machine = 0;
   costs.stages_of[1].alone_share = {0.0, 1.0};
   try {
     serving::simulate_serving(requests, costs, cfg);
