@@ -349,7 +349,8 @@ int simulate_scenario_file(const SimulateOptions& opt, RunRecord run) {
   print_serving_summary(std::cout, run);
   json out;
   for (const ServingPartitionRecord& p : run.serving.partitions) {
-    json entry{{"name", p.name}, {"cross_calibrated_by", p.cross_calibrated_by}, {"step_level", p.step_level}};
+    json entry{{"name", p.name}, {"cross_calibrated_by", p.cross_calibrated_by}, {"step_level", p.step_level},
+               {"simulated_overlap", p.simulated_overlap}};
     ServingPartitionRecord::for_each_prediction(p, [&](const std::string& k, double v) { entry[k] = v; });
     out["partitions"].push_back(entry);
   }
