@@ -34,15 +34,14 @@ std::string plan_label(const std::vector<int>& widths, int groups, int replicas)
   return s + " M" + std::to_string(groups);
 }
 
-namespace {
-
-/// Ranks of `run` on rank 0's machine (at least 1).
 int machine_size(const RunRecord& run) {
   const std::string m0 = rank_machine(run.ranks[0]);
   int n = 0;
   for (const RankInfo& r : run.ranks) n += rank_machine(r) == m0 ? 1 : 0;
   return std::max(1, n);
 }
+
+namespace {
 
 /// Rank 0's [U][2] rows of a [R][U][2] table, repeated `devices` times (empty stays empty).
 std::vector<double> rank0_rows(const std::vector<double>& t, size_t U, int devices) {

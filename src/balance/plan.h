@@ -104,6 +104,10 @@ std::string plan_label(const std::vector<int>& widths, int groups, int replicas 
 /// @throws ppb::UserError when `run` has no profile, no ranks or no workload.
 RunRecord plan_record(const RunRecord& run, int devices, int groups);
 
+/// Ranks of `run` on rank 0's machine (at least 1): the devices per machine the planner lays
+/// replicas out on (Predictor::set_devices_per_machine).
+int machine_size(const RunRecord& run);
+
 /// The search (issue 36). Layouts: compositions (w_0, ..., w_{S-1}) of N with every w_k in {1}
 /// ∪ the profiled widths, a group never across two machines, S <= units. Split: the exact
 /// balanced split of the layout's problem (layout_problem + make_layout_split: the run's

@@ -33,6 +33,9 @@ std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const P
     if (slot.first) continue;
     slot.first = std::make_unique<RunRecord>(plan_record(run, key_of(c).second, c.groups));
     slot.second = std::make_unique<Predictor>(*slot.first);
+    // Replicas side by side: a stage whose twin shares its machine pays the together times
+    // (Predictor::twin_on_machine), as plan_layouts' closed candidates do.
+    if (std::max(1, c.replicas) > 1) slot.second->set_devices_per_machine(machine_size(run));
   }
   const serving::GoodputSpec& limits = spec.goodput;
   std::vector<ServingPlanEntry> out(plan.candidates.size());
@@ -40,7 +43,9 @@ std::vector<ServingPlanEntry> rank_by_serving_rate(const RunRecord& run, const P
   parallel_for(out.size(), [&](std::size_t i) {
     const PlanCandidate& c = plan.candidates[i];
     const auto& slot = by_groups.at(key_of(c));
-    const ProfileStepCosts costs(*slot.first, *slot.second, c.split);
+    Partition with_twins = c.split;  // its machines' contention with the replicas beside it
+    with_twins.replicas = std::max(1, c.replicas);
+    const ProfileStepCosts costs(*slot.first, *slot.second, with_twins);
     serving::PipelineSimConfig cfg;
     cfg.scheduler = spec.scheduler(c.groups);
     cfg.scheduler.slots = c.batch;  // the candidate's B (the file's)

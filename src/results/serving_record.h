@@ -96,8 +96,9 @@ struct ServingPartitionRecord {
   ServingPrediction simulated;
   /// [S][2] the share f of each stage's compute overlapped by another stage of its machine in the
   /// prediction's play (with prefill rows, decode-only: the contention fixed point the simulator
-  /// played `simulated` at, serving/pipeline_sim.h; 0 for a stage alone on its machine); empty
-  /// where the profile has one pass (every alone share 1) and in older files
+  /// played `simulated` at, serving/pipeline_sim.h; 0 for a stage alone on its machine, 1 for one
+  /// whose twin replica shares it, NaN for a kind the stage never computed); empty where the
+  /// profile has one pass (every alone share 1) and in older files
   std::vector<double> simulated_overlap;
   /// Predicted after the rounds, the same way, from the profile calibrated per rank by the other
   /// partitions' measured steps (balance/serving_calibration.h); NaN where no other partition

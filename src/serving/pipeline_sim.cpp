@@ -65,6 +65,7 @@ struct Later {
 /// compute alone (its tokens are out then, before its send where the send holds the same lane).
 struct StepCosts {
   std::vector<double> hop_s;
+  std::vector<double> compute_s;  ///< [S] each stage's compute alone (without --no-overlap's send)
   double last_compute_s = 0.0;
   int kind = 0;  ///< 0: the step has prefill rows, 1: decode-only (StageContention::alone_share's index)
 };
@@ -87,6 +88,7 @@ StepCosts step_costs(const StepCostModel& costs, const StepShape& shape, bool ov
     double compute = checked(costs.compute_ms(k, shape), "compute", k);
     if (!scale.empty()) compute *= scale[static_cast<std::size_t>(k)][static_cast<std::size_t>(out.kind)];
     const double send = S > 1 ? checked(costs.transfer_ms(k, shape), "transfer", k) : 0.0;
+    out.compute_s.push_back(compute);
     if (overlap) {
       c.push_back(compute);
       if (S > 1) c.push_back(send);
@@ -188,7 +190,9 @@ class ServingSim {
     if (compute) {
       const int k = overlap_ && hops_ > 1 ? j / 2 : j;
       result_.stage_busy_s[static_cast<std::size_t>(k)] += cost;
-      if (record_busy_ && cost > 0.0) busy_[static_cast<std::size_t>(k)].push_back({start, end, group_costs_[e.group].kind});
+      // The compute alone: with --no-overlap the send that follows it on the lane moves no weights.
+      const double c = group_costs_[e.group].compute_s[static_cast<std::size_t>(k)];
+      if (record_busy_ && c > 0.0) busy_[static_cast<std::size_t>(k)].push_back({start, start + c, group_costs_[e.group].kind});
     }
     if (j == last_compute_) {
       const double out = start + group_costs_[e.group].last_compute_s;  // = end with overlap
@@ -292,7 +296,8 @@ PipelineSimResult simulate_serving(const std::vector<Request>& requests, const S
     if (lonely && !c[k].always_overlapped) f[k] = {0.0, 0.0};
     fixed[k] = lonely || c[k].always_overlapped;
   }
-  PipelineSimResult out;
+  PipelineSimResult out, best;  // the last play, and the one nearest its own overlap
+  double best_moved = std::numeric_limits<double>::infinity();
   for (int play = 1;; ++play) {
     std::vector<std::array<double, 2>> scale(S);
     for (std::size_t k = 0; k < S; ++k)
@@ -309,9 +314,20 @@ PipelineSimResult simulate_serving(const std::vector<Request>& requests, const S
         next[k][q] = play == 1 ? seen[k][q] : 0.5 * (f[k][q] + seen[k][q]);
       }
     out.overlap = f;
+    for (std::size_t k = 0; k < S; ++k)  // a kind the stage never computed: no share to report
+      for (std::size_t q = 0; q < 2; ++q)
+        if (seen[k][q] < 0.0) out.overlap[k][q] = std::numeric_limits<double>::quiet_NaN();
     out.contention_plays = play;
     out.contention_converged = moved < kOverlapTolerance;
-    if (out.contention_converged || play >= kMaxContentionPlays) return out;
+    if (out.contention_converged) return out;
+    if (moved < best_moved) {
+      best_moved = moved;
+      best = out;
+    }
+    if (play >= kMaxContentionPlays) {  // a batching that jumps with f: no settled play
+      best.contention_plays = play;
+      return best;
+    }
     f = std::move(next);
   }
 }

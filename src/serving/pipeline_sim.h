@@ -114,21 +114,25 @@ struct PipelineSimResult {
   std::vector<StepShape> shapes;
   /// [S] (with prefill rows, decode-only): the share f of each stage's compute of that kind
   /// overlapped by another stage of its machine, at the contention fixed point the play was made
-  /// at (a kind the stage never computed keeps the f it was played at); empty where the cost model
-  /// gives no contention (every alone share 1)
+  /// at (NaN for a kind the stage never computed); empty where the cost model gives no contention
+  /// (every alone share 1)
   std::vector<std::array<double, 2>> overlap;
   int contention_plays = 0;     ///< plays of the fixed point (0: no contention model)
-  bool contention_converged = true;  ///< every f moved < kOverlapTolerance in the last play
+  /// Every f within kOverlapTolerance of the play's own overlap. False: none of the
+  /// kMaxContentionPlays settled (a step's batching jumps as f moves, so the map has no fixed
+  /// point to that tolerance: the plays circle it within about 0.01) and this is the play whose
+  /// own overlap came nearest its f.
+  bool contention_converged = true;
 };
 
 /// The contention fixed point's tolerance on f and its most plays (simulate_serving).
 inline constexpr double kOverlapTolerance = 1e-3;
-inline constexpr int kMaxContentionPlays = 40;
+inline constexpr int kMaxContentionPlays = 12;
 
 /// Plays `requests` (arrival order not required; the scheduler sorts FCFS) through the model
 /// above. Cost O(steps x (S + B) x log M) time per play, O(N x mean gen_len) memory (each token's
-/// time); with contention (two stages on one machine, an alone share != 1) up to
-/// kMaxContentionPlays plays, the last returned (contention_converged says whether it settled).
+/// time); with contention (an alone share != 1) up to kMaxContentionPlays plays, the settled one
+/// returned, or the nearest to settling (contention_converged says which).
 /// @throws ppb::UserError from the scheduler (M or B < 1: naming -M/--microbatches, -b/--batch;
 ///         a request with a length < 1 or a bad arrival); ppb::InternalError when the model has
 ///         no stage, a cost is negative or not finite, a contention list is not [S] or an alone
