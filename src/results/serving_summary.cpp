@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/format.h"
 #include "results/summary.h"
@@ -158,16 +161,24 @@ std::string prediction_row(const std::string& name, int w, const ServingPredicti
          vs(play.tpot_p50_ms, measured.tpot_p50_ms) + " " + vs(play.tpot_p99_ms, measured.tpot_p99_ms);
 }
 
+/// The decode and with-prefill columns of a per-stage [S][2] table, each "a/b/..." of `fmt`;
+/// `decode_first`: the table's order (step_level's), else with prefill first (simulated_overlap's).
+std::pair<std::string, std::string> stage_columns(const std::vector<double>& v, bool decode_first, const char* fmt) {
+  std::string dec, pre;
+  for (size_t k = 0; k + 1 < v.size(); k += 2) {
+    const std::string sep = k == 0 ? "" : "/";
+    dec += sep + format_line(fmt, v[decode_first ? k : k + 1]);
+    pre += sep + format_line(fmt, v[decode_first ? k + 1 : k]);
+  }
+  return {dec, pre};
+}
+
 /// Each stage's step level (ServingPartitionRecord::step_level) as "stage 0/1: decode
 /// x1.03/x1.09, with prefill x1.04/x1.04".
 std::string step_level_text(const std::vector<double>& level) {
-  std::string stages, dec, pre;
-  for (size_t k = 0; k + 1 < level.size(); k += 2) {
-    const char* sep = k == 0 ? "" : "/";
-    stages += format_line("%s%zu", sep, k / 2);
-    dec += format_line("%sx%.2f", sep, level[k]);
-    pre += format_line("%sx%.2f", sep, level[k + 1]);
-  }
+  std::string stages;
+  for (size_t k = 0; k + 1 < level.size(); k += 2) stages += format_line("%s%zu", k == 0 ? "" : "/", k / 2);
+  const auto [dec, pre] = stage_columns(level, true, "x%.2f");
   return "stage " + stages + ": decode " + dec + ", with prefill " + pre;
 }
 
@@ -175,12 +186,7 @@ std::string step_level_text(const std::vector<double>& level) {
 /// "overlapped: decode 0.73/0.67, with prefill 0.39/0.40"; "" without one.
 std::string overlap_text(const std::vector<double>& f) {
   if (f.empty()) return "";
-  std::string dec, pre;
-  for (size_t k = 0; k + 1 < f.size(); k += 2) {
-    const char* sep = k == 0 ? "" : "/";
-    pre += format_line("%s%.2f", sep, f[k]);
-    dec += format_line("%s%.2f", sep, f[k + 1]);
-  }
+  const auto [dec, pre] = stage_columns(f, false, "%.2f");
   return "  overlapped: decode " + dec + ", with prefill " + pre;
 }
 

@@ -928,6 +928,26 @@ class ScaledCosts final : public serving::StepCostModel {
   double (*f_)(const StepShape&, int);
 };
 
+/// A scenario of 16 requests (B = 2, SLO 40 / 12 ms) stored in `run` as a serving run stores its own.
+struct TinyScenario {
+  serving::ScenarioSpec spec;
+  std::vector<serving::Request> requests;
+};
+TinyScenario store_tiny_scenario(RunRecord& run) {
+  TinyScenario sc;
+  sc.spec.slots = 2;
+  sc.spec.goodput.ttft_ms = 40.0;
+  sc.spec.goodput.tpot_ms = 12.0;
+  run.serving.spec = sc.spec;
+  for (int i = 0; i < 16; ++i) {
+    sc.requests.push_back({0.004 * i, 2 + i % 5, 1 + i % 4});
+    run.serving.arrival_s.push_back(sc.requests.back().arrival_s);
+    run.serving.prompt_len.push_back(sc.requests.back().prompt_len);
+    run.serving.gen_len.push_back(sc.requests.back().gen_len);
+  }
+  return sc;
+}
+
 // After the rounds, a partition's own steps (measured 1.45x the model on decode and 1.1x with
 // prefill on rank 0, 1.25x that on rank 1) give its step_level exactly, and predict_serving's
 // self_* are the stored scenario played on the model scaled by them; steps that measured the
@@ -937,18 +957,9 @@ TEST(ServingCalibration, OwnStepsGiveTheRoundsLevelAndTheSimulatorAtIt) {
   const balance::Predictor pred(run);
   const balance::Partition a = balance::parse_manual("2,1", 3, 2);
   const balance::ProfileStepCosts model(run, pred, a);
-  serving::ScenarioSpec spec;
-  spec.slots = 2;
-  spec.goodput.ttft_ms = 40.0;
-  spec.goodput.tpot_ms = 12.0;
-  run.serving.spec = spec;
-  std::vector<serving::Request> reqs;
-  for (int i = 0; i < 16; ++i) {
-    reqs.push_back({0.004 * i, 2 + i % 5, 1 + i % 4});
-    run.serving.arrival_s.push_back(reqs.back().arrival_s);
-    run.serving.prompt_len.push_back(reqs.back().prompt_len);
-    run.serving.gen_len.push_back(reqs.back().gen_len);
-  }
+  const TinyScenario sc = store_tiny_scenario(run);
+  const serving::ScenarioSpec& spec = sc.spec;
+  const std::vector<serving::Request>& reqs = sc.requests;
   const std::vector<StepShape> shapes = {shape_of({}, {4, 11}), shape_of({}, {6}), shape_of({5}, {}),
                                          shape_of({3}, {7}), shape_of({}, {9, 12}), shape_of({8}, {})};
   auto check = [&](double (*factor)(const StepShape&, int), const std::vector<double>& level) -> ServingPartitionRecord {
@@ -1005,18 +1016,9 @@ TEST(ServingCalibration, TwoPassProfileGivesTheStagesContentionAndTheirOverlap) 
     EXPECT_NEAR(s.alone_share[1], 0.8, 1e-12);
     EXPECT_FALSE(s.always_overlapped);
   }
-  serving::ScenarioSpec spec;
-  spec.slots = 2;
-  spec.goodput.ttft_ms = 40.0;
-  spec.goodput.tpot_ms = 12.0;
-  run.serving.spec = spec;
-  std::vector<serving::Request> reqs;
-  for (int i = 0; i < 16; ++i) {
-    reqs.push_back({0.004 * i, 2 + i % 5, 1 + i % 4});
-    run.serving.arrival_s.push_back(reqs.back().arrival_s);
-    run.serving.prompt_len.push_back(reqs.back().prompt_len);
-    run.serving.gen_len.push_back(reqs.back().gen_len);
-  }
+  const TinyScenario sc = store_tiny_scenario(run);
+  const serving::ScenarioSpec& spec = sc.spec;
+  const std::vector<serving::Request>& reqs = sc.requests;
   ServingPartitionRecord sp;
   sp.name = "a", sp.stages = 2, sp.groups = 2, sp.slots = 2;
   run.serving.partitions = {sp};
